@@ -1,0 +1,117 @@
+/* config.h — a model's config.json and generation_config.json, parsed.
+ *
+ * One struct for every supported architecture; fields an architecture does
+ * not use stay 0. Both the hub spelling (rope_theta + rope_scaling) and
+ * transformers v5's rope_parameters are accepted. Missing required fields,
+ * wrong types and unknown model types give an error naming the file and
+ * the field.
+ */
+#ifndef KILN_MODEL_CONFIG_H
+#define KILN_MODEL_CONFIG_H
+
+#include <stddef.h>
+
+#include "tensor/dtype.h"
+
+struct kiln_error;
+
+enum model_arch {
+    ARCH_LLAMA = 0,
+    ARCH_QWEN2,
+    ARCH_QWEN3,
+    ARCH_QWEN2_MOE,
+    ARCH_QWEN3_MOE,
+    ARCH_DEEPSEEK_V2,
+    ARCH_DEEPSEEK_V3,
+    ARCH_COUNT
+};
+
+enum rope_type { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3, ROPE_YARN };
+
+struct rope_config {
+    enum rope_type type;
+    double theta;
+    double factor;                  /* linear, llama3, yarn */
+    double low_freq_factor;         /* llama3 */
+    double high_freq_factor;        /* llama3 */
+    double original_max_positions;  /* llama3, yarn */
+    double beta_fast, beta_slow;    /* yarn */
+    double mscale, mscale_all_dim;  /* yarn (DeepSeek); 0 = absent */
+    double attention_factor;        /* yarn; 0 = derive from factor */
+    int interleaved;                /* DeepSeek-V3 rope_interleave: pairs (2i, 2i+1) */
+};
+
+enum moe_scoring { MOE_SCORING_SOFTMAX = 0, MOE_SCORING_SIGMOID };
+
+#define MODEL_MAX_EOS 8
+
+struct model_config {
+    enum model_arch arch;
+    char model_type[32];
+    enum dtype dtype;            /* torch_dtype / dtype; BF16 when absent */
+
+    int vocab_size;
+    int hidden_size;
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;                /* explicit head_dim, else hidden / heads */
+    int intermediate_size;       /* dense MLP */
+    int max_position_embeddings;
+    double rms_norm_eps;
+    int tie_word_embeddings;
+    int attention_bias;          /* q/k/v projection biases (qwen2, qwen2_moe) */
+    int qk_norm;                 /* per-head RMSNorm on q and k (qwen3, qwen3_moe) */
+    struct rope_config rope;
+
+    /* Mixture of experts (0 experts = dense everywhere). */
+    int n_experts;
+    int n_experts_per_tok;
+    int moe_intermediate_size;
+    int shared_expert_intermediate_size; /* qwen2_moe: one gated shared expert */
+    int n_shared_experts;                /* deepseek: shared experts, summed */
+    int norm_topk_prob;
+    enum moe_scoring scoring;
+    int n_group, topk_group;             /* deepseek grouped top-k */
+    double routed_scaling_factor;        /* 1.0 when absent */
+    int has_score_correction_bias;       /* deepseek_v3 noaux_tc */
+    int first_k_dense_replace;           /* deepseek: first k layers dense */
+    int moe_layer_freq;                  /* deepseek */
+    int decoder_sparse_step;             /* qwen moe */
+    int n_mlp_only_layers;               /* qwen moe: listed layers are dense */
+    int mlp_only_layers[64];
+
+    /* Multi-head latent attention (deepseek). kv_lora_rank 0 = not MLA. */
+    int q_lora_rank;                     /* 0 = q projected directly */
+    int kv_lora_rank;
+    int qk_nope_head_dim;
+    int qk_rope_head_dim;
+    int v_head_dim;
+
+    int bos_token_id;                    /* -1 when null/absent */
+    int n_eos;
+    int eos_token_ids[MODEL_MAX_EOS];
+};
+
+struct generation_config {
+    int bos_token_id;                    /* -1 when absent */
+    int n_eos;
+    int eos_token_ids[MODEL_MAX_EOS];
+    int has_temperature, has_top_p, has_top_k;
+    double temperature, top_p;
+    int top_k;
+};
+
+/* Parses config.json text; `file` only names it in messages. Fuzzed. */
+int model_config_parse(struct model_config *cfg, const char *text, size_t len, const char *file,
+                       struct kiln_error *err);
+int model_config_load(struct model_config *cfg, const char *path, struct kiln_error *err);
+/* A missing file is not an error: the config's eos/bos are used instead. */
+int generation_config_load(struct generation_config *gc, const char *path,
+                           const struct model_config *cfg, struct kiln_error *err);
+
+/* Whether layer `l` has a mixture-of-experts MLP. */
+int model_config_layer_is_moe(const struct model_config *cfg, int layer);
+const char *model_arch_name(enum model_arch arch);
+
+#endif
