@@ -22,7 +22,13 @@ int kiln_error_prefix(struct kiln_error *err, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    size_t a = strlen(prefix), b = strlen(old);
+    if (a + 2 >= sizeof err->msg) a = sizeof err->msg - 3;
+    if (a + 2 + b >= sizeof err->msg) b = sizeof err->msg - a - 3;
+    memcpy(err->msg, prefix, a);
+    memcpy(err->msg + a, ": ", 2);
+    memcpy(err->msg + a + 2, old, b);
+    err->msg[a + 2 + b] = 0;
     return -1;
 }
 

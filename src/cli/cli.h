@@ -1,0 +1,12 @@
+/* cli.h — the `kiln` command's subcommands.
+ *
+ * Each subcommand is one file cmd_<name>.c exporting
+ * `int cmd_<name>(int argc, char **argv)` (argv[0] is the subcommand name)
+ * that returns the process exit code: 0 success, 1 bad input or failed
+ * check (with one clear line on stderr), 2 usage error.
+ */
+#ifndef KILN_CLI_CLI_H
+#define KILN_CLI_CLI_H
+
+
+#endif

@@ -1,0 +1,38 @@
+/* main.c — `kiln <subcommand> [options]`: dispatch only. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+struct subcommand {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct subcommand subcommands[] = {
+    {"help", NULL, "this list"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kiln <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(f, "  %-14s %s\n", subcommands[i].name, subcommands[i].help);
+    fprintf(f, "\n`kiln <command> --help` describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (subcommands[i].fn && !strcmp(argv[1], subcommands[i].name)) return subcommands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kiln: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
