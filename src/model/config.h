@@ -43,6 +43,15 @@ struct rope_config {
 
 enum moe_scoring { MOE_SCORING_SOFTMAX = 0, MOE_SCORING_SIGMOID };
 
+/* How experts are picked from the scores (DeepSeek's topk_method):
+ * GREEDY: plain top-k of the scores (qwen moe, deepseek_v2 "greedy").
+ * GROUP_LIMITED: deepseek_v2 "group_limited_greedy": a group's score is its
+ *   best expert; keep the topk_group best groups; top-k within them.
+ * NOAUX_TC: deepseek_v3: choose with scores + e_score_correction_bias; a
+ *   group's score is the sum of its two best biased scores; the weights are
+ *   the unbiased scores of the chosen experts. */
+enum moe_topk_method { MOE_TOPK_GREEDY = 0, MOE_TOPK_GROUP_LIMITED, MOE_TOPK_NOAUX_TC };
+
 #define MODEL_MAX_EOS 8
 
 struct model_config {
@@ -71,7 +80,8 @@ struct model_config {
     int shared_expert_intermediate_size; /* qwen2_moe: one gated shared expert */
     int n_shared_experts;                /* deepseek: shared experts, summed */
     int norm_topk_prob;
-    enum moe_scoring scoring;
+    enum moe_scoring scoring;            /* deepseek_v3: sigmoid; others softmax */
+    enum moe_topk_method topk_method;
     int n_group, topk_group;             /* deepseek grouped top-k */
     double routed_scaling_factor;        /* 1.0 when absent */
     int has_score_correction_bias;       /* deepseek_v3 noaux_tc */
