@@ -1,0 +1,130 @@
+/* cpu_moe.c — mixture-of-experts routing and expert MLPs on the CPU.
+ *
+ * Routing follows the reference models exactly, including their quirks:
+ * DeepSeek-V3 masks the experts of unchosen groups to 0.0 (not -inf) before
+ * its top-k, so an expert whose biased score is negative can lose to a
+ * masked one. The expert MLPs gather each expert's rows, run them through
+ * the shared matrix kernel, and sum the k expert outputs of a row in the
+ * row's own top-k order, so results do not depend on the rest of the batch.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "base/mem.h"
+
+#define MOE_MAX_EXPERTS 1024
+
+/* Indices of the k largest values (first index wins ties), largest first. */
+static void top_k(const float *v, int n, int k, int32_t *out) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= out[i] == e;
+            if (!taken && (best < 0 || v[e] > v[best])) best = e;
+        }
+        out[j] = best;
+    }
+}
+
+static void route_row(const float *logits, const float *bias, const struct moe_route_params *p,
+                      int32_t *ids, float *w) {
+    int E = p->n_experts;
+    float scores[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
+    if (p->scoring == MOE_ROUTE_SOFTMAX) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, logits[e]);
+        for (int e = 0; e < E; e++) sum += scores[e] = expf(logits[e] - mx);
+        for (int e = 0; e < E; e++) scores[e] /= sum;
+    } else {
+        for (int e = 0; e < E; e++) scores[e] = 1.0f / (1.0f + expf(-logits[e]));
+    }
+    for (int e = 0; e < E; e++) choice[e] = scores[e] + (bias ? bias[e] : 0.0f);
+
+    if (p->method != MOE_ROUTE_GREEDY && p->n_group > 1) {
+        int per = E / p->n_group;
+        float gscore[MOE_MAX_EXPERTS];
+        for (int g = 0; g < p->n_group; g++) {
+            const float *c = choice + g * per;
+            if (p->method == MOE_ROUTE_GROUP_LIMITED) {
+                float mx = -INFINITY;
+                for (int i = 0; i < per; i++) mx = fmaxf(mx, c[i]);
+                gscore[g] = mx;
+            } else { /* sum of the two best */
+                int32_t two[2];
+                top_k(c, per, 2, two);
+                gscore[g] = c[two[0]] + c[two[1]];
+            }
+        }
+        int32_t keep[MOE_MAX_EXPERTS];
+        top_k(gscore, p->n_group, p->topk_group, keep);
+        for (int g = 0; g < p->n_group; g++) {
+            int kept = 0;
+            for (int i = 0; i < p->topk_group; i++) kept |= keep[i] == g;
+            if (!kept)
+                for (int i = 0; i < per; i++) choice[g * per + i] = 0.0f;
+        }
+    }
+    top_k(choice, E, p->top_k, ids);
+    float sum = 0.0f;
+    for (int j = 0; j < p->top_k; j++) sum += w[j] = scores[ids[j]];
+    if (p->renormalize) {
+        float inv = 1.0f / (sum + 1e-20f);
+        for (int j = 0; j < p->top_k; j++) w[j] *= inv;
+    }
+    if (!p->renormalize || p->scale_when_renormalized)
+        for (int j = 0; j < p->top_k; j++) w[j] *= p->scaling;
+}
+
+void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits, const float *bias,
+                   const struct moe_route_params *p, long n) {
+    KILN_ASSERT(p->n_experts <= MOE_MAX_EXPERTS && p->top_k <= p->n_experts);
+    for (long i = 0; i < n; i++)
+        route_row(logits + i * p->n_experts, bias, p, ids + i * p->top_k, weights + i * p->top_k);
+}
+
+void cpu_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
+                 int top_k, const struct moe_experts *e, long n) {
+    struct cpu_ctx *c = ctx;
+    long rows = n * top_k, H = e->hidden, F = e->inter;
+    /* scratch: gathered x [rows][H], gate and up [rows][F], expert outputs [rows][H] */
+    size_t need = (size_t)rows * (size_t)(2 * H + 2 * F);
+    if (need > c->moe_buf_floats) {
+        free(c->moe_buf);
+        c->moe_buf = xaligned_alloc(need * 4);
+        c->moe_buf_floats = need;
+    }
+    if ((size_t)rows > c->moe_idx_count) {
+        free(c->moe_idx);
+        c->moe_idx = xmalloc((size_t)rows * sizeof *c->moe_idx);
+        c->moe_idx_count = (size_t)rows;
+    }
+    float *xg = c->moe_buf, *g = xg + rows * H, *u = g + rows * F, *out = u + rows * F;
+    int32_t *which = c->moe_idx; /* gathered row r came from (token, j) = which[r] */
+    for (int ex = 0; ex < e->n_experts; ex++) {
+        long cnt = 0;
+        for (long r = 0; r < rows; r++) {
+            if (ids[r] != ex) continue;
+            memcpy(xg + cnt * H, x + (r / top_k) * H, (size_t)H * 4);
+            which[cnt++] = (int32_t)r;
+        }
+        if (!cnt) continue;
+        cpu_matmul_op(ctx, g, F, xg, H, &e->gate[ex], NULL, cnt);
+        cpu_matmul_op(ctx, u, F, xg, H, &e->up[ex], NULL, cnt);
+        cpu_silu_mul(ctx, g, F, g, F, u, F, cnt, F);
+        cpu_matmul_op(ctx, xg, H, g, F, &e->down[ex], NULL, cnt);
+        for (long i = 0; i < cnt; i++) memcpy(out + (long)which[i] * H, xg + i * H, (size_t)H * 4);
+    }
+    for (long t = 0; t < n; t++) {
+        float *yt = y + t * H;
+        for (long d = 0; d < H; d++) yt[d] = 0.0f;
+        for (int j = 0; j < top_k; j++) {
+            float wj = weights[t * top_k + j];
+            const float *o = out + (t * top_k + j) * H;
+            for (long d = 0; d < H; d++) yt[d] += wj * o[d];
+        }
+    }
+}

@@ -1,0 +1,87 @@
+#include "cache/kv_pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "tensor/backend.h"
+
+size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, int page_size) {
+    size_t per_slot = 0;
+    for (int l = 0; l < n_layers; l++)
+        per_slot += (size_t)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width)) * 4;
+    return per_slot * (size_t)page_size;
+}
+
+int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
+                 int n_layers, int page_size, int n_pages, struct kiln_error *err) {
+    memset(p, 0, sizeof *p);
+    if (page_size < 1) return kiln_errorf(err, "page size must be at least 1, got %d", page_size);
+    if (n_pages < 1) return kiln_errorf(err, "KV pool needs at least one page, got %d", n_pages);
+    p->be = be;
+    p->n_layers = n_layers;
+    p->page_size = page_size;
+    p->n_pages = n_pages;
+    p->layout = xmalloc((size_t)n_layers * sizeof *layout);
+    memcpy(p->layout, layout, (size_t)n_layers * sizeof *layout);
+    p->k = xcalloc((size_t)n_layers, sizeof *p->k);
+    p->v = xcalloc((size_t)n_layers, sizeof *p->v);
+    size_t slots = (size_t)n_pages * (size_t)page_size;
+    for (int l = 0; l < n_layers; l++) {
+        p->k[l] = be->ops->alloc(be->ctx, slots * (size_t)layout[l].k_width * 4);
+        if (!p->k[l]) goto oom;
+        if (layout[l].v_in_k) {
+            p->v[l] = p->k[l];
+        } else {
+            p->v[l] = be->ops->alloc(be->ctx, slots * (size_t)layout[l].v_width * 4);
+            if (!p->v[l]) goto oom;
+        }
+    }
+    p->free_list = xmalloc((size_t)n_pages * sizeof *p->free_list);
+    /* a stack popped from the end: page 0 comes out first */
+    for (int i = 0; i < n_pages; i++) p->free_list[i] = n_pages - 1 - i;
+    p->n_free = n_pages;
+    return 0;
+oom:
+    kv_pool_free(p);
+    return kiln_errorf(err, "out of device memory for a KV pool of %d pages of %d slots", n_pages,
+                       page_size);
+}
+
+void kv_pool_free(struct kv_pool *p) {
+    if (!p) return;
+    for (int l = 0; p->k && l < p->n_layers; l++) {
+        if (p->v && p->v[l] && p->v[l] != p->k[l]) p->be->ops->free(p->be->ctx, p->v[l]);
+        if (p->k[l]) p->be->ops->free(p->be->ctx, p->k[l]);
+    }
+    free(p->k);
+    free(p->v);
+    free(p->layout);
+    free(p->free_list);
+    memset(p, 0, sizeof *p);
+}
+
+int kv_pool_alloc(struct kv_pool *p, int n, int32_t *out) {
+    if (n > p->n_free) return -1;
+    for (int i = 0; i < n; i++) out[i] = p->free_list[--p->n_free];
+    return 0;
+}
+
+void kv_pool_release(struct kv_pool *p, const int32_t *pages, int n) {
+    for (int i = 0; i < n; i++) {
+        KILN_ASSERT(pages[i] >= 0 && pages[i] < p->n_pages && p->n_free < p->n_pages);
+        p->free_list[p->n_free++] = pages[i];
+    }
+}
+
+void kv_pool_scramble(struct kv_pool *p, uint64_t seed) {
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int i = p->n_free - 1; i > 0; i--) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((s >> 33) % (uint64_t)(i + 1));
+        int32_t t = p->free_list[i];
+        p->free_list[i] = p->free_list[j];
+        p->free_list[j] = t;
+    }
+}

@@ -1,0 +1,57 @@
+/* kv_pool.h — the paged KV cache: one allocation per layer, sized once.
+ *
+ * Slots are grouped into pages of `page_size` consecutive slots; page p
+ * owns slots [p * page_size, (p + 1) * page_size). Per layer, K holds
+ * `k_width` floats per slot and V `v_width` floats per slot ([slot][kv_heads]
+ * [head_dim] for ordinary attention). For MLA the layer keeps a single
+ * latent row per slot ([kv_lora_rank + rope_dim]) and V is the leading
+ * kv_lora_rank floats of K (`v_in_k`), so no V buffer exists.
+ *
+ * Pages are handed out from a free list; the radix cache and the scheduler
+ * decide who owns them. The pool itself is single-threaded (the engine
+ * thread owns it).
+ */
+#ifndef KILN_CACHE_KV_POOL_H
+#define KILN_CACHE_KV_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct backend;
+struct kiln_error;
+
+struct kv_layer_layout {
+    long k_width; /* floats per slot in K */
+    long v_width; /* floats per slot in V */
+    int v_in_k;   /* V is the first v_width floats of K's row (MLA) */
+};
+
+struct kv_pool {
+    struct backend *be;
+    int n_layers;
+    int page_size;
+    int n_pages;
+    struct kv_layer_layout *layout; /* [n_layers] */
+    float **k;                      /* [n_layers] device [n_pages * page_size][k_width] */
+    float **v;                      /* [n_layers] device [...][v_width] or == k */
+    int32_t *free_list;             /* stack of free page ids */
+    int n_free;
+};
+
+/* Bytes one page takes across all layers. */
+size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, int page_size);
+
+int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
+                 int n_layers, int page_size, int n_pages, struct kiln_error *err);
+void kv_pool_free(struct kv_pool *p); /* also accepts a half-built or zeroed pool */
+
+/* Takes n pages into out[]; returns -1 (taking none) when fewer are free. */
+int kv_pool_alloc(struct kv_pool *p, int n, int32_t *out);
+void kv_pool_release(struct kv_pool *p, const int32_t *pages, int n);
+static inline int kv_pool_available(const struct kv_pool *p) { return p->n_free; }
+
+/* Reorders the free list with a fixed permutation so that consecutive
+ * allocations get scattered pages (tests use it to exercise paging). */
+void kv_pool_scramble(struct kv_pool *p, uint64_t seed);
+
+#endif

@@ -1,0 +1,100 @@
+/* deepseek.c — DeepSeek-V2/V3 multi-head latent attention (MLA).
+ *
+ * The cache keeps one latent row per token: [c_kv (kv_lora_rank) | k_rope
+ * (qk_rope_head_dim)]. Attention runs in the "absorbed" form: each head's
+ * no-rope query is mapped into latent space through that head's slice of
+ * kv_b_proj (W_UK, transposed at load), so every head attends to the same
+ * latent rows (one KV head, MQA-like), and the latent output is mapped back
+ * through W_UV. This equals the reference's expanded form mathematically
+ * and reads far less KV. Rope uses the interleaved pair layout; the pairing
+ * permutes q and k identically, so scores match the reference.
+ * The MoE MLP of these models is in moe.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "model/model_internal.h"
+
+int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err) {
+    struct model *m = ws->m;
+    const struct model_config *c = &m->cfg;
+    long d = c->hidden_size, H = c->n_heads, nope = c->qk_nope_head_dim,
+         rope = c->qk_rope_head_dim, vd = c->v_head_dim, kvr = c->kv_lora_rank,
+         qr = c->q_lora_rank, qh = nope + rope;
+    char name[256];
+#define P(suffix) (snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, suffix), name)
+    if (qr > 0) {
+        if (ws_matrix(ws, P("q_a_proj.weight"), qr, d, &a->wq_a, err) ||
+            ws_vector(ws, P("q_a_layernorm.weight"), qr, 1.0f, &a->q_a_norm, err) ||
+            ws_matrix(ws, P("q_b_proj.weight"), H * qh, qr, &a->wq_b, err))
+            return -1;
+    } else if (ws_matrix(ws, P("q_proj.weight"), H * qh, d, &a->wq, err)) {
+        return -1;
+    }
+    if (ws_matrix(ws, P("kv_a_proj_with_mqa.weight"), kvr + rope, d, &a->wkv_a, err) ||
+        ws_vector(ws, P("kv_a_layernorm.weight"), kvr, 1.0f, &a->kv_a_norm, err) ||
+        ws_matrix(ws, P("kv_b_proj.weight"), H * (nope + vd), kvr, &a->wkv_b, err))
+        return -1;
+    /* W_UK_h^T [kvr][nope] per head, in the checkpoint dtype (a transpose
+     * is exact), made from kv_b_proj's host bytes. */
+    const unsigned char *src = ws->last_host;
+    if (ws_matrix(ws, P("o_proj.weight"), d, H * vd, &a->wo, err)) return -1;
+#undef P
+    enum dtype dt = a->wkv_b.dtype;
+    size_t es = dtype_size(dt);
+    a->w_uk_t = model_own(m, xcalloc((size_t)H, sizeof *a->w_uk_t));
+    a->w_uv = model_own(m, xcalloc((size_t)H, sizeof *a->w_uv));
+    for (long h = 0; h < H; h++) {
+        unsigned char *t = model_own(m, xaligned_alloc((size_t)(kvr * nope) * es));
+        for (long r = 0; r < nope; r++)
+            for (long j = 0; j < kvr; j++)
+                memcpy(t + (size_t)(j * nope + r) * es,
+                       src + (size_t)((h * (nope + vd) + r) * kvr + j) * es, es);
+        a->w_uk_t[h] = (struct backend_weight){.data = model_upload(m, t, (size_t)(kvr * nope) * es),
+                                               .dtype = dt, .rows = kvr, .cols = nope};
+        if (!a->w_uk_t[h].data) return kiln_errorf(err, "out of device memory for MLA weights");
+        a->w_uv[h] = (struct backend_weight){
+            .data = (const unsigned char *)a->wkv_b.data + (size_t)((h * (nope + vd) + nope) * kvr) * es,
+            .dtype = dt, .rows = vd, .cols = kvr};
+    }
+    return 0;
+}
+
+void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, const float *x, float *out) {
+    struct model *m = f->m;
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *ops = m->be->ops;
+    void *ctx = m->be->ctx;
+    long n = f->n, d = c->hidden_size, H = c->n_heads, nope = c->qk_nope_head_dim,
+         rope = c->qk_rope_head_dim, vd = c->v_head_dim, kvr = c->kv_lora_rank,
+         qr = c->q_lora_rank, qh = nope + rope, lw = kvr + rope;
+    float eps = (float)c->rms_norm_eps;
+    float *q = m->act.q, *kva = m->act.k, *q2 = m->act.q2, *att = m->act.att, *o = m->act.o;
+
+    if (qr > 0) {
+        float *cq = m->act.v; /* [n][q_lora] scratch */
+        ops->matmul(ctx, cq, qr, x, d, &a->wq_a, NULL, n);
+        ops->rmsnorm(ctx, cq, qr, cq, qr, a->q_a_norm, n, qr, eps);
+        ops->matmul(ctx, q, H * qh, cq, qr, &a->wq_b, NULL, n);
+    } else {
+        ops->matmul(ctx, q, H * qh, x, d, &a->wq, NULL, n);
+    }
+    ops->matmul(ctx, kva, lw, x, d, &a->wkv_a, NULL, n);
+    ops->rmsnorm(ctx, kva, lw, kva, lw, a->kv_a_norm, n, kvr, eps);
+    ops->rope(ctx, kva + kvr, lw, n, 1, lw, (int)rope, f->pos, m->rope_table, 1);
+    ops->rope(ctx, q + nope, H * qh, n, (int)H, qh, (int)rope, f->pos, m->rope_table, 1);
+    ops->kv_store(ctx, f->kv->k[l], lw, kva, lw, lw, f->slot, n);
+
+    for (long h = 0; h < H; h++) {
+        ops->matmul(ctx, q2 + h * lw, H * lw, q + h * qh, H * qh, &a->w_uk_t[h], NULL, n);
+        ops->copy_rows(ctx, q2 + h * lw + kvr, H * lw, q + h * qh + nope, H * qh, n, rope);
+    }
+    struct attn_params p = {.n_heads = (int)H, .n_kv_heads = 1, .dk = (int)lw, .dv = (int)kvr,
+                            .k_stride = lw, .v_stride = lw, .scale = m->attn_scale};
+    ops->attention(ctx, att, H * kvr, q2, H * lw, f->kv->k[l], f->kv->k[l], &p, f->bb);
+    for (long h = 0; h < H; h++)
+        ops->matmul(ctx, o + h * vd, H * vd, att + h * kvr, H * kvr, &a->w_uv[h], NULL, n);
+    ops->matmul(ctx, out, d, o, H * vd, &a->wo, NULL, n);
+}

@@ -1,0 +1,302 @@
+/* model.c — loading a checkpoint into per-layer weights, reserving the
+ * activations, and the forward pass skeleton shared by every architecture
+ * (embedding, the residual stream, final norm and logits). The family
+ * files provide each layer's attention and MLP. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "model/model_internal.h"
+
+const struct model_config *model_config(const struct model *m) { return &m->cfg; }
+const struct generation_config *model_generation_config(const struct model *m) { return &m->gen; }
+int model_max_context(const struct model *m) { return m->max_context; }
+int model_max_batch_tokens(const struct model *m) { return m->max_batch_tokens; }
+size_t model_weight_bytes(const struct model *m) { return m->weight_bytes; }
+
+static int is_mla(const struct model_config *c) { return c->kv_lora_rank > 0; }
+
+int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int max_layers) {
+    const struct model_config *c = &m->cfg;
+    KILN_ASSERT(max_layers >= c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (is_mla(c)) {
+            layout[l] = (struct kv_layer_layout){.k_width = c->kv_lora_rank + c->qk_rope_head_dim,
+                                                 .v_width = c->kv_lora_rank, .v_in_k = 1};
+        } else {
+            long w = (long)c->n_kv_heads * c->head_dim;
+            layout[l] = (struct kv_layer_layout){.k_width = w, .v_width = w, .v_in_k = 0};
+        }
+    }
+    return c->n_layers;
+}
+
+static long lmax(long a, long b) { return a > b ? a : b; }
+
+static int reserve_activations(struct model *m, struct kiln_error *err) {
+    const struct model_config *c = &m->cfg;
+    struct activations *a = &m->act;
+    long T = m->max_batch_tokens, d = c->hidden_size, H = c->n_heads;
+    long q_w, k_w, v_w, att_w, q2_w = 0, o_w = 0;
+    if (is_mla(c)) {
+        long qh = c->qk_nope_head_dim + c->qk_rope_head_dim, lw = c->kv_lora_rank + c->qk_rope_head_dim;
+        q_w = H * qh;
+        k_w = lw;
+        v_w = lmax(c->q_lora_rank, 1); /* q_lora scratch */
+        q2_w = H * lw;
+        att_w = H * c->kv_lora_rank;
+        o_w = H * c->v_head_dim;
+    } else {
+        q_w = H * c->head_dim;
+        k_w = v_w = (long)c->n_kv_heads * c->head_dim;
+        att_w = q_w;
+    }
+    long inter = lmax(c->intermediate_size,
+                      lmax(c->shared_expert_intermediate_size,
+                           (long)c->moe_intermediate_size * lmax(c->n_shared_experts, 1)));
+    long E = lmax(c->n_experts, 1), K = lmax(c->n_experts_per_tok, 1);
+    a->logit_chunk = (int)(T < 64 ? T : 64);
+    a->pages_cap = (long)m->max_seqs * (m->max_context / m->page_size + 2);
+#define ALLOC(field, count, type)                                                          \
+    do {                                                                                   \
+        a->field = m->be->ops->alloc(m->be->ctx, (size_t)(count) * sizeof(type));         \
+        if (!a->field) return kiln_errorf(err, "out of device memory for activations (%s)", #field); \
+    } while (0)
+    ALLOC(h, T * d, float);
+    ALLOC(xn, T * d, float);
+    ALLOC(delta, T * d, float);
+    ALLOC(q, T * q_w, float);
+    ALLOC(k, T * k_w, float);
+    ALLOC(v, T * v_w, float);
+    if (q2_w) ALLOC(q2, T * q2_w, float);
+    if (o_w) ALLOC(o, T * o_w, float);
+    ALLOC(att, T * att_w, float);
+    ALLOC(g, T * inter, float);
+    ALLOC(u, T * inter, float);
+    ALLOC(shared, T * d, float);
+    ALLOC(router, T * E, float);
+    ALLOC(gate1, T, float);
+    ALLOC(moe_ids, T * K, int32_t);
+    ALLOC(moe_w, T * K, float);
+    ALLOC(logits, (long)a->logit_chunk * c->vocab_size, float);
+    ALLOC(xs, T * d, float);
+    ALLOC(ids, T, int32_t);
+    ALLOC(pos, T, int32_t);
+    ALLOC(slot, T, int32_t);
+    ALLOC(rows, T, int32_t);
+    ALLOC(q_start, m->max_seqs + 1, int32_t);
+    ALLOC(page_start, m->max_seqs + 1, int32_t);
+    ALLOC(pages, a->pages_cap, int32_t);
+#undef ALLOC
+    return m->be->ops->reserve(m->be->ctx, T, m->max_context, c->n_heads, err);
+}
+
+static void free_activations(struct model *m) {
+    struct activations *a = &m->act;
+    void *bufs[] = {a->h, a->xn, a->delta, a->q, a->k, a->v, a->q2, a->att, a->o, a->g, a->u,
+                    a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->logits, a->xs,
+                    a->ids, a->pos, a->slot, a->rows, a->q_start, a->page_start, a->pages};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) m->be->ops->free(m->be->ctx, bufs[i]);
+    memset(a, 0, sizeof *a);
+}
+
+static int load_weights(struct model *m, struct weight_source *ws, struct kiln_error *err) {
+    const struct model_config *c = &m->cfg;
+    long d = c->hidden_size, V = c->vocab_size;
+    if (ws_matrix(ws, "model.embed_tokens.weight", V, d, &m->embed, err)) return -1;
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else if (ws_matrix(ws, "lm_head.weight", V, d, &m->lm_head, err)) {
+        return -1;
+    }
+    if (ws_vector(ws, "model.norm.weight", d, 1.0f, &m->final_norm, err)) return -1;
+    m->layers = model_own(m, xcalloc((size_t)c->n_layers, sizeof *m->layers));
+    for (int l = 0; l < c->n_layers; l++) {
+        struct layer *L = &m->layers[l];
+        char name[256];
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        if (ws_vector(ws, name, d, 1.0f, &L->ln_attn, err)) return -1;
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (ws_vector(ws, name, d, 1.0f, &L->ln_mlp, err)) return -1;
+        L->attn_kind = is_mla(c) ? LAYER_ATTN_MLA : LAYER_ATTN_MHA;
+        if (L->attn_kind == LAYER_ATTN_MLA ? mla_load(ws, l, &L->mla, err)
+                                           : mha_load(ws, l, &L->mha, err))
+            return -1;
+        L->mlp_kind = model_config_layer_is_moe(c, l) ? LAYER_MLP_MOE : LAYER_MLP_DENSE;
+        if (L->mlp_kind == LAYER_MLP_MOE) {
+            if (moe_load(ws, l, &L->moe, err)) return -1;
+        } else {
+            snprintf(name, sizeof name, "model.layers.%d.mlp", l);
+            if (dense_load(ws, name, c->intermediate_size, &L->dense, err)) return -1;
+        }
+    }
+    return 0;
+}
+
+static int finish_load(struct model *m, struct weight_source *ws, const struct model_options *opt,
+                       struct kiln_error *err) {
+    struct model_config *c = &m->cfg;
+    m->max_batch_tokens = opt && opt->max_batch_tokens > 0 ? opt->max_batch_tokens : 2048;
+    m->max_seqs = opt && opt->max_seqs > 0 ? opt->max_seqs : 256;
+    if (m->max_seqs > m->max_batch_tokens) m->max_seqs = m->max_batch_tokens;
+    m->max_context = opt && opt->max_context > 0 ? opt->max_context : c->max_position_embeddings;
+    m->page_size = opt && opt->page_size > 0 ? opt->page_size : 1;
+    /* HF's DeepSeek models rotate interleaved pairs (V3 via rope_interleave,
+     * V2 through its complex-number rotary). */
+    if (c->arch == ARCH_DEEPSEEK_V2) c->rope.interleaved = 1;
+    if (load_weights(m, ws, err)) return -1;
+
+    m->rope_dim = is_mla(c) ? c->qk_rope_head_dim : c->head_dim;
+    float *table = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));
+    rope_table_build(&c->rope, m->rope_dim, m->max_context, c->max_position_embeddings, table);
+    m->rope_table = model_upload(m, table, (size_t)m->max_context * (size_t)m->rope_dim * 4);
+    if (!m->rope_table) return kiln_errorf(err, "out of device memory for the rope table");
+    if (is_mla(c)) {
+        double qh = c->qk_nope_head_dim + c->qk_rope_head_dim;
+        m->attn_scale = (float)(1.0 / sqrt(qh) * rope_softmax_mscale(&c->rope));
+    } else {
+        m->attn_scale = (float)(1.0 / sqrt((double)c->head_dim));
+    }
+    return reserve_activations(m, err);
+}
+
+int model_load_dummy(struct model **out, const struct model_config *cfg, struct backend *be,
+                     const struct model_options *opt, struct kiln_error *err) {
+    struct model *m = xcalloc(1, sizeof *m);
+    *out = NULL;
+    m->cfg = *cfg;
+    m->be = be;
+    m->gen.bos_token_id = cfg->bos_token_id;
+    m->gen.n_eos = cfg->n_eos;
+    memcpy(m->gen.eos_token_ids, cfg->eos_token_ids, sizeof cfg->eos_token_ids);
+    struct weight_source ws = {.st = NULL, .rng = (opt && opt->seed ? opt->seed : 0x9e3779b97f4a7c15ull),
+                               .m = m};
+    if (finish_load(m, &ws, opt, err)) {
+        model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+int model_load(struct model **out, const char *dir, struct backend *be,
+               const struct model_options *opt, struct kiln_error *err) {
+    *out = NULL;
+    char *cfg_path = path_join(dir, "config.json");
+    struct model_config cfg;
+    int rc = model_config_load(&cfg, cfg_path, err);
+    free(cfg_path);
+    if (rc) return -1;
+    if (opt && opt->load_format && !strcmp(opt->load_format, "dummy"))
+        return model_load_dummy(out, &cfg, be, opt, err);
+    if (opt && opt->load_format && strcmp(opt->load_format, "auto") &&
+        strcmp(opt->load_format, "safetensors"))
+        return kiln_errorf(err, "--load-format '%s' is not supported (expected auto, safetensors or dummy)",
+                           opt->load_format);
+
+    struct model *m = xcalloc(1, sizeof *m);
+    m->cfg = cfg;
+    m->be = be;
+    char *gen_path = path_join(dir, "generation_config.json");
+    rc = generation_config_load(&m->gen, gen_path, &cfg, err);
+    free(gen_path);
+    if (rc || st_open_dir(&m->st, dir, err)) goto fail;
+    struct weight_source ws = {.st = &m->st, .m = m};
+    if (finish_load(m, &ws, opt, err)) goto fail;
+    *out = m;
+    return 0;
+fail:
+    model_free(m);
+    return -1;
+}
+
+void model_free(struct model *m) {
+    if (!m) return;
+    if (m->be) {
+        free_activations(m);
+        for (int i = 0; i < m->n_uploaded; i++) m->be->ops->weight_release(m->be->ctx, m->uploaded[i]);
+    }
+    free(m->uploaded);
+    st_close(&m->st);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m);
+}
+
+static int check_batch(const struct model *m, const struct kv_pool *kv, const struct batch *b,
+                       struct kiln_error *err) {
+    if (b->n_tokens < 0 || b->n_tokens > m->max_batch_tokens)
+        return kiln_errorf(err, "batch of %d tokens exceeds the reserved %d", b->n_tokens,
+                           m->max_batch_tokens);
+    if (b->n_seqs < 0 || b->n_seqs > m->max_seqs)
+        return kiln_errorf(err, "batch of %d sequences exceeds the reserved %d", b->n_seqs, m->max_seqs);
+    if (b->page_size != kv->page_size)
+        return kiln_errorf(err, "batch page size %d differs from the KV pool's %d", b->page_size,
+                           kv->page_size);
+    if (b->kv_page_start[b->n_seqs] > m->act.pages_cap)
+        return kiln_errorf(err, "batch names %d KV pages, more than the reserved %ld",
+                           b->kv_page_start[b->n_seqs], m->act.pages_cap);
+    long slots = (long)kv->n_pages * kv->page_size;
+    for (int i = 0; i < b->n_tokens; i++) {
+        KILN_ASSERT(b->input_ids[i] >= 0 && b->input_ids[i] < m->cfg.vocab_size);
+        KILN_ASSERT(b->positions[i] >= 0 && b->positions[i] < m->max_context);
+        KILN_ASSERT(b->out_slot[i] >= 0 && b->out_slot[i] < slots);
+    }
+    KILN_ASSERT(b->q_start[0] == 0 && b->q_start[b->n_seqs] == b->n_tokens);
+    return 0;
+}
+
+int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, float *logits,
+                  struct kiln_error *err) {
+    if (b->mode == BATCH_MODE_IDLE || b->n_tokens == 0) return 0;
+    if (check_batch(m, kv, b, err)) return -1;
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *ops = m->be->ops;
+    void *ctx = m->be->ctx;
+    struct activations *a = &m->act;
+    long n = b->n_tokens, d = c->hidden_size;
+    float eps = (float)c->rms_norm_eps;
+
+    ops->upload(ctx, a->ids, b->input_ids, (size_t)n * 4);
+    ops->upload(ctx, a->pos, b->positions, (size_t)n * 4);
+    ops->upload(ctx, a->slot, b->out_slot, (size_t)n * 4);
+    ops->upload(ctx, a->q_start, b->q_start, (size_t)(b->n_seqs + 1) * 4);
+    ops->upload(ctx, a->page_start, b->kv_page_start, (size_t)(b->n_seqs + 1) * 4);
+    ops->upload(ctx, a->pages, b->kv_pages, (size_t)b->kv_page_start[b->n_seqs] * 4);
+    ops->upload(ctx, a->rows, b->logit_rows, (size_t)b->n_logit_rows * 4);
+    struct backend_batch bb = {.n_tokens = b->n_tokens, .n_seqs = b->n_seqs,
+                               .page_size = b->page_size, .positions = a->pos,
+                               .q_start = a->q_start, .kv_page_start = a->page_start,
+                               .kv_pages = a->pages};
+    struct fwd f = {.m = m, .kv = kv, .bb = &bb, .n = n, .pos = a->pos, .slot = a->slot};
+
+    ops->embed(ctx, a->h, &m->embed, a->ids, n);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer *L = &m->layers[l];
+        ops->add_rmsnorm(ctx, a->h, l ? a->delta : NULL, a->xn, L->ln_attn, n, d, eps);
+        if (L->attn_kind == LAYER_ATTN_MLA) mla_forward(&f, l, &L->mla, a->xn, a->delta);
+        else mha_forward(&f, l, &L->mha, a->xn, a->delta);
+        ops->add_rmsnorm(ctx, a->h, a->delta, a->xn, L->ln_mlp, n, d, eps);
+        if (L->mlp_kind == LAYER_MLP_MOE) moe_forward(&f, &L->moe, a->xn, a->delta);
+        else dense_forward(&f, &L->dense, c->intermediate_size, a->xn, a->delta);
+    }
+    if (b->n_logit_rows == 0) return 0;
+    /* only the rows that need logits go through the final norm and lm_head */
+    ops->gather_rows(ctx, a->xs, a->h, d, a->rows, b->n_logit_rows);
+    ops->gather_rows(ctx, a->xn, a->delta, d, a->rows, b->n_logit_rows);
+    ops->add_rmsnorm(ctx, a->xs, a->xn, a->xs, m->final_norm, b->n_logit_rows, d, eps);
+    long V = c->vocab_size;
+    for (long r0 = 0; r0 < b->n_logit_rows; r0 += a->logit_chunk) {
+        long r = b->n_logit_rows - r0 < a->logit_chunk ? b->n_logit_rows - r0 : a->logit_chunk;
+        ops->matmul(ctx, a->logits, V, a->xs + r0 * d, d, &m->lm_head, NULL, r);
+        ops->download(ctx, logits + r0 * V, a->logits, (size_t)(r * V) * 4);
+    }
+    ops->synchronize(ctx);
+    return 0;
+}

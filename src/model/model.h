@@ -1,0 +1,56 @@
+/* model.h — a loaded model and its forward pass.
+ *
+ * model_load reads config.json, generation_config.json and the safetensors
+ * weights of a checkpoint folder (or builds random weights from config.json
+ * alone with load_format "dummy"), places the weights on a backend, and
+ * reserves the activations for the largest batch up front. model_forward
+ * runs one ragged batch (model/batch.h) against a KV pool whose layout came
+ * from model_kv_layout, and returns fp32 logits of the requested rows.
+ *
+ * Only this folder knows architectures: a family file (llama.c,
+ * qwen_moe.c, deepseek.c) provides loading and forward of its layers.
+ */
+#ifndef KILN_MODEL_MODEL_H
+#define KILN_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "cache/kv_pool.h"
+#include "model/batch.h"
+#include "model/config.h"
+
+struct backend;
+struct kiln_error;
+struct model;
+
+struct model_options {
+    const char *load_format; /* "auto" (safetensors) or "dummy" (random weights) */
+    int max_batch_tokens;    /* largest n_tokens of a batch (default 2048) */
+    int max_seqs;            /* largest n_seqs of a batch (default 256) */
+    int max_context;         /* longest sequence (default: max_position_embeddings) */
+    int page_size;           /* KV page size the batches will use (default 1) */
+    uint64_t seed;           /* dummy weights */
+};
+
+int model_load(struct model **out, const char *dir, struct backend *be,
+               const struct model_options *opt, struct kiln_error *err);
+/* Builds from an already parsed config (dummy weights only). */
+int model_load_dummy(struct model **out, const struct model_config *cfg, struct backend *be,
+                     const struct model_options *opt, struct kiln_error *err);
+void model_free(struct model *m);
+
+const struct model_config *model_config(const struct model *m);
+const struct generation_config *model_generation_config(const struct model *m);
+int model_max_context(const struct model *m);
+int model_max_batch_tokens(const struct model *m);
+/* Bytes of weights read by one forward (for bandwidth figures). */
+size_t model_weight_bytes(const struct model *m);
+
+/* Fills layout[n_layers]; returns n_layers. */
+int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int max_layers);
+
+/* Runs the batch; writes logits[n_logit_rows][vocab] (host memory). */
+int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, float *logits,
+                  struct kiln_error *err);
+
+#endif

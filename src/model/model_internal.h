@@ -1,0 +1,149 @@
+/* model_internal.h — what the architecture family files share: weight
+ * structs, the weight source (checkpoint or dummy), activation buffers and
+ * the per-layer forward hooks. Not for use outside src/model/. */
+#ifndef KILN_MODEL_MODEL_INTERNAL_H
+#define KILN_MODEL_MODEL_INTERNAL_H
+
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "tensor/backend.h"
+
+/* Where weights come from. */
+struct weight_source {
+    struct st_set *st; /* NULL: dummy weights */
+    uint64_t rng;
+    struct model *m;   /* owner of converted / generated host buffers */
+    const void *last_host; /* host bytes of the last matrix ws_matrix loaded */
+};
+
+/* Ordinary multi-head attention (llama, qwen2, qwen3, qwen moe). */
+struct attn_mha {
+    struct backend_weight wq, wk, wv, wo; /* [heads*hd][d], [kvh*hd][d] x2, [d][heads*hd] */
+    const float *bq, *bk, *bv;             /* biases or NULL */
+    const float *q_norm, *k_norm;          /* [hd] or NULL */
+};
+
+/* Multi-head latent attention (deepseek), run in the absorbed form. */
+struct attn_mla {
+    struct backend_weight wq;        /* [h*(nope+rope)][d] when q_lora_rank == 0 */
+    struct backend_weight wq_a, wq_b; /* [q_lora][d], [h*(nope+rope)][q_lora] */
+    const float *q_a_norm;           /* [q_lora] */
+    struct backend_weight wkv_a;     /* [kv_lora+rope][d] */
+    const float *kv_a_norm;          /* [kv_lora] */
+    struct backend_weight wkv_b;     /* [h*(nope+v)][kv_lora] */
+    struct backend_weight *w_uk_t;   /* [h] each [kv_lora][nope]: kv_b's k rows, transposed */
+    struct backend_weight *w_uv;     /* [h] each [v][kv_lora]: views into wkv_b */
+    struct backend_weight wo;        /* [d][h*v] */
+};
+
+struct mlp_dense {
+    struct backend_weight gate, up, down; /* [f][d], [f][d], [d][f] */
+};
+
+struct mlp_moe {
+    struct backend_weight router;     /* [E][d] */
+    const float *correction_bias;     /* [E] or NULL */
+    struct backend_weight *gate, *up, *down; /* [E] */
+    struct moe_experts experts;
+    struct moe_route_params route;
+    int has_shared;
+    struct mlp_dense shared;          /* qwen2_moe shared expert / deepseek shared experts */
+    struct backend_weight shared_gate; /* qwen2_moe [1][d]; data NULL when absent */
+};
+
+enum layer_attn { LAYER_ATTN_MHA = 0, LAYER_ATTN_MLA };
+enum layer_mlp { LAYER_MLP_DENSE = 0, LAYER_MLP_MOE };
+
+struct layer {
+    const float *ln_attn, *ln_mlp; /* [d] */
+    enum layer_attn attn_kind;
+    enum layer_mlp mlp_kind;
+    struct attn_mha mha;
+    struct attn_mla mla;
+    struct mlp_dense dense;
+    struct mlp_moe moe;
+};
+
+/* Activation buffers, reserved for max_batch_tokens rows. */
+struct activations {
+    float *h, *xn, *delta;    /* [T][d] */
+    float *q, *k, *v;         /* [T][q_width], [T][k_width], [T][v_width] */
+    float *q2;                /* MLA absorbed queries [T][h*(kv_lora+rope)] */
+    float *att;               /* [T][att_width] */
+    float *o;                 /* [T][h*v] (MLA per-head outputs) */
+    float *g, *u;             /* [T][max_inter] */
+    float *shared;            /* [T][d] */
+    float *router;            /* [T][E] */
+    float *gate1;             /* [T][1] */
+    int32_t *moe_ids;         /* [T][top_k] */
+    float *moe_w;             /* [T][top_k] */
+    float *logits;            /* [logit_chunk][vocab] */
+    float *xs;                /* [T][d] rows that need logits */
+    int32_t *ids, *pos, *slot, *q_start, *page_start, *pages, *rows;
+    long pages_cap;
+    int logit_chunk;
+};
+
+struct model {
+    struct model_config cfg;
+    struct generation_config gen;
+    struct backend *be;
+    struct st_set st;
+    int max_batch_tokens, max_seqs, max_context, page_size;
+    size_t weight_bytes;
+
+    struct backend_weight embed, lm_head;
+    const float *final_norm;
+    struct layer *layers;
+    const float *rope_table;    /* device [max_context][rot/2][2] */
+    int rope_dim;
+    float attn_scale;
+
+    struct activations act;
+    void **owned; /* host buffers to free: converted vectors, dummy weights */
+    int n_owned, cap_owned;
+    const void **uploaded; /* device buffers from weight_upload / alloc to release */
+    int n_uploaded, cap_uploaded;
+};
+
+/* The state one layer's forward needs. */
+struct fwd {
+    struct model *m;
+    struct kv_pool *kv;
+    const struct backend_batch *bb;
+    long n;                      /* token rows */
+    const int32_t *pos;          /* device positions */
+    const int32_t *slot;         /* device out slots */
+};
+
+/* weights.c */
+int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
+              struct backend_weight *out, struct kiln_error *err);
+/* fp32 vector on the device; `fill` is the dummy value (NAN = random). */
+int ws_vector(struct weight_source *ws, const char *name, long len, float fill, const float **out,
+              struct kiln_error *err);
+int ws_has(const struct weight_source *ws, const char *name);
+void *model_own(struct model *m, void *host);
+const void *model_upload(struct model *m, const void *host, size_t bytes);
+void *model_alloc(struct model *m, size_t bytes);
+
+/* rope.c: cos/sin table [max_pos][dim/2][2] and the yarn attention factor. */
+void rope_table_build(const struct rope_config *rc, int dim, int max_pos,
+                      int max_position_embeddings, float *out);
+double rope_softmax_mscale(const struct rope_config *rc);
+
+/* llama.c */
+int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_error *err);
+void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const float *x, float *out);
+int dense_load(struct weight_source *ws, const char *prefix, long inter, struct mlp_dense *d,
+               struct kiln_error *err);
+void dense_forward(const struct fwd *f, const struct mlp_dense *d, long inter, const float *x,
+                   float *out);
+
+/* qwen_moe.c and deepseek.c */
+int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err);
+void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x, float *out);
+int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err);
+void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, const float *x, float *out);
+
+#endif

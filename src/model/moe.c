@@ -1,0 +1,93 @@
+/* moe.c — the mixture-of-experts MLP of the Qwen-MoE and DeepSeek families.
+ *
+ * Router logits in fp32, routing per the config (softmax or sigmoid scores,
+ * greedy, group-limited or DeepSeek-V3's noaux_tc with a correction bias),
+ * the chosen experts' SwiGLU MLPs, and the shared expert(s): Qwen2-MoE adds
+ * one shared expert scaled by a sigmoid gate; DeepSeek adds its shared
+ * experts (one MLP of n_shared × moe_intermediate_size) unscaled. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "model/model_internal.h"
+
+int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err) {
+    struct model *m = ws->m;
+    const struct model_config *c = &m->cfg;
+    long d = c->hidden_size, E = c->n_experts, F = c->moe_intermediate_size;
+    int deepseek = c->arch == ARCH_DEEPSEEK_V2 || c->arch == ARCH_DEEPSEEK_V3;
+    char name[256], prefix[128];
+    snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", l);
+    snprintf(name, sizeof name, "%s.gate.weight", prefix);
+    if (ws_matrix(ws, name, E, d, &moe->router, err)) return -1;
+    if (c->has_score_correction_bias) {
+        snprintf(name, sizeof name, "%s.gate.e_score_correction_bias", prefix);
+        if (ws_vector(ws, name, E, NAN, &moe->correction_bias, err)) return -1;
+    }
+    moe->gate = model_own(m, xcalloc((size_t)E, sizeof *moe->gate));
+    moe->up = model_own(m, xcalloc((size_t)E, sizeof *moe->up));
+    moe->down = model_own(m, xcalloc((size_t)E, sizeof *moe->down));
+    for (long e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "%s.experts.%ld.gate_proj.weight", prefix, e);
+        if (ws_matrix(ws, name, F, d, &moe->gate[e], err)) return -1;
+        snprintf(name, sizeof name, "%s.experts.%ld.up_proj.weight", prefix, e);
+        if (ws_matrix(ws, name, F, d, &moe->up[e], err)) return -1;
+        snprintf(name, sizeof name, "%s.experts.%ld.down_proj.weight", prefix, e);
+        if (ws_matrix(ws, name, d, F, &moe->down[e], err)) return -1;
+    }
+    moe->experts = (struct moe_experts){.n_experts = (int)E, .hidden = (int)d, .inter = (int)F,
+                                        .gate = moe->gate, .up = moe->up, .down = moe->down};
+    moe->route = (struct moe_route_params){
+        .n_experts = (int)E,
+        .top_k = c->n_experts_per_tok,
+        .scoring = c->scoring == MOE_SCORING_SIGMOID ? MOE_ROUTE_SIGMOID : MOE_ROUTE_SOFTMAX,
+        .method = c->topk_method == MOE_TOPK_NOAUX_TC        ? MOE_ROUTE_NOAUX_TC
+                  : c->topk_method == MOE_TOPK_GROUP_LIMITED ? MOE_ROUTE_GROUP_LIMITED
+                                                             : MOE_ROUTE_GREEDY,
+        .n_group = c->n_group > 0 ? c->n_group : 1,
+        .topk_group = c->topk_group > 0 ? c->topk_group : 1,
+        .renormalize = c->norm_topk_prob && (!deepseek || c->n_experts_per_tok > 1),
+        .scaling = deepseek ? (float)c->routed_scaling_factor : 1.0f,
+        .scale_when_renormalized = c->arch == ARCH_DEEPSEEK_V3,
+    };
+    if (deepseek && c->n_shared_experts > 0) {
+        snprintf(name, sizeof name, "%s.shared_experts", prefix);
+        if (dense_load(ws, name, (long)c->n_shared_experts * F, &moe->shared, err)) return -1;
+        moe->has_shared = 1;
+    } else if (!deepseek && c->shared_expert_intermediate_size > 0) {
+        snprintf(name, sizeof name, "%s.shared_expert", prefix);
+        if (dense_load(ws, name, c->shared_expert_intermediate_size, &moe->shared, err)) return -1;
+        snprintf(name, sizeof name, "%s.shared_expert_gate.weight", prefix);
+        if (ws_matrix(ws, name, 1, d, &moe->shared_gate, err)) return -1;
+        moe->has_shared = 1;
+    }
+    return 0;
+}
+
+static long shared_inter(const struct model_config *c) {
+    if (c->arch == ARCH_DEEPSEEK_V2 || c->arch == ARCH_DEEPSEEK_V3)
+        return (long)c->n_shared_experts * c->moe_intermediate_size;
+    return c->shared_expert_intermediate_size;
+}
+
+void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x, float *out) {
+    struct model *m = f->m;
+    const struct backend_ops *ops = m->be->ops;
+    void *ctx = m->be->ctx;
+    long n = f->n, d = m->cfg.hidden_size, E = moe->route.n_experts;
+    int k = moe->route.top_k;
+    ops->matmul(ctx, m->act.router, E, x, d, &moe->router, NULL, n);
+    ops->moe_route(ctx, m->act.moe_ids, m->act.moe_w, m->act.router, moe->correction_bias,
+                   &moe->route, n);
+    ops->moe_ffn(ctx, out, x, m->act.moe_ids, m->act.moe_w, k, &moe->experts, n);
+    if (!moe->has_shared) return;
+    dense_forward(f, &moe->shared, shared_inter(&m->cfg), x, m->act.shared);
+    if (moe->shared_gate.data) {
+        ops->matmul(ctx, m->act.gate1, 1, x, d, &moe->shared_gate, NULL, n);
+        ops->gated_add(ctx, out, m->act.shared, m->act.gate1, 1, n, d);
+    } else {
+        ops->add(ctx, out, m->act.shared, n * d);
+    }
+}

@@ -1,0 +1,149 @@
+/* weights.c — getting weights onto the backend, from a checkpoint or, for
+ * speed work, random ("dummy") values. Matrices keep their checkpoint
+ * dtype; 1-D tensors (norms, biases) are widened to fp32 once, they are
+ * tiny and read often. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "model/model_internal.h"
+
+void *model_own(struct model *m, void *host) {
+    if (m->n_owned == m->cap_owned) {
+        m->cap_owned = m->cap_owned ? 2 * m->cap_owned : 64;
+        m->owned = xrealloc(m->owned, (size_t)m->cap_owned * sizeof *m->owned);
+    }
+    m->owned[m->n_owned++] = host;
+    return host;
+}
+
+static void track_upload(struct model *m, const void *dev) {
+    if (m->n_uploaded == m->cap_uploaded) {
+        m->cap_uploaded = m->cap_uploaded ? 2 * m->cap_uploaded : 64;
+        m->uploaded = xrealloc(m->uploaded, (size_t)m->cap_uploaded * sizeof *m->uploaded);
+    }
+    m->uploaded[m->n_uploaded++] = dev;
+}
+
+const void *model_upload(struct model *m, const void *host, size_t bytes) {
+    const void *dev = m->be->ops->weight_upload(m->be->ctx, host, bytes);
+    if (dev) track_upload(m, dev);
+    return dev;
+}
+
+void *model_alloc(struct model *m, size_t bytes) {
+    void *p = m->be->ops->alloc(m->be->ctx, bytes);
+    return p;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Uniform in [-scale, scale). */
+static float rng_uniform(uint64_t *s, float scale) {
+    return ((float)(rng_next(s) >> 40) / (float)(1ull << 24) * 2.0f - 1.0f) * scale;
+}
+
+int ws_has(const struct weight_source *ws, const char *name) {
+    return ws->st ? st_find(ws->st, name) != NULL : 1;
+}
+
+static enum dtype dummy_dtype(const struct model *m) {
+    return m->cfg.dtype == DTYPE_F32 || m->cfg.dtype == DTYPE_F16 ? m->cfg.dtype : DTYPE_BF16;
+}
+
+int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
+              struct backend_weight *out, struct kiln_error *err) {
+    struct model *m = ws->m;
+    const void *host;
+    size_t bytes;
+    enum dtype dt;
+    if (ws->st) {
+        const struct st_tensor *t;
+        int64_t shape[2] = {rows, cols};
+        if (st_expect(ws->st, name, 2, shape, &t, err)) return -1;
+        if (t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16 && t->dtype != DTYPE_F32)
+            return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
+                               ws->st->paths[t->file], name, dtype_name(t->dtype));
+        host = t->data;
+        bytes = t->nbytes;
+        dt = t->dtype;
+    } else {
+        /* Random values tiled from one block: fast for multi-GB models, and
+         * never zeros (zeros can run faster than real data). */
+        dt = dummy_dtype(m);
+        size_t n = (size_t)rows * (size_t)cols, es = dtype_size(dt);
+        bytes = n * es;
+        unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        if (!buf) return kiln_errorf(err, "out of memory for dummy tensor '%s' (%zu bytes)", name, bytes);
+        model_own(m, buf);
+        enum { BLOCK = 4093 };
+        float scale = 1.0f / sqrtf((float)cols);
+        unsigned char block[BLOCK * 4];
+        for (int i = 0; i < BLOCK; i++) {
+            float v = rng_uniform(&ws->rng, scale);
+            if (dt == DTYPE_BF16) ((uint16_t *)block)[i] = f32_to_bf16(v);
+            else if (dt == DTYPE_F16) ((uint16_t *)block)[i] = f32_to_f16(v);
+            else ((float *)block)[i] = v;
+        }
+        size_t off = (size_t)(rng_next(&ws->rng) % BLOCK);
+        for (size_t done = 0; done < n;) {
+            size_t take = BLOCK - off < n - done ? BLOCK - off : n - done;
+            memcpy(buf + done * es, block + off * es, take * es);
+            done += take;
+            off = 0;
+        }
+        host = buf;
+    }
+    ws->last_host = host;
+    out->data = model_upload(m, host, bytes);
+    if (!out->data) return kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    out->dtype = dt;
+    out->rows = rows;
+    out->cols = cols;
+    m->weight_bytes += bytes;
+    return 0;
+}
+
+int ws_vector(struct weight_source *ws, const char *name, long len, float fill, const float **out,
+              struct kiln_error *err) {
+    struct model *m = ws->m;
+    float *v = model_own(m, xaligned_alloc((size_t)len * 4));
+    if (ws->st) {
+        const struct st_tensor *t;
+        int64_t shape[1] = {len};
+        if (st_expect(ws->st, name, 1, shape, &t, err)) return -1;
+        for (long i = 0; i < len; i++) {
+            switch (t->dtype) {
+            case DTYPE_F32: memcpy(&v[i], (const char *)t->data + i * 4, 4); break;
+            case DTYPE_BF16: {
+                uint16_t h;
+                memcpy(&h, (const char *)t->data + i * 2, 2);
+                v[i] = bf16_to_f32(h);
+                break;
+            }
+            case DTYPE_F16: {
+                uint16_t h;
+                memcpy(&h, (const char *)t->data + i * 2, 2);
+                v[i] = f16_to_f32(h);
+                break;
+            }
+            default:
+                return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
+                                   ws->st->paths[t->file], name, dtype_name(t->dtype));
+            }
+        }
+    } else {
+        for (long i = 0; i < len; i++) v[i] = isnan(fill) ? rng_uniform(&ws->rng, 0.1f) : fill;
+    }
+    *out = model_upload(m, v, (size_t)len * 4);
+    if (!*out) return kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    m->weight_bytes += (size_t)len * 4;
+    return 0;
+}

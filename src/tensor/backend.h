@@ -1,0 +1,148 @@
+/* backend.h — the device interface: a table of operations plus a context.
+ *
+ * Model code (src/model/) is written once against these operations; a
+ * device is one folder under src/backend/ that fills the table (ggml's
+ * ggml_backend_i, SQLite's pcache_methods). Pointers passed to operations
+ * are device pointers obtained from `alloc` or `weight_upload`; on the CPU
+ * they are ordinary host pointers. Activations are fp32 row-major matrices
+ * with a row stride ("ld", in elements); weights keep their checkpoint dtype.
+ * Operations are enqueued in order; `synchronize` waits for all of them
+ * (the CPU backend runs each one to completion before returning).
+ *
+ * Shape comments use [rows][cols]. n is the number of token rows.
+ */
+#ifndef KILN_TENSOR_BACKEND_H
+#define KILN_TENSOR_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor/dtype.h"
+
+struct kiln_error;
+
+/* A weight matrix on the device: [rows][cols] contiguous, in its dtype. */
+struct backend_weight {
+    const void *data;
+    enum dtype dtype;
+    long rows, cols;
+};
+
+/* Batch metadata on the device (see model/batch.h for the meaning). */
+struct backend_batch {
+    int n_tokens, n_seqs, page_size;
+    const int32_t *positions;     /* [n_tokens] */
+    const int32_t *q_start;       /* [n_seqs + 1] */
+    const int32_t *kv_page_start; /* [n_seqs + 1] */
+    const int32_t *kv_pages;
+};
+
+struct attn_params {
+    int n_heads, n_kv_heads; /* query heads share kv head h / (n_heads / n_kv_heads) */
+    int dk, dv;              /* per-head widths of q·k and of v */
+    long k_stride, v_stride; /* floats between consecutive slots of the K / V cache */
+    float scale;             /* softmax scale */
+};
+
+enum moe_route_scoring { MOE_ROUTE_SOFTMAX = 0, MOE_ROUTE_SIGMOID };
+enum moe_route_method { MOE_ROUTE_GREEDY = 0, MOE_ROUTE_GROUP_LIMITED, MOE_ROUTE_NOAUX_TC };
+
+struct moe_route_params {
+    int n_experts, top_k;
+    enum moe_route_scoring scoring;
+    enum moe_route_method method;
+    int n_group, topk_group;
+    int renormalize;        /* divide the chosen weights by their sum */
+    float scaling;          /* routed_scaling_factor applied to the weights */
+    int scale_when_renormalized; /* deepseek_v3 scales after renormalising; v2 scales only without it */
+};
+
+struct moe_experts {
+    int n_experts, hidden, inter;
+    const struct backend_weight *gate; /* [n_experts], each [inter][hidden] */
+    const struct backend_weight *up;   /* [n_experts], each [inter][hidden] */
+    const struct backend_weight *down; /* [n_experts], each [hidden][inter] */
+};
+
+struct backend_ops {
+    const char *name;
+    void (*destroy)(void *ctx);
+    /* Reserves scratch for batches of up to max_tokens rows and contexts of up
+     * to max_context positions; called once before the first forward. */
+    int (*reserve)(void *ctx, long max_tokens, long max_context, int max_heads,
+                   struct kiln_error *err);
+
+    void *(*alloc)(void *ctx, size_t bytes); /* zeroed; NULL when out of memory */
+    void (*free)(void *ctx, void *p);
+    void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+    void (*download)(void *ctx, void *dst, const void *src, size_t bytes);
+    /* Device view of `bytes` of host weights that stay valid for the model's
+     * life (CPU: the same pointer, no copy). NULL when out of memory. */
+    const void *(*weight_upload)(void *ctx, const void *host, size_t bytes);
+    void (*weight_release)(void *ctx, const void *dev);
+    void (*synchronize)(void *ctx);
+
+    /* y[n][table.cols] = table[ids[i]] */
+    void (*embed)(void *ctx, float *y, const struct backend_weight *table, const int32_t *ids,
+                  long n);
+    /* y[n][w.rows] = x[n][w.cols] · wᵀ (+ bias[w.rows]) */
+    void (*matmul)(void *ctx, float *y, long ldy, const float *x, long ldx,
+                   const struct backend_weight *w, const float *bias, long n);
+    /* y[n][dim] = x / rms(x) * w, row by row */
+    void (*rmsnorm)(void *ctx, float *y, long ldy, const float *x, long ldx, const float *w,
+                    long n, long dim, float eps);
+    /* h[n][dim] += delta; y = rmsnorm(h) (delta NULL: only the norm) */
+    void (*add_rmsnorm)(void *ctx, float *h, const float *delta, float *y, const float *w, long n,
+                        long dim, float eps);
+    /* Rotates the first rot_dim dims of n_heads heads of every row in place.
+     * cos_sin: [max_pos][rot_dim / 2][2]. interleaved: pairs (2i, 2i+1),
+     * else halves (i, i + rot_dim/2). */
+    void (*rope)(void *ctx, float *x, long ldx, long n, int n_heads, long head_stride, int rot_dim,
+                 const int32_t *pos, const float *cos_sin, int interleaved);
+    /* y[n][dim] = silu(g) * u */
+    void (*silu_mul)(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
+                     long ldu, long n, long dim);
+    /* y[count] += x[count] */
+    void (*add)(void *ctx, float *y, const float *x, long count);
+    /* y[n][dim] += sigmoid(gate[i * ldgate]) * x */
+    void (*gated_add)(void *ctx, float *y, const float *x, const float *gate, long ldgate, long n,
+                      long dim);
+    /* dst[i] = src[rows[i]] for rows of width floats (both contiguous) */
+    void (*gather_rows)(void *ctx, float *dst, const float *src, long width, const int32_t *rows,
+                        long n);
+    /* dst[n][width] (row stride ldd) = src[n][width] (row stride lds) */
+    void (*copy_rows)(void *ctx, float *dst, long ldd, const float *src, long lds, long n,
+                      long width);
+    /* cache[slots[i] * stride + 0..width) = src[i][0..width) */
+    void (*kv_store)(void *ctx, float *cache, long stride, const float *src, long ld, long width,
+                     const int32_t *slots, long n);
+    /* Causal paged attention: out[n][n_heads * dv] from q[n][n_heads * dk]
+     * against the sequence's cached positions 0..position. */
+    void (*attention)(void *ctx, float *out, long ldo, const float *q, long ldq,
+                      const float *k_cache, const float *v_cache, const struct attn_params *p,
+                      const struct backend_batch *b);
+    /* Chooses top_k experts per row from router logits[n][n_experts]
+     * (bias: correction bias or NULL). ids, weights: [n][top_k]. */
+    void (*moe_route)(void *ctx, int32_t *ids, float *weights, const float *logits,
+                      const float *bias, const struct moe_route_params *p, long n);
+    /* y[n][hidden] = sum_j weights[i][j] * expert_{ids[i][j]}(x[i]) */
+    void (*moe_ffn)(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
+                    int top_k, const struct moe_experts *e, long n);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    void *ctx;
+};
+
+struct backend_options {
+    int n_threads; /* CPU: 0 = one per core */
+    int device;    /* GPU ordinal */
+};
+
+/* Creates a backend by name ("cpu", "cuda"); "auto" takes the first that works. */
+int backend_create(struct backend *be, const char *name, const struct backend_options *opt,
+                   struct kiln_error *err);
+void backend_destroy(struct backend *be);
+
+#endif
