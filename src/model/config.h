@@ -38,7 +38,9 @@ struct rope_config {
     double beta_fast, beta_slow;    /* yarn */
     double mscale, mscale_all_dim;  /* yarn (DeepSeek); 0 = absent */
     double attention_factor;        /* yarn; 0 = derive from factor */
-    int interleaved;                /* DeepSeek-V3 rope_interleave: pairs (2i, 2i+1) */
+    int interleaved;                /* rotate pairs (2i, 2i+1) instead of (i, i + d/2):
+                                       deepseek_v3 rope_interleave (default true); always for
+                                       deepseek_v2 (transformers rotates complex pairs) */
 };
 
 enum moe_scoring { MOE_SCORING_SOFTMAX = 0, MOE_SCORING_SIGMOID };
@@ -64,12 +66,16 @@ struct model_config {
     int n_layers;
     int n_heads;
     int n_kv_heads;
-    int head_dim;                /* explicit head_dim, else hidden / heads */
+    int head_dim;                /* explicit head_dim, else hidden / heads (qwen3: 128, as
+                                    transformers); deepseek: qk_rope_head_dim, as transformers */
     int intermediate_size;       /* dense MLP */
     int max_position_embeddings;
     double rms_norm_eps;
     int tie_word_embeddings;
-    int attention_bias;          /* q/k/v projection biases (qwen2, qwen2_moe) */
+    int attention_bias;          /* q/k/v projection biases (qwen2, qwen2_moe; llama/qwen3
+                                    attention_bias; deepseek: q_a/kv_a projections) */
+    int o_proj_bias;             /* output projection bias (llama/qwen3/deepseek attention_bias;
+                                    never for qwen2/qwen2_moe) */
     int qk_norm;                 /* per-head RMSNorm on q and k (qwen3, qwen3_moe) */
     struct rope_config rope;
 
@@ -110,6 +116,8 @@ struct generation_config {
     int has_temperature, has_top_p, has_top_k;
     double temperature, top_p;
     int top_k;
+    int has_min_p, has_repetition_penalty;
+    double min_p, repetition_penalty;
 };
 
 /* Parses config.json text; `file` only names it in messages. Fuzzed. */
@@ -119,6 +127,11 @@ int model_config_load(struct model_config *cfg, const char *path, struct kiln_er
 /* A missing file is not an error: the config's eos/bos are used instead. */
 int generation_config_load(struct generation_config *gc, const char *path,
                            const struct model_config *cfg, struct kiln_error *err);
+/* Parses generation_config.json text over defaults taken from `cfg` (may be
+ * NULL). Fuzzed. */
+int generation_config_parse(struct generation_config *gc, const char *text, size_t len,
+                            const char *file, const struct model_config *cfg,
+                            struct kiln_error *err);
 
 /* Whether layer `l` has a mixture-of-experts MLP. */
 int model_config_layer_is_moe(const struct model_config *cfg, int layer);

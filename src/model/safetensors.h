@@ -46,6 +46,7 @@ struct st_set {
     /* open-addressing hash of tensor names -> index, for st_find */
     int hash_cap;
     int *hash;
+    char *source;     /* the path given to st_open_file/st_open_dir, for messages */
 };
 
 /* Parses and validates one file's header from memory. `file_name` is only

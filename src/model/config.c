@@ -1,0 +1,614 @@
+#include "model/config.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/file.h"
+
+/* Per-architecture facts and the transformers defaults that differ between
+ * them. One row per model_type; everything else is shared code. */
+enum arch_family { FAMILY_DENSE = 0, FAMILY_QWEN_MOE, FAMILY_DEEPSEEK };
+
+struct arch_desc {
+    const char *name;
+    enum model_arch arch;
+    enum arch_family family;
+    int default_max_positions;
+    int qk_norm;       /* qwen3: RMSNorm on each q and k head */
+    int default_head_dim; /* 0 = hidden / heads */
+};
+
+static const struct arch_desc arch_table[ARCH_COUNT] = {
+    {"llama", ARCH_LLAMA, FAMILY_DENSE, 2048, 0, 0},
+    {"qwen2", ARCH_QWEN2, FAMILY_DENSE, 32768, 0, 0},
+    /* Qwen3Config declares head_dim = 128 rather than deriving it. */
+    {"qwen3", ARCH_QWEN3, FAMILY_DENSE, 32768, 1, 128},
+    {"qwen2_moe", ARCH_QWEN2_MOE, FAMILY_QWEN_MOE, 32768, 0, 0},
+    {"qwen3_moe", ARCH_QWEN3_MOE, FAMILY_QWEN_MOE, 32768, 1, 0},
+    {"deepseek_v2", ARCH_DEEPSEEK_V2, FAMILY_DEEPSEEK, 2048, 0, 0},
+    {"deepseek_v3", ARCH_DEEPSEEK_V3, FAMILY_DEEPSEEK, 4096, 0, 0},
+};
+
+const char *model_arch_name(enum model_arch arch) {
+    if ((int)arch < 0 || arch >= ARCH_COUNT) return "unknown";
+    return arch_table[arch].name;
+}
+
+/* ---- typed field access with messages that name the field --------------- */
+
+struct jr {
+    const json_t *obj;
+    const char *file;
+    const char *prefix; /* "" or "rope_scaling." — how the field is named in messages */
+    struct kiln_error *err;
+};
+
+static const char *json_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "array";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER: return "integer";
+    case JSON_REAL: return "number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "boolean";
+    case JSON_NULL: return "null";
+    }
+    return "value";
+}
+
+static int type_error(const struct jr *r, const char *key, const char *want, const json_t *v) {
+    return kiln_errorf(r->err, "%s: field '%s%s' must be %s, found %s", r->file, r->prefix, key,
+                       want, json_kind(v));
+}
+
+static int missing(const struct jr *r, const char *key) {
+    return kiln_errorf(r->err, "%s: field '%s%s' is missing", r->file, r->prefix, key);
+}
+
+/* Absent and null both mean "use the default" unless `required`. */
+static const json_t *field(const struct jr *r, const char *key) {
+    const json_t *v = json_object_get(r->obj, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static int rd_int(const struct jr *r, const char *key, int required, int def, int min, int *out) {
+    const json_t *v = field(r, key);
+    if (!v) {
+        if (required) return missing(r, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v)) return type_error(r, key, "an integer", v);
+    json_int_t x = json_integer_value(v);
+    if (x < min)
+        return kiln_errorf(r->err, "%s: field '%s%s' must be at least %d, found %lld", r->file,
+                           r->prefix, key, min, (long long)x);
+    if (x > INT_MAX)
+        return kiln_errorf(r->err, "%s: field '%s%s' is too large (%lld)", r->file, r->prefix, key,
+                           (long long)x);
+    *out = (int)x;
+    return 0;
+}
+
+static int rd_double(const struct jr *r, const char *key, int required, double def, double *out) {
+    const json_t *v = field(r, key);
+    if (!v) {
+        if (required) return missing(r, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v)) return type_error(r, key, "a number", v);
+    double x = json_number_value(v);
+    if (!isfinite(x))
+        return kiln_errorf(r->err, "%s: field '%s%s' must be finite", r->file, r->prefix, key);
+    *out = x;
+    return 0;
+}
+
+/* Strictly positive doubles (eps, theta, factors). */
+static int rd_pos_double(const struct jr *r, const char *key, int required, double def,
+                         double *out) {
+    if (rd_double(r, key, required, def, out)) return -1;
+    if (!(*out > 0) && field(r, key))
+        return kiln_errorf(r->err, "%s: field '%s%s' must be positive, found %g", r->file, r->prefix,
+                           key, *out);
+    return 0;
+}
+
+static int rd_bool(const struct jr *r, const char *key, int def, int *out) {
+    const json_t *v = field(r, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v)) return type_error(r, key, "a boolean", v);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* NULL (no error) when absent or null. */
+static int rd_str(const struct jr *r, const char *key, const char **out) {
+    const json_t *v = field(r, key);
+    *out = NULL;
+    if (!v) return 0;
+    if (!json_is_string(v)) return type_error(r, key, "a string", v);
+    *out = json_string_value(v);
+    return 0;
+}
+
+/* Matches a string field against a list; `names` ends with NULL. */
+static int rd_enum(const struct jr *r, const char *key, const char *const *names, int def,
+                   int *out) {
+    const char *s;
+    if (rd_str(r, key, &s)) return -1;
+    if (!s) {
+        *out = def;
+        return 0;
+    }
+    for (int i = 0; names[i]; i++) {
+        if (!strcmp(s, names[i])) {
+            *out = i;
+            return 0;
+        }
+    }
+    char list[256] = "";
+    size_t n = 0;
+    for (int i = 0; names[i] && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "", names[i]);
+    return kiln_errorf(r->err, "%s: field '%s%s' is '%.64s', expected one of: %s", r->file,
+                       r->prefix, key, s, list);
+}
+
+/* eos_token_id / bos_token_id style: an int, a list of ints, or null. */
+static int rd_token_ids(const struct jr *r, const char *key, int *ids, int *n, int *present) {
+    const json_t *v = json_object_get(r->obj, key);
+    *present = v != NULL;
+    *n = 0;
+    if (!v || json_is_null(v)) return 0;
+    if (json_is_integer(v)) {
+        if (json_integer_value(v) < 0 || json_integer_value(v) > INT_MAX)
+            return kiln_errorf(r->err, "%s: field '%s' must be a token id, found %lld", r->file,
+                               key, (long long)json_integer_value(v));
+        ids[0] = (int)json_integer_value(v);
+        *n = 1;
+        return 0;
+    }
+    if (!json_is_array(v)) return type_error(r, key, "an integer or a list of integers", v);
+    if (json_array_size(v) > MODEL_MAX_EOS)
+        return kiln_errorf(r->err, "%s: field '%s' lists %zu token ids, at most %d supported",
+                           r->file, key, json_array_size(v), MODEL_MAX_EOS);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT_MAX)
+            return kiln_errorf(r->err, "%s: field '%s[%zu]' must be a token id", r->file, key, i);
+        ids[(*n)++] = (int)json_integer_value(e);
+    }
+    return 0;
+}
+
+static int rd_bos(const struct jr *r, int *bos) {
+    int ids[MODEL_MAX_EOS], n, present;
+    const json_t *v = json_object_get(r->obj, "bos_token_id");
+    if (v && json_is_array(v)) return type_error(r, "bos_token_id", "an integer", v);
+    if (rd_token_ids(r, "bos_token_id", ids, &n, &present)) return -1;
+    *bos = n ? ids[0] : -1;
+    return 0;
+}
+
+static json_t *load_json(const char *text, size_t len, const char *file, struct kiln_error *err) {
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        kiln_errorf(err, "%s:%d:%d: invalid JSON: %s", file, jerr.line, jerr.column, jerr.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        kiln_errorf(err, "%s: must be a JSON object, found %s", file, json_kind(root));
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+/* ---- rope ----------------------------------------------------------------- */
+
+/* transformers v5 writes rope_parameters (rope_theta inside); the hub writes
+ * rope_theta at the top and rope_scaling beside it (null when unscaled).
+ * Either way the same keys describe the scaling. */
+static int parse_rope(struct model_config *c, const struct jr *top, const struct arch_desc *a) {
+    struct rope_config *rp = &c->rope;
+    const json_t *params = json_object_get(top->obj, "rope_parameters");
+    const char *pname = "rope_parameters.";
+    if (params && !json_is_null(params)) {
+        if (!json_is_object(params)) return type_error(top, "rope_parameters", "an object", params);
+        /* Per-layer-type form ({"full_attention": {...}}): these models have
+         * full attention only. */
+        const json_t *full = json_object_get(params, "full_attention");
+        if (json_is_object(full)) {
+            params = full;
+            pname = "rope_parameters.full_attention.";
+        }
+    } else {
+        params = json_object_get(top->obj, "rope_scaling");
+        pname = "rope_scaling.";
+        if (params && !json_is_null(params) && !json_is_object(params))
+            return type_error(top, "rope_scaling", "an object or null", params);
+        if (params && json_is_null(params)) params = NULL;
+    }
+    struct jr r = {params, top->file, pname, top->err};
+
+    /* theta: inside rope_parameters when given there, else at the top. */
+    double top_theta;
+    if (rd_pos_double(top, "rope_theta", 0, 10000.0, &top_theta)) return -1;
+    rp->theta = top_theta;
+    if (params && rd_pos_double(&r, "rope_theta", 0, top_theta, &rp->theta)) return -1;
+
+    rp->type = ROPE_DEFAULT;
+    if (params) {
+        static const char *const names[] = {"default", "linear", "llama3", "yarn", NULL};
+        const char *key = field(&r, "rope_type") ? "rope_type" : "type";
+        int t;
+        if (rd_enum(&r, key, names, ROPE_DEFAULT, &t)) return -1;
+        rp->type = (enum rope_type)t;
+    }
+
+    double orig_default = (double)c->max_position_embeddings;
+    switch (rp->type) {
+    case ROPE_DEFAULT: break;
+    case ROPE_LINEAR:
+        if (rd_pos_double(&r, "factor", 1, 0, &rp->factor)) return -1;
+        break;
+    case ROPE_LLAMA3:
+        if (rd_pos_double(&r, "factor", 1, 0, &rp->factor) ||
+            rd_pos_double(&r, "low_freq_factor", 1, 0, &rp->low_freq_factor) ||
+            rd_pos_double(&r, "high_freq_factor", 1, 0, &rp->high_freq_factor) ||
+            rd_pos_double(&r, "original_max_position_embeddings", 1, 0,
+                          &rp->original_max_positions))
+            return -1;
+        if (rp->high_freq_factor <= rp->low_freq_factor)
+            return kiln_errorf(top->err, "%s: %shigh_freq_factor (%g) must exceed low_freq_factor (%g)",
+                               top->file, pname, rp->high_freq_factor, rp->low_freq_factor);
+        break;
+    case ROPE_YARN:
+        if (rd_pos_double(&r, "original_max_position_embeddings", 0, orig_default,
+                          &rp->original_max_positions))
+            return -1;
+        /* Without a factor, transformers uses the context extension ratio. */
+        if (rd_pos_double(&r, "factor", 0, c->max_position_embeddings / rp->original_max_positions,
+                          &rp->factor) ||
+            rd_double(&r, "beta_fast", 0, 32.0, &rp->beta_fast) ||
+            rd_double(&r, "beta_slow", 0, 1.0, &rp->beta_slow) ||
+            rd_double(&r, "mscale", 0, 0.0, &rp->mscale) ||
+            rd_double(&r, "mscale_all_dim", 0, 0.0, &rp->mscale_all_dim) ||
+            rd_double(&r, "attention_factor", 0, 0.0, &rp->attention_factor))
+            return -1;
+        break;
+    }
+
+    /* DeepSeek-V2's transformers code rotates (2i, 2i+1) pairs as complex
+     * numbers with no switch; V3 makes it a config field. */
+    rp->interleaved = a->arch == ARCH_DEEPSEEK_V2;
+    if (a->arch == ARCH_DEEPSEEK_V3 && rd_bool(top, "rope_interleave", 1, &rp->interleaved))
+        return -1;
+    return 0;
+}
+
+/* ---- mixture of experts ---------------------------------------------------- */
+
+static int parse_qwen_moe(struct model_config *c, const struct jr *r) {
+    /* transformers v5 renamed qwen3_moe's num_experts to num_local_experts. */
+    const char *nkey = field(r, "num_experts") ? "num_experts" : "num_local_experts";
+    if (!field(r, nkey))
+        return kiln_errorf(r->err, "%s: field 'num_experts' (or 'num_local_experts') is missing",
+                           r->file);
+    if (rd_int(r, nkey, 1, 0, 1, &c->n_experts) ||
+        rd_int(r, "num_experts_per_tok", 1, 0, 1, &c->n_experts_per_tok) ||
+        rd_int(r, "moe_intermediate_size", 1, 0, 1, &c->moe_intermediate_size) ||
+        rd_bool(r, "norm_topk_prob", 0, &c->norm_topk_prob) ||
+        rd_int(r, "decoder_sparse_step", 0, 1, 1, &c->decoder_sparse_step))
+        return -1;
+    if (c->arch == ARCH_QWEN2_MOE &&
+        rd_int(r, "shared_expert_intermediate_size", 1, 0, 1, &c->shared_expert_intermediate_size))
+        return -1;
+    c->scoring = MOE_SCORING_SOFTMAX;
+    c->topk_method = MOE_TOPK_GREEDY;
+    c->n_group = c->topk_group = 1;
+    c->routed_scaling_factor = 1.0;
+
+    const json_t *m = field(r, "mlp_only_layers");
+    if (m) {
+        if (!json_is_array(m)) return type_error(r, "mlp_only_layers", "a list of layer indices", m);
+        size_t n = json_array_size(m);
+        if (n > sizeof c->mlp_only_layers / sizeof c->mlp_only_layers[0])
+            return kiln_errorf(r->err, "%s: field 'mlp_only_layers' lists %zu layers, at most %zu supported",
+                               r->file, n, sizeof c->mlp_only_layers / sizeof c->mlp_only_layers[0]);
+        for (size_t i = 0; i < n; i++) {
+            const json_t *e = json_array_get(m, i);
+            if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+                json_integer_value(e) >= c->n_layers)
+                return kiln_errorf(r->err, "%s: field 'mlp_only_layers[%zu]' must be a layer index below %d",
+                                   r->file, i, c->n_layers);
+            c->mlp_only_layers[c->n_mlp_only_layers++] = (int)json_integer_value(e);
+        }
+    }
+    return 0;
+}
+
+static int parse_deepseek(struct model_config *c, const struct jr *r) {
+    int v3 = c->arch == ARCH_DEEPSEEK_V3;
+    static const char *const methods[] = {"greedy", "group_limited_greedy", "noaux_tc", NULL};
+    static const char *const scorings[] = {"softmax", "sigmoid", NULL};
+    int method, scoring;
+
+    if (rd_int(r, "n_routed_experts", 1, 0, 1, &c->n_experts) ||
+        rd_int(r, "num_experts_per_tok", 1, 0, 1, &c->n_experts_per_tok) ||
+        rd_int(r, "moe_intermediate_size", 1, 0, 1, &c->moe_intermediate_size) ||
+        /* null means "no shared experts" in transformers */
+        rd_int(r, "n_shared_experts", 0, json_is_null(json_object_get(r->obj, "n_shared_experts")) ? 0 : (v3 ? 1 : 2),
+               0, &c->n_shared_experts) ||
+        rd_int(r, "first_k_dense_replace", 0, v3 ? 3 : 0, 0, &c->first_k_dense_replace) ||
+        rd_int(r, "moe_layer_freq", 0, 1, 1, &c->moe_layer_freq) ||
+        rd_int(r, "n_group", 0, v3 ? 8 : 1, 1, &c->n_group) ||
+        rd_int(r, "topk_group", 0, v3 ? 4 : 1, 1, &c->topk_group) ||
+        rd_enum(r, "topk_method", methods, v3 ? MOE_TOPK_NOAUX_TC : MOE_TOPK_GREEDY, &method) ||
+        rd_enum(r, "scoring_func", scorings, v3 ? MOE_SCORING_SIGMOID : MOE_SCORING_SOFTMAX,
+                &scoring) ||
+        rd_pos_double(r, "routed_scaling_factor", 0, 1.0, &c->routed_scaling_factor) ||
+        rd_bool(r, "norm_topk_prob", v3, &c->norm_topk_prob))
+        return -1;
+    c->topk_method = (enum moe_topk_method)method;
+    c->scoring = (enum moe_scoring)scoring;
+    c->has_score_correction_bias = c->topk_method == MOE_TOPK_NOAUX_TC;
+
+    if (c->n_experts % c->n_group)
+        return kiln_errorf(r->err, "%s: n_routed_experts (%d) must be divisible by n_group (%d)",
+                           r->file, c->n_experts, c->n_group);
+    if (c->topk_group > c->n_group)
+        return kiln_errorf(r->err, "%s: topk_group (%d) must not exceed n_group (%d)", r->file,
+                           c->topk_group, c->n_group);
+    if (c->topk_method != MOE_TOPK_GREEDY &&
+        c->n_experts_per_tok > c->topk_group * (c->n_experts / c->n_group))
+        return kiln_errorf(r->err,
+                           "%s: num_experts_per_tok (%d) exceeds the experts in topk_group (%d) "
+                           "groups of %d",
+                           r->file, c->n_experts_per_tok, c->topk_group, c->n_experts / c->n_group);
+
+    /* Multi-head latent attention. q_lora_rank: null = q projected directly;
+     * absent is ambiguous (transformers would assume 1536), so it must be
+     * written out. */
+    const json_t *q = json_object_get(r->obj, "q_lora_rank");
+    if (!q)
+        return kiln_errorf(r->err, "%s: field 'q_lora_rank' is missing (null for no q compression)",
+                           r->file);
+    if (rd_int(r, "q_lora_rank", 0, 0, 1, &c->q_lora_rank) ||
+        rd_int(r, "kv_lora_rank", 1, 0, 1, &c->kv_lora_rank) ||
+        rd_int(r, "qk_nope_head_dim", 1, 0, 1, &c->qk_nope_head_dim) ||
+        rd_int(r, "qk_rope_head_dim", 1, 0, 2, &c->qk_rope_head_dim) ||
+        rd_int(r, "v_head_dim", 1, 0, 1, &c->v_head_dim))
+        return -1;
+    if (c->qk_rope_head_dim % 2)
+        return kiln_errorf(r->err, "%s: field 'qk_rope_head_dim' must be even, found %d", r->file,
+                           c->qk_rope_head_dim);
+    /* transformers sets head_dim to the rotary part whatever the file says. */
+    c->head_dim = c->qk_rope_head_dim;
+    return 0;
+}
+
+/* ---- the whole config ------------------------------------------------------ */
+
+static int parse_config(struct model_config *c, const json_t *root, const char *file,
+                        struct kiln_error *err) {
+    struct jr r = {root, file, "", err};
+    const char *mt;
+    if (rd_str(&r, "model_type", &mt)) return -1;
+    if (!mt) return missing(&r, "model_type");
+    const struct arch_desc *a = NULL;
+    for (int i = 0; i < ARCH_COUNT; i++)
+        if (!strcmp(arch_table[i].name, mt)) a = &arch_table[i];
+    if (!a) {
+        char list[256] = "";
+        size_t n = 0;
+        for (int i = 0; i < ARCH_COUNT && n < sizeof list; i++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "", arch_table[i].name);
+        return kiln_errorf(err, "%s: model_type '%.64s' is not supported (supported: %s)", file, mt,
+                           list);
+    }
+    c->arch = a->arch;
+    snprintf(c->model_type, sizeof c->model_type, "%s", a->name);
+
+    /* transformers v5 writes "dtype"; older files "torch_dtype". */
+    static const char *const dtypes[] = {"bfloat16", "float16", "float32", NULL};
+    static const enum dtype dtype_of[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    int dt;
+    if (rd_enum(&r, field(&r, "dtype") ? "dtype" : "torch_dtype", dtypes, 0, &dt)) return -1;
+    c->dtype = dtype_of[dt];
+
+    if (rd_int(&r, "vocab_size", 1, 0, 1, &c->vocab_size) ||
+        rd_int(&r, "hidden_size", 1, 0, 1, &c->hidden_size) ||
+        rd_int(&r, "num_hidden_layers", 1, 0, 1, &c->n_layers) ||
+        rd_int(&r, "num_attention_heads", 1, 0, 1, &c->n_heads) ||
+        rd_int(&r, "intermediate_size", 1, 0, 1, &c->intermediate_size) ||
+        rd_int(&r, "num_key_value_heads", 0, c->n_heads, 1, &c->n_kv_heads) ||
+        rd_int(&r, "max_position_embeddings", 0, a->default_max_positions, 1,
+               &c->max_position_embeddings) ||
+        rd_pos_double(&r, "rms_norm_eps", 0, 1e-6, &c->rms_norm_eps) ||
+        rd_bool(&r, "tie_word_embeddings", 0, &c->tie_word_embeddings))
+        return -1;
+    if (c->n_heads % c->n_kv_heads)
+        return kiln_errorf(err,
+                           "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads "
+                           "(%d)",
+                           file, c->n_heads, c->n_kv_heads);
+    int derived = a->default_head_dim ? a->default_head_dim : c->hidden_size / c->n_heads;
+    if (rd_int(&r, "head_dim", 0, derived, 1, &c->head_dim)) return -1;
+    if (c->head_dim == 0)
+        return kiln_errorf(err, "%s: hidden_size (%d) is smaller than num_attention_heads (%d)", file,
+                           c->hidden_size, c->n_heads);
+
+    /* Projection biases: qwen2 always has q/k/v biases (never o); qwen2_moe
+     * has a switch for them; llama/qwen3/deepseek's attention_bias also
+     * covers the output projection. */
+    int ab;
+    if (rd_bool(&r, "attention_bias", 0, &ab)) return -1;
+    switch (a->arch) {
+    case ARCH_QWEN2: c->attention_bias = 1; break;
+    case ARCH_QWEN2_MOE:
+        if (rd_bool(&r, "qkv_bias", 1, &c->attention_bias)) return -1;
+        break;
+    default:
+        c->attention_bias = ab;
+        c->o_proj_bias = ab;
+        break;
+    }
+    c->qk_norm = a->qk_norm;
+
+    /* Variants the forward pass does not implement are refused here rather
+     * than silently computed wrong. */
+    const char *act;
+    int flag;
+    if (rd_str(&r, "hidden_act", &act)) return -1;
+    if (act && strcmp(act, "silu"))
+        return kiln_errorf(err, "%s: hidden_act '%.32s' is not supported (only silu)", file, act);
+    if (rd_bool(&r, "mlp_bias", 0, &flag)) return -1;
+    if (flag) return kiln_errorf(err, "%s: mlp_bias true is not supported", file);
+    if (rd_bool(&r, "use_sliding_window", 0, &flag)) return -1;
+    if (flag) return kiln_errorf(err, "%s: use_sliding_window true is not supported", file);
+
+    if (parse_rope(c, &r, a)) return -1;
+
+    c->routed_scaling_factor = 1.0;
+    if (a->family == FAMILY_QWEN_MOE && parse_qwen_moe(c, &r)) return -1;
+    if (a->family == FAMILY_DEEPSEEK && parse_deepseek(c, &r)) return -1;
+    if (c->n_experts && c->n_experts_per_tok > c->n_experts)
+        return kiln_errorf(err, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
+                           file, c->n_experts_per_tok, c->n_experts);
+
+    int present;
+    if (rd_bos(&r, &c->bos_token_id) ||
+        rd_token_ids(&r, "eos_token_id", c->eos_token_ids, &c->n_eos, &present))
+        return -1;
+    return 0;
+}
+
+int model_config_parse(struct model_config *cfg, const char *text, size_t len, const char *file,
+                       struct kiln_error *err) {
+    memset(cfg, 0, sizeof *cfg);
+    json_t *root = load_json(text, len, file, err);
+    if (!root) return -1;
+    int rc = parse_config(cfg, root, file, err);
+    json_decref(root);
+    if (rc) memset(cfg, 0, sizeof *cfg);
+    return rc;
+}
+
+int model_config_load(struct model_config *cfg, const char *path, struct kiln_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    memset(cfg, 0, sizeof *cfg);
+    if (file_read_all(path, &text, &len, err)) return -1;
+    int rc = model_config_parse(cfg, text, len, path, err);
+    free(text);
+    return rc;
+}
+
+/* ---- generation_config.json ------------------------------------------------ */
+
+static void generation_config_defaults(struct generation_config *gc, const struct model_config *cfg) {
+    memset(gc, 0, sizeof *gc);
+    gc->bos_token_id = cfg ? cfg->bos_token_id : -1;
+    if (cfg) {
+        gc->n_eos = cfg->n_eos;
+        memcpy(gc->eos_token_ids, cfg->eos_token_ids, sizeof gc->eos_token_ids);
+    }
+}
+
+static int rd_opt_double(const struct jr *r, const char *key, int *has, double *out) {
+    *has = field(r, key) != NULL;
+    return rd_double(r, key, 0, 0.0, out);
+}
+
+int generation_config_parse(struct generation_config *gc, const char *text, size_t len,
+                            const char *file, const struct model_config *cfg,
+                            struct kiln_error *err) {
+    generation_config_defaults(gc, cfg);
+    json_t *root = load_json(text, len, file, err);
+    if (!root) return -1;
+    struct jr r = {root, file, "", err};
+    int ids[MODEL_MAX_EOS], n, present, bos = -1;
+    if (rd_token_ids(&r, "eos_token_id", ids, &n, &present)) goto fail;
+    /* An explicit list replaces the model's; absence keeps it. */
+    if (present && n) {
+        gc->n_eos = n;
+        memcpy(gc->eos_token_ids, ids, sizeof ids);
+    }
+    if (field(&r, "bos_token_id")) {
+        if (rd_bos(&r, &bos)) goto fail;
+        gc->bos_token_id = bos;
+    }
+    if (rd_opt_double(&r, "temperature", &gc->has_temperature, &gc->temperature) ||
+        rd_opt_double(&r, "top_p", &gc->has_top_p, &gc->top_p) ||
+        rd_opt_double(&r, "min_p", &gc->has_min_p, &gc->min_p) ||
+        rd_opt_double(&r, "repetition_penalty", &gc->has_repetition_penalty,
+                      &gc->repetition_penalty))
+        goto fail;
+    gc->has_top_k = field(&r, "top_k") != NULL;
+    if (rd_int(&r, "top_k", 0, 0, 0, &gc->top_k)) goto fail;
+    if (gc->has_temperature && gc->temperature < 0) {
+        kiln_errorf(err, "%s: field 'temperature' must not be negative, found %g", file,
+                    gc->temperature);
+        goto fail;
+    }
+    if (gc->has_top_p && !(gc->top_p > 0 && gc->top_p <= 1)) {
+        kiln_errorf(err, "%s: field 'top_p' must be in (0, 1], found %g", file, gc->top_p);
+        goto fail;
+    }
+    if (gc->has_min_p && !(gc->min_p >= 0 && gc->min_p <= 1)) {
+        kiln_errorf(err, "%s: field 'min_p' must be in [0, 1], found %g", file, gc->min_p);
+        goto fail;
+    }
+    if (gc->has_repetition_penalty && !(gc->repetition_penalty > 0)) {
+        kiln_errorf(err, "%s: field 'repetition_penalty' must be positive, found %g", file,
+                    gc->repetition_penalty);
+        goto fail;
+    }
+    json_decref(root);
+    return 0;
+fail:
+    json_decref(root);
+    generation_config_defaults(gc, cfg);
+    return -1;
+}
+
+int generation_config_load(struct generation_config *gc, const char *path,
+                           const struct model_config *cfg, struct kiln_error *err) {
+    generation_config_defaults(gc, cfg);
+    if (!file_exists(path)) return 0;
+    char *text = NULL;
+    size_t len = 0;
+    if (file_read_all(path, &text, &len, err)) return -1;
+    int rc = generation_config_parse(gc, text, len, path, cfg, err);
+    free(text);
+    return rc;
+}
+
+/* ---- per-layer structure --------------------------------------------------- */
+
+int model_config_layer_is_moe(const struct model_config *cfg, int layer) {
+    if (layer < 0 || layer >= cfg->n_layers || cfg->n_experts <= 0) return 0;
+    switch (arch_table[cfg->arch].family) {
+    case FAMILY_QWEN_MOE:
+        for (int i = 0; i < cfg->n_mlp_only_layers; i++)
+            if (cfg->mlp_only_layers[i] == layer) return 0;
+        return (layer + 1) % cfg->decoder_sparse_step == 0;
+    case FAMILY_DEEPSEEK:
+        return layer >= cfg->first_k_dense_replace && layer % cfg->moe_layer_freq == 0;
+    case FAMILY_DENSE: break;
+    }
+    return 0;
+}

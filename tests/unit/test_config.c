@@ -1,0 +1,645 @@
+/* test_config.c — the fixture and real configs parse with the values in the
+ * files; both rope spellings agree; bad configs give errors naming the field. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "model/config.h"
+
+#define assert_contains(hay, needle)                                                        \
+    do {                                                                                    \
+        if (!strstr((hay), (needle)))                                                       \
+            fail_msg("message \"%s\" does not contain \"%s\"", (hay), (needle));            \
+    } while (0)
+
+#define assert_near(a, b) assert_true(fabs((double)(a) - (double)(b)) <= 1e-12 * (1 + fabs((double)(b))))
+
+
+static char *env_path(const char *var, const char *rel) {
+    const char *root = getenv(var);
+    assert_non_null(root);
+    char *p = xmalloc(strlen(root) + strlen(rel) + 2);
+    sprintf(p, "%s/%s", root, rel);
+    return p;
+}
+
+static void load_tiny(const char *arch, struct model_config *c) {
+    char rel[160];
+    snprintf(rel, sizeof rel, "oracle/tiny-models/%s/config.json", arch);
+    char *p = env_path("KILN_FIXTURES", rel);
+    struct kiln_error err = {{0}};
+    if (model_config_load(c, p, &err)) fail_msg("%s", err.msg);
+    free(p);
+}
+
+static void load_real(const char *name, struct model_config *c) {
+    char rel[160];
+    snprintf(rel, sizeof rel, "configs/%s", name);
+    char *p = env_path("KILN_MODELS", rel);
+    struct kiln_error err = {{0}};
+    if (model_config_load(c, p, &err)) fail_msg("%s", err.msg);
+    free(p);
+}
+
+static void common_tiny(const struct model_config *c) {
+    assert_int_equal(c->vocab_size, 1024);
+    assert_int_equal(c->hidden_size, 64);
+    assert_int_equal(c->n_layers, 3);
+    assert_int_equal(c->n_heads, 4);
+    assert_int_equal(c->intermediate_size, 128);
+    assert_int_equal(c->max_position_embeddings, 512);
+    assert_near(c->rms_norm_eps, 1e-6);
+    assert_int_equal(c->dtype, DTYPE_BF16);
+    assert_int_equal(c->bos_token_id, -1);
+    assert_int_equal(c->n_eos, 1);
+    assert_int_equal(c->eos_token_ids[0], 2);
+}
+
+static void test_tiny_dense(void **state) {
+    (void)state;
+    struct model_config c;
+    load_tiny("llama", &c);
+    common_tiny(&c);
+    assert_int_equal(c.arch, ARCH_LLAMA);
+    assert_string_equal(c.model_type, "llama");
+    assert_string_equal(model_arch_name(c.arch), "llama");
+    assert_int_equal(c.n_kv_heads, 2);
+    assert_int_equal(c.head_dim, 16);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(c.attention_bias, 0);
+    assert_int_equal(c.qk_norm, 0);
+    assert_int_equal(c.rope.type, ROPE_LLAMA3);
+    assert_near(c.rope.theta, 500000.0);
+    assert_near(c.rope.factor, 8.0);
+    assert_near(c.rope.low_freq_factor, 1.0);
+    assert_near(c.rope.high_freq_factor, 4.0);
+    assert_near(c.rope.original_max_positions, 64);
+    assert_int_equal(c.rope.interleaved, 0);
+    assert_int_equal(c.n_experts, 0);
+    for (int l = 0; l < 3; l++) assert_false(model_config_layer_is_moe(&c, l));
+
+    load_tiny("qwen2", &c);
+    common_tiny(&c);
+    assert_int_equal(c.arch, ARCH_QWEN2);
+    assert_int_equal(c.n_kv_heads, 2);
+    assert_int_equal(c.head_dim, 16);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.o_proj_bias, 0);
+    assert_int_equal(c.qk_norm, 0);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_near(c.rope.theta, 1e6);
+
+    load_tiny("qwen3", &c);
+    common_tiny(&c);
+    assert_int_equal(c.arch, ARCH_QWEN3);
+    assert_int_equal(c.head_dim, 32); /* not hidden / heads */
+    assert_int_equal(c.qk_norm, 1);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.attention_bias, 0);
+    assert_near(c.rope.theta, 1e6);
+}
+
+static void test_tiny_moe(void **state) {
+    (void)state;
+    struct model_config c;
+    load_tiny("qwen2_moe", &c);
+    common_tiny(&c);
+    assert_int_equal(c.arch, ARCH_QWEN2_MOE);
+    assert_int_equal(c.n_experts, 8);
+    assert_int_equal(c.n_experts_per_tok, 2);
+    assert_int_equal(c.moe_intermediate_size, 32);
+    assert_int_equal(c.shared_expert_intermediate_size, 64);
+    assert_int_equal(c.norm_topk_prob, 0);
+    assert_int_equal(c.decoder_sparse_step, 1);
+    assert_int_equal(c.n_mlp_only_layers, 0);
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.qk_norm, 0);
+    assert_int_equal(c.scoring, MOE_SCORING_SOFTMAX);
+    assert_int_equal(c.topk_method, MOE_TOPK_GREEDY);
+    assert_near(c.routed_scaling_factor, 1.0);
+    for (int l = 0; l < 3; l++) assert_true(model_config_layer_is_moe(&c, l));
+    assert_false(model_config_layer_is_moe(&c, 3));
+
+    load_tiny("qwen3_moe", &c);
+    common_tiny(&c);
+    assert_int_equal(c.arch, ARCH_QWEN3_MOE);
+    assert_int_equal(c.n_experts, 8); /* spelled num_local_experts */
+    assert_int_equal(c.n_experts_per_tok, 2);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_int_equal(c.head_dim, 16);
+    assert_int_equal(c.qk_norm, 1);
+    assert_int_equal(c.attention_bias, 0);
+    assert_int_equal(c.shared_expert_intermediate_size, 0);
+
+    load_tiny("deepseek_v2", &c);
+    common_tiny(&c);
+    assert_int_equal(c.arch, ARCH_DEEPSEEK_V2);
+    assert_int_equal(c.n_experts, 8);
+    assert_int_equal(c.n_shared_experts, 2);
+    assert_int_equal(c.n_experts_per_tok, 2);
+    assert_int_equal(c.moe_intermediate_size, 32);
+    assert_int_equal(c.first_k_dense_replace, 1);
+    assert_int_equal(c.moe_layer_freq, 1);
+    assert_int_equal(c.topk_method, MOE_TOPK_GREEDY);
+    assert_int_equal(c.scoring, MOE_SCORING_SOFTMAX);
+    assert_int_equal(c.has_score_correction_bias, 0);
+    assert_int_equal(c.norm_topk_prob, 0);
+    assert_near(c.routed_scaling_factor, 1.0);
+    assert_int_equal(c.q_lora_rank, 0);
+    assert_int_equal(c.kv_lora_rank, 32);
+    assert_int_equal(c.qk_nope_head_dim, 16);
+    assert_int_equal(c.qk_rope_head_dim, 8);
+    assert_int_equal(c.v_head_dim, 16);
+    assert_int_equal(c.head_dim, 8);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_int_equal(c.rope.interleaved, 1);
+    assert_false(model_config_layer_is_moe(&c, 0));
+    assert_true(model_config_layer_is_moe(&c, 1));
+    assert_true(model_config_layer_is_moe(&c, 2));
+
+    load_tiny("deepseek_v3", &c);
+    common_tiny(&c);
+    assert_int_equal(c.arch, ARCH_DEEPSEEK_V3);
+    assert_int_equal(c.n_experts, 16);
+    assert_int_equal(c.n_shared_experts, 1);
+    assert_int_equal(c.n_experts_per_tok, 4);
+    assert_int_equal(c.n_group, 4);
+    assert_int_equal(c.topk_group, 2);
+    assert_int_equal(c.topk_method, MOE_TOPK_NOAUX_TC);
+    assert_int_equal(c.scoring, MOE_SCORING_SIGMOID);
+    assert_int_equal(c.has_score_correction_bias, 1);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_near(c.routed_scaling_factor, 2.5);
+    assert_int_equal(c.q_lora_rank, 48);
+    assert_int_equal(c.kv_lora_rank, 32);
+    assert_int_equal(c.rope.type, ROPE_YARN);
+    assert_near(c.rope.theta, 10000);
+    assert_near(c.rope.factor, 4.0);
+    assert_near(c.rope.beta_fast, 32);
+    assert_near(c.rope.beta_slow, 1);
+    assert_near(c.rope.mscale, 1.0);
+    assert_near(c.rope.mscale_all_dim, 1.0);
+    assert_near(c.rope.original_max_positions, 128);
+    assert_near(c.rope.attention_factor, 0);
+    assert_int_equal(c.rope.interleaved, 1);
+    assert_false(model_config_layer_is_moe(&c, 0));
+    assert_true(model_config_layer_is_moe(&c, 2));
+}
+
+static void test_real_configs(void **state) {
+    (void)state;
+    struct model_config c;
+    load_real("qwen3-0.6b.json", &c);
+    assert_int_equal(c.arch, ARCH_QWEN3);
+    assert_int_equal(c.vocab_size, 151936);
+    assert_int_equal(c.hidden_size, 1024);
+    assert_int_equal(c.n_layers, 28);
+    assert_int_equal(c.n_heads, 16);
+    assert_int_equal(c.n_kv_heads, 8);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.intermediate_size, 3072);
+    assert_int_equal(c.max_position_embeddings, 40960);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_near(c.rope.theta, 1e6);
+    assert_int_equal(c.bos_token_id, 151643);
+    assert_int_equal(c.n_eos, 1);
+    assert_int_equal(c.eos_token_ids[0], 151645);
+
+    load_real("qwen3-8b.json", &c);
+    assert_int_equal(c.hidden_size, 4096);
+    assert_int_equal(c.n_layers, 36);
+    assert_int_equal(c.n_heads, 32);
+    assert_int_equal(c.n_kv_heads, 8);
+    assert_int_equal(c.intermediate_size, 12288);
+    assert_int_equal(c.tie_word_embeddings, 0);
+
+    load_real("llama-3.1-8b.json", &c);
+    assert_int_equal(c.arch, ARCH_LLAMA);
+    assert_int_equal(c.vocab_size, 128256);
+    assert_int_equal(c.n_layers, 32);
+    assert_int_equal(c.n_kv_heads, 8);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.intermediate_size, 14336);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_near(c.rms_norm_eps, 1e-5);
+    assert_int_equal(c.rope.type, ROPE_LLAMA3);
+    assert_near(c.rope.theta, 500000);
+    assert_near(c.rope.factor, 8);
+    assert_near(c.rope.original_max_positions, 8192);
+    assert_int_equal(c.bos_token_id, 128000);
+    assert_int_equal(c.n_eos, 3);
+    assert_int_equal(c.eos_token_ids[0], 128001);
+    assert_int_equal(c.eos_token_ids[1], 128008);
+    assert_int_equal(c.eos_token_ids[2], 128009);
+
+    load_real("qwen3-30b-a3b.json", &c);
+    assert_int_equal(c.arch, ARCH_QWEN3_MOE);
+    assert_int_equal(c.hidden_size, 2048);
+    assert_int_equal(c.n_layers, 48);
+    assert_int_equal(c.n_kv_heads, 4);
+    assert_int_equal(c.n_experts, 128);
+    assert_int_equal(c.n_experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 768);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_true(model_config_layer_is_moe(&c, 0));
+    assert_true(model_config_layer_is_moe(&c, 47));
+
+    load_real("deepseek-v2-lite.json", &c);
+    assert_int_equal(c.arch, ARCH_DEEPSEEK_V2);
+    assert_int_equal(c.vocab_size, 102400);
+    assert_int_equal(c.hidden_size, 2048);
+    assert_int_equal(c.n_layers, 27);
+    assert_int_equal(c.n_heads, 16);
+    assert_int_equal(c.n_kv_heads, 16);
+    assert_int_equal(c.intermediate_size, 10944);
+    assert_int_equal(c.moe_intermediate_size, 1408);
+    assert_int_equal(c.n_experts, 64);
+    assert_int_equal(c.n_shared_experts, 2);
+    assert_int_equal(c.n_experts_per_tok, 6);
+    assert_int_equal(c.q_lora_rank, 0);
+    assert_int_equal(c.kv_lora_rank, 512);
+    assert_int_equal(c.qk_nope_head_dim, 128);
+    assert_int_equal(c.qk_rope_head_dim, 64);
+    assert_int_equal(c.v_head_dim, 128);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.rope.type, ROPE_YARN); /* spelled "type" */
+    assert_near(c.rope.factor, 40);
+    assert_near(c.rope.mscale, 0.707);
+    assert_near(c.rope.mscale_all_dim, 0.707);
+    assert_near(c.rope.original_max_positions, 4096);
+    assert_int_equal(c.topk_method, MOE_TOPK_GREEDY);
+    assert_int_equal(c.scoring, MOE_SCORING_SOFTMAX);
+    assert_int_equal(c.bos_token_id, 100000);
+    assert_int_equal(c.eos_token_ids[0], 100001);
+    assert_false(model_config_layer_is_moe(&c, 0));
+    assert_true(model_config_layer_is_moe(&c, 26));
+
+    load_real("deepseek-v3.json", &c);
+    assert_int_equal(c.arch, ARCH_DEEPSEEK_V3);
+    assert_int_equal(c.vocab_size, 129280);
+    assert_int_equal(c.hidden_size, 7168);
+    assert_int_equal(c.n_layers, 61);
+    assert_int_equal(c.n_heads, 128);
+    assert_int_equal(c.n_experts, 256);
+    assert_int_equal(c.n_experts_per_tok, 8);
+    assert_int_equal(c.n_group, 8);
+    assert_int_equal(c.topk_group, 4);
+    assert_int_equal(c.first_k_dense_replace, 3);
+    assert_int_equal(c.q_lora_rank, 1536);
+    assert_int_equal(c.topk_method, MOE_TOPK_NOAUX_TC);
+    assert_int_equal(c.scoring, MOE_SCORING_SIGMOID);
+    assert_near(c.routed_scaling_factor, 2.5);
+    assert_int_equal(c.rope.interleaved, 1);
+    assert_near(c.rope.factor, 40);
+    assert_int_equal(c.bos_token_id, 0);
+    assert_int_equal(c.eos_token_ids[0], 1);
+    assert_false(model_config_layer_is_moe(&c, 2));
+    assert_true(model_config_layer_is_moe(&c, 3));
+    assert_true(model_config_layer_is_moe(&c, 60));
+
+    load_real("../stories260K/config.json", &c);
+    assert_int_equal(c.dtype, DTYPE_F32);
+    assert_int_equal(c.vocab_size, 512);
+    assert_int_equal(c.n_layers, 5);
+    assert_int_equal(c.n_heads, 8);
+    assert_int_equal(c.n_kv_heads, 4);
+    assert_int_equal(c.head_dim, 8);
+    assert_int_equal(c.intermediate_size, 172);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_near(c.rms_norm_eps, 1e-5);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT); /* rope_scaling: null */
+    assert_int_equal(c.bos_token_id, 1);
+}
+
+/* ---- edited configs --------------------------------------------------------- */
+
+static json_t *read_json(const char *var, const char *rel) {
+    char *p = env_path(var, rel);
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je);
+    if (!j) fail_msg("%s: %s", p, je.text);
+    free(p);
+    return j;
+}
+
+static int parse_json(const json_t *j, struct model_config *c, struct kiln_error *err) {
+    char *text = json_dumps(j, 0);
+    int rc = model_config_parse(c, text, strlen(text), "config.json", err);
+    free(text);
+    return rc;
+}
+
+/* The v5 spelling: rope_theta moves inside rope_parameters. */
+static void to_v5(json_t *j) {
+    json_t *params = json_object_get(j, "rope_scaling");
+    params = json_is_object(params) ? json_deep_copy(params) : json_object();
+    json_object_set(params, "rope_theta", json_object_get(j, "rope_theta"));
+    json_object_del(j, "rope_theta");
+    json_object_del(j, "rope_scaling");
+    json_object_set_new(j, "rope_parameters", params);
+    json_object_set(j, "dtype", json_object_get(j, "torch_dtype"));
+    json_object_del(j, "torch_dtype");
+}
+
+static void test_rope_spellings(void **state) {
+    (void)state;
+    const char *files[][2] = {
+        {"KILN_FIXTURES", "oracle/tiny-models/llama/config.json"},
+        {"KILN_FIXTURES", "oracle/tiny-models/deepseek_v3/config.json"},
+        {"KILN_FIXTURES", "oracle/tiny-models/qwen2/config.json"},
+        {"KILN_MODELS", "configs/deepseek-v2-lite.json"},
+        {"KILN_MODELS", "configs/llama-3.1-8b.json"},
+    };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        json_t *j = read_json(files[i][0], files[i][1]);
+        struct model_config a, b;
+        struct kiln_error err = {{0}};
+        if (parse_json(j, &a, &err)) fail_msg("%s", err.msg);
+        to_v5(j);
+        if (parse_json(j, &b, &err)) fail_msg("%s (v5): %s", files[i][1], err.msg);
+        assert_memory_equal(&a.rope, &b.rope, sizeof a.rope);
+        assert_int_equal(a.dtype, b.dtype);
+        assert_true(json_object_get(j, "rope_parameters") != NULL);
+        /* and the per-layer-type v5 form */
+        json_t *p = json_incref(json_object_get(j, "rope_parameters"));
+        json_object_set_new(j, "rope_parameters", json_pack("{s:o}", "full_attention", p));
+        if (parse_json(j, &b, &err)) fail_msg("%s (v5 per layer type): %s", files[i][1], err.msg);
+        assert_memory_equal(&a.rope, &b.rope, sizeof a.rope);
+        json_decref(j);
+    }
+}
+
+static void expect_error(json_t *j, const char *want) {
+    struct model_config c;
+    struct kiln_error err = {{0}};
+    if (parse_json(j, &c, &err) == 0) fail_msg("parsed, expected an error with \"%s\"", want);
+    assert_contains(err.msg, "config.json");
+    assert_contains(err.msg, want);
+    json_decref(j);
+}
+
+static json_t *tiny(const char *arch) {
+    char rel[160];
+    snprintf(rel, sizeof rel, "oracle/tiny-models/%s/config.json", arch);
+    return read_json("KILN_FIXTURES", rel);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    json_t *j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("foo"));
+    expect_error(j, "config.json: model_type 'foo' is not supported (supported: llama, qwen2, "
+                    "qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)");
+    j = tiny("llama");
+    json_object_del(j, "model_type");
+    expect_error(j, "field 'model_type' is missing");
+    j = tiny("llama");
+    json_object_set_new(j, "hidden_size", json_string("64"));
+    expect_error(j, "config.json: field 'hidden_size' must be an integer, found string");
+    j = tiny("qwen3");
+    json_object_set_new(j, "head_dim", json_real(32.5));
+    expect_error(j, "field 'head_dim' must be an integer, found number");
+    j = tiny("llama");
+    json_object_set_new(j, "hidden_size", json_integer(-64));
+    expect_error(j, "field 'hidden_size' must be at least 1, found -64");
+    j = tiny("llama");
+    json_object_set_new(j, "vocab_size", json_integer(1ll << 40));
+    expect_error(j, "field 'vocab_size' is too large");
+    j = tiny("llama");
+    json_object_del(j, "num_hidden_layers");
+    expect_error(j, "config.json: field 'num_hidden_layers' is missing");
+    j = tiny("llama");
+    json_object_set_new(j, "num_key_value_heads", json_integer(3));
+    expect_error(j, "num_attention_heads (4) must be a multiple of num_key_value_heads (3)");
+    j = tiny("llama");
+    json_object_set_new(j, "tie_word_embeddings", json_integer(1));
+    expect_error(j, "field 'tie_word_embeddings' must be a boolean, found integer");
+    j = tiny("llama");
+    json_object_set_new(j, "rms_norm_eps", json_string("1e-6"));
+    expect_error(j, "field 'rms_norm_eps' must be a number, found string");
+    j = tiny("llama");
+    json_object_set_new(j, "torch_dtype", json_string("int4"));
+    expect_error(j, "field 'torch_dtype' is 'int4', expected one of: bfloat16, float16, float32");
+    j = tiny("llama");
+    json_object_set_new(json_object_get(j, "rope_scaling"), "rope_type", json_string("dynamic"));
+    expect_error(j, "field 'rope_scaling.rope_type' is 'dynamic', expected one of");
+    j = tiny("llama");
+    json_object_set_new(json_object_get(j, "rope_scaling"), "factor", json_string("8"));
+    expect_error(j, "field 'rope_scaling.factor' must be a number, found string");
+    j = tiny("llama");
+    json_object_del(json_object_get(j, "rope_scaling"), "low_freq_factor");
+    expect_error(j, "field 'rope_scaling.low_freq_factor' is missing");
+    j = tiny("llama");
+    json_object_set_new(j, "rope_scaling", json_integer(3));
+    expect_error(j, "field 'rope_scaling' must be an object or null, found integer");
+    j = tiny("llama");
+    json_object_set_new(j, "eos_token_id", json_pack("[i, s]", 1, "2"));
+    expect_error(j, "field 'eos_token_id[1]' must be a token id");
+    j = tiny("llama");
+    json_object_set_new(j, "eos_token_id", json_string("</s>"));
+    expect_error(j, "field 'eos_token_id' must be an integer or a list of integers, found string");
+    j = tiny("llama");
+    json_object_set_new(j, "hidden_act", json_string("gelu"));
+    expect_error(j, "hidden_act 'gelu' is not supported");
+    j = tiny("qwen3_moe");
+    json_object_del(j, "num_local_experts");
+    expect_error(j, "field 'num_experts' (or 'num_local_experts') is missing");
+    j = tiny("qwen3_moe");
+    json_object_set_new(j, "mlp_only_layers", json_pack("[i]", 7));
+    expect_error(j, "field 'mlp_only_layers[0]' must be a layer index below 3");
+    j = tiny("qwen2_moe");
+    json_object_del(j, "shared_expert_intermediate_size");
+    expect_error(j, "field 'shared_expert_intermediate_size' is missing");
+    j = tiny("deepseek_v3");
+    json_object_set_new(j, "topk_method", json_string("best"));
+    expect_error(j, "field 'topk_method' is 'best', expected one of: greedy, group_limited_greedy, noaux_tc");
+    j = tiny("deepseek_v3");
+    json_object_set_new(j, "n_group", json_integer(3));
+    expect_error(j, "n_routed_experts (16) must be divisible by n_group (3)");
+    j = tiny("deepseek_v3");
+    json_object_set_new(j, "num_experts_per_tok", json_integer(9));
+    expect_error(j, "num_experts_per_tok (9) exceeds the experts in topk_group (2) groups of 4");
+    j = tiny("deepseek_v2");
+    json_object_del(j, "q_lora_rank");
+    expect_error(j, "field 'q_lora_rank' is missing");
+    j = tiny("deepseek_v2");
+    json_object_del(j, "kv_lora_rank");
+    expect_error(j, "field 'kv_lora_rank' is missing");
+
+    struct model_config c;
+    struct kiln_error err = {{0}};
+    assert_int_equal(model_config_parse(&c, "{\"model_type\": ", 15, "config.json", &err), -1);
+    assert_contains(err.msg, "config.json:1:");
+    assert_contains(err.msg, "invalid JSON");
+    assert_int_equal(model_config_parse(&c, "[]", 2, "config.json", &err), -1);
+    assert_contains(err.msg, "config.json: must be a JSON object, found array");
+    assert_int_equal(model_config_load(&c, "/nonexistent/config.json", &err), -1);
+    assert_contains(err.msg, "/nonexistent/config.json");
+}
+
+static void test_defaults(void **state) {
+    (void)state;
+    /* absent fields take transformers' defaults */
+    json_t *j = tiny("llama");
+    json_object_del(j, "num_key_value_heads");
+    json_object_del(j, "head_dim");
+    json_object_del(j, "rms_norm_eps");
+    json_object_del(j, "tie_word_embeddings");
+    json_object_del(j, "torch_dtype");
+    json_object_del(j, "bos_token_id");
+    json_object_del(j, "eos_token_id");
+    json_object_del(j, "max_position_embeddings");
+    json_object_del(j, "rope_scaling");
+    json_object_del(j, "rope_theta");
+    struct model_config c;
+    struct kiln_error err = {{0}};
+    if (parse_json(j, &c, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(c.n_kv_heads, 4);
+    assert_int_equal(c.head_dim, 16);
+    assert_near(c.rms_norm_eps, 1e-6);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(c.dtype, DTYPE_BF16);
+    assert_int_equal(c.bos_token_id, -1);
+    assert_int_equal(c.n_eos, 0);
+    assert_int_equal(c.max_position_embeddings, 2048);
+    assert_int_equal(c.rope.type, ROPE_DEFAULT);
+    assert_near(c.rope.theta, 10000);
+    json_decref(j);
+
+    j = tiny("qwen3");
+    json_object_del(j, "head_dim");
+    if (parse_json(j, &c, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(c.head_dim, 128); /* Qwen3Config's default, not hidden / heads */
+    json_decref(j);
+
+    j = tiny("deepseek_v3");
+    json_object_del(j, "rope_interleave");
+    json_object_del(j, "n_group");
+    json_object_del(j, "topk_group");
+    json_object_set_new(j, "num_experts_per_tok", json_integer(8));
+    json_object_set_new(j, "n_shared_experts", json_null());
+    json_object_del(j, "norm_topk_prob");
+    json_object_del(j, "routed_scaling_factor");
+    json_object_del(json_object_get(j, "rope_scaling"), "factor");
+    if (parse_json(j, &c, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(c.rope.interleaved, 1);
+    assert_int_equal(c.n_group, 8);
+    assert_int_equal(c.topk_group, 4);
+    assert_int_equal(c.n_shared_experts, 0);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_near(c.routed_scaling_factor, 1.0);
+    assert_near(c.rope.factor, 4.0); /* 512 / 128 */
+    json_decref(j);
+
+    j = tiny("deepseek_v3");
+    json_object_set_new(j, "rope_interleave", json_false());
+    json_object_set_new(j, "topk_method", json_string("group_limited_greedy"));
+    json_object_set_new(j, "scoring_func", json_string("softmax"));
+    if (parse_json(j, &c, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(c.rope.interleaved, 0);
+    assert_int_equal(c.topk_method, MOE_TOPK_GROUP_LIMITED);
+    assert_int_equal(c.has_score_correction_bias, 0);
+    assert_int_equal(c.scoring, MOE_SCORING_SOFTMAX);
+    json_decref(j);
+
+    /* qwen moe layer rules: every second layer, layer 1 forced dense */
+    j = tiny("qwen2_moe");
+    json_object_set_new(j, "num_hidden_layers", json_integer(6));
+    json_object_set_new(j, "decoder_sparse_step", json_integer(2));
+    json_object_set_new(j, "mlp_only_layers", json_pack("[i]", 3));
+    json_object_set_new(j, "qkv_bias", json_false());
+    if (parse_json(j, &c, &err)) fail_msg("%s", err.msg);
+    int want[6] = {0, 1, 0, 0, 0, 1};
+    for (int l = 0; l < 6; l++) assert_int_equal(model_config_layer_is_moe(&c, l), want[l]);
+    assert_int_equal(c.attention_bias, 0);
+    json_decref(j);
+
+    /* deepseek moe_layer_freq */
+    j = tiny("deepseek_v2");
+    json_object_set_new(j, "num_hidden_layers", json_integer(6));
+    json_object_set_new(j, "moe_layer_freq", json_integer(2));
+    if (parse_json(j, &c, &err)) fail_msg("%s", err.msg);
+    int want2[6] = {0, 0, 1, 0, 1, 0};
+    for (int l = 0; l < 6; l++) assert_int_equal(model_config_layer_is_moe(&c, l), want2[l]);
+    json_decref(j);
+}
+
+static void test_generation_config(void **state) {
+    (void)state;
+    struct model_config c;
+    struct generation_config g;
+    struct kiln_error err = {{0}};
+    load_real("../stories260K/config.json", &c);
+    char *p = env_path("KILN_MODELS", "stories260K/generation_config.json");
+    if (generation_config_load(&g, p, &c, &err)) fail_msg("%s", err.msg);
+    free(p);
+    assert_int_equal(g.bos_token_id, 1);
+    assert_int_equal(g.n_eos, 2);
+    assert_int_equal(g.eos_token_ids[0], 1);
+    assert_int_equal(g.eos_token_ids[1], 2);
+    assert_false(g.has_temperature || g.has_top_p || g.has_top_k);
+
+    load_tiny("qwen3", &c);
+    p = env_path("KILN_FIXTURES", "oracle/tiny-models/qwen3/generation_config.json");
+    if (generation_config_load(&g, p, &c, &err)) fail_msg("%s", err.msg);
+    free(p);
+    assert_int_equal(g.n_eos, 1);
+    assert_int_equal(g.eos_token_ids[0], 2);
+    assert_int_equal(g.bos_token_id, -1);
+
+    /* missing file: the model config's ids, no error */
+    load_real("llama-3.1-8b.json", &c);
+    assert_int_equal(generation_config_load(&g, "/nonexistent/generation_config.json", &c, &err), 0);
+    assert_int_equal(g.n_eos, 3);
+    assert_int_equal(g.eos_token_ids[2], 128009);
+    assert_int_equal(g.bos_token_id, 128000);
+
+    const char *qwen = "{\"bos_token_id\": 151643, \"do_sample\": true, \"eos_token_id\": "
+                       "[151645, 151643], \"pad_token_id\": 151643, \"temperature\": 0.6, "
+                       "\"top_k\": 20, \"top_p\": 0.95, \"transformers_version\": \"4.51.0\"}";
+    assert_int_equal(generation_config_parse(&g, qwen, strlen(qwen), "generation_config.json", &c, &err), 0);
+    assert_int_equal(g.n_eos, 2);
+    assert_int_equal(g.eos_token_ids[0], 151645);
+    assert_int_equal(g.eos_token_ids[1], 151643);
+    assert_int_equal(g.bos_token_id, 151643);
+    assert_true(g.has_temperature && g.has_top_p && g.has_top_k);
+    assert_near(g.temperature, 0.6);
+    assert_near(g.top_p, 0.95);
+    assert_int_equal(g.top_k, 20);
+    assert_false(g.has_min_p);
+
+    const char *bad = "{\"temperature\": \"hot\"}";
+    assert_int_equal(generation_config_parse(&g, bad, strlen(bad), "generation_config.json", &c, &err), -1);
+    assert_contains(err.msg, "generation_config.json: field 'temperature' must be a number, found string");
+    bad = "{\"top_p\": 1.5}";
+    assert_int_equal(generation_config_parse(&g, bad, strlen(bad), "generation_config.json", &c, &err), -1);
+    assert_contains(err.msg, "field 'top_p' must be in (0, 1]");
+    bad = "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}";
+    assert_int_equal(generation_config_parse(&g, bad, strlen(bad), "generation_config.json", &c, &err), -1);
+    assert_contains(err.msg, "field 'eos_token_id' lists 9 token ids, at most 8");
+    bad = "{";
+    assert_int_equal(generation_config_parse(&g, bad, strlen(bad), "generation_config.json", NULL, &err), -1);
+    assert_contains(err.msg, "generation_config.json:1:");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiny_dense),     cmocka_unit_test(test_tiny_moe),
+        cmocka_unit_test(test_real_configs),   cmocka_unit_test(test_rope_spellings),
+        cmocka_unit_test(test_errors),         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_generation_config),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
