@@ -9,4 +9,7 @@
 #define KILN_CLI_CLI_H
 
 
+int cmd_verify(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+
 #endif

@@ -11,6 +11,8 @@ struct subcommand {
 };
 
 static const struct subcommand subcommands[] = {
+    {"verify", cmd_verify, "check the forward pass against reference logits"},
+    {"generate", cmd_generate, "greedy generation from token ids"},
     {"help", NULL, "this list"},
 };
 

@@ -1,0 +1,140 @@
+/* cmd_generate.c — `kiln generate`: greedy decoding of one sequence, the
+ * simplest end-to-end use of the engine (prefill once, then one token per
+ * step). Stops at an end-of-sequence id from generation_config.json unless
+ * --ignore-eos, or after --max-tokens. Prints the generated ids,
+ * comma-separated, on one line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "cli/cli.h"
+#include "cli/cli_common.h"
+#include "model/model.h"
+
+/* First index of the largest logit (ties go to the lower id). */
+static int argmax(const float *v, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+static int is_eos(const struct generation_config *g, int id) {
+    for (int i = 0; i < g->n_eos; i++)
+        if (g->eos_token_ids[i] == id) return 1;
+    return 0;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kiln generate [--model DIR] --ids 1,2,3 [--max-tokens N] [--ignore-eos]\n"
+               "                     [--device cpu|cuda] [--threads N] [--page-size N]\n");
+}
+
+int cmd_generate(int argc, char **argv) {
+    struct model_args ma;
+    model_args_defaults(&ma);
+    const char *ids_arg = NULL;
+    long max_tokens = 32;
+    int ignore_eos = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = model_args_parse(&ma, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (!strcmp(argv[i], "--ids") && i + 1 < argc) {
+            ids_arg = argv[++i];
+        } else if (!strcmp(argv[i], "--max-tokens")) {
+            if (cli_parse_int("--max-tokens", i + 1 < argc ? argv[i + 1] : NULL, 0, 1 << 24, &max_tokens))
+                return 2;
+            i++;
+        } else if (!strcmp(argv[i], "--ignore-eos")) {
+            ignore_eos = 1;
+        } else if (!strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "kiln generate: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!ma.model_dir) ma.model_dir = cli_default_model();
+    if (!ids_arg) {
+        fprintf(stderr, "kiln generate: --ids is required\n");
+        return 2;
+    }
+    int32_t *prompt = NULL;
+    int n_prompt = cli_parse_ids(ids_arg, &prompt);
+    if (n_prompt <= 0) {
+        if (n_prompt == 0) fprintf(stderr, "kiln generate: --ids is empty\n");
+        free(prompt);
+        return 2;
+    }
+
+    struct kiln_error err = {{0}};
+    struct backend be = {0};
+    struct model *m = NULL;
+    struct kv_pool kv = {0};
+    int rc = 1, page_size = ma.page_size;
+    int32_t *seq = NULL, *pages = NULL, *rows = NULL, *pos = NULL, *slot = NULL;
+    float *logits = NULL;
+    struct backend_options bo = {.n_threads = ma.threads};
+    if (backend_create(&be, ma.device, &bo, &err)) goto out;
+    struct model_options mo = {.load_format = ma.load_format, .max_batch_tokens = n_prompt,
+                               .max_seqs = 1, .page_size = page_size};
+    if (model_load(&m, ma.model_dir, &be, &mo, &err)) goto out;
+    const struct model_config *cfg = model_config(m);
+    int ctx = model_max_context(m);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] >= cfg->vocab_size) {
+            kiln_errorf(&err, "--ids: token id %d is outside the vocabulary of %d", prompt[i], cfg->vocab_size);
+            goto out;
+        }
+    if (n_prompt + max_tokens > ctx) max_tokens = ctx - n_prompt;
+    if (max_tokens < 0) {
+        kiln_errorf(&err, "the prompt of %d tokens exceeds the context of %d", n_prompt, ctx);
+        goto out;
+    }
+    struct kv_layer_layout layout[512];
+    int nl = model_kv_layout(m, layout, 512);
+    int n_pages = (ctx + page_size - 1) / page_size;
+    if (kv_pool_init(&kv, &be, layout, nl, page_size, n_pages, &err)) goto out;
+    pages = xmalloc((size_t)n_pages * 4);
+    KILN_ASSERT(kv_pool_alloc(&kv, n_pages, pages) == 0);
+    seq = xmalloc((size_t)(n_prompt + max_tokens + 1) * 4);
+    memcpy(seq, prompt, (size_t)n_prompt * 4);
+    pos = xmalloc((size_t)n_prompt * 4);
+    slot = xmalloc((size_t)n_prompt * 4);
+    logits = xmalloc((size_t)cfg->vocab_size * 4);
+    int len = n_prompt, done = 0, first = 1;
+    while (len - n_prompt < max_tokens) {
+        int n = len - done;
+        for (int i = 0; i < n; i++) {
+            pos[i] = done + i;
+            slot[i] = pages[(done + i) / page_size] * page_size + (done + i) % page_size;
+        }
+        int32_t q_start[2] = {0, n}, kv_len = len, page_start[2] = {0, n_pages}, row = n - 1;
+        struct batch b = {.mode = done ? BATCH_MODE_DECODE : BATCH_MODE_EXTEND, .n_tokens = n,
+                          .input_ids = seq + done, .positions = pos, .out_slot = slot,
+                          .n_seqs = 1, .q_start = q_start, .kv_len = &kv_len,
+                          .kv_page_start = page_start, .kv_pages = pages, .page_size = page_size,
+                          .n_logit_rows = 1, .logit_rows = &row};
+        if (model_forward(m, &kv, &b, logits, &err)) goto out;
+        done = len;
+        int next = argmax(logits, cfg->vocab_size);
+        if (!ignore_eos && is_eos(model_generation_config(m), next)) break;
+        printf(first ? "%d" : ",%d", next);
+        first = 0;
+        seq[len++] = next;
+    }
+    printf("\n");
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "kiln generate: %s\n", err.msg);
+    free(prompt), free(seq), free(pages), free(rows), free(pos), free(slot), free(logits);
+    kv_pool_free(&kv);
+    model_free(m);
+    backend_destroy(&be);
+    return rc;
+}

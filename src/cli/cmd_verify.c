@@ -1,0 +1,313 @@
+/* cmd_verify.c — `kiln verify`: checks the forward pass against reference
+ * logits (the oracle format: p<i>.ids int32 [len], p<i>.logits fp32
+ * [len][vocab]) three ways:
+ *   prefill  — each whole sequence in one batch;
+ *   decode   — the first half as one prefill, then one token per step;
+ *   mixed    — all sequences in one stream of batches: chunked prefill of
+ *              the first half (--chunk tokens per step) and decode rows of
+ *              the other sequences in the same batches, staggered so that
+ *              prefill chunks and decode rows really mix, on scattered KV
+ *              pages.
+ * Prints max_abs_err=<x> rows=<n>; exits 0 only when every row is within the
+ * tolerance (default 1e-3). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "cli/cli.h"
+#include "cli/cli_common.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+struct ref_seq {
+    int len;
+    const int32_t *ids;
+    const float *logits; /* [len][vocab] */
+    int32_t *pages;
+    int n_pages;
+};
+
+struct verify {
+    struct model *m;
+    struct kv_pool kv;
+    int vocab, page_size;
+    struct ref_seq *seqs;
+    int n_seqs;
+    double max_err;
+    long rows;
+    double mode_err;
+    long mode_rows;
+};
+
+/* Makes sure seq s owns pages for `len` positions. */
+static int ensure_pages(struct verify *v, struct ref_seq *s, int len) {
+    int need = (len + v->page_size - 1) / v->page_size;
+    if (need <= s->n_pages) return 0;
+    if (kv_pool_alloc(&v->kv, need - s->n_pages, s->pages + s->n_pages)) return -1;
+    s->n_pages = need;
+    return 0;
+}
+
+static void release_pages(struct verify *v, struct ref_seq *s) {
+    kv_pool_release(&v->kv, s->pages, s->n_pages);
+    s->n_pages = 0;
+}
+
+/* One step: for each listed sequence, tokens [from[i], to[i]). Compares the
+ * logits of every row with the reference. */
+static int run_step(struct verify *v, int k, const int *which, const int *from, const int *to,
+                    struct kiln_error *err) {
+    int n = 0, total_pages = 0;
+    for (int i = 0; i < k; i++) {
+        struct ref_seq *s = &v->seqs[which[i]];
+        if (ensure_pages(v, s, to[i])) return kiln_errorf(err, "KV pool exhausted");
+        n += to[i] - from[i];
+        total_pages += s->n_pages;
+    }
+    int32_t *ids = xmalloc((size_t)n * 4), *pos = xmalloc((size_t)n * 4),
+            *slot = xmalloc((size_t)n * 4), *rows = xmalloc((size_t)n * 4);
+    int32_t *q_start = xmalloc((size_t)(k + 1) * 4), *kv_len = xmalloc((size_t)k * 4),
+            *page_start = xmalloc((size_t)(k + 1) * 4), *pages = xmalloc((size_t)total_pages * 4 + 4);
+    int t = 0, pg = 0;
+    for (int i = 0; i < k; i++) {
+        struct ref_seq *s = &v->seqs[which[i]];
+        q_start[i] = t;
+        page_start[i] = pg;
+        memcpy(pages + pg, s->pages, (size_t)s->n_pages * 4);
+        pg += s->n_pages;
+        kv_len[i] = to[i];
+        for (int p = from[i]; p < to[i]; p++, t++) {
+            ids[t] = s->ids[p];
+            pos[t] = p;
+            slot[t] = s->pages[p / v->page_size] * v->page_size + p % v->page_size;
+            rows[t] = t;
+        }
+    }
+    q_start[k] = t;
+    page_start[k] = pg;
+    struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = n, .input_ids = ids, .positions = pos,
+                      .out_slot = slot, .n_seqs = k, .q_start = q_start, .kv_len = kv_len,
+                      .kv_page_start = page_start, .kv_pages = pages, .page_size = v->page_size,
+                      .n_logit_rows = n, .logit_rows = rows};
+    float *logits = xmalloc((size_t)n * (size_t)v->vocab * 4);
+    int rc = model_forward(v->m, &v->kv, &b, logits, err);
+    if (rc == 0) {
+        t = 0;
+        for (int i = 0; i < k; i++) {
+            const struct ref_seq *s = &v->seqs[which[i]];
+            for (int p = from[i]; p < to[i]; p++, t++) {
+                const float *got = logits + (size_t)t * v->vocab, *want = s->logits + (size_t)p * v->vocab;
+                for (int j = 0; j < v->vocab; j++) {
+                    double e = fabs((double)got[j] - (double)want[j]);
+                    if (!(e <= v->mode_err)) v->mode_err = isnan(e) ? INFINITY : e;
+                }
+                v->mode_rows++;
+            }
+        }
+    }
+    free(ids), free(pos), free(slot), free(rows), free(q_start), free(kv_len), free(page_start),
+        free(pages), free(logits);
+    return rc;
+}
+
+static void mode_begin(struct verify *v) {
+    v->mode_err = 0;
+    v->mode_rows = 0;
+}
+
+static void mode_end(struct verify *v, const char *name) {
+    printf("mode=%s max_abs_err=%.3g rows=%ld\n", name, v->mode_err, v->mode_rows);
+    if (v->mode_err > v->max_err) v->max_err = v->mode_err;
+    v->rows += v->mode_rows;
+}
+
+static int verify_prefill(struct verify *v, struct kiln_error *err) {
+    mode_begin(v);
+    for (int i = 0; i < v->n_seqs; i++) {
+        int from = 0, to = v->seqs[i].len;
+        if (run_step(v, 1, &i, &from, &to, err)) return -1;
+        release_pages(v, &v->seqs[i]);
+    }
+    mode_end(v, "prefill");
+    return 0;
+}
+
+static int verify_decode(struct verify *v, struct kiln_error *err) {
+    mode_begin(v);
+    for (int i = 0; i < v->n_seqs; i++) {
+        int half = v->seqs[i].len / 2 > 0 ? v->seqs[i].len / 2 : 1;
+        int from = 0, to = half;
+        if (run_step(v, 1, &i, &from, &to, err)) return -1;
+        for (int p = half; p < v->seqs[i].len; p++) {
+            from = p;
+            to = p + 1;
+            if (run_step(v, 1, &i, &from, &to, err)) return -1;
+        }
+        release_pages(v, &v->seqs[i]);
+    }
+    mode_end(v, "decode");
+    return 0;
+}
+
+static int verify_mixed(struct verify *v, int chunk, struct kiln_error *err) {
+    mode_begin(v);
+    int *done = xcalloc((size_t)v->n_seqs, sizeof *done);
+    int *which = xmalloc((size_t)v->n_seqs * sizeof *which), *from = xmalloc((size_t)v->n_seqs * 4),
+        *to = xmalloc((size_t)v->n_seqs * 4);
+    int rc = 0;
+    for (int step = 0;; step++) {
+        int k = 0;
+        for (int i = 0; i < v->n_seqs; i++) {
+            const struct ref_seq *s = &v->seqs[i];
+            if (step < i || done[i] >= s->len) continue; /* staggered start */
+            int half = s->len / 2 > 0 ? s->len / 2 : 1;
+            int take = done[i] < half ? (half - done[i] < chunk ? half - done[i] : chunk) : 1;
+            which[k] = i;
+            from[k] = done[i];
+            to[k] = done[i] + take;
+            done[i] += take;
+            k++;
+        }
+        if (k == 0) {
+            int all = 1;
+            for (int i = 0; i < v->n_seqs; i++) all &= done[i] >= v->seqs[i].len;
+            if (all) break;
+            continue;
+        }
+        if ((rc = run_step(v, k, which, from, to, err))) break;
+    }
+    for (int i = 0; i < v->n_seqs; i++) release_pages(v, &v->seqs[i]);
+    free(done), free(which), free(from), free(to);
+    if (rc == 0) mode_end(v, "mixed");
+    return rc;
+}
+
+static int load_reference(struct verify *v, struct st_set *ref, const char *path,
+                          struct kiln_error *err) {
+    if (st_open_file(ref, path, err)) return -1;
+    int n = 0;
+    while (1) {
+        char name[64];
+        snprintf(name, sizeof name, "p%d.ids", n);
+        if (!st_find(ref, name)) break;
+        n++;
+    }
+    if (n == 0) return kiln_errorf(err, "%s: no tensor 'p0.ids' (expected p<i>.ids and p<i>.logits)", path);
+    v->seqs = xcalloc((size_t)n, sizeof *v->seqs);
+    v->n_seqs = n;
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        const struct st_tensor *ids, *lg;
+        snprintf(name, sizeof name, "p%d.ids", i);
+        ids = st_find(ref, name);
+        if (ids->ndim != 1 || ids->dtype != DTYPE_I32 || ids->shape[0] < 1)
+            return kiln_errorf(err, "%s: tensor '%s' must be a non-empty I32 vector", path, name);
+        int64_t shape[2] = {ids->shape[0], v->vocab};
+        snprintf(name, sizeof name, "p%d.logits", i);
+        if (st_expect(ref, name, 2, shape, &lg, err)) return -1;
+        if (lg->dtype != DTYPE_F32) return kiln_errorf(err, "%s: tensor '%s' must be F32", path, name);
+        v->seqs[i].len = (int)ids->shape[0];
+        v->seqs[i].ids = ids->data;
+        v->seqs[i].logits = lg->data;
+        for (int p = 0; p < v->seqs[i].len; p++)
+            if (v->seqs[i].ids[p] < 0 || v->seqs[i].ids[p] >= v->vocab)
+                return kiln_errorf(err, "%s: tensor 'p%d.ids' holds id %d outside the vocabulary of %d",
+                                   path, i, v->seqs[i].ids[p], v->vocab);
+    }
+    return 0;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kiln verify --model DIR --reference FILE [--page-size N] [--chunk N]\n"
+            "                   [--tolerance X] [--device cpu|cuda] [--threads N]\n");
+}
+
+int cmd_verify(int argc, char **argv) {
+    struct model_args ma;
+    model_args_defaults(&ma);
+    const char *ref_path = NULL;
+    long chunk = 3;
+    double tol = 1e-3;
+    for (int i = 1; i < argc; i++) {
+        int r = model_args_parse(&ma, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (!strcmp(argv[i], "--reference") && i + 1 < argc) {
+            ref_path = argv[++i];
+        } else if (!strcmp(argv[i], "--chunk")) {
+            if (cli_parse_int("--chunk", i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 20, &chunk)) return 2;
+            i++;
+        } else if (!strcmp(argv[i], "--tolerance") && i + 1 < argc) {
+            tol = atof(argv[++i]);
+        } else if (!strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "kiln verify: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!ma.model_dir) ma.model_dir = cli_default_model();
+    if (!ref_path) {
+        fprintf(stderr, "kiln verify: --reference FILE is required\n");
+        return 2;
+    }
+    struct kiln_error err = {{0}};
+    struct backend be = {0};
+    struct st_set ref = {0};
+    struct verify v = {0};
+    int rc = 1;
+    struct backend_options bo = {.n_threads = ma.threads};
+    if (backend_create(&be, ma.device, &bo, &err)) goto out;
+
+    /* Size everything from the reference: the longest sequence, and all of
+     * them at once for the mixed mode. */
+    struct model_config cfg;
+    {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/config.json", ma.model_dir);
+        if (model_config_load(&cfg, path, &err)) goto out;
+    }
+    v.vocab = cfg.vocab_size;
+    v.page_size = ma.page_size;
+    if (load_reference(&v, &ref, ref_path, &err)) goto out;
+    int total = 0, longest = 0, pages = 0;
+    for (int i = 0; i < v.n_seqs; i++) {
+        total += v.seqs[i].len;
+        if (v.seqs[i].len > longest) longest = v.seqs[i].len;
+        pages += (v.seqs[i].len + v.page_size - 1) / v.page_size;
+        v.seqs[i].pages = xmalloc((size_t)(v.seqs[i].len / v.page_size + 2) * 4);
+    }
+    struct model_options mo = {.load_format = ma.load_format, .max_batch_tokens = total,
+                               .max_seqs = v.n_seqs, .page_size = v.page_size,
+                               .max_context = longest > cfg.max_position_embeddings
+                                                  ? longest : cfg.max_position_embeddings};
+    if (model_load(&v.m, ma.model_dir, &be, &mo, &err)) goto out;
+    struct kv_layer_layout layout[512];
+    int nl = model_kv_layout(v.m, layout, 512);
+    if (kv_pool_init(&v.kv, &be, layout, nl, v.page_size, pages + v.n_seqs, &err)) goto out;
+    kv_pool_scramble(&v.kv, 12345);
+
+    if (verify_prefill(&v, &err) || verify_decode(&v, &err) || verify_mixed(&v, (int)chunk, &err))
+        goto out;
+    printf("max_abs_err=%.3g rows=%ld\n", v.max_err, v.rows);
+    if (v.max_err <= tol) {
+        rc = 0;
+    } else {
+        fprintf(stderr, "kiln verify: max_abs_err %.3g exceeds the tolerance %.3g\n", v.max_err, tol);
+    }
+out:
+    if (rc && err.msg[0]) fprintf(stderr, "kiln verify: %s\n", err.msg);
+    kv_pool_free(&v.kv);
+    model_free(v.m);
+    for (int i = 0; i < v.n_seqs; i++) free(v.seqs[i].pages);
+    free(v.seqs);
+    st_close(&ref);
+    backend_destroy(&be);
+    return rc;
+}
