@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: dependencies, the release build and
+# its tests, the same suite under AddressSanitizer + UndefinedBehaviorSanitizer,
+# and every fuzz target for KILN_FUZZ_SECONDS (default 60) seconds each.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+scripts/deps.sh
+if [ -x scripts/fetch-tokenizers.sh ]; then scripts/fetch-tokenizers.sh; fi
+
+echo "== release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_CUDA=OFF >/dev/null
+ninja -C build-asan
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+if [ -x scripts/fuzz.sh ] && [ "${KILN_FUZZ_SECONDS:-60}" != 0 ]; then
+  echo "== fuzzing (${KILN_FUZZ_SECONDS:-60} s per target)"
+  scripts/fuzz.sh "${KILN_FUZZ_SECONDS:-60}"
+fi
+echo "== all tests passed"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# kiln verify on every oracle model (page sizes 1 and 16, chunks 3 and 64)
+# and on the bundled stories260K model; every row must be within 1e-3 of
+# the Hugging Face fp32 logits.
+set -u
+fail=0; runs=0
+check() {
+  local out
+  out=$("$KILN" verify "$@" 2>&1)
+  local rc=$?
+  runs=$((runs + 1))
+  local last=$(printf '%s\n' "$out" | tail -1)
+  if [ $rc -ne 0 ] || ! printf '%s' "$last" | grep -Eq '^max_abs_err=[0-9.e+-]+ rows=[1-9][0-9]*$'; then
+    echo "FAIL: kiln verify $*"; printf '%s\n' "$out"; fail=$((fail + 1))
+  else
+    echo "ok: $* -> $last"
+  fi
+}
+for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
+  dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
+  for ps in 1 16; do
+    for chunk in 3 64; do
+      check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
+    done
+  done
+done
+check --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
+# A tolerance that cannot hold must fail: the check really compares.
+if "$KILN" verify --model "$KILN_FIXTURES/oracle/tiny-models/llama" \
+     --reference "$KILN_FIXTURES/oracle/tiny-models/qwen2/reference.safetensors" >/dev/null 2>&1; then
+  echo "FAIL: verify against another model's reference passed"; fail=$((fail + 1))
+fi
+runs=$((runs + 1))
+echo "$((runs - fail)) passed, $fail failed"
+[ $fail -eq 0 ]
