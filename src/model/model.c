@@ -188,13 +188,19 @@ int model_load_dummy(struct model **out, const struct model_config *cfg, struct 
 int model_load(struct model **out, const char *dir, struct backend *be,
                const struct model_options *opt, struct kiln_error *err) {
     *out = NULL;
-    char *cfg_path = path_join(dir, "config.json");
+    /* A config.json file (not a folder) is enough for dummy weights. */
+    size_t dl = strlen(dir);
+    int is_json = dl > 5 && !strcmp(dir + dl - 5, ".json");
+    char *cfg_path = is_json ? xstrdup(dir) : path_join(dir, "config.json");
     struct model_config cfg;
     int rc = model_config_load(&cfg, cfg_path, err);
     free(cfg_path);
     if (rc) return -1;
     if (opt && opt->load_format && !strcmp(opt->load_format, "dummy"))
         return model_load_dummy(out, &cfg, be, opt, err);
+    if (is_json)
+        return kiln_errorf(err, "%s: a config file alone needs --load-format dummy; give the "
+                                "checkpoint folder to load weights", dir);
     if (opt && opt->load_format && strcmp(opt->load_format, "auto") &&
         strcmp(opt->load_format, "safetensors"))
         return kiln_errorf(err, "--load-format '%s' is not supported (expected auto, safetensors or dummy)",

@@ -1,0 +1,142 @@
+/* engine.h — the serving engine: one thread that owns the model, the KV
+ * pool, the radix prefix cache and the scheduler, fed through queues.
+ *
+ * Other threads (the HTTP server) call engine_submit / engine_abort; both
+ * only enqueue and return at once. The engine thread runs continuous
+ * batching steps and reports progress through each request's callback,
+ * which is called ON THE ENGINE THREAD and must not block: copy what is
+ * needed and hand it to your own thread (e.g. libevent's event_active).
+ *
+ * A request is never dropped: every submitted request gets exactly one
+ * final event (finish != ENGINE_FINISH_NONE) with its reason: stop (eos,
+ * stop token or stop string), length (max_tokens or context), abort
+ * (engine_abort, or shutdown) or error (with a message). After its final
+ * event the engine never touches the request's callback again.
+ *
+ * Text: the engine detokenizes incrementally (stop strings must be found
+ * where generation is controlled, so no step is wasted); events carry the
+ * newly final text with any matched stop string and what follows removed.
+ */
+#ifndef KILN_SCHEDULER_ENGINE_H
+#define KILN_SCHEDULER_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sample/sampling.h"
+
+struct kiln_error;
+struct engine;
+struct kiln_tokenizer;
+
+enum engine_finish {
+    ENGINE_FINISH_NONE = 0, /* not finished: a progress event */
+    ENGINE_FINISH_STOP,
+    ENGINE_FINISH_LENGTH,
+    ENGINE_FINISH_ABORT,
+    ENGINE_FINISH_ERROR,
+};
+
+const char *engine_finish_name(enum engine_finish f); /* "stop", "length", "abort", "error" */
+
+struct engine_event {
+    uint64_t request_id;
+    /* new output tokens since the last event */
+    int n_tokens;
+    const int32_t *tokens;
+    const struct sample_result *samples; /* [n_tokens], logprobs when asked */
+    /* newly final text (UTF-8, never a broken sequence) */
+    const char *text;
+    size_t text_len;
+    enum engine_finish finish;
+    const char *error;        /* ENGINE_FINISH_ERROR: what went wrong */
+    const char *matched_stop; /* the stop string that ended it, or NULL */
+    int32_t matched_stop_id;  /* the stop token id that ended it, or -1 */
+    /* usage, valid in every event */
+    int prompt_tokens;
+    int completion_tokens;
+    int cached_tokens;        /* prompt tokens served from the prefix cache */
+    /* score requests: probabilities/logits of the label tokens, on the final event */
+    int n_scores;
+    const float *scores;
+};
+
+typedef void (*engine_callback)(void *user, const struct engine_event *ev);
+
+struct engine_request {
+    const int32_t *prompt;    /* copied by engine_submit */
+    int n_prompt;
+    struct sampling_params sampling; /* logit_bias copied */
+    int max_new_tokens;       /* 0 allowed (prefill only) */
+    int min_new_tokens;
+    int ignore_eos;
+    int n_stop;
+    const char *const *stop;  /* stop strings, copied */
+    int n_stop_ids;
+    const int32_t *stop_ids;  /* copied */
+    int skip_special_tokens;  /* in the text of events (default 1) */
+    int priority;             /* larger runs first when the policy is priority */
+    const char *cache_salt;   /* prefix-cache isolation key (NULL = shared) */
+    /* score requests: prefill only, no sampling; report label probabilities
+     * at the last prompt position */
+    int score;
+    int n_label_ids;
+    const int32_t *label_ids;
+    int apply_softmax;
+    engine_callback callback;
+    void *user;
+};
+
+enum schedule_policy { SCHEDULE_FCFS = 0, SCHEDULE_LPM, SCHEDULE_PRIORITY };
+
+struct engine_options {
+    const char *model_dir;
+    const char *device;           /* cpu | cuda | auto */
+    const char *load_format;      /* auto | dummy */
+    int threads;
+    int page_size;                /* default 1 */
+    int max_running_requests;     /* default 256 */
+    int max_queued_requests;      /* 0 = unbounded */
+    int chunked_prefill_size;     /* tokens of prefill per step; default 2048 (CPU 512) */
+    int max_total_tokens;         /* KV pool size in tokens; 0 = from memory */
+    int context_length;           /* 0 = the model's */
+    enum schedule_policy policy;
+    int disable_radix_cache;
+    int skip_sampler_warmup;
+    int log_requests;
+};
+
+void engine_options_default(struct engine_options *o);
+
+int engine_create(struct engine **out, const struct engine_options *opt, struct kiln_error *err);
+/* Stops accepting, aborts what is still running (each gets its final
+ * ENGINE_FINISH_ABORT event), joins the thread, frees everything. */
+void engine_destroy(struct engine *e);
+
+/* Validates and enqueues. Returns the request id (> 0), or 0 with a message
+ * in err (prompt too long for the context or the pool, queue full, ...);
+ * then no event will ever be sent. err->msg starting with "queue full"
+ * means 429; anything else is the client's error (400). */
+uint64_t engine_submit(struct engine *e, const struct engine_request *r, struct kiln_error *err);
+/* Asks for a request to end (client gone); its KV is freed at the next step
+ * and it gets a final ENGINE_FINISH_ABORT event. Unknown ids are ignored. */
+void engine_abort(struct engine *e, uint64_t request_id);
+
+/* Read-only facts for the server. */
+const struct kiln_tokenizer *engine_tokenizer(const struct engine *e);
+const char *engine_model_name(const struct engine *e);
+int engine_context_length(const struct engine *e);
+int engine_vocab_size(const struct engine *e);
+
+/* A snapshot of counters for /metrics (thread-safe). */
+struct engine_stats {
+    int running, waiting;
+    long kv_pages_total, kv_pages_free, kv_pages_cached; /* cached = held by the radix cache only */
+    int page_size;
+    long prompt_tokens_total, cached_tokens_total, generation_tokens_total;
+    long requests_finished[5]; /* by enum engine_finish */
+    long retractions_total;
+};
+void engine_stats(struct engine *e, struct engine_stats *out);
+
+#endif
