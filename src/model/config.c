@@ -220,26 +220,27 @@ static json_t *load_json(const char *text, size_t len, const char *file, struct 
 
 /* transformers v5 writes rope_parameters (rope_theta inside); the hub writes
  * rope_theta at the top and rope_scaling beside it (null when unscaled).
- * Either way the same keys describe the scaling. */
+ * Either way the same keys describe the scaling. When a file has both,
+ * rope_scaling wins, as in transformers' conversion. */
 static int parse_rope(struct model_config *c, const struct jr *top, const struct arch_desc *a) {
     struct rope_config *rp = &c->rope;
-    const json_t *params = json_object_get(top->obj, "rope_parameters");
-    const char *pname = "rope_parameters.";
-    if (params && !json_is_null(params)) {
-        if (!json_is_object(params)) return type_error(top, "rope_parameters", "an object", params);
+    const json_t *params = json_object_get(top->obj, "rope_scaling");
+    const char *pname = "rope_scaling.";
+    if (params && !json_is_null(params) && !json_is_object(params))
+        return type_error(top, "rope_scaling", "an object or null", params);
+    if (!params || json_is_null(params)) {
+        params = json_object_get(top->obj, "rope_parameters");
+        pname = "rope_parameters.";
+        if (params && !json_is_null(params) && !json_is_object(params))
+            return type_error(top, "rope_parameters", "an object or null", params);
+        if (params && json_is_null(params)) params = NULL;
         /* Per-layer-type form ({"full_attention": {...}}): these models have
          * full attention only. */
-        const json_t *full = json_object_get(params, "full_attention");
+        const json_t *full = params ? json_object_get(params, "full_attention") : NULL;
         if (json_is_object(full)) {
             params = full;
             pname = "rope_parameters.full_attention.";
         }
-    } else {
-        params = json_object_get(top->obj, "rope_scaling");
-        pname = "rope_scaling.";
-        if (params && !json_is_null(params) && !json_is_object(params))
-            return type_error(top, "rope_scaling", "an object or null", params);
-        if (params && json_is_null(params)) params = NULL;
     }
     struct jr r = {params, top->file, pname, top->err};
 
@@ -345,13 +346,13 @@ static int parse_deepseek(struct model_config *c, const struct jr *r) {
     static const char *const methods[] = {"greedy", "group_limited_greedy", "noaux_tc", NULL};
     static const char *const scorings[] = {"softmax", "sigmoid", NULL};
     int method, scoring;
+    /* n_shared_experts: null means none (transformers skips the module). */
+    int shared_default = json_is_null(json_object_get(r->obj, "n_shared_experts")) ? 0 : v3 ? 1 : 2;
 
     if (rd_int(r, "n_routed_experts", 1, 0, 1, &c->n_experts) ||
         rd_int(r, "num_experts_per_tok", 1, 0, 1, &c->n_experts_per_tok) ||
         rd_int(r, "moe_intermediate_size", 1, 0, 1, &c->moe_intermediate_size) ||
-        /* null means "no shared experts" in transformers */
-        rd_int(r, "n_shared_experts", 0, json_is_null(json_object_get(r->obj, "n_shared_experts")) ? 0 : (v3 ? 1 : 2),
-               0, &c->n_shared_experts) ||
+        rd_int(r, "n_shared_experts", 0, shared_default, 0, &c->n_shared_experts) ||
         rd_int(r, "first_k_dense_replace", 0, v3 ? 3 : 0, 0, &c->first_k_dense_replace) ||
         rd_int(r, "moe_layer_freq", 0, 1, 1, &c->moe_layer_freq) ||
         rd_int(r, "n_group", 0, v3 ? 8 : 1, 1, &c->n_group) ||

@@ -372,6 +372,10 @@ static void test_rope_spellings(void **state) {
         assert_memory_equal(&a.rope, &b.rope, sizeof a.rope);
         assert_int_equal(a.dtype, b.dtype);
         assert_true(json_object_get(j, "rope_parameters") != NULL);
+        /* rope_scaling: null beside rope_parameters changes nothing */
+        json_object_set_new(j, "rope_scaling", json_null());
+        if (parse_json(j, &b, &err)) fail_msg("%s (v5 + null): %s", files[i][1], err.msg);
+        assert_memory_equal(&a.rope, &b.rope, sizeof a.rope);
         /* and the per-layer-type v5 form */
         json_t *p = json_incref(json_object_get(j, "rope_parameters"));
         json_object_set_new(j, "rope_parameters", json_pack("{s:o}", "full_attention", p));
