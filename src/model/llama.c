@@ -23,6 +23,7 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
          ws_vector(ws, P("k_proj.bias"), kw, NAN, &a->bk, err) ||
          ws_vector(ws, P("v_proj.bias"), kw, NAN, &a->bv, err)))
         return -1;
+    if (c->o_proj_bias && ws_vector(ws, P("o_proj.bias"), d, NAN, &a->bo, err)) return -1;
     if (c->qk_norm && (ws_vector(ws, P("q_norm.weight"), hd, 1.0f, &a->q_norm, err) ||
                        ws_vector(ws, P("k_norm.weight"), hd, 1.0f, &a->k_norm, err)))
         return -1;
@@ -54,7 +55,7 @@ void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const flo
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = (int)KH, .dk = (int)hd,
                             .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale};
     ops->attention(ctx, att, qw, q, qw, f->kv->k[l], f->kv->v[l], &p, f->bb);
-    ops->matmul(ctx, out, d, att, qw, &a->wo, NULL, n);
+    ops->matmul(ctx, out, d, att, qw, &a->wo, a->bo, n);
 }
 
 int dense_load(struct weight_source *ws, const char *prefix, long inter, struct mlp_dense *dm,

@@ -19,7 +19,7 @@ struct weight_source {
 /* Ordinary multi-head attention (llama, qwen2, qwen3, qwen moe). */
 struct attn_mha {
     struct backend_weight wq, wk, wv, wo; /* [heads*hd][d], [kvh*hd][d] x2, [d][heads*hd] */
-    const float *bq, *bk, *bv;             /* biases or NULL */
+    const float *bq, *bk, *bv, *bo;        /* biases or NULL */
     const float *q_norm, *k_norm;          /* [hd] or NULL */
 };
 

@@ -1,0 +1,230 @@
+/* engine.c — the engine thread: queues in, continuous batching steps, events
+ * out. See engine.h for the contract and scheduler.c for how a step's
+ * batch is chosen. */
+#include "scheduler/engine.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "kiln/tokenizer.h"
+#include "scheduler/engine_internal.h"
+
+const char *engine_finish_name(enum engine_finish f) {
+    static const char *names[] = {"none", "stop", "length", "abort", "error"};
+    return f >= 0 && f <= ENGINE_FINISH_ERROR ? names[f] : "?";
+}
+
+void engine_options_default(struct engine_options *o) {
+    memset(o, 0, sizeof *o);
+    o->device = "cpu";
+    o->load_format = "auto";
+    o->page_size = 1;
+    o->max_running_requests = 256;
+    o->chunked_prefill_size = 512;
+    o->policy = SCHEDULE_FCFS;
+}
+
+/* ---- queues (any thread) ------------------------------------------------ */
+
+uint64_t engine_submit(struct engine *e, const struct engine_request *in, struct kiln_error *err) {
+    if (in->n_prompt < 1) return kiln_errorf(err, "the prompt is empty"), 0;
+    for (int i = 0; i < in->n_prompt; i++)
+        if (in->prompt[i] < 0 || in->prompt[i] >= e->vocab)
+            return kiln_errorf(err, "prompt token id %d is outside the vocabulary of %d",
+                               in->prompt[i], e->vocab), 0;
+    for (int i = 0; i < in->n_label_ids; i++)
+        if (in->label_ids[i] < 0 || in->label_ids[i] >= e->vocab)
+            return kiln_errorf(err, "label token id %d is outside the vocabulary of %d",
+                               in->label_ids[i], e->vocab), 0;
+    long room = e->context_length < e->pool_tokens ? e->context_length : e->pool_tokens;
+    struct engine_request r = *in;
+    if (r.score) r.max_new_tokens = 0;
+    if (r.max_new_tokens < 0) r.max_new_tokens = (int)(room - r.n_prompt);
+    if (r.n_prompt >= e->context_length && !(r.score && r.n_prompt == e->context_length))
+        return kiln_errorf(err, "the prompt has %d tokens, the model's context length is %d",
+                           r.n_prompt, e->context_length), 0;
+    if ((long)r.n_prompt + r.max_new_tokens > e->context_length)
+        return kiln_errorf(err, "the prompt (%d tokens) plus max_tokens (%d) exceed the context "
+                                "length of %d", r.n_prompt, r.max_new_tokens, e->context_length), 0;
+    if ((long)r.n_prompt + r.max_new_tokens + e->page_size > e->pool_tokens)
+        return kiln_errorf(err, "the prompt (%d tokens) plus max_tokens (%d) can never fit the KV "
+                                "cache of %ld tokens", r.n_prompt, r.max_new_tokens, e->pool_tokens), 0;
+    for (int i = 0; i < r.sampling.n_logit_bias; i++)
+        if (r.sampling.logit_bias[i].id < 0 || r.sampling.logit_bias[i].id >= e->vocab)
+            return kiln_errorf(err, "logit_bias token id %d is outside the vocabulary of %d",
+                               r.sampling.logit_bias[i].id, e->vocab), 0;
+
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        return kiln_errorf(err, "shutting down"), 0;
+    }
+    if (e->opt.max_queued_requests > 0 && e->n_inbox + e->stats.waiting >= e->opt.max_queued_requests) {
+        pthread_mutex_unlock(&e->mu);
+        return kiln_errorf(err, "queue full: %d requests are waiting", e->opt.max_queued_requests), 0;
+    }
+    uint64_t id = ++e->next_id;
+    if (!r.sampling.has_seed) {
+        e->seed_state = e->seed_state * 6364136223846793005ull + 1442695040888963407ull;
+        r.sampling.seed = e->seed_state ^ (id * 0x9e3779b97f4a7c15ull);
+    }
+    pthread_mutex_unlock(&e->mu);
+
+    struct req *q = req_create(id, &r, e->vocab, e->tok);
+    q->t_arrival = time_now();
+    pthread_mutex_lock(&e->mu);
+    q->next = NULL;
+    if (e->inbox_tail) e->inbox_tail->next = q;
+    else e->inbox = q;
+    e->inbox_tail = q;
+    e->n_inbox++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return id;
+}
+
+void engine_abort(struct engine *e, uint64_t id) {
+    pthread_mutex_lock(&e->mu);
+    if (e->n_aborts == e->cap_aborts) {
+        e->cap_aborts = e->cap_aborts ? 2 * e->cap_aborts : 64;
+        e->aborts = xrealloc(e->aborts, (size_t)e->cap_aborts * sizeof *e->aborts);
+    }
+    e->aborts[e->n_aborts++] = id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_stats(struct engine *e, struct engine_stats *out) {
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
+const struct kiln_tokenizer *engine_tokenizer(const struct engine *e) { return e->tok; }
+const char *engine_model_name(const struct engine *e) { return e->model_name; }
+int engine_context_length(const struct engine *e) { return e->context_length; }
+int engine_vocab_size(const struct engine *e) { return e->vocab; }
+
+/* ---- the engine thread ------------------------------------------------- */
+
+static void *engine_main(void *arg) {
+    struct engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->inbox && !e->n_aborts && !e->stopping && !sched_has_work(e))
+            pthread_cond_wait(&e->cv, &e->mu);
+        struct req *in = e->inbox;
+        e->inbox = e->inbox_tail = NULL;
+        e->n_inbox = 0;
+        int n_ab = e->n_aborts;
+        uint64_t *ab = NULL;
+        if (n_ab) {
+            ab = xmalloc((size_t)n_ab * sizeof *ab);
+            memcpy(ab, e->aborts, (size_t)n_ab * sizeof *ab);
+            e->n_aborts = 0;
+        }
+        int stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+
+        while (in) {
+            struct req *next = in->next;
+            sched_enqueue(e, in);
+            in = next;
+        }
+        for (int i = 0; i < n_ab; i++) sched_abort(e, ab[i], "aborted");
+        free(ab);
+        if (stopping) {
+            sched_abort_all(e);
+            sched_publish_stats(e);
+            return NULL;
+        }
+        if (sched_has_work(e)) sched_step(e);
+        sched_publish_stats(e);
+    }
+}
+
+static void load_tokenizer(struct engine *e, const char *dir) {
+    char *p = path_join(dir, "tokenizer.json");
+    int have = file_exists(p);
+    free(p);
+    if (!have) {
+        log_warn("%s has no tokenizer.json: events carry token ids only", dir);
+        return;
+    }
+    struct kiln_error err;
+    if (kiln_tokenizer_load(&e->tok, dir, &err)) {
+        log_warn("tokenizer: %s (events carry token ids only)", err.msg);
+        e->tok = NULL;
+    }
+}
+
+int engine_create(struct engine **out, const struct engine_options *opt, struct kiln_error *err) {
+    struct engine *e = xcalloc(1, sizeof *e);
+    *out = NULL;
+    e->opt = *opt;
+    if (e->opt.page_size < 1) e->opt.page_size = 1;
+    if (e->opt.max_running_requests < 1) e->opt.max_running_requests = 256;
+    if (e->opt.chunked_prefill_size < 1) e->opt.chunked_prefill_size = 512;
+    e->page_size = e->opt.page_size;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->seed_state = 0x243f6a8885a308d3ull;
+    struct backend_options bo = {.n_threads = opt->threads};
+    if (backend_create(&e->be, opt->device ? opt->device : "cpu", &bo, err)) goto fail;
+    if (sched_init(e, err)) goto fail;
+    const char *md = opt->model_dir;
+    size_t ml = strlen(md);
+    while (ml > 1 && md[ml - 1] == '/') ml--;
+    const char *base = md + ml;
+    while (base > md && base[-1] != '/') base--;
+    e->model_name = xstrndup(base, (size_t)(md + ml - base));
+    if (!(ml > 5 && !strncmp(md + ml - 5, ".json", 5))) load_tokenizer(e, md);
+    if (!opt->skip_sampler_warmup) {
+        int sizes[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
+        double s = sampler_warmup(e->vocab, sizes, (int)(sizeof sizes / sizeof sizes[0]));
+        log_info("sampler warm-up: batch sizes 0..256, greedy + 5 random configurations, %.3f s", s);
+    }
+    if (pthread_create(&e->thread, NULL, engine_main, e)) {
+        kiln_errorf(err, "cannot start the engine thread");
+        goto fail;
+    }
+    e->thread_started = 1;
+    *out = e;
+    return 0;
+fail:
+    engine_destroy(e);
+    return -1;
+}
+
+void engine_destroy(struct engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stopping = 1;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    /* requests that arrived after the thread ended still get their final event */
+    struct req *in = e->inbox;
+    while (in) {
+        struct req *next = in->next;
+        sched_enqueue(e, in);
+        in = next;
+    }
+    if (e->model) sched_abort_all(e);
+    sched_free(e);
+    kiln_tokenizer_free(e->tok);
+    backend_destroy(&e->be);
+    free(e->aborts);
+    free(e->model_name);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}

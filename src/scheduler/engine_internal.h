@@ -1,0 +1,65 @@
+/* engine_internal.h — the engine's state, shared by engine.c (thread and
+ * queues) and scheduler.c (what runs in each step). Everything below the
+ * "engine thread only" line is touched by the engine thread alone. */
+#ifndef KILN_SCHEDULER_ENGINE_INTERNAL_H
+#define KILN_SCHEDULER_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "cache/kv_pool.h"
+#include "model/model.h"
+#include "scheduler/engine.h"
+#include "scheduler/request.h"
+#include "tensor/backend.h"
+
+struct radix_tree;
+
+struct engine {
+    struct engine_options opt;
+    struct backend be;
+    struct model *model;
+    struct kv_pool kv;
+    struct radix_tree *radix; /* NULL with --disable-radix-cache */
+    struct kiln_tokenizer *tok;
+    char *model_name;
+    int vocab, context_length, page_size;
+    long pool_tokens;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu; /* guards the fields up to the line below */
+    pthread_cond_t cv;
+    struct req *inbox, *inbox_tail;
+    int n_inbox;
+    uint64_t *aborts;
+    int n_aborts, cap_aborts;
+    int stopping;
+    uint64_t next_id, seed_state;
+    struct engine_stats stats;
+
+    /* ---- engine thread only ---- */
+    struct req *waiting, *waiting_tail;
+    struct req *running, *running_tail;
+    int n_waiting, n_running;
+    struct engine_stats counters;
+    /* step buffers, sized once */
+    int max_batch_tokens, max_seqs;
+    long pages_cap;
+    int32_t *b_ids, *b_pos, *b_slot, *b_rows, *b_qstart, *b_kvlen, *b_pagestart, *b_pages;
+    struct req **b_reqs;
+    int *b_from, *b_to;
+    float *logits;  /* [max_seqs][vocab] */
+    float *scratch; /* [2 * vocab] */
+    int32_t *match_pages;
+};
+
+int sched_init(struct engine *e, struct kiln_error *err);
+void sched_free(struct engine *e);
+void sched_enqueue(struct engine *e, struct req *r);
+void sched_abort(struct engine *e, uint64_t id, const char *why);
+void sched_abort_all(struct engine *e);
+int sched_has_work(const struct engine *e);
+void sched_step(struct engine *e);
+void sched_publish_stats(struct engine *e);
+
+#endif

@@ -1,0 +1,186 @@
+/* request.c — request copies, and the per-token output pipeline: stop
+ * tokens, end-of-sequence, incremental detokenization and stop strings.
+ *
+ * Stop strings may span tokens. The text after the last emitted byte is
+ * kept in `pending` as long as some suffix of it could still be the start
+ * of a stop string; only the part that can no longer be part of a match is
+ * emitted. When a stop string completes, the text before it is emitted and
+ * everything from it on is dropped (OpenAI semantics: not included). */
+#include "scheduler/request.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/mem.h"
+#include "kiln/tokenizer.h"
+#include "sample/sampling.h"
+
+static void *dup_array(const void *src, size_t n, size_t size) {
+    if (!n || !src) return NULL;
+    void *p = xmalloc(n * size);
+    memcpy(p, src, n * size);
+    return p;
+}
+
+struct req *req_create(uint64_t id, const struct engine_request *in, int vocab,
+                       const struct kiln_tokenizer *tok) {
+    struct req *r = xcalloc(1, sizeof *r);
+    r->id = id;
+    r->in = *in;
+    r->in.prompt = NULL;
+    r->in.stop_ids = dup_array(in->stop_ids, (size_t)in->n_stop_ids, sizeof *in->stop_ids);
+    r->in.label_ids = dup_array(in->label_ids, (size_t)in->n_label_ids, sizeof *in->label_ids);
+    r->in.sampling.logit_bias = dup_array(in->sampling.logit_bias, (size_t)in->sampling.n_logit_bias,
+                                          sizeof *in->sampling.logit_bias);
+    if (in->n_stop > 0) {
+        char **stops = xcalloc((size_t)in->n_stop, sizeof *stops);
+        for (int i = 0; i < in->n_stop; i++) stops[i] = xstrdup(in->stop[i]);
+        r->in.stop = (const char *const *)stops;
+    } else {
+        r->in.stop = NULL;
+    }
+    r->in.cache_salt = NULL;
+    r->salt = xstrdup(in->cache_salt ? in->cache_salt : "");
+    r->cap_tokens = in->n_prompt + (in->max_new_tokens > 0 ? in->max_new_tokens : 0) + 1;
+    r->tokens = xmalloc((size_t)r->cap_tokens * sizeof *r->tokens);
+    memcpy(r->tokens, in->prompt, (size_t)in->n_prompt * sizeof *r->tokens);
+    r->n_tokens = r->n_prompt = in->n_prompt;
+    r->max_new_tokens = in->max_new_tokens;
+    if (!in->score) r->sampler = sampler_state_create(vocab, in->prompt, in->n_prompt);
+    if (tok && !in->score) kiln_detok_stream_init(&r->detok, tok, in->skip_special_tokens);
+    return r;
+}
+
+void req_free(struct req *r) {
+    if (!r) return;
+    free((void *)r->in.stop_ids);
+    free((void *)r->in.label_ids);
+    free((void *)r->in.sampling.logit_bias);
+    for (int i = 0; i < r->in.n_stop; i++) free((void *)r->in.stop[i]);
+    free((void *)r->in.stop);
+    free(r->salt);
+    free(r->tokens);
+    free(r->pages);
+    sampler_state_free(r->sampler);
+    kiln_detok_stream_free(r->detok);
+    free(r->pending);
+    free(r->emit);
+    free(r);
+}
+
+static void buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        *cap = (*len + n + 1) * 2;
+        *buf = xrealloc(*buf, *cap);
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = 0;
+}
+
+static int contains(const int32_t *ids, int n, int32_t id) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == id) return 1;
+    return 0;
+}
+
+/* Earliest complete stop string in pending: returns its start or -1. */
+static long find_stop(const struct req *r, const char **which) {
+    long best = -1;
+    for (int i = 0; i < r->in.n_stop; i++) {
+        const char *s = r->in.stop[i];
+        size_t sl = strlen(s);
+        if (!sl || sl > r->pending_len) continue;
+        const char *hit = memmem(r->pending, r->pending_len, s, sl);
+        if (hit && (best < 0 || hit - r->pending < best)) {
+            best = hit - r->pending;
+            *which = s;
+        }
+    }
+    return best;
+}
+
+/* Length of the longest suffix of pending that is a proper prefix of a stop
+ * string: that much must be held back. */
+static size_t stop_holdback(const struct req *r) {
+    size_t hold = 0;
+    for (int i = 0; i < r->in.n_stop; i++) {
+        const char *s = r->in.stop[i];
+        size_t sl = strlen(s);
+        size_t maxk = sl - 1 < r->pending_len ? sl - 1 : r->pending_len;
+        for (size_t k = maxk; k > hold; k--)
+            if (!memcmp(r->pending + r->pending_len - k, s, k)) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+static void emit_pending(struct req *r, size_t n) {
+    buf_append(&r->emit, &r->emit_len, &r->emit_cap, r->pending, n);
+    memmove(r->pending, r->pending + n, r->pending_len - n);
+    r->pending_len -= n;
+}
+
+void req_flush_text(struct req *r, struct req_output *out) {
+    if (r->detok) {
+        const char *t;
+        size_t n;
+        if (kiln_detok_stream_flush(r->detok, &t, &n) == 0 && n)
+            buf_append(&r->pending, &r->pending_len, &r->pending_cap, t, n);
+    }
+    emit_pending(r, r->pending_len);
+    out->text = r->emit;
+    out->text_len = r->emit_len;
+}
+
+void req_append_token(struct req *r, int32_t token, const int32_t *eos, int n_eos,
+                      int context_length, struct req_output *out) {
+    memset(out, 0, sizeof *out);
+    out->matched_stop_id = -1;
+    r->emit_len = 0;
+    if (r->emit) r->emit[0] = 0;
+    if (r->n_tokens == r->cap_tokens) {
+        r->cap_tokens *= 2;
+        r->tokens = xrealloc(r->tokens, (size_t)r->cap_tokens * sizeof *r->tokens);
+    }
+    r->tokens[r->n_tokens++] = token;
+    r->n_output++;
+    if (r->sampler) sampler_state_accept(r->sampler, token);
+
+    int may_stop = r->n_output >= r->in.min_new_tokens;
+    if (may_stop && (contains(r->in.stop_ids, r->in.n_stop_ids, token) ||
+                     (!r->in.ignore_eos && contains(eos, n_eos, token)))) {
+        out->finish = ENGINE_FINISH_STOP;
+        out->matched_stop_id = token;
+        req_flush_text(r, out);
+        return;
+    }
+    if (r->detok) {
+        const char *t;
+        size_t n;
+        if (kiln_detok_stream_push(r->detok, token, &t, &n) == 0 && n)
+            buf_append(&r->pending, &r->pending_len, &r->pending_cap, t, n);
+    }
+    const char *which = NULL;
+    long at = may_stop ? find_stop(r, &which) : -1;
+    if (at >= 0) {
+        emit_pending(r, (size_t)at);
+        r->pending_len = 0;
+        out->finish = ENGINE_FINISH_STOP;
+        out->matched_stop = which;
+        out->text = r->emit;
+        out->text_len = r->emit_len;
+        return;
+    }
+    emit_pending(r, r->pending_len - stop_holdback(r));
+    if ((r->max_new_tokens >= 0 && r->n_output >= r->max_new_tokens) ||
+        r->n_tokens >= context_length) {
+        out->finish = ENGINE_FINISH_LENGTH;
+        req_flush_text(r, out);
+        return;
+    }
+    out->text = r->emit;
+    out->text_len = r->emit_len;
+}

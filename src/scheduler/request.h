@@ -1,0 +1,72 @@
+/* request.h — one request's life inside the engine: its tokens, its KV
+ * pages, its sampler and detokenizer state, and how each new token is
+ * turned into an event (stop conditions, stop strings held back until they
+ * can no longer match, usage counts).
+ *
+ * KV ownership: pages[0 .. n_pages) cover positions [0, n_pages*page_size).
+ * The first n_tree_tokens positions are backed by pages the radix cache
+ * owns (locked through lock_node); the rest belong to the request.
+ */
+#ifndef KILN_SCHEDULER_REQUEST_H
+#define KILN_SCHEDULER_REQUEST_H
+
+#include <stdint.h>
+
+#include "scheduler/engine.h"
+
+struct radix_node;
+struct sampler_state;
+struct kiln_detok_stream;
+struct kiln_tokenizer;
+
+enum req_state { REQ_WAITING = 0, REQ_RUNNING, REQ_FINISHED };
+
+struct req {
+    uint64_t id;
+    struct engine_request in;   /* with owned copies of every array */
+    char *salt;                 /* cache_salt ("" when none) */
+    int32_t *tokens;            /* prompt followed by output */
+    int n_tokens, cap_tokens;
+    int n_prompt, n_output;
+    int max_new_tokens;
+    int n_computed;             /* positions whose KV is in the cache */
+    int32_t *pages;
+    int n_pages, cap_pages;
+    int n_tree_tokens;
+    struct radix_node *lock_node;
+    int cached_tokens;          /* prompt tokens served from the cache (first admission) */
+    int admitted_once;
+    int n_retracted;
+    enum req_state state;
+    int abort_requested;
+    uint64_t seed;
+    double t_arrival;
+    struct sampler_state *sampler;
+    struct kiln_detok_stream *detok;
+    char *pending;              /* text held back while it may start a stop string */
+    size_t pending_len, pending_cap;
+    char *emit;                 /* the text of the event being built */
+    size_t emit_len, emit_cap;
+    struct req *prev, *next;    /* in the waiting or running list */
+};
+
+struct req *req_create(uint64_t id, const struct engine_request *in, int vocab,
+                       const struct kiln_tokenizer *tok);
+void req_free(struct req *r);
+
+/* Appends a sampled token; returns the finish reason it causes (or NONE)
+ * and fills the event's text. `eos` lists the model's end ids. */
+struct req_output {
+    const char *text;
+    size_t text_len;
+    enum engine_finish finish;
+    const char *matched_stop;
+    int32_t matched_stop_id;
+};
+void req_append_token(struct req *r, int32_t token, const int32_t *eos, int n_eos,
+                      int context_length, struct req_output *out);
+/* Text still held back (stop-string candidates, detokenizer tail), for a
+ * request that ends for another reason. */
+void req_flush_text(struct req *r, struct req_output *out);
+
+#endif

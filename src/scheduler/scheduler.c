@@ -1,0 +1,556 @@
+/* scheduler.c — one continuous-batching step at a time.
+ *
+ * A step's batch holds, in this order: one decode row for every running
+ * request whose prompt is computed; the next chunk of running requests
+ * still in (chunked) prefill; then newly admitted requests, in policy
+ * order, while the prefill budget (--chunked-prefill-size), the running
+ * limit and the KV admission check allow.
+ *
+ * KV memory: decode rows come first. When their pages cannot be had even
+ * after evicting the prefix cache, running requests are retracted (fewest
+ * generated tokens first, newest first among equals): their computed KV is
+ * handed to the radix cache (so resuming is cheap if it survives) and they
+ * go back to the front of the waiting queue with their output so far. A
+ * resumed request recomputes exactly what it had (kernels are
+ * batch-invariant), so greedy outputs do not change. Admission reserves
+ * room for the decode tokens the running requests will still need (half of
+ * their remaining max_tokens, capped), so retraction stays the exception.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "cache/radix.h"
+#include "scheduler/engine_internal.h"
+
+enum { RESERVE_CAP_TOKENS = 256 };
+
+/* ---- lists ---------------------------------------------------------------- */
+
+static void list_remove(struct req **head, struct req **tail, struct req *r) {
+    if (r->prev) r->prev->next = r->next;
+    else *head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    else *tail = r->prev;
+    r->prev = r->next = NULL;
+}
+
+static void list_push_back(struct req **head, struct req **tail, struct req *r) {
+    r->next = NULL;
+    r->prev = *tail;
+    if (*tail) (*tail)->next = r;
+    else *head = r;
+    *tail = r;
+}
+
+static void list_push_front(struct req **head, struct req **tail, struct req *r) {
+    r->prev = NULL;
+    r->next = *head;
+    if (*head) (*head)->prev = r;
+    else *tail = r;
+    *head = r;
+}
+
+/* ---- KV accounting -------------------------------------------------------- */
+
+static void release_pages(void *user, const int32_t *pages, int n) {
+    kv_pool_release(user, pages, n);
+}
+
+static int pages_for(const struct engine *e, int tokens) {
+    return (tokens + e->page_size - 1) / e->page_size;
+}
+
+/* Gives the request's KV back: computed full pages go to the radix cache
+ * (unlocked, evictable), everything else to the pool. */
+static void release_kv(struct engine *e, struct req *r) {
+    int ps = e->page_size, keep = 0;
+    if (e->radix) {
+        int aligned = r->n_computed / ps * ps;
+        keep = r->n_tree_tokens / ps;
+        if (aligned > r->n_tree_tokens) {
+            struct radix_node *node;
+            int dup = radix_insert(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
+            if (dup > r->n_tree_tokens)
+                kv_pool_release(&e->kv, r->pages + keep, dup / ps - keep);
+            keep = aligned / ps;
+        }
+        if (r->lock_node) radix_unlock(e->radix, r->lock_node);
+    }
+    kv_pool_release(&e->kv, r->pages + keep, r->n_pages - keep);
+    r->n_pages = 0;
+    r->n_tree_tokens = 0;
+    r->lock_node = NULL;
+    r->n_computed = 0;
+}
+
+/* After a prefill chunk: the computed full pages join the radix cache now,
+ * so requests arriving meanwhile can share them. */
+static void cache_unfinished(struct engine *e, struct req *r) {
+    int ps = e->page_size, aligned = r->n_computed / ps * ps;
+    if (!e->radix || aligned <= r->n_tree_tokens) return;
+    struct radix_node *node;
+    int dup = radix_insert(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
+    int keep = r->n_tree_tokens / ps;
+    if (dup > r->n_tree_tokens) kv_pool_release(&e->kv, r->pages + keep, dup / ps - keep);
+    /* the tree's pages replace the duplicates we just freed */
+    int got = radix_match(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
+    KILN_ASSERT(got == aligned);
+    radix_lock(e->radix, node);
+    if (r->lock_node) radix_unlock(e->radix, r->lock_node);
+    r->lock_node = node;
+    r->n_tree_tokens = aligned;
+}
+
+static int available_pages(const struct engine *e) {
+    return kv_pool_available(&e->kv) + (e->radix ? radix_evictable_pages(e->radix) : 0);
+}
+
+/* Makes `n` pages free in the pool, evicting cached prefixes if needed. */
+static int make_free(struct engine *e, int n) {
+    int missing = n - kv_pool_available(&e->kv);
+    if (missing > 0 && e->radix) radix_evict(e->radix, missing);
+    return kv_pool_available(&e->kv) >= n ? 0 : -1;
+}
+
+/* Gives request r pages for positions [0, len). */
+static int grow_pages(struct engine *e, struct req *r, int len) {
+    int need = pages_for(e, len) - r->n_pages;
+    if (need <= 0) return 0;
+    if (make_free(e, need)) return -1;
+    if (r->n_pages + need > r->cap_pages) {
+        r->cap_pages = (r->n_pages + need) * 2;
+        r->pages = xrealloc(r->pages, (size_t)r->cap_pages * sizeof *r->pages);
+    }
+    KILN_ASSERT(kv_pool_alloc(&e->kv, need, r->pages + r->n_pages) == 0);
+    r->n_pages += need;
+    return 0;
+}
+
+/* ---- events ---------------------------------------------------------------- */
+
+static void send(struct engine *e, struct req *r, const int32_t *tok, const struct sample_result *s,
+                 const struct req_output *o, enum engine_finish fin, const char *error,
+                 const float *scores, int n_scores) {
+    struct engine_event ev = {
+        .request_id = r->id, .n_tokens = tok ? 1 : 0, .tokens = tok, .samples = s,
+        .text = o ? o->text : "", .text_len = o ? o->text_len : 0, .finish = fin, .error = error,
+        .matched_stop = o ? o->matched_stop : NULL, .matched_stop_id = o ? o->matched_stop_id : -1,
+        .prompt_tokens = r->n_prompt, .completion_tokens = r->n_output,
+        .cached_tokens = r->cached_tokens, .n_scores = n_scores, .scores = scores};
+    if (r->in.callback) r->in.callback(r->in.user, &ev);
+}
+
+static void finish(struct engine *e, struct req *r, enum engine_finish fin,
+                   const struct req_output *o, const int32_t *tok, const struct sample_result *s,
+                   const char *error, const float *scores, int n_scores) {
+    if (r->state == REQ_RUNNING) {
+        release_kv(e, r);
+        list_remove(&e->running, &e->running_tail, r);
+        e->n_running--;
+    } else if (r->state == REQ_WAITING) {
+        list_remove(&e->waiting, &e->waiting_tail, r);
+        e->n_waiting--;
+    }
+    r->state = REQ_FINISHED;
+    e->counters.requests_finished[fin]++;
+    e->counters.prompt_tokens_total += r->n_prompt;
+    e->counters.cached_tokens_total += r->cached_tokens;
+    e->counters.generation_tokens_total += r->n_output;
+    send(e, r, tok, s, o, fin, error, scores, n_scores);
+    req_free(r);
+}
+
+void sched_enqueue(struct engine *e, struct req *r) {
+    r->state = REQ_WAITING;
+    list_push_back(&e->waiting, &e->waiting_tail, r);
+    e->n_waiting++;
+}
+
+static struct req *find(struct req *head, uint64_t id) {
+    for (struct req *r = head; r; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+void sched_abort(struct engine *e, uint64_t id, const char *why) {
+    struct req *r = find(e->running, id);
+    if (!r) r = find(e->waiting, id);
+    if (!r) return;
+    struct req_output o = {0};
+    o.matched_stop_id = -1;
+    req_flush_text(r, &o);
+    finish(e, r, ENGINE_FINISH_ABORT, &o, NULL, NULL, why, NULL, 0);
+}
+
+void sched_abort_all(struct engine *e) {
+    while (e->running) sched_abort(e, e->running->id, "shutting down");
+    while (e->waiting) sched_abort(e, e->waiting->id, "shutting down");
+}
+
+int sched_has_work(const struct engine *e) { return e->running || e->waiting; }
+
+/* ---- retraction ------------------------------------------------------------ */
+
+static void retract(struct engine *e, struct req *r) {
+    release_kv(e, r);
+    list_remove(&e->running, &e->running_tail, r);
+    e->n_running--;
+    r->state = REQ_WAITING;
+    r->n_retracted++;
+    list_push_front(&e->waiting, &e->waiting_tail, r);
+    e->n_waiting++;
+    e->counters.retractions_total++;
+    log_debug("retracted request %llu after %d output tokens", (unsigned long long)r->id, r->n_output);
+}
+
+/* Fewest output tokens first; among equals the newest. */
+static struct req *pick_victim(struct engine *e) {
+    struct req *v = NULL;
+    for (struct req *r = e->running; r; r = r->next)
+        if (!v || r->n_output < v->n_output ||
+            (r->n_output == v->n_output && r->t_arrival > v->t_arrival))
+            v = r;
+    return v;
+}
+
+/* ---- admission ------------------------------------------------------------- */
+
+static int remaining_reserve(const struct req *r) {
+    int rem = r->max_new_tokens - r->n_output;
+    if (rem > RESERVE_CAP_TOKENS) rem = RESERVE_CAP_TOKENS;
+    return rem > 0 ? rem / 2 : 0;
+}
+
+static int shares_prefix(const struct req *a, const struct req *b, int from, int ps) {
+    if (strcmp(a->salt, b->salt)) return 0;
+    int n = a->n_tokens < b->n_tokens ? a->n_tokens : b->n_tokens;
+    int k = from;
+    while (k < n && a->tokens[k] == b->tokens[k]) k++;
+    return k - from >= ps;
+}
+
+/* Orders the waiting queue for this step: FCFS keeps arrival order
+ * (retracted requests are at the front); priority sorts by priority, then
+ * arrival; LPM by the longest cached prefix. */
+static int cmp_priority(const void *pa, const void *pb) {
+    const struct req *a = *(struct req *const *)pa, *b = *(struct req *const *)pb;
+    if (a->in.priority != b->in.priority) return a->in.priority > b->in.priority ? -1 : 1;
+    if (a->n_retracted != b->n_retracted) return a->n_retracted > b->n_retracted ? -1 : 1;
+    return a->t_arrival < b->t_arrival ? -1 : a->t_arrival > b->t_arrival;
+}
+
+struct lpm_item {
+    struct req *r;
+    int match;
+};
+
+static int cmp_lpm(const void *pa, const void *pb) {
+    const struct lpm_item *a = pa, *b = pb;
+    if (a->match != b->match) return a->match > b->match ? -1 : 1;
+    return a->r->t_arrival < b->r->t_arrival ? -1 : a->r->t_arrival > b->r->t_arrival;
+}
+
+static void order_waiting(struct engine *e) {
+    if (e->opt.policy == SCHEDULE_FCFS || e->n_waiting < 2) return;
+    int n = e->n_waiting;
+    struct lpm_item *items = xmalloc((size_t)n * sizeof *items);
+    int i = 0;
+    for (struct req *r = e->waiting; r; r = r->next, i++) {
+        items[i].r = r;
+        items[i].match = 0;
+        if (e->opt.policy == SCHEDULE_LPM && e->radix && n <= 128) {
+            struct radix_node *node;
+            items[i].match = radix_match(e->radix, r->salt, r->tokens, r->n_tokens - 1,
+                                         e->match_pages, &node);
+        }
+    }
+    if (e->opt.policy == SCHEDULE_LPM) {
+        qsort(items, (size_t)n, sizeof *items, cmp_lpm);
+    } else {
+        struct req **v = xmalloc((size_t)n * sizeof *v);
+        for (i = 0; i < n; i++) v[i] = items[i].r;
+        qsort(v, (size_t)n, sizeof *v, cmp_priority);
+        for (i = 0; i < n; i++) items[i].r = v[i];
+        free(v);
+    }
+    e->waiting = e->waiting_tail = NULL;
+    for (i = 0; i < n; i++) list_push_back(&e->waiting, &e->waiting_tail, items[i].r);
+    free(items);
+}
+
+/* ---- the step ------------------------------------------------------------- */
+
+struct plan {
+    int n_seqs, n_tokens;
+};
+
+static void plan_add(struct engine *e, struct plan *p, struct req *r, int from, int to) {
+    e->b_reqs[p->n_seqs] = r;
+    e->b_from[p->n_seqs] = from;
+    e->b_to[p->n_seqs] = to;
+    p->n_seqs++;
+    p->n_tokens += to - from;
+}
+
+static void score_finish(struct engine *e, struct req *r, const float *logits) {
+    int n = r->in.n_label_ids;
+    float *scores = xmalloc((size_t)(n ? n : 1) * sizeof *scores);
+    double mx = -INFINITY, sum = 0;
+    if (r->in.apply_softmax) { /* normalised over the label tokens */
+        for (int i = 0; i < n; i++) mx = fmax(mx, logits[r->in.label_ids[i]]);
+        for (int i = 0; i < n; i++) sum += exp((double)logits[r->in.label_ids[i]] - mx);
+        for (int i = 0; i < n; i++) scores[i] = (float)(exp((double)logits[r->in.label_ids[i]] - mx) / sum);
+    } else { /* probability under the full next-token distribution */
+        for (int i = 0; i < e->vocab; i++) mx = fmax(mx, logits[i]);
+        for (int i = 0; i < e->vocab; i++) sum += exp((double)logits[i] - mx);
+        for (int i = 0; i < n; i++) scores[i] = (float)(exp((double)logits[r->in.label_ids[i]] - mx) / sum);
+    }
+    struct req_output o = {.text = "", .matched_stop_id = -1};
+    finish(e, r, ENGINE_FINISH_STOP, &o, NULL, NULL, NULL, scores, n);
+    free(scores);
+}
+
+static void mask_stops(const struct engine *e, const struct req *r, float *logits) {
+    if (r->n_output >= r->in.min_new_tokens) return;
+    for (int i = 0; i < r->in.n_stop_ids; i++) logits[r->in.stop_ids[i]] = -INFINITY;
+    if (!r->in.ignore_eos) {
+        const struct generation_config *g = model_generation_config(e->model);
+        for (int i = 0; i < g->n_eos; i++)
+            if (g->eos_token_ids[i] >= 0 && g->eos_token_ids[i] < e->vocab)
+                logits[g->eos_token_ids[i]] = -INFINITY;
+    }
+}
+
+static void handle_outputs(struct engine *e, const struct plan *p) {
+    const struct generation_config *g = model_generation_config(e->model);
+    int row = 0;
+    for (int s = 0; s < p->n_seqs; s++) {
+        struct req *r = e->b_reqs[s];
+        int prefill = e->b_to[s] - e->b_from[s] > 1 || r->n_output == 0;
+        r->n_computed = e->b_to[s];
+        if (r->n_computed < r->n_tokens) { /* an intermediate prefill chunk */
+            cache_unfinished(e, r);
+            continue;
+        }
+        float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
+        if (r->in.score) {
+            score_finish(e, r, lg);
+            continue;
+        }
+        if (r->max_new_tokens == 0) {
+            struct req_output o = {.text = "", .matched_stop_id = -1};
+            finish(e, r, ENGINE_FINISH_LENGTH, &o, NULL, NULL, NULL, NULL, 0);
+            continue;
+        }
+        if (prefill) cache_unfinished(e, r);
+        mask_stops(e, r, lg);
+        struct sample_result res;
+        struct sampling_params sp = r->in.sampling;
+        sp.seed = r->in.sampling.seed;
+        sampler_sample(&sp, r->sampler, lg, e->vocab, (uint64_t)r->n_output, e->scratch, &res);
+        struct req_output o;
+        req_append_token(r, res.token, g->eos_token_ids, g->n_eos, e->context_length, &o);
+        if (o.finish != ENGINE_FINISH_NONE) finish(e, r, o.finish, &o, &res.token, &res, NULL, NULL, 0);
+        else send(e, r, &res.token, &res, &o, ENGINE_FINISH_NONE, NULL, NULL, 0);
+    }
+}
+
+static int run_batch(struct engine *e, const struct plan *p) {
+    int t = 0, pg = 0, n_rows = 0;
+    for (int s = 0; s < p->n_seqs; s++) {
+        struct req *r = e->b_reqs[s];
+        e->b_qstart[s] = t;
+        e->b_pagestart[s] = pg;
+        KILN_ASSERT(pg + r->n_pages <= e->pages_cap);
+        memcpy(e->b_pages + pg, r->pages, (size_t)r->n_pages * sizeof *r->pages);
+        pg += r->n_pages;
+        e->b_kvlen[s] = e->b_to[s];
+        for (int q = e->b_from[s]; q < e->b_to[s]; q++, t++) {
+            e->b_ids[t] = r->tokens[q];
+            e->b_pos[t] = q;
+            e->b_slot[t] = r->pages[q / e->page_size] * e->page_size + q % e->page_size;
+        }
+        if (e->b_to[s] == r->n_tokens) e->b_rows[n_rows++] = t - 1;
+    }
+    e->b_qstart[p->n_seqs] = t;
+    e->b_pagestart[p->n_seqs] = pg;
+    struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = t, .input_ids = e->b_ids,
+                      .positions = e->b_pos, .out_slot = e->b_slot, .n_seqs = p->n_seqs,
+                      .q_start = e->b_qstart, .kv_len = e->b_kvlen, .kv_page_start = e->b_pagestart,
+                      .kv_pages = e->b_pages, .page_size = e->page_size, .n_logit_rows = n_rows,
+                      .logit_rows = e->b_rows};
+    struct kiln_error err;
+    if (model_forward(e->model, &e->kv, &b, e->logits, &err)) {
+        log_error("forward failed: %s", err.msg);
+        for (int s = 0; s < p->n_seqs; s++) {
+            struct req_output o = {.text = "", .matched_stop_id = -1};
+            finish(e, e->b_reqs[s], ENGINE_FINISH_ERROR, &o, NULL, NULL, err.msg, NULL, 0);
+        }
+        return -1;
+    }
+    return 0;
+}
+
+void sched_step(struct engine *e) {
+    struct plan p = {0};
+    int ps = e->page_size, budget = e->opt.chunked_prefill_size;
+
+    /* 1. decode rows, retracting when their pages cannot be had */
+    for (;;) {
+        int need = 0;
+        for (struct req *r = e->running; r; r = r->next)
+            if (r->n_tokens - r->n_computed == 1) need += pages_for(e, r->n_tokens) - r->n_pages;
+        if (need <= available_pages(e) || !e->running) break;
+        retract(e, pick_victim(e));
+    }
+    for (struct req *r = e->running; r; r = r->next) {
+        if (r->n_tokens - r->n_computed != 1) continue;
+        KILN_ASSERT(grow_pages(e, r, r->n_tokens) == 0);
+        plan_add(e, &p, r, r->n_computed, r->n_tokens);
+    }
+    /* 2. running requests still in prefill continue with their next chunk */
+    for (struct req *r = e->running; r && budget > 0; r = r->next) {
+        int left = r->n_tokens - r->n_computed;
+        if (left <= 1) continue; /* a decode row, planned above */
+        int take = left < budget ? left : budget;
+        if (grow_pages(e, r, r->n_computed + take)) continue;
+        plan_add(e, &p, r, r->n_computed, r->n_computed + take);
+        budget -= take;
+    }
+    /* 3. admissions */
+    order_waiting(e);
+    int reserve = 0;
+    for (struct req *r = e->running; r; r = r->next) reserve += pages_for(e, remaining_reserve(r));
+    int first_admitted = p.n_seqs;
+    struct req *next;
+    for (struct req *r = e->waiting; r && budget > 0; r = next) {
+        next = r->next;
+        if (e->n_running >= e->opt.max_running_requests || p.n_seqs >= e->max_seqs) break;
+        int deferred = 0;
+        for (int s = first_admitted; s < p.n_seqs && !deferred; s++)
+            deferred = shares_prefix(r, e->b_reqs[s], e->b_reqs[s]->n_tree_tokens, ps);
+        if (deferred) continue; /* computed once by the first, shared next step */
+        struct radix_node *node = NULL;
+        int matched = 0;
+        if (e->radix)
+            matched = radix_match(e->radix, r->salt, r->tokens, r->n_tokens - 1, e->match_pages, &node);
+        int take = r->n_tokens - matched < budget ? r->n_tokens - matched : budget;
+        int need = pages_for(e, matched + take) - matched / ps +
+                   pages_for(e, remaining_reserve(r)) + reserve;
+        /* the matched pages stop being evictable once locked */
+        int avail = available_pages(e);
+        if (e->radix && node) {
+            radix_lock(e->radix, node);
+            avail = available_pages(e);
+        }
+        if (need > avail) {
+            if (node) radix_unlock(e->radix, node);
+            break; /* keep arrival order: later requests wait behind this one */
+        }
+        list_remove(&e->waiting, &e->waiting_tail, r);
+        e->n_waiting--;
+        r->state = REQ_RUNNING;
+        list_push_back(&e->running, &e->running_tail, r);
+        e->n_running++;
+        if (r->cap_pages < pages_for(e, r->n_tokens + 1)) {
+            r->cap_pages = pages_for(e, r->cap_tokens + 1);
+            r->pages = xrealloc(r->pages, (size_t)r->cap_pages * sizeof *r->pages);
+        }
+        memcpy(r->pages, e->match_pages, (size_t)(matched / ps) * sizeof *r->pages);
+        r->n_pages = matched / ps;
+        r->n_tree_tokens = r->n_computed = matched;
+        r->lock_node = node;
+        if (!r->admitted_once) r->cached_tokens = matched < r->n_prompt ? matched : r->n_prompt;
+        r->admitted_once = 1;
+        KILN_ASSERT(grow_pages(e, r, matched + take) == 0);
+        plan_add(e, &p, r, matched, matched + take);
+        budget -= take;
+        reserve += pages_for(e, remaining_reserve(r));
+    }
+    if (p.n_seqs == 0) {
+        /* Running requests hold all memory mid-prefill: free the one with
+         * the least progress so the others can go on. */
+        if (e->running) retract(e, pick_victim(e));
+        return;
+    }
+    if (run_batch(e, &p) == 0) handle_outputs(e, &p);
+}
+
+/* ---- set-up --------------------------------------------------------------- */
+
+void sched_publish_stats(struct engine *e) {
+    struct engine_stats s = e->counters;
+    s.running = e->n_running;
+    s.waiting = e->n_waiting;
+    s.kv_pages_total = e->kv.n_pages;
+    s.kv_pages_free = kv_pool_available(&e->kv);
+    s.kv_pages_cached = e->radix ? radix_total_pages(e->radix) : 0;
+    s.page_size = e->page_size;
+    pthread_mutex_lock(&e->mu);
+    e->stats = s;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int sched_init(struct engine *e, struct kiln_error *err) {
+    const struct engine_options *o = &e->opt;
+    e->max_seqs = o->max_running_requests;
+    e->max_batch_tokens = o->chunked_prefill_size + o->max_running_requests;
+    struct model_options mo = {.load_format = o->load_format, .max_batch_tokens = e->max_batch_tokens,
+                               .max_seqs = e->max_seqs, .max_context = o->context_length,
+                               .page_size = e->page_size};
+    if (model_load(&e->model, o->model_dir, &e->be, &mo, err)) return -1;
+    const struct model_config *c = model_config(e->model);
+    e->vocab = c->vocab_size;
+    e->context_length = model_max_context(e->model);
+    struct kv_layer_layout layout[512];
+    int nl = model_kv_layout(e->model, layout, 512);
+    size_t per_token = kv_pool_page_bytes(layout, nl, 1);
+    long tokens = o->max_total_tokens;
+    if (tokens <= 0) {
+        /* CPU default: up to 2 GiB of KV, no more than every running
+         * request at full context needs */
+        tokens = (long)((2ull << 30) / per_token);
+        long most = (long)e->context_length * o->max_running_requests;
+        if (tokens > most) tokens = most;
+    }
+    int n_pages = (int)((tokens + e->page_size - 1) / e->page_size);
+    if (kv_pool_init(&e->kv, &e->be, layout, nl, e->page_size, n_pages, err)) return -1;
+    e->pool_tokens = (long)n_pages * e->page_size;
+    if (!o->disable_radix_cache) e->radix = radix_create(e->page_size, release_pages, &e->kv);
+    e->pages_cap = (long)e->max_seqs * (e->context_length / e->page_size + 2);
+    int T = e->max_batch_tokens, S = e->max_seqs;
+    e->b_ids = xmalloc((size_t)T * 4);
+    e->b_pos = xmalloc((size_t)T * 4);
+    e->b_slot = xmalloc((size_t)T * 4);
+    e->b_rows = xmalloc((size_t)T * 4);
+    e->b_qstart = xmalloc((size_t)(S + 1) * 4);
+    e->b_kvlen = xmalloc((size_t)S * 4);
+    e->b_pagestart = xmalloc((size_t)(S + 1) * 4);
+    e->b_pages = xmalloc((size_t)e->pages_cap * 4);
+    e->b_reqs = xmalloc((size_t)S * sizeof *e->b_reqs);
+    e->b_from = xmalloc((size_t)S * sizeof *e->b_from);
+    e->b_to = xmalloc((size_t)S * sizeof *e->b_to);
+    e->logits = xmalloc((size_t)S * (size_t)e->vocab * 4);
+    e->scratch = xmalloc((size_t)e->vocab * 2 * 4);
+    e->match_pages = xmalloc((size_t)(e->context_length / e->page_size + 2) * 4);
+    log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%.1f MiB, page size %d)",
+             o->model_dir, model_arch_name(c->arch), c->n_layers, e->context_length, e->pool_tokens,
+             (double)per_token * (double)e->pool_tokens / 1048576.0, e->page_size);
+    return 0;
+}
+
+void sched_free(struct engine *e) {
+    radix_destroy(e->radix);
+    e->radix = NULL;
+    kv_pool_free(&e->kv);
+    model_free(e->model);
+    e->model = NULL;
+    free(e->b_ids), free(e->b_pos), free(e->b_slot), free(e->b_rows), free(e->b_qstart),
+        free(e->b_kvlen), free(e->b_pagestart), free(e->b_pages), free(e->b_reqs), free(e->b_from),
+        free(e->b_to), free(e->logits), free(e->scratch), free(e->match_pages);
+}
