@@ -6,20 +6,41 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend/cpu/cpu_matmul.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "base/threadpool.h"
 
+/* Large buffers (the KV pool) come straight from mmap: zero pages cost
+ * nothing until touched, so a generous pool does not inflate resident
+ * memory. A small header before the returned pointer records how to free. */
+enum { CPU_ALLOC_HEADER = 64, CPU_MMAP_MIN = 1 << 20 };
+
 static void *cpu_alloc(void *ctx, size_t bytes) {
-    size_t sz = (bytes + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, sz ? sz : 64);
-    if (p) memset(p, 0, sz ? sz : 64);
-    return p;
+    size_t sz = ((bytes + 63) & ~(size_t)63) + CPU_ALLOC_HEADER;
+    unsigned char *base;
+    if (sz >= CPU_MMAP_MIN) {
+        base = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) return NULL;
+    } else {
+        base = aligned_alloc(64, sz);
+        if (!base) return NULL;
+        memset(base, 0, sz);
+    }
+    memcpy(base, &sz, sizeof sz);
+    return base + CPU_ALLOC_HEADER;
 }
 
-static void cpu_free(void *ctx, void *p) { free(p); }
+static void cpu_free(void *ctx, void *p) {
+    if (!p) return;
+    unsigned char *base = (unsigned char *)p - CPU_ALLOC_HEADER;
+    size_t sz;
+    memcpy(&sz, base, sizeof sz);
+    if (sz >= CPU_MMAP_MIN) munmap(base, sz);
+    else free(base);
+}
 
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
