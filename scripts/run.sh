@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh >/dev/null
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build >/dev/null
-if [ $# -eq 0 ]; then set -- --ids 1,403,407,261,378 --max-tokens 64; fi
+if [ $# -eq 0 ]; then set -- --prompt "Once upon a time" --max-tokens 64; fi
 exec ./build/kiln generate "$@"

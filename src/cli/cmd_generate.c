@@ -1,8 +1,10 @@
 /* cmd_generate.c — `kiln generate`: greedy decoding of one sequence, the
- * simplest end-to-end use of the engine (prefill once, then one token per
- * step). Stops at an end-of-sequence id from generation_config.json unless
- * --ignore-eos, or after --max-tokens. Prints the generated ids,
- * comma-separated, on one line. */
+ * simplest end-to-end use of the forward pass (prefill once, then one token
+ * per step). Stops at an end-of-sequence id from generation_config.json
+ * unless --ignore-eos, or after --max-tokens. The prompt is --ids, or
+ * --prompt TEXT encoded with the model's tokenizer (special tokens added as
+ * its tokenizer.json says). Prints the generated ids, comma-separated, on
+ * one line; with --prompt also the prompt and the generated text after it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include "base/mem.h"
 #include "cli/cli.h"
 #include "cli/cli_common.h"
+#include "kiln/tokenizer.h"
 #include "model/model.h"
 
 /* First index of the largest logit (ties go to the lower id). */
@@ -28,14 +31,15 @@ static int is_eos(const struct generation_config *g, int id) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln generate [--model DIR] --ids 1,2,3 [--max-tokens N] [--ignore-eos]\n"
+    fprintf(f, "usage: kiln generate [--model DIR] (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
+               "                     [--ignore-eos]\n"
                "                     [--device cpu|cuda] [--threads N] [--page-size N]\n");
 }
 
 int cmd_generate(int argc, char **argv) {
     struct model_args ma;
     model_args_defaults(&ma);
-    const char *ids_arg = NULL;
+    const char *ids_arg = NULL, *prompt_text = NULL;
     long max_tokens = 32;
     int ignore_eos = 0;
     for (int i = 1; i < argc; i++) {
@@ -44,6 +48,8 @@ int cmd_generate(int argc, char **argv) {
         if (r > 0) continue;
         if (!strcmp(argv[i], "--ids") && i + 1 < argc) {
             ids_arg = argv[++i];
+        } else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) {
+            prompt_text = argv[++i];
         } else if (!strcmp(argv[i], "--max-tokens")) {
             if (cli_parse_int("--max-tokens", i + 1 < argc ? argv[i + 1] : NULL, 0, 1 << 24, &max_tokens))
                 return 2;
@@ -60,15 +66,33 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     if (!ma.model_dir) ma.model_dir = cli_default_model();
-    if (!ids_arg) {
-        fprintf(stderr, "kiln generate: --ids is required\n");
+    if (!ids_arg == !prompt_text) {
+        fprintf(stderr, "kiln generate: give exactly one of --ids and --prompt\n");
         return 2;
     }
     int32_t *prompt = NULL;
-    int n_prompt = cli_parse_ids(ids_arg, &prompt);
+    struct kiln_tokenizer *tok = NULL;
+    int n_prompt;
+    if (prompt_text) {
+        struct kiln_error terr;
+        struct kiln_token_ids ids = {0};
+        if (kiln_tokenizer_load(&tok, ma.model_dir, &terr) ||
+            kiln_tokenizer_encode(tok, prompt_text, strlen(prompt_text), 1, &ids, &terr)) {
+            fprintf(stderr, "kiln generate: %s\n", terr.msg);
+            kiln_tokenizer_free(tok);
+            return 1;
+        }
+        n_prompt = (int)ids.n;
+        prompt = xmalloc((size_t)(n_prompt ? n_prompt : 1) * sizeof *prompt);
+        memcpy(prompt, ids.ids, (size_t)n_prompt * sizeof *prompt);
+        kiln_token_ids_free(&ids);
+    } else {
+        n_prompt = cli_parse_ids(ids_arg, &prompt);
+    }
     if (n_prompt <= 0) {
-        if (n_prompt == 0) fprintf(stderr, "kiln generate: --ids is empty\n");
+        if (n_prompt == 0) fprintf(stderr, "kiln generate: the prompt is empty\n");
         free(prompt);
+        kiln_tokenizer_free(tok);
         return 2;
     }
 
@@ -129,6 +153,13 @@ int cmd_generate(int argc, char **argv) {
         seq[len++] = next;
     }
     printf("\n");
+    if (tok) {
+        char *text = NULL;
+        size_t tl = 0;
+        if (kiln_tokenizer_decode(tok, seq, (size_t)len, 1, &text, &tl, &err)) goto out;
+        printf("%.*s\n", (int)tl, text);
+        free(text);
+    }
     rc = 0;
 out:
     if (rc) fprintf(stderr, "kiln generate: %s\n", err.msg);
@@ -136,5 +167,6 @@ out:
     kv_pool_free(&kv);
     model_free(m);
     backend_destroy(&be);
+    kiln_tokenizer_free(tok);
     return rc;
 }

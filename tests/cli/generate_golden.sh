@@ -16,6 +16,21 @@ done < <(node -e '
     console.log([JSON.stringify(p.prompt), p.prompt_ids.join(","),
                  r.steps - (p.prompt_ids.length - 1), p.generated_ids.join(",")].join("\t"));
 ' "$ref")
+# --prompt goes through the tokenizer (BOS added as tokenizer.json says) and
+# must give the same ids as llama2.c's own encoder, and the same text.
+while IFS=$'\t' read -r prompt max want text; do
+  out=$("$KILN" generate --model "$KILN_MODELS/stories260K" --prompt "$prompt" --max-tokens "$max")
+  runs=$((runs + 1))
+  got_ids=$(printf '%s\n' "$out" | head -1)
+  got_text=$(printf '%s\n' "$out" | tail -n +2)
+  if [ "$got_ids" = "$want" ] && [ "$got_text" = "$(printf '%b' "$text")" ]; then echo "ok: --prompt \"$prompt\""; else
+    echo "FAIL: --prompt \"$prompt\""; echo " want: $want"; echo " got:  $got_ids"; fail=$((fail + 1)); fi
+done < <(node -e '
+  const r = require(process.argv[1]);
+  for (const p of r.prompts.filter(p => p.prompt.length > 0 && !p.stopped_on_bos))
+    console.log([p.prompt, r.steps - (p.prompt_ids.length - 1), p.generated_ids.join(","),
+                 p.text.replace(/\\/g, "\\\\").replace(/\n/g, "\\n")].join("\t"));
+' "$ref")
 [ $runs -ge 5 ] || { echo "FAIL: read only $runs cases from $ref"; fail=$((fail + 1)); }
 echo "$((runs - fail)) passed, $fail failed"
 [ $fail -eq 0 ]
