@@ -8,5 +8,6 @@
 #ifndef KILN_CLI_CLI_H
 #define KILN_CLI_CLI_H
 
+int cmd_chat_template(int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@ struct subcommand {
 
 static const struct subcommand subcommands[] = {
     {"help", NULL, "this list"},
+    {"chat-template", cmd_chat_template, "render a chat template for messages on stdin"},
 };
 
 static void usage(FILE *f) {
