@@ -613,6 +613,11 @@ static int f_unique(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
         return -1;
     }
     size_t n = items.u.l->n;
+    if (jctx_step(ctx, n * n / 8)) { /* quadratic: charge before doing it */
+        free_keys(keys, n);
+        jv_release(items);
+        return -1;
+    }
     struct jv res = jv_list_new(0);
     for (size_t i = 0; i < n; i++) {
         size_t j;
@@ -623,7 +628,7 @@ static int f_unique(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
     free_keys(keys, n);
     jv_release(items);
     *out = res;
-    return jctx_step(ctx, n * n / 8);
+    return 0;
 }
 
 static int min_max(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out, int want_max) {
@@ -974,13 +979,14 @@ int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, str
         return 0;
     }
     if (!strcmp(name, "filter") || !strcmp(name, "test")) {
-        if (one_arg(ctx, a, name, &arg)) return -1;
-        if (arg->type != JV_STR) return 0;
+        /* `'upper' is filter`: whether the value names a filter (test) */
+        if (jargs_check(ctx, a, 0, name)) return -1;
+        if (t != JV_STR) return 0;
         if (name[0] == 't') {
-            *r = jinja_test_exists(arg->u.s->data);
+            *r = jinja_test_exists(v->u.s->data);
         } else {
             for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
-                if (!strcmp(filters[i].name, arg->u.s->data)) *r = 1;
+                if (!strcmp(filters[i].name, v->u.s->data)) *r = 1;
         }
         return 0;
     }
