@@ -212,7 +212,7 @@ static int parse_number(const char *s, int base, int64_t *i, double *f, int *is_
             *i = v;
             *is_int = 1;
             ok = 1;
-        } else {
+        } else if (!strpbrk(clean, "xXpP")) { /* Python's float() reads no hex */
             double d = strtod(clean, &end);
             if (*end == 0) {
                 *f = d;
@@ -466,7 +466,7 @@ static int select_common(struct jctx *ctx, const struct jv *v, struct jargs *a, 
         jv_release(items);
         return jctx_fail(ctx, "test name must be a string");
     }
-    struct jargs rest = {.pos = a->pos + (a->npos > off ? off + 1 : a->npos), .npos = a->npos > off ? a->npos - off - 1 : 0,
+    struct jargs rest = {.pos = a->npos > off ? a->pos + off + 1 : NULL, .npos = a->npos > off ? a->npos - off - 1 : 0,
                          .kwnames = a->kwnames, .kw = a->kw, .nkw = a->nkw};
     struct jv res = jv_list_new(0);
     int rc = 0;
@@ -522,7 +522,7 @@ static int sort_by_keys(struct jctx *ctx, struct jv *items, struct jv *keys, siz
     if (!bad) {
         struct jv *copy = xmalloc((n ? n : 1) * sizeof *copy);
         for (size_t i = 0; i < n; i++) copy[i] = items[idx[i]];
-        memcpy(items, copy, n * sizeof *copy);
+        if (n) memcpy(items, copy, n * sizeof *copy);
         free(copy);
     }
     free(idx);
@@ -971,7 +971,8 @@ int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, str
     if (!strcmp(name, "sameas")) {
         if (one_arg(ctx, a, name, &arg)) return -1;
         if (t != arg->type) *r = 0;
-        else if (t == JV_NONE || t == JV_UNDEFINED) *r = 1;
+        else if (t == JV_NONE) *r = 1;
+        else if (t == JV_UNDEFINED) *r = 0; /* two Undefined objects are never the same object */
         else if (t == JV_BOOL) *r = v->u.b == arg->u.b;
         else if (t == JV_INT) *r = v->u.i == arg->u.i && v->u.i >= -5 && v->u.i <= 256; /* CPython's small ints */
         else if (t == JV_STR) *r = v->u.s == arg->u.s;
