@@ -421,6 +421,10 @@ static int f_items(struct jctx *ctx, const struct jv *v, struct jargs *a, struct
 
 static int f_map(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out) {
     struct jv items;
+    if (!jv_truthy(*v)) { /* jinja2 yields nothing for a falsy input, iterable or not */
+        *out = jv_list_new(0);
+        return 0;
+    }
     if (jinja_iterate(ctx, v, &items)) return -1;
     struct jv res = jv_list_new(items.u.l->n);
     int rc = 0;
@@ -455,6 +459,10 @@ static int f_map(struct jctx *ctx, const struct jv *v, struct jargs *a, struct j
 /* select/reject/selectattr/rejectattr */
 static int select_common(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out, int keep, int by_attr) {
     struct jv items;
+    if (!jv_truthy(*v)) {
+        *out = jv_list_new(0);
+        return 0;
+    }
     if (jinja_iterate(ctx, v, &items)) return -1;
     size_t off = by_attr ? 1 : 0;
     if (by_attr && a->npos < 1) {
@@ -509,7 +517,8 @@ static int sort_by_keys(struct jctx *ctx, struct jv *items, struct jv *keys, siz
         for (size_t lo = 0; lo < n; lo += 2 * w) {
             size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, k = lo;
             while (i < mid && j < hi) {
-                int c = jv_compare(keys[idx[j]], keys[idx[i]]);
+                /* jinja2 sorts by one-item lists, so equal keys (even two Undefined) tie */
+                int c = jv_equal(keys[idx[j]], keys[idx[i]]) ? 0 : jv_compare(keys[idx[j]], keys[idx[i]]);
                 if (c == 2) bad = 1;
                 int take_right = reverse ? (c == 1) : (c == -1);
                 tmp[k++] = take_right ? idx[j++] : idx[i++];

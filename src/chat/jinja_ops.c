@@ -111,7 +111,8 @@ static int repeat(struct jctx *ctx, const struct jv *seq, int64_t times, struct 
 
 static double py_fmod(double a, double b) {
     double m = fmod(a, b);
-    if (m != 0 && ((m < 0) != (b < 0))) m += b;
+    if (m == 0) return copysign(0.0, b);
+    if ((m < 0) != (b < 0)) m += b;
     return m;
 }
 
