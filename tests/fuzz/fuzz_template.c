@@ -1,7 +1,8 @@
 /* fuzz_template.c — compiles and renders arbitrary template text against a
  * fixed chat context. Nothing may crash, leak or hang: hostile templates
  * must end with an error from the interpreter's limits.
- * Seed corpus: the oracle's templates (tests/fixtures/oracle/chat_templates.json). */
+ * Seed corpus: scripts/chat/fuzz_seed.py DIR (the oracle templates and the
+ * jinja_cases.py snippets); dictionary: tests/fuzz/fuzz_template.dict. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
