@@ -337,6 +337,7 @@ int jargs_check(struct jctx *ctx, struct jargs *a, size_t max_pos, const char *w
 int jinja_filter_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, struct jv *out);
 int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, int *result);
 int jinja_test_exists(const char *name);
+int jinja_filter_exists(const char *name);
 /* Attribute lookup like the sandbox's getattr: methods first, then items. */
 int jinja_getattr(struct jctx *ctx, const struct jv *obj, const char *name, size_t name_len, struct jv *out);
 int jinja_getitem(struct jctx *ctx, const struct jv *obj, const struct jv *key, struct jv *out);
