@@ -13,8 +13,8 @@ struct subcommand {
 static const struct subcommand subcommands[] = {
     {"verify", cmd_verify, "check the forward pass against reference logits"},
     {"generate", cmd_generate, "greedy generation from token ids"},
-    {"help", NULL, "this list"},
     {"chat-template", cmd_chat_template, "render a chat template for messages on stdin"},
+    {"help", NULL, "this list"},
 };
 
 static void usage(FILE *f) {
