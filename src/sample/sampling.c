@@ -379,8 +379,8 @@ static int row_will_change(const struct sampling_params *p, const struct sampler
     return (p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) && s->n_out > 0;
 }
 
-static void apply_bias_penalties(const struct sampling_params *p, const struct sampler_state *s,
-                                 float *l, int vocab) {
+void sampler_process_logits(const struct sampling_params *p, const struct sampler_state *s,
+                            float *l, int vocab) {
     for (int i = 0; i < p->n_logit_bias; i++) {
         int32_t id = p->logit_bias[i].id;
         KILN_ASSERT_MSG(id >= 0 && id < vocab, "logit_bias id outside vocab (validate first)");
@@ -714,7 +714,7 @@ void sampler_sample(const struct sampling_params *p, struct sampler_state *s, fl
             raw = scratch + vocab;
         }
     }
-    apply_bias_penalties(p, s, logits, vocab);
+    sampler_process_logits(p, s, logits, vocab);
 
     int im = argmax_first(logits, vocab);
     int token = im < 0 ? 0 : im;

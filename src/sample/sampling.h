@@ -83,6 +83,12 @@ struct sample_result {
     float top_logprobs[SAMPLING_MAX_TOP_LOGPROBS];
 };
 
+/* Applies logit_bias and the penalties to logits[vocab] in place: the first
+ * stage of sampler_sample, exposed for tests and for callers that sample
+ * elsewhere (s may be NULL when no penalties apply). */
+void sampler_process_logits(const struct sampling_params *p, const struct sampler_state *s,
+                            float *logits, int vocab);
+
 /* Samples one token from logits[vocab] (modified in place as scratch).
  * `step` is the index of the output token being drawn (0 for the first);
  * with the seed it selects the random draw. `scratch` must hold
