@@ -3,9 +3,9 @@
  *
  * Speed on a 150k vocabulary comes from never sorting the vocabulary and
  * from vectorised passes over it (max, exp-and-sum). top_k: the k-th
- * largest of the maxima of groups of 16 logits bounds the k-th largest
- * logit from below, so only the few groups above it are looked at, and an
- * exact quickselect on the key (logit desc, id asc) picks k among them.
+ * largest of the maxima of blocks of 256 (or 16) logits bounds the k-th
+ * largest logit from below, so only the few logits above it are looked at,
+ * and an exact quickselect on the key (logit desc, id asc) picks k of them.
  * top_p: a histogram of probability mass over logit bins (tokens too small
  * to matter are skipped); whole bins above the cut are in, and the one bin
  * the cut falls into is split by a weighted quickselect on the same key.
@@ -32,7 +32,7 @@
 #include "base/mem.h"
 
 /* See the header: cumulative top_p mass within this fraction counts as reached. */
-#define TOP_P_SLACK 1e-6
+static const double TOP_P_SLACK = 1e-6;
 
 void sampling_params_default(struct sampling_params *p) {
     memset(p, 0, sizeof *p);
@@ -178,7 +178,7 @@ typedef int32_t v4i __attribute__((vector_size(16)));
 
 enum {
     W_BLOCK = 256, /* weights are summed per block in float, blocks in double */
-    GROUP = 16,    /* elements per group maximum (skipping, top_k threshold) */
+    GROUP = 16,    /* elements per skip test in the weight and top_p passes */
 };
 
 static inline v4f v4_load(const float *p) {
@@ -759,12 +759,12 @@ double sampler_warmup(int vocab, const int *batch_sizes, int n_batch_sizes) {
     /* The CPU sampler works row by row and keeps nothing between calls, so
      * rows beyond the first few exercise no new path; the cap bounds the
      * start-up time for large buckets. */
-    enum { MAX_ROWS = 16, N_CONFIGS = 6 };
+    enum { MAX_ROWS = 4, N_CONFIGS = 6 };
     float *pristine = xmalloc((size_t)vocab * sizeof *pristine);
     float *row = xmalloc((size_t)vocab * sizeof *row);
     float *scratch = xmalloc(2 * (size_t)vocab * sizeof *scratch);
-    for (int i = 0; i < vocab; i++) /* a spread like a model's: a peak and a long tail */
-        pristine[i] = (float)(uniform01(0x5eed, (uint64_t)i) * 8.0 - 4.0) + (i % 97 == 0 ? 6.0f : 0);
+    for (int i = 0; i < vocab; i++) /* like a model's row: a broad bulk and a few peaks */
+        pristine[i] = (float)(uniform01(0x5eed, (uint64_t)i) * 8.0 - 4.0) + (i % 4099 == 0 ? 15.0f : 0);
     int32_t prompt[8];
     for (int i = 0; i < 8; i++) prompt[i] = (int32_t)((i * 7919) % vocab);
     struct sampler_state *st = sampler_state_create(vocab, prompt, 8);
