@@ -55,10 +55,11 @@ uint64_t engine_submit(struct engine *e, const struct engine_request *in, struct
     if ((long)r.n_prompt + r.max_new_tokens + e->page_size > e->pool_tokens)
         return kiln_errorf(err, "the prompt (%d tokens) plus max_tokens (%d) can never fit the KV "
                                 "cache of %ld tokens", r.n_prompt, r.max_new_tokens, e->pool_tokens), 0;
-    for (int i = 0; i < r.sampling.n_logit_bias; i++)
-        if (r.sampling.logit_bias[i].id < 0 || r.sampling.logit_bias[i].id >= e->vocab)
-            return kiln_errorf(err, "logit_bias token id %d is outside the vocabulary of %d",
-                               r.sampling.logit_bias[i].id, e->vocab), 0;
+    if (!r.score && sampling_params_validate(&r.sampling, e->vocab, err)) return 0;
+    for (int i = 0; i < r.n_stop_ids; i++)
+        if (r.stop_ids[i] < 0 || r.stop_ids[i] >= e->vocab)
+            return kiln_errorf(err, "stop token id %d is outside the vocabulary of %d",
+                               r.stop_ids[i], e->vocab), 0;
 
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {
