@@ -8,5 +8,7 @@
 #ifndef KILN_CLI_CLI_H
 #define KILN_CLI_CLI_H
 
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
 
 #endif

@@ -11,6 +11,8 @@ struct subcommand {
 };
 
 static const struct subcommand subcommands[] = {
+    {"tokenize", cmd_tokenize, "text (JSON string per line) to token ids"},
+    {"detokenize", cmd_detokenize, "token ids (JSON array per line) to text"},
     {"help", NULL, "this list"},
 };
 
