@@ -99,10 +99,51 @@ static char *arena_copy(struct tok_ctx *ctx, const char *s, size_t n) {
     return d;
 }
 
-/* The unicode forms: ASCII is invariant under all four, which skips utf8proc
- * (and its allocation) for most text. */
+/* Whether `cp` may change under the form (a quick check, conservative):
+ * for the composed forms a character is stable unless it reorders (nonzero
+ * combining class), can be the second half of a composition, or has a
+ * decomposition that does not compose back (exclusions, singletons,
+ * non-starter decompositions; for NFKC any compatibility mapping). For the
+ * decomposed forms anything with a decomposition or a combining class can
+ * change, Hangul syllables included. */
+static int may_change(enum normalizer_type t, uint32_t cp) {
+    const utf8proc_property_t *pr = utf8proc_get_property((utf8proc_int32_t)cp);
+    int compat = t == NORMALIZER_TYPE_NFKC || t == NORMALIZER_TYPE_NFKD;
+    int has_decomp = pr->decomp_seqindex != UINT16_MAX && (compat || pr->decomp_type == 0);
+    if (pr->combining_class != 0) return 1;
+    if (t == NORMALIZER_TYPE_NFD || t == NORMALIZER_TYPE_NFKD) return has_decomp || (cp >= 0xAC00 && cp <= 0xD7A3);
+    if (pr->comb_index != UINT16_MAX && pr->comb_index >= 0x8000) return 1;
+    if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return 1;
+    if (!has_decomp) return 0;
+    /* Decompose and compose back (in place, no allocation): stable only if
+     * that gives the character again. */
+    utf8proc_int32_t d[32];
+    utf8proc_int32_t last = 0;
+    int opts = compat ? UTF8PROC_COMPAT : 0;
+    utf8proc_ssize_t k = utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32, (utf8proc_option_t)(UTF8PROC_DECOMPOSE | opts), &last);
+    if (k < 1 || k > 32) return 1;
+    k = utf8proc_normalize_utf32(d, k, (utf8proc_option_t)(UTF8PROC_COMPOSE | UTF8PROC_STABLE | opts));
+    return !(k == 1 && d[0] == (utf8proc_int32_t)cp);
+}
+
+int normalizer_is_stable(enum normalizer_type t, const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        if ((unsigned char)s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        i += utf8_decode(s + i, &cp);
+        if (may_change(t, cp)) return 0;
+    }
+    return 1;
+}
+
+/* The unicode forms: text that passes the quick check (all ASCII, most
+ * text in any script) is left alone, which skips utf8proc and its
+ * allocation. */
 static int unicode_form(const struct normalizer *n, struct tok_ctx *ctx, struct tok_piece *p, struct kiln_error *err) {
-    if (all_ascii(p->s, p->len)) return 0;
+    if (all_ascii(p->s, p->len) || normalizer_is_stable(n->type, p->s, p->len)) return 0;
     int opts = UTF8PROC_STABLE;
     switch (n->type) {
     case NORMALIZER_TYPE_NFC: opts |= UTF8PROC_COMPOSE; break;

@@ -20,6 +20,8 @@
 
 #include "base/error.h"
 #include "kiln/tokenizer.h"
+#include "tokenizer/normalizer.h"
+#include <utf8proc.h>
 
 struct spec {
     const char *normalizer, *pre_tokenizer, *decoder, *post_processor, *added_tokens;
@@ -383,6 +385,34 @@ static void test_encode_rejects_invalid_utf8(void **state) {
     kiln_tokenizer_free(tok);
 }
 
+/* The normalization quick check never calls a changing character stable:
+ * every code point, alone and after a starter, under all four forms. */
+static void test_unicode_quick_check(void **state) {
+    (void)state;
+    const enum normalizer_type forms[] = {NORMALIZER_TYPE_NFC, NORMALIZER_TYPE_NFD, NORMALIZER_TYPE_NFKC,
+                                          NORMALIZER_TYPE_NFKD};
+    const int opts[] = {UTF8PROC_COMPOSE, UTF8PROC_DECOMPOSE, UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+                        UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
+    size_t stable = 0;
+    for (int32_t cp = 0x80; cp <= 0x10FFFF; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+        char s[8] = "a";
+        utf8proc_ssize_t n = utf8proc_encode_char(cp, (utf8proc_uint8_t *)s + 1);
+        for (int f = 0; f < 4; f++) {
+            if (!normalizer_is_stable(forms[f], s + 1, (size_t)n)) continue;
+            stable++;
+            for (int pre = 0; pre < 2; pre++) {
+                utf8proc_uint8_t *out = NULL;
+                utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s + 1 - pre, n + pre, &out,
+                                                  (utf8proc_option_t)(UTF8PROC_STABLE | opts[f]));
+                if (m != n + pre || memcmp(out, s + 1 - pre, (size_t)m)) fail_msg("U+%04X form %d changes", cp, f);
+                free(out);
+            }
+        }
+    }
+    assert_true(stable > 1000000);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_behaviors), cmocka_unit_test(test_metaspace),
@@ -390,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_normalizers),     cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_decoders),        cmocka_unit_test(test_post_processors),
         cmocka_unit_test(test_errors),          cmocka_unit_test(test_encode_rejects_invalid_utf8),
+        cmocka_unit_test(test_unicode_quick_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
