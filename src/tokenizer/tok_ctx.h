@@ -24,6 +24,8 @@
 
 struct bpe_cache;
 
+#define TOK_NF_MEMO_BITS 10
+
 struct tok_piece {
     const char *s;
     size_t len;
@@ -62,6 +64,7 @@ struct tok_ctx {
     struct bpe_merge *heap;
     size_t heap_cap;
     struct bpe_cache *cache; /* not owned; NULL to run without */
+    uint32_t nf_memo[1u << TOK_NF_MEMO_BITS]; /* normalizer quick-check answers */
 };
 
 void tok_ctx_init(struct tok_ctx *c);
