@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 #include <jansson.h>
 
 #include "base/error.h"
@@ -138,10 +139,58 @@ static void test_stories260k(void **state) {
     kiln_tokenizer_free(tok);
 }
 
+/* Several threads encoding with one tokenizer get the single-thread ids
+ * (one thread holds the shared context and cache, the others build their
+ * own). */
+struct worker {
+    struct kiln_tokenizer *tok;
+    const struct kiln_token_ids *want;
+    const char *text;
+    int bad;
+};
+
+static void *encode_many(void *arg) {
+    struct worker *w = arg;
+    struct kiln_token_ids ids = {0};
+    struct kiln_error err;
+    for (int i = 0; i < 200; i++) {
+        if (kiln_tokenizer_encode(w->tok, w->text, strlen(w->text), 1, &ids, &err) || ids.n != w->want->n ||
+            memcmp(ids.ids, w->want->ids, ids.n * sizeof *ids.ids))
+            w->bad++;
+    }
+    kiln_token_ids_free(&ids);
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    const char *models = getenv("KILN_MODELS");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/stories260K", models ? models : "models");
+    struct kiln_tokenizer *tok = load_dir(dir);
+    const char *text = "Once upon a time, Lily and Tim went to the park. They had 2 red toys {and} a hat! \u00e9\u00e8";
+    struct kiln_token_ids want = {0};
+    struct kiln_error err;
+    assert_int_equal(kiln_tokenizer_encode(tok, text, strlen(text), 1, &want, &err), 0);
+    pthread_t th[4];
+    struct worker w[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = (struct worker){tok, &want, text, 0};
+        pthread_create(&th[i], NULL, encode_many, &w[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].bad, 0);
+    }
+    kiln_token_ids_free(&want);
+    kiln_tokenizer_free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_models),
         cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
