@@ -4,9 +4,9 @@
  *
  * A `struct tok_ctx` owns an arena (normalized and transformed text lives
  * there until the encode call ends), the PCRE2 match data and JIT stack,
- * scratch vectors, and optionally the BPE word cache. The tokenizer keeps one
- * behind a mutex taken with trylock; a thread that finds it busy builds a
- * temporary one, so encoding never blocks on another thread.
+ * scratch vectors, and optionally the BPE word cache. The tokenizer keeps a
+ * few, each behind a mutex taken with trylock; a thread that finds them all
+ * busy builds a temporary one, so encoding never blocks on another thread.
  *
  * A `struct tok_piece` is a slice of text plus `zp`, the number of its
  * leading bytes that map back to offset 0 of the original input — what
