@@ -61,7 +61,10 @@ void kiln_tokenizer_free(struct kiln_tokenizer *tok);
  * `add_special_tokens` the tokenizer.json post-processor adds its tokens
  * (BOS etc.) exactly as `Tokenizer.encode(text, add_special_tokens=True)`;
  * tokenizer_config.json's add_bos_token is reported by
- * kiln_tokenizer_add_bos_token but not applied here. Fails on invalid UTF-8. */
+ * kiln_tokenizer_add_bos_token but not applied here. The "truncation" and
+ * "padding" settings of tokenizer.json are not applied either (transformers
+ * also turns them off unless a call asks for them): the ids are never cut
+ * or padded. Fails on invalid UTF-8. */
 int kiln_tokenizer_encode(const struct kiln_tokenizer *tok, const char *text, size_t len,
                           int add_special_tokens, struct kiln_token_ids *out, struct kiln_error *err);
 

@@ -12,5 +12,7 @@ int cmd_chat_template(int argc, char **argv);
 
 int cmd_verify(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
 
 #endif

@@ -14,6 +14,8 @@ static const struct subcommand subcommands[] = {
     {"verify", cmd_verify, "check the forward pass against reference logits"},
     {"generate", cmd_generate, "greedy generation from token ids"},
     {"chat-template", cmd_chat_template, "render a chat template for messages on stdin"},
+    {"tokenize", cmd_tokenize, "text (JSON string per line) to token ids"},
+    {"detokenize", cmd_detokenize, "token ids (JSON array per line) to text"},
     {"help", NULL, "this list"},
 };
 

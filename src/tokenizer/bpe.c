@@ -8,6 +8,8 @@
 #include "base/mem.h"
 #include "tokenizer/tok_json.h"
 
+#define METASPACE "\xE2\x96\x81" /* U+2581 */
+
 void tok_ids_push(struct kiln_token_ids *v, int32_t id) {
     if (v->n == v->cap) {
         v->cap = v->cap ? v->cap * 2 : 64;
@@ -129,7 +131,7 @@ static int lookup_merge_part(const struct bpe *m, const char *s, size_t n, const
     return 0;
 }
 
-static int parse_merges(struct bpe *m, json_t *merges, const char *path, struct kiln_error *err) {
+static int parse_merges(struct bpe *m, json_t *merges, const char *path, int *crossing, struct kiln_error *err) {
     char where[TJ_PATH_MAX];
     struct tok_buf joined = {0};
     int rc = -1;
@@ -173,6 +175,8 @@ static int parse_merges(struct bpe *m, json_t *merges, const char *path, struct 
         if (lookup_merge_part(m, joined.data, joined.len, where, &idm, err)) goto fail;
         /* A repeated pair keeps its last rank, as a Rust HashMap collect does. */
         tok_pairmap_put(&m->merges, ida, idb, (int32_t)i, idm);
+        if (blen >= 3 && !memcmp(b, METASPACE, 3) && !(alen >= 3 && !memcmp(a + alen - 3, METASPACE, 3)))
+            *crossing = 1;
     }
     rc = 0;
 fail:
@@ -224,7 +228,10 @@ int bpe_parse(struct bpe *m, json_t *json, const char *path, struct kiln_error *
     merges = json_object_get(json, "merges");
     if (!json_is_object(vocab)) return kiln_errorf(err, "tokenizer.json: %s.vocab: expected an object", path);
     if (!json_is_array(merges)) return kiln_errorf(err, "tokenizer.json: %s.merges: expected an array", path);
-    if (parse_vocab(m, vocab, path, err) || parse_merges(m, merges, path, err)) return -1;
+    int crossing = 0;
+    if (parse_vocab(m, vocab, path, err) || parse_merges(m, merges, path, &crossing, err)) return -1;
+    m->split_metaspace = !crossing && !m->ignore_merges && !m->prefix && !m->suffix &&
+                         tok_strmap_get(&m->vocab, METASPACE, 3) >= 0;
     if (m->unk_token) m->unk_id = tok_strmap_get(&m->vocab, m->unk_token, strlen(m->unk_token));
     for (int b = 0; b < 256; b++) {
         char name[8];
@@ -331,8 +338,8 @@ static void merge_all(const struct bpe *m, struct tok_ctx *ctx, struct bpe_symbo
     }
 }
 
-int bpe_word(const struct bpe *m, struct tok_ctx *ctx, const char *w, size_t n, struct kiln_token_ids *out,
-             struct kiln_error *err) {
+static int word_one(const struct bpe *m, struct tok_ctx *ctx, const char *w, size_t n, struct kiln_token_ids *out,
+                    struct kiln_error *err) {
     if (n == 0) return 0;
     if (m->ignore_merges) {
         int32_t id = tok_strmap_get(&m->vocab, w, n);
@@ -414,4 +421,21 @@ int bpe_word(const struct bpe *m, struct tok_ctx *ctx, const char *w, size_t n, 
         if (sy[i].len) tok_ids_push(out, sy[i].id);
     if (cache) cache_put(cache, h, w, n, out->ids + first, out->n - first);
     return 0;
+}
+
+int bpe_word(const struct bpe *m, struct tok_ctx *ctx, const char *w, size_t n, struct kiln_token_ids *out,
+             struct kiln_error *err) {
+    if (!m->split_metaspace || n <= 3) return word_one(m, ctx, w, n, out, err);
+    size_t start = 0, i = 3;
+    while (i + 3 <= n) {
+        const char *hit = memmem(w + i, n - i, METASPACE, 3);
+        if (!hit) break;
+        size_t at = (size_t)(hit - w);
+        if (memcmp(w + at - 3, METASPACE, 3) != 0) {
+            if (word_one(m, ctx, w + start, at - start, out, err)) return -1;
+            start = at;
+        }
+        i = at + 3;
+    }
+    return word_one(m, ctx, w + start, n - start, out, err);
 }

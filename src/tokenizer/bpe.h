@@ -39,6 +39,11 @@ struct bpe {
     size_t prefix_len, suffix_len;
     int fuse_unk, byte_fallback, ignore_merges;
     int32_t byte_ids[256];   /* "<0xAB>" token ids, -1 when absent */
+    /* SentencePiece-style models see whole texts as one word. When no merge
+     * joins a character to a following "▁" (U+2581), a word can be cut
+     * before every "▁" that follows another character without changing
+     * the result, which makes the pieces short and cacheable. */
+    int split_metaspace;
 };
 
 struct bpe_cache;

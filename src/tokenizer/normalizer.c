@@ -87,22 +87,65 @@ int normalizer_parse(struct normalizer **out, json_t *json, const char *path, st
     return 0;
 }
 
-static int all_ascii(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] >= 0x80) return 0;
-    return 1;
-}
-
 static char *arena_copy(struct tok_ctx *ctx, const char *s, size_t n) {
     char *d = tok_arena_alloc(&ctx->arena, n ? n : 1);
     if (n) memcpy(d, s, n);
     return d;
 }
 
-/* The unicode forms: ASCII is invariant under all four, which skips utf8proc
- * (and its allocation) for most text. */
-static int unicode_form(const struct normalizer *n, struct tok_ctx *ctx, struct tok_piece *p, struct kiln_error *err) {
-    if (all_ascii(p->s, p->len)) return 0;
+/* Whether `cp` may change under the form (a quick check, conservative):
+ * for the composed forms a character is stable unless it reorders (nonzero
+ * combining class), can be the second half of a composition, or has a
+ * decomposition that does not compose back (exclusions, singletons,
+ * non-starter decompositions; for NFKC any compatibility mapping). For the
+ * decomposed forms anything with a decomposition or a combining class can
+ * change, Hangul syllables included. */
+static int may_change(enum normalizer_type t, uint32_t cp) {
+    const utf8proc_property_t *pr = utf8proc_get_property((utf8proc_int32_t)cp);
+    int compat = t == NORMALIZER_TYPE_NFKC || t == NORMALIZER_TYPE_NFKD;
+    int has_decomp = pr->decomp_seqindex != UINT16_MAX && (compat || pr->decomp_type == 0);
+    if (pr->combining_class != 0) return 1;
+    if (t == NORMALIZER_TYPE_NFD || t == NORMALIZER_TYPE_NFKD) return has_decomp || (cp >= 0xAC00 && cp <= 0xD7A3);
+    if (pr->comb_index != UINT16_MAX && pr->comb_index >= 0x8000) return 1;
+    if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return 1;
+    if (!has_decomp) return 0;
+    /* Decompose and compose back (in place, no allocation): stable only if
+     * that gives the character again. */
+    utf8proc_int32_t d[32];
+    utf8proc_int32_t last = 0;
+    int opts = compat ? UTF8PROC_COMPAT : 0;
+    utf8proc_ssize_t k = utf8proc_decompose_char((utf8proc_int32_t)cp, d, 32, (utf8proc_option_t)(UTF8PROC_DECOMPOSE | opts), &last);
+    if (k < 1 || k > 32) return 1;
+    k = utf8proc_normalize_utf32(d, k, (utf8proc_option_t)(UTF8PROC_COMPOSE | UTF8PROC_STABLE | opts));
+    return !(k == 1 && d[0] == (utf8proc_int32_t)cp);
+}
+
+/* may_change, remembered per thread for the characters that needed the
+ * decompose/compose round trip (entries: (key << 1 | result) + 1). */
+static int may_change_memo(enum normalizer_type t, uint32_t cp, uint32_t *memo) {
+    if (!memo) return may_change(t, cp);
+    uint32_t key = cp * 4 + (uint32_t)(t - NORMALIZER_TYPE_NFC);
+    uint32_t *e = &memo[(key * 2654435761u) >> (32 - TOK_NF_MEMO_BITS)];
+    if (*e && (*e - 1) >> 1 == key) return (int)((*e - 1) & 1);
+    int r = may_change(t, cp);
+    *e = ((key << 1) | (uint32_t)r) + 1;
+    return r;
+}
+
+int normalizer_is_stable(enum normalizer_type t, const char *s, size_t n, uint32_t *memo) {
+    for (size_t i = 0; i < n;) {
+        if ((unsigned char)s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        i += utf8_decode(s + i, &cp);
+        if (may_change_memo(t, cp, memo)) return 0;
+    }
+    return 1;
+}
+
+static int map_region(const struct normalizer *n, const char *s, size_t len, struct tok_buf *out, struct kiln_error *err) {
     int opts = UTF8PROC_STABLE;
     switch (n->type) {
     case NORMALIZER_TYPE_NFC: opts |= UTF8PROC_COMPOSE; break;
@@ -111,20 +154,49 @@ static int unicode_form(const struct normalizer *n, struct tok_ctx *ctx, struct 
     default: opts |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
     }
     utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)p->s, (utf8proc_ssize_t)p->len, &dst, (utf8proc_option_t)opts);
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &dst, (utf8proc_option_t)opts);
     if (r < 0) {
         free(dst);
         return kiln_errorf(err, "unicode normalization failed: %s", utf8proc_errmsg(r));
     }
-    /* The first output character keeps the first input's origin; under
-     * decomposition so do the marks split off it. Approximate zp by the
-     * first character. */
-    size_t zp = 0;
-    if (p->zp && r > 0) zp = utf8_len(dst[0]);
-    p->s = arena_copy(ctx, (const char *)dst, (size_t)r);
-    p->len = (size_t)r;
-    p->zp = zp;
+    tok_buf_append(out, dst, (size_t)r);
     free(dst);
+    return 0;
+}
+
+/* The unicode forms. Every ASCII character is a safe boundary (it never
+ * reorders or composes with what precedes it), so text is handled per run
+ * of non-ASCII characters, together with the character before the run
+ * (which the run may compose with). A run that passes the quick check is
+ * copied; only the others go through utf8proc. */
+static int unicode_form(const struct normalizer *n, struct tok_ctx *ctx, struct tok_piece *p, struct kiln_error *err) {
+    const char *s = p->s;
+    size_t len = p->len, i = 0, copied = 0;
+    int changed = 0;
+    struct tok_buf *b = &ctx->tmp;
+    while (i < len) {
+        if ((unsigned char)s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t a = i;
+        while (i < len && (unsigned char)s[i] >= 0x80) i++;
+        if (normalizer_is_stable(n->type, s + a, i - a, ctx->nf_memo)) continue;
+        if (a > 0) a--; /* the ASCII character before the run */
+        if (!changed) tok_buf_clear(b);
+        changed = 1;
+        tok_buf_append(b, s + copied, a - copied);
+        if (map_region(n, s + a, i - a, b, err)) return -1;
+        copied = i;
+    }
+    if (!changed) return 0;
+    tok_buf_append(b, s + copied, len - copied);
+    /* zp: the first output character keeps the first input's origin;
+     * approximate by the first character. */
+    size_t zp = p->zp && b->len ? utf8_len((unsigned char)b->data[0]) : 0;
+    p->s = arena_copy(ctx, b->data, b->len);
+    p->len = b->len;
+    p->zp = zp;
     return 0;
 }
 

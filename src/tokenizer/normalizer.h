@@ -43,6 +43,10 @@ struct normalizer {
 /* `json` may be null (no normalizer): *out is then NULL. */
 int normalizer_parse(struct normalizer **out, json_t *json, const char *path, struct kiln_error *err);
 void normalizer_free(struct normalizer *n);
+/* Quick check: 1 when s[0..n) is certainly unchanged by the unicode form
+ * `t` (NFC, NFD, NFKC or NFKD), 0 when it may change. `memo` (NULL or
+ * ctx->nf_memo) remembers per-character answers. */
+int normalizer_is_stable(enum normalizer_type t, const char *s, size_t n, uint32_t *memo);
 int normalizer_apply(const struct normalizer *n, struct tok_ctx *ctx, struct tok_piece *p, struct kiln_error *err);
 
 #endif

@@ -131,12 +131,6 @@ int pretokenizer_parse(struct pretokenizer **out, json_t *json, const char *path
     return 0;
 }
 
-int pretokenizer_is_byte_level(const struct pretokenizer *p) {
-    if (!p) return 0;
-    if (p->type == PRETOKENIZER_TYPE_SEQUENCE) return p->n_children && pretokenizer_is_byte_level(&p->children[p->n_children - 1]);
-    return p->type == PRETOKENIZER_TYPE_BYTE_LEVEL;
-}
-
 enum char_class { CHAR_CLASS_NUMERIC, CHAR_CLASS_PUNCT, CHAR_CLASS_SPACE, CHAR_CLASS_EQUAL };
 
 /* Every character of the class is a match of its own, as a `Fn(char) ->

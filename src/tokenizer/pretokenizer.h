@@ -61,7 +61,5 @@ int pretokenizer_parse(struct pretokenizer **out, json_t *json, const char *path
 void pretokenizer_free(struct pretokenizer *p);
 int pretokenizer_run(const struct pretokenizer *p, struct tok_ctx *ctx, struct tok_pieces **cur,
                      struct tok_pieces **other, struct kiln_error *err);
-/* Whether the chain ends in ByteLevel (its pieces are in the GPT-2 alphabet). */
-int pretokenizer_is_byte_level(const struct pretokenizer *p);
 
 #endif

@@ -4,9 +4,9 @@
  *
  * A `struct tok_ctx` owns an arena (normalized and transformed text lives
  * there until the encode call ends), the PCRE2 match data and JIT stack,
- * scratch vectors, and optionally the BPE word cache. The tokenizer keeps one
- * behind a mutex taken with trylock; a thread that finds it busy builds a
- * temporary one, so encoding never blocks on another thread.
+ * scratch vectors, and optionally the BPE word cache. The tokenizer keeps a
+ * few, each behind a mutex taken with trylock; a thread that finds them all
+ * busy builds a temporary one, so encoding never blocks on another thread.
  *
  * A `struct tok_piece` is a slice of text plus `zp`, the number of its
  * leading bytes that map back to offset 0 of the original input — what
@@ -23,6 +23,8 @@
 #include "tokenizer/tok_util.h"
 
 struct bpe_cache;
+
+#define TOK_NF_MEMO_BITS 10
 
 struct tok_piece {
     const char *s;
@@ -62,6 +64,7 @@ struct tok_ctx {
     struct bpe_merge *heap;
     size_t heap_cap;
     struct bpe_cache *cache; /* not owned; NULL to run without */
+    uint32_t nf_memo[1u << TOK_NF_MEMO_BITS]; /* normalizer quick-check answers */
 };
 
 void tok_ctx_init(struct tok_ctx *c);

@@ -53,9 +53,12 @@ void tok_pairmap_free(struct tok_pairmap *m);
 void tok_pairmap_put(struct tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t merged);
 
 static inline uint64_t tok_pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
+/* Both halves of the key must reach the slot bits: ids are small, so a
+ * plain multiply would leave the left id out of the low bits. */
 static inline size_t tok_pair_slot(uint64_t key, size_t mask) {
-    uint64_t h = key * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 20) & mask;
+    uint64_t h = (key ^ (key >> 29)) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 32;
+    return (size_t)h & mask;
 }
 /* Returns the slot or NULL. Inline: it is the inner loop of BPE. */
 static inline const struct tok_pairmap_slot *tok_pairmap_get(const struct tok_pairmap *m, int32_t a, int32_t b) {

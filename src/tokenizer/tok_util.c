@@ -219,14 +219,6 @@ int uc_is_mark(uint32_t cp) {
     return c >= UTF8PROC_CATEGORY_MN && c <= UTF8PROC_CATEGORY_ME;
 }
 
-int uc_is_alphanumeric(uint32_t cp) {
-    if (cp < 0x80) return (cp >= '0' && cp <= '9') || ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z');
-    utf8proc_category_t c = category(cp);
-    /* Alphabetic is letters plus Nl plus Other_Alphabetic (mostly Mn/Mc
-     * vowel signs); spacing and nonspacing marks stand in for the latter. */
-    return is_letter_cat(c) || uc_is_numeric(cp) || c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_MN;
-}
-
 int uc_is_punctuation(uint32_t cp) {
     if (cp < 0x80)
         return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||

@@ -90,7 +90,6 @@ size_t utf8_lossy_append(struct tok_buf *out, const char *s, size_t n, int final
 /* Character classes, as Rust's char methods define them. */
 int uc_is_whitespace(uint32_t cp);  /* char::is_whitespace (White_Space) */
 int uc_is_numeric(uint32_t cp);     /* char::is_numeric (N*) */
-int uc_is_alphanumeric(uint32_t cp);
 int uc_is_punctuation(uint32_t cp); /* ASCII punctuation or P* */
 int uc_is_word(uint32_t cp);        /* regex \w: L, M, Nd, Pc, joiners */
 int uc_is_mark(uint32_t cp);        /* M* */

@@ -26,9 +26,12 @@ void kiln_tokenizer_free(struct kiln_tokenizer *t) {
     free(t->dec_str);
     free(t->dec_len);
     free(t->special);
-    tok_ctx_free(&t->ctx);
-    bpe_cache_destroy(t->cache);
-    if (t->lock_init) pthread_mutex_destroy(&t->lock);
+    for (int i = 0; i < TOK_SLOTS; i++) {
+        struct tok_slot *sl = &t->slots[i];
+        tok_ctx_free(&sl->ctx);
+        bpe_cache_destroy(sl->cache);
+        if (sl->lock_init) pthread_mutex_destroy(&sl->lock);
+    }
     free(t);
 }
 
@@ -110,10 +113,13 @@ int kiln_tokenizer_load_buffer(struct kiln_tokenizer **out, const char *json, si
     struct kiln_tokenizer *t = xcalloc(1, sizeof *t);
     *out = NULL;
     t->bos_id = t->eos_id = -1;
-    tok_ctx_init(&t->ctx);
-    if (pthread_mutex_init(&t->lock, NULL) == 0) t->lock_init = 1;
-    t->cache = bpe_cache_create();
-    t->ctx.cache = t->cache;
+    for (int i = 0; i < TOK_SLOTS; i++) {
+        struct tok_slot *sl = &t->slots[i];
+        tok_ctx_init(&sl->ctx);
+        if (pthread_mutex_init(&sl->lock, NULL) == 0) sl->lock_init = 1;
+        sl->cache = bpe_cache_create();
+        sl->ctx.cache = sl->cache;
+    }
 
     root = json_loadb(json, json_len, 0, &je);
     if (!root) {
@@ -137,9 +143,10 @@ int kiln_tokenizer_load_buffer(struct kiln_tokenizer **out, const char *json, si
     if (pretokenizer_parse(&t->pretokenizer, json_object_get(root, "pre_tokenizer"), "pre_tokenizer", err)) goto fail;
     if (postprocess_parse(&t->post, json_object_get(root, "post_processor"), "post_processor", err)) goto fail;
     if (decoder_parse(&t->decoder, json_object_get(root, "decoder"), "decoder", err)) goto fail;
-    if (added_vocab_parse(&t->added, json_object_get(root, "added_tokens"), &t->model, t->normalizer, &t->ctx, err))
+    if (added_vocab_parse(&t->added, json_object_get(root, "added_tokens"), &t->model, t->normalizer, &t->slots[0].ctx,
+                          err))
         goto fail;
-    tok_arena_reset(&t->ctx.arena);
+    tok_arena_reset(&t->slots[0].ctx.arena);
     build_id_tables(t);
     if (config && load_config(t, config, config_len, err)) goto fail;
     json_decref(root);
@@ -229,23 +236,27 @@ fail:
 
 int kiln_tokenizer_encode(const struct kiln_tokenizer *tok, const char *text, size_t len, int add_special_tokens,
                           struct kiln_token_ids *out, struct kiln_error *err) {
-    struct kiln_tokenizer *t = (struct kiln_tokenizer *)tok; /* only the lock and cache change */
+    struct kiln_tokenizer *t = (struct kiln_tokenizer *)tok; /* only the slots change */
     out->n = 0;
     if (!text && len) return kiln_errorf(err, "encode: NULL text");
     if (!text) text = "";
     size_t bad = utf8_validate(text, len);
     if (bad != len) return kiln_errorf(err, "encode: input is not valid UTF-8 (at byte %zu)", bad);
-    struct tok_ctx local, *ctx = &t->ctx;
-    int locked = t->lock_init && pthread_mutex_trylock(&t->lock) == 0;
-    if (!locked) {
+    struct tok_ctx local, *ctx = NULL;
+    struct tok_slot *slot = NULL;
+    for (int i = 0; i < TOK_SLOTS && !slot; i++)
+        if (t->slots[i].lock_init && pthread_mutex_trylock(&t->slots[i].lock) == 0) slot = &t->slots[i];
+    if (slot) {
+        ctx = &slot->ctx;
+    } else {
         tok_ctx_init(&local);
         ctx = &local;
     }
     int rc = encode_with(t, ctx, text, len, out, err);
     if (rc == 0 && add_special_tokens && t->post) postprocess_apply(t->post, out);
-    if (locked) {
+    if (slot) {
         tok_arena_reset(&ctx->arena);
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&slot->lock);
     } else {
         tok_ctx_free(&local);
     }

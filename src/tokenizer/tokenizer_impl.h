@@ -1,8 +1,10 @@
 /* tokenizer_impl.h — the inside of `struct kiln_tokenizer`, shared by
  * tokenizer.c (loading, encode, decode, lookups) and detok_stream.c.
  *
- * After loading nothing changes except the encode context and BPE cache,
- * which sit behind `lock` (taken with trylock; see tok_ctx.h).
+ * After loading nothing changes except the encode contexts and their BPE
+ * caches: TOK_SLOTS of them, each behind a mutex taken with trylock, so up
+ * to that many threads encode at once with warm caches and a further one
+ * builds a temporary context instead of waiting.
  */
 #ifndef KILN_TOKENIZER_TOKENIZER_IMPL_H
 #define KILN_TOKENIZER_TOKENIZER_IMPL_H
@@ -18,6 +20,8 @@
 #include "tokenizer/postprocess.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tok_ctx.h"
+
+#define TOK_SLOTS 4
 
 struct kiln_tokenizer {
     struct bpe model;
@@ -35,10 +39,12 @@ struct kiln_tokenizer {
     uint8_t *special;       /* [id_limit] dropped by skip_special_tokens */
     int32_t bos_id, eos_id;
     int add_bos, add_eos;
-    pthread_mutex_t lock;
-    int lock_init;
-    struct tok_ctx ctx;
-    struct bpe_cache *cache;
+    struct tok_slot {
+        pthread_mutex_t lock;
+        int lock_init;
+        struct tok_ctx ctx;
+        struct bpe_cache *cache;
+    } slots[TOK_SLOTS];
 };
 
 /* The decode text of an id; 0 when the id is unknown (then skipped). */

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "kiln/tokenizer.h"
+#include "tokenizer/tokenizer_impl.h"
 
 static json_t *oracle;
 
@@ -126,6 +127,51 @@ static void run_tokenizer(const char *name) {
     assert_int_equal(ok, total);
 }
 
+/* Cutting SentencePiece words before "\xE2\x96\x81" (bpe.h) must not change
+ * any result: random mixes of corpus fragments, with and without it. */
+static void check_split_exact(const char *name, int must_split) {
+    const char *dir = getenv("KILN_TOKENIZERS");
+    char path[4096];
+    struct kiln_error err;
+    struct kiln_tokenizer *tok;
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : ".cache/tokenizers", name);
+    if (kiln_tokenizer_load(&tok, path, &err)) fail_msg("load %s: %s", name, err.msg);
+    if (must_split) assert_true(tok->model.split_metaspace);
+    json_t *cases = json_object_get(json_object_get(oracle, name), "cases");
+    size_t nc = json_array_size(cases);
+    struct kiln_token_ids a = {0}, b = {0};
+    uint64_t seed = 7;
+    char text[8192];
+    for (int r = 0; r < 300; r++) {
+        size_t len = 0;
+        for (int k = 0; k < 6; k++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            json_t *t = json_object_get(json_array_get(cases, (size_t)(seed >> 33) % nc), "text");
+            size_t tl = json_string_length(t), off = (size_t)(seed >> 20) % (tl + 1), take = tl - off;
+            const char *ts = json_string_value(t);
+            while (off < tl && ((unsigned char)ts[off] & 0xC0) == 0x80) off++, take--;
+            if (take > 900) take = 900;
+            while (take > 0 && off + take < tl && ((unsigned char)ts[off + take] & 0xC0) == 0x80) take--;
+            memcpy(text + len, ts + off, take);
+            len += take;
+            for (int sp = 0; sp < (int)((seed >> 40) % 4); sp++) text[len++] = ' ';
+        }
+        tok->model.split_metaspace = 1;
+        assert_int_equal(kiln_tokenizer_encode(tok, text, len, 0, &a, &err), 0);
+        tok->model.split_metaspace = 0;
+        assert_int_equal(kiln_tokenizer_encode(tok, text, len, 0, &b, &err), 0);
+        if (a.n != b.n || memcmp(a.ids, b.ids, a.n * sizeof *a.ids)) fail_msg("%s: split changes mix %d", name, r);
+    }
+    kiln_token_ids_free(&a);
+    kiln_token_ids_free(&b);
+    kiln_tokenizer_free(tok);
+}
+
+static void test_split_metaspace_exact(void **s) {
+    (void)s;
+    check_split_exact("llama2", 1);
+}
+
 static void test_qwen3(void **s) { (void)s; run_tokenizer("qwen3"); }
 static void test_llama3(void **s) { (void)s; run_tokenizer("llama3"); }
 static void test_deepseek_v3(void **s) { (void)s; run_tokenizer("deepseek_v3"); }
@@ -137,6 +183,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3),  cmocka_unit_test(test_llama3), cmocka_unit_test(test_deepseek_v3),
         cmocka_unit_test(test_gemma3), cmocka_unit_test(test_llama2), cmocka_unit_test(test_gptoss),
+        cmocka_unit_test(test_split_metaspace_exact),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
