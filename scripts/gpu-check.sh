@@ -67,7 +67,7 @@ KILN_TOKENIZERS=/nonexistent ctest --test-dir "$B" -L gpu --output-on-failure -V
 ctest_rc=$?
 grep -E 'rel err|  (matmul|attention|route|moe_ffn) |PASSED  \]|FAILED|ERROR|ok:|FAIL|passed|KILN_TEST_SEED|Test +#' "${OUT:-/tmp}/ctest-gpu.log" | tee -a "$LOG" | tail -80
 
-say "== verify --device cuda (max abs error over prefill/decode/mixed, chunk 64)"
+say "== verify --device cuda (max abs error over prefill/decode/mixed, chunk 64; default bf16 and KILN_CUDA_MATMUL=bf16x2)"
 K="$B/kiln"
 F=tests/fixtures/oracle/tiny-models
 table=()
@@ -77,12 +77,12 @@ for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
     e=$("$K" verify --device cuda --model "$F/$arch" --reference "$F/$arch/reference.safetensors" \
         --page-size $ps --chunk 64 --tolerance 1e9 2>&1 | tail -1 | sed -n 's/^max_abs_err=\([^ ]*\).*/\1/p')
     row="$row ps$ps=${e:-ERR}"
-    if [ "$quick" = 0 ]; then
-      e0=$(KILN_CUDA_GEMV_MAX_ROWS=0 "$K" verify --device cuda --model "$F/$arch" \
-           --reference "$F/$arch/reference.safetensors" --page-size $ps --chunk 64 --tolerance 1e9 2>&1 \
-           | tail -1 | sed -n 's/^max_abs_err=\([^ ]*\).*/\1/p')
-      row="$row (all-cuBLAS ${e0:-ERR})"
-    fi
+  done
+  for ps in 1 16; do
+    e=$(KILN_CUDA_MATMUL=bf16x2 "$K" verify --device cuda --model "$F/$arch" \
+        --reference "$F/$arch/reference.safetensors" --page-size $ps --chunk 64 --tolerance 1e9 2>&1 \
+        | tail -1 | sed -n 's/^max_abs_err=\([^ ]*\).*/\1/p')
+    row="$row bf16x2:ps$ps=${e:-ERR}"
   done
   ref_max=$(python3 -c "
 import json,struct,sys
@@ -107,6 +107,11 @@ for cfg in qwen3-0.6b llama-3.1-8b; do
     [ "$quick" = 1 ] && break
   done
 done
+if [ "$quick" = 0 ]; then
+  out=$(KILN_CUDA_MATMUL=bf16x2 "$B/bench_forward" --model models/configs/qwen3-0.6b.json \
+        --load-format dummy --device cuda --prompt-len 1024 --decode 16 --repeat 3 2>&1)
+  bench+=("qwen3-0.6b pp1024 bf16x2: $(echo "$out" | grep -E '^prefill' | tr '\n' ' ')")
+fi
 
 say ""
 say "=================== summary ==================="

@@ -38,7 +38,7 @@
 
 enum { MAX_TOKENS = 512, MAX_CONTEXT = 4096, MAX_HEADS = 16 };
 
-static struct backend cpu, gpu;
+static struct backend cpu, gpu, gpu_split; /* gpu_split: KILN_CUDA_MATMUL=bf16x2 */
 static int have_gpu;
 static uint64_t rng_state;
 
@@ -256,8 +256,8 @@ static void test_elementwise(void **state) {
     int32_t rows[17];
     for (int i = 0; i < 17; i++) rows[i] = irand((int)n);
     struct pair pr = pair_from(rows, sizeof rows), dst = pair_poison((size_t)(17 * d));
-    cpu.ops->gather_rows(cpu.ctx, dst.h, a.h, d, (int32_t *)pr.h, 17);
-    gpu.ops->gather_rows(gpu.ctx, dst.d, a.d, d, pr.d, 17);
+    cpu.ops->gather_rows(cpu.ctx, dst.h, b.h, d, (int32_t *)pr.h, 17);
+    gpu.ops->gather_rows(gpu.ctx, dst.d, b.d, d, pr.d, 17);
     expect_close(&dst, 17, d, d, 0.0);
 
     struct pair c2 = pair_poison((size_t)(n * ld));
@@ -292,18 +292,26 @@ static void test_elementwise(void **state) {
         pair_free(&src);
 }
 
-static void check_matmul(enum dtype dt, long n, long rows, long cols, int bias, int strided,
-                         double tol) {
+static void check_matmul_on(struct backend *be, enum dtype dt, long n, long rows, long cols,
+                            int bias, int strided, double tol) {
     long ldx = strided ? cols + 3 : cols, ldy = strided ? rows + 5 : rows;
     struct wpair w = weight_rand(dt, rows, cols, 1.0f / sqrtf((float)cols));
     struct pair x = pair_rand((size_t)(n * ldx), 1.0f), y = pair_poison((size_t)(n * ldy)),
                 b = pair_rand((size_t)rows, 0.5f);
     cpu.ops->matmul(cpu.ctx, y.h, ldy, x.h, ldx, &w.c, bias ? b.h : NULL, n);
-    gpu.ops->matmul(gpu.ctx, y.d, ldy, x.d, ldx, &w.g, bias ? b.d : NULL, n);
-    printf("  matmul %s n=%ld %ldx%ld bias=%d strided=%d\n", dtype_name(dt), n, rows, cols, bias,
-           strided);
+    /* buffers were filled on gpu's stream; another backend has its own */
+    if (be != &gpu) gpu.ops->synchronize(gpu.ctx);
+    be->ops->matmul(be->ctx, y.d, ldy, x.d, ldx, &w.g, bias ? b.d : NULL, n);
+    be->ops->synchronize(be->ctx);
+    printf("  matmul %s n=%ld %ldx%ld bias=%d strided=%d%s\n", dtype_name(dt), n, rows, cols, bias,
+           strided, be == &gpu_split ? " bf16x2" : "");
     expect_close(&y, n, rows, ldy, tol);
     pair_free(&x), pair_free(&y), pair_free(&b), weight_free(&w);
+}
+
+static void check_matmul(enum dtype dt, long n, long rows, long cols, int bias, int strided,
+                         double tol) {
+    check_matmul_on(&gpu, dt, n, rows, cols, bias, strided, tol);
 }
 
 static void test_matmul(void **state) {
@@ -321,6 +329,12 @@ static void test_matmul(void **state) {
     /* F32 weights: plain fp32 GEMM */
     check_matmul(DTYPE_F32, 1, 128, 256, 1, 0, 1e-5);
     check_matmul(DTYPE_F32, 50, 200, 300, 0, 1, 1e-5);
+    /* bf16x2: hi + lo halves of the activations, fp32-grade. The lo half
+     * keeps 16 more bits: 2^-17 relative per element before summation;
+     * f16 (11-bit halves) keeps 22 bits. */
+    check_matmul_on(&gpu_split, DTYPE_BF16, 37, 1000, 512, 1, 0, 2e-5);
+    check_matmul_on(&gpu_split, DTYPE_BF16, 130, 96, 200, 0, 1, 2e-5);
+    check_matmul_on(&gpu_split, DTYPE_F16, 64, 256, 384, 1, 1, 2e-5);
 }
 
 /* A ragged batch over a shuffled page pool: sequences with prompt chunks
@@ -474,8 +488,15 @@ int main(void) {
     if (!have_gpu) {
         printf("test_cuda_ops: %s; skipping\n", err.msg);
     } else {
+        setenv("KILN_CUDA_MATMUL", "bf16x2", 1);
+        if (backend_create(&gpu_split, "cuda", &bo, &err)) {
+            fprintf(stderr, "cuda backend (bf16x2): %s\n", err.msg);
+            return 1;
+        }
+        unsetenv("KILN_CUDA_MATMUL");
         if (cpu.ops->reserve(cpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
-            gpu.ops->reserve(gpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
+            gpu.ops->reserve(gpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_split.ops->reserve(gpu_split.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
             fprintf(stderr, "reserve: %s\n", err.msg);
             return 1;
         }
@@ -488,7 +509,7 @@ int main(void) {
         cmocka_unit_test(test_moe_ffn),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (have_gpu) backend_destroy(&gpu);
+    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_split);
     backend_destroy(&cpu);
     return rc;
 }

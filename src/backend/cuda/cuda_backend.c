@@ -199,9 +199,18 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     /* Plain fp32 products stay fp32 (no TF32): the F32-weight path is the
      * accurate one. */
     CUBLAS_CHECK(cublasSetMathMode(c->cublas, CUBLAS_DEFAULT_MATH));
+    /* Two knobs read once here (docs/cuda.md): KILN_CUDA_MATMUL=bf16x2 for
+     * fp32-grade products, KILN_CUDA_GEMV_MAX_ROWS for the GEMV cut-over. */
     c->gemv_max_rows = 8;
     const char *g = getenv("KILN_CUDA_GEMV_MAX_ROWS");
     if (g) c->gemv_max_rows = atoi(g);
+    const char *mm = getenv("KILN_CUDA_MATMUL");
+    if (mm && !strcmp(mm, "bf16x2")) {
+        c->split_act = 1;
+    } else if (mm && *mm && strcmp(mm, "bf16")) {
+        kiln_errorf(err, "KILN_CUDA_MATMUL='%s': expected bf16 or bf16x2", mm);
+        goto fail;
+    }
     be->ops = &cuda_ops;
     be->ctx = c;
     return 0;

@@ -86,6 +86,7 @@ struct cuda_ctx {
     int32_t *moe_host_list;      /* [rows] rows grouped by expert */
     size_t moe_host_rows;
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
+    int split_act;               /* 1: activations as bf16 hi + lo (two products) */
 };
 
 /* Makes sure s holds at least bytes (stream-ordered; contents are lost). */

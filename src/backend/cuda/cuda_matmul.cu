@@ -11,6 +11,11 @@
  *    on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F). F32
  *    weights take a plain fp32 GEMM (no TF32). The bias is added by a
  *    small epilogue kernel.
+ *  - KILN_CUDA_MATMUL=bf16x2 (struct cuda_ctx.split_act): the activations
+ *    are split into hi = bf16(x) and lo = bf16(x − hi), and y = W·hi + W·lo
+ *    by two products accumulating into y. W is exact in bf16, so only lo's
+ *    rounding remains (2^-18 relative): fp32-grade results at twice the
+ *    tensor-core work. For checking against fp32 references.
  * Row-major y = x·Wᵀ is column-major Yᵀ = W'ᵀ·Xᵀ where W' is W read as a
  * column-major [cols][rows] matrix: op(A) = T on W (lda = cols), op(B) = N
  * on x (ldb = its row stride), C = y (ldc = ldy). */
@@ -127,6 +132,21 @@ static __global__ void to16_kernel(T *__restrict__ xb, const float *__restrict__
     }
 }
 
+/* xb[0][n][cols] = T(x), xb[1][n][cols] = T(x − T(x)) */
+template <typename T>
+static __global__ void split16_kernel(T *__restrict__ xb, const float *__restrict__ x, long ldx,
+                                      long n, long cols) {
+    long total = n * cols;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        long r = i / cols, k = i % cols;
+        float v = x[r * ldx + k];
+        T hi = T(v);
+        xb[i] = hi;
+        xb[total + i] = T(v - (float)hi);
+    }
+}
+
 /* y[n][rows] (stride ldy) += bias[rows] */
 static __global__ void bias_add_kernel(float *y, long ldy, const float *__restrict__ bias, long n,
                                        long rows) {
@@ -158,24 +178,29 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
         return;
     }
 
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = 0.0f, one = 1.0f;
     if (half) {
-        cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)cols * 2);
-        cudaDataType_t t;
+        int parts = c->split_act ? 2 : 1;
+        size_t elems = (size_t)n * (size_t)cols;
+        cuda_scratch_reserve(c, &c->act16, elems * 2 * (size_t)parts);
+        cudaDataType_t t = w->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        unsigned grid = grid_for(n * cols, 256);
         if (w->dtype == DTYPE_BF16) {
-            to16_kernel<__nv_bfloat16><<<grid_for(n * cols, 256), 256, 0, s>>>(
-                (__nv_bfloat16 *)c->act16.p, x, ldx, n, cols);
-            t = CUDA_R_16BF;
+            __nv_bfloat16 *xb = (__nv_bfloat16 *)c->act16.p;
+            if (parts == 2) split16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
+            else to16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
         } else {
-            to16_kernel<__half><<<grid_for(n * cols, 256), 256, 0, s>>>((__half *)c->act16.p, x,
-                                                                        ldx, n, cols);
-            t = CUDA_R_16F;
+            __half *xb = (__half *)c->act16.p;
+            if (parts == 2) split16_kernel<__half><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
+            else to16_kernel<__half><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
         }
         CUDA_CHECK_LAUNCH();
-        CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
-                                  (int)cols, &alpha, w->data, t, (int)cols, c->act16.p, t,
-                                  (int)cols, &beta, y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+        for (int part = 0; part < parts; part++)
+            CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
+                                      (int)cols, &alpha, w->data, t, (int)cols,
+                                      (const char *)c->act16.p + elems * 2 * (size_t)part, t,
+                                      (int)cols, part ? &one : &beta, y, CUDA_R_32F, (int)ldy,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     } else {
         CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
                                   (int)cols, &alpha, w->data, CUDA_R_32F, (int)cols, x,
