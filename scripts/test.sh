@@ -11,13 +11,14 @@ if [ -x scripts/fetch-tokenizers.sh ]; then scripts/fetch-tokenizers.sh; fi
 echo "== release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build
-ctest --test-dir build --output-on-failure -j "$jobs"
+# GPU tests (label gpu) need a device: scripts/gpu-check.sh runs them there.
+ctest --test-dir build --output-on-failure -j "$jobs" -LE gpu
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON -DKILN_CUDA=OFF >/dev/null
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$jobs"
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE gpu
 
 if [ -x scripts/fuzz.sh ] && [ "${KILN_FUZZ_SECONDS:-60}" != 0 ]; then
   echo "== fuzzing (${KILN_FUZZ_SECONDS:-60} s per target)"

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# gpu-check.sh — build kiln with CUDA on a GPU machine and check it there:
+# the GPU tests (ctest -L gpu), `kiln verify --device cuda` on every oracle
+# model with page sizes 1 and 16, and bench_forward on two real model
+# shapes with dummy weights. Prints a short table at the end.
+#
+# The GPU machine has nvcc, cmake and ninja but not kiln's Debian libraries.
+# When pkg-config cannot find them there, the script unpacks .deb files
+# carried in .gpu-debs/ (fetch them here with `scripts/gpu-check.sh --fetch-debs`)
+# into a private prefix and points pkg-config and the loader at it; nothing
+# is installed into the system.
+#
+#   scripts/gpu-check.sh [--fetch-debs] [--quick]
+#   env: KILN_CUDA_TOL (verify tolerance, default in tests/cuda/verify_cuda.sh),
+#        KILN_GPU_BUILD (build folder, default build-gpu), OUT (logs go there)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEBS=.gpu-debs
+PKGS="libjansson4 libjansson-dev libpcre2-8-0 libpcre2-dev libpcre2-16-0 libpcre2-32-0
+  libpcre2-posix3 libutf8proc2 libutf8proc-dev libevent-2.1-7 libevent-core-2.1-7
+  libevent-extra-2.1-7 libevent-pthreads-2.1-7 libevent-openssl-2.1-7 libevent-dev libopenblas0
+  libopenblas0-pthread libopenblas-dev libopenblas-pthread-dev libgfortran5 libcmocka0
+  libcmocka-dev pkgconf pkgconf-bin libpkgconf3"
+if [ "${1:-}" = "--fetch-debs" ]; then
+  mkdir -p "$DEBS" && (cd "$DEBS" && apt-get download $PKGS)
+  exit $?
+fi
+quick=0; [ "${1:-}" = "--quick" ] && quick=1
+B=${KILN_GPU_BUILD:-build-gpu}
+LOG=${OUT:-/tmp}/gpu-check.log
+: >"$LOG"
+say() { echo "$@" | tee -a "$LOG"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
+nvcc --version | tail -1
+
+need="jansson libpcre2-8 libutf8proc libevent libevent_pthreads openblas cmocka"
+pc_args=()
+if [ -n "${KILN_GPU_FORCE_DEBS:-}" ] || ! command -v pkg-config >/dev/null || ! pkg-config --exists $need 2>/dev/null; then
+  [ -d "$DEBS" ] || { echo "missing libraries and no $DEBS/ to unpack: run $0 --fetch-debs on a Debian machine"; exit 1; }
+  P=/tmp/kiln-deps
+  rm -rf "$P" && mkdir -p "$P"
+  for f in "$DEBS"/*.deb; do dpkg -x "$f" "$P"; done
+  # .pc files say prefix=/usr: move them into the private prefix
+  pcdirs=$(find "$P" -name '*.pc' -printf '%h\n' | sort -u)
+  for d in $pcdirs; do sed -i "s|=/usr|=$P/usr|g; s|-I/usr/|-I$P/usr/|g; s|-L/usr/|-L$P/usr/|g" "$d"/*.pc; done
+  export PKG_CONFIG_LIBDIR=$(echo $pcdirs | tr ' ' ':')
+  libdirs=$(find "$P" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')
+  export LD_LIBRARY_PATH=${libdirs}${LD_LIBRARY_PATH:-}
+  # update-alternatives did not run: make the generic openblas names exist
+  ob=$(find "$P" -path '*openblas-pthread*' -name 'libopenblas.so.0' | head -1)
+  [ -n "$ob" ] && ln -sf "$ob" "$P/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+  PKGCONF="$P/usr/bin/pkgconf"
+  [ -x "$PKGCONF" ] || PKGCONF=$(command -v pkg-config)
+  pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
+  say "deps: unpacked $(ls "$DEBS"/*.deb | wc -l) .deb files into $P"
+fi
+
+say "== build ($B)"
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 "${pc_args[@]}" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
+ninja -C "$B" >>"$LOG" 2>&1 || { grep -B2 -A12 -m3 'error' "$LOG" | head -60; exit 1; }
+say "build ok"
+
+say "== ctest -L gpu"
+KILN_TOKENIZERS=/nonexistent ctest --test-dir "$B" -L gpu --output-on-failure -V >"${OUT:-/tmp}/ctest-gpu.log" 2>&1
+ctest_rc=$?
+grep -E 'rel err|  (matmul|attention|route|moe_ffn) |PASSED  \]|FAILED|ERROR|ok:|FAIL|passed|KILN_TEST_SEED|Test +#' "${OUT:-/tmp}/ctest-gpu.log" | tee -a "$LOG" | tail -80
+
+say "== verify --device cuda (max abs error over prefill/decode/mixed, chunk 64; default bf16 and KILN_CUDA_MATMUL=bf16x2)"
+K="$B/kiln"
+F=tests/fixtures/oracle/tiny-models
+table=()
+for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
+  row="$arch"
+  for ps in 1 16; do
+    e=$("$K" verify --device cuda --model "$F/$arch" --reference "$F/$arch/reference.safetensors" \
+        --page-size $ps --chunk 64 --tolerance 1e9 2>&1 | tail -1 | sed -n 's/^max_abs_err=\([^ ]*\).*/\1/p')
+    row="$row ps$ps=${e:-ERR}"
+  done
+  for ps in 1 16; do
+    e=$(KILN_CUDA_MATMUL=bf16x2 "$K" verify --device cuda --model "$F/$arch" \
+        --reference "$F/$arch/reference.safetensors" --page-size $ps --chunk 64 --tolerance 1e9 2>&1 \
+        | tail -1 | sed -n 's/^max_abs_err=\([^ ]*\).*/\1/p')
+    row="$row bf16x2:ps$ps=${e:-ERR}"
+  done
+  ref_max=$(python3 -c "
+import json,struct,sys
+f=open('$F/$arch/reference.safetensors','rb'); n=struct.unpack('<Q',f.read(8))[0]; h=json.loads(f.read(n))
+import array; m=0.0
+for k,v in h.items():
+    if k.endswith('.logits'):
+        f.seek(8+n+v['data_offsets'][0]); a=array.array('f'); a.frombytes(f.read(v['data_offsets'][1]-v['data_offsets'][0])); m=max(m,max(abs(x) for x in a))
+print('%.2f'%m)" 2>/dev/null)
+  table+=("$row |logit|max=${ref_max:-?}")
+done
+
+say "== bench_forward --device cuda (dummy weights)"
+bench=()
+for cfg in qwen3-0.6b llama-3.1-8b; do
+  pps="128 1024"; [ $cfg = llama-3.1-8b ] && pps=1024
+  for pp in $pps; do
+    out=$("$B/bench_forward" --model models/configs/$cfg.json --load-format dummy --device cuda \
+          --prompt-len $pp --decode 64 --repeat 3 2>&1)
+    echo "$out" >>"$LOG"
+    bench+=("$cfg pp$pp: $(echo "$out" | grep -E '^(prefill|decode)' | tr '\n' ' ')")
+    [ "$quick" = 1 ] && break
+  done
+done
+if [ "$quick" = 0 ]; then
+  out=$(KILN_CUDA_MATMUL=bf16x2 "$B/bench_forward" --model models/configs/qwen3-0.6b.json \
+        --load-format dummy --device cuda --prompt-len 1024 --decode 16 --repeat 3 2>&1)
+  bench+=("qwen3-0.6b pp1024 bf16x2: $(echo "$out" | grep -E '^prefill' | tr '\n' ' ')")
+fi
+
+say ""
+say "=================== summary ==================="
+say "ctest -L gpu: $([ $ctest_rc = 0 ] && echo PASS || echo FAIL)"
+for r in "${table[@]}"; do say "verify $r"; done
+for r in "${bench[@]}"; do say "bench $r"; done
+exit $ctest_rc

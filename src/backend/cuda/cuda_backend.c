@@ -1,0 +1,220 @@
+/* cuda_backend.c — the CUDA backend's context, memory operations and
+ * operation table. Kernels live in the cuda_*.cu files (see cuda_backend.h).
+ *
+ * All work goes onto one stream owned by the context. Uploads are
+ * asynchronous (pageable host memory is staged by the driver before the
+ * call returns, so the caller may reuse its buffer at once); downloads wait
+ * for the stream, since the caller reads the result right after. */
+#include "backend/cuda/cuda_backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+
+enum { CUBLAS_WORKSPACE_BYTES = 32 << 20 }; /* what cuBLAS recommends for Hopper */
+
+void cuda_fail(const char *expr, const char *what, const char *file, int line) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "CUDA error: %s", what);
+    kiln_assert_fail(expr, file, line, msg);
+}
+
+void cuda_assert_fail(const char *expr, const char *file, int line, const char *msg) {
+    kiln_assert_fail(expr, file, line, msg);
+}
+
+void cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t bytes) {
+    if (bytes <= s->bytes) return;
+    if (s->p) CUDA_CHECK(cudaFreeAsync(s->p, c->stream));
+    bytes = (bytes + 255) & ~(size_t)255;
+    /* Out of device memory here is a sizing bug: reserve() and the KV pool
+     * leave room for scratch. */
+    CUDA_CHECK(cudaMallocAsync(&s->p, bytes, c->stream));
+    s->bytes = bytes;
+}
+
+static void *cuda_alloc(void *ctx, size_t bytes) {
+    struct cuda_ctx *c = ctx;
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of memory is reported by NULL, not sticky */
+        return NULL;
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
+    return p;
+}
+
+static void cuda_free_op(void *ctx, void *p) {
+    struct cuda_ctx *c = ctx;
+    if (!p) return;
+    /* Work still queued may use p: cudaFree waits for the device anyway,
+     * but be explicit about the stream it belongs to. */
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaFree(p));
+}
+
+static void cuda_upload(void *ctx, void *dst, const void *src, size_t bytes) {
+    struct cuda_ctx *c = ctx;
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+}
+
+static void cuda_download(void *ctx, void *dst, const void *src, size_t bytes) {
+    struct cuda_ctx *c = ctx;
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+static const void *cuda_weight_upload(void *ctx, const void *host, size_t bytes) {
+    struct cuda_ctx *c = ctx;
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    /* Synchronous: the host bytes may be an mmap'd file that is unmapped
+     * (or a buffer that is freed) right after loading. */
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return p;
+}
+
+static void cuda_weight_release(void *ctx, const void *dev) { cuda_free_op(ctx, (void *)dev); }
+
+static void cuda_synchronize(void *ctx) {
+    struct cuda_ctx *c = ctx;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+static int cuda_reserve(void *ctx, long max_tokens, long max_context, int max_heads,
+                        struct kiln_error *err) {
+    struct cuda_ctx *c = ctx;
+    if (max_tokens > c->max_tokens) c->max_tokens = max_tokens;
+    if (max_context > c->max_context) c->max_context = max_context;
+    if (max_heads > c->max_heads) c->max_heads = max_heads;
+    size_t attn = cuda_attention_scratch_bytes(c);
+    if (attn > c->attn.bytes) {
+        if (c->attn.p) CUDA_CHECK(cudaFreeAsync(c->attn.p, c->stream));
+        c->attn.p = NULL;
+        c->attn.bytes = 0;
+        if (cudaMallocAsync(&c->attn.p, attn, c->stream) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return kiln_errorf(err, "cuda backend: out of device memory for %zu bytes of attention "
+                                    "scratch", attn);
+        }
+        c->attn.bytes = attn;
+    }
+    return 0;
+}
+
+static void cuda_destroy(void *ctx) {
+    struct cuda_ctx *c = ctx;
+    if (!c) return;
+    if (c->stream) {
+        (void)cudaStreamSynchronize(c->stream);
+        struct cuda_scratch *s[] = {&c->act16, &c->attn, &c->moe_dev};
+        for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+            if (s[i]->p) (void)cudaFreeAsync(s[i]->p, c->stream);
+        (void)cudaStreamSynchronize(c->stream);
+    }
+    if (c->cublas) cublasDestroy(c->cublas);
+    if (c->cublas_ws) cudaFree(c->cublas_ws);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c->moe_host_ids);
+    free(c->moe_host_list);
+    free(c);
+}
+
+static const struct backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .reserve = cuda_reserve,
+    .alloc = cuda_alloc,
+    .free = cuda_free_op,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .weight_upload = cuda_weight_upload,
+    .weight_release = cuda_weight_release,
+    .synchronize = cuda_synchronize,
+    .embed = cuda_op_embed,
+    .matmul = cuda_op_matmul,
+    .rmsnorm = cuda_op_rmsnorm,
+    .add_rmsnorm = cuda_op_add_rmsnorm,
+    .rope = cuda_op_rope,
+    .silu_mul = cuda_op_silu_mul,
+    .gated_add = cuda_op_gated_add,
+    .add = cuda_op_add,
+    .gather_rows = cuda_op_gather_rows,
+    .copy_rows = cuda_op_copy_rows,
+    .kv_store = cuda_op_kv_store,
+    .attention = cuda_op_attention,
+    .moe_route = cuda_op_moe_route,
+    .moe_ffn = cuda_op_moe_ffn,
+};
+
+int cuda_backend_create(struct backend *be, const struct backend_options *opt,
+                        struct kiln_error *err) {
+    int count = 0, dev = opt ? opt->device : 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        if (e == cudaErrorInsufficientDriver)
+            return kiln_errorf(err, "no CUDA device found (the NVIDIA driver is missing or older "
+                                    "than this CUDA runtime)");
+        return kiln_errorf(err, "no CUDA device found%s%s", e != cudaSuccess ? ": " : "",
+                           e != cudaSuccess ? cudaGetErrorString(e) : "");
+    }
+    if (dev < 0 || dev >= count)
+        return kiln_errorf(err, "CUDA device %d does not exist (found %d)", dev, count);
+    if ((e = cudaSetDevice(dev)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kiln_errorf(err, "cannot use CUDA device %d: %s", dev, cudaGetErrorString(e));
+    }
+    struct cuda_ctx *c = xcalloc(1, sizeof *c);
+    c->device = dev;
+    struct cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, dev)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        kiln_errorf(err, "cannot set up CUDA device %d: %s", dev, cudaGetErrorString(e));
+        goto fail;
+    }
+    c->n_sm = prop.multiProcessorCount;
+    if (prop.major < 8) {
+        kiln_errorf(err, "CUDA device %d (%s) has compute capability %d.%d; kiln needs 8.0 or newer",
+                    dev, prop.name, prop.major, prop.minor);
+        goto fail;
+    }
+    cublasStatus_t s = cublasCreate(&c->cublas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        c->cublas = NULL;
+        kiln_errorf(err, "cannot start cuBLAS: %s", cublasGetStatusString(s));
+        goto fail;
+    }
+    CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
+    CUBLAS_CHECK(cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
+    /* Plain fp32 products stay fp32 (no TF32): the F32-weight path is the
+     * accurate one. */
+    CUBLAS_CHECK(cublasSetMathMode(c->cublas, CUBLAS_DEFAULT_MATH));
+    /* Two knobs read once here (docs/cuda.md): KILN_CUDA_MATMUL=bf16x2 for
+     * fp32-grade products, KILN_CUDA_GEMV_MAX_ROWS for the GEMV cut-over. */
+    c->gemv_max_rows = 8;
+    const char *g = getenv("KILN_CUDA_GEMV_MAX_ROWS");
+    if (g) c->gemv_max_rows = atoi(g);
+    const char *mm = getenv("KILN_CUDA_MATMUL");
+    if (mm && !strcmp(mm, "bf16x2")) {
+        c->split_act = 1;
+    } else if (mm && *mm && strcmp(mm, "bf16")) {
+        kiln_errorf(err, "KILN_CUDA_MATMUL='%s': expected bf16 or bf16x2", mm);
+        goto fail;
+    }
+    be->ops = &cuda_ops;
+    be->ctx = c;
+    return 0;
+fail:
+    cuda_destroy(c);
+    return -1;
+}

@@ -1,0 +1,136 @@
+/* cuda_backend.h — the CUDA backend: fp32 activations on one stream, weights
+ * kept in their checkpoint dtype (bf16 mostly), matrix products through
+ * cuBLAS with the activations rounded to the weights' 16-bit type (see
+ * docs/cuda.md for what that costs in accuracy), everything else in
+ * hand-written kernels that accumulate in fp32.
+ *
+ * Files, one per kernel family; each exports only the extern "C" entry
+ * points declared here and keeps its kernels static:
+ *   cuda_backend.c      context, memory, the operation table
+ *   cuda_embed.cu       embedding rows
+ *   cuda_norm.cu        rmsnorm, fused residual add + rmsnorm
+ *   cuda_rope.cu        rotary embedding, KV-cache stores
+ *   cuda_elementwise.cu silu_mul, add, gated_add, gather_rows, copy_rows
+ *   cuda_matmul.cu      fp32 → bf16/f16 conversion + cuBLAS; a GEMV for few rows
+ *   cuda_attention.cu   paged causal attention (GQA, MLA), split-KV for decode
+ *   cuda_moe.cu         expert routing and the expert MLPs
+ *
+ * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
+ * failure there is a broken invariant (bad launch, device fault) and aborts
+ * with file:line. Failures a user can cause (no GPU, out of memory) are
+ * reported through return values instead.
+ *
+ * This header is plain C (the .cu files include it inside extern "C").
+ */
+#ifndef KILN_BACKEND_CUDA_BACKEND_H
+#define KILN_BACKEND_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "tensor/backend.h"
+
+__attribute__((noreturn)) void cuda_fail(const char *expr, const char *what, const char *file,
+                                         int line);
+
+#define CUDA_CHECK(call)                                                        \
+    do {                                                                        \
+        cudaError_t e_ = (call);                                                \
+        if (e_ != cudaSuccess) cuda_fail(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                      \
+    do {                                                                        \
+        cublasStatus_t s_ = (call);                                             \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                        \
+            cuda_fail(#call, cublasGetStatusString(s_), __FILE__, __LINE__);    \
+    } while (0)
+/* KILN_ASSERT for the .cu files (base/error.h is C-only). */
+__attribute__((noreturn)) void cuda_assert_fail(const char *expr, const char *file, int line,
+                                                const char *msg);
+#define CUDA_ASSERT_MSG(cond, msg)                                              \
+    do {                                                                        \
+        if (!(cond)) cuda_assert_fail(#cond, __FILE__, __LINE__, (msg));        \
+    } while (0)
+#define CUDA_ASSERT(cond) CUDA_ASSERT_MSG(cond, NULL)
+/* After every kernel launch: catches bad configurations at once. */
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+/* Grow-only device scratch: sized by the first (largest) batches, then
+ * reused, so steady-state steps allocate nothing. */
+struct cuda_scratch {
+    void *p;
+    size_t bytes;
+};
+
+struct cuda_ctx {
+    int device;
+    int n_sm;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *cublas_ws;             /* cuBLAS workspace */
+    long max_tokens, max_context;
+    int max_heads;
+    struct cuda_scratch act16;   /* 16-bit copy of a matmul's activations */
+    struct cuda_scratch attn;    /* split-KV partial results */
+    /* mixture of experts */
+    struct cuda_scratch moe_dev; /* gathered rows, expert outputs, row lists */
+    int32_t *moe_host_ids;       /* [rows] routing ids copied back */
+    int32_t *moe_host_list;      /* [rows] rows grouped by expert */
+    size_t moe_host_rows;
+    int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
+    int split_act;               /* 1: activations as bf16 hi + lo (two products) */
+};
+
+/* Makes sure s holds at least bytes (stream-ordered; contents are lost). */
+void cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t bytes);
+
+/* Operations, with the signatures of struct backend_ops. */
+void cuda_op_embed(void *ctx, float *y, const struct backend_weight *table, const int32_t *ids,
+                   long n);
+void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
+                    const struct backend_weight *w, const float *bias, long n);
+void cuda_op_rmsnorm(void *ctx, float *y, long ldy, const float *x, long ldx, const float *w,
+                     long n, long dim, float eps);
+void cuda_op_add_rmsnorm(void *ctx, float *h, const float *delta, float *y, const float *w, long n,
+                         long dim, float eps);
+void cuda_op_rope(void *ctx, float *x, long ldx, long n, int n_heads, long head_stride,
+                  int rot_dim, const int32_t *pos, const float *cos_sin, int interleaved);
+void cuda_op_kv_store(void *ctx, float *cache, long stride, const float *src, long ld, long width,
+                      const int32_t *slots, long n);
+void cuda_op_silu_mul(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
+                      long ldu, long n, long dim);
+void cuda_op_add(void *ctx, float *y, const float *x, long count);
+void cuda_op_gated_add(void *ctx, float *y, const float *x, const float *gate, long ldgate, long n,
+                       long dim);
+void cuda_op_gather_rows(void *ctx, float *dst, const float *src, long width, const int32_t *rows,
+                         long n);
+void cuda_op_copy_rows(void *ctx, float *dst, long ldd, const float *src, long lds, long n,
+                       long width);
+void cuda_op_attention(void *ctx, float *out, long ldo, const float *q, long ldq,
+                       const float *k_cache, const float *v_cache, const struct attn_params *p,
+                       const struct backend_batch *b);
+void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
+                       const float *bias, const struct moe_route_params *p, long n);
+void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
+                     int top_k, const struct moe_experts *e, long n);
+
+/* Scratch the attention wants for split-KV decode (bytes), given the
+ * context's SM count; used by reserve. */
+size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c);
+
+int cuda_backend_create(struct backend *be, const struct backend_options *opt,
+                        struct kiln_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,67 @@
+/* cuda_common.cuh — device helpers shared by the kernel files (CUDA C++,
+ * included by .cu files only): warp and block reductions, 16-bit loads,
+ * grid sizing. Everything here is static inline, so each .cu file gets its
+ * own copy and exports nothing beyond its extern "C" entry points. */
+#ifndef KILN_BACKEND_CUDA_COMMON_CUH
+#define KILN_BACKEND_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/cuda_backend.h"
+
+/* Sums / maxima over the 32 lanes of a warp, result in every lane. The
+ * butterfly order is fixed, so results do not depend on timing. */
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024), result in
+ * every thread. shared: 32 floats. Ends with the block synchronized, so the
+ * caller may reuse `shared` afterwards only after another __syncthreads. */
+static __device__ __forceinline__ float block_sum(float v, float *shared) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? shared[lane] : 0.0f;
+    t = warp_sum(t);
+    return t;
+}
+
+static __device__ __forceinline__ float block_max(float v, float *shared) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? shared[lane] : -INFINITY;
+    return warp_max(t);
+}
+
+/* Element i of a weight of dtype dt, widened to fp32. */
+static __device__ __forceinline__ float load_as_f32(const void *p, size_t i, int dt) {
+    switch (dt) {
+    case DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case DTYPE_F16: return __half2float(((const __half *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+/* Blocks for n items of `per_block` each, capped so grid-stride loops cover
+ * the rest (grid.x is limited to 2^31-1, grid.y to 65535). */
+static inline unsigned grid_for(long n, int per_block) {
+    long b = (n + per_block - 1) / per_block;
+    if (b < 1) b = 1;
+    if (b > (1l << 30)) b = 1l << 30;
+    return (unsigned)b;
+}
+
+static inline cudaStream_t ctx_stream(void *ctx) { return ((struct cuda_ctx *)ctx)->stream; }
+
+#endif

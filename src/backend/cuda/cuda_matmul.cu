@@ -1,0 +1,214 @@
+/* cuda_matmul.cu — y[n][rows] = x[n][cols] · Wᵀ (+ bias) with W [rows][cols]
+ * in its checkpoint dtype.
+ *
+ * Two paths:
+ *  - few rows (decode: n ≤ gemv_max_rows): a GEMV-style kernel, one warp
+ *    per output feature, reading each weight row once with 16-byte loads
+ *    and the fp32 activations straight from memory. Decode is bound by
+ *    weight bandwidth, and this keeps the activations in fp32.
+ *  - otherwise cuBLAS: the fp32 activations are rounded once into a 16-bit
+ *    copy of the weights' type (bf16 or f16), then cublasGemmEx multiplies
+ *    on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F). F32
+ *    weights take a plain fp32 GEMM (no TF32). The bias is added by a
+ *    small epilogue kernel.
+ *  - KILN_CUDA_MATMUL=bf16x2 (struct cuda_ctx.split_act): the activations
+ *    are split into hi = bf16(x) and lo = bf16(x − hi), and y = W·hi + W·lo
+ *    by two products accumulating into y. W is exact in bf16, so only lo's
+ *    rounding remains (2^-18 relative): fp32-grade results at twice the
+ *    tensor-core work. For checking against fp32 references.
+ * Row-major y = x·Wᵀ is column-major Yᵀ = W'ᵀ·Xᵀ where W' is W read as a
+ * column-major [cols][rows] matrix: op(A) = T on W (lda = cols), op(B) = N
+ * on x (ldb = its row stride), C = y (ldc = ldy). */
+#include <stdint.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+enum { GEMV_WARPS = 8 };
+
+/* 8 bf16 / f16 values packed in a uint4, widened to fp32 */
+static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __nv_bfloat16 *) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&p;
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __half *) {
+    const __half2 *h = (const __half2 *)&p;
+    for (int i = 0; i < 4; i++) {
+        float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+/* Weight rows are streamed once: bypass L1 so activations stay cached. */
+static __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* y[n][rows] (stride ldy) = x[n][cols] (stride ldx) · w[rows][cols]ᵀ + bias,
+ * n ≤ NR, cols % 8 == 0, w 16-byte aligned. XVEC: x rows 16-byte aligned. */
+template <int NR, typename T, bool XVEC>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_kernel(float *__restrict__ y, long ldy, const float *__restrict__ x, long ldx,
+                const T *__restrict__ w, const float *__restrict__ bias, long rows, long cols,
+                int n) {
+    int lane = threadIdx.x & 31;
+    long r = (long)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const uint4 *wr = (const uint4 *)(w + r * cols);
+    long nvec = cols / 8;
+    float acc[NR];
+#pragma unroll
+    for (int j = 0; j < NR; j++) acc[j] = 0.0f;
+#pragma unroll 4
+    for (long v = lane; v < nvec; v += 32) {
+        float wf[8];
+        widen8(load_stream(wr + v), wf, (const T *)0);
+#pragma unroll
+        for (int j = 0; j < NR; j++) {
+            if (j < n) {
+                const float *xr = x + j * ldx + v * 8;
+                float xv[8];
+                if (XVEC) {
+                    float4 a = *(const float4 *)xr, b = *(const float4 *)(xr + 4);
+                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+                    xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) xv[e] = xr[e];
+                }
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[j] = fmaf(wf[e], xv[e], acc[j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NR; j++) {
+        float s = warp_sum(acc[j]);
+        if (lane == 0 && j < n) y[j * ldy + r] = s + (bias ? bias[r] : 0.0f);
+    }
+}
+
+template <int NR, typename T>
+static void launch_gemv_t(cudaStream_t s, float *y, long ldy, const float *x, long ldx,
+                          const void *w, const float *bias, long rows, long cols, int n) {
+    bool xvec = ((uintptr_t)x % 16 == 0) && ldx % 4 == 0;
+    unsigned grid = grid_for(rows, GEMV_WARPS);
+    if (xvec)
+        gemv_kernel<NR, T, true><<<grid, GEMV_WARPS * 32, 0, s>>>(y, ldy, x, ldx, (const T *)w,
+                                                                  bias, rows, cols, n);
+    else
+        gemv_kernel<NR, T, false><<<grid, GEMV_WARPS * 32, 0, s>>>(y, ldy, x, ldx, (const T *)w,
+                                                                   bias, rows, cols, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+static void launch_gemv(cudaStream_t s, float *y, long ldy, const float *x, long ldx,
+                        const void *w, const float *bias, long rows, long cols, int n) {
+    if (n <= 1) launch_gemv_t<1, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else if (n <= 2) launch_gemv_t<2, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else if (n <= 4) launch_gemv_t<4, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else launch_gemv_t<8, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
+}
+
+/* xb[n][cols] = x[n][cols] (stride ldx), rounded to nearest in T */
+template <typename T>
+static __global__ void to16_kernel(T *__restrict__ xb, const float *__restrict__ x, long ldx,
+                                   long n, long cols) {
+    long total = n * cols;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        long r = i / cols, k = i % cols;
+        float v = x[r * ldx + k];
+        xb[i] = T(v);
+    }
+}
+
+/* xb[0][n][cols] = T(x), xb[1][n][cols] = T(x − T(x)) */
+template <typename T>
+static __global__ void split16_kernel(T *__restrict__ xb, const float *__restrict__ x, long ldx,
+                                      long n, long cols) {
+    long total = n * cols;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        long r = i / cols, k = i % cols;
+        float v = x[r * ldx + k];
+        T hi = T(v);
+        xb[i] = hi;
+        xb[total + i] = T(v - (float)hi);
+    }
+}
+
+/* y[n][rows] (stride ldy) += bias[rows] */
+static __global__ void bias_add_kernel(float *y, long ldy, const float *__restrict__ bias, long n,
+                                       long rows) {
+    long total = n * rows;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        long r = i / rows, k = i % rows;
+        y[r * ldy + k] += bias[k];
+    }
+}
+
+extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
+                               const struct backend_weight *w, const float *bias, long n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    cudaStream_t s = c->stream;
+    long rows = w->rows, cols = w->cols;
+    if (n <= 0 || rows <= 0) return;
+    CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
+                ldy >= rows);
+    int half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
+    CUDA_ASSERT_MSG(half || w->dtype == DTYPE_F32, "matmul: weights must be BF16, F16 or F32");
+
+    if (half && n <= c->gemv_max_rows && n <= 8 && cols % 8 == 0 &&
+        (uintptr_t)w->data % 16 == 0) {
+        if (w->dtype == DTYPE_BF16)
+            launch_gemv<__nv_bfloat16>(s, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
+        else
+            launch_gemv<__half>(s, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
+        return;
+    }
+
+    const float alpha = 1.0f, beta = 0.0f, one = 1.0f;
+    if (half) {
+        int parts = c->split_act ? 2 : 1;
+        size_t elems = (size_t)n * (size_t)cols;
+        cuda_scratch_reserve(c, &c->act16, elems * 2 * (size_t)parts);
+        cudaDataType_t t = w->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        unsigned grid = grid_for(n * cols, 256);
+        if (w->dtype == DTYPE_BF16) {
+            __nv_bfloat16 *xb = (__nv_bfloat16 *)c->act16.p;
+            if (parts == 2) split16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
+            else to16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
+        } else {
+            __half *xb = (__half *)c->act16.p;
+            if (parts == 2) split16_kernel<__half><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
+            else to16_kernel<__half><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
+        }
+        CUDA_CHECK_LAUNCH();
+        for (int part = 0; part < parts; part++)
+            CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
+                                      (int)cols, &alpha, w->data, t, (int)cols,
+                                      (const char *)c->act16.p + elems * 2 * (size_t)part, t,
+                                      (int)cols, part ? &one : &beta, y, CUDA_R_32F, (int)ldy,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else {
+        CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
+                                  (int)cols, &alpha, w->data, CUDA_R_32F, (int)cols, x,
+                                  CUDA_R_32F, (int)ldx, &beta, y, CUDA_R_32F, (int)ldy,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    if (bias) {
+        bias_add_kernel<<<grid_for(n * rows, 256), 256, 0, s>>>(y, ldy, bias, n, rows);
+        CUDA_CHECK_LAUNCH();
+    }
+}

@@ -1,0 +1,515 @@
+/* test_cuda_ops.c — every CUDA operation against the CPU backend, both
+ * called through struct backend_ops with the same random inputs (fresh per
+ * run: the seed comes from the clock unless KILN_TEST_SEED is set, and is
+ * printed). Outputs are poisoned with NaN first, so an element the kernel
+ * forgot to write fails the comparison.
+ *
+ * Tolerances, as ‖gpu − cpu‖ / ‖cpu‖ over the whole output:
+ *   - fp32 arithmetic on both sides (norms, rope, element-wise, attention,
+ *     routing weights, the GEMV path, F32-weight GEMMs): 1e-5. Both sides
+ *     round every operation to fp32 (unit roundoff 6e-8) but sum in
+ *     different orders and use different expf/rsqrtf (≤ 2 ulp); over the
+ *     few thousand terms of these sizes that stays near 1e-6.
+ *   - cuBLAS on bf16 weights: the activations are rounded to bf16 (unit
+ *     roundoff 2^-9 = 2e-3) before the product; with independent rounding
+ *     errors the relative error of a dot product is about 2e-3 / sqrt(1)..
+ *     ≈ 1e-3 in norm; 1e-2 leaves a 5-10× margin and still catches any
+ *     indexing or transposition bug (those give errors near 1).
+ *   - cuBLAS on f16 weights: f16 has 2^-11 = 5e-4 unit roundoff: 3e-3.
+ * Routing ids must match exactly (random inputs make exact ties unlikely).
+ *
+ * Without a GPU every test is skipped. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "tensor/backend.h"
+#include "tensor/dtype.h"
+
+enum { MAX_TOKENS = 512, MAX_CONTEXT = 4096, MAX_HEADS = 16 };
+
+static struct backend cpu, gpu, gpu_split; /* gpu_split: KILN_CUDA_MATMUL=bf16x2 */
+static int have_gpu;
+static uint64_t rng_state;
+
+static uint64_t rng_next(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static float frand(float scale) {
+    return ((float)(rng_next() >> 40) / (float)(1ull << 24) * 2.0f - 1.0f) * scale;
+}
+static int irand(int n) { return (int)(rng_next() % (uint64_t)n); }
+
+static float *rand_floats(size_t n, float scale) {
+    float *v = xmalloc(n * 4 + 4);
+    for (size_t i = 0; i < n; i++) v[i] = frand(scale);
+    return v;
+}
+
+/* One buffer on both backends. The CPU copy is plain host memory. */
+struct pair {
+    float *h; /* host copy: CPU backend input/output */
+    void *d;  /* device copy */
+    size_t bytes;
+};
+
+static struct pair pair_from(const void *host, size_t bytes) {
+    struct pair p = {xmalloc(bytes + 4), gpu.ops->alloc(gpu.ctx, bytes), bytes};
+    assert_non_null(p.d);
+    memcpy(p.h, host, bytes);
+    gpu.ops->upload(gpu.ctx, p.d, host, bytes);
+    return p;
+}
+
+static struct pair pair_rand(size_t n, float scale) {
+    float *v = rand_floats(n, scale);
+    struct pair p = pair_from(v, n * 4);
+    free(v);
+    return p;
+}
+
+/* Output buffer, NaN on both sides. */
+static struct pair pair_poison(size_t n) {
+    float *v = xmalloc(n * 4 + 4);
+    for (size_t i = 0; i < n; i++) v[i] = NAN;
+    struct pair p = pair_from(v, n * 4);
+    free(v);
+    return p;
+}
+
+static void pair_free(struct pair *p) {
+    free(p->h);
+    gpu.ops->free(gpu.ctx, p->d);
+}
+
+/* ‖gpu − cpu‖ / ‖cpu‖ over the first n floats (compared with stride: rows
+ * of `width` inside rows of `ld`, so padding that neither side writes is
+ * skipped). NaN anywhere fails. */
+static double rel_err(const struct pair *p, long rows, long width, long ld) {
+    float *g = xmalloc(p->bytes + 4);
+    gpu.ops->download(gpu.ctx, g, p->d, p->bytes);
+    double num = 0, den = 0;
+    for (long r = 0; r < rows; r++)
+        for (long k = 0; k < width; k++) {
+            double a = g[r * ld + k], b = p->h[r * ld + k];
+            if (isnan(a) || isnan(b)) {
+                free(g);
+                fail_msg("NaN at row %ld col %ld (gpu %g cpu %g)", r, k, a, b);
+            }
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+    free(g);
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#define expect_close(p, rows, width, ld, tol)                                            \
+    do {                                                                                 \
+        double e_ = rel_err((p), (rows), (width), (ld));                                 \
+        if (!(e_ <= (tol))) fail_msg("relative error %.3g above %.3g", e_, (double)(tol)); \
+        printf("  %-40s rel err %.3g (tol %.0e)\n", #p, e_, (double)(tol));             \
+    } while (0)
+
+#define SKIP_WITHOUT_GPU()  \
+    do {                    \
+        if (!have_gpu) skip(); \
+    } while (0)
+
+/* A weight on both backends. */
+struct wpair {
+    struct backend_weight c, g;
+    void *host;
+};
+
+static struct wpair weight_rand(enum dtype dt, long rows, long cols, float scale) {
+    size_t n = (size_t)rows * (size_t)cols, es = dtype_size(dt);
+    unsigned char *h = xaligned_alloc(n * es);
+    for (size_t i = 0; i < n; i++) {
+        float v = frand(scale);
+        if (dt == DTYPE_BF16) ((uint16_t *)h)[i] = f32_to_bf16(v);
+        else if (dt == DTYPE_F16) ((uint16_t *)h)[i] = f32_to_f16(v);
+        else ((float *)h)[i] = v;
+    }
+    struct wpair w = {{cpu.ops->weight_upload(cpu.ctx, h, n * es), dt, rows, cols},
+                      {gpu.ops->weight_upload(gpu.ctx, h, n * es), dt, rows, cols}, h};
+    assert_non_null(w.g.data);
+    return w;
+}
+
+static void weight_free(struct wpair *w) {
+    gpu.ops->weight_release(gpu.ctx, w->g.data);
+    free(w->host);
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+static void test_embed(void **state) {
+    SKIP_WITHOUT_GPU();
+    enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    for (int t = 0; t < 3; t++) {
+        long V = 300, d = 96, n = 37;
+        struct wpair w = weight_rand(dts[t], V, d, 1.0f);
+        int32_t ids[37];
+        for (int i = 0; i < n; i++) ids[i] = irand((int)V);
+        struct pair pid = pair_from(ids, sizeof ids), y = pair_poison((size_t)(n * d));
+        cpu.ops->embed(cpu.ctx, y.h, &w.c, (int32_t *)pid.h, n);
+        gpu.ops->embed(gpu.ctx, y.d, &w.g, pid.d, n);
+        expect_close(&y, n, d, d, 0.0); /* a copy: exact */
+        pair_free(&pid), pair_free(&y), weight_free(&w);
+    }
+}
+
+static void test_rmsnorm(void **state) {
+    SKIP_WITHOUT_GPU();
+    long dims[] = {64, 128, 1000, 4096};
+    for (int t = 0; t < 4; t++) {
+        long d = dims[t], n = 19, ld = d + 5;
+        struct pair x = pair_rand((size_t)(n * ld), 2.0f), w = pair_rand((size_t)d, 1.0f),
+                    y = pair_poison((size_t)(n * ld));
+        cpu.ops->rmsnorm(cpu.ctx, y.h, ld, x.h, ld, w.h, n, d, 1e-6f);
+        gpu.ops->rmsnorm(gpu.ctx, y.d, ld, x.d, ld, w.d, n, d, 1e-6f);
+        expect_close(&y, n, d, ld, 1e-5);
+        /* in place, as the per-head q/k norms run */
+        cpu.ops->rmsnorm(cpu.ctx, x.h, ld, x.h, ld, w.h, n, d, 1e-6f);
+        gpu.ops->rmsnorm(gpu.ctx, x.d, ld, x.d, ld, w.d, n, d, 1e-6f);
+        expect_close(&x, n, d, ld, 1e-5);
+        pair_free(&x), pair_free(&w), pair_free(&y);
+    }
+}
+
+static void test_add_rmsnorm(void **state) {
+    SKIP_WITHOUT_GPU();
+    long dims[] = {64, 2048};
+    for (int t = 0; t < 2; t++) {
+        long d = dims[t], n = 23;
+        struct pair h = pair_rand((size_t)(n * d), 3.0f), dl = pair_rand((size_t)(n * d), 1.0f),
+                    w = pair_rand((size_t)d, 1.0f), y = pair_poison((size_t)(n * d));
+        cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, y.h, w.h, n, d, 1e-5f);
+        gpu.ops->add_rmsnorm(gpu.ctx, h.d, dl.d, y.d, w.d, n, d, 1e-5f);
+        expect_close(&h, n, d, d, 1e-6);
+        expect_close(&y, n, d, d, 1e-5);
+        /* no delta */
+        cpu.ops->add_rmsnorm(cpu.ctx, h.h, NULL, y.h, w.h, n, d, 1e-5f);
+        gpu.ops->add_rmsnorm(gpu.ctx, h.d, NULL, y.d, w.d, n, d, 1e-5f);
+        expect_close(&y, n, d, d, 1e-5);
+        /* y aliasing h, as the final norm does */
+        cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, h.h, w.h, n, d, 1e-5f);
+        gpu.ops->add_rmsnorm(gpu.ctx, h.d, dl.d, h.d, w.d, n, d, 1e-5f);
+        expect_close(&h, n, d, d, 1e-5);
+        pair_free(&h), pair_free(&dl), pair_free(&w), pair_free(&y);
+    }
+}
+
+static void test_rope(void **state) {
+    SKIP_WITHOUT_GPU();
+    for (int inter = 0; inter < 2; inter++) {
+        long n = 21, heads = 5, hs = 40, rot = 32, ld = heads * hs + 8, maxpos = 100;
+        struct pair x = pair_rand((size_t)(n * ld), 1.0f);
+        float *cs = xmalloc((size_t)(maxpos * rot) * 4);
+        for (long p = 0; p < maxpos; p++)
+            for (long i = 0; i < rot / 2; i++) {
+                float a = (float)p * powf(10000.0f, -2.0f * (float)i / (float)rot);
+                cs[p * rot + 2 * i] = cosf(a), cs[p * rot + 2 * i + 1] = sinf(a);
+            }
+        int32_t pos[21];
+        for (int i = 0; i < n; i++) pos[i] = irand((int)maxpos);
+        struct pair pc = pair_from(cs, (size_t)(maxpos * rot) * 4), pp = pair_from(pos, sizeof pos);
+        cpu.ops->rope(cpu.ctx, x.h, ld, n, (int)heads, hs, (int)rot, (int32_t *)pp.h, pc.h, inter);
+        gpu.ops->rope(gpu.ctx, x.d, ld, n, (int)heads, hs, (int)rot, pp.d, pc.d, inter);
+        expect_close(&x, n, ld, ld, 1e-6); /* untouched dims must stay equal too */
+        free(cs), pair_free(&x), pair_free(&pc), pair_free(&pp);
+    }
+}
+
+static void test_elementwise(void **state) {
+    SKIP_WITHOUT_GPU();
+    long n = 33, d = 301, ld = 320;
+    struct pair g = pair_rand((size_t)(n * ld), 4.0f), u = pair_rand((size_t)(n * ld), 1.0f),
+                y = pair_poison((size_t)(n * ld));
+    cpu.ops->silu_mul(cpu.ctx, y.h, ld, g.h, ld, u.h, ld, n, d);
+    gpu.ops->silu_mul(gpu.ctx, y.d, ld, g.d, ld, u.d, ld, n, d);
+    expect_close(&y, n, d, ld, 1e-6);
+
+    cpu.ops->add(cpu.ctx, g.h, u.h, n * ld);
+    gpu.ops->add(gpu.ctx, g.d, u.d, n * ld);
+    expect_close(&g, n, ld, ld, 1e-7);
+
+    struct pair gate = pair_rand((size_t)(n * 3), 3.0f), a = pair_rand((size_t)(n * d), 1.0f),
+                b = pair_rand((size_t)(n * d), 1.0f);
+    cpu.ops->gated_add(cpu.ctx, a.h, b.h, gate.h, 3, n, d);
+    gpu.ops->gated_add(gpu.ctx, a.d, b.d, gate.d, 3, n, d);
+    expect_close(&a, n, d, d, 1e-6);
+
+    int32_t rows[17];
+    for (int i = 0; i < 17; i++) rows[i] = irand((int)n);
+    struct pair pr = pair_from(rows, sizeof rows), dst = pair_poison((size_t)(17 * d));
+    cpu.ops->gather_rows(cpu.ctx, dst.h, b.h, d, (int32_t *)pr.h, 17);
+    gpu.ops->gather_rows(gpu.ctx, dst.d, b.d, d, pr.d, 17);
+    expect_close(&dst, 17, d, d, 0.0);
+
+    struct pair c2 = pair_poison((size_t)(n * ld));
+    cpu.ops->copy_rows(cpu.ctx, c2.h, ld, b.h, d, n, 100);
+    gpu.ops->copy_rows(gpu.ctx, c2.d, ld, b.d, d, n, 100);
+    expect_close(&c2, n, 100, ld, 0.0);
+
+    /* kv_store into distinct random slots of a poisoned cache */
+    long slots = 200, width = 48, stride = 64;
+    struct pair cache = pair_poison((size_t)(slots * stride));
+    int32_t sl[40];
+    for (int i = 0; i < 40; i++) {
+        int s, dup;
+        do {
+            s = irand((int)slots);
+            dup = 0;
+            for (int j = 0; j < i; j++) dup |= sl[j] == s;
+        } while (dup);
+        sl[i] = s;
+    }
+    struct pair psl = pair_from(sl, sizeof sl), src = pair_rand((size_t)(40 * 50), 1.0f);
+    cpu.ops->kv_store(cpu.ctx, cache.h, stride, src.h, 50, width, (int32_t *)psl.h, 40);
+    gpu.ops->kv_store(gpu.ctx, cache.d, stride, src.d, 50, width, psl.d, 40);
+    float *gc = xmalloc(cache.bytes);
+    gpu.ops->download(gpu.ctx, gc, cache.d, cache.bytes);
+    for (int i = 0; i < 40; i++)
+        assert_memory_equal(gc + (long)sl[i] * stride, cache.h + (long)sl[i] * stride,
+                            (size_t)width * 4);
+    free(gc);
+    pair_free(&g), pair_free(&u), pair_free(&y), pair_free(&gate), pair_free(&a), pair_free(&b);
+    pair_free(&pr), pair_free(&dst), pair_free(&c2), pair_free(&cache), pair_free(&psl),
+        pair_free(&src);
+}
+
+static void check_matmul_on(struct backend *be, enum dtype dt, long n, long rows, long cols,
+                            int bias, int strided, double tol) {
+    long ldx = strided ? cols + 3 : cols, ldy = strided ? rows + 5 : rows;
+    struct wpair w = weight_rand(dt, rows, cols, 1.0f / sqrtf((float)cols));
+    struct pair x = pair_rand((size_t)(n * ldx), 1.0f), y = pair_poison((size_t)(n * ldy)),
+                b = pair_rand((size_t)rows, 0.5f);
+    cpu.ops->matmul(cpu.ctx, y.h, ldy, x.h, ldx, &w.c, bias ? b.h : NULL, n);
+    /* buffers were filled on gpu's stream; another backend has its own */
+    if (be != &gpu) gpu.ops->synchronize(gpu.ctx);
+    be->ops->matmul(be->ctx, y.d, ldy, x.d, ldx, &w.g, bias ? b.d : NULL, n);
+    be->ops->synchronize(be->ctx);
+    printf("  matmul %s n=%ld %ldx%ld bias=%d strided=%d%s\n", dtype_name(dt), n, rows, cols, bias,
+           strided, be == &gpu_split ? " bf16x2" : "");
+    expect_close(&y, n, rows, ldy, tol);
+    pair_free(&x), pair_free(&y), pair_free(&b), weight_free(&w);
+}
+
+static void check_matmul(enum dtype dt, long n, long rows, long cols, int bias, int strided,
+                         double tol) {
+    check_matmul_on(&gpu, dt, n, rows, cols, bias, strided, tol);
+}
+
+static void test_matmul(void **state) {
+    SKIP_WITHOUT_GPU();
+    /* GEMV path (n ≤ 8): fp32 activations, fp32 accumulation */
+    check_matmul(DTYPE_BF16, 1, 1000, 512, 0, 0, 1e-5);
+    check_matmul(DTYPE_BF16, 3, 257, 1024, 1, 1, 1e-5);
+    check_matmul(DTYPE_F16, 8, 300, 256, 1, 0, 1e-5);
+    /* cuBLAS: activations rounded to the weights' 16-bit type */
+    check_matmul(DTYPE_BF16, 37, 1000, 512, 1, 0, 1e-2);
+    check_matmul(DTYPE_BF16, 130, 96, 200, 0, 1, 1e-2);
+    check_matmul(DTYPE_F16, 64, 256, 384, 1, 1, 3e-3);
+    /* GEMV preconditions unmet (cols % 8 != 0): cuBLAS even for one row */
+    check_matmul(DTYPE_BF16, 2, 64, 100, 0, 0, 1e-2);
+    /* F32 weights: plain fp32 GEMM */
+    check_matmul(DTYPE_F32, 1, 128, 256, 1, 0, 1e-5);
+    check_matmul(DTYPE_F32, 50, 200, 300, 0, 1, 1e-5);
+    /* bf16x2: hi + lo halves of the activations, fp32-grade. The lo half
+     * keeps 16 more bits: 2^-17 relative per element before summation;
+     * f16 (11-bit halves) keeps 22 bits. */
+    check_matmul_on(&gpu_split, DTYPE_BF16, 37, 1000, 512, 1, 0, 2e-5);
+    check_matmul_on(&gpu_split, DTYPE_BF16, 130, 96, 200, 0, 1, 2e-5);
+    check_matmul_on(&gpu_split, DTYPE_F16, 64, 256, 384, 1, 1, 2e-5);
+}
+
+/* A ragged batch over a shuffled page pool: sequences with prompt chunks
+ * and single decode rows, mixed. */
+static void check_attention(int H, int KVH, int dk, int dv, int v_in_k, int page_size,
+                            const int *seq_len, const int *seq_new, int n_seqs) {
+    int n_tokens = 0, total_pages = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        n_tokens += seq_new[s];
+        total_pages += (seq_len[s] + page_size - 1) / page_size;
+    }
+    int pool_pages = total_pages + 7;
+    long k_stride = v_in_k ? dk : (long)KVH * dk, v_stride = v_in_k ? dk : (long)KVH * dv;
+    long slots = (long)pool_pages * page_size;
+    struct pair kc = pair_rand((size_t)(slots * k_stride), 1.0f);
+    struct pair vc = v_in_k ? kc : pair_rand((size_t)(slots * v_stride), 1.0f);
+    int32_t *perm = xmalloc((size_t)pool_pages * 4);
+    for (int i = 0; i < pool_pages; i++) perm[i] = i;
+    for (int i = pool_pages - 1; i > 0; i--) {
+        int j = irand(i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int32_t *pos = xmalloc((size_t)n_tokens * 4), *q_start = xmalloc((size_t)(n_seqs + 1) * 4),
+            *page_start = xmalloc((size_t)(n_seqs + 1) * 4);
+    int t = 0, pg = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        q_start[s] = t;
+        page_start[s] = pg;
+        pg += (seq_len[s] + page_size - 1) / page_size;
+        for (int p = seq_len[s] - seq_new[s]; p < seq_len[s]; p++) pos[t++] = p;
+    }
+    q_start[n_seqs] = t;
+    page_start[n_seqs] = pg;
+    struct pair pp = pair_from(pos, (size_t)n_tokens * 4),
+                pq = pair_from(q_start, (size_t)(n_seqs + 1) * 4),
+                pps = pair_from(page_start, (size_t)(n_seqs + 1) * 4),
+                ppg = pair_from(perm, (size_t)pg * 4);
+    long ldq = (long)H * dk + 4, ldo = (long)H * dv + 2;
+    struct pair q = pair_rand((size_t)(n_tokens * ldq), 1.0f),
+                o = pair_poison((size_t)(n_tokens * ldo));
+    struct attn_params p = {.n_heads = H, .n_kv_heads = KVH, .dk = dk, .dv = dv,
+                            .k_stride = k_stride, .v_stride = v_stride,
+                            .scale = 1.0f / sqrtf((float)dk)};
+    struct backend_batch bc = {n_tokens, n_seqs, page_size, (int32_t *)pp.h, (int32_t *)pq.h,
+                               (int32_t *)pps.h, (int32_t *)ppg.h};
+    struct backend_batch bg = {n_tokens, n_seqs, page_size, pp.d, pq.d, pps.d, ppg.d};
+    cpu.ops->attention(cpu.ctx, o.h, ldo, q.h, ldq, kc.h, vc.h, &p, &bc);
+    gpu.ops->attention(gpu.ctx, o.d, ldo, q.d, ldq, kc.d, vc.d, &p, &bg);
+    printf("  attention H=%d KVH=%d dk=%d dv=%d v_in_k=%d page=%d tokens=%d\n", H, KVH, dk, dv,
+           v_in_k, page_size, n_tokens);
+    expect_close(&o, n_tokens, (long)H * dv, ldo, 1e-5);
+    pair_free(&kc);
+    if (!v_in_k) pair_free(&vc);
+    pair_free(&pp), pair_free(&pq), pair_free(&pps), pair_free(&ppg), pair_free(&q), pair_free(&o);
+    free(perm), free(pos), free(q_start), free(page_start);
+}
+
+static void test_attention(void **state) {
+    SKIP_WITHOUT_GPU();
+    int len[] = {40, 300, 7, 1, 150}, nw[] = {40, 1, 3, 1, 20};
+    int page_sizes[] = {1, 16, 7};
+    for (int i = 0; i < 3; i++) {
+        check_attention(8, 2, 64, 64, 0, page_sizes[i], len, nw, 5);   /* GQA */
+        check_attention(4, 1, 40, 32, 1, page_sizes[i], len, nw, 5);   /* MLA-like, V in K */
+        check_attention(2, 2, 128, 128, 0, page_sizes[i], len, nw, 5); /* MHA, wide heads */
+    }
+    /* decode rows deep into the context: exercises split-KV */
+    int dlen[] = {3000, 1234}, dnew[] = {1, 1};
+    check_attention(8, 2, 64, 64, 0, 16, dlen, dnew, 2);
+    check_attention(16, 1, 576, 512, 1, 1, dlen, dnew, 2); /* DeepSeek-sized latent heads */
+    int one[] = {4000}, onew[] = {1};
+    check_attention(1, 1, 128, 128, 0, 1, one, onew, 1);
+}
+
+static void check_route(enum moe_route_scoring sc, enum moe_route_method me, int E, int K,
+                        int n_group, int topk_group, int with_bias, int renorm) {
+    long n = 77;
+    struct pair lg = pair_rand((size_t)(n * E), 3.0f), bias = pair_rand((size_t)E, 0.6f);
+    for (int e = 0; e < E; e++) bias.h[e] -= 0.4f; /* mostly negative: the 0.0 mask matters */
+    gpu.ops->upload(gpu.ctx, bias.d, bias.h, (size_t)E * 4);
+    struct pair w = pair_poison((size_t)(n * K));
+    int32_t *ci = xmalloc((size_t)(n * K) * 4), *gi = xmalloc((size_t)(n * K) * 4);
+    void *gid = gpu.ops->alloc(gpu.ctx, (size_t)(n * K) * 4);
+    struct moe_route_params p = {.n_experts = E, .top_k = K, .scoring = sc, .method = me,
+                                 .n_group = n_group, .topk_group = topk_group,
+                                 .renormalize = renorm, .scaling = 2.5f,
+                                 .scale_when_renormalized = 1};
+    cpu.ops->moe_route(cpu.ctx, ci, w.h, lg.h, with_bias ? bias.h : NULL, &p, n);
+    gpu.ops->moe_route(gpu.ctx, gid, w.d, lg.d, with_bias ? bias.d : NULL, &p, n);
+    gpu.ops->download(gpu.ctx, gi, gid, (size_t)(n * K) * 4);
+    printf("  route scoring=%d method=%d E=%d K=%d groups=%d/%d\n", sc, me, E, K, topk_group,
+           n_group);
+    assert_memory_equal(ci, gi, (size_t)(n * K) * 4);
+    expect_close(&w, n, K, K, 1e-5);
+    gpu.ops->free(gpu.ctx, gid);
+    free(ci), free(gi);
+    pair_free(&lg), pair_free(&bias), pair_free(&w);
+}
+
+static void test_moe_route(void **state) {
+    SKIP_WITHOUT_GPU();
+    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GREEDY, 60, 4, 1, 1, 0, 0);   /* qwen2-moe */
+    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GREEDY, 128, 8, 1, 1, 0, 1);  /* qwen3-moe */
+    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GROUP_LIMITED, 64, 6, 8, 3, 0, 0); /* deepseek-v2 */
+    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 256, 8, 8, 4, 1, 1); /* deepseek-v3 */
+    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 16, 4, 4, 2, 1, 1);
+}
+
+static void check_moe_ffn(long n, double tol) {
+    int E = 8, K = 2, H = 64, F = 48;
+    struct wpair gw[8], uw[8], dw[8];
+    struct backend_weight gc[8], gg[8], uc[8], ug[8], dc[8], dg[8];
+    for (int e = 0; e < E; e++) {
+        gw[e] = weight_rand(DTYPE_BF16, F, H, 0.125f), gc[e] = gw[e].c, gg[e] = gw[e].g;
+        uw[e] = weight_rand(DTYPE_BF16, F, H, 0.125f), uc[e] = uw[e].c, ug[e] = uw[e].g;
+        dw[e] = weight_rand(DTYPE_BF16, H, F, 0.15f), dc[e] = dw[e].c, dg[e] = dw[e].g;
+    }
+    struct moe_experts ec = {E, H, F, gc, uc, dc}, eg = {E, H, F, gg, ug, dg};
+    int32_t *ids = xmalloc((size_t)(n * K) * 4);
+    for (long t = 0; t < n; t++) {
+        ids[t * K] = irand(E);
+        do ids[t * K + 1] = irand(E);
+        while (ids[t * K + 1] == ids[t * K]);
+    }
+    struct pair pid = pair_from(ids, (size_t)(n * K) * 4), w = pair_rand((size_t)(n * K), 1.0f),
+                x = pair_rand((size_t)(n * H), 1.0f), y = pair_poison((size_t)(n * H));
+    cpu.ops->moe_ffn(cpu.ctx, y.h, x.h, (int32_t *)pid.h, w.h, K, &ec, n);
+    gpu.ops->moe_ffn(gpu.ctx, y.d, x.d, pid.d, w.d, K, &eg, n);
+    printf("  moe_ffn n=%ld\n", n);
+    expect_close(&y, n, H, H, tol);
+    for (int e = 0; e < E; e++) weight_free(&gw[e]), weight_free(&uw[e]), weight_free(&dw[e]);
+    free(ids);
+    pair_free(&pid), pair_free(&w), pair_free(&x), pair_free(&y);
+}
+
+static void test_moe_ffn(void **state) {
+    SKIP_WITHOUT_GPU();
+    check_moe_ffn(1, 1e-5);   /* every expert's rows go through the GEMV */
+    check_moe_ffn(100, 1e-2); /* ~25 rows per expert: cuBLAS, bf16 activations */
+}
+
+int main(void) {
+    const char *seed = getenv("KILN_TEST_SEED");
+    rng_state = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
+    if (!rng_state) rng_state = 1;
+    printf("test_cuda_ops: KILN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+    struct kiln_error err = {{0}};
+    struct backend_options bo = {.n_threads = 0, .device = 0};
+    if (backend_create(&cpu, "cpu", &bo, &err)) return 1;
+    have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
+    if (!have_gpu) {
+        printf("test_cuda_ops: %s; skipping\n", err.msg);
+    } else {
+        setenv("KILN_CUDA_MATMUL", "bf16x2", 1);
+        if (backend_create(&gpu_split, "cuda", &bo, &err)) {
+            fprintf(stderr, "cuda backend (bf16x2): %s\n", err.msg);
+            return 1;
+        }
+        unsetenv("KILN_CUDA_MATMUL");
+        if (cpu.ops->reserve(cpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu.ops->reserve(gpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_split.ops->reserve(gpu_split.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
+            fprintf(stderr, "reserve: %s\n", err.msg);
+            return 1;
+        }
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embed),      cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_attention),  cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_moe_ffn),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_split);
+    backend_destroy(&cpu);
+    return rc;
+}
