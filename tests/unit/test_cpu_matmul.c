@@ -212,11 +212,11 @@ static void check_invariance(matmul_fn fn, uint64_t *s, enum dtype wt, long m, l
 
 static void run_invariance(matmul_fn fn) {
     static const long ms[] = {67, 300};
-    static const long ks[] = {9, 172, 1000};
+    static const long ks[] = {9, 172, 1000, 3001};
     uint64_t s = 0x0123456789abcdefull;
     for (size_t d = 0; d < 3; d++)
         for (size_t a = 0; a < 2; a++)
-            for (size_t b = 0; b < 3; b++) check_invariance(fn, &s, kDtypes[d], ms[a], ks[b], (int)((a + b) & 1));
+            for (size_t b = 0; b < 4; b++) check_invariance(fn, &s, kDtypes[d], ms[a], ks[b], (int)((a + b) & 1));
 }
 
 static void test_invariance(void **state) { run_invariance(cpu_matmul); }

@@ -40,7 +40,12 @@ enum {
     /* Packed mode tile and the x block that should stay in L2. */
     PACK_R = 4,
     PACK_C = 3,
-    XBLOCK_BYTES = 256 * 1024,
+    XBLOCK_BYTES = 1024 * 1024,
+    XBLOCK_MIN_ROWS = 16,
+    /* k above KCHUNK_MIN is cut into chunks of KCHUNK (multiple of 8). */
+    KCHUNK_MIN = 1024,
+    KCHUNK = 512,
+    PF_BLOCKS = 1,
 };
 
 /* 8 weights starting at element off, widened to fp32 (exact). */
@@ -94,17 +99,34 @@ KILN_AVX2_INLINE void store_sums(float *y, const float *bias, __m128 s, int cnt)
     for (int c = 0; c < cnt; c++) y[c] = bias ? t[c] + bias[c] : t[c];
 }
 
-/* y[r][c] (+)= x[r] . w[c] for r < R, c < C over the full k. R, C and kind
- * are constants after inlining so the accumulators live in registers. */
+/* What a tile does besides the FMAs. A k range split into chunks (at
+ * multiples of 8) carries the raw accumulators between calls, [R][C][8]
+ * floats: storing and reloading them is exact, so the chunked sum is the
+ * same as the unchunked one. */
+struct tile_io {
+    const float *bias;    /* [C] or NULL */
+    const char *pf;       /* block to prefetch alongside, or NULL */
+    const float *acc_in;  /* accumulators to continue, or NULL to start at 0 */
+    float *acc_out;       /* where to leave them, or NULL to reduce into y */
+};
+
+/* y[r][c] = x[r] . w[c] for r < R, c < C over k. R, C and kind are
+ * constants after inlining so the accumulators live in registers. */
 KILN_AVX2_INLINE void tile(const int R, const int C, const int kind, const float *x, long ldx,
-                           const void *w, long ldw, long k, float *y, long ldy, const float *bias) {
+                           const void *w, long ldw, long k, float *y, long ldy,
+                           const struct tile_io *io) {
+    const int esz = kind == WK_F32 ? 4 : 2;
+    const char *pf = io->pf;
     __m256 acc[TILE_RMAX][TILE_CMAX];
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < C; c++)
+            acc[r][c] = io->acc_in ? _mm256_loadu_ps(io->acc_in + (r * C + c) * 8) : _mm256_setzero_ps();
     const long k8 = k & ~7L;
     for (long kk = 0; kk < k8; kk += 8) {
         __m256 wv[TILE_CMAX];
         for (int c = 0; c < C; c++) wv[c] = load8_w(w, c * ldw + kk, kind);
+        if (pf)
+            for (int o = 0; o < C * 8 * esz; o += 64) _mm_prefetch(pf + kk * C * esz + o, _MM_HINT_T0);
         for (int r = 0; r < R; r++) {
             __m256 xv = _mm256_loadu_ps(x + r * ldx + kk);
             for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
@@ -118,6 +140,12 @@ KILN_AVX2_INLINE void tile(const int R, const int C, const int kind, const float
             for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
         }
     }
+    if (io->acc_out) {
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) _mm256_storeu_ps(io->acc_out + (r * C + c) * 8, acc[r][c]);
+        return;
+    }
+    const float *bias = io->bias;
     const __m256 z = _mm256_setzero_ps();
     for (int r = 0; r < R; r++) {
         for (int c0 = 0; c0 < C; c0 += 4) {
@@ -131,48 +159,49 @@ KILN_AVX2_INLINE void tile(const int R, const int C, const int kind, const float
 
 /* One switch instantiates every tile shape the drivers below ask for. */
 KILN_AVX2_INLINE void tile_any(int R, int C, const int kind, const float *x, long ldx, const void *w,
-                               long ldw, long k, float *y, long ldy, const float *bias) {
+                               long ldw, long k, float *y, long ldy,
+                               const struct tile_io *io) {
     switch (R * 16 + C) {
-    case 0x11: tile(1, 1, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x12: tile(1, 2, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x13: tile(1, 3, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x14: tile(1, 4, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x18: tile(1, 8, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x21: tile(2, 1, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x22: tile(2, 2, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x23: tile(2, 3, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x24: tile(2, 4, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x31: tile(3, 1, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x32: tile(3, 2, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x33: tile(3, 3, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x34: tile(3, 4, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x41: tile(4, 1, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x42: tile(4, 2, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
-    case 0x43: tile(4, 3, kind, x, ldx, w, ldw, k, y, ldy, bias); break;
+    case 0x11: tile(1, 1, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x12: tile(1, 2, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x13: tile(1, 3, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x14: tile(1, 4, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x18: tile(1, 8, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x21: tile(2, 1, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x22: tile(2, 2, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x23: tile(2, 3, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x24: tile(2, 4, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x31: tile(3, 1, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x32: tile(3, 2, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x33: tile(3, 3, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x34: tile(3, 4, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x41: tile(4, 1, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x42: tile(4, 2, kind, x, ldx, w, ldw, k, y, ldy, io); break;
+    case 0x43: tile(4, 3, kind, x, ldx, w, ldw, k, y, ldy, io); break;
     default: KILN_ASSERT_MSG(0, "cpu_matmul: tile shape not instantiated");
     }
 }
 
 static KILN_AVX2 __attribute__((noinline)) void tile_f32(int R, int C, const float *x, long ldx,
                                                           const void *w, long ldw, long k, float *y,
-                                                          long ldy, const float *bias) {
-    tile_any(R, C, WK_F32, x, ldx, w, ldw, k, y, ldy, bias);
+                                                          long ldy, const struct tile_io *io) {
+    tile_any(R, C, WK_F32, x, ldx, w, ldw, k, y, ldy, io);
 }
 
 static KILN_AVX2 __attribute__((noinline)) void tile_f16(int R, int C, const float *x, long ldx,
                                                           const void *w, long ldw, long k, float *y,
-                                                          long ldy, const float *bias) {
-    tile_any(R, C, WK_F16, x, ldx, w, ldw, k, y, ldy, bias);
+                                                          long ldy, const struct tile_io *io) {
+    tile_any(R, C, WK_F16, x, ldx, w, ldw, k, y, ldy, io);
 }
 
 static KILN_AVX2 __attribute__((noinline)) void tile_bf16(int R, int C, const float *x, long ldx,
                                                            const void *w, long ldw, long k, float *y,
-                                                           long ldy, const float *bias) {
-    tile_any(R, C, WK_BF16, x, ldx, w, ldw, k, y, ldy, bias);
+                                                           long ldy, const struct tile_io *io) {
+    tile_any(R, C, WK_BF16, x, ldx, w, ldw, k, y, ldy, io);
 }
 
 typedef void (*tile_fn)(int R, int C, const float *x, long ldx, const void *w, long ldw, long k,
-                        float *y, long ldy, const float *bias);
+                        float *y, long ldy, const struct tile_io *io);
 
 /* Widens rows [0, rows) of w (row stride k) into panel [rows][kp], zero
  * padded to kp = k rounded up to 8. */
@@ -194,32 +223,41 @@ static int tile_cols(int cmax, long left) {
     return c > 4 && c < 8 ? 4 : c;
 }
 
-void cpu_matmul_range_avx2(const struct cpu_matmul_job *job, long j0, long j1) {
-    const long n = job->n, k = job->k, ldx = job->ldx, ldy = job->ldy;
-    const float *bias = job->bias;
-    int kind = job->wt == DTYPE_F32 ? WK_F32 : job->wt == DTYPE_F16 ? WK_F16 : WK_BF16;
-    tile_fn fn = kind == WK_F32 ? tile_f32 : kind == WK_F16 ? tile_f16 : tile_bf16;
-    const size_t esz = kind == WK_F32 ? 4 : 2;
+/* Small n: each group of C w-rows is read from memory once, widened in
+ * registers, and reused from cache by all n rows of x. */
+static void range_stream(const struct cpu_matmul_job *job, long j0, long j1, tile_fn fn, size_t esz) {
+    const long n = job->n, k = job->k;
     const char *w = job->w;
-
-    if (n <= STREAM_MAX_N) {
-        /* Each group of C w-rows is read from memory once and reused from
-         * cache by all n rows of x. */
-        const int cs = n == 1 ? 8 : 4, rs = 2;
-        for (long jb = j0, c; jb < j1; jb += c) {
-            c = tile_cols(cs, j1 - jb);
-            for (long i = 0; i < n; i += rs)
-                fn(min_int(rs, n - i), (int)c, job->x + i * ldx, ldx, w + jb * k * esz, k, k,
-                   job->y + i * ldy + jb, ldy, bias ? bias + jb : NULL);
+    const int cs = n == 1 ? 8 : 4, rs = 2;
+    /* Rows shorter than a page are too short for the hardware prefetcher to
+     * ramp up on each of the C streams; longer ones it handles better alone. */
+    const int prefetch = (size_t)k * esz < 4096;
+    for (long jb = j0, c; jb < j1; jb += c) {
+        c = tile_cols(cs, j1 - jb);
+        for (long i = 0; i < n; i += rs) {
+            struct tile_io io = {.bias = job->bias ? job->bias + jb : NULL};
+            if (prefetch && i == 0 && jb + PF_BLOCKS * c < j1) io.pf = w + (jb + PF_BLOCKS * c) * k * esz;
+            fn(min_int(rs, n - i), (int)c, job->x + i * job->ldx, job->ldx, w + jb * k * esz, k, k,
+               job->y + i * job->ldy + jb, job->ldy, &io);
         }
-        return;
     }
+}
 
+/* Large n: C w-rows at a time are widened into an fp32 panel that serves a
+ * block of x-rows sized to stay in L2. Long rows are cut into k chunks so
+ * that the panel chunk stays in L1 while the block's x-rows pass over it;
+ * the accumulators wait in acc between chunks. */
+static void range_packed(const struct cpu_matmul_job *job, long j0, long j1, int kind, size_t esz) {
+    const long n = job->n, k = job->k, ldx = job->ldx, ldy = job->ldy;
+    const char *w = job->w;
+    const long kc = k > KCHUNK_MIN ? KCHUNK : k; /* a multiple of 8 when k is cut */
+    long xb = XBLOCK_BYTES / ((k + 1) * (long)sizeof(float));
+    xb = xb < XBLOCK_MIN_ROWS ? XBLOCK_MIN_ROWS : xb / PACK_R * PACK_R;
+    if (xb > n) xb = (n + PACK_R - 1) / PACK_R * PACK_R;
     /* fp32 weights need no packing: their rows are the panel. */
     const long kp = kind == WK_F32 ? k : (k + 7) & ~7L;
     float *panel = kind == WK_F32 ? NULL : xmalloc((size_t)(PACK_C * kp) * sizeof(float));
-    long xb = XBLOCK_BYTES / ((k + 1) * (long)sizeof(float));
-    xb = xb < PACK_R ? PACK_R : xb / PACK_R * PACK_R;
+    float *acc = kc < k ? xmalloc((size_t)(xb * PACK_C * 8) * sizeof(float)) : NULL;
     for (long i0 = 0; i0 < n; i0 += xb) {
         long i1 = i0 + xb < n ? i0 + xb : n;
         for (long jb = j0, c; jb < j1; jb += c) {
@@ -229,12 +267,34 @@ void cpu_matmul_range_avx2(const struct cpu_matmul_job *job, long j0, long j1) {
                 pack_panel(panel, kp, w + jb * k * esz, k, c, kind);
                 p = panel;
             }
-            for (long i = i0; i < i1; i += PACK_R)
-                tile_f32(min_int(PACK_R, i1 - i), (int)c, job->x + i * ldx, ldx, p, kp, k,
-                         job->y + i * ldy + jb, ldy, bias ? bias + jb : NULL);
+            /* At least one pass, so that k = 0 still writes y (= bias or 0). */
+            for (long k0 = 0; k0 == 0 || k0 < k; k0 += kc) {
+                long len = k - k0 < kc ? k - k0 : kc;
+                for (long i = i0; i < i1; i += PACK_R) {
+                    float *a = acc ? acc + (i - i0) * PACK_C * 8 : NULL;
+                    struct tile_io io = {
+                        .bias = job->bias ? job->bias + jb : NULL,
+                        .acc_in = k0 > 0 ? a : NULL,
+                        .acc_out = k0 + len < k ? a : NULL,
+                    };
+                    tile_f32(min_int(PACK_R, i1 - i), (int)c, job->x + i * ldx + k0, ldx, p + k0, kp, len,
+                             job->y + i * ldy + jb, ldy, &io);
+                }
+                if (kc == 0) break;
+            }
         }
     }
     free(panel);
+    free(acc);
+}
+
+void cpu_matmul_range_avx2(const struct cpu_matmul_job *job, long j0, long j1) {
+    int kind = job->wt == DTYPE_F32 ? WK_F32 : job->wt == DTYPE_F16 ? WK_F16 : WK_BF16;
+    size_t esz = kind == WK_F32 ? 4 : 2;
+    if (job->n <= STREAM_MAX_N)
+        range_stream(job, j0, j1, kind == WK_F32 ? tile_f32 : kind == WK_F16 ? tile_f16 : tile_bf16, esz);
+    else
+        range_packed(job, j0, j1, kind, esz);
 }
 
 #endif
