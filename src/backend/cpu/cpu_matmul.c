@@ -6,7 +6,11 @@
  */
 #include "backend/cpu/cpu_matmul.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "backend/cpu/cpu_matmul_kernels.h"
 #include "base/error.h"
@@ -83,12 +87,31 @@ static void matmul_run(struct threadpool *tp, range_fn range, float *y, long ldy
         threadpool_run(tp, matmul_worker, &task);
 }
 
-static range_fn best_range(void) {
+static int has_avx2_fma_f16c(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return cpu_matmul_range_avx2;
+    /* clang 14 has no "f16c" for __builtin_cpu_supports: ask cpuid (leaf 1,
+     * ecx bit 29); the avx2 check already covers OS support of ymm state. */
+    unsigned a, b, c, d;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+#else
+    return 0;
+#endif
+}
+
+static range_fn best_range(void) {
+    /* cpuid traps to the hypervisor in a VM (microseconds), too slow for
+     * every decode call. The cache describes the machine, not engine state:
+     * every thread would store the same value, so a race is harmless. */
+    static _Atomic int cached; /* 0 unknown, 1 portable, 2 avx2 */
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!v) {
+        v = has_avx2_fma_f16c() ? 2 : 1;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+#if defined(__x86_64__)
+    if (v == 2) return cpu_matmul_range_avx2;
 #endif
     return cpu_matmul_range_portable;
 }
