@@ -36,7 +36,7 @@ enum {
     TILE_RMAX = 4,
     TILE_CMAX = 8,
     /* n up to this streams w from its own dtype; above, w is packed. */
-    STREAM_MAX_N = 4,
+    STREAM_MAX_N = 8,
     /* Packed mode tile and the x block that should stay in L2. */
     PACK_R = 4,
     PACK_C = 3,
@@ -228,7 +228,8 @@ static int tile_cols(int cmax, long left) {
 static void range_stream(const struct cpu_matmul_job *job, long j0, long j1, tile_fn fn, size_t esz) {
     const long n = job->n, k = job->k;
     const char *w = job->w;
-    const int cs = n == 1 ? 8 : 4, rs = 2;
+    /* Shapes whose accumulators and w vectors fit the 16 ymm registers. */
+    const int rs = n < 4 ? (int)n : 4, cs = n == 1 ? 8 : n == 2 ? 4 : 3;
     /* Rows shorter than a page are too short for the hardware prefetcher to
      * ramp up on each of the C streams; longer ones it handles better alone. */
     const int prefetch = (size_t)k * esz < 4096;
