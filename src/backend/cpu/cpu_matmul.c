@@ -1,43 +1,127 @@
-/* Placeholder reference kernel until the tuned kernel lands (branch cpuk). */
+/* cpu_matmul.c — thread split, ISA dispatch and the portable kernel.
+ *
+ * Threads split the outputs (columns j of y, i.e. rows of w) into contiguous
+ * ranges; k is never split, so an output's arithmetic is the same whoever
+ * computes it. The arithmetic itself is fixed in cpu_matmul_kernels.h.
+ */
 #include "backend/cpu/cpu_matmul.h"
 
+#include <stdatomic.h>
+#include <stdint.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "backend/cpu/cpu_matmul_kernels.h"
+#include "base/error.h"
 #include "base/threadpool.h"
 
-struct mm_job {
-    float *y;
-    long ldy;
-    const float *x;
-    long ldx;
-    const void *w;
-    enum dtype wt;
-    const float *bias;
-    long n, m, k;
+enum {
+    /* Threads take outputs in multiples of this, so tiles stay whole. */
+    SPLIT_UNIT = 8,
+    /* Below this many multiply-adds, waking the pool costs more than it saves. */
+    MIN_PARALLEL_MACS = 1 << 16,
 };
 
-static float wval(const void *w, enum dtype wt, long i) {
+static float load_w_scalar(const void *w, long idx, enum dtype wt) {
     switch (wt) {
-    case DTYPE_BF16: return bf16_to_f32(((const uint16_t *)w)[i]);
-    case DTYPE_F16: return f16_to_f32(((const uint16_t *)w)[i]);
-    default: return ((const float *)w)[i];
+    case DTYPE_F32: return ((const float *)w)[idx];
+    case DTYPE_F16: return f16_to_f32(((const uint16_t *)w)[idx]);
+    default: return bf16_to_f32(((const uint16_t *)w)[idx]);
     }
 }
 
-static void mm_worker(void *arg, int ith, int nth) {
-    const struct mm_job *j = arg;
-    long lo, hi;
-    threadpool_split(j->m, ith, nth, &lo, &hi);
-    for (long c = lo; c < hi; c++)
-        for (long r = 0; r < j->n; r++) {
-            float acc[8] = {0};
-            const float *x = j->x + r * j->ldx;
-            for (long k = 0; k < j->k; k++) acc[k & 7] += x[k] * wval(j->w, j->wt, c * j->k + k);
-            float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-            j->y[r * j->ldy + c] = s + (j->bias ? j->bias[c] : 0.0f);
+/* One output, 8 lanes over k and the fixed reduction tree. Not inlined so
+ * that the compiler makes the same contraction choices for every output. */
+static __attribute__((noinline)) float dot_portable(const float *x, const void *w, long off,
+                                                    enum dtype wt, long k) {
+    float acc[8] = {0};
+    for (long kb = 0; kb < k; kb += 8) {
+        for (int l = 0; l < 8; l++) {
+            long kk = kb + l;
+            float xv = kk < k ? x[kk] : 0.0f, wv = kk < k ? load_w_scalar(w, off + kk, wt) : 0.0f;
+            acc[l] += xv * wv;
         }
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+void cpu_matmul_range_portable(const struct cpu_matmul_job *job, long j0, long j1) {
+    for (long i = 0; i < job->n; i++) {
+        const float *x = job->x + i * job->ldx;
+        float *y = job->y + i * job->ldy;
+        for (long j = j0; j < j1; j++) {
+            float s = dot_portable(x, job->w, j * job->k, job->wt, job->k);
+            y[j] = job->bias ? s + job->bias[j] : s;
+        }
+    }
+}
+
+typedef void (*range_fn)(const struct cpu_matmul_job *job, long j0, long j1);
+
+struct matmul_task {
+    const struct cpu_matmul_job *job;
+    range_fn range;
+};
+
+static void matmul_worker(void *arg, int ith, int nth) {
+    const struct matmul_task *t = arg;
+    long units = (t->job->m + SPLIT_UNIT - 1) / SPLIT_UNIT, lo, hi;
+    threadpool_split(units, ith, nth, &lo, &hi);
+    long j0 = lo * SPLIT_UNIT, j1 = hi * SPLIT_UNIT < t->job->m ? hi * SPLIT_UNIT : t->job->m;
+    if (j0 < j1) t->range(t->job, j0, j1);
+}
+
+static void matmul_run(struct threadpool *tp, range_fn range, float *y, long ldy, const float *x,
+                       long ldx, const void *w, enum dtype wt, const float *bias, long n, long m,
+                       long k) {
+    KILN_ASSERT(wt == DTYPE_F32 || wt == DTYPE_F16 || wt == DTYPE_BF16);
+    KILN_ASSERT(n >= 0 && m >= 0 && k >= 0 && ldx >= k && ldy >= m);
+    if (n == 0 || m == 0) return;
+    struct cpu_matmul_job job = {
+        .y = y, .ldy = ldy, .x = x, .ldx = ldx, .w = w, .wt = wt, .bias = bias, .n = n, .m = m, .k = k};
+    struct matmul_task task = {.job = &job, .range = range};
+    if (!tp || threadpool_size(tp) == 1 || (double)n * m * k < MIN_PARALLEL_MACS)
+        matmul_worker(&task, 0, 1);
+    else
+        threadpool_run(tp, matmul_worker, &task);
+}
+
+static int has_avx2_fma_f16c(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    /* clang 14 has no "f16c" for __builtin_cpu_supports: ask cpuid (leaf 1,
+     * ecx bit 29); the avx2 check already covers OS support of ymm state. */
+    unsigned a, b, c, d;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+#else
+    return 0;
+#endif
+}
+
+static range_fn best_range(void) {
+    /* cpuid traps to the hypervisor in a VM (microseconds), too slow for
+     * every decode call. The cache describes the machine, not engine state:
+     * every thread would store the same value, so a race is harmless. */
+    static _Atomic int cached; /* 0 unknown, 1 portable, 2 avx2 */
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!v) {
+        v = has_avx2_fma_f16c() ? 2 : 1;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+#if defined(__x86_64__)
+    if (v == 2) return cpu_matmul_range_avx2;
+#endif
+    return cpu_matmul_range_portable;
 }
 
 void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
                 enum dtype wt, const float *bias, long n, long m, long k) {
-    struct mm_job j = {y, ldy, x, ldx, w, wt, bias, n, m, k};
-    threadpool_run(tp, mm_worker, &j);
+    matmul_run(tp, best_range(), y, ldy, x, ldx, w, wt, bias, n, m, k);
+}
+
+void cpu_matmul_portable(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
+                         const void *w, enum dtype wt, const float *bias, long n, long m, long k) {
+    matmul_run(tp, cpu_matmul_range_portable, y, ldy, x, ldx, w, wt, bias, n, m, k);
 }

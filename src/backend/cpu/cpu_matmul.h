@@ -24,4 +24,12 @@ struct threadpool;
 void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
                 enum dtype wt, const float *bias, long n, long m, long k);
 
+/* The same product through the portable (non-SIMD) kernel that machines
+ * without AVX2/FMA/F16C get; for tests and comparisons. Its results may
+ * differ in the last bits from cpu_matmul's SIMD kernel but obey the same
+ * invariance contract. tp may be NULL (caller's thread only), here and in
+ * cpu_matmul. */
+void cpu_matmul_portable(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
+                         const void *w, enum dtype wt, const float *bias, long n, long m, long k);
+
 #endif

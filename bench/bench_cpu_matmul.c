@@ -1,0 +1,253 @@
+/* bench_cpu_matmul.c — speed of cpu_matmul against the machine's memory
+ * bandwidth (decode) and OpenBLAS sgemm (prefill).
+ *
+ *   build/bench_cpu_matmul [threads] [--quick]
+ *
+ * Decode runs each shape over enough copies of its weights that they come
+ * from DRAM, not cache, and reports the weight bytes read per second.
+ */
+#include <cblas.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "backend/cpu/cpu_matmul.h"
+#include "base/mem.h"
+#include "base/threadpool.h"
+#include "tensor/dtype.h"
+
+struct shape {
+    const char *name;
+    long m, k;
+};
+
+static const struct shape kQwen[] = {
+    {"qwen3-0.6b q_proj", 2048, 1024},  {"qwen3-0.6b k/v_proj", 1024, 1024},
+    {"qwen3-0.6b o_proj", 1024, 2048},  {"qwen3-0.6b gate/up", 3072, 1024},
+    {"qwen3-0.6b down", 1024, 3072},    {"qwen3-0.6b lm_head", 151936, 1024},
+};
+static const struct shape kLlama[] = {
+    {"llama3-8b q/o_proj", 4096, 4096},  {"llama3-8b k/v_proj", 1024, 4096},
+    {"llama3-8b gate/up", 14336, 4096},  {"llama3-8b down", 4096, 14336},
+    {"llama3-8b lm_head", 128256, 4096},
+};
+#define COUNT(a) (sizeof(a) / sizeof *(a))
+
+/* ---- memory read bandwidth: each thread sums its half of a big array ---- */
+
+struct bw_task {
+    const float *a;
+    long n;
+    double sums[64];
+};
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static double sum_avx2(const float *a, long n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (long i = 0; i + 32 <= n; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(a + i));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(a + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_loadu_ps(a + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_loadu_ps(a + i + 24));
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    return (double)t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+#endif
+
+static double sum_any(const float *a, long n) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2")) return sum_avx2(a, n);
+#endif
+    float s[8] = {0};
+    for (long i = 0; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[l] += a[i + l];
+    return (double)s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+static void bw_worker(void *arg, int ith, int nth) {
+    struct bw_task *t = arg;
+    long lo, hi;
+    threadpool_split(t->n / 64, ith, nth, &lo, &hi);
+    t->sums[ith] = sum_any(t->a + lo * 64, (hi - lo) * 64);
+}
+
+static void fill_worker(void *arg, int ith, int nth) {
+    struct bw_task *t = arg;
+    long lo, hi;
+    threadpool_split(t->n, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) ((float *)t->a)[i] = (float)(i & 7);
+}
+
+static double measure_bandwidth(struct threadpool *tp) {
+    const long n = 1L << 28; /* 1 GiB of floats */
+    struct bw_task t = {.a = xaligned_alloc((size_t)n * sizeof(float)), .n = n};
+    threadpool_run(tp, fill_worker, &t); /* first touch from the threads that read */
+    double best = 0;
+    for (int rep = 0; rep < 10; rep++) {
+        double t0 = time_now();
+        threadpool_run(tp, bw_worker, &t);
+        double gbs = (double)n * sizeof(float) / (time_now() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free((void *)t.a);
+    return best;
+}
+
+/* ---- helpers ---- */
+
+static uint64_t g_unused;
+static float *random_floats(long count, uint64_t seed) {
+    float *p = xaligned_alloc((size_t)count * sizeof(float));
+    for (long i = 0; i < count; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (float)((int64_t)(seed >> 40) - (1 << 23)) / (float)(1 << 23);
+    }
+    return p;
+}
+
+static void *to_dtype(const float *src, long count, enum dtype wt) {
+    void *w = xaligned_alloc((size_t)count * dtype_size(wt));
+    for (long i = 0; i < count; i++) {
+        if (wt == DTYPE_F32) ((float *)w)[i] = src[i];
+        else if (wt == DTYPE_F16) ((uint16_t *)w)[i] = f32_to_f16(src[i]);
+        else ((uint16_t *)w)[i] = f32_to_bf16(src[i]);
+    }
+    return w;
+}
+
+/* Decode: n rows against weights that do not fit in cache. Returns GB/s of
+ * weights read. */
+static double bench_decode(struct threadpool *tp, const struct shape *s, enum dtype wt, long n,
+                           double min_time) {
+    size_t bytes = (size_t)(s->m * s->k) * dtype_size(wt);
+    /* 1.5 GiB of copies: more than any last-level cache a VM reports. */
+    int copies = (int)((3ul << 29) / bytes) + 1;
+    char *all = xaligned_alloc(bytes * (size_t)copies);
+    void **w = xcalloc((size_t)copies, sizeof *w);
+    void *one = NULL;
+    {
+        float *src = random_floats(s->m * s->k, 1);
+        one = to_dtype(src, s->m * s->k, wt);
+        free(src);
+    }
+    for (int c = 0; c < copies; c++) {
+        w[c] = all + bytes * (size_t)c;
+        memcpy(w[c], one, bytes);
+    }
+    free(one);
+    float *x = random_floats(n * s->k, 2), *y = xaligned_alloc((size_t)(n * s->m) * sizeof(float));
+    for (int c = 0; c < copies; c++) cpu_matmul(tp, y, s->m, x, s->k, w[c], wt, NULL, n, s->m, s->k);
+    /* Best pass over all copies: other processes on a small machine only
+     * ever make a pass slower. */
+    double best = 1e30, t_all = time_now();
+    int passes = 0;
+    do {
+        double t0 = time_now();
+        for (int c = 0; c < copies; c++) cpu_matmul(tp, y, s->m, x, s->k, w[c], wt, NULL, n, s->m, s->k);
+        double dt = time_now() - t0;
+        if (dt < best) best = dt;
+        passes++;
+    } while (time_now() - t_all < min_time || passes < 3);
+    g_unused += (uint64_t)y[0];
+    free(all);
+    free(w);
+    free(x);
+    free(y);
+    return (double)bytes * copies / best / 1e9;
+}
+
+/* Prefill: GFLOP/s of kiln (weights in wt) and of OpenBLAS sgemm on fp32. */
+static void bench_prefill(struct threadpool *tp, const struct shape *s, long n, double min_time,
+                          double *kiln_bf16, double *kiln_f32, double *blas) {
+    float *wf = random_floats(s->m * s->k, 3);
+    void *wb = to_dtype(wf, s->m * s->k, DTYPE_BF16);
+    float *x = random_floats(n * s->k, 4), *y = xaligned_alloc((size_t)(n * s->m) * sizeof(float));
+    double flop = 2.0 * n * s->m * s->k;
+    for (int which = 0; which < 3; which++) {
+        double best = 1e30;
+        long calls = 0;
+        double t_all = time_now();
+        do {
+            double t0 = time_now();
+            if (which == 0) cpu_matmul(tp, y, s->m, x, s->k, wb, DTYPE_BF16, NULL, n, s->m, s->k);
+            else if (which == 1) cpu_matmul(tp, y, s->m, x, s->k, wf, DTYPE_F32, NULL, n, s->m, s->k);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)s->m, (int)s->k, 1.0f,
+                            x, (int)s->k, wf, (int)s->k, 0.0f, y, (int)s->m);
+            double dt = time_now() - t0;
+            if (dt < best) best = dt;
+            calls++;
+        } while (time_now() - t_all < min_time || calls < 3);
+        double g = flop / best / 1e9;
+        if (which == 0) *kiln_bf16 = g;
+        else if (which == 1) *kiln_f32 = g;
+        else *blas = g;
+    }
+    g_unused += (uint64_t)y[0];
+    free(wf);
+    free(wb);
+    free(x);
+    free(y);
+}
+
+int main(int argc, char **argv) {
+    int threads = 2, quick = 0, decode = 1, prefill = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--decode")) prefill = 0;
+        else if (!strcmp(argv[i], "--prefill")) decode = 0;
+        else threads = atoi(argv[i]);
+    }
+    double tmin = quick ? 0.3 : 1.0;
+    struct threadpool *tp = threadpool_create(threads);
+    openblas_set_num_threads(threads);
+    printf("threads: %d; OpenBLAS %s (core %s)\n", threads, openblas_get_config(),
+           openblas_get_corename());
+
+    double bw = measure_bandwidth(tp);
+    printf("memory read bandwidth (%d threads, 1 GiB sum): %.1f GB/s\n\n", threads, bw);
+
+    if (decode)
+        printf("decode, n=1, weights from DRAM          BF16 GB/s   %%bw   F16 GB/s  F32 GB/s\n");
+    for (int set = 0; set < 2 && decode; set++) {
+        const struct shape *sh = set ? kLlama : kQwen;
+        size_t cnt = set ? COUNT(kLlama) : COUNT(kQwen);
+        for (size_t i = 0; i < cnt; i++) {
+            double b = bench_decode(tp, &sh[i], DTYPE_BF16, 1, tmin);
+            double h = quick ? 0 : bench_decode(tp, &sh[i], DTYPE_F16, 1, tmin);
+            double f = quick || set ? 0 : bench_decode(tp, &sh[i], DTYPE_F32, 1, tmin);
+            printf("%-28s %5ldx%-6ld %8.1f %6.0f%% %9.1f %9.1f\n", sh[i].name, sh[i].m, sh[i].k, b,
+                   100 * b / bw, h, f);
+        }
+    }
+    if (decode) printf("\ndecode, BF16, n rows (GB/s of weights)   n=1     n=2     n=4     n=8\n");
+    for (size_t i = 0; i < COUNT(kQwen) && decode; i += 3) {
+        printf("%-28s %5ldx%-6ld", kQwen[i].name, kQwen[i].m, kQwen[i].k);
+        for (long n = 1; n <= 8; n *= 2) printf(" %7.1f", bench_decode(tp, &kQwen[i], DTYPE_BF16, n, tmin));
+        printf("\n");
+    }
+
+    if (prefill)
+        printf("\nprefill GFLOP/s                      n   kiln BF16  kiln F32  OpenBLAS F32  BF16/BLAS\n");
+    for (int set = 0; set < 2 && prefill; set++) {
+        const struct shape *sh = set ? kLlama : kQwen;
+        size_t cnt = set ? COUNT(kLlama) - 1 : COUNT(kQwen) - 1; /* no lm_head: one row */
+        for (size_t i = 0; i < cnt; i++) {
+            for (long n = 128; n <= 512; n *= 4) {
+                if (set && n == 512 && quick) continue;
+                double kb = 0, kf = 0, bl = 0;
+                bench_prefill(tp, &sh[i], n, quick ? 0.2 : 0.5, &kb, &kf, &bl);
+                printf("%-22s %5ldx%-6ld %4ld %9.1f %9.1f %12.1f %9.2f\n", sh[i].name, sh[i].m, sh[i].k, n,
+                       kb, kf, bl, kb / bl);
+            }
+        }
+    }
+    threadpool_destroy(tp);
+    return g_unused == 42 ? 1 : 0;
+}

@@ -1,0 +1,233 @@
+/* test_cpu_matmul.c — cpu_matmul against a double-precision reference, and
+ * its invariance contract: a row's results are bitwise the same alone, in
+ * any batch, at any position and with any number of threads. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu/cpu_matmul.h"
+#include "base/threadpool.h"
+#include "tensor/dtype.h"
+
+typedef void (*matmul_fn)(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
+                          const void *w, enum dtype wt, const float *bias, long n, long m, long k);
+
+static const enum dtype kDtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+/* A NaN with a payload no arithmetic produces: marks unwritten outputs. */
+static const uint32_t kPoison = 0x7fc0dead;
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static float rng_uniform(uint64_t *s) { /* [-1, 1) */
+    return (float)((double)(rng_next(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* Random weights in dtype wt; *exact gets the values they represent. */
+static void *make_weights(uint64_t *s, enum dtype wt, long m, long k, float **exact) {
+    size_t count = (size_t)(m * k) + 1;
+    void *w = malloc(count * dtype_size(wt));
+    float *e = malloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) {
+        float v = rng_uniform(s);
+        if (wt == DTYPE_F32) {
+            ((float *)w)[i] = v;
+            e[i] = v;
+        } else if (wt == DTYPE_F16) {
+            uint16_t h = f32_to_f16(v);
+            ((uint16_t *)w)[i] = h;
+            e[i] = f16_to_f32(h);
+        } else {
+            uint16_t h = f32_to_bf16(v);
+            ((uint16_t *)w)[i] = h;
+            e[i] = bf16_to_f32(h);
+        }
+    }
+    *exact = e;
+    return w;
+}
+
+static float *make_floats(uint64_t *s, size_t count) {
+    float *p = malloc((count + 1) * sizeof(float));
+    for (size_t i = 0; i < count + 1; i++) p[i] = rng_uniform(s);
+    return p;
+}
+
+static void poison(float *p, size_t count) {
+    for (size_t i = 0; i < count; i++) memcpy(&p[i], &kPoison, 4);
+}
+
+static float *make_poisoned(size_t count) {
+    float *p = malloc((count + 1) * sizeof(float));
+    poison(p, count + 1);
+    return p;
+}
+
+static int is_poison(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u == kPoison;
+}
+
+static void check_case(matmul_fn fn, struct threadpool *tp, uint64_t *s, enum dtype wt, long n,
+                       long m, long k, long ldx, long ldy, int with_bias) {
+    float *we;
+    void *w = make_weights(s, wt, m, k, &we);
+    float *x = make_floats(s, (size_t)(n * ldx));
+    float *bias = with_bias ? make_floats(s, (size_t)m) : NULL;
+    float *y = make_poisoned((size_t)(n * ldy));
+    fn(tp, y, ldy, x, ldx, w, wt, bias, n, m, k);
+    int bad = 0;
+    for (long i = 0; i < n && bad < 5; i++) {
+        for (long j = 0; j < ldy; j++) {
+            float got = y[i * ldy + j];
+            if (j >= m) { /* the row padding must be left alone */
+                if (!is_poison(got)) {
+                    print_error("padding written: n=%ld m=%ld k=%ld i=%ld j=%ld\n", n, m, k, i, j);
+                    bad++;
+                }
+                continue;
+            }
+            double ref = bias ? bias[j] : 0.0, mag = bias ? fabs(bias[j]) : 0.0;
+            for (long kk = 0; kk < k; kk++) {
+                double p = (double)x[i * ldx + kk] * we[j * k + kk];
+                ref += p;
+                mag += fabs(p);
+            }
+            if (!(fabs(got - ref) <= 1e-5 * mag + 1e-30)) {
+                print_error("dtype %s n=%ld m=%ld k=%ld ldx=%ld ldy=%ld bias=%d: y[%ld][%ld] = %.9g, "
+                            "want %.9g\n",
+                            dtype_name(wt), n, m, k, ldx, ldy, with_bias, i, j, got, ref);
+                bad++;
+            }
+        }
+    }
+    assert_int_equal(bad, 0);
+    free(w);
+    free(we);
+    free(x);
+    free(bias);
+    free(y);
+}
+
+static void run_accuracy(matmul_fn fn) {
+    static const long ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 33, 70};
+    static const long ms[] = {1, 3, 8, 13, 17, 40};
+    static const long ks[] = {0, 1, 7, 8, 9, 64, 172, 1000};
+    struct threadpool *tp1 = threadpool_create(1), *tp2 = threadpool_create(2);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    long cases = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++)
+            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++)
+                for (size_t d = 0; d < 3; d++) {
+                    long n = ns[a], m = ms[b], k = ks[c];
+                    long ldx = k + (long)(rng_next(&s) % 3) * 5, ldy = m + (long)(rng_next(&s) % 3);
+                    int with_bias = (int)(rng_next(&s) & 1);
+                    struct threadpool *tp = (cases & 1) ? tp2 : tp1;
+                    check_case(fn, tp, &s, kDtypes[d], n, m, k, ldx, ldy, with_bias);
+                    cases++;
+                }
+    /* Large enough to use every thread and every tile shape; k so long that
+     * the blocked x path holds only one tile of rows. */
+    for (size_t d = 0; d < 3; d++) {
+        check_case(fn, tp2, &s, kDtypes[d], 70, 301, 1000, 1003, 305, 1);
+        check_case(fn, tp2, &s, kDtypes[d], 6, 11, 70001, 70001, 11, 0);
+    }
+    threadpool_destroy(tp1);
+    threadpool_destroy(tp2);
+}
+
+static void test_accuracy(void **state) { run_accuracy(cpu_matmul); }
+static void test_accuracy_portable(void **state) { run_accuracy(cpu_matmul_portable); }
+
+/* All rows at once vs each row alone, in chunks and with 1..3 threads. */
+static void check_invariance(matmul_fn fn, uint64_t *s, enum dtype wt, long m, long k, int with_bias) {
+    const long n = 37, ldx = k + 3, ldy = m + 1;
+    float *we;
+    void *w = make_weights(s, wt, m, k, &we);
+    float *x = make_floats(s, (size_t)(n * ldx));
+    float *bias = with_bias ? make_floats(s, (size_t)m) : NULL;
+    float *full = make_poisoned((size_t)(n * ldy)), *part = make_poisoned((size_t)(n * ldy));
+    /* Rows alone also come from a buffer with another alignment. */
+    float *row = malloc((size_t)(k + 8) * sizeof(float));
+    struct threadpool *tps[3];
+    for (int t = 0; t < 3; t++) tps[t] = threadpool_create(t + 1);
+
+    fn(tps[1], full, ldy, x, ldx, w, wt, bias, n, m, k);
+    for (int t = 0; t < 3; t++) {
+        poison(part, (size_t)(n * ldy));
+        fn(tps[t], part, ldy, x, ldx, w, wt, bias, n, m, k);
+        assert_memory_equal(full, part, (size_t)(n * ldy) * sizeof(float));
+
+        poison(part, (size_t)(n * ldy));
+        for (long i = 0; i < n; i++) {
+            memcpy(row + 1 + (i % 7), x + i * ldx, (size_t)k * sizeof(float));
+            fn(tps[t], part + i * ldy, ldy, row + 1 + (i % 7), k, w, wt, bias, 1, m, k);
+        }
+        assert_memory_equal(full, part, (size_t)(n * ldy) * sizeof(float));
+
+        static const long chunks[] = {2, 3, 5, 8, 16};
+        for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++) {
+            poison(part, (size_t)(n * ldy));
+            for (long i = 0; i < n; i += chunks[c]) {
+                long rows = n - i < chunks[c] ? n - i : chunks[c];
+                fn(tps[t], part + i * ldy, ldy, x + i * ldx, ldx, w, wt, bias, rows, m, k);
+            }
+            assert_memory_equal(full, part, (size_t)(n * ldy) * sizeof(float));
+        }
+    }
+    /* Sub-ranges of outputs (as a tensor-parallel shard or a differently
+     * aligned thread split would compute them) give the same bits too. */
+    long j0 = m / 3;
+    if (j0 > 0) {
+        size_t esz = dtype_size(wt);
+        poison(part, (size_t)(n * ldy));
+        fn(tps[2], part + j0, ldy, x, ldx, (const char *)w + (size_t)(j0 * k) * esz, wt,
+           bias ? bias + j0 : NULL, n, m - j0, k);
+        for (long i = 0; i < n; i++)
+            assert_memory_equal(full + i * ldy + j0, part + i * ldy + j0,
+                                (size_t)(m - j0) * sizeof(float));
+    }
+    for (int t = 0; t < 3; t++) threadpool_destroy(tps[t]);
+    free(w);
+    free(we);
+    free(x);
+    free(bias);
+    free(full);
+    free(part);
+    free(row);
+}
+
+static void run_invariance(matmul_fn fn) {
+    static const long ms[] = {67, 300};
+    static const long ks[] = {9, 172, 1000, 3001};
+    uint64_t s = 0x0123456789abcdefull;
+    for (size_t d = 0; d < 3; d++)
+        for (size_t a = 0; a < 2; a++)
+            for (size_t b = 0; b < 4; b++) check_invariance(fn, &s, kDtypes[d], ms[a], ks[b], (int)((a + b) & 1));
+}
+
+static void test_invariance(void **state) { run_invariance(cpu_matmul); }
+static void test_invariance_portable(void **state) { run_invariance(cpu_matmul_portable); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_accuracy),
+        cmocka_unit_test(test_accuracy_portable),
+        cmocka_unit_test(test_invariance),
+        cmocka_unit_test(test_invariance_portable),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
