@@ -14,6 +14,7 @@ static const struct subcommand subcommands[] = {
     {"verify", cmd_verify, "check the forward pass against reference logits"},
     {"generate", cmd_generate, "greedy generation from token ids"},
     {"help", NULL, "this list"},
+    {"chat-template", cmd_chat_template, "render a chat template for messages on stdin"},
 };
 
 static void usage(FILE *f) {
