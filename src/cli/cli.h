@@ -12,5 +12,6 @@ int cmd_chat_template(int argc, char **argv);
 
 int cmd_verify(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif
