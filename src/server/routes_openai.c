@@ -55,19 +55,20 @@ static json_t *token_bytes(const json_t *text) {
     return a;
 }
 
-static json_t *chat_lp_item(struct server *s, int32_t id, float lp) {
-    json_t *t = server_token_text(s, id);
+static json_t *chat_lp_item(struct server *s, int32_t prev, int32_t id, float lp) {
+    json_t *t = server_token_text(s, prev, id);
     return json_pack("{s:o,s:f,s:o}", "token", t, "logprob", finite_lp(lp), "bytes", token_bytes(t));
 }
 
-/* {"content": [...]} for n samples */
-static json_t *chat_logprobs(struct oai *st, const struct sample_result *smp, int n) {
+/* {"content": [...]} for n samples following token `prev` */
+static json_t *chat_logprobs(struct oai *st, int32_t prev, const struct sample_result *smp, int n) {
     json_t *content = json_array();
     for (int k = 0; k < n; k++) {
-        json_t *item = chat_lp_item(st->s, smp[k].token, smp[k].logprob);
+        int32_t pv = k ? smp[k - 1].token : prev;
+        json_t *item = chat_lp_item(st->s, pv, smp[k].token, smp[k].logprob);
         json_t *top = json_array();
         for (int t = 0; t < smp[k].n_top && t < st->top_logprobs; t++)
-            json_array_append_new(top, chat_lp_item(st->s, smp[k].top_ids[t], smp[k].top_logprobs[t]));
+            json_array_append_new(top, chat_lp_item(st->s, pv, smp[k].top_ids[t], smp[k].top_logprobs[t]));
         json_object_set_new(item, "top_logprobs", top);
         json_array_append_new(content, item);
     }
@@ -75,22 +76,24 @@ static json_t *chat_logprobs(struct oai *st, const struct sample_result *smp, in
 }
 
 /* The legacy completions shape: parallel arrays. */
-static json_t *completion_logprobs(struct oai *st, const struct sample_result *smp, int n, size_t *offset) {
+static json_t *completion_logprobs(struct oai *st, int32_t prev, const struct sample_result *smp, int n,
+                                   size_t *offset) {
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     for (int k = 0; k < n; k++) {
-        json_t *t = server_token_text(st->s, smp[k].token);
+        int32_t pv = k ? smp[k - 1].token : prev;
+        json_t *t = server_token_text(st->s, pv, smp[k].token);
         json_array_append_new(offs, json_integer((json_int_t)*offset));
         *offset += json_string_length(t);
         json_array_append_new(tokens, t);
         json_array_append_new(lps, json_real(finite_lp(smp[k].logprob)));
         json_t *top = json_object();
         for (int i = 0; i < smp[k].n_top && i < st->top_logprobs; i++) {
-            json_t *tt = server_token_text(st->s, smp[k].top_ids[i]);
+            json_t *tt = server_token_text(st->s, pv, smp[k].top_ids[i]);
             json_object_set_new(top, json_string_value(tt), json_real(finite_lp(smp[k].top_logprobs[i])));
             json_decref(tt);
         }
         /* like vLLM, the chosen token is always among them */
-        json_t *ct = server_token_text(st->s, smp[k].token);
+        json_t *ct = server_token_text(st->s, pv, smp[k].token);
         if (!json_object_get(top, json_string_value(ct)))
             json_object_set_new(top, json_string_value(ct), json_real(finite_lp(smp[k].logprob)));
         json_decref(ct);
@@ -98,6 +101,13 @@ static json_t *completion_logprobs(struct oai *st, const struct sample_result *s
     }
     return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
                      "text_offset", offs);
+}
+
+/* The token before output token k of choice i (the prompt's last for k = 0). */
+static int32_t token_before(const struct oai *st, int i, int k) {
+    if (k > 0) return st->ch[i].out.tokens[k - 1];
+    const struct prompt *p = &st->prompts.v[i / st->n];
+    return p->n ? p->ids[p->n - 1] : -1;
 }
 
 /* ---- responses --------------------------------------------------------------- */
@@ -190,11 +200,16 @@ static void on_event(struct gen *g, int i, const struct gen_event *ev) {
         json_t *delta = json_object();
         if (ev->text_len || !final) json_object_set_new(delta, "content", server_json_text(ev->text, ev->text_len));
         choice = json_pack("{s:i,s:o}", "index", i, "delta", delta);
-        json_object_set_new(choice, "logprobs", has_lp ? chat_logprobs(st, ev->samples, ev->n_tokens) : json_null());
+        json_object_set_new(choice, "logprobs",
+                            has_lp ? chat_logprobs(st, token_before(st, i, c->out.n_tokens - ev->n_tokens), ev->samples,
+                                                   ev->n_tokens)
+                                   : json_null());
     } else {
         choice = json_pack("{s:i,s:o}", "index", i, "text", server_json_text(ev->text, ev->text_len));
         json_object_set_new(choice, "logprobs",
-                            has_lp ? completion_logprobs(st, ev->samples, ev->n_tokens, &c->offset) : json_null());
+                            has_lp ? completion_logprobs(st, token_before(st, i, c->out.n_tokens - ev->n_tokens),
+                                                         ev->samples, ev->n_tokens, &c->offset)
+                                   : json_null());
     }
     const char *fr = finish_reason(ev->finish);
     json_object_set_new(choice, "finish_reason", fr ? json_string(fr) : json_null());
@@ -228,7 +243,8 @@ static void on_done(struct gen *g) {
             choice = json_pack("{s:i,s:{s:s,s:o}}", "index", i, "message", "role", "assistant", "content",
                                server_json_text(c->text ? c->text : "", c->text_len));
             json_object_set_new(choice, "logprobs",
-                                st->logprobs ? chat_logprobs(st, c->samples, c->n_samples) : json_null());
+                                st->logprobs ? chat_logprobs(st, token_before(st, i, 0), c->samples, c->n_samples)
+                                             : json_null());
         } else {
             char *t = NULL;
             size_t n = 0, off = 0;
@@ -240,7 +256,9 @@ static void on_done(struct gen *g) {
             choice = json_pack("{s:i,s:o}", "index", i, "text", server_json_text(t, n));
             free(t);
             json_object_set_new(choice, "logprobs",
-                                st->logprobs ? completion_logprobs(st, c->samples, c->n_samples, &off) : json_null());
+                                st->logprobs
+                                    ? completion_logprobs(st, token_before(st, i, 0), c->samples, c->n_samples, &off)
+                                    : json_null());
         }
         json_object_set_new(choice, "finish_reason", json_string(finish_reason(c->finish)));
         json_object_set_new(choice, "matched_stop", matched_stop_json(c));

@@ -132,12 +132,22 @@ json_t *server_json_text(const char *s, size_t n) {
     return v ? v : json_string("");
 }
 
-json_t *server_token_text(struct server *s, int32_t id) {
+json_t *server_token_text(struct server *s, int32_t prev, int32_t id) {
     if (!s->tok) return json_string("");
-    char *t = NULL;
-    size_t n = 0;
+    char *t = NULL, *p = NULL;
+    size_t n = 0, pn = 0;
+    json_t *v = NULL;
+    /* decoded after the token before it, so that SentencePiece's leading
+     * space survives and the tokens of a text join up to that text */
+    int32_t pair[2] = {prev, id};
+    if (prev >= 0 && !kiln_tokenizer_decode(s->tok, pair, 1, 0, &p, &pn, NULL) &&
+        !kiln_tokenizer_decode(s->tok, pair, 2, 0, &t, &n, NULL) && n >= pn && !memcmp(t, p, pn))
+        v = server_json_text(t + pn, n - pn);
+    free(t), free(p);
+    if (v) return v;
+    t = NULL;
     if (kiln_tokenizer_decode(s->tok, &id, 1, 0, &t, &n, NULL)) return json_string("");
-    json_t *v = server_json_text(t, n);
+    v = server_json_text(t, n);
     free(t);
     return v;
 }

@@ -53,8 +53,9 @@ int server_check_model(struct server *s, const json_t *body, struct req_error *e
 void server_new_id(struct server *s, const char *prefix, char *buf, size_t n);
 /* A string value from bytes that should be UTF-8 (invalid bytes become U+FFFD). */
 json_t *server_json_text(const char *s, size_t n);
-/* The text of one token as clients see it in logprobs (special tokens kept). */
-json_t *server_token_text(struct server *s, int32_t id);
+/* The text of one token as clients see it in logprobs (special tokens
+ * kept), decoded after `prev` (-1 for none). */
+json_t *server_token_text(struct server *s, int32_t prev, int32_t id);
 
 /* The token ids of a chat body (messages, tools, chat_template_kwargs,
  * add_generation_prompt) through the chat template. */
