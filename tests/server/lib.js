@@ -135,8 +135,8 @@ function parseSSE(text) {
   return { events, done };
 }
 
-async function metrics(url) {
-  const r = await get(url, '/metrics');
+async function metrics(url, headers) {
+  const r = await get(url, '/metrics', headers);
   assert.strictEqual(r.status, 200);
   const m = {};
   for (const line of r.text.split('\n')) {

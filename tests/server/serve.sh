@@ -28,6 +28,7 @@ serve_start() {
     local out="$SERVE_TMP/$name.out" log="$SERVE_TMP/$name.log"
     "$KILN" serve --port 0 "$@" >"$out" 2>"$log" &
     local pid=$!
+    disown "$pid" 2>/dev/null || true
     SERVE_PIDS+=("$pid")
     local url=""
     for _ in $(seq 1 600); do
