@@ -26,9 +26,18 @@ serve_start() {
     local name="$1"
     shift
     local out="$SERVE_TMP/$name.out" log="$SERVE_TMP/$name.log"
-    "$KILN" serve --port 0 "$@" >"$out" 2>"$log" &
-    local pid=$!
-    disown "$pid" 2>/dev/null || true
+    # a wrapper records the exit status; the server's own pid is what we signal
+    ( "$KILN" serve --port 0 "$@" >"$out" 2>"$log" &
+      echo $! >"$SERVE_TMP/$name.pid"
+      wait $!
+      echo $? >"$SERVE_TMP/$name.status" ) 2>/dev/null &
+    disown $! 2>/dev/null || true
+    local pid=""
+    for _ in $(seq 1 100); do
+        pid="$(cat "$SERVE_TMP/$name.pid" 2>/dev/null)"
+        [ -n "$pid" ] && break
+        sleep 0.05
+    done
     SERVE_PIDS+=("$pid")
     local url=""
     for _ in $(seq 1 600); do
@@ -51,6 +60,25 @@ serve_start() {
     printf -v "LOG_$name" '%s' "$log"
     export "URL_$name"
     echo "started $name: $url (pid $pid)"
+}
+
+# Sends SIGTERM and waits (up to 30 s) for the exit; returns its status.
+serve_stop() {
+    local pid_var="PID_$1"
+    local pid="${!pid_var}"
+    kill -TERM "$pid" 2>/dev/null || return 1
+    for _ in $(seq 1 300); do
+        [ -s "$SERVE_TMP/$1.status" ] && break
+        sleep 0.1
+    done
+    if [ ! -s "$SERVE_TMP/$1.status" ]; then
+        echo "FAIL: $1 did not exit within 30 s of SIGTERM"
+        return 1
+    fi
+    # disowned: the status comes from the process's own exit marker
+    local st
+    st="$(cat "$SERVE_TMP/$1.status" 2>/dev/null || echo unknown)"
+    [ "$st" = 0 ] || { echo "FAIL: $1 exited with status $st"; cat "$SERVE_TMP/$1.log" | tail -5; return 1; }
 }
 
 serve_node() {
