@@ -62,23 +62,26 @@ serve_start() {
     echo "started $name: $url (pid $pid)"
 }
 
-# Sends SIGTERM and waits (up to 30 s) for the exit; returns its status.
-serve_stop() {
-    local pid_var="PID_$1"
-    local pid="${!pid_var}"
-    kill -TERM "$pid" 2>/dev/null || return 1
+# Waits (up to 30 s) for server NAME to exit; fails unless its status is 0.
+serve_wait() {
     for _ in $(seq 1 300); do
         [ -s "$SERVE_TMP/$1.status" ] && break
         sleep 0.1
     done
     if [ ! -s "$SERVE_TMP/$1.status" ]; then
-        echo "FAIL: $1 did not exit within 30 s of SIGTERM"
+        echo "FAIL: $1 did not exit within 30 s"
         return 1
     fi
-    # disowned: the status comes from the process's own exit marker
     local st
-    st="$(cat "$SERVE_TMP/$1.status" 2>/dev/null || echo unknown)"
-    [ "$st" = 0 ] || { echo "FAIL: $1 exited with status $st"; cat "$SERVE_TMP/$1.log" | tail -5; return 1; }
+    st="$(cat "$SERVE_TMP/$1.status")"
+    [ "$st" = 0 ] || { echo "FAIL: $1 exited with status $st"; tail -5 "$SERVE_TMP/$1.log"; return 1; }
+}
+
+# SIGTERM, then serve_wait.
+serve_stop() {
+    local pid_var="PID_$1"
+    kill -TERM "${!pid_var}" 2>/dev/null || return 1
+    serve_wait "$1"
 }
 
 serve_node() {
