@@ -73,7 +73,7 @@ static void buf_append(char **buf, size_t *len, size_t *cap, const char *s, size
         *cap = (*len + n + 1) * 2;
         *buf = xrealloc(*buf, *cap);
     }
-    memcpy(*buf + *len, s, n);
+    if (n) memcpy(*buf + *len, s, n); /* s may be NULL when n is 0 (empty pending) */
     *len += n;
     (*buf)[*len] = 0;
 }
@@ -119,7 +119,7 @@ static size_t stop_holdback(const struct req *r) {
 
 static void emit_pending(struct req *r, size_t n) {
     buf_append(&r->emit, &r->emit_len, &r->emit_cap, r->pending, n);
-    memmove(r->pending, r->pending + n, r->pending_len - n);
+    if (r->pending_len > n) memmove(r->pending, r->pending + n, r->pending_len - n);
     r->pending_len -= n;
 }
 

@@ -11,10 +11,40 @@ set -u
 SERVE_TMP="$(mktemp -d)"
 SERVE_PIDS=()
 serve_cleanup() {
+    local rc=$? name st
+    # a graceful stop of every server still up: its exit status (and, in
+    # sanitizer builds, its leak report) is part of the test
+    for f in "$SERVE_TMP"/*.pid; do
+        [ -f "$f" ] || continue
+        name="$(basename "$f" .pid)"
+        [ -s "$SERVE_TMP/$name.status" ] && continue
+        kill -TERM "$(cat "$f")" 2>/dev/null || true
+    done
+    for f in "$SERVE_TMP"/*.pid; do
+        [ -f "$f" ] || continue
+        name="$(basename "$f" .pid)"
+        for _ in $(seq 1 200); do
+            [ -s "$SERVE_TMP/$name.status" ] && break
+            sleep 0.05
+        done
+        st="$(cat "$SERVE_TMP/$name.status" 2>/dev/null || echo "still running")"
+        if [ "$st" != 0 ]; then
+            echo "FAIL: server $name: exit status $st"
+            rc=1
+        fi
+    done
+    if [ "$rc" != 0 ]; then
+        for log in "$SERVE_TMP"/*.log; do
+            [ -f "$log" ] || continue
+            echo "---- $(basename "$log") (last 40 lines)"
+            tail -n 40 "$log"
+        done
+    fi
     for pid in "${SERVE_PIDS[@]}"; do
         kill -KILL "$pid" 2>/dev/null || true
     done
     rm -rf "$SERVE_TMP"
+    exit "$rc"
 }
 trap serve_cleanup EXIT
 trap 'exit 130' INT TERM
