@@ -220,4 +220,20 @@ test('chat without a chat template is a clear 400', async () => {
     (e) => e.status === 400 && /chat template/.test(e.message));
 });
 
+// With a second URL: a server started with --chat-template tests/server/chatml.jinja.
+const urlT = process.argv[3];
+if (urlT) {
+  test('--chat-template FILE: chat works on a model without a template', async () => {
+    const c = client(urlT);
+    const messages = [{ role: 'user', content: 'Tell me a story.' }];
+    const r = await c.chat.completions.create({ model: MODEL, messages, max_tokens: 8, temperature: 0, ignore_eos: true });
+    assert.strictEqual(r.choices[0].finish_reason, 'length');
+    const want = await post(urlT, '/tokenize', { prompt: '<s>user: Tell me a story.\nassistant:', add_special_tokens: false });
+    assert.strictEqual(want.json.tokens[0], 1, 'bos_token comes from the tokenizer');
+    assert.strictEqual(r.usage.prompt_tokens, want.json.count);
+    const g = await post(urlT, '/generate', { input_ids: want.json.tokens, sampling_params: { max_new_tokens: 8, temperature: 0, ignore_eos: true } });
+    assert.strictEqual(r.choices[0].message.content, g.json.text);
+  });
+}
+
 run();
