@@ -568,16 +568,10 @@ static void on_event(struct bufferevent *bev, short what, void *arg) {
 
 /* ---- listening ------------------------------------------------------------ */
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg) {
-    struct http_server *s = arg;
-    (void)l, (void)sa, (void)salen;
-    int rejecting = s->opt.max_connections > 0 && s->n_conns >= s->opt.max_connections;
-    if (rejecting && s->n_rejecting >= 64) {
-        evutil_closesocket(fd);
-        return;
-    }
+int http_server_adopt(struct http_server *s, int fd, int rejecting) {
     int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on non-TCP sockets */
+    evutil_make_socket_nonblocking(fd);
     struct http_conn *c = xcalloc(1, sizeof *c);
     c->srv = s;
     c->rejecting = rejecting;
@@ -585,7 +579,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     if (!c->bev) {
         evutil_closesocket(fd);
         free(c);
-        return;
+        return -1;
     }
     request_reset(c);
     c->state = CONN_HEADERS;
@@ -597,6 +591,18 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     set_read_timeout(c, 1);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    return 0;
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg) {
+    struct http_server *s = arg;
+    (void)l, (void)sa, (void)salen;
+    int rejecting = s->opt.max_connections > 0 && s->n_conns >= s->opt.max_connections;
+    if (rejecting && s->n_rejecting >= 64) {
+        evutil_closesocket(fd); /* even the polite 503 has a bound */
+        return;
+    }
+    http_server_adopt(s, fd, rejecting);
 }
 
 int http_server_create(struct http_server **out, struct event_base *base, const struct http_server_options *o,
@@ -608,6 +614,10 @@ int http_server_create(struct http_server **out, struct event_base *base, const 
     if (!s->opt.max_header_bytes) s->opt.max_header_bytes = 64 << 10;
     s->handler = handler;
     s->ctx = ctx;
+    if (o->port < 0) { /* no listener: connections come through http_server_adopt */
+        *out = s;
+        return 0;
+    }
     struct sockaddr_storage ss;
     int sl = sizeof ss;
     char spec[300];
@@ -653,7 +663,7 @@ void http_server_free(struct http_server *s) {
 }
 
 int http_server_port(const struct http_server *s) { return s->port; }
-int http_server_connections(const struct http_server *s) { return s->n_conns; }
+int http_server_connections(const struct http_server *s) { return s->n_conns + s->n_rejecting; }
 
 void http_server_responses(const struct http_server *s, long out[6]) {
     memcpy(out, s->responses, sizeof s->responses);

@@ -50,7 +50,7 @@ typedef void (*http_handler)(void *ctx, struct http_request *req);
 
 struct http_server_options {
     const char *host;
-    int port;              /* 0 picks a free port (see http_server_port) */
+    int port;              /* 0 picks a free port (see http_server_port); < 0: no listener */
     size_t max_body_bytes; /* larger bodies get 413 */
     size_t max_header_bytes;
     int max_connections; /* more get 503 at accept; 0 = unbounded */
@@ -60,6 +60,9 @@ struct http_server_options {
 int http_server_create(struct http_server **out, struct event_base *base,
                        const struct http_server_options *o, http_handler handler, void *ctx,
                        struct kiln_error *err);
+/* Serves a connected socket (tests, fuzzing, inherited sockets); it counts
+ * towards the limit like an accepted one, `rejecting` answers it 503. */
+int http_server_adopt(struct http_server *s, int fd, int rejecting);
 /* Closes the listening socket; open connections go on. */
 void http_server_stop_listening(struct http_server *s);
 /* Closes every connection (close callbacks run) and frees the server. */
