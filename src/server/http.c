@@ -75,6 +75,7 @@ struct http_server {
     int n_conns, n_rejecting;
     int port;
     long responses[6]; /* by status class */
+    struct event *accept_retry;
 };
 
 static void conn_process(struct http_conn *c);
@@ -218,7 +219,7 @@ void http_stream_begin(struct http_request *r, int status, const char *ctype, co
     struct http_conn *c = r->conn;
     KILN_ASSERT(c->state == CONN_HANDLING);
     c->stream_chunked = c->req.minor_version >= 1;
-    c->keep_alive = c->stream_chunked && want_keep_alive(c);
+    c->keep_alive = c->stream_chunked && !c->force_close && want_keep_alive(c);
     c->state = CONN_STREAMING;
     write_head(c, status, ctype, -1, extra);
 }
@@ -240,6 +241,8 @@ void http_stream_end(struct http_request *r) {
     c->on_close = NULL;
     response_done(c);
 }
+
+void http_request_close_after(struct http_request *r) { r->conn->force_close = 1; }
 
 void http_request_on_close(struct http_request *r, void (*cb)(void *), void *arg) {
     r->conn->on_close = cb;
@@ -605,6 +608,24 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     http_server_adopt(s, fd, rejecting);
 }
 
+static void on_accept_retry(evutil_socket_t fd, short what, void *arg) {
+    struct http_server *s = arg;
+    (void)fd, (void)what;
+    if (s->listener) evconnlistener_enable(s->listener);
+}
+
+/* Out of file descriptors (or another accept failure): the listening socket
+ * stays readable, so accepting again at once would spin. Pause a little. */
+static void on_accept_error(struct evconnlistener *l, void *arg) {
+    struct http_server *s = arg;
+    int e = EVUTIL_SOCKET_ERROR();
+    log_warn("accept: %s; pausing new connections for 100 ms", evutil_socket_error_to_string(e));
+    evconnlistener_disable(l);
+    struct timeval tv = {0, 100000};
+    if (!s->accept_retry) s->accept_retry = evtimer_new(s->base, on_accept_retry, s);
+    if (s->accept_retry) evtimer_add(s->accept_retry, &tv);
+}
+
 int http_server_create(struct http_server **out, struct event_base *base, const struct http_server_options *o,
                        http_handler handler, void *ctx, struct kiln_error *err) {
     struct http_server *s = xcalloc(1, sizeof *s);
@@ -636,6 +657,7 @@ int http_server_create(struct http_server **out, struct event_base *base, const 
         kiln_errorf(err, "cannot listen on %s: %s", spec, strerror(errno));
         goto fail;
     }
+    evconnlistener_set_error_cb(s->listener, on_accept_error);
     struct sockaddr_storage bound;
     socklen_t bl = sizeof bound;
     getsockname(evconnlistener_get_fd(s->listener), (struct sockaddr *)&bound, &bl);
@@ -659,6 +681,7 @@ void http_server_free(struct http_server *s) {
     if (!s) return;
     http_server_stop_listening(s);
     while (s->conns) conn_free(s->conns);
+    if (s->accept_retry) event_free(s->accept_retry);
     free(s);
 }
 

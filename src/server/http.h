@@ -86,6 +86,9 @@ void http_stream_begin(struct http_request *r, int status, const char *content_t
 void http_stream_write(struct http_request *r, const char *data, size_t len);
 void http_stream_end(struct http_request *r);
 
+/* The connection closes once this request's response is out. */
+void http_request_close_after(struct http_request *r);
+
 /* Called once if the connection ends before the response is complete. */
 void http_request_on_close(struct http_request *r, void (*cb)(void *arg), void *arg);
 

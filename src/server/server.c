@@ -10,6 +10,7 @@
 #include "server/server.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,8 +231,8 @@ static void handle(void *ctx, struct http_request *r) {
     }
     if (log_enabled(LOG_LEVEL_DEBUG)) log_debug("%s %s (%zu bytes)", r->method, r->path, r->body_len);
     if (s->shutting_down) {
-        http_error_respond_headers(r, 503, "shutting_down", NULL, "Connection: close\r\n",
-                                   "the server is shutting down");
+        http_request_close_after(r);
+        http_error_respond(r, 503, "shutting_down", NULL, "the server is shutting down");
         return;
     }
     if (!(match && match->open) && !authorized(s, r)) {
@@ -360,8 +361,23 @@ int server_run(struct engine *e, const struct server_options *o, struct kiln_err
     if (gen_hub_init(&s->hub, s->base, e, &s->metrics, err)) goto out;
     s->hub.on_idle = on_idle;
     s->hub.idle_arg = s;
+    /* every connection is a descriptor: take what the hard limit allows */
+    int max_conns = o->max_connections;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            rl.rlim_cur = rl.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &rl);
+            getrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (rl.rlim_cur != RLIM_INFINITY && (rlim_t)max_conns + 64 > rl.rlim_cur) {
+            max_conns = rl.rlim_cur > 128 ? (int)(rl.rlim_cur - 64) : 64;
+            log_warn("--max-connections lowered to %d: the descriptor limit is %llu", max_conns,
+                     (unsigned long long)rl.rlim_cur);
+        }
+    }
     struct http_server_options ho = {.host = o->host, .port = o->port, .max_body_bytes = o->max_body_bytes,
-                                     .max_connections = o->max_connections, .idle_timeout_s = o->idle_timeout_s};
+                                     .max_connections = max_conns, .idle_timeout_s = o->idle_timeout_s};
     if (http_server_create(&s->http, s->base, &ho, handle, s, err)) goto out;
     s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
