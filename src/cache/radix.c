@@ -301,8 +301,12 @@ static int walk(struct radix_tree *t, struct radix_node *root, const int32_t *id
             cmap_find_page(&x->children, hash_page(ids + pos, ps), ids + pos, ps);
         if (!c) break;
         int lim = n - pos < c->n_tokens ? (n - pos) / ps * ps : c->n_tokens;
-        int m = ps; /* the first page matched through the map */
-        while (m < lim && !memcmp(c->key + m, ids + pos + m, (size_t)ps * sizeof *ids)) m += ps;
+        int m = lim; /* the first page already matched through the map */
+        if (memcmp(c->key + ps, ids + pos + ps, (size_t)(lim - ps) * sizeof *ids)) {
+            int k = ps; /* rare path: find the first differing token, keep whole pages */
+            while (c->key[k] == ids[pos + k]) k++;
+            m = k / ps * ps;
+        }
         int whole = m == c->n_tokens;
         if (!whole) c = split(t, c, m);
         if (pages_out) memcpy(pages_out + pos / ps, c->pages, (size_t)(m / ps) * sizeof *pages_out);

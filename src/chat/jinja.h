@@ -80,11 +80,16 @@ struct jlist {
     struct jv *items;
 };
 
+/* Insertion-ordered like a Python dict; past a few entries an open
+ * addressing index (slot -> entry + 1) keeps lookups constant time, since
+ * request JSON may carry objects with many keys. */
 struct jdict {
     int rc;
     size_t n, cap;
     struct jv *keys;
     struct jv *vals;
+    size_t *index; /* NULL while small */
+    size_t index_cap;
 };
 
 struct jctx;
@@ -141,6 +146,10 @@ void jv_list_push(struct jv list, struct jv take);
 struct jv *jv_dict_find(const struct jv dict, const struct jv key);
 struct jv *jv_dict_find_str(const struct jv dict, const char *key);
 void jv_dict_set(struct jv dict, struct jv take_key, struct jv take_val);
+/* Releases every entry (breaks reference cycles at the end of a render). */
+void jv_dict_clear(struct jv dict);
+/* Python-compatible: values that compare equal hash equal (1 == 1.0 == True). */
+uint64_t jv_hash(const struct jv v);
 
 int jv_is_list(const struct jv v); /* LIST or TUPLE */
 int jv_is_dict(const struct jv v); /* DICT or NAMESPACE */
@@ -301,6 +310,7 @@ struct jctx {
     struct jinja_limits lim;
     uint64_t steps;
     int depth;
+    int nest; /* recursion of eval/exec, bounded to protect the C stack */
     int loop_ctl; /* 0, or JN_BREAK / JN_CONTINUE while unwinding */
     struct jv namespaces; /* LIST of every namespace made, to break cycles at the end */
 };
@@ -327,6 +337,7 @@ int jargs_check(struct jctx *ctx, struct jargs *a, size_t max_pos, const char *w
 int jinja_filter_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, struct jv *out);
 int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, int *result);
 int jinja_test_exists(const char *name);
+int jinja_filter_exists(const char *name);
 /* Attribute lookup like the sandbox's getattr: methods first, then items. */
 int jinja_getattr(struct jctx *ctx, const struct jv *obj, const char *name, size_t name_len, struct jv *out);
 int jinja_getitem(struct jctx *ctx, const struct jv *obj, const struct jv *key, struct jv *out);

@@ -421,10 +421,21 @@ static int eval_inner(struct jctx *ctx, struct jscope *sc, const struct jnode *n
     }
 }
 
+/* Bounds eval/exec recursion together: expression depth times macro depth
+ * times statement nesting could otherwise exhaust the C stack. */
+#define MAX_NEST 2500
+
 static int eval(struct jctx *ctx, struct jscope *sc, const struct jnode *n, struct jv *out) {
     *out = jv_undef();
     if (jctx_step(ctx, 0)) return fail_here(ctx, n);
-    if (eval_inner(ctx, sc, n, out)) {
+    if (++ctx->nest > MAX_NEST) {
+        ctx->nest--;
+        jctx_fail(ctx, "template nested too deeply");
+        return fail_here(ctx, n);
+    }
+    int rc = eval_inner(ctx, sc, n, out);
+    ctx->nest--;
+    if (rc) {
         *out = jv_undef();
         return fail_here(ctx, n);
     }
@@ -752,16 +763,22 @@ static int exec_stmt(struct jctx *ctx, struct jscope *sc, const struct jnode *n)
 }
 
 static int exec_body(struct jctx *ctx, struct jscope *sc, const struct jnodes *body) {
-    for (size_t i = 0; i < body->n; i++) {
-        if (exec_stmt(ctx, sc, body->v[i])) return -1;
-        if (ctx->loop_ctl) return 0;
+    if (++ctx->nest > MAX_NEST) {
+        ctx->nest--;
+        return jctx_fail(ctx, "template nested too deeply");
     }
-    return 0;
+    int rc = 0;
+    for (size_t i = 0; i < body->n; i++) {
+        if ((rc = exec_stmt(ctx, sc, body->v[i]))) break;
+        if (ctx->loop_ctl) break;
+    }
+    ctx->nest--;
+    return rc;
 }
 
 int jinja_render(const struct jinja_template *t, const json_t *vars, const struct jinja_limits *limits, char **out,
                  size_t *out_len, struct kiln_error *err) {
-    struct jinja_limits defaults = {.max_output = 64u << 20, .max_steps = 50000000, .max_depth = 100};
+    struct jinja_limits defaults = {.max_output = 64u << 20, .max_steps = 10000000, .max_depth = 100};
     struct jbuf buf = {0};
     struct jscope root;
     scope_init(&root, NULL);
@@ -777,15 +794,7 @@ int jinja_render(const struct jinja_template *t, const json_t *vars, const struc
     int rc = exec_body(&ctx, &root, &t->root->body);
     /* namespaces are the only mutable containers, so the only way to build
      * reference cycles: empty them all before letting go. */
-    for (size_t i = 0; i < ctx.namespaces.u.l->n; i++) {
-        struct jdict *d = ctx.namespaces.u.l->items[i].u.d;
-        size_t n = d->n;
-        d->n = 0;
-        for (size_t k = 0; k < n; k++) {
-            jv_release(d->keys[k]);
-            jv_release(d->vals[k]);
-        }
-    }
+    for (size_t i = 0; i < ctx.namespaces.u.l->n; i++) jv_dict_clear(ctx.namespaces.u.l->items[i]);
     jv_release(ctx.namespaces);
     scope_free(&root);
     if (rc) {

@@ -1,6 +1,6 @@
 /* jinja_filters.c — jinja2's built-in filters and tests (the ones chat
  * templates use), with transformers' tojson. Each follows the jinja2 3.1
- * implementation's argument names and defaults. */
+ * implementation's argument names and defaults. Tests are in jinja_tests.c. */
 #include "chat/jinja.h"
 
 #include <math.h>
@@ -17,7 +17,6 @@ struct jv jstr_title_py(const struct jv s);
 struct jv jstr_capitalize(const struct jv s);
 
 typedef int (*filter_fn)(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out);
-typedef int (*test_fn)(struct jctx *ctx, const struct jv *v, struct jargs *a, int *r);
 
 static struct jv soft_str(const struct jv *v) { return jv_to_str(*v); }
 
@@ -212,7 +211,7 @@ static int parse_number(const char *s, int base, int64_t *i, double *f, int *is_
             *i = v;
             *is_int = 1;
             ok = 1;
-        } else {
+        } else if (!strpbrk(clean, "xXpP")) { /* Python's float() reads no hex */
             double d = strtod(clean, &end);
             if (*end == 0) {
                 *f = d;
@@ -421,6 +420,10 @@ static int f_items(struct jctx *ctx, const struct jv *v, struct jargs *a, struct
 
 static int f_map(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out) {
     struct jv items;
+    if (!jv_truthy(*v)) { /* jinja2 yields nothing for a falsy input, iterable or not */
+        *out = jv_list_new(0);
+        return 0;
+    }
     if (jinja_iterate(ctx, v, &items)) return -1;
     struct jv res = jv_list_new(items.u.l->n);
     int rc = 0;
@@ -455,6 +458,10 @@ static int f_map(struct jctx *ctx, const struct jv *v, struct jargs *a, struct j
 /* select/reject/selectattr/rejectattr */
 static int select_common(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out, int keep, int by_attr) {
     struct jv items;
+    if (!jv_truthy(*v)) {
+        *out = jv_list_new(0);
+        return 0;
+    }
     if (jinja_iterate(ctx, v, &items)) return -1;
     size_t off = by_attr ? 1 : 0;
     if (by_attr && a->npos < 1) {
@@ -466,7 +473,7 @@ static int select_common(struct jctx *ctx, const struct jv *v, struct jargs *a, 
         jv_release(items);
         return jctx_fail(ctx, "test name must be a string");
     }
-    struct jargs rest = {.pos = a->pos + (a->npos > off ? off + 1 : a->npos), .npos = a->npos > off ? a->npos - off - 1 : 0,
+    struct jargs rest = {.pos = a->npos > off ? a->pos + off + 1 : NULL, .npos = a->npos > off ? a->npos - off - 1 : 0,
                          .kwnames = a->kwnames, .kw = a->kw, .nkw = a->nkw};
     struct jv res = jv_list_new(0);
     int rc = 0;
@@ -509,7 +516,8 @@ static int sort_by_keys(struct jctx *ctx, struct jv *items, struct jv *keys, siz
         for (size_t lo = 0; lo < n; lo += 2 * w) {
             size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, k = lo;
             while (i < mid && j < hi) {
-                int c = jv_compare(keys[idx[j]], keys[idx[i]]);
+                /* jinja2 sorts by one-item lists, so equal keys (even two Undefined) tie */
+                int c = jv_equal(keys[idx[j]], keys[idx[i]]) ? 0 : jv_compare(keys[idx[j]], keys[idx[i]]);
                 if (c == 2) bad = 1;
                 int take_right = reverse ? (c == 1) : (c == -1);
                 tmp[k++] = take_right ? idx[j++] : idx[i++];
@@ -522,7 +530,7 @@ static int sort_by_keys(struct jctx *ctx, struct jv *items, struct jv *keys, siz
     if (!bad) {
         struct jv *copy = xmalloc((n ? n : 1) * sizeof *copy);
         for (size_t i = 0; i < n; i++) copy[i] = items[idx[i]];
-        memcpy(items, copy, n * sizeof *copy);
+        if (n) memcpy(items, copy, n * sizeof *copy);
         free(copy);
     }
     free(idx);
@@ -613,6 +621,11 @@ static int f_unique(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
         return -1;
     }
     size_t n = items.u.l->n;
+    if (jctx_step(ctx, n * n / 8)) { /* quadratic: charge before doing it */
+        free_keys(keys, n);
+        jv_release(items);
+        return -1;
+    }
     struct jv res = jv_list_new(0);
     for (size_t i = 0; i < n; i++) {
         size_t j;
@@ -623,7 +636,7 @@ static int f_unique(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
     free_keys(keys, n);
     jv_release(items);
     *out = res;
-    return jctx_step(ctx, n * n / 8);
+    return 0;
 }
 
 static int min_max(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out, int want_max) {
@@ -862,138 +875,8 @@ int jinja_filter_apply(struct jctx *ctx, const char *name, const struct jv *v, s
     return jctx_fail(ctx, "No filter named '%s'.", name);
 }
 
-/* ------------------------------------------------------------------ tests */
-
-static int one_arg(struct jctx *ctx, struct jargs *a, const char *name, const struct jv **arg) {
-    *arg = jargs_get(a, 0, NULL);
-    if (!*arg) return jctx_fail(ctx, "test '%s' needs an argument", name);
-    return jargs_check(ctx, a, 1, name);
-}
-
-static int int_arg_check(struct jctx *ctx, const struct jv *v) {
-    if (v->type == JV_UNDEFINED) return jinja_undefined_error(ctx, v);
-    if (!jv_is_number(*v)) return jctx_fail(ctx, "unsupported operand type for %%: '%s'", jv_type_name(*v));
-    return 0;
-}
-
-int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *a, int *r) {
-    const struct jv *arg = NULL;
-    enum jv_type t = v->type;
-    *r = 0;
-    /* tests with no argument */
-    static const char *const unary[] = {"defined", "undefined", "none", "boolean", "false", "true", "integer",
-                                        "float", "number", "string", "mapping", "iterable", "sequence", "callable",
-                                        "lower", "upper", "odd", "even", "escaped", NULL};
-    for (size_t i = 0; unary[i]; i++) {
-        if (strcmp(unary[i], name)) continue;
-        if (jargs_check(ctx, a, 0, name)) return -1;
-        switch (i) {
-        case 0: *r = t != JV_UNDEFINED; return 0;
-        case 1: *r = t == JV_UNDEFINED; return 0;
-        case 2: *r = t == JV_NONE; return 0;
-        case 3: *r = t == JV_BOOL; return 0;
-        case 4: *r = t == JV_BOOL && !v->u.b; return 0;
-        case 5: *r = t == JV_BOOL && v->u.b; return 0;
-        case 6: *r = t == JV_INT; return 0;
-        case 7: *r = t == JV_FLOAT; return 0;
-        case 8: *r = jv_is_number(*v); return 0;
-        case 9: *r = t == JV_STR; return 0;
-        case 10: *r = t == JV_DICT; return 0;
-        case 11: *r = t == JV_STR || jv_is_list(*v) || t == JV_DICT || t == JV_UNDEFINED || t == JV_LOOP; return 0;
-        case 12: *r = t == JV_STR || jv_is_list(*v) || t == JV_DICT || t == JV_UNDEFINED; return 0;
-        case 13: *r = t == JV_FUNC || t == JV_UNDEFINED; return 0;
-        case 14:
-        case 15: {
-            struct jv s = soft_str(v), m;
-            struct jargs none = {0};
-            extern jfunc_fn jinja_str_method(const char *name);
-            int rc = jinja_str_method(i == 14 ? "islower" : "isupper")(ctx, &s, &none, &m);
-            jv_release(s);
-            if (rc) return -1;
-            *r = m.u.b;
-            return 0;
-        }
-        case 16:
-        case 17:
-            if (int_arg_check(ctx, v)) return -1;
-            if (t == JV_FLOAT) {
-                double m = fmod(v->u.f, 2.0);
-                *r = (i == 16) ? (m == 1.0 || m == -1.0) : (m == 0);
-            } else {
-                int64_t x = t == JV_BOOL ? v->u.b : v->u.i;
-                *r = (i == 16) ? (x % 2 != 0) : (x % 2 == 0);
-            }
-            return 0;
-        default: *r = 0; return 0;
-        }
-    }
-    if (!strcmp(name, "divisibleby")) {
-        if (one_arg(ctx, a, name, &arg) || int_arg_check(ctx, v) || int_arg_check(ctx, arg)) return -1;
-        double d = jv_as_double(*arg);
-        if (d == 0) return jctx_fail(ctx, "integer division or modulo by zero");
-        if (t != JV_FLOAT && arg->type != JV_FLOAT) {
-            int64_t x = t == JV_BOOL ? v->u.b : v->u.i, y = arg->type == JV_BOOL ? arg->u.b : arg->u.i;
-            *r = y == -1 || x % y == 0;
-        } else {
-            *r = fmod(jv_as_double(*v), d) == 0;
-        }
-        return 0;
-    }
-    static const struct {
-        const char *name;
-        enum jop op;
-    } cmps[] = {{"eq", JOP_EQ}, {"equalto", JOP_EQ}, {"==", JOP_EQ}, {"ne", JOP_NE}, {"!=", JOP_NE},
-                {"lt", JOP_LT}, {"lessthan", JOP_LT}, {"<", JOP_LT}, {"le", JOP_LE}, {"<=", JOP_LE},
-                {"gt", JOP_GT}, {"greaterthan", JOP_GT}, {">", JOP_GT}, {"ge", JOP_GE}, {">=", JOP_GE}};
-    for (size_t i = 0; i < sizeof cmps / sizeof cmps[0]; i++) {
-        if (strcmp(cmps[i].name, name)) continue;
-        if (one_arg(ctx, a, name, &arg)) return -1;
-        enum jop op = cmps[i].op;
-        if (op == JOP_EQ || op == JOP_NE) {
-            *r = jv_equal(*v, *arg) == (op == JOP_EQ);
-            return 0;
-        }
-        if (t == JV_UNDEFINED || arg->type == JV_UNDEFINED) return jinja_undefined_error(ctx, t == JV_UNDEFINED ? v : arg);
-        int c = jv_compare(*v, *arg);
-        if (c == 2) return jctx_fail(ctx, "comparison not supported between '%s' and '%s'", jv_type_name(*v), jv_type_name(*arg));
-        *r = c == 3 ? 0 : op == JOP_LT ? c < 0 : op == JOP_LE ? c <= 0 : op == JOP_GT ? c > 0 : c >= 0;
-        return 0;
-    }
-    if (!strcmp(name, "in")) {
-        if (one_arg(ctx, a, name, &arg)) return -1;
-        return jinja_contains(ctx, arg, v, r);
-    }
-    if (!strcmp(name, "sameas")) {
-        if (one_arg(ctx, a, name, &arg)) return -1;
-        if (t != arg->type) *r = 0;
-        else if (t == JV_NONE || t == JV_UNDEFINED) *r = 1;
-        else if (t == JV_BOOL) *r = v->u.b == arg->u.b;
-        else if (t == JV_INT) *r = v->u.i == arg->u.i && v->u.i >= -5 && v->u.i <= 256; /* CPython's small ints */
-        else if (t == JV_STR) *r = v->u.s == arg->u.s;
-        else *r = v->u.l == arg->u.l;
-        return 0;
-    }
-    if (!strcmp(name, "filter") || !strcmp(name, "test")) {
-        if (one_arg(ctx, a, name, &arg)) return -1;
-        if (arg->type != JV_STR) return 0;
-        if (name[0] == 't') {
-            *r = jinja_test_exists(arg->u.s->data);
-        } else {
-            for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
-                if (!strcmp(filters[i].name, arg->u.s->data)) *r = 1;
-        }
-        return 0;
-    }
-    return jctx_fail(ctx, "No test named '%s'.", name);
-}
-
-int jinja_test_exists(const char *name) {
-    static const char *const names[] = {"defined", "undefined", "none", "boolean", "false", "true", "integer", "float",
-                                        "number", "string", "mapping", "iterable", "sequence", "callable", "lower",
-                                        "upper", "odd", "even", "escaped", "divisibleby", "eq", "equalto", "==", "ne",
-                                        "!=", "lt", "lessthan", "<", "le", "<=", "gt", "greaterthan", ">", "ge", ">=",
-                                        "in", "sameas", "filter", "test", NULL};
-    for (size_t i = 0; names[i]; i++)
-        if (!strcmp(names[i], name)) return 1;
+int jinja_filter_exists(const char *name) {
+    for (size_t i = 0; i < sizeof filters / sizeof filters[0]; i++)
+        if (!strcmp(filters[i].name, name)) return 1;
     return 0;
 }

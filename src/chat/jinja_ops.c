@@ -99,8 +99,8 @@ static int repeat(struct jctx *ctx, const struct jv *seq, int64_t times, struct 
         return 0;
     }
     size_t n = seq->u.l->n;
-    if (n && (uint64_t)times > ctx->lim.max_output / 16 / n) return jctx_fail(ctx, "list repetition too large");
-    if (jctx_step(ctx, n * (size_t)times)) return -1;
+    if (n && (uint64_t)times > ctx->lim.max_output / sizeof(struct jv) / n) return jctx_fail(ctx, "list too large");
+    if (jctx_step(ctx, n * (size_t)times * 8)) return -1;
     struct jv l = jv_list_new(n * (size_t)times);
     for (int64_t i = 0; i < times; i++)
         for (size_t k = 0; k < n; k++) jv_list_push(l, jv_retain(seq->u.l->items[k]));
@@ -111,7 +111,8 @@ static int repeat(struct jctx *ctx, const struct jv *seq, int64_t times, struct 
 
 static double py_fmod(double a, double b) {
     double m = fmod(a, b);
-    if (m != 0 && ((m < 0) != (b < 0))) m += b;
+    if (m == 0) return copysign(0.0, b);
+    if ((m < 0) != (b < 0)) m += b;
     return m;
 }
 
@@ -153,12 +154,14 @@ int jinja_binop(struct jctx *ctx, enum jop op, const struct jv *a, const struct 
             return 0;
         }
         if (jv_is_list(*a) && a->type == b->type) {
+            if ((a->u.l->n + b->u.l->n) * sizeof(struct jv) > ctx->lim.max_output)
+                return jctx_fail(ctx, "list too large");
             struct jv l = jv_list_new(a->u.l->n + b->u.l->n);
             for (size_t k = 0; k < a->u.l->n; k++) jv_list_push(l, jv_retain(a->u.l->items[k]));
             for (size_t k = 0; k < b->u.l->n; k++) jv_list_push(l, jv_retain(b->u.l->items[k]));
             l.type = a->type;
             *out = l;
-            return jctx_step(ctx, a->u.l->n + b->u.l->n);
+            return jctx_step(ctx, (a->u.l->n + b->u.l->n) * 8);
         }
         if (a->type == JV_STR) return jctx_fail(ctx, "can only concatenate str (not \"%s\") to str", jv_type_name(*b));
         if (a->type == JV_LIST)

@@ -412,9 +412,10 @@ static int m_join(struct jctx *ctx, const struct jv *self, struct jargs *a, stru
     for (size_t i = 0; i < items.u.l->n; i++) {
         const struct jv *x = &items.u.l->items[i];
         if (x->type != JV_STR) {
+            jctx_fail(ctx, "sequence item %zu: expected str instance, %s found", i, jv_type_name(*x));
             jbuf_free(&b);
             jv_release(items);
-            return jctx_fail(ctx, "sequence item %zu: expected str instance, %s found", i, jv_type_name(*x));
+            return -1;
         }
         if (i) jbuf_put(&b, SELF_S, SELF_N);
         jbuf_put(&b, x->u.s->data, x->u.s->len);

@@ -228,6 +228,7 @@ static void jv_destroy(struct jv v) {
         }
         free(v.u.d->keys);
         free(v.u.d->vals);
+        free(v.u.d->index);
         free(v.u.d);
         break;
     case JV_FUNC:
@@ -277,20 +278,89 @@ void jv_list_push(struct jv list, struct jv take) {
     l->items[l->n++] = take;
 }
 
-struct jv *jv_dict_find(const struct jv dict, const struct jv key) {
-    struct jdict *d = dict.u.d;
-    for (size_t i = 0; i < d->n; i++)
-        if (jv_equal(d->keys[i], key)) return &d->vals[i];
+#define DICT_INDEX_MIN 16
+
+static uint64_t hash_bytes(const char *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t hash_int(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+uint64_t jv_hash(const struct jv v) {
+    switch (v.type) {
+    case JV_BOOL: return hash_int((uint64_t)v.u.b);
+    case JV_INT: return hash_int((uint64_t)v.u.i);
+    case JV_FLOAT:
+        if (v.u.f == floor(v.u.f) && fabs(v.u.f) < 9.2e18) return hash_int((uint64_t)(int64_t)v.u.f);
+        {
+            uint64_t bits;
+            memcpy(&bits, &v.u.f, sizeof bits);
+            return hash_int(bits);
+        }
+    case JV_STR: return hash_bytes(v.u.s->data, v.u.s->len);
+    case JV_TUPLE:
+    case JV_LIST: {
+        uint64_t h = 7;
+        for (size_t i = 0; i < v.u.l->n; i++) h = h * 31 + jv_hash(v.u.l->items[i]);
+        return h;
+    }
+    case JV_NONE: return 1;
+    case JV_UNDEFINED: return 2;
+    case JV_DICT:
+    case JV_NAMESPACE: return (uint64_t)(uintptr_t)v.u.d;
+    case JV_FUNC: return (uint64_t)(uintptr_t)v.u.fn;
+    case JV_LOOP: return (uint64_t)(uintptr_t)v.u.loop;
+    }
+    return 0;
+}
+
+static void dict_index_insert(struct jdict *d, size_t entry) {
+    size_t mask = d->index_cap - 1, slot = (size_t)jv_hash(d->keys[entry]) & mask;
+    while (d->index[slot]) slot = (slot + 1) & mask;
+    d->index[slot] = entry + 1;
+}
+
+static void dict_reindex(struct jdict *d) {
+    size_t cap = 64;
+    while (cap < d->n * 2 + 2) cap *= 2;
+    free(d->index);
+    d->index = xcalloc(cap, sizeof *d->index);
+    d->index_cap = cap;
+    for (size_t i = 0; i < d->n; i++) dict_index_insert(d, i);
+}
+
+static struct jv *dict_lookup(struct jdict *d, const struct jv *key, const char *raw, size_t raw_len) {
+    if (!d->index) {
+        for (size_t i = 0; i < d->n; i++) {
+            const struct jv *k = &d->keys[i];
+            if (raw ? (k->type == JV_STR && k->u.s->len == raw_len && !memcmp(k->u.s->data, raw, raw_len))
+                    : jv_equal(*k, *key))
+                return &d->vals[i];
+        }
+        return NULL;
+    }
+    uint64_t h = raw ? hash_bytes(raw, raw_len) : jv_hash(*key);
+    size_t mask = d->index_cap - 1;
+    for (size_t slot = (size_t)h & mask; d->index[slot]; slot = (slot + 1) & mask) {
+        size_t e = d->index[slot] - 1;
+        const struct jv *k = &d->keys[e];
+        if (raw ? (k->type == JV_STR && k->u.s->len == raw_len && !memcmp(k->u.s->data, raw, raw_len)) : jv_equal(*k, *key))
+            return &d->vals[e];
+    }
     return NULL;
 }
 
+struct jv *jv_dict_find(const struct jv dict, const struct jv key) { return dict_lookup(dict.u.d, &key, NULL, 0); }
+
 struct jv *jv_dict_find_str(const struct jv dict, const char *key) {
-    struct jdict *d = dict.u.d;
-    size_t len = strlen(key);
-    for (size_t i = 0; i < d->n; i++)
-        if (d->keys[i].type == JV_STR && d->keys[i].u.s->len == len && !memcmp(d->keys[i].u.s->data, key, len))
-            return &d->vals[i];
-    return NULL;
+    return dict_lookup(dict.u.d, NULL, key, strlen(key));
 }
 
 void jv_dict_set(struct jv dict, struct jv take_key, struct jv take_val) {
@@ -310,6 +380,23 @@ void jv_dict_set(struct jv dict, struct jv take_key, struct jv take_val) {
     d->keys[d->n] = take_key;
     d->vals[d->n] = take_val;
     d->n++;
+    if (d->index && d->n * 2 + 2 <= d->index_cap)
+        dict_index_insert(d, d->n - 1);
+    else if (d->n >= DICT_INDEX_MIN)
+        dict_reindex(d);
+}
+
+void jv_dict_clear(struct jv dict) {
+    struct jdict *d = dict.u.d;
+    size_t n = d->n;
+    d->n = 0;
+    free(d->index);
+    d->index = NULL;
+    d->index_cap = 0;
+    for (size_t k = 0; k < n; k++) {
+        jv_release(d->keys[k]);
+        jv_release(d->vals[k]);
+    }
 }
 
 /* ------------------------------------------------------------ semantics */

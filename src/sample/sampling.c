@@ -1,13 +1,15 @@
 /* sampling.c — the CPU sampler: penalties, temperature, top-k / top-p /
  * min-p truncation and the draw, over one row of logits.
  *
- * Speed on a 150k vocabulary comes from never sorting the vocabulary. The
- * candidates of top_k / top_p are found with a histogram of the logits
- * (bins of equal width between the smallest and the largest logit): whole
- * bins above the cut are in, and only the one bin the cut falls into is
- * ordered exactly, by quickselect on the key (logit desc, id asc). For
- * top_p the histogram also carries each bin's probability mass, and the
- * boundary bin is split by a weighted quickselect. Both are O(vocab).
+ * Speed on a 150k vocabulary comes from never sorting the vocabulary and
+ * from vectorised passes over it (max, exp-and-sum). top_k: the k-th
+ * largest of the maxima of blocks of 256 (or 16) logits bounds the k-th
+ * largest logit from below, so only the few logits above it are looked at,
+ * and an exact quickselect on the key (logit desc, id asc) picks k of them.
+ * top_p: a histogram of probability mass over logit bins (tokens too small
+ * to matter are skipped); whole bins above the cut are in, and the one bin
+ * the cut falls into is split by a weighted quickselect on the same key.
+ * The draw is an inverse-CDF walk that skips whole blocks by their sums.
  *
  * Scratch layout (2 * vocab floats, from the caller):
  *   [0, vocab)        candidate ids stored as floats (exact below 2^24;
@@ -20,15 +22,17 @@
 #include "sample/sampling.h"
 
 #include <math.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
 #include "base/mem.h"
 
-#define HIST_BINS 2048
 /* See the header: cumulative top_p mass within this fraction counts as reached. */
-#define TOP_P_SLACK 1e-6
+static const double TOP_P_SLACK = 1e-6;
 
 void sampling_params_default(struct sampling_params *p) {
     memset(p, 0, sizeof *p);
@@ -163,29 +167,162 @@ void sampler_state_accept(struct sampler_state *s, int32_t token) {
     out_insert(s, token, 1);
 }
 
-/* ---- numeric helpers ----------------------------------------------------- */
+/* ---- vector helpers ------------------------------------------------------ */
 
-/* exp(x) for the x <= 0 the sampler needs, written branch-free so that the
- * compiler vectorises the loops that call it (libm's expf is a call per
- * element). Relative error about 2e-7; exactly 1 at 0 and exactly 0 below
- * -87.3, so the top token has weight 1 and -inf weight 0. */
-static inline float exp_neg(float x) {
-    const float log2e = 1.44269504f, ln2_hi = 0.693145752f, ln2_lo = 1.42860677e-6f;
-    const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float xc = x > -87.3f ? x : -87.3f;    /* also maps NaN and -inf into range */
-    float n = (xc * log2e + round_magic) - round_magic;
-    float f = (xc - n * ln2_hi) - n * ln2_lo; /* |f| <= ln2 / 2 */
-    float p = 1.0f / 720;
-    p = p * f + 1.0f / 120;
-    p = p * f + 1.0f / 24;
-    p = p * f + 1.0f / 6;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return x > -87.3f ? p * scale : 0.0f;
+/* GNU vector extensions (gcc and clang, any target). The hot loops are
+ * reductions (max, sums of exp), which compilers do not vectorise without
+ * -ffast-math; with explicit lanes they do, and the summation order is
+ * fixed by the code, so a given row always gives the same weights. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+enum {
+    W_BLOCK = 256, /* weights are summed per block in float, blocks in double */
+    GROUP = 16,    /* elements per skip test in the weight and top_p passes */
+};
+
+static inline v4f v4_load(const float *p) {
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void v4_store(float *p, v4f v) { memcpy(p, &v, sizeof v); }
+static inline v4f v4_splat(float x) { return (v4f){x, x, x, x}; }
+static inline v4f v4_select(v4i mask, v4f a, v4f b) {
+    return (v4f)(((v4i)a & mask) | ((v4i)b & ~mask));
+}
+/* a > b ? a : b per lane, so a NaN in a is ignored (MAXPS does exactly this). */
+static inline v4f v4_max(v4f a, v4f b) {
+#if defined(__SSE__)
+    return (v4f)_mm_max_ps((__m128)a, (__m128)b);
+#else
+    return v4_select(a > b, a, b);
+#endif
+}
+
+/* Weights below exp(W_CUT) = 2^-40 of the top token's are taken as 0: such
+ * a token is never drawn in practice, the row's total moves by at most
+ * vocab * 2^-40 (1.4e-7 at 150k, float rounding level), and whole groups of
+ * the long tail then cost a comparison instead of an exp. */
+static const float W_CUT = -27.7f;
+
+/* exp(x) for the x <= 0 the sampler needs (argument reduction to
+ * [-ln2/2, ln2/2], degree-6 Taylor polynomial). Relative error about 2e-7;
+ * exactly 1 at 0 and exactly 0 at or below W_CUT (also for -inf and NaN), so
+ * the top token has weight 1 and a masked token weight 0. */
+static inline v4f exp_neg_v(v4f x) {
+    const v4f round_magic = v4_splat(12582912.0f); /* 1.5 * 2^23: x + it - it rounds */
+    v4i in_range = x > v4_splat(W_CUT);
+    v4f xc = v4_select(in_range, x, v4_splat(W_CUT));
+    v4f n = (xc * v4_splat(1.44269504f) + round_magic) - round_magic;
+    v4f f = (xc - n * v4_splat(0.693145752f)) - n * v4_splat(1.42860677e-6f);
+    v4f p = v4_splat(1.0f / 720);
+    p = p * f + v4_splat(1.0f / 120);
+    p = p * f + v4_splat(1.0f / 24);
+    p = p * f + v4_splat(1.0f / 6);
+    p = p * f + v4_splat(0.5f);
+    p = p * f + v4_splat(1.0f);
+    p = p * f + v4_splat(1.0f);
+    v4i bits = (__builtin_convertvector(n, v4i) + 127) << 23; /* 2^n, n >= -126 */
+    return (v4f)((v4i)(p * (v4f)bits) & in_range);
+}
+
+/* The scalar form is the vector one, so both give identical weights. */
+static inline float exp_neg(float x) { return exp_neg_v(v4_splat(x))[0]; }
+
+/* True when some lane of l[0, 16) is above `cut` (NaN is not). */
+static inline int any16_above(const float *l, float cut) {
+    v4f c = v4_splat(cut);
+    v4i a = (v4_load(l) > c) | (v4_load(l + 4) > c) | (v4_load(l + 8) > c) | (v4_load(l + 12) > c);
+    return (a[0] | a[1] | a[2] | a[3]) != 0;
+}
+
+/* w[i] = exp((l[i] - m) * inv_t), zeroed below min_p. */
+static void weights(const float *l, int n, float m, float inv_t, float min_p, float *w) {
+    /* Groups entirely at or below the cut are all zero, exactly as the
+     * per-element rule in exp_neg_v would make them. */
+    float cut = m + W_CUT / inv_t;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        if ((i & 15) == 0 && i + 16 <= n && !any16_above(l + i, cut)) {
+            memset(w + i, 0, 16 * sizeof *w);
+            i += 12;
+            continue;
+        }
+        v4f x = exp_neg_v((v4_load(l + i) - v4_splat(m)) * v4_splat(inv_t));
+        v4_store(w + i, (v4f)((v4i)x & (x >= v4_splat(min_p))));
+    }
+    for (; i < n; i++) {
+        float x = exp_neg((l[i] - m) * inv_t);
+        w[i] = x >= min_p ? x : 0.0f;
+    }
+}
+
+/* Sum of at most W_BLOCK weights in a fixed order. */
+static float block_sum(const float *w, int n) {
+    v4f a0 = v4_splat(0), a1 = v4_splat(0);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        a0 += v4_load(w + i);
+        a1 += v4_load(w + i + 4);
+    }
+    v4f a = a0 + a1;
+    float s = (a[0] + a[1]) + (a[2] + a[3]);
+    for (; i < n; i++) s += w[i];
+    return s;
+}
+
+/* Sum of the weights of the row; the weights go to w_out when given. */
+static double weights_total(const float *l, int n, float m, float inv_t, float min_p,
+                            float *w_out) {
+    float tmp[W_BLOCK];
+    double z = 0;
+    for (int b = 0; b < n; b += W_BLOCK) {
+        int nb = n - b < W_BLOCK ? n - b : W_BLOCK;
+        float *w = w_out ? w_out + b : tmp;
+        weights(l + b, nb, m, inv_t, min_p, w);
+        z += block_sum(w, nb);
+    }
+    return z;
+}
+
+/* Largest value of p[0, len), NaN ignored; -inf when there is none. */
+static float span_max(const float *p, int len) {
+    v4f a = v4_splat(-INFINITY);
+    int i = 0;
+    for (; i + 4 <= len; i += 4) a = v4_max(v4_load(p + i), a);
+    float m = -INFINITY;
+    for (int j = 0; j < 4; j++) m = a[j] > m ? a[j] : m;
+    for (; i < len; i++) m = p[i] > m ? p[i] : m;
+    return m;
+}
+
+/* True when some element of p[0, len) is >= t (NaN is not). */
+static int span_any_ge(const float *p, int len, float t) {
+    v4i a = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 4 <= len; i += 4) a |= v4_load(p + i) >= v4_splat(t);
+    if (a[0] | a[1] | a[2] | a[3]) return 1;
+    for (; i < len; i++)
+        if (p[i] >= t) return 1;
+    return 0;
+}
+
+/* First index of the largest logit; NaN is skipped. -1 when all are NaN. */
+static int argmax_first(const float *l, int n) {
+    float m = -INFINITY;
+    int best_g = -1;
+    for (int g = 0; g < n; g += 64) {
+        float gm = span_max(l + g, n - g < 64 ? n - g : 64);
+        if (gm > m) m = gm, best_g = g;
+    }
+    if (best_g < 0) { /* every logit -inf or NaN */
+        for (int i = 0; i < n; i++)
+            if (l[i] == l[i]) return i;
+        return -1;
+    }
+    for (int i = best_g;; i++)
+        if (l[i] == m) return i;
 }
 
 /* Counter-based random numbers: one SplitMix64 finaliser over the seed and
@@ -202,40 +339,32 @@ static double uniform01(uint64_t seed, uint64_t step) {
     return (double)(h >> 11) * (1.0 / 9007199254740992.0); /* 53 bits in [0, 1) */
 }
 
-/* First index of the largest logit; NaN is skipped. -1 when every logit is NaN. */
-static int argmax_first(const float *l, int n) {
-    int best = -1;
-    float m = 0;
-    for (int i = 0; i < n; i++)
-        if (best < 0 ? l[i] == l[i] : l[i] > m) m = l[i], best = i;
-    return best;
-}
-
 /* ---- logprobs ------------------------------------------------------------ */
 
-/* log-sum-exp of the raw row and its n most likely tokens, in one pass.
- * The top list is kept sorted (logit desc, id asc); scanning ids upwards and
- * inserting only on a strictly larger logit keeps ties in id order. */
+/* log-sum-exp of the raw row and its n most likely tokens. The top list is
+ * kept sorted (logit desc, id asc); scanning ids upwards and inserting only
+ * on a strictly larger logit keeps ties in id order; groups whose maximum
+ * cannot enter a full list are skipped. */
 static double raw_logprobs(const float *l, int vocab, int n_top, struct sample_result *out) {
     int im = argmax_first(l, vocab);
     if (im < 0 || isinf(l[im])) return (double)(im < 0 ? NAN : l[im]);
-    float m = l[im];
-    double z = 0;
+    double lse = (double)l[im] + log(weights_total(l, vocab, l[im], 1.0f, 0.0f, NULL));
     int k = 0;
-    for (int i = 0; i < vocab; i++) {
-        float x = l[i];
-        z += exp_neg(x - m);
-        if (n_top == 0 || !(x == x)) continue;
-        if (k == n_top && !(x > out->top_logprobs[k - 1])) continue;
-        int j = k < n_top ? k++ : k - 1;
-        for (; j > 0 && x > out->top_logprobs[j - 1]; j--) {
-            out->top_logprobs[j] = out->top_logprobs[j - 1];
-            out->top_ids[j] = out->top_ids[j - 1];
+    for (int g = 0; g < vocab && n_top > 0; g += 64) {
+        int len = vocab - g < 64 ? vocab - g : 64;
+        if (k == n_top && !(span_max(l + g, len) > out->top_logprobs[k - 1])) continue;
+        for (int i = g; i < g + len; i++) {
+            float x = l[i];
+            if (!(x == x) || (k == n_top && !(x > out->top_logprobs[k - 1]))) continue;
+            int j = k < n_top ? k++ : k - 1;
+            for (; j > 0 && x > out->top_logprobs[j - 1]; j--) {
+                out->top_logprobs[j] = out->top_logprobs[j - 1];
+                out->top_ids[j] = out->top_ids[j - 1];
+            }
+            out->top_logprobs[j] = x;
+            out->top_ids[j] = i;
         }
-        out->top_logprobs[j] = x;
-        out->top_ids[j] = i;
     }
-    double lse = (double)m + log(z);
     out->n_top = k;
     for (int j = 0; j < k; j++) out->top_logprobs[j] = (float)((double)out->top_logprobs[j] - lse);
     return lse;
@@ -250,8 +379,8 @@ static int row_will_change(const struct sampling_params *p, const struct sampler
     return (p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f) && s->n_out > 0;
 }
 
-static void apply_bias_penalties(const struct sampling_params *p, const struct sampler_state *s,
-                                 float *l, int vocab) {
+void sampler_process_logits(const struct sampling_params *p, const struct sampler_state *s,
+                            float *l, int vocab) {
     for (int i = 0; i < p->n_logit_bias; i++) {
         int32_t id = p->logit_bias[i].id;
         KILN_ASSERT_MSG(id >= 0 && id < vocab, "logit_bias id outside vocab (validate first)");
@@ -282,8 +411,22 @@ struct cand {
 
 static inline int cid(const struct cand *c, int i) { return (int)c->ids[i]; }
 
-static inline float cweight(const struct cand *c, int i) {
-    return exp_neg((c->l[cid(c, i)] - c->m) * c->inv_t);
+/* Weights of candidates [b, b + nb), nb <= W_BLOCK, into w. */
+static void cand_weights(const struct cand *c, int b, int nb, float min_p, float *w) {
+    float lv[W_BLOCK];
+    for (int i = 0; i < nb; i++) lv[i] = c->l[cid(c, b + i)];
+    weights(lv, nb, c->m, c->inv_t, min_p, w);
+}
+
+static double cand_sum(const struct cand *c, int lo, int hi, float min_p) {
+    float w[W_BLOCK];
+    double z = 0;
+    for (int b = lo; b < hi; b += W_BLOCK) {
+        int nb = hi - b < W_BLOCK ? hi - b : W_BLOCK;
+        cand_weights(c, b, nb, min_p, w);
+        z += block_sum(w, nb);
+    }
+    return z;
 }
 
 /* a ranks before b: larger logit, or equal logit and lower id. */
@@ -304,7 +447,11 @@ static inline void cswap(struct cand *c, int i, int j) {
  * pivot choice; only the running time does. */
 static int partition(struct cand *c, int lo, int hi) {
     int mid = lo + (hi - lo) / 2, a = lo, b = mid, d = hi - 1;
-    if (key_before(c, cid(c, b), cid(c, a))) { int t = a; a = b; b = t; }
+    if (key_before(c, cid(c, b), cid(c, a))) {
+        int t = a;
+        a = b;
+        b = t;
+    }
     if (key_before(c, cid(c, d), cid(c, b))) {
         b = d;
         if (key_before(c, cid(c, b), cid(c, a))) b = a;
@@ -342,12 +489,11 @@ static int select_mass(struct cand *c, int n, double need) {
     int lo = 0, hi = n;
     while (hi - lo > 1) {
         int j = partition(c, lo, hi);
-        double before = 0;
-        for (int i = lo; i < j; i++) before += cweight(c, i);
+        double before = cand_sum(c, lo, j, 0.0f);
         if (before >= need) {
             hi = j;
         } else {
-            double w = cweight(c, j);
+            double w = cand_sum(c, j, j + 1, 0.0f);
             if (before + w >= need) return j + 1;
             need -= before + w;
             lo = j + 1;
@@ -356,7 +502,63 @@ static int select_mass(struct cand *c, int n, double need) {
     return hi; /* one id left (it is the one), or the mass ran out by rounding: all */
 }
 
-/* ---- candidate sets through a histogram ---------------------------------- */
+/* Three-way quickselect: the k-th largest (1-based) of v[0, n), no NaN. */
+static float kth_largest(float *v, int n, int k) {
+    int lo = 0, hi = n;
+    for (;;) {
+        float a = v[lo], b = v[lo + (hi - lo) / 2], d = v[hi - 1];
+        float pivot = a < b ? (b < d ? b : (a < d ? d : a)) : (a < d ? a : (b < d ? d : b));
+        int lt = lo, i = lo, gt = hi; /* [lo,lt) > pivot, [lt,gt) == pivot, [gt,hi) < pivot */
+        while (i < gt) {
+            float x = v[i];
+            if (x > pivot) v[i++] = v[lt], v[lt++] = x;
+            else if (x < pivot) v[i] = v[--gt], v[gt] = x;
+            else i++;
+        }
+        if (k - 1 < lt) hi = lt;
+        else if (k - 1 < gt) return pivot;
+        else lo = gt;
+    }
+}
+
+/* ---- top_k: threshold from block maxima ---------------------------------- */
+
+/* The exact top k (key order) of the row into c->ids[0, k); returns k, or
+ * fewer when the row has fewer non-NaN logits. With the row cut into B
+ * blocks (k <= B), the k-th largest block maximum t is a lower bound of the
+ * k-th largest logit (k blocks each hold a logit >= t), so only logits >= t
+ * are candidates: about k of them for a 150k row. The blocks are as large as
+ * k allows, to keep the quickselect over their maxima short. */
+static int top_k_set(struct cand *c, int n, int k) {
+    int bs = k <= n / 256 ? 256 : k <= n / 16 ? 16 : 0, cnt = 0;
+    float t = -INFINITY;
+    if (bs) {
+        int nb = (n + bs - 1) / bs;
+        float *bmax = c->ids; /* free until the candidates are written */
+        for (int b = 0; b < nb; b++) {
+            int len = n - b * bs < bs ? n - b * bs : bs;
+            bmax[b] = span_max(c->l + b * bs, len);
+        }
+        t = kth_largest(bmax, nb, k);
+    } else {
+        bs = n;
+    }
+    for (int b = 0; b < n; b += bs) {
+        int len = n - b < bs ? n - b : bs;
+        if (!span_any_ge(c->l + b, len, t)) continue;
+        for (int i = b; i < b + len; i++)
+            if (c->l[i] >= t) c->ids[cnt++] = (float)i;
+    }
+    if (cnt <= k) return cnt;
+    select_count(c, cnt, k);
+    return k;
+}
+
+/* ---- top_p: histogram of probability mass -------------------------------- */
+
+enum { HIST_BINS = 2048 };
+
+static inline int group_len(int n, int g) { return n - g < GROUP ? n - g : GROUP; }
 
 struct hist {
     float m, inv_width; /* bin of x = (m - x) * inv_width, clamped to the last bin */
@@ -366,120 +568,132 @@ struct hist {
 
 static inline int hist_bin(const struct hist *h, float x) {
     float t = (h->m - x) * h->inv_width;
-    return t < (float)(HIST_BINS - 1) ? (int)t : HIST_BINS - 1; /* also NaN, inf */
+    return t < (float)(HIST_BINS - 1) ? (int)t : HIST_BINS - 1;
 }
 
-static void hist_init(struct hist *h, const float *l, int n, float m) {
-    float lo = m;
-    for (int i = 0; i < n; i++)
-        if (l[i] < lo && isfinite(l[i])) lo = l[i];
-    h->m = m;
-    float range = m - lo; /* may be inf for absurd biases: then one bin, exact select */
-    h->inv_width = range > 0 && isfinite(range) ? (float)HIST_BINS / range : 0.0f;
-    memset(h->count, 0, sizeof h->count);
-    memset(h->mass, 0, sizeof h->mass);
-}
-
-/* Writes ids of bins before `cut` to ids[0, *n_in) and of bin `cut` after
- * them; NaN logits are left out. Returns the total written. */
-static int hist_collect(const struct hist *h, const float *l, int n, int cut, float *ids,
-                        int *n_in) {
-    int a = 0;
-    for (int b = 0; b < cut; b++) a += h->count[b];
-    int in = 0, edge = a;
-    for (int i = 0; i < n; i++) {
-        if (!(l[i] == l[i])) continue;
-        int b = hist_bin(h, l[i]);
-        if (b < cut) ids[in++] = (float)i;
-        else if (b == cut) ids[edge++] = (float)i;
-    }
-    KILN_ASSERT(in == a);
-    *n_in = in;
-    return edge;
-}
-
-/* The exact top k (key order) of the row into c->ids[0, k); returns k, or
- * fewer when the row has fewer non-NaN logits. */
-static int top_k_set(struct cand *c, int n, int k) {
-    struct hist h;
-    hist_init(&h, c->l, n, c->m);
-    for (int i = 0; i < n; i++)
-        if (c->l[i] == c->l[i]) h.count[hist_bin(&h, c->l[i])]++;
-    int cut = 0, cum = 0;
-    while (cut < HIST_BINS - 1 && cum + h.count[cut] < k) cum += h.count[cut++];
-    int n_in, total = hist_collect(&h, c->l, n, cut, c->ids, &n_in);
-    if (total <= k) return total;
-    struct cand edge = *c;
-    edge.ids = c->ids + n_in;
-    select_count(&edge, total - n_in, k - n_in);
-    return k;
-}
-
-/* The top_p nucleus of the whole row into c->ids; returns its size. */
+/* The top_p nucleus of the whole row into c->ids; returns its size. One
+ * pass computes the weights, their total z and the histogram. The total is
+ * at least 1 (the top token's weight), so the tokens below `floor` (weight
+ * < (1 - top_p) / 2n) together weigh less than the (1 - top_p) z left
+ * outside the nucleus and are never binned; on a peaked row that skips most
+ * of the vocabulary. Whole bins before the cut bin are in; the cut bin is
+ * split exactly. */
 static int top_p_set(struct cand *c, int n, float top_p) {
+    double w_floor = (1.0 - (double)top_p) / (2.0 * n);
+    float floor = (float)((double)c->m + log(w_floor) / (double)c->inv_t);
+    if (!(floor < c->m)) floor = -INFINITY;
     struct hist h;
-    hist_init(&h, c->l, n, c->m);
-    for (int i = 0; i < n; i++) {
-        float x = c->l[i];
-        if (!(x == x)) continue;
-        int b = hist_bin(&h, x);
-        h.count[b]++;
-        h.mass[b] += exp_neg((x - c->m) * c->inv_t);
+    h.m = c->m;
+    float lo = floor;
+    if (!isfinite(lo)) { /* bins from the smallest finite logit */
+        lo = c->m;
+        for (int i = 0; i < n; i++)
+            if (c->l[i] < lo && isfinite(c->l[i])) lo = c->l[i];
     }
+    float range = c->m - lo;
+    h.inv_width = range > 0 && isfinite(range) ? (float)HIST_BINS / range : 0.0f;
+    memset(h.count, 0, sizeof h.count);
+    memset(h.mass, 0, sizeof h.mass);
+    float w[W_BLOCK];
     double z = 0;
-    for (int b = 0; b < HIST_BINS; b++) z += h.mass[b];
-    double need = ((double)top_p - TOP_P_SLACK) * z, cum = 0;
-    int cut = 0;
-    while (cut < HIST_BINS - 1 && cum + h.mass[cut] < need) cum += h.mass[cut++];
-    int n_in, total = hist_collect(&h, c->l, n, cut, c->ids, &n_in);
+    for (int b = 0; b < n; b += W_BLOCK) {
+        int nb = n - b < W_BLOCK ? n - b : W_BLOCK;
+        const float *l = c->l + b;
+        weights(l, nb, c->m, c->inv_t, 0.0f, w);
+        z += block_sum(w, nb);
+        for (int g = 0; g < nb; g += GROUP) {
+            int len = group_len(nb, g);
+            if (!span_any_ge(l + g, len, floor)) continue;
+            for (int j = g; j < g + len; j++) {
+                if (!(l[j] >= floor)) continue;
+                int bin = hist_bin(&h, l[j]);
+                h.count[bin]++;
+                h.mass[bin] += w[j];
+            }
+        }
+    }
+    double need = ((double)top_p - TOP_P_SLACK) * z;
+    double cum = 0;
+    int cut = 0, n_in = 0;
+    while (cut < HIST_BINS - 1 && cum + h.mass[cut] < need) n_in += h.count[cut], cum += h.mass[cut++];
+    /* Collect bins before the cut at the front and the cut bin after them. */
+    int in = 0, edge = n_in;
+    for (int g = 0; g < n; g += GROUP) {
+        int len = group_len(n, g);
+        float gm = span_max(c->l + g, len);
+        if (!(gm >= floor) || hist_bin(&h, gm) > cut) continue; /* bins grow as logits fall */
+        for (int i = g; i < g + len; i++) {
+            float x = c->l[i];
+            if (!(x >= floor)) continue;
+            int b = hist_bin(&h, x);
+            if (b < cut) c->ids[in++] = (float)i;
+            else if (b == cut) c->ids[edge++] = (float)i;
+        }
+    }
+    KILN_ASSERT(in == n_in);
     /* need - cum > 0 unless the cut is the first non-empty bin and top_p is
      * below the slack; select_mass then keeps just the top id. */
-    struct cand edge = *c;
-    edge.ids = c->ids + n_in;
-    return n_in + select_mass(&edge, total - n_in, need - cum);
+    struct cand e = *c;
+    e.ids = c->ids + n_in;
+    return n_in + select_mass(&e, edge - n_in, need - cum);
 }
 
 /* ---- the draw ------------------------------------------------------------ */
 
-/* Draws from ids[0, n) with weights above min_p (relative to the top token,
- * whose weight is 1). The walk runs in the order of the array, which is a
- * deterministic function of the inputs. */
-static int draw_candidates(const struct cand *c, int n, float min_p, double u) {
-    double z = 0;
-    for (int i = 0; i < n; i++) {
-        float w = cweight(c, i);
-        z += w >= min_p ? w : 0.0f;
-    }
-    double target = u * z, cum = 0;
-    int last = -1;
-    for (int i = 0; i < n; i++) {
-        float w = cweight(c, i);
-        if (!(w >= min_p) || w <= 0) continue;
-        cum += w;
-        last = i;
-        if (target < cum) break;
-    }
-    return last < 0 ? -1 : cid(c, last);
+/* Where the weights of a draw come from: stored per token, or computed for
+ * candidate ids. Both are read in blocks of W_BLOCK so that the total and
+ * the walk add the same block sums. */
+struct weight_src {
+    const float *w;        /* stored weights, or NULL */
+    const struct cand *c;  /* candidates when w is NULL */
+    float min_p;
+};
+
+static const float *src_block(const struct weight_src *s, int b, int nb, float *buf) {
+    if (s->w) return s->w + b;
+    cand_weights(s->c, b, nb, s->min_p, buf);
+    return buf;
 }
 
-/* No truncation but min_p: weights of the whole row go to scratch once. */
-static int draw_all(const float *l, int n, float m, float inv_t, float min_p, float *w,
-                    double u) {
+/* Inverse-CDF draw over positions [0, n) in array order (a deterministic
+ * function of the inputs): whole blocks are skipped by their sums, then the
+ * block holding u * z is walked. Returns a position of positive weight, or
+ * -1 when every weight is 0. */
+static int draw_walk(const struct weight_src *s, int n, double u) {
+    float buf[W_BLOCK];
     double z = 0;
-    for (int i = 0; i < n; i++) {
-        float x = exp_neg((l[i] - m) * inv_t);
-        x = x >= min_p ? x : 0.0f;
-        w[i] = x;
-        z += x;
+    for (int b = 0; b < n; b += W_BLOCK) {
+        int nb = n - b < W_BLOCK ? n - b : W_BLOCK;
+        z += block_sum(src_block(s, b, nb, buf), nb);
     }
     double target = u * z, cum = 0;
-    int last = -1;
-    for (int i = 0; i < n; i++) {
-        if (w[i] <= 0) continue;
-        cum += w[i];
-        last = i;
-        if (target < cum) break;
+    int last_block = -1;
+    for (int b = 0; b < n; b += W_BLOCK) {
+        int nb = n - b < W_BLOCK ? n - b : W_BLOCK;
+        const float *w = src_block(s, b, nb, buf);
+        float bs = block_sum(w, nb);
+        if (!(bs > 0)) continue;
+        last_block = b;
+        if (!(target < cum + bs) && b + nb < n) {
+            cum += bs;
+            continue;
+        }
+        int last = -1;
+        for (int i = 0; i < nb; i++) {
+            if (!(w[i] > 0)) continue;
+            cum += w[i];
+            last = b + i;
+            if (target < cum) break;
+        }
+        return last; /* bs > 0, so some weight here is positive */
     }
+    if (last_block < 0) return -1;
+    /* Rounding left target beyond the last block's end: its last positive. */
+    int nb = n - last_block < W_BLOCK ? n - last_block : W_BLOCK;
+    const float *w = src_block(s, last_block, nb, buf);
+    int last = last_block;
+    for (int i = 0; i < nb; i++)
+        if (w[i] > 0) last = last_block + i;
     return last;
 }
 
@@ -500,7 +714,7 @@ void sampler_sample(const struct sampling_params *p, struct sampler_state *s, fl
             raw = scratch + vocab;
         }
     }
-    apply_bias_penalties(p, s, logits, vocab);
+    sampler_process_logits(p, s, logits, vocab);
 
     int im = argmax_first(logits, vocab);
     int token = im < 0 ? 0 : im;
@@ -513,20 +727,23 @@ void sampler_sample(const struct sampling_params *p, struct sampler_state *s, fl
         int use_k = p->top_k > 0 && p->top_k < vocab, use_p = p->top_p < 1.0f;
         int drawn;
         if (!use_k && !use_p) {
-            drawn = draw_all(logits, vocab, c.m, c.inv_t, min_p, scratch, u);
+            weights_total(logits, vocab, c.m, c.inv_t, min_p, scratch);
+            struct weight_src src = {.w = scratch};
+            drawn = draw_walk(&src, vocab, u);
         } else {
             int n;
             if (use_k) {
                 n = top_k_set(&c, vocab, p->top_k);
                 if (use_p) {
-                    double z = 0;
-                    for (int i = 0; i < n; i++) z += cweight(&c, i);
+                    double z = cand_sum(&c, 0, n, 0.0f);
                     n = select_mass(&c, n, ((double)p->top_p - TOP_P_SLACK) * z);
                 }
             } else {
                 n = top_p_set(&c, vocab, p->top_p);
             }
-            drawn = draw_candidates(&c, n, min_p, u);
+            struct weight_src src = {.c = &c, .min_p = min_p};
+            drawn = draw_walk(&src, n, u);
+            drawn = drawn < 0 ? -1 : cid(&c, drawn);
         }
         token = drawn < 0 ? im : drawn;
     }
@@ -542,12 +759,12 @@ double sampler_warmup(int vocab, const int *batch_sizes, int n_batch_sizes) {
     /* The CPU sampler works row by row and keeps nothing between calls, so
      * rows beyond the first few exercise no new path; the cap bounds the
      * start-up time for large buckets. */
-    enum { MAX_ROWS = 16, N_CONFIGS = 6 };
+    enum { MAX_ROWS = 4, N_CONFIGS = 6 };
     float *pristine = xmalloc((size_t)vocab * sizeof *pristine);
     float *row = xmalloc((size_t)vocab * sizeof *row);
     float *scratch = xmalloc(2 * (size_t)vocab * sizeof *scratch);
-    for (int i = 0; i < vocab; i++) /* a spread like a model's: a peak and a long tail */
-        pristine[i] = (float)(uniform01(0x5eed, (uint64_t)i) * 8.0 - 4.0) + (i % 97 == 0 ? 6.0f : 0);
+    for (int i = 0; i < vocab; i++) /* like a model's row: a broad bulk and a few peaks */
+        pristine[i] = (float)(uniform01(0x5eed, (uint64_t)i) * 8.0 - 4.0) + (i % 4099 == 0 ? 15.0f : 0);
     int32_t prompt[8];
     for (int i = 0; i < 8; i++) prompt[i] = (int32_t)((i * 7919) % vocab);
     struct sampler_state *st = sampler_state_create(vocab, prompt, 8);
