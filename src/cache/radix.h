@@ -17,6 +17,13 @@
  *   never share entries; equal keys share.
  * The tree owns the pages inserted into it; the caller owns the rest.
  * Single-threaded: the engine thread owns it.
+ *
+ * A node pointer from radix_match / radix_insert stays valid while it is
+ * locked; an unlocked one may be freed by the next radix_evict (empty
+ * subtree roots included: they are zero-page leaves, evicted in LRU order
+ * so that one-off extra keys do not pile up). Splits never move a node:
+ * the new node goes above the split point, so a held node still ends where
+ * it did.
  */
 #ifndef KILN_CACHE_RADIX_H
 #define KILN_CACHE_RADIX_H
@@ -58,5 +65,10 @@ int radix_evict(struct radix_tree *t, int n_pages);
 
 int radix_total_pages(const struct radix_tree *t);     /* pages the tree owns */
 int radix_evictable_pages(const struct radix_tree *t); /* of those, not locked */
+
+/* Checks every internal invariant (parent links, child maps, lock counts,
+ * heap membership and order, page counts) with KILN_ASSERT. O(tree size):
+ * for tests and debugging, not for the serving loop. */
+void radix_validate(const struct radix_tree *t);
 
 #endif

@@ -11,11 +11,23 @@
  * Reproducibility: a request's random stream is a counter-based generator
  * keyed by (seed, output position), so a seeded request draws the same
  * tokens whatever else is in the batch and however the steps are split.
+ * The sampler always uses `seed` as given: for a request without a seed
+ * (has_seed == 0) the engine fills `seed` from its own generator, so such a
+ * request is random across requests but still replayable inside the engine.
  *
- * Logprobs are of the distribution after penalties and temperature but
- * before top-k/top-p/min-p truncation (OpenAI / vLLM "processed" default is
- * raw; we report log_softmax of the raw logits, like OpenAI, see
- * sampler_logprobs).
+ * Logprobs (the chosen token's and top_logprobs) are log_softmax of the RAW
+ * logits as received, before logit_bias, penalties, temperature and any
+ * truncation: what the model thinks, independent of how we sampled (vLLM's
+ * default "raw_logprobs"). top_logprobs are ordered by logprob descending,
+ * ties by lower id.
+ *
+ * top_p keeps the smallest set, in order of logit descending then id
+ * ascending, whose cumulative probability reaches top_p (the top token is
+ * always kept); the comparison allows a slack of 1e-6 so that boundaries
+ * that are exact in decimal (0.5 + 0.25 >= 0.75) are not lost to float
+ * rounding. top_k ties at the k-th logit are broken the same way (lower ids
+ * kept). min_p is applied after top_k and top_p, relative to the top token.
+ * Non-finite logits: NaN is never chosen; -inf has probability 0.
  */
 #ifndef KILN_SAMPLE_SAMPLING_H
 #define KILN_SAMPLE_SAMPLING_H
@@ -47,6 +59,13 @@ struct sampling_params {
 };
 
 void sampling_params_default(struct sampling_params *p);
+/* Checks ranges a client can get wrong (temperature >= 0, top_p in (0, 1],
+ * min_p in [0, 1], repetition_penalty > 0, frequency/presence in [-2, 2],
+ * logit_bias ids in [0, vocab) with bias in [-100, 100], top_logprobs in
+ * 0..SAMPLING_MAX_TOP_LOGPROBS). Returns 0, or -1 with a message naming the
+ * field. The sampler itself assumes valid parameters. */
+struct kiln_error;
+int sampling_params_validate(const struct sampling_params *p, int vocab, struct kiln_error *err);
 
 /* Per-request state the penalties need: counts of generated tokens and the
  * set of prompt tokens. Sized to the vocabulary; created once per request. */
@@ -63,6 +82,12 @@ struct sample_result {
     int32_t top_ids[SAMPLING_MAX_TOP_LOGPROBS];
     float top_logprobs[SAMPLING_MAX_TOP_LOGPROBS];
 };
+
+/* Applies logit_bias and the penalties to logits[vocab] in place: the first
+ * stage of sampler_sample, exposed for tests and for callers that sample
+ * elsewhere (s may be NULL when no penalties apply). */
+void sampler_process_logits(const struct sampling_params *p, const struct sampler_state *s,
+                            float *logits, int vocab);
 
 /* Samples one token from logits[vocab] (modified in place as scratch).
  * `step` is the index of the output token being drawn (0 for the first);
