@@ -11,5 +11,6 @@
 
 int cmd_verify(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

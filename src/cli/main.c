@@ -13,6 +13,7 @@ struct subcommand {
 static const struct subcommand subcommands[] = {
     {"verify", cmd_verify, "check the forward pass against reference logits"},
     {"generate", cmd_generate, "greedy generation from token ids"},
+    {"bench", cmd_bench, "benchmark a server (serving) or the engine (offline)"},
     {"help", NULL, "this list"},
 };
 
