@@ -73,7 +73,7 @@ static void buf_append(char **buf, size_t *len, size_t *cap, const char *s, size
         *cap = (*len + n + 1) * 2;
         *buf = xrealloc(*buf, *cap);
     }
-    memcpy(*buf + *len, s, n);
+    if (n) memcpy(*buf + *len, s, n); /* s may be NULL when n == 0 (empty piece text) */
     *len += n;
     (*buf)[*len] = 0;
 }
