@@ -119,7 +119,7 @@ static size_t stop_holdback(const struct req *r) {
 
 static void emit_pending(struct req *r, size_t n) {
     buf_append(&r->emit, &r->emit_len, &r->emit_cap, r->pending, n);
-    memmove(r->pending, r->pending + n, r->pending_len - n);
+    if (n < r->pending_len) memmove(r->pending, r->pending + n, r->pending_len - n); /* pending may be NULL */
     r->pending_len -= n;
 }
 
