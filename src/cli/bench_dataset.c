@@ -71,7 +71,7 @@ static int random_text(const struct kiln_tokenizer *tok, const struct id_pool *p
         /* Keep what the tokenizer made of the text (it is stable under a
          * further round trip more often than the raw draw) and fix the end. */
         n = (int)enc.n < target ? (int)enc.n : target;
-        memcpy(ids, enc.ids, (size_t)n * sizeof *ids);
+        if (n) memcpy(ids, enc.ids, (size_t)n * sizeof *ids);
         while (n < target) ids[n++] = pool->ids[bench_rng_range(rng, 0, pool->n - 1)];
     }
     free(ids);
@@ -192,7 +192,7 @@ static int build_score(const struct bench_options *o, const struct kiln_tokenize
             free(joined);
             if (rc) goto fail;
             p->item_ids[j] = xmalloc((enc.n ? enc.n : 1) * sizeof(int32_t));
-            memcpy(p->item_ids[j], enc.ids, enc.n * sizeof(int32_t));
+            if (enc.n) memcpy(p->item_ids[j], enc.ids, enc.n * sizeof(int32_t));
             p->item_lens[j] = (int)enc.n;
             p->prompt_len += (int)enc.n;
         }

@@ -67,7 +67,7 @@ void bench_metrics_compute(struct bench_metrics *m, const struct bench_run *run)
         else m->n_retokenized++;
         m->total_items += run->prompts[i].n_items;
         if (r->output_len > 1) tpot[np++] = (r->latency - r->ttft) / (r->output_len - 1);
-        memcpy(itl + ni, r->itl, (size_t)r->n_itl * sizeof *itl);
+        if (r->n_itl) memcpy(itl + ni, r->itl, (size_t)r->n_itl * sizeof *itl);
         ni += (size_t)r->n_itl;
         ttft[nt] = r->ttft;
         e2e[nt++] = r->latency;

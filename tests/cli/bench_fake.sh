@@ -13,7 +13,7 @@ tmp=$(mktemp -d)
 node "$src/tests/bench/fake_server.mjs" 50 20 > "$tmp/server.out" &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 50); do grep -q PORT "$tmp/server.out" && break; sleep 0.1; done
+for _ in $(seq 50); do grep -qs PORT "$tmp/server.out" && break; sleep 0.1; done
 port=$(awk '/PORT/ {print $2}' "$tmp/server.out")
 [ -n "$port" ] || { echo "FAIL: the fake server did not start"; exit 1; }
 url="http://127.0.0.1:$port"
