@@ -8,9 +8,11 @@
 #ifndef KILN_CLI_CLI_H
 #define KILN_CLI_CLI_H
 
+int cmd_chat_template(int argc, char **argv);
 
 int cmd_verify(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
 #endif

@@ -13,8 +13,10 @@ struct subcommand {
 static const struct subcommand subcommands[] = {
     {"verify", cmd_verify, "check the forward pass against reference logits"},
     {"generate", cmd_generate, "greedy generation from token ids"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
     {"bench", cmd_bench, "benchmark a server (serving) or the engine (offline)"},
     {"help", NULL, "this list"},
+    {"chat-template", cmd_chat_template, "render a chat template for messages on stdin"},
 };
 
 static void usage(FILE *f) {

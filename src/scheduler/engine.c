@@ -178,6 +178,8 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     struct backend_options bo = {.n_threads = opt->threads};
     if (backend_create(&e->be, opt->device ? opt->device : "cpu", &bo, err)) goto fail;
     if (sched_init(e, err)) goto fail;
+    /* engine_stats must show the pool before the first request arrives */
+    sched_publish_stats(e);
     const char *md = opt->model_dir;
     size_t ml = strlen(md);
     while (ml > 1 && md[ml - 1] == '/') ml--;

@@ -1,0 +1,143 @@
+/* cmd_serve.c — `kiln serve`: an OpenAI-compatible HTTP server over the
+ * engine (see src/server/server.h). Engine options have SGLang's names. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "cli/cli.h"
+#include "cli/cli_common.h"
+#include "scheduler/engine.h"
+#include "server/server.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kiln serve [--model DIR] [options]\n"
+            "\n"
+            "  --model DIR                 model folder (default: the bundled model)\n"
+            "  --host ADDR                 address to listen on (default 127.0.0.1)\n"
+            "  --port N                    port (default 30000; 0 picks a free one)\n"
+            "  --api-key KEY               require 'Authorization: Bearer KEY' (not on /health)\n"
+            "  --served-model-name NAME    the model name clients use (default: folder name)\n"
+            "  --chat-template FILE        Jinja chat template overriding the model's\n"
+            "  --max-running-requests N    requests in one batch (default 256)\n"
+            "  --max-queued-requests N     waiting requests before 429 (default unbounded)\n"
+            "  --chunked-prefill-size N    prefill tokens per step (default 512)\n"
+            "  --max-total-tokens N        KV cache size in tokens (default from memory)\n"
+            "  --context-length N          cap the model's context length\n"
+            "  --page-size N               tokens per KV page (default 1)\n"
+            "  --schedule-policy P         fcfs | lpm | priority (default fcfs)\n"
+            "  --disable-radix-cache       no prefix caching\n"
+            "  --skip-sampler-warmup       start faster\n"
+            "  --log-requests              log request bodies (prompts!)\n"
+            "  --max-body-bytes N          larger request bodies get 413 (default 33554432)\n"
+            "  --max-connections N         more connections get 503 (default 4096)\n"
+            "  --shutdown-timeout SEC      on SIGTERM, let requests finish this long (default 5)\n"
+            "  --threads N --device cpu --load-format auto|dummy\n");
+}
+
+static void on_listening(void *arg, const char *host, int port) {
+    const struct engine_stats *st = arg;
+    int v6 = strchr(host, ':') != NULL;
+    printf("kiln serve: KV cache %ld tokens (%ld pages of %d)\n", st->kv_pages_total * st->page_size,
+           st->kv_pages_total, st->page_size);
+    printf("kiln serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", port);
+    fflush(stdout);
+}
+
+int cmd_serve(int argc, char **argv) {
+    struct model_args ma;
+    model_args_defaults(&ma);
+    struct engine_options eo;
+    engine_options_default(&eo);
+    struct server_options so;
+    server_options_default(&so);
+    for (int i = 1; i < argc; i++) {
+        int r = model_args_parse(&ma, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long x;
+#define INT_OPT(name, lo, hi, dst)                                                                                     \
+    if (!strcmp(o, name)) {                                                                                            \
+        if (cli_parse_int(name, v, lo, hi, &x)) return 2;                                                              \
+        dst = x;                                                                                                       \
+        i++;                                                                                                           \
+        continue;                                                                                                      \
+    }
+#define STR_OPT(name, dst)                                                                                             \
+    if (!strcmp(o, name)) {                                                                                            \
+        if (!v) {                                                                                                      \
+            fprintf(stderr, "kiln serve: %s needs a value\n", name);                                                   \
+            return 2;                                                                                                  \
+        }                                                                                                              \
+        dst = v;                                                                                                       \
+        i++;                                                                                                           \
+        continue;                                                                                                      \
+    }
+        STR_OPT("--host", so.host)
+        INT_OPT("--port", 0, 65535, so.port)
+        STR_OPT("--api-key", so.api_key)
+        STR_OPT("--served-model-name", so.served_model_name)
+        STR_OPT("--chat-template", so.chat_template)
+        INT_OPT("--max-running-requests", 1, 1 << 16, eo.max_running_requests)
+        INT_OPT("--max-queued-requests", 0, 1 << 30, eo.max_queued_requests)
+        INT_OPT("--chunked-prefill-size", 1, 1 << 20, eo.chunked_prefill_size)
+        INT_OPT("--max-total-tokens", 1, 2147483647L, eo.max_total_tokens)
+        INT_OPT("--context-length", 1, 1 << 24, eo.context_length)
+        INT_OPT("--max-body-bytes", 1024, 1L << 34, so.max_body_bytes)
+        INT_OPT("--max-connections", 1, 1 << 20, so.max_connections)
+        INT_OPT("--shutdown-timeout", 0, 86400, so.shutdown_timeout_s)
+        if (!strcmp(o, "--schedule-policy")) {
+            if (v && !strcmp(v, "fcfs")) eo.policy = SCHEDULE_FCFS;
+            else if (v && !strcmp(v, "lpm")) eo.policy = SCHEDULE_LPM;
+            else if (v && !strcmp(v, "priority")) eo.policy = SCHEDULE_PRIORITY;
+            else {
+                fprintf(stderr, "kiln serve: --schedule-policy: expected fcfs, lpm or priority\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(o, "--disable-radix-cache")) {
+            eo.disable_radix_cache = 1;
+        } else if (!strcmp(o, "--skip-sampler-warmup")) {
+            eo.skip_sampler_warmup = 1;
+        } else if (!strcmp(o, "--log-requests")) {
+            eo.log_requests = so.log_requests = 1;
+        } else if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "kiln serve: unknown option '%s'\n", o);
+            usage(stderr);
+            return 2;
+        }
+#undef INT_OPT
+#undef STR_OPT
+    }
+    if (!ma.model_dir) ma.model_dir = cli_default_model();
+    eo.model_dir = so.model_dir = ma.model_dir;
+    eo.device = ma.device;
+    eo.load_format = ma.load_format;
+    eo.threads = ma.threads;
+    eo.page_size = ma.page_size;
+
+    struct kiln_error err = {{0}};
+    struct engine *e = NULL;
+    if (engine_create(&e, &eo, &err)) {
+        fprintf(stderr, "kiln serve: %s\n", err.msg);
+        return 1;
+    }
+    struct engine_stats st;
+    engine_stats(e, &st);
+    printf("kiln serve: model %s (%s), context %d tokens, vocabulary %d%s\n", ma.model_dir,
+           so.served_model_name ? so.served_model_name : engine_model_name(e), engine_context_length(e),
+           engine_vocab_size(e), engine_tokenizer(e) ? "" : ", no tokenizer");
+    so.on_listening = on_listening;
+    so.on_listening_arg = &st;
+    if (server_run(e, &so, &err)) { /* destroys the engine */
+        fprintf(stderr, "kiln serve: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,667 @@
+/* http.c — HTTP/1.1 connections: accept, parse, respond, stream, close.
+ * See http.h for the contract. The parser is strict where leniency invites
+ * request smuggling (Content-Length together with Transfer-Encoding,
+ * conflicting lengths, folded headers) and answers every malformed request
+ * with a JSON error before closing the connection. */
+#include "server/http.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+#include <jansson.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "server/http_error.h"
+
+enum {
+    MAX_HEADERS = 100,
+    CHUNK_LINE_MAX = 1024,
+    /* a client that pipelines this much while we answer is not a client */
+    PIPELINE_MAX = 1 << 20,
+    /* a client that stops reading while we stream to it is gone */
+    OUTPUT_MAX = 64 << 20,
+    WRITE_TIMEOUT_S = 120,
+};
+
+enum conn_state { CONN_HEADERS, CONN_BODY, CONN_HANDLING, CONN_STREAMING, CONN_CLOSING };
+enum chunk_state { CHUNK_SIZE, CHUNK_DATA, CHUNK_DATA_CRLF, CHUNK_TRAILER };
+
+struct http_conn {
+    struct http_server *srv;
+    struct bufferevent *bev;
+    enum conn_state state;
+    struct http_request req;
+    int have_request_line;
+    size_t header_bytes;
+    int chunked;
+    enum chunk_state chunk_state;
+    size_t content_length, chunk_left;
+    size_t body_cap;
+    int keep_alive;    /* for the response being written */
+    int stream_chunked; /* chunked framing of the current streamed response */
+    int rejecting;     /* over the connection limit: answer 503 and close */
+    int force_close;   /* the byte stream can no longer be trusted */
+    int in_process;    /* inside conn_process (re-entrancy guard) */
+    void (*on_close)(void *);
+    void *close_arg;
+    struct http_conn *prev, *next;
+};
+
+struct http_server {
+    struct event_base *base;
+    struct evconnlistener *listener;
+    struct http_server_options opt;
+    http_handler handler;
+    void *ctx;
+    struct http_conn *conns;
+    int n_conns, n_rejecting;
+    int port;
+    long responses[6]; /* by status class */
+};
+
+static void conn_process(struct http_conn *c);
+
+const char *http_status_text(int status) {
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return status < 300 ? "OK" : status < 500 ? "Bad Request" : "Server Error";
+    }
+}
+
+int http_secure_equal(const char *a, size_t alen, const char *b, size_t blen) {
+    /* every byte of b is looked at whatever a holds, so timing reveals only b's length */
+    unsigned char diff = (unsigned char)(alen != blen);
+    for (size_t i = 0; i < blen; i++) diff |= (unsigned char)((i < alen ? a[i] : 0) ^ b[i]);
+    return diff == 0;
+}
+
+const char *http_header_get(const struct http_request *r, const char *name) {
+    for (int i = 0; i < r->n_headers; i++)
+        if (!strcasecmp(r->headers[i].name, name)) return r->headers[i].value;
+    return NULL;
+}
+
+/* ---- connection life --------------------------------------------------- */
+
+static void request_reset(struct http_conn *c) {
+    struct http_request *r = &c->req;
+    for (int i = 0; i < r->n_headers; i++) free(r->headers[i].name), free(r->headers[i].value);
+    free(r->headers);
+    free(r->path);
+    free(r->query);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+    r->conn = c;
+    c->have_request_line = 0;
+    c->header_bytes = 0;
+    c->chunked = 0;
+    c->content_length = c->chunk_left = c->body_cap = 0;
+    c->chunk_state = CHUNK_SIZE;
+    c->on_close = NULL;
+    c->close_arg = NULL;
+    c->stream_chunked = 0;
+}
+
+static void conn_free(struct http_conn *c) {
+    struct http_server *s = c->srv;
+    if (c->on_close) {
+        void (*cb)(void *) = c->on_close;
+        c->on_close = NULL;
+        cb(c->close_arg);
+    }
+    if (c->prev) c->prev->next = c->next;
+    else s->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    if (c->rejecting) s->n_rejecting--;
+    else s->n_conns--;
+    bufferevent_free(c->bev);
+    request_reset(c);
+    free(c);
+}
+
+static void set_read_timeout(struct http_conn *c, int on) {
+    struct timeval rt = {c->srv->opt.idle_timeout_s, 0}, wt = {WRITE_TIMEOUT_S, 0};
+    bufferevent_set_timeouts(c->bev, on && rt.tv_sec > 0 ? &rt : NULL, &wt);
+}
+
+/* ---- writing ------------------------------------------------------------- */
+
+static int want_keep_alive(const struct http_conn *c) {
+    const char *h = http_header_get(&c->req, "connection");
+    if (c->req.minor_version == 0) return h && !strcasecmp(h, "keep-alive");
+    return !(h && !strcasecmp(h, "close"));
+}
+
+static void write_head(struct http_conn *c, int status, const char *ctype, long content_length,
+                       const char *extra) {
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (status >= 100 && status < 600) c->srv->responses[status / 100]++;
+    evbuffer_add_printf(out, "HTTP/1.%d %d %s\r\nServer: kiln\r\n", c->req.minor_version == 0 ? 0 : 1,
+                        status, http_status_text(status));
+    if (ctype) evbuffer_add_printf(out, "Content-Type: %s\r\n", ctype);
+    if (content_length >= 0) evbuffer_add_printf(out, "Content-Length: %ld\r\n", content_length);
+    else if (c->stream_chunked) evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
+    evbuffer_add_printf(out, "Connection: %s\r\n", c->keep_alive ? "keep-alive" : "close");
+    if (extra) evbuffer_add(out, extra, strlen(extra));
+    evbuffer_add(out, "\r\n", 2);
+}
+
+/* After a complete response: next request, or close once written. */
+static void response_done(struct http_conn *c) {
+    if (!c->keep_alive) {
+        c->state = CONN_CLOSING;
+        c->on_close = NULL;
+        bufferevent_disable(c->bev, EV_READ);
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+            /* nothing left to write: close at the next turn of the loop via the write callback */
+            bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+        }
+        return;
+    }
+    request_reset(c);
+    c->state = CONN_HEADERS;
+    set_read_timeout(c, 1);
+    bufferevent_enable(c->bev, EV_READ);
+    if (!c->in_process && evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) conn_process(c);
+}
+
+static int response_allowed(const struct http_request *r) {
+    struct http_conn *c = r->conn;
+    return c->state == CONN_HANDLING || c->state == CONN_HEADERS || c->state == CONN_BODY;
+}
+
+void http_respond(struct http_request *r, int status, const char *ctype, const char *body, size_t len,
+                  const char *extra) {
+    struct http_conn *c = r->conn;
+    KILN_ASSERT(response_allowed(r));
+    /* a request we did not finish reading leaves the stream out of sync */
+    c->keep_alive = !c->force_close && c->state == CONN_HANDLING && status != 413 && want_keep_alive(c);
+    c->on_close = NULL;
+    write_head(c, status, ctype, (long)len, extra);
+    if (len) bufferevent_write(c->bev, body, len);
+    response_done(c);
+}
+
+void http_stream_begin(struct http_request *r, int status, const char *ctype, const char *extra) {
+    struct http_conn *c = r->conn;
+    KILN_ASSERT(c->state == CONN_HANDLING);
+    c->stream_chunked = c->req.minor_version >= 1;
+    c->keep_alive = c->stream_chunked && want_keep_alive(c);
+    c->state = CONN_STREAMING;
+    write_head(c, status, ctype, -1, extra);
+}
+
+void http_stream_write(struct http_request *r, const char *data, size_t len) {
+    struct http_conn *c = r->conn;
+    KILN_ASSERT(c->state == CONN_STREAMING);
+    if (!len) return;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (c->stream_chunked) evbuffer_add_printf(out, "%zx\r\n", len);
+    evbuffer_add(out, data, len);
+    if (c->stream_chunked) evbuffer_add(out, "\r\n", 2);
+}
+
+void http_stream_end(struct http_request *r) {
+    struct http_conn *c = r->conn;
+    KILN_ASSERT(c->state == CONN_STREAMING);
+    if (c->stream_chunked) evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
+    c->on_close = NULL;
+    response_done(c);
+}
+
+void http_request_on_close(struct http_request *r, void (*cb)(void *), void *arg) {
+    r->conn->on_close = cb;
+    r->conn->close_arg = arg;
+}
+
+/* Protocol errors: answer and close, the byte stream can no longer be trusted. */
+static void protocol_error(struct http_conn *c, int status, const char *code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->force_close = 1;
+    http_error_respond(&c->req, status, code, NULL, "%s", msg);
+}
+
+/* ---- parsing ------------------------------------------------------------- */
+
+static int is_tchar(int ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+static int parse_request_line(struct http_conn *c, char *line) {
+    struct http_request *r = &c->req;
+    char *sp1 = strchr(line, ' ');
+    if (!sp1 || sp1 == line || (size_t)(sp1 - line) >= sizeof r->method) goto bad;
+    for (char *p = line; p < sp1; p++)
+        if (!is_tchar((unsigned char)*p)) goto bad;
+    char *target = sp1 + 1, *sp2 = strchr(target, ' ');
+    if (!sp2 || sp2 == target || strchr(sp2 + 1, ' ')) goto bad;
+    memcpy(r->method, line, (size_t)(sp1 - line));
+    r->method[sp1 - line] = 0;
+    const char *ver = sp2 + 1;
+    if (!strcmp(ver, "HTTP/1.1")) r->minor_version = 1;
+    else if (!strcmp(ver, "HTTP/1.0")) r->minor_version = 0;
+    else if (!strncmp(ver, "HTTP/", 5)) {
+        r->minor_version = 1;
+        protocol_error(c, 505, "http_version_not_supported", "HTTP version '%s' is not supported", ver);
+        return -1;
+    } else goto bad;
+    *sp2 = 0;
+    for (char *p = target; *p; p++)
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f) goto bad;
+    if (target[0] != '/') goto bad;
+    char *q = strchr(target, '?');
+    r->path = xstrndup(target, q ? (size_t)(q - target) : strlen(target));
+    r->query = xstrdup(q ? q + 1 : "");
+    r->t_start = time_now();
+    c->have_request_line = 1;
+    return 0;
+bad:
+    r->minor_version = 1;
+    protocol_error(c, 400, "bad_request", "malformed HTTP request line");
+    return -1;
+}
+
+static int parse_header(struct http_conn *c, char *line) {
+    struct http_request *r = &c->req;
+    if (line[0] == ' ' || line[0] == '\t') {
+        protocol_error(c, 400, "bad_request", "folded header lines are not allowed");
+        return -1;
+    }
+    char *colon = strchr(line, ':');
+    if (!colon || colon == line) goto bad;
+    for (char *p = line; p < colon; p++)
+        if (!is_tchar((unsigned char)*p)) goto bad;
+    if (r->n_headers >= MAX_HEADERS) {
+        protocol_error(c, 431, "headers_too_large", "more than %d header fields", MAX_HEADERS);
+        return -1;
+    }
+    char *v = colon + 1, *end = v + strlen(v);
+    while (*v == ' ' || *v == '\t') v++;
+    while (end > v && (end[-1] == ' ' || end[-1] == '\t')) end--;
+    for (char *p = v; p < end; p++)
+        if ((unsigned char)*p < 0x20 && *p != '\t') goto bad;
+    r->headers = xrealloc(r->headers, (size_t)(r->n_headers + 1) * sizeof *r->headers);
+    struct http_header *h = &r->headers[r->n_headers++];
+    h->name = xstrndup(line, (size_t)(colon - line));
+    for (char *p = h->name; *p; p++)
+        if (*p >= 'A' && *p <= 'Z') *p = (char)(*p - 'A' + 'a');
+    h->value = xstrndup(v, (size_t)(end - v));
+    return 0;
+bad:
+    protocol_error(c, 400, "bad_request", "malformed HTTP header line");
+    return -1;
+}
+
+/* Decides how the body is framed once the headers are in. */
+static int begin_body(struct http_conn *c) {
+    struct http_request *r = &c->req;
+    const char *te = NULL, *cl = NULL;
+    for (int i = 0; i < r->n_headers; i++) {
+        const struct http_header *h = &r->headers[i];
+        if (!strcmp(h->name, "transfer-encoding")) {
+            if (te) {
+                protocol_error(c, 400, "bad_request", "repeated Transfer-Encoding header");
+                return -1;
+            }
+            te = h->value;
+        } else if (!strcmp(h->name, "content-length")) {
+            if (cl && strcmp(cl, h->value)) {
+                protocol_error(c, 400, "bad_request", "conflicting Content-Length headers");
+                return -1;
+            }
+            cl = h->value;
+        }
+    }
+    if (te && cl) {
+        protocol_error(c, 400, "bad_request", "both Content-Length and Transfer-Encoding were given");
+        return -1;
+    }
+    size_t max = c->srv->opt.max_body_bytes;
+    if (te) {
+        if (strcasecmp(te, "chunked")) {
+            protocol_error(c, 501, "not_implemented", "Transfer-Encoding '%s' is not supported", te);
+            return -1;
+        }
+        c->chunked = 1;
+        c->chunk_state = CHUNK_SIZE;
+    } else if (cl) {
+        uint64_t v = 0;
+        if (!*cl || strlen(cl) > 18) goto bad_cl;
+        for (const char *p = cl; *p; p++) {
+            if (*p < '0' || *p > '9') goto bad_cl;
+            v = v * 10 + (uint64_t)(*p - '0');
+        }
+        if (v > max) {
+            protocol_error(c, 413, "payload_too_large",
+                           "the request body of %llu bytes exceeds the limit of %zu bytes (--max-body-bytes)",
+                           (unsigned long long)v, max);
+            return -1;
+        }
+        c->content_length = (size_t)v;
+    }
+    const char *expect = http_header_get(r, "expect");
+    if (expect && !strcasecmp(expect, "100-continue") && r->minor_version >= 1 &&
+        (c->chunked || c->content_length) && evbuffer_get_length(bufferevent_get_input(c->bev)) == 0)
+        evbuffer_add_printf(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n");
+    c->body_cap = c->content_length + 1;
+    r->body = xmalloc(c->body_cap);
+    r->body[0] = 0;
+    c->state = CONN_BODY;
+    return 0;
+bad_cl:
+    protocol_error(c, 400, "bad_request", "invalid Content-Length '%s'", cl);
+    return -1;
+}
+
+static void body_append(struct http_conn *c, struct evbuffer *in, size_t n) {
+    struct http_request *r = &c->req;
+    if (r->body_len + n + 1 > c->body_cap) {
+        c->body_cap = (r->body_len + n + 1) * 2;
+        if (c->body_cap > c->srv->opt.max_body_bytes + 1) c->body_cap = c->srv->opt.max_body_bytes + 1;
+        r->body = xrealloc(r->body, c->body_cap);
+    }
+    evbuffer_remove(in, r->body + r->body_len, n);
+    r->body_len += n;
+    r->body[r->body_len] = 0;
+}
+
+/* Returns 1 when the body is complete, 0 when more is needed, -1 after an error reply. */
+static int read_chunked(struct http_conn *c, struct evbuffer *in) {
+    size_t max = c->srv->opt.max_body_bytes;
+    for (;;) {
+        size_t n;
+        char *line;
+        switch (c->chunk_state) {
+        case CHUNK_SIZE:
+        case CHUNK_DATA_CRLF:
+        case CHUNK_TRAILER:
+            line = evbuffer_readln(in, &n, EVBUFFER_EOL_CRLF);
+            if (!line) {
+                if (evbuffer_get_length(in) > CHUNK_LINE_MAX) {
+                    protocol_error(c, 400, "bad_request", "malformed chunked body");
+                    return -1;
+                }
+                return 0;
+            }
+            c->header_bytes += n;
+            if (c->chunk_state == CHUNK_SIZE) {
+                char *end;
+                errno = 0;
+                unsigned long long sz = strtoull(line, &end, 16);
+                int ok = end != line && !errno && (*end == 0 || *end == ';' || *end == ' ');
+                free(line);
+                if (!ok) {
+                    protocol_error(c, 400, "bad_request", "malformed chunk size in chunked body");
+                    return -1;
+                }
+                if (sz > max || c->req.body_len + sz > max) {
+                    protocol_error(c, 413, "payload_too_large",
+                                   "the request body exceeds the limit of %zu bytes (--max-body-bytes)", max);
+                    return -1;
+                }
+                c->chunk_left = (size_t)sz;
+                c->chunk_state = sz ? CHUNK_DATA : CHUNK_TRAILER;
+            } else if (c->chunk_state == CHUNK_DATA_CRLF) {
+                int ok = n == 0;
+                free(line);
+                if (!ok) {
+                    protocol_error(c, 400, "bad_request", "malformed chunked body");
+                    return -1;
+                }
+                c->chunk_state = CHUNK_SIZE;
+            } else {
+                free(line);
+                if (n == 0) return 1;
+                if (c->header_bytes > c->srv->opt.max_header_bytes) {
+                    protocol_error(c, 431, "headers_too_large", "chunked trailer too large");
+                    return -1;
+                }
+            }
+            break;
+        case CHUNK_DATA: {
+            size_t have = evbuffer_get_length(in);
+            if (!have) return 0;
+            size_t take = have < c->chunk_left ? have : c->chunk_left;
+            body_append(c, in, take);
+            c->chunk_left -= take;
+            if (c->chunk_left) return 0;
+            c->chunk_state = CHUNK_DATA_CRLF;
+            break;
+        }
+        }
+    }
+}
+
+static void dispatch(struct http_conn *c) {
+    c->state = CONN_HANDLING;
+    /* no read timeout while we work, but reading stays on to see the client leave */
+    set_read_timeout(c, 0);
+    if (c->rejecting) {
+        c->force_close = 1;
+        http_error_respond(&c->req, 503, "too_many_connections", NULL,
+                           "too many open connections (--max-connections %d)", c->srv->opt.max_connections);
+        return;
+    }
+    c->srv->handler(c->srv->ctx, &c->req);
+}
+
+static void conn_process(struct http_conn *c) {
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t max_head = c->srv->opt.max_header_bytes;
+    c->in_process = 1;
+    for (;;) {
+        if (c->state == CONN_HEADERS) {
+            size_t n;
+            char *line = evbuffer_readln(in, &n, EVBUFFER_EOL_CRLF);
+            if (!line) {
+                if (c->header_bytes + evbuffer_get_length(in) > max_head) {
+                    if (!c->have_request_line) c->req.minor_version = 1;
+                    protocol_error(c, 431, "headers_too_large",
+                                   "the request head exceeds %zu bytes", max_head);
+                }
+                break;
+            }
+            c->header_bytes += n + 2;
+            int rc = 0;
+            if (c->header_bytes > max_head) {
+                if (!c->have_request_line) c->req.minor_version = 1;
+                protocol_error(c, 431, "headers_too_large", "the request head exceeds %zu bytes", max_head);
+                rc = -1;
+            } else if (!c->have_request_line) {
+                if (n > 0) rc = parse_request_line(c, line);
+            } else if (n == 0) {
+                rc = begin_body(c);
+            } else {
+                rc = parse_header(c, line);
+            }
+            free(line);
+            if (rc) break;
+        } else if (c->state == CONN_BODY) {
+            int done;
+            if (c->chunked) {
+                done = read_chunked(c, in);
+                if (done < 0) break;
+            } else {
+                size_t want = c->content_length - c->req.body_len, have = evbuffer_get_length(in);
+                body_append(c, in, have < want ? have : want);
+                done = c->req.body_len == c->content_length;
+            }
+            if (!done) break;
+            dispatch(c);
+        } else {
+            if (evbuffer_get_length(in) > PIPELINE_MAX) {
+                /* stop reading; the connection ends once the answer is out */
+                bufferevent_disable(c->bev, EV_READ);
+            }
+            break;
+        }
+    }
+    c->in_process = 0;
+}
+
+static void on_read(struct bufferevent *bev, void *arg) {
+    (void)bev;
+    conn_process(arg);
+}
+
+static void on_write(struct bufferevent *bev, void *arg) {
+    struct http_conn *c = arg;
+    if (c->state == CONN_CLOSING && evbuffer_get_length(bufferevent_get_output(bev)) == 0) conn_free(c);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg) {
+    struct http_conn *c = arg;
+    (void)bev;
+    if ((what & BEV_EVENT_EOF) && (what & BEV_EVENT_READING) && c->state == CONN_BODY) {
+        /* a half-closed client can still read why we gave up */
+        size_t got = c->req.body_len;
+        if (c->chunked)
+            protocol_error(c, 400, "truncated_body", "the chunked request body ended before its last chunk");
+        else
+            protocol_error(c, 400, "truncated_body",
+                           "the request body ended after %zu of the %zu bytes announced by Content-Length",
+                           got, c->content_length);
+        return;
+    }
+    if (c->state == CONN_CLOSING && !(what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) &&
+        evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+        return; /* EOF while our last answer is still going out */
+    conn_free(c);
+}
+
+/* ---- listening ------------------------------------------------------------ */
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg) {
+    struct http_server *s = arg;
+    (void)l, (void)sa, (void)salen;
+    int rejecting = s->opt.max_connections > 0 && s->n_conns >= s->opt.max_connections;
+    if (rejecting && s->n_rejecting >= 64) {
+        evutil_closesocket(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct http_conn *c = xcalloc(1, sizeof *c);
+    c->srv = s;
+    c->rejecting = rejecting;
+    c->bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+    if (!c->bev) {
+        evutil_closesocket(fd);
+        free(c);
+        return;
+    }
+    request_reset(c);
+    c->state = CONN_HEADERS;
+    c->next = s->conns;
+    if (s->conns) s->conns->prev = c;
+    s->conns = c;
+    if (rejecting) s->n_rejecting++;
+    else s->n_conns++;
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    set_read_timeout(c, 1);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+}
+
+int http_server_create(struct http_server **out, struct event_base *base, const struct http_server_options *o,
+                       http_handler handler, void *ctx, struct kiln_error *err) {
+    struct http_server *s = xcalloc(1, sizeof *s);
+    *out = NULL;
+    s->base = base;
+    s->opt = *o;
+    if (!s->opt.max_header_bytes) s->opt.max_header_bytes = 64 << 10;
+    s->handler = handler;
+    s->ctx = ctx;
+    struct sockaddr_storage ss;
+    int sl = sizeof ss;
+    char spec[300];
+    const char *host = o->host && *o->host ? o->host : "127.0.0.1";
+    snprintf(spec, sizeof spec, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, o->port);
+    /* the host alone: libevent refuses port 0 in "host:port" */
+    if (evutil_parse_sockaddr_port(host, (struct sockaddr *)&ss, &sl)) {
+        kiln_errorf(err, "--host: '%s' is not a numeric IPv4 or IPv6 address", host);
+        goto fail;
+    }
+    if (ss.ss_family == AF_INET6) ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)o->port);
+    else ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)o->port);
+    s->listener = evconnlistener_new_bind(base, on_accept, s, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 1024,
+                                          (struct sockaddr *)&ss, sl);
+    if (!s->listener) {
+        kiln_errorf(err, "cannot listen on %s: %s", spec, strerror(errno));
+        goto fail;
+    }
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof bound;
+    getsockname(evconnlistener_get_fd(s->listener), (struct sockaddr *)&bound, &bl);
+    s->port = bound.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
+                                          : ntohs(((struct sockaddr_in *)&bound)->sin_port);
+    *out = s;
+    return 0;
+fail:
+    http_server_free(s);
+    return -1;
+}
+
+void http_server_stop_listening(struct http_server *s) {
+    if (s && s->listener) {
+        evconnlistener_free(s->listener);
+        s->listener = NULL;
+    }
+}
+
+void http_server_free(struct http_server *s) {
+    if (!s) return;
+    http_server_stop_listening(s);
+    while (s->conns) conn_free(s->conns);
+    free(s);
+}
+
+int http_server_port(const struct http_server *s) { return s->port; }
+int http_server_connections(const struct http_server *s) { return s->n_conns; }
+
+void http_server_responses(const struct http_server *s, long out[6]) {
+    memcpy(out, s->responses, sizeof s->responses);
+}
+
+int http_server_pending_output(const struct http_server *s) {
+    int n = 0;
+    for (const struct http_conn *c = s->conns; c; c = c->next)
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 0) n++;
+    return n;
+}

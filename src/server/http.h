@@ -1,0 +1,94 @@
+/* http.h — a small HTTP/1.1 server on libevent bufferevents, for the API.
+ *
+ * It owns the listening socket, the connections and the parsing of requests
+ * (request line, headers, Content-Length or chunked bodies), and enforces the
+ * limits a public endpoint needs: header size, body size (413 before the body
+ * is read), connection count (503 at accept), idle timeouts. Everything runs
+ * on one event loop thread; no call here blocks.
+ *
+ * evhttp is not used because it answers limits and truncated bodies with its
+ * own HTML pages, cannot bound connections in libevent 2.1, and reports a
+ * client that goes away only through per-connection callbacks that fire after
+ * the request object is freed.
+ *
+ * A handler gets a `struct http_request` and must eventually answer it with
+ * http_respond, or with http_stream_begin / _write / _end; it may do so later
+ * (after engine events), from the loop thread. If the client disconnects first,
+ * the close callback (http_request_on_close) runs and the request is freed
+ * right after: the handler must forget it then. Requests on one connection
+ * are handled one at a time (pipelined requests wait in the input buffer).
+ */
+#ifndef KILN_SERVER_HTTP_H
+#define KILN_SERVER_HTTP_H
+
+#include <stddef.h>
+
+struct event_base;
+struct kiln_error;
+struct http_server;
+struct http_conn;
+
+struct http_header {
+    char *name; /* lower case */
+    char *value;
+};
+
+struct http_request {
+    struct http_conn *conn;
+    char method[16];
+    char *path;  /* without the query string */
+    char *query; /* after '?', or "" */
+    int minor_version;
+    struct http_header *headers;
+    int n_headers;
+    char *body; /* NUL-terminated for convenience; may contain NULs */
+    size_t body_len;
+    double t_start; /* monotonic seconds when the request line arrived */
+};
+
+typedef void (*http_handler)(void *ctx, struct http_request *req);
+
+struct http_server_options {
+    const char *host;
+    int port;              /* 0 picks a free port (see http_server_port) */
+    size_t max_body_bytes; /* larger bodies get 413 */
+    size_t max_header_bytes;
+    int max_connections; /* more get 503 at accept; 0 = unbounded */
+    int idle_timeout_s;  /* keep-alive idle and slow headers/bodies */
+};
+
+int http_server_create(struct http_server **out, struct event_base *base,
+                       const struct http_server_options *o, http_handler handler, void *ctx,
+                       struct kiln_error *err);
+/* Closes the listening socket; open connections go on. */
+void http_server_stop_listening(struct http_server *s);
+/* Closes every connection (close callbacks run) and frees the server. */
+void http_server_free(struct http_server *s);
+int http_server_port(const struct http_server *s);
+int http_server_connections(const struct http_server *s);
+/* Connections with response bytes not yet written. */
+int http_server_pending_output(const struct http_server *s);
+/* Responses sent so far by status class: out[2] = 2xx ... out[5] = 5xx. */
+void http_server_responses(const struct http_server *s, long out[6]);
+
+/* Case-insensitive lookup; NULL when absent. */
+const char *http_header_get(const struct http_request *r, const char *name);
+
+/* A complete response. `extra_headers` is NULL or "Name: value\r\n" lines. */
+void http_respond(struct http_request *r, int status, const char *content_type, const char *body,
+                  size_t len, const char *extra_headers);
+/* A response of unknown length (chunked; on HTTP/1.0 ended by closing). */
+void http_stream_begin(struct http_request *r, int status, const char *content_type,
+                       const char *extra_headers);
+void http_stream_write(struct http_request *r, const char *data, size_t len);
+void http_stream_end(struct http_request *r);
+
+/* Called once if the connection ends before the response is complete. */
+void http_request_on_close(struct http_request *r, void (*cb)(void *arg), void *arg);
+
+/* Compares in time independent of where the strings differ. */
+int http_secure_equal(const char *a, size_t alen, const char *b, size_t blen);
+
+const char *http_status_text(int status);
+
+#endif

@@ -1,0 +1,62 @@
+/* http_error.c — OpenAI-shaped error bodies (see http_error.h). */
+#include "server/http_error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "base/mem.h"
+#include "server/http.h"
+
+static const char *error_type(int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable_error";
+    default: return status < 500 ? "invalid_request_error" : "internal_server_error";
+    }
+}
+
+char *http_error_json(int status, const char *code, const char *param, const char *message) {
+    /* messages may quote client input: jansson escapes it, and invalid UTF-8
+     * (which jansson refuses) is replaced so the error itself never fails */
+    json_t *msg = json_string(message);
+    if (!msg) msg = json_string("the request contains invalid UTF-8");
+    json_t *err = json_pack("{s:o,s:s,s:o,s:o}", "message", msg, "type", error_type(status), "param",
+                            param ? json_string(param) : json_null(), "code",
+                            code ? json_string(code) : json_null());
+    json_t *root = json_pack("{s:o}", "error", err);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s ? s : xstrdup("{\"error\":{\"message\":\"error\",\"type\":\"internal_server_error\","
+                           "\"param\":null,\"code\":null}}");
+}
+
+static void send_error(struct http_request *r, int status, const char *code, const char *param,
+                       const char *extra, const char *fmt, va_list ap) {
+    char message[1024];
+    vsnprintf(message, sizeof message, fmt, ap);
+    char *body = http_error_json(status, code, param, message);
+    http_respond(r, status, "application/json", body, strlen(body), extra);
+    free(body);
+}
+
+void http_error_respond(struct http_request *r, int status, const char *code, const char *param,
+                        const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    send_error(r, status, code, param, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void http_error_respond_headers(struct http_request *r, int status, const char *code, const char *param,
+                                const char *extra, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    send_error(r, status, code, param, extra, fmt, ap);
+    va_end(ap);
+}

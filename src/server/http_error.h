@@ -1,0 +1,20 @@
+/* http_error.h — the one shape of every error kiln's HTTP server sends:
+ * OpenAI's {"error": {"message", "type", "param", "code"}}, which the
+ * official clients turn into typed exceptions (BadRequestError, ...).
+ * `type` follows from the status; `code` is a short machine-readable word;
+ * `param` names the offending request field or is NULL. */
+#ifndef KILN_SERVER_HTTP_ERROR_H
+#define KILN_SERVER_HTTP_ERROR_H
+
+struct http_request;
+
+void http_error_respond(struct http_request *r, int status, const char *code, const char *param,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The same with extra response headers ("Name: value\r\n" lines). */
+void http_error_respond_headers(struct http_request *r, int status, const char *code, const char *param,
+                                const char *extra_headers, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* The JSON body alone (malloc'd), for errors inside an SSE stream. */
+char *http_error_json(int status, const char *code, const char *param, const char *message);
+
+#endif

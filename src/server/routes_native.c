@@ -1,0 +1,470 @@
+/* routes_native.c — SGLang's native routes: POST /generate, /v1/score,
+ * and the tokenizer routes /tokenize and /detokenize (SGLang and vLLM
+ * shapes).
+ *
+ * /generate answers one object per prompt and choice ({text, output_ids,
+ * meta_info}), a list when the input was a batch or n > 1. Streaming sends,
+ * like SGLang, the cumulative text so far in every chunk.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/mem.h"
+#include "kiln/tokenizer.h"
+#include "sample/sampling.h"
+#include "server/http_error.h"
+#include "server/server_internal.h"
+#include "server/sse.h"
+
+struct native {
+    struct server *s;
+    int score;
+    int stream, logprob, top_n;
+    int batch; /* answer a list */
+    int n, n_prompts;
+    struct prompt_list prompts;
+    struct gen_output *out;
+    char id[64];
+};
+
+static double finite_lp(float x) { return isfinite(x) ? (double)x : -9999.0; }
+
+static json_t *finish_json(const struct gen_output *o) {
+    switch (o->finish) {
+    case ENGINE_FINISH_STOP:
+        return json_pack("{s:s,s:o}", "type", "stop", "matched",
+                         o->matched_stop ? server_json_text(o->matched_stop, strlen(o->matched_stop))
+                         : o->matched_stop_id >= 0 ? json_integer(o->matched_stop_id)
+                                                   : json_null());
+    case ENGINE_FINISH_LENGTH: return json_pack("{s:s,s:i}", "type", "length", "length", o->completion_tokens);
+    case ENGINE_FINISH_ABORT:
+        return json_pack("{s:s,s:s}", "type", "abort", "message", o->error ? o->error : "aborted");
+    case ENGINE_FINISH_ERROR:
+        return json_pack("{s:s,s:s}", "type", "error", "message", o->error ? o->error : "error");
+    default: return json_null();
+    }
+}
+
+static json_t *generate_item(struct native *st, int i, double now, double t_start) {
+    struct gen_output *o = &st->out[i];
+    json_t *ids = json_array();
+    for (int k = 0; k < o->n_tokens; k++) json_array_append_new(ids, json_integer(o->tokens[k]));
+    json_t *meta = json_pack("{s:s,s:i,s:i,s:i,s:o,s:f}", "id", st->id, "prompt_tokens", o->prompt_tokens,
+                             "completion_tokens", o->completion_tokens, "cached_tokens", o->cached_tokens,
+                             "finish_reason", finish_json(o), "e2e_latency", now - t_start);
+    if (st->logprob) {
+        json_t *lps = json_array(), *tops = json_array();
+        for (int k = 0; k < o->n_samples; k++) {
+            const struct sample_result *r = &o->samples[k];
+            json_array_append_new(lps, json_pack("[f,i,n]", finite_lp(r->logprob), r->token));
+            json_t *top = json_array();
+            for (int t = 0; t < r->n_top && t < st->top_n; t++)
+                json_array_append_new(top, json_pack("[f,i,n]", finite_lp(r->top_logprobs[t]), r->top_ids[t]));
+            json_array_append_new(tops, top);
+        }
+        json_object_set_new(meta, "output_token_logprobs", lps);
+        json_object_set_new(meta, "output_top_logprobs", tops);
+    }
+    json_t *item = json_pack("{s:o,s:o,s:o}", "text", server_json_text(o->text ? o->text : "", o->text_len),
+                             "output_ids", ids, "meta_info", meta);
+    if (st->batch) json_object_set_new(item, "index", json_integer(i));
+    return item;
+}
+
+static void on_event(struct gen *g, int i, const struct gen_event *ev) {
+    struct native *st = g->state;
+    gen_output_add(&st->out[i], ev);
+    if (!st->stream || (!ev->n_tokens && ev->finish == ENGINE_FINISH_NONE)) return;
+    sse_send_json(g->req, generate_item(st, i, time_now(), g->t_start));
+}
+
+static void on_done(struct gen *g) {
+    struct native *st = g->state;
+    int total = st->n_prompts * st->n;
+    if (st->stream) {
+        sse_end(g->req);
+        return;
+    }
+    if (st->score) {
+        json_t *scores = json_array();
+        long prompt = 0;
+        for (int i = 0; i < total; i++) {
+            struct gen_output *o = &st->out[i];
+            if (o->finish != ENGINE_FINISH_STOP) {
+                http_error_respond(g->req, o->finish == ENGINE_FINISH_ABORT ? 503 : 500, "engine_error", NULL,
+                                   "scoring item %d failed: %s", i, o->error ? o->error : engine_finish_name(o->finish));
+                json_decref(scores);
+                return;
+            }
+            json_t *row = json_array();
+            for (int k = 0; k < o->n_scores; k++) json_array_append_new(row, json_real(o->scores[k]));
+            json_array_append_new(scores, row);
+            prompt += o->prompt_tokens;
+        }
+        server_reply_json(g->req, 200,
+                          json_pack("{s:o,s:s,s:{s:I,s:i,s:I},s:s}", "scores", scores, "model", st->s->model_name,
+                                    "usage", "prompt_tokens", (json_int_t)prompt, "completion_tokens", 0,
+                                    "total_tokens", (json_int_t)prompt, "object", "scoring"));
+        return;
+    }
+    double now = time_now();
+    if (!st->batch) {
+        server_reply_json(g->req, 200, generate_item(st, 0, now, g->t_start));
+        return;
+    }
+    json_t *list = json_array();
+    for (int i = 0; i < total; i++) json_array_append_new(list, generate_item(st, i, now, g->t_start));
+    server_reply_json(g->req, 200, list);
+}
+
+static void on_free(struct gen *g) {
+    struct native *st = g->state;
+    for (int i = 0; st->out && i < st->n_prompts * st->n; i++) gen_output_free(&st->out[i]);
+    free(st->out);
+    prompt_list_free(&st->prompts);
+    free(st);
+}
+
+static const struct gen_ops native_ops = {on_event, on_done, on_free};
+
+static void native_free_unstarted(struct native *st) {
+    prompt_list_free(&st->prompts);
+    free(st);
+}
+
+static void native_start(struct server *s, struct http_request *r, struct native *st, const struct engine_request *base) {
+    st->n_prompts = st->prompts.n;
+    int total = st->n_prompts * st->n;
+    if (total > 4096) {
+        http_error_respond(r, 400, "invalid_value", NULL, "more than 4096 requests in one call");
+        native_free_unstarted(st);
+        return;
+    }
+    st->out = xcalloc((size_t)total, sizeof *st->out);
+    for (int i = 0; i < total; i++) gen_output_init(&st->out[i]);
+    server_new_id(s, "", st->id, sizeof st->id);
+    struct gen *g = gen_create(&s->hub, r, total, &native_ops, st);
+    for (int i = 0; i < total; i++) {
+        struct engine_request er = *base;
+        er.prompt = st->prompts.v[i / st->n].ids;
+        er.n_prompt = st->prompts.v[i / st->n].n;
+        int j = i % st->n;
+        if (j && er.sampling.has_seed) er.sampling.seed += (uint64_t)j * 0x9e3779b97f4a7c15ull;
+        struct kiln_error err;
+        if (!gen_submit(g, i, &er, st->logprob, &err)) {
+            server_reply_submit_error(r, &err);
+            gen_fail(g);
+            return;
+        }
+    }
+    if (st->stream) sse_begin(r);
+}
+
+void route_generate(struct server *s, struct http_request *r) {
+    json_t *body = server_body(s, r);
+    if (!body) return;
+    struct req_error e = {0};
+    struct gen_params gp;
+    gen_params_init(&gp);
+    struct native *st = xcalloc(1, sizeof *st);
+    st->s = s;
+    long long top = 0;
+    json_t *sp = json_object_get(body, "sampling_params");
+    if (sp && !json_is_null(sp) && !json_is_object(sp)) {
+        req_errorf(&e, 400, "invalid_type", "sampling_params", "'sampling_params' must be an object");
+        goto bad;
+    }
+    if (!json_is_object(sp)) sp = NULL;
+    json_t *empty = json_object();
+    int rc = gen_params_parse(&gp, sp ? sp : empty, body, JR_NATIVE, s->vocab, &e);
+    json_decref(empty);
+    if (rc || jr_bool(body, "stream", &st->stream, &e) < 0 || jr_bool(body, "return_logprob", &st->logprob, &e) < 0 ||
+        jr_int(body, "top_logprobs_num", 0, SAMPLING_MAX_TOP_LOGPROBS, &top, &e) < 0)
+        goto bad;
+    st->top_n = (int)top;
+    st->n = gp.n;
+    json_t *text = json_object_get(body, "text"), *ids = json_object_get(body, "input_ids");
+    int has_text = text && !json_is_null(text), has_ids = ids && !json_is_null(ids);
+    if (has_text == has_ids) {
+        req_errorf(&e, 400, "invalid_value", "text", "give exactly one of 'text' and 'input_ids'");
+        goto bad;
+    }
+    if (has_text && !json_is_string(text) && !json_is_array(text)) {
+        req_errorf(&e, 400, "invalid_type", "text", "'text' must be a string or an array of strings");
+        goto bad;
+    }
+    if (has_ids && !json_is_array(ids)) {
+        req_errorf(&e, 400, "invalid_type", "input_ids", "'input_ids' must be an array of token ids");
+        goto bad;
+    }
+    if (jr_prompts(has_text ? text : ids, has_text ? "text" : "input_ids", s->tok, s->vocab, 0, &st->prompts, &e))
+        goto bad;
+    json_t *v = has_text ? text : ids;
+    st->batch = st->n > 1 || (has_text ? json_is_array(v) : json_is_array(json_array_get(v, 0)));
+    gp.r.sampling.logprobs = st->logprob;
+    gp.r.sampling.top_logprobs = st->top_n;
+    json_decref(body);
+    native_start(s, r, st, &gp.r);
+    gen_params_free(&gp);
+    return;
+bad:
+    json_decref(body);
+    gen_params_free(&gp);
+    native_free_unstarted(st);
+    server_reply_error(r, &e);
+}
+
+/* ---- /v1/score -------------------------------------------------------------- */
+
+/* query + item (or item + query), as text or as token ids. */
+static int score_prompts(struct server *s, const json_t *query, const json_t *items, int item_first,
+                         struct prompt_list *out, struct req_error *e) {
+    memset(out, 0, sizeof *out);
+    int text = json_is_string(query);
+    if (!text && !json_is_array(query))
+        return req_errorf(e, 400, "invalid_type", "query", "'query' must be a string or an array of token ids");
+    if (json_is_string(items) || (json_is_array(items) && json_array_size(items) && json_is_integer(json_array_get(items, 0))))
+        return req_errorf(e, 400, "invalid_type", "items",
+                          "'items' must be an array of strings or an array of token id arrays");
+    if (!json_is_array(items) || json_array_size(items) == 0)
+        return req_errorf(e, 400, "invalid_value", "items", "'items' must be a non-empty array");
+    size_t n = json_array_size(items);
+    if (n > 4096) return req_errorf(e, 400, "invalid_value", "items", "more than 4096 items");
+    out->v = xcalloc(n, sizeof *out->v);
+    out->n = (int)n;
+    int32_t *q = NULL;
+    int nq = 0;
+    if (!text && jr_ids(query, "query", s->vocab, &q, &nq, e)) goto fail;
+    for (size_t i = 0; i < n; i++) {
+        json_t *it = json_array_get(items, i);
+        struct prompt *p = &out->v[i];
+        if (text) {
+            if (!json_is_string(it)) {
+                req_errorf(e, 400, "invalid_type", "items", "'items'[%zu] must be a string like 'query'", i);
+                goto fail;
+            }
+            if (!s->tok) {
+                req_errorf(e, 400, "invalid_value", "query", "this model has no tokenizer: give token ids");
+                goto fail;
+            }
+            size_t lq = json_string_length(query), li = json_string_length(it);
+            char *joined = xmalloc(lq + li + 1);
+            memcpy(joined + (item_first ? li : 0), json_string_value(query), lq);
+            memcpy(joined + (item_first ? 0 : lq), json_string_value(it), li);
+            int rc = jr_encode(s->tok, joined, lq + li, 1, p, "items", e);
+            free(joined);
+            if (rc) goto fail;
+        } else {
+            int32_t *ids;
+            int ni;
+            if (jr_ids(it, "items", s->vocab, &ids, &ni, e)) goto fail;
+            p->n = nq + ni;
+            p->ids = xmalloc(((size_t)p->n + 1) * sizeof *p->ids);
+            memcpy(p->ids + (item_first ? ni : 0), q, (size_t)nq * sizeof *q);
+            memcpy(p->ids + (item_first ? 0 : nq), ids, (size_t)ni * sizeof *ids);
+            free(ids);
+        }
+        if (p->n == 0) {
+            req_errorf(e, 400, "invalid_value", "items", "'items'[%zu] with the query is empty", i);
+            goto fail;
+        }
+    }
+    free(q);
+    return 0;
+fail:
+    free(q);
+    prompt_list_free(out);
+    return -1;
+}
+
+void route_score(struct server *s, struct http_request *r) {
+    json_t *body = server_body(s, r);
+    if (!body) return;
+    struct req_error e = {0};
+    struct native *st = xcalloc(1, sizeof *st);
+    st->s = s;
+    st->score = 1;
+    st->n = 1;
+    int32_t *labels = NULL;
+    int n_labels = 0, apply_softmax = 0, item_first = 0;
+    json_t *lab = json_object_get(body, "label_token_ids");
+    if (server_check_model(s, body, &e) || jr_bool(body, "apply_softmax", &apply_softmax, &e) < 0 ||
+        jr_bool(body, "item_first", &item_first, &e) < 0)
+        goto bad;
+    if (!lab || json_is_null(lab)) {
+        req_errorf(&e, 400, "missing_field", "label_token_ids", "'label_token_ids' is required");
+        goto bad;
+    }
+    if (jr_ids(lab, "label_token_ids", s->vocab, &labels, &n_labels, &e)) goto bad;
+    if (n_labels == 0) {
+        req_errorf(&e, 400, "invalid_value", "label_token_ids", "'label_token_ids' is empty");
+        goto bad;
+    }
+    json_t *query = json_object_get(body, "query"), *items = json_object_get(body, "items");
+    if (!query || json_is_null(query)) {
+        req_errorf(&e, 400, "missing_field", "query", "'query' is required");
+        goto bad;
+    }
+    if (score_prompts(s, query, items, item_first, &st->prompts, &e)) goto bad;
+    struct engine_request er;
+    memset(&er, 0, sizeof er);
+    sampling_params_default(&er.sampling);
+    er.score = 1;
+    er.label_ids = labels;
+    er.n_label_ids = n_labels;
+    er.apply_softmax = apply_softmax;
+    er.skip_special_tokens = 1;
+    json_decref(body);
+    native_start(s, r, st, &er);
+    free(labels);
+    return;
+bad:
+    json_decref(body);
+    free(labels);
+    native_free_unstarted(st);
+    server_reply_error(r, &e);
+}
+
+/* ---- tokenizer routes --------------------------------------------------------- */
+
+static json_t *ids_json(const int32_t *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+void route_tokenize(struct server *s, struct http_request *r) {
+    json_t *body = server_body(s, r);
+    if (!body) return;
+    struct req_error e = {0};
+    struct prompt_list pl = {0};
+    json_t *resp = NULL;
+    if (!s->tok) {
+        req_errorf(&e, 400, "invalid_value", NULL, "this model has no tokenizer");
+        goto bad;
+    }
+    json_t *prompt = json_object_get(body, "prompt"), *msgs = json_object_get(body, "messages");
+    int has_msgs = msgs && !json_is_null(msgs), add_special = !has_msgs, strs = 0;
+    if (server_check_model(s, body, &e) || jr_bool(body, "add_special_tokens", &add_special, &e) < 0 ||
+        jr_bool(body, "return_token_strs", &strs, &e) < 0)
+        goto bad;
+    int list = 0;
+    if (has_msgs) {
+        /* vLLM's chat form: the conversation rendered as chat completions would */
+        if (server_chat_prompt(s, body, &pl, &e)) goto bad;
+        resp = json_pack("{s:o,s:i,s:i}", "tokens", ids_json(pl.v[0].ids, pl.v[0].n), "count", pl.v[0].n,
+                         "max_model_len", s->context_length);
+        prompt_list_free(&pl);
+        json_decref(body);
+        server_reply_json(r, 200, resp);
+        return;
+    }
+    if (!prompt || json_is_null(prompt)) prompt = json_object_get(body, "text");
+    if (json_is_array(prompt)) {
+        list = 1;
+        size_t i;
+        json_t *x;
+        json_array_foreach(prompt, i, x) if (!json_is_string(x)) {
+            req_errorf(&e, 400, "invalid_type", "prompt", "'prompt' must be a string or an array of strings");
+            goto bad;
+        }
+        if (json_array_size(prompt) == 0 || json_array_size(prompt) > 4096) {
+            req_errorf(&e, 400, "invalid_value", "prompt", "'prompt' must hold 1 to 4096 strings");
+            goto bad;
+        }
+    } else if (!json_is_string(prompt)) {
+        req_errorf(&e, 400, prompt ? "invalid_type" : "missing_field", "prompt", "'prompt' must be a string");
+        goto bad;
+    }
+    size_t n = list ? json_array_size(prompt) : 1;
+    pl.v = xcalloc(n, sizeof *pl.v);
+    pl.n = (int)n;
+    json_t *tokens = json_array(), *counts = json_array(), *tstrs = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = list ? json_array_get(prompt, i) : prompt;
+        if (jr_encode(s->tok, json_string_value(x), json_string_length(x), add_special, &pl.v[i], "prompt", &e)) {
+            json_decref(tokens), json_decref(counts), json_decref(tstrs);
+            goto bad;
+        }
+        json_array_append_new(tokens, ids_json(pl.v[i].ids, pl.v[i].n));
+        json_array_append_new(counts, json_integer(pl.v[i].n));
+        json_t *ts = json_array();
+        for (int k = 0; strs && k < pl.v[i].n; k++) {
+            size_t len;
+            const char *t = kiln_tokenizer_id_to_token(s->tok, pl.v[i].ids[k], &len);
+            json_array_append_new(ts, t ? server_json_text(t, len) : json_null());
+        }
+        json_array_append_new(tstrs, ts);
+    }
+    if (list) {
+        resp = json_pack("{s:o,s:o,s:i}", "tokens", tokens, "count", counts, "max_model_len", s->context_length);
+        if (strs) json_object_set_new(resp, "token_strs", tstrs);
+        else json_decref(tstrs);
+    } else {
+        resp = json_pack("{s:O,s:O,s:i}", "tokens", json_array_get(tokens, 0), "count", json_array_get(counts, 0),
+                         "max_model_len", s->context_length);
+        if (strs) json_object_set(resp, "token_strs", json_array_get(tstrs, 0));
+        json_decref(tokens), json_decref(counts), json_decref(tstrs);
+    }
+    prompt_list_free(&pl);
+    json_decref(body);
+    server_reply_json(r, 200, resp);
+    return;
+bad:
+    prompt_list_free(&pl);
+    json_decref(body);
+    server_reply_error(r, &e);
+}
+
+void route_detokenize(struct server *s, struct http_request *r) {
+    json_t *body = server_body(s, r);
+    if (!body) return;
+    struct req_error e = {0};
+    int skip = 0;
+    json_t *out = NULL;
+    if (!s->tok) {
+        req_errorf(&e, 400, "invalid_value", NULL, "this model has no tokenizer");
+        goto bad;
+    }
+    if (server_check_model(s, body, &e) || jr_bool(body, "skip_special_tokens", &skip, &e) < 0) goto bad;
+    json_t *toks = json_object_get(body, "tokens");
+    if (!toks || json_is_null(toks)) {
+        req_errorf(&e, 400, "missing_field", "tokens", "'tokens' is required");
+        goto bad;
+    }
+    int list = json_is_array(toks) && json_array_size(toks) && json_is_array(json_array_get(toks, 0));
+    size_t n = list ? json_array_size(toks) : 1;
+    json_t *texts = json_array();
+    for (size_t i = 0; i < n; i++) {
+        int32_t *ids;
+        int ni;
+        if (jr_ids(list ? json_array_get(toks, i) : toks, "tokens", s->vocab, &ids, &ni, &e)) {
+            json_decref(texts);
+            goto bad;
+        }
+        char *t = NULL;
+        size_t len = 0;
+        struct kiln_error err;
+        int rc = kiln_tokenizer_decode(s->tok, ids, (size_t)ni, skip, &t, &len, &err);
+        free(ids);
+        if (rc) {
+            json_decref(texts);
+            req_errorf(&e, 400, "invalid_value", "tokens", "cannot detokenize: %s", err.msg);
+            goto bad;
+        }
+        json_array_append_new(texts, server_json_text(t, len));
+        free(t);
+    }
+    json_t *v = list ? json_incref(texts) : json_incref(json_array_get(texts, 0));
+    json_decref(texts);
+    /* SGLang answers "text", vLLM "prompt" */
+    out = json_pack("{s:O,s:o}", "text", v, "prompt", v);
+    json_decref(body);
+    server_reply_json(r, 200, out);
+    return;
+bad:
+    json_decref(body);
+    server_reply_error(r, &e);
+}

@@ -1,0 +1,513 @@
+/* routes_openai.c — POST /v1/completions and /v1/chat/completions.
+ *
+ * One HTTP request becomes prompts x n engine requests (choice index =
+ * prompt * n + j). Non-streaming answers collect every choice and reply once
+ * all are final; streaming answers send one SSE chunk per engine event that
+ * carries text or logprobs, a final chunk per choice with its
+ * finish_reason, an optional usage chunk, then `data: [DONE]`.
+ *
+ * Usage counts each prompt once (n choices share it, as OpenAI does);
+ * cached_tokens is, per prompt, the largest cache hit among its choices.
+ */
+#include <math.h>
+#include <time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/mem.h"
+#include "kiln/tokenizer.h"
+#include "sample/sampling.h"
+#include "server/http_error.h"
+#include "server/server_internal.h"
+#include "server/sse.h"
+
+struct choice {
+    struct gen_output out;
+    size_t offset; /* completions logprobs: text offset of the next token */
+};
+
+struct oai {
+    struct server *s;
+    int chat;
+    int stream, include_usage;
+    int logprobs, top_logprobs;
+    int echo;
+    int n, n_prompts;
+    struct prompt_list prompts;
+    struct choice *ch;
+    char id[64];
+    long created;
+};
+
+static const char *finish_reason(enum engine_finish f) {
+    return f == ENGINE_FINISH_NONE ? NULL : engine_finish_name(f);
+}
+
+static double finite_lp(float x) { return isfinite(x) ? (double)x : -9999.0; }
+
+/* ---- logprobs ---------------------------------------------------------------- */
+
+static json_t *token_bytes(const json_t *text) {
+    json_t *a = json_array();
+    const unsigned char *p = (const unsigned char *)json_string_value(text);
+    for (size_t i = 0; i < json_string_length(text); i++) json_array_append_new(a, json_integer(p[i]));
+    return a;
+}
+
+static json_t *chat_lp_item(struct server *s, int32_t prev, int32_t id, float lp) {
+    json_t *t = server_token_text(s, prev, id);
+    return json_pack("{s:o,s:f,s:o}", "token", t, "logprob", finite_lp(lp), "bytes", token_bytes(t));
+}
+
+/* {"content": [...]} for n samples following token `prev` */
+static json_t *chat_logprobs(struct oai *st, int32_t prev, const struct sample_result *smp, int n) {
+    json_t *content = json_array();
+    for (int k = 0; k < n; k++) {
+        int32_t pv = k ? smp[k - 1].token : prev;
+        json_t *item = chat_lp_item(st->s, pv, smp[k].token, smp[k].logprob);
+        json_t *top = json_array();
+        for (int t = 0; t < smp[k].n_top && t < st->top_logprobs; t++)
+            json_array_append_new(top, chat_lp_item(st->s, pv, smp[k].top_ids[t], smp[k].top_logprobs[t]));
+        json_object_set_new(item, "top_logprobs", top);
+        json_array_append_new(content, item);
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+/* The legacy completions shape: parallel arrays. */
+static json_t *completion_logprobs(struct oai *st, int32_t prev, const struct sample_result *smp, int n,
+                                   size_t *offset) {
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int k = 0; k < n; k++) {
+        int32_t pv = k ? smp[k - 1].token : prev;
+        json_t *t = server_token_text(st->s, pv, smp[k].token);
+        json_array_append_new(offs, json_integer((json_int_t)*offset));
+        *offset += json_string_length(t);
+        json_array_append_new(tokens, t);
+        json_array_append_new(lps, json_real(finite_lp(smp[k].logprob)));
+        json_t *top = json_object();
+        for (int i = 0; i < smp[k].n_top && i < st->top_logprobs; i++) {
+            json_t *tt = server_token_text(st->s, pv, smp[k].top_ids[i]);
+            json_object_set_new(top, json_string_value(tt), json_real(finite_lp(smp[k].top_logprobs[i])));
+            json_decref(tt);
+        }
+        /* like vLLM, the chosen token is always among them */
+        json_t *ct = server_token_text(st->s, pv, smp[k].token);
+        if (!json_object_get(top, json_string_value(ct)))
+            json_object_set_new(top, json_string_value(ct), json_real(finite_lp(smp[k].logprob)));
+        json_decref(ct);
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+/* The token before output token k of choice i (the prompt's last for k = 0). */
+static int32_t token_before(const struct oai *st, int i, int k) {
+    if (k > 0) return st->ch[i].out.tokens[k - 1];
+    const struct prompt *p = &st->prompts.v[i / st->n];
+    return p->n ? p->ids[p->n - 1] : -1;
+}
+
+/* ---- responses --------------------------------------------------------------- */
+
+static json_t *usage_json(const struct oai *st) {
+    long prompt = 0, completion = 0, cached = 0;
+    for (int p = 0; p < st->n_prompts; p++) {
+        int best = 0;
+        for (int j = 0; j < st->n; j++) {
+            const struct gen_output *o = &st->ch[p * st->n + j].out;
+            if (j == 0) prompt += o->prompt_tokens;
+            if (o->cached_tokens > best) best = o->cached_tokens;
+        }
+        cached += best;
+    }
+    for (int i = 0; i < st->n_prompts * st->n; i++) completion += st->ch[i].out.completion_tokens;
+    return json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
+                     (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
+}
+
+static json_t *matched_stop_json(const struct gen_output *c) {
+    if (c->finish != ENGINE_FINISH_STOP) return json_null();
+    if (c->matched_stop) return server_json_text(c->matched_stop, strlen(c->matched_stop));
+    if (c->matched_stop_id >= 0) return json_integer(c->matched_stop_id);
+    return json_null();
+}
+
+static json_t *envelope(struct oai *st, const char *object, json_t *choices) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", st->id, "object", object, "created", (json_int_t)st->created,
+                     "model", st->s->model_name, "choices", choices);
+}
+
+/* The text of the prompt, for echo. */
+static void prompt_text(struct oai *st, int p, char **out, size_t *len) {
+    const struct prompt *pr = &st->prompts.v[p];
+    if (pr->text) {
+        *out = xstrdup(pr->text);
+        *len = strlen(pr->text);
+        return;
+    }
+    *out = NULL;
+    *len = 0;
+    if (!st->s->tok || kiln_tokenizer_decode(st->s->tok, pr->ids, (size_t)pr->n, 1, out, len, NULL)) {
+        free(*out);
+        *out = xstrdup("");
+        *len = 0;
+    }
+}
+
+static void stream_open(struct oai *st, struct http_request *r) {
+    sse_begin(r);
+    int total = st->n_prompts * st->n;
+    for (int i = 0; i < total; i++) {
+        json_t *choice;
+        if (st->chat) {
+            choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", i, "delta", "role", "assistant", "content", "",
+                               "logprobs", "finish_reason");
+        } else if (st->echo) {
+            char *t;
+            size_t n;
+            prompt_text(st, i / st->n, &t, &n);
+            st->ch[i].offset = n;
+            choice = json_pack("{s:i,s:o,s:n,s:n}", "index", i, "text", server_json_text(t, n), "logprobs",
+                               "finish_reason");
+            free(t);
+        } else {
+            continue;
+        }
+        sse_send_json(r, envelope(st, st->chat ? "chat.completion.chunk" : "text_completion", json_pack("[o]", choice)));
+    }
+}
+
+static void on_event(struct gen *g, int i, const struct gen_event *ev) {
+    struct oai *st = g->state;
+    struct choice *c = &st->ch[i];
+    int final = ev->finish != ENGINE_FINISH_NONE;
+    gen_output_add(&c->out, ev);
+    if (!st->stream) return;
+    if (ev->finish == ENGINE_FINISH_ERROR) {
+        char *err = http_error_json(500, "engine_error", NULL, ev->error ? ev->error : "generation failed");
+        sse_send_raw(g->req, err);
+        free(err);
+        return;
+    }
+    int has_lp = st->logprobs && ev->samples && ev->n_tokens;
+    if (!ev->text_len && !has_lp && !final) return;
+    json_t *choice;
+    if (st->chat) {
+        json_t *delta = json_object();
+        if (ev->text_len || !final) json_object_set_new(delta, "content", server_json_text(ev->text, ev->text_len));
+        choice = json_pack("{s:i,s:o}", "index", i, "delta", delta);
+        json_object_set_new(choice, "logprobs",
+                            has_lp ? chat_logprobs(st, token_before(st, i, c->out.n_tokens - ev->n_tokens), ev->samples,
+                                                   ev->n_tokens)
+                                   : json_null());
+    } else {
+        choice = json_pack("{s:i,s:o}", "index", i, "text", server_json_text(ev->text, ev->text_len));
+        json_object_set_new(choice, "logprobs",
+                            has_lp ? completion_logprobs(st, token_before(st, i, c->out.n_tokens - ev->n_tokens),
+                                                         ev->samples, ev->n_tokens, &c->offset)
+                                   : json_null());
+    }
+    const char *fr = finish_reason(ev->finish);
+    json_object_set_new(choice, "finish_reason", fr ? json_string(fr) : json_null());
+    if (final) json_object_set_new(choice, "matched_stop", matched_stop_json(&c->out));
+    sse_send_json(g->req, envelope(st, st->chat ? "chat.completion.chunk" : "text_completion", json_pack("[o]", choice)));
+}
+
+static void on_done(struct gen *g) {
+    struct oai *st = g->state;
+    int total = st->n_prompts * st->n;
+    if (st->stream) {
+        if (st->include_usage) {
+            json_t *u = envelope(st, st->chat ? "chat.completion.chunk" : "text_completion", json_array());
+            json_object_set_new(u, "usage", usage_json(st));
+            sse_send_json(g->req, u);
+        }
+        sse_end(g->req);
+        return;
+    }
+    for (int i = 0; i < total; i++)
+        if (st->ch[i].out.finish == ENGINE_FINISH_ERROR) {
+            http_error_respond(g->req, 500, "engine_error", NULL, "generation failed: %s",
+                               st->ch[i].out.error ? st->ch[i].out.error : "unknown error");
+            return;
+        }
+    json_t *choices = json_array();
+    for (int i = 0; i < total; i++) {
+        struct gen_output *c = &st->ch[i].out;
+        json_t *choice;
+        if (st->chat) {
+            choice = json_pack("{s:i,s:{s:s,s:o}}", "index", i, "message", "role", "assistant", "content",
+                               server_json_text(c->text ? c->text : "", c->text_len));
+            json_object_set_new(choice, "logprobs",
+                                st->logprobs ? chat_logprobs(st, token_before(st, i, 0), c->samples, c->n_samples)
+                                             : json_null());
+        } else {
+            char *t = NULL;
+            size_t n = 0, off = 0;
+            if (st->echo) prompt_text(st, i / st->n, &t, &n);
+            off = n;
+            t = xrealloc(t, n + c->text_len + 1);
+            memcpy(t + n, c->text ? c->text : "", c->text_len);
+            n += c->text_len;
+            choice = json_pack("{s:i,s:o}", "index", i, "text", server_json_text(t, n));
+            free(t);
+            json_object_set_new(choice, "logprobs",
+                                st->logprobs
+                                    ? completion_logprobs(st, token_before(st, i, 0), c->samples, c->n_samples, &off)
+                                    : json_null());
+        }
+        json_object_set_new(choice, "finish_reason", json_string(finish_reason(c->finish)));
+        json_object_set_new(choice, "matched_stop", matched_stop_json(c));
+        json_array_append_new(choices, choice);
+    }
+    json_t *resp = envelope(st, st->chat ? "chat.completion" : "text_completion", choices);
+    json_object_set_new(resp, "usage", usage_json(st));
+    server_reply_json(g->req, 200, resp);
+}
+
+static void on_free(struct gen *g) {
+    struct oai *st = g->state;
+    int total = st->n_prompts * st->n;
+    for (int i = 0; st->ch && i < total; i++) gen_output_free(&st->ch[i].out);
+    free(st->ch);
+    prompt_list_free(&st->prompts);
+    free(st);
+}
+
+static const struct gen_ops oai_ops = {on_event, on_done, on_free};
+
+static void oai_free_unstarted(struct oai *st) {
+    prompt_list_free(&st->prompts);
+    free(st->ch);
+    free(st);
+}
+
+/* Submits prompts x n requests and, for streams, opens the event stream. */
+static void oai_start(struct server *s, struct http_request *r, struct oai *st, struct gen_params *gp) {
+    st->n = gp->n;
+    st->n_prompts = st->prompts.n;
+    int total = st->n_prompts * st->n;
+    if (total > 4096) {
+        http_error_respond(r, 400, "invalid_value", "n", "%d prompts x n=%d is more than 4096 choices", st->n_prompts,
+                           st->n);
+        oai_free_unstarted(st);
+        return;
+    }
+    st->ch = xcalloc((size_t)total, sizeof *st->ch);
+    for (int i = 0; i < total; i++) gen_output_init(&st->ch[i].out);
+    st->created = (long)time(NULL);
+    server_new_id(s, st->chat ? "chatcmpl-" : "cmpl-", st->id, sizeof st->id);
+    struct gen *g = gen_create(&s->hub, r, total, &oai_ops, st);
+    for (int i = 0; i < total; i++) {
+        const struct prompt *p = &st->prompts.v[i / st->n];
+        struct engine_request er = gp->r;
+        er.prompt = p->ids;
+        er.n_prompt = p->n;
+        er.sampling.logprobs = st->logprobs;
+        er.sampling.top_logprobs = st->top_logprobs;
+        int j = i % st->n;
+        /* n seeded choices must differ from each other, yet replay the same */
+        if (j && er.sampling.has_seed) er.sampling.seed += (uint64_t)j * 0x9e3779b97f4a7c15ull;
+        struct kiln_error err;
+        if (!gen_submit(g, i, &er, st->logprobs, &err)) {
+            server_reply_submit_error(r, &err);
+            gen_fail(g);
+            return;
+        }
+    }
+    if (st->stream) stream_open(st, r);
+}
+
+static int parse_stream(struct oai *st, const json_t *body, struct req_error *e) {
+    if (jr_bool(body, "stream", &st->stream, e) < 0) return -1;
+    json_t *so = json_object_get(body, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so))
+            return req_errorf(e, 400, "invalid_type", "stream_options", "'stream_options' must be an object");
+        if (jr_bool(so, "include_usage", &st->include_usage, e) < 0) return -1;
+    }
+    return 0;
+}
+
+void route_completions(struct server *s, struct http_request *r) {
+    json_t *body = server_body(s, r);
+    if (!body) return;
+    struct req_error e = {0};
+    struct gen_params gp;
+    gen_params_init(&gp);
+    struct oai *st = xcalloc(1, sizeof *st);
+    st->s = s;
+    long long lp = 0, best_of = 0;
+    int rc;
+    const char *suffix = NULL;
+    if (server_check_model(s, body, &e) || gen_params_parse(&gp, body, body, JR_COMPLETION, s->vocab, &e) ||
+        parse_stream(st, body, &e) || (rc = jr_int(body, "logprobs", 0, SAMPLING_MAX_TOP_LOGPROBS, &lp, &e)) < 0 ||
+        jr_bool(body, "echo", &st->echo, &e) < 0 || jr_str(body, "suffix", &suffix, &e) < 0 ||
+        jr_int(body, "best_of", 1, JR_MAX_N, &best_of, &e) < 0)
+        goto bad;
+    if (rc) st->logprobs = 1, st->top_logprobs = (int)lp;
+    if (suffix && *suffix) {
+        req_errorf(&e, 400, "unsupported", "suffix", "'suffix' (insertion) is not supported");
+        goto bad;
+    }
+    if (best_of > gp.n) {
+        req_errorf(&e, 400, "unsupported", "best_of", "'best_of' larger than 'n' is not supported");
+        goto bad;
+    }
+    if (st->echo && st->logprobs) {
+        req_errorf(&e, 400, "unsupported", "echo", "'echo' together with 'logprobs' needs prompt logprobs, "
+                                                   "which this server does not compute");
+        goto bad;
+    }
+    if (jr_prompts(json_object_get(body, "prompt"), "prompt", s->tok, s->vocab, 0, &st->prompts, &e)) goto bad;
+    json_decref(body);
+    oai_start(s, r, st, &gp);
+    gen_params_free(&gp);
+    return;
+bad:
+    json_decref(body);
+    gen_params_free(&gp);
+    oai_free_unstarted(st);
+    server_reply_error(r, &e);
+}
+
+/* ---- chat ---------------------------------------------------------------------- */
+
+/* Messages as templates expect them: content parts of type "text" joined
+ * into one string (what vLLM does for text-only models). */
+static json_t *normalize_messages(const json_t *msgs, struct req_error *e) {
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        req_errorf(e, 400, json_is_array(msgs) ? "invalid_value" : "invalid_type", "messages",
+                   "'messages' must be a non-empty array of message objects");
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        if (!json_is_object(m)) {
+            req_errorf(e, 400, "invalid_type", "messages", "'messages'[%zu] must be an object", i);
+            goto fail;
+        }
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) {
+            req_errorf(e, 400, "invalid_value", "messages", "'messages'[%zu].role must be a string", i);
+            goto fail;
+        }
+        json_t *copy = json_deep_copy(m);
+        json_array_append_new(out, copy);
+        json_t *content = json_object_get(m, "content");
+        if (!content || json_is_null(content) || json_is_string(content)) continue;
+        if (!json_is_array(content)) {
+            req_errorf(e, 400, "invalid_type", "messages",
+                       "'messages'[%zu].content must be a string or an array of content parts", i);
+            goto fail;
+        }
+        size_t k, len = 0;
+        json_t *part;
+        json_array_foreach(content, k, part) {
+            json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+            if (!json_is_string(type) || strcmp(json_string_value(type), "text") || !json_is_string(text)) {
+                req_errorf(e, 400, "unsupported", "messages",
+                           "'messages'[%zu].content[%zu]: only parts of type \"text\" are supported", i, k);
+                goto fail;
+            }
+            len += json_string_length(text) + 1;
+        }
+        char *joined = xmalloc(len + 1), *p = joined;
+        json_array_foreach(content, k, part) {
+            json_t *text = json_object_get(part, "text");
+            if (k) *p++ = '\n';
+            memcpy(p, json_string_value(text), json_string_length(text));
+            p += json_string_length(text);
+        }
+        json_object_set_new(copy, "content", json_stringn(joined, (size_t)(p - joined)));
+        free(joined);
+    }
+    return out;
+fail:
+    json_decref(out);
+    return NULL;
+}
+
+int server_chat_prompt(struct server *s, const json_t *body, struct prompt_list *out, struct req_error *e) {
+    if (!s->have_chat)
+        return req_errorf(e, 400, "no_chat_template", "messages",
+                          "this model has no chat template (%s); start the server with --chat-template FILE",
+                          s->chat_error);
+    json_t *tools = json_object_get(body, "tools"), *kwargs = json_object_get(body, "chat_template_kwargs");
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return req_errorf(e, 400, "invalid_type", "tools", "'tools' must be an array");
+    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
+        return req_errorf(e, 400, "invalid_type", "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    int add_gen = 1;
+    if (jr_bool(body, "add_generation_prompt", &add_gen, e) < 0) return -1;
+    json_t *msgs = normalize_messages(json_object_get(body, "messages"), e);
+    if (!msgs) return -1;
+    struct chat_template_args a = {.messages = msgs, .add_generation_prompt = add_gen,
+                                   .tools = json_is_array(tools) ? tools : NULL,
+                                   .kwargs = json_is_object(kwargs) ? kwargs : NULL};
+    char *text = NULL;
+    size_t len = 0;
+    struct kiln_error err;
+    int rc = chat_template_render(&s->chat, &a, &text, &len, &err);
+    json_decref(msgs);
+    if (rc) return req_errorf(e, 400, "chat_template_error", "messages", "the chat template failed: %s", err.msg);
+    if (!s->tok) {
+        free(text);
+        return req_errorf(e, 400, "invalid_value", "messages", "this model has no tokenizer");
+    }
+    out->v = xcalloc(1, sizeof *out->v);
+    out->n = 1;
+    /* the template already holds BOS and friends: do not add them again */
+    rc = jr_encode(s->tok, text, len, 0, &out->v[0], "messages", e);
+    if (!rc) out->v[0].text = text;
+    else free(text);
+    if (!rc && out->v[0].n == 0) rc = req_errorf(e, 400, "invalid_value", "messages", "the prompt is empty");
+    return rc;
+}
+
+void route_chat_completions(struct server *s, struct http_request *r) {
+    json_t *body = server_body(s, r);
+    if (!body) return;
+    struct req_error e = {0};
+    struct gen_params gp;
+    gen_params_init(&gp);
+    struct oai *st = xcalloc(1, sizeof *st);
+    st->s = s;
+    st->chat = 1;
+    long long top = 0;
+    int rc;
+    if (server_check_model(s, body, &e) || gen_params_parse(&gp, body, body, JR_CHAT, s->vocab, &e) ||
+        parse_stream(st, body, &e) || jr_bool(body, "logprobs", &st->logprobs, &e) < 0 ||
+        (rc = jr_int(body, "top_logprobs", 0, SAMPLING_MAX_TOP_LOGPROBS, &top, &e)) < 0)
+        goto bad;
+    if (rc && top > 0 && !st->logprobs) {
+        req_errorf(&e, 400, "invalid_value", "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        goto bad;
+    }
+    st->top_logprobs = (int)top;
+    json_t *rf = json_object_get(body, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *type = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(type) || strcmp(json_string_value(type), "text")) {
+            req_errorf(&e, 400, "unsupported", "response_format",
+                       "'response_format' other than {\"type\": \"text\"} (structured output) is not supported");
+            goto bad;
+        }
+    }
+    if (server_chat_prompt(s, body, &st->prompts, &e)) goto bad;
+    json_decref(body);
+    oai_start(s, r, st, &gp);
+    gen_params_free(&gp);
+    return;
+bad:
+    json_decref(body);
+    gen_params_free(&gp);
+    oai_free_unstarted(st);
+    server_reply_error(r, &e);
+}

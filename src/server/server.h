@@ -1,0 +1,40 @@
+/* server.h — the OpenAI-compatible HTTP front end of an engine.
+ *
+ * server_run serves an already created engine on one libevent loop until
+ * SIGINT or SIGTERM, then shuts down gracefully: the listening socket closes
+ * and new requests on open connections get 503; requests in flight may
+ * finish for `shutdown_timeout_s` seconds, after which they are aborted and
+ * their clients see finish_reason "abort". It returns once every response
+ * is out. It takes the engine over and destroys it before returning: the
+ * engine's last events must land while the server can still receive them.
+ * Routes: see server.c.
+ */
+#ifndef KILN_SERVER_SERVER_H
+#define KILN_SERVER_SERVER_H
+
+#include <stddef.h>
+
+struct engine;
+struct kiln_error;
+
+struct server_options {
+    const char *host;              /* default 127.0.0.1 */
+    int port;                      /* default 30000; 0 = any free port */
+    const char *api_key;           /* NULL: no authentication */
+    const char *served_model_name; /* NULL: the model folder's name */
+    const char *model_dir;         /* for the chat template */
+    const char *chat_template;     /* a Jinja file overriding the model's template */
+    size_t max_body_bytes;         /* default 32 MiB */
+    int max_connections;           /* default 4096 */
+    int idle_timeout_s;            /* default 60 */
+    double shutdown_timeout_s;     /* default 5 */
+    int log_requests;
+    /* called once listening, with the bound port (the CLI prints the URL) */
+    void (*on_listening)(void *arg, const char *host, int port);
+    void *on_listening_arg;
+};
+
+void server_options_default(struct server_options *o);
+int server_run(struct engine *e, const struct server_options *o, struct kiln_error *err);
+
+#endif

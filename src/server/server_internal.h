@@ -1,0 +1,74 @@
+/* server_internal.h — what the route files share: the server context of
+ * one server_run (no globals: everything a route needs hangs off it) and
+ * the helpers every route uses to read bodies and answer. Loop thread only. */
+#ifndef KILN_SERVER_SERVER_INTERNAL_H
+#define KILN_SERVER_SERVER_INTERNAL_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "base/error.h"
+#include "chat/chat_template.h"
+#include "server/gen.h"
+#include "server/http.h"
+#include "server/json_req.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+struct event;
+struct event_base;
+
+struct server {
+    const struct server_options *opt;
+    struct engine *engine;
+    const struct kiln_tokenizer *tok; /* NULL when the model has none */
+    struct chat_template chat;
+    int have_chat;
+    char chat_error[KILN_ERROR_MAX + 32]; /* why there is no chat template */
+    const char *model_name;
+    int vocab, context_length;
+    long created;         /* start time, for /v1/models */
+    struct event_base *base;
+    struct http_server *http;
+    struct gen_hub hub;
+    struct metrics metrics;
+    int shutting_down;
+    struct event *sigint, *sigterm, *grace;
+    uint64_t id_counter;
+    int flush_checks;
+};
+
+/* Reads the body as a JSON object, or answers 400 and returns NULL. */
+json_t *server_body(struct server *s, struct http_request *r);
+void server_reply_error(struct http_request *r, const struct req_error *e);
+/* Answers with v (consumed). */
+void server_reply_json(struct http_request *r, int status, json_t *v);
+/* Answers an engine_submit failure: 429 for a full queue, 503 while
+ * shutting down, else 400. */
+void server_reply_submit_error(struct http_request *r, const struct kiln_error *err);
+/* 'model' must be absent or name this server's model. */
+int server_check_model(struct server *s, const json_t *body, struct req_error *e);
+/* A response id: prefix + 24 hex digits. */
+void server_new_id(struct server *s, const char *prefix, char *buf, size_t n);
+/* A string value from bytes that should be UTF-8 (invalid bytes become U+FFFD). */
+json_t *server_json_text(const char *s, size_t n);
+/* The text of one token as clients see it in logprobs (special tokens
+ * kept), decoded after `prev` (-1 for none). */
+json_t *server_token_text(struct server *s, int32_t prev, int32_t id);
+
+/* The token ids of a chat body (messages, tools, chat_template_kwargs,
+ * add_generation_prompt) through the chat template. */
+int server_chat_prompt(struct server *s, const json_t *body, struct prompt_list *out, struct req_error *e);
+
+void route_completions(struct server *s, struct http_request *r);
+void route_chat_completions(struct server *s, struct http_request *r);
+void route_models(struct server *s, struct http_request *r);
+void route_generate(struct server *s, struct http_request *r);
+void route_tokenize(struct server *s, struct http_request *r);
+void route_detokenize(struct server *s, struct http_request *r);
+void route_score(struct server *s, struct http_request *r);
+void route_health(struct server *s, struct http_request *r);
+void route_model_info(struct server *s, struct http_request *r);
+
+#endif

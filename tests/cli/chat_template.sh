@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# `kiln chat-template` prints exactly what transformers' apply_chat_template
+# renders (no newline added), and fails with one clear line and exit 1 on a
+# template error or bad input.
+set -u
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail=0
+check() { # check NAME EXPECTED_FILE ACTUAL_FILE
+  if cmp -s "$2" "$3"; then echo "ok: $1"; else echo "FAIL: $1"; echo " expected: $(od -c "$2" | head -5)"; echo " got:      $(od -c "$3" | head -5)"; fail=$((fail + 1)); fi
+}
+expect_fail() { # expect_fail NAME PATTERN -- kiln args... (stdin from $tmp/in)
+  local name=$1 pat=$2; shift 3
+  local err rc
+  err=$("$KILN" chat-template "$@" < "$tmp/in" 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 1 ] && printf '%s' "$err" | grep -Fq -- "$pat" && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then
+    echo "ok: $name: $err"
+  else
+    echo "FAIL: $name (rc=$rc): $err"; fail=$((fail + 1))
+  fi
+}
+
+# Every oracle case through the CLI, byte for byte.
+python3 - "$KILN_FIXTURES/oracle/chat_templates.json" "$tmp" <<'PY'
+import json, os, sys
+d = json.load(open(sys.argv[1])); out = sys.argv[2]
+def tok(x): return x["content"] if isinstance(x, dict) else x
+for name, v in d.items():
+    os.makedirs(f"{out}/{name}", exist_ok=True)
+    cfg = {"chat_template": v["template"], "bos_token": v["bos_token"], "eos_token": v["eos_token"]}
+    json.dump(cfg, open(f"{out}/{name}/tokenizer_config.json", "w"), ensure_ascii=False)
+    for i, c in enumerate(v["cases"]):
+        base = f"{out}/{name}/case{i}"
+        json.dump(c["messages"], open(base + ".json", "w"), ensure_ascii=False)
+        open(base + ".gen", "w").write("1" if c["add_generation_prompt"] else "0")
+        if "rendered" in c: open(base + ".want", "w", encoding="utf-8", newline="").write(c["rendered"])
+PY
+n=0
+for want in "$tmp"/*/case*.want; do
+  base=${want%.want}; dir=$(dirname "$base")
+  args=(--tokenizer "$dir"); [ "$(cat "$base.gen")" = 0 ] && args+=(--no-generation-prompt)
+  "$KILN" chat-template "${args[@]}" < "$base.json" > "$base.got" || { echo "FAIL: $base exited $?"; fail=$((fail + 1)); continue; }
+  check "oracle $(basename "$dir")/$(basename "$base")" "$want" "$base.got" >/dev/null || true
+  cmp -s "$want" "$base.got" || { echo "FAIL: oracle $base"; fail=$((fail + 1)); }
+  n=$((n + 1))
+done
+echo "oracle cases through the CLI: $n"
+[ "$n" -ge 32 ] || { echo "FAIL: expected at least 32 oracle cases"; fail=$((fail + 1)); }
+
+# --kwargs reaches the template (Qwen3's enable_thinking).
+echo '[{"role": "user", "content": "hi"}]' > "$tmp/in"
+"$KILN" chat-template --tokenizer "$tmp/qwen3" --kwargs '{"enable_thinking": false}' < "$tmp/in" > "$tmp/got"
+printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n' > "$tmp/want"
+check "qwen3 enable_thinking=false" "$tmp/want" "$tmp/got"
+
+# --template with tools given as an object on stdin.
+printf '%s' '{%- for t in tools %}{{ t.function.name }}:{{ t|tojson }}{% endfor %}|{{ messages[0].content }}' > "$tmp/t.jinja"
+echo '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": [1.5, null]}}}]}' > "$tmp/in2"
+"$KILN" chat-template --template "$tmp/t.jinja" < "$tmp/in2" > "$tmp/got"
+printf '%s' 'f:{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": [1.5, null]}}}|x' > "$tmp/want"
+check "template file with tools" "$tmp/want" "$tmp/got"
+
+# Errors: one line, exit 1.
+printf '[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]' > "$tmp/in"
+expect_fail "raise_exception" "Conversation roles must alternate" -- --tokenizer "$tmp/gemma3"
+printf '{%% for m in messages %%}\n{{ m.content }' > "$tmp/bad.jinja"
+expect_fail "syntax error" "bad.jinja: template:2:" -- --template "$tmp/bad.jinja"
+printf 'not json' > "$tmp/in"
+expect_fail "bad stdin" "stdin: invalid JSON" -- --tokenizer "$tmp/qwen3"
+printf '[]' > "$tmp/in"
+expect_fail "missing dir" "tokenizer_config.json" -- --tokenizer "$tmp/nonexistent"
+expect_fail "bad kwargs" "--kwargs" -- --tokenizer "$tmp/qwen3" --kwargs '[1'
+
+"$KILN" chat-template > /dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] && echo "ok: usage exit 2" || { echo "FAIL: usage exit $rc"; fail=$((fail + 1)); }
+
+[ $fail -eq 0 ] && echo "all chat-template CLI checks passed"
+exit $fail
