@@ -66,6 +66,10 @@ void bench_metrics_compute(struct bench_metrics *m, const struct bench_run *run)
         if (r->usage_output_len >= 0) m->n_usage++;
         else m->n_retokenized++;
         m->total_items += run->prompts[i].n_items;
+        if (r->usage_prompt_len >= 0) {
+            m->total_input_server += r->usage_prompt_len;
+            m->n_input_server++;
+        }
         if (r->output_len > 1) tpot[np++] = (r->latency - r->ttft) / (r->output_len - 1);
         if (r->n_itl) memcpy(itl + ni, r->itl, (size_t)r->n_itl * sizeof *itl);
         ni += (size_t)r->n_itl;
@@ -265,6 +269,11 @@ int bench_metrics_write_json(const char *path, const struct bench_metrics *m, co
     json_object_set_new(j, "completed", json_integer(m->completed));
     json_object_set_new(j, "failed", json_integer(m->failed));
     json_object_set_new(j, "total_input_tokens", json_integer(m->total_input));
+    /* The server's own prompt count: equal to total_input_tokens when it
+     * tokenizes as the client did (null when it reports none). */
+    json_object_set_new(j, "total_input_tokens_server",
+                        m->n_input_server == m->completed && m->completed ? json_integer(m->total_input_server)
+                                                                          : json_null());
     json_object_set_new(j, "total_output_tokens", json_integer(m->total_output));
     json_object_set_new(j, "total_output_tokens_retokenized", json_integer(m->total_output_retokenized));
     json_object_set_new(j, "output_tokens_source", json_string(bench_metrics_output_source(m)));

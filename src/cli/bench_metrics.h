@@ -30,6 +30,8 @@ struct bench_metrics {
     long total_input, total_output, total_output_retokenized;
     long n_usage, n_retokenized; /* how many output counts came from each */
     long total_items;            /* score: items scored */
+    long total_input_server;     /* Σ prompt_tokens the server reported */
+    int n_input_server;          /* requests that reported it */
     double duration;
     double request_throughput, input_throughput, output_throughput, output_throughput_retokenized;
     double total_throughput, item_throughput;

@@ -15,7 +15,7 @@ case_() {
   runs=$((runs + 1))
   if ! "$kiln" bench offline --threads 1 --disable-tqdm --output-file "$tmp/$name.jsonl" "$@" \
        > "$tmp/$name.txt" 2> "$tmp/$name.err"; then
-    echo "FAIL: $name: exit code $?"; tail -5 "$tmp/$name.err"; fail=$((fail + 1)); return
+    echo "FAIL: $name: kiln bench failed"; tail -5 "$tmp/$name.err"; fail=$((fail + 1)); return
   fi
   if node "$src/tests/bench/check_result.mjs" "$tmp/$name.txt" "$tmp/$name.jsonl" "$expect"; then
     echo "ok: $name"
