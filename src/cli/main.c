@@ -14,6 +14,7 @@ static const struct subcommand subcommands[] = {
     {"verify", cmd_verify, "check the forward pass against reference logits"},
     {"generate", cmd_generate, "greedy generation from token ids"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
+    {"bench", cmd_bench, "benchmark a server (serving) or the engine (offline)"},
     {"chat-template", cmd_chat_template, "render a chat template for messages on stdin"},
     {"tokenize", cmd_tokenize, "text (JSON string per line) to token ids"},
     {"detokenize", cmd_detokenize, "token ids (JSON array per line) to text"},
