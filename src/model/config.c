@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/json_util.h"
 #include "base/file.h"
 
 /* Per-architecture facts and the transformers defaults that differ between
@@ -48,19 +49,6 @@ struct jr {
     struct kiln_error *err;
 };
 
-static const char *json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER: return "integer";
-    case JSON_REAL: return "number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    case JSON_NULL: return "null";
-    }
-    return "value";
-}
 
 static int type_error(const struct jr *r, const char *key, const char *want, const json_t *v) {
     return kiln_errorf(r->err, "%s: field '%s%s' must be %s, found %s", r->file, r->prefix, key,
@@ -455,7 +443,7 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
     /* Projection biases: qwen2 always has q/k/v biases (never o); qwen2_moe
      * has a switch for them; llama/qwen3/deepseek's attention_bias also
      * covers the output projection. */
-    int ab;
+    int ab = 0;
     if (rd_bool(&r, "attention_bias", 0, &ab)) return -1;
     switch (a->arch) {
     case ARCH_QWEN2: c->attention_bias = 1; break;
@@ -472,7 +460,7 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
     /* Variants the forward pass does not implement are refused here rather
      * than silently computed wrong. */
     const char *act;
-    int flag;
+    int flag = 0;
     if (rd_str(&r, "hidden_act", &act)) return -1;
     if (act && strcmp(act, "silu"))
         return kiln_errorf(err, "%s: hidden_act '%.32s' is not supported (only silu)", file, act);

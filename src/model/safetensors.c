@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/json_util.h"
 #include "base/mem.h"
 
 /* A header this large is not a checkpoint header: it would be a million
@@ -20,19 +21,6 @@
 
 #define ST_INDEX_NAME "model.safetensors.index.json"
 
-static const char *json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER: return "integer";
-    case JSON_REAL: return "number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    case JSON_NULL: return "null";
-    }
-    return "value";
-}
 
 /* "[a, b, c]" into buf; -1 entries (wildcards of st_expect) print as '*'. */
 static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
