@@ -12,7 +12,7 @@ seconds=${1:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build-fuzz"
 
-cmake -S "$root" -B "$build" -G Ninja -DKILN_FUZZ=ON -DCMAKE_C_COMPILER=clang \
+cmake -S "$root" -B "$build" -G Ninja -DKILN_FUZZ=ON -DKILN_CUDA=OFF -DCMAKE_C_COMPILER=clang \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 
 targets=()
