@@ -4,7 +4,7 @@
 # small KV pool; then checks that no KV page leaked and that resident memory
 # is back at its plateau, and prints the figures.
 #   scripts/soak.sh [N] [CONCURRENCY]       (KILN=path/to/kiln to override)
-set -euo pipefail
+set -uo pipefail  # not -e: serve.sh polls with commands that may fail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export KILN="${KILN:-$repo/build/kiln}" KILN_SRC="$repo" KILN_MODELS="$repo/models"
 [ -x "$KILN" ] || { echo "soak: build first (ninja -C build)"; exit 1; }
