@@ -28,6 +28,7 @@ fi
 quick=0; decode=0
 [ "${1:-}" = "--quick" ] && quick=1
 [ "${1:-}" = "--decode" ] && decode=1 # decode speed work: graph/op tests, GEMV and decode benches, then ctest
+envonly=0; [ "${1:-}" = "--env" ] && envonly=1 # print the exports that let cmake and the programs find the libraries
 B=${KILN_GPU_BUILD:-build-gpu}
 LOG=${OUT:-/tmp}/gpu-check.log
 : >"$LOG"
@@ -58,6 +59,11 @@ if [ -n "${KILN_GPU_FORCE_DEBS:-}" ] || ! command -v pkg-config >/dev/null || ! 
   say "deps: unpacked $(ls "$DEBS"/*.deb | wc -l) .deb files into $P"
 fi
 
+if [ "$envonly" = 1 ]; then
+  [ -n "${PKG_CONFIG_LIBDIR:-}" ] && echo "export PKG_CONFIG_LIBDIR='$PKG_CONFIG_LIBDIR' LD_LIBRARY_PATH='${LD_LIBRARY_PATH:-}'"
+  echo "export PKGCONF='${PKGCONF:-$(command -v pkg-config)}'"
+  exit 0
+fi
 say "== build ($B)"
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 "${pc_args[@]}" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }

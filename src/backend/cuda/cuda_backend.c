@@ -291,6 +291,9 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->gemv_max_rows = 8;
     const char *g = getenv("KILN_CUDA_GEMV_MAX_ROWS");
     if (g) c->gemv_max_rows = atoi(g);
+    c->gemv_rows_per_warp = 4; /* KILN_CUDA_GEMV_R: 1, 2 or 4, for tuning */
+    const char *gr = getenv("KILN_CUDA_GEMV_R");
+    if (gr && (atoi(gr) == 1 || atoi(gr) == 2)) c->gemv_rows_per_warp = atoi(gr);
     const char *mm = getenv("KILN_CUDA_MATMUL");
     if (mm && !strcmp(mm, "bf16x2")) {
         c->split_act = 1;

@@ -86,6 +86,7 @@ struct cuda_ctx {
     int32_t *moe_host_list;      /* [rows] rows grouped by expert */
     size_t moe_host_rows;
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
+    int gemv_rows_per_warp;      /* at most 1, 2 or 4 output rows per GEMV warp */
     int split_act;               /* 1: activations as bf16 hi + lo (two products) */
     /* graphs: scratch_gen counts moves of scratch memory (a graph captured
      * before a move points at freed memory and is stale); capturing is set

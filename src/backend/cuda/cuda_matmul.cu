@@ -176,9 +176,10 @@ static void launch_gemv_r(cudaStream_t s, float *y, long ldy, const float *x, lo
 /* Rows per warp: more rows share each activation load (4 from 3 activation
  * rows on), fewer leave enough blocks to spread over the SMs. */
 template <int NR, typename T>
-static void launch_gemv_t(cudaStream_t s, int n_sm, float *y, long ldy, const float *x, long ldx,
-                          const void *w, const float *bias, long rows, long cols, int n) {
+static void launch_gemv_t(cudaStream_t s, int n_sm, int r_max, float *y, long ldy, const float *x,
+                          long ldx, const void *w, const float *bias, long rows, long cols, int n) {
     int r = NR <= 2 ? 2 : 4;
+    if (r > r_max) r = r_max;
     while (r > 1 && (rows + GEMV_WARPS * r - 1) / (GEMV_WARPS * r) < 2l * n_sm) r /= 2;
     if (r == 4) launch_gemv_r<NR, 4, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
     else if (r == 2) launch_gemv_r<NR, 2, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
@@ -186,12 +187,14 @@ static void launch_gemv_t(cudaStream_t s, int n_sm, float *y, long ldy, const fl
 }
 
 template <typename T>
-static void launch_gemv(cudaStream_t s, int n_sm, float *y, long ldy, const float *x, long ldx,
+static void launch_gemv(const struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
                         const void *w, const float *bias, long rows, long cols, int n) {
-    if (n <= 1) launch_gemv_t<1, T>(s, n_sm, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else if (n <= 2) launch_gemv_t<2, T>(s, n_sm, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else if (n <= 4) launch_gemv_t<4, T>(s, n_sm, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else launch_gemv_t<8, T>(s, n_sm, y, ldy, x, ldx, w, bias, rows, cols, n);
+    cudaStream_t s = c->stream;
+    int sm = c->n_sm, rm = c->gemv_rows_per_warp;
+    if (n <= 1) launch_gemv_t<1, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else if (n <= 2) launch_gemv_t<2, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else if (n <= 4) launch_gemv_t<4, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else launch_gemv_t<8, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
 }
 
 /* xb[n][cols] = x[n][cols] (stride ldx), rounded to nearest in T */
@@ -247,9 +250,9 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     if (half && n <= c->gemv_max_rows && n <= 8 && cols % 8 == 0 &&
         (uintptr_t)w->data % 16 == 0) {
         if (w->dtype == DTYPE_BF16)
-            launch_gemv<__nv_bfloat16>(s, c->n_sm, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
+            launch_gemv<__nv_bfloat16>(c, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
         else
-            launch_gemv<__half>(s, c->n_sm, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
+            launch_gemv<__half>(c, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
         return;
     }
 
