@@ -1,10 +1,13 @@
-/* bench_forward.c — forward-pass speed of one sequence: prefill of P
- * tokens, then D decode steps, on any backend. Prints tokens/s, and for
- * decode the bytes of weights read per second (the roofline for batch-1
- * decode is memory bandwidth).
+/* bench_forward.c — forward-pass speed: prefill of P tokens per sequence,
+ * then D decode steps of N sequences decoding together (each with its own
+ * KV pages), on any backend. Prints tokens/s, and for decode the bytes
+ * read per step (weights once, plus every sequence's cached K/V) per
+ * second beside the device's copy bandwidth measured in the same run (the
+ * roofline for decode is memory bandwidth).
  *
  *   bench_forward --model DIR|config.json [--load-format dummy] [--prompt-len 128]
- *                 [--decode 32] [--threads N] [--device cpu] [--repeat 3]
+ *                 [--decode 32] [--batch 1] [--threads N] [--device cpu] [--repeat 3]
+ *                 [--no-graphs]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,54 +15,89 @@
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "bench_util.h"
 #include "model/model.h"
 #include "tensor/backend.h"
 
-static int step(struct model *m, struct kv_pool *kv, const int32_t *ids, int from, int n,
-                const int32_t *pages, int n_pages, float *logits, struct kiln_error *err) {
+struct seqs {
+    int n, ctx;
+    int32_t *pages;      /* [n][ctx]: sequence s owns pages[s*ctx ..] (page size 1) */
+    int32_t *page_start; /* [n + 1] */
+};
+
+/* Prefill of sequence s: tokens 0..n-1 */
+static int prefill(struct model *m, struct kv_pool *kv, const struct seqs *q, int s,
+                   const int32_t *ids, int n, float *logits, struct kiln_error *err) {
     int32_t *pos = xmalloc((size_t)n * 4), *slot = xmalloc((size_t)n * 4);
-    for (int i = 0; i < n; i++) pos[i] = slot[i] = from + i; /* page size 1, pages 0.. in order */
-    int32_t q_start[2] = {0, n}, kv_len = from + n, page_start[2] = {0, n_pages}, row = n - 1;
-    struct batch b = {.mode = from ? BATCH_MODE_DECODE : BATCH_MODE_EXTEND, .n_tokens = n,
-                      .input_ids = ids, .positions = pos, .out_slot = slot, .n_seqs = 1,
-                      .q_start = q_start, .kv_len = &kv_len, .kv_page_start = page_start,
-                      .kv_pages = pages, .page_size = 1, .n_logit_rows = 1, .logit_rows = &row};
+    const int32_t *pg = q->pages + (size_t)s * q->ctx;
+    for (int i = 0; i < n; i++) pos[i] = i, slot[i] = pg[i];
+    int32_t q_start[2] = {0, n}, kv_len = n, page_start[2] = {0, q->ctx}, row = n - 1;
+    struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = n, .input_ids = ids,
+                      .positions = pos, .out_slot = slot, .n_seqs = 1, .q_start = q_start,
+                      .kv_len = &kv_len, .kv_page_start = page_start, .kv_pages = pg,
+                      .page_size = 1, .n_logit_rows = 1, .logit_rows = &row};
     int rc = model_forward(m, kv, &b, logits, err);
     free(pos);
     free(slot);
     return rc;
 }
 
+/* One decode step of all sequences at position p. */
+static int decode(struct model *m, struct kv_pool *kv, const struct seqs *q, const int32_t *ids,
+                  int p, int32_t *scratch, float *logits, struct kiln_error *err) {
+    int n = q->n;
+    int32_t *pos = scratch, *slot = pos + n, *q_start = slot + n, *kv_len = q_start + n + 1,
+            *rows = kv_len + n;
+    for (int s = 0; s < n; s++) {
+        pos[s] = p;
+        slot[s] = q->pages[(size_t)s * q->ctx + p];
+        q_start[s] = s;
+        kv_len[s] = p + 1;
+        rows[s] = s;
+    }
+    q_start[n] = n;
+    struct batch b = {.mode = BATCH_MODE_DECODE, .n_tokens = n, .input_ids = ids,
+                      .positions = pos, .out_slot = slot, .n_seqs = n, .q_start = q_start,
+                      .kv_len = kv_len, .kv_page_start = q->page_start, .kv_pages = q->pages,
+                      .page_size = 1, .n_logit_rows = n, .logit_rows = rows};
+    return model_forward(m, kv, &b, logits, err);
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *format = "auto", *device = "cpu";
-    int prompt_len = 128, decode = 32, threads = 0, repeat = 3;
+    int prompt_len = 128, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
         else if (!strcmp(a, "--load-format")) format = v, i++;
         else if (!strcmp(a, "--device")) device = v, i++;
         else if (!strcmp(a, "--prompt-len")) prompt_len = atoi(v), i++;
-        else if (!strcmp(a, "--decode")) decode = atoi(v), i++;
+        else if (!strcmp(a, "--decode")) n_decode = atoi(v), i++;
+        else if (!strcmp(a, "--batch")) batch = atoi(v), i++;
         else if (!strcmp(a, "--threads")) threads = atoi(v), i++;
         else if (!strcmp(a, "--repeat")) repeat = atoi(v), i++;
+        else if (!strcmp(a, "--no-graphs")) no_graphs = 1;
         else {
             fprintf(stderr, "bench_forward: unknown option %s\n", a);
             return 2;
         }
     }
-    if (!model_dir || prompt_len < 1 || decode < 0 || repeat < 1) {
+    if (!model_dir || prompt_len < 1 || n_decode < 0 || repeat < 1 || batch < 1) {
         fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] "
-                        "[--prompt-len N] [--decode N] [--threads N] [--repeat N]\n");
+                        "[--prompt-len N] [--decode N] [--batch N] [--threads N] [--repeat N] "
+                        "[--no-graphs]\n");
         return 2;
     }
     struct kiln_error err = {{0}};
     struct backend be;
     struct backend_options bo = {.n_threads = threads};
     if (backend_create(&be, device, &bo, &err)) goto fail;
-    int ctx = prompt_len + decode + 1;
+    int ctx = prompt_len + n_decode + 1;
     struct model *m;
-    struct model_options mo = {.load_format = format, .max_batch_tokens = prompt_len, .max_seqs = 1,
-                               .max_context = ctx, .page_size = 1};
+    struct model_options mo = {.load_format = format,
+                               .max_batch_tokens = prompt_len > batch ? prompt_len : batch,
+                               .max_seqs = batch, .max_context = ctx, .page_size = 1,
+                               .no_graphs = no_graphs};
     double t0 = time_now();
     if (model_load(&m, model_dir, &be, &mo, &err)) goto fail;
     double t_load = time_now() - t0;
@@ -67,29 +105,54 @@ int main(int argc, char **argv) {
     struct kv_layer_layout layout[512];
     int nl = model_kv_layout(m, layout, 512);
     struct kv_pool kv;
-    if (kv_pool_init(&kv, &be, layout, nl, 1, ctx, &err)) goto fail;
-    int32_t *pages = xmalloc((size_t)ctx * 4), *ids = xmalloc((size_t)ctx * 4);
-    for (int i = 0; i < ctx; i++) pages[i] = i, ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
-    float *logits = xmalloc((size_t)c->vocab_size * 4);
+    /* every sequence's pages, and one spare for the padding rows of graphs */
+    if (kv_pool_init(&kv, &be, layout, nl, 1, batch * ctx + 1, &err)) goto fail;
+    struct seqs q = {.n = batch, .ctx = ctx, .pages = xmalloc((size_t)batch * ctx * 4),
+                     .page_start = xmalloc((size_t)(batch + 1) * 4)};
+    for (int s = 0; s < batch; s++) {
+        if (kv_pool_alloc(&kv, ctx, q.pages + (size_t)s * ctx)) {
+            kiln_errorf(&err, "KV pool too small");
+            goto fail;
+        }
+        q.page_start[s] = s * ctx;
+    }
+    q.page_start[batch] = batch * ctx;
+    int32_t *ids = xmalloc((size_t)(ctx + batch) * 4), *scratch = xmalloc((size_t)(5 * batch + 1) * 4);
+    for (int i = 0; i < ctx + batch; i++) ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
+    float *logits = xmalloc((size_t)batch * c->vocab_size * 4);
+    double bw = copy_bandwidth(&be);
     double best_pp = 1e30, best_tg = 1e30;
     for (int r = 0; r < repeat; r++) {
         t0 = time_now();
-        if (step(m, &kv, ids, 0, prompt_len, pages, ctx, logits, &err)) goto fail;
+        for (int s = 0; s < batch; s++)
+            if (prefill(m, &kv, &q, s, ids + s % 7, prompt_len, logits, &err)) goto fail;
         double t1 = time_now();
-        for (int i = 0; i < decode; i++)
-            if (step(m, &kv, ids + prompt_len + i, prompt_len + i, 1, pages, ctx, logits, &err)) goto fail;
+        for (int i = 0; i < n_decode; i++)
+            if (decode(m, &kv, &q, ids + prompt_len + i % batch, prompt_len + i, scratch, logits, &err))
+                goto fail;
         double t2 = time_now();
         if (t1 - t0 < best_pp) best_pp = t1 - t0;
-        if (decode && t2 - t1 < best_tg) best_tg = t2 - t1;
+        if (n_decode && t2 - t1 < best_tg) best_tg = t2 - t1;
     }
-    double gb = (double)model_weight_bytes(m) / 1e9;
+    /* bytes a decode step must read: the weights once, each sequence's K/V */
+    double gb = (double)model_weight_bytes(m) / 1e9, kv_slot = 0;
+    for (int l = 0; l < nl; l++)
+        kv_slot += 4.0 * (double)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width));
+    double kv_gb = kv_slot * batch * ((double)prompt_len + (n_decode + 1) / 2.0) / 1e9;
     printf("model: %s (%s, %d layers, hidden %d, vocab %d), %.3f GB of weights, loaded in %.2f s\n",
            model_dir, model_arch_name(c->arch), c->n_layers, c->hidden_size, c->vocab_size, gb, t_load);
-    printf("device: %s, threads: %d, best of %d\n", device, threads, repeat);
-    printf("prefill pp%d: %.1f tok/s (%.1f ms)\n", prompt_len, prompt_len / best_pp, best_pp * 1e3);
-    if (decode)
-        printf("decode tg%d: %.2f tok/s (%.2f ms/token, %.1f GB/s of weights)\n", decode,
-               decode / best_tg, best_tg / decode * 1e3, gb * decode / best_tg);
+    printf("device: %s, threads: %d, batch: %d, graphs: %s, best of %d\n", device, threads, batch,
+           no_graphs ? "off" : "on", repeat);
+    printf("device copy bandwidth: %.1f GB/s (read + write)\n", bw / 1e9);
+    printf("prefill pp%d x %d: %.1f tok/s (%.1f ms)\n", prompt_len, batch,
+           (double)prompt_len * batch / best_pp, best_pp * 1e3);
+    if (n_decode) {
+        double step = best_tg / n_decode, rate = (gb + kv_gb) / step;
+        printf("decode tg%d batch %d: %.2f tok/s (%.3f ms/step, %.2f tok/s per sequence), "
+               "%.1f GB/s of weights + KV (%.3f + %.3f GB/step) = %.0f%% of the copy bandwidth\n",
+               n_decode, batch, batch / step, step * 1e3, 1.0 / step, rate, gb, kv_gb,
+               bw > 0 ? 100.0 * rate * 1e9 / bw : 0.0);
+    }
     return 0;
 fail:
     fprintf(stderr, "bench_forward: %s\n", err.msg);

@@ -10,7 +10,7 @@
 # into a private prefix and points pkg-config and the loader at it; nothing
 # is installed into the system.
 #
-#   scripts/gpu-check.sh [--fetch-debs] [--quick]
+#   scripts/gpu-check.sh [--fetch-debs] [--quick] [--decode]
 #   env: KILN_CUDA_TOL (verify tolerance, default in tests/cuda/verify_cuda.sh),
 #        KILN_GPU_BUILD (build folder, default build-gpu), OUT (logs go there)
 set -uo pipefail
@@ -25,7 +25,10 @@ if [ "${1:-}" = "--fetch-debs" ]; then
   mkdir -p "$DEBS" && (cd "$DEBS" && apt-get download $PKGS)
   exit $?
 fi
-quick=0; [ "${1:-}" = "--quick" ] && quick=1
+quick=0; decode=0
+[ "${1:-}" = "--quick" ] && quick=1
+[ "${1:-}" = "--decode" ] && decode=1 # decode speed work: graph/op tests, GEMV and decode benches, then ctest
+envonly=0; [ "${1:-}" = "--env" ] && envonly=1 # print the exports that let cmake and the programs find the libraries
 B=${KILN_GPU_BUILD:-build-gpu}
 LOG=${OUT:-/tmp}/gpu-check.log
 : >"$LOG"
@@ -56,11 +59,48 @@ if [ -n "${KILN_GPU_FORCE_DEBS:-}" ] || ! command -v pkg-config >/dev/null || ! 
   say "deps: unpacked $(ls "$DEBS"/*.deb | wc -l) .deb files into $P"
 fi
 
+if [ "$envonly" = 1 ]; then
+  [ -n "${PKG_CONFIG_LIBDIR:-}" ] && echo "export PKG_CONFIG_LIBDIR='$PKG_CONFIG_LIBDIR' LD_LIBRARY_PATH='${LD_LIBRARY_PATH:-}'"
+  echo "export PKGCONF='${PKGCONF:-$(command -v pkg-config)}'"
+  exit 0
+fi
 say "== build ($B)"
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 "${pc_args[@]}" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
 ninja -C "$B" >>"$LOG" 2>&1 || { grep -B2 -A12 -m3 'error' "$LOG" | head -60; exit 1; }
 say "build ok"
+
+if [ "$decode" = 1 ]; then
+  O=${OUT:-/tmp}
+  BF="$B/bench_forward --load-format dummy --device cuda"
+  say "== test_cuda_graphs, test_cuda_ops"
+  (cd "$B/tests" && KILN_FIXTURES=$PWD/../../tests/fixtures timeout 120 ./test_cuda_graphs) >"$O/graphs.log" 2>&1
+  say "test_cuda_graphs rc=$? $(grep -c 'differ$' "$O/graphs.log") steps compared; $(grep -E 'PASSED|FAILED' "$O/graphs.log" | tr '\n' ' ')"
+  grep -E 'N=(3|13) step 4' "$O/graphs.log" | head -6 | tee -a "$LOG"
+  timeout 120 "$B/tests/test_cuda_ops" >"$O/ops.log" 2>&1
+  say "test_cuda_ops rc=$? $(grep -E 'PASSED|FAILED' "$O/ops.log" | tr '\n' ' ')"
+  grep -E 'qk_rope|matmul bf16 n=(2|5|8) ' -A1 "$O/ops.log" | grep 'rel err' | head -8 | tee -a "$LOG"
+  say "== bench_forward decode (prompt 128, best of 2)"
+  for args in "qwen3-0.6b 64 --batch 1 --no-graphs" "qwen3-0.6b 64 --batch 1" "qwen3-0.6b 64 --batch 64" \
+              "qwen3-0.6b 32 --batch 256" "llama-3.1-8b 64 --batch 1" "llama-3.1-8b 32 --batch 1 --no-graphs" \
+              "llama-3.1-8b 32 --batch 64" "llama-3.1-8b 32 --batch 256"; do
+    set -- $args
+    cfg=$1 dec=$2; shift 2
+    out=$(timeout 100 $BF --model models/configs/$cfg.json --prompt-len 128 --decode $dec --repeat 2 "$@" 2>&1)
+    echo "$out" >>"$LOG"
+    say "$cfg $*: $(echo "$out" | grep -E '^(prefill|decode|bench_forward)' | tr '\n' ' ')"
+  done
+  echo "$out" | grep '^device copy' | tee -a "$LOG"
+  say "== bench_gemv (Llama-3.1-8B shapes)"
+  timeout 90 "$B/bench_gemv" 2>&1 | tee -a "$LOG"
+  command -v cuobjdump >/dev/null && cuobjdump -sass "$B/CMakeFiles/kiln_core.dir/src/backend/cuda/cuda_matmul.cu.o" >"$O/gemv.sass" 2>&1
+  say "== ctest -L gpu"
+  KILN_TOKENIZERS=/nonexistent timeout ${KILN_CTEST_TIMEOUT:-200} ctest --test-dir "$B" -L gpu --output-on-failure -V >"$O/ctest-gpu.log" 2>&1
+  ctest_rc=$?
+  grep -E 'passed, |Test +#|tests passed|FAIL' "$O/ctest-gpu.log" | tail -12 | tee -a "$LOG"
+  say "ctest -L gpu: $([ $ctest_rc = 0 ] && echo PASS || echo FAIL rc=$ctest_rc)"
+  exit $ctest_rc
+fi
 
 say "== ctest -L gpu"
 KILN_TOKENIZERS=/nonexistent ctest --test-dir "$B" -L gpu --output-on-failure -V >"${OUT:-/tmp}/ctest-gpu.log" 2>&1

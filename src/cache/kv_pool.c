@@ -42,6 +42,7 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_la
     /* a stack popped from the end: page 0 comes out first */
     for (int i = 0; i < n_pages; i++) p->free_list[i] = n_pages - 1 - i;
     p->n_free = n_pages;
+    p->scratch_page = -1;
     return 0;
 oom:
     kv_pool_free(p);

@@ -36,6 +36,9 @@ struct kv_pool {
     float **v;                      /* [n_layers] device [...][v_width] or == k */
     int32_t *free_list;             /* stack of free page ids */
     int n_free;
+    /* A page taken by the model for rows whose K/V nobody reads (the
+     * padding rows of a decode graph); -1 until one is needed. */
+    int32_t scratch_page;
 };
 
 /* Bytes one page takes across all layers. */

@@ -13,16 +13,22 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
          kw = (long)c->n_kv_heads * hd;
     char name[256];
 #define P(suffix) (snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, suffix), name)
-    if (ws_matrix(ws, P("q_proj.weight"), qw, d, &a->wq, err) ||
-        ws_matrix(ws, P("k_proj.weight"), kw, d, &a->wk, err) ||
-        ws_matrix(ws, P("v_proj.weight"), kw, d, &a->wv, err) ||
+    char names[3][256];
+    const char *np[3] = {names[0], names[1], names[2]};
+    const long qkv_rows[3] = {qw, kw, kw};
+    static const char *const proj[3] = {"q_proj", "k_proj", "v_proj"};
+    struct backend_weight parts[3];
+    for (int i = 0; i < 3; i++)
+        snprintf(names[i], sizeof names[i], "model.layers.%d.self_attn.%s.weight", l, proj[i]);
+    if (ws_matrix_cat(ws, np, qkv_rows, 3, d, &a->wqkv, parts, err) ||
         ws_matrix(ws, P("o_proj.weight"), d, qw, &a->wo, err))
         return -1;
-    if (c->attention_bias &&
-        (ws_vector(ws, P("q_proj.bias"), qw, NAN, &a->bq, err) ||
-         ws_vector(ws, P("k_proj.bias"), kw, NAN, &a->bk, err) ||
-         ws_vector(ws, P("v_proj.bias"), kw, NAN, &a->bv, err)))
-        return -1;
+    a->wq = parts[0], a->wk = parts[1], a->wv = parts[2];
+    if (c->attention_bias) {
+        for (int i = 0; i < 3; i++)
+            snprintf(names[i], sizeof names[i], "model.layers.%d.self_attn.%s.bias", l, proj[i]);
+        if (ws_vector_cat(ws, np, qkv_rows, 3, NAN, &a->bqkv, err)) return -1;
+    }
     if (c->o_proj_bias && ws_vector(ws, P("o_proj.bias"), d, NAN, &a->bo, err)) return -1;
     if (c->qk_norm && (ws_vector(ws, P("q_norm.weight"), hd, 1.0f, &a->q_norm, err) ||
                        ws_vector(ws, P("k_norm.weight"), hd, 1.0f, &a->k_norm, err)))
@@ -31,30 +37,42 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
     return 0;
 }
 
+/* q, k and v come from one product with the stacked weight: row i of
+ * act.qkv holds q | k | v, so every later step reads them with row stride
+ * L = qw + 2 kw. */
 void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const float *x, float *out) {
     struct model *m = f->m;
     const struct model_config *c = &m->cfg;
     const struct backend_ops *ops = m->be->ops;
     void *ctx = m->be->ctx;
     long n = f->n, d = c->hidden_size, hd = c->head_dim, H = c->n_heads, KH = c->n_kv_heads;
-    long qw = H * hd, kw = KH * hd;
-    float *q = m->act.q, *k = m->act.k, *v = m->act.v, *att = m->act.att;
+    long qw = H * hd, kw = KH * hd, L = qw + 2 * kw;
+    float *q = m->act.qkv, *k = q + qw, *v = k + kw, *att = m->act.att;
+    float *kc = f->kv->k[l], *vc = f->kv->v[l];
     float eps = (float)c->rms_norm_eps;
 
-    ops->matmul(ctx, q, qw, x, d, &a->wq, a->bq, n);
-    ops->matmul(ctx, k, kw, x, d, &a->wk, a->bk, n);
-    ops->matmul(ctx, v, kw, x, d, &a->wv, a->bv, n);
-    if (a->q_norm) {
-        ops->rmsnorm(ctx, q, hd, q, hd, a->q_norm, n * H, hd, eps);
-        ops->rmsnorm(ctx, k, hd, k, hd, a->k_norm, n * KH, hd, eps);
+    ops->matmul(ctx, q, L, x, d, &a->wqkv, a->bqkv, n);
+    if (ops->qk_rope_store) {
+        ops->qk_rope_store(ctx, q, k, v, L, n, (int)H, (int)KH, (int)hd, a->q_norm, a->k_norm, eps,
+                           m->rope_dim, f->pos, m->rope_table, c->rope.interleaved, kc, vc, kw,
+                           f->slot);
+    } else {
+        if (a->q_norm) { /* head h of every row: rows of stride L */
+            for (long h = 0; h < H; h++)
+                ops->rmsnorm(ctx, q + h * hd, L, q + h * hd, L, a->q_norm, n, hd, eps);
+            for (long h = 0; h < KH; h++)
+                ops->rmsnorm(ctx, k + h * hd, L, k + h * hd, L, a->k_norm, n, hd, eps);
+        }
+        ops->rope(ctx, q, L, n, (int)H, hd, m->rope_dim, f->pos, m->rope_table,
+                  c->rope.interleaved);
+        ops->rope(ctx, k, L, n, (int)KH, hd, m->rope_dim, f->pos, m->rope_table,
+                  c->rope.interleaved);
+        ops->kv_store(ctx, kc, kw, k, L, kw, f->slot, n);
+        ops->kv_store(ctx, vc, kw, v, L, kw, f->slot, n);
     }
-    ops->rope(ctx, q, qw, n, (int)H, hd, m->rope_dim, f->pos, m->rope_table, c->rope.interleaved);
-    ops->rope(ctx, k, kw, n, (int)KH, hd, m->rope_dim, f->pos, m->rope_table, c->rope.interleaved);
-    ops->kv_store(ctx, f->kv->k[l], kw, k, kw, kw, f->slot, n);
-    ops->kv_store(ctx, f->kv->v[l], kw, v, kw, kw, f->slot, n);
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = (int)KH, .dk = (int)hd,
                             .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale};
-    ops->attention(ctx, att, qw, q, qw, f->kv->k[l], f->kv->v[l], &p, f->bb);
+    ops->attention(ctx, att, qw, q, L, kc, vc, &p, f->bb);
     ops->matmul(ctx, out, d, att, qw, &a->wo, a->bo, n);
 }
 
@@ -63,10 +81,16 @@ int dense_load(struct weight_source *ws, const char *prefix, long inter, struct 
     long d = ws->m->cfg.hidden_size;
     char name[256];
 #define P(suffix) (snprintf(name, sizeof name, "%s.%s", prefix, suffix), name)
-    if (ws_matrix(ws, P("gate_proj.weight"), inter, d, &dm->gate, err) ||
-        ws_matrix(ws, P("up_proj.weight"), inter, d, &dm->up, err) ||
+    char gu[2][256];
+    const char *np[2] = {gu[0], gu[1]};
+    const long rows[2] = {inter, inter};
+    struct backend_weight parts[2];
+    snprintf(gu[0], sizeof gu[0], "%s.gate_proj.weight", prefix);
+    snprintf(gu[1], sizeof gu[1], "%s.up_proj.weight", prefix);
+    if (ws_matrix_cat(ws, np, rows, 2, d, &dm->gate_up, parts, err) ||
         ws_matrix(ws, P("down_proj.weight"), d, inter, &dm->down, err))
         return -1;
+    dm->gate = parts[0], dm->up = parts[1];
 #undef P
     return 0;
 }
@@ -77,9 +101,11 @@ void dense_forward(const struct fwd *f, const struct mlp_dense *dm, long inter, 
     const struct backend_ops *ops = m->be->ops;
     void *ctx = m->be->ctx;
     long n = f->n, d = m->cfg.hidden_size;
-    float *g = m->act.g, *u = m->act.u;
-    ops->matmul(ctx, g, inter, x, d, &dm->gate, NULL, n);
-    ops->matmul(ctx, u, inter, x, d, &dm->up, NULL, n);
-    ops->silu_mul(ctx, g, inter, g, inter, u, inter, n, inter);
-    ops->matmul(ctx, out, d, g, inter, &dm->down, NULL, n);
+    /* one product with gate|up: row i of act.g is g | u (stride 2·inter);
+     * silu(g)·u overwrites g in place */
+    float *g = m->act.g, *u = g + inter;
+    long L = 2 * inter;
+    ops->matmul(ctx, g, L, x, d, &dm->gate_up, NULL, n);
+    ops->silu_mul(ctx, g, L, g, L, u, L, n, inter);
+    ops->matmul(ctx, out, d, g, L, &dm->down, NULL, n);
 }

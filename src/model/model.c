@@ -76,7 +76,8 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
     if (q2_w) ALLOC(q2, T * q2_w, float);
     if (o_w) ALLOC(o, T * o_w, float);
     ALLOC(att, T * att_w, float);
-    ALLOC(g, T * inter, float);
+    if (!is_mla(c)) ALLOC(qkv, T * (q_w + 2 * k_w), float);
+    ALLOC(g, T * 2 * inter, float);
     ALLOC(u, T * inter, float);
     ALLOC(shared, T * d, float);
     ALLOC(router, T * E, float);
@@ -85,24 +86,45 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
     ALLOC(moe_w, T * K, float);
     ALLOC(logits, (long)a->logit_chunk * c->vocab_size, float);
     ALLOC(xs, T * d, float);
-    ALLOC(ids, T, int32_t);
-    ALLOC(pos, T, int32_t);
-    ALLOC(slot, T, int32_t);
-    ALLOC(rows, T, int32_t);
-    ALLOC(q_start, m->max_seqs + 1, int32_t);
-    ALLOC(page_start, m->max_seqs + 1, int32_t);
-    ALLOC(pages, a->pages_cap, int32_t);
+    /* batch metadata: [ids|pos|slot|rows: T each][q_start|page_start: S+1 each][pages] */
+    long S = m->max_seqs;
+    a->stage_pages_off = 4 * T + 2 * (S + 1);
+    long stage_ints = a->stage_pages_off + a->pages_cap;
+    ALLOC(stage, stage_ints, int32_t);
 #undef ALLOC
-    return m->be->ops->reserve(m->be->ctx, T, m->max_context, c->n_heads, err);
+    a->ids = a->stage;
+    a->pos = a->ids + T;
+    a->slot = a->pos + T;
+    a->rows = a->slot + T;
+    a->q_start = a->rows + T;
+    a->page_start = a->q_start + S + 1;
+    a->pages = a->stage + a->stage_pages_off;
+    const struct backend_ops *ops = m->be->ops;
+    if (ops->host_alloc && (a->stage_host = ops->host_alloc(m->be->ctx, (size_t)stage_ints * 4)))
+        a->stage_pinned = 1;
+    else
+        a->stage_host = xmalloc((size_t)stage_ints * 4);
+    return ops->reserve(m->be->ctx, T, m->max_context, c->n_heads, err);
+}
+
+static void drop_graphs(struct model *m) {
+    for (int i = 0; i < MODEL_GRAPH_BUCKETS; i++) {
+        if (m->graphs[i]) m->be->ops->graph_destroy(m->be->ctx, m->graphs[i]);
+        m->graphs[i] = NULL;
+        m->graph_warm[i] = 0;
+    }
 }
 
 static void free_activations(struct model *m) {
     struct activations *a = &m->act;
-    void *bufs[] = {a->h, a->xn, a->delta, a->q, a->k, a->v, a->q2, a->att, a->o, a->g, a->u,
-                    a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->logits, a->xs,
-                    a->ids, a->pos, a->slot, a->rows, a->q_start, a->page_start, a->pages};
+    drop_graphs(m);
+    void *bufs[] = {a->h, a->xn, a->delta, a->q, a->k, a->v, a->qkv, a->q2, a->att, a->o, a->g,
+                    a->u, a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->logits, a->xs,
+                    a->stage};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) m->be->ops->free(m->be->ctx, bufs[i]);
+    if (a->stage_pinned) m->be->ops->host_free(m->be->ctx, a->stage_host);
+    else free(a->stage_host);
     memset(a, 0, sizeof *a);
 }
 
@@ -151,6 +173,12 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
      * V2 through its complex-number rotary). */
     if (c->arch == ARCH_DEEPSEEK_V2) c->rope.interleaved = 1;
     if (load_weights(m, ws, err)) return -1;
+    /* Graphs need a step the backend can record: no host round trips (the
+     * MoE layers sort rows on the host) and a backend that records. */
+    const char *ge = getenv("KILN_GRAPHS");
+    m->graphs_on = m->be->ops->graph_begin && !(opt && opt->no_graphs) && !(ge && !strcmp(ge, "0"));
+    for (int l = 0; l < c->n_layers; l++)
+        if (m->layers[l].mlp_kind == LAYER_MLP_MOE) m->graphs_on = 0;
 
     m->rope_dim = is_mla(c) ? c->qk_rope_head_dim : c->head_dim;
     float *table = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));
@@ -258,6 +286,95 @@ static int check_batch(const struct model *m, const struct kv_pool *kv, const st
     return 0;
 }
 
+/* The decode batch sizes graphs are recorded for: 1, 2, 4, 8, 12, then
+ * every multiple of 8 up to 256. Returns the index of the smallest that
+ * holds n, or -1. */
+static int bucket_size(int i) { return i < 4 ? 1 << i : i == 4 ? 12 : 8 * (i - 3); }
+
+static int bucket_for(const struct model *m, long n) {
+    long cap = m->max_seqs < m->max_batch_tokens ? m->max_seqs : m->max_batch_tokens;
+    for (int i = 0; i < MODEL_GRAPH_BUCKETS; i++) {
+        long s = bucket_size(i);
+        if (s > cap) return -1;
+        if (s >= n) return i;
+    }
+    return -1;
+}
+
+/* Graphs capture the KV pool's buffers: drop them when this step's pool
+ * has others. Padding rows write to the pool's scratch page (taken once,
+ * when padding is first needed). Returns -1 when no page is free. */
+static int bind_graph_pool(struct model *m, struct kv_pool *kv, int need_pad) {
+    uint64_t sig = 1469598103934665603ull;
+    for (int l = 0; l < kv->n_layers; l++) {
+        sig = (sig ^ (uint64_t)(uintptr_t)kv->k[l]) * 1099511628211ull;
+        sig = (sig ^ (uint64_t)(uintptr_t)kv->v[l]) * 1099511628211ull;
+    }
+    sig = (sig ^ (uint64_t)kv->n_pages) * 1099511628211ull;
+    if (sig != m->graph_kv_sig) {
+        drop_graphs(m);
+        m->graph_kv_sig = sig;
+    }
+    if (need_pad && kv->scratch_page < 0 && kv_pool_alloc(kv, 1, &kv->scratch_page)) {
+        kv->scratch_page = -1;
+        return -1;
+    }
+    return 0;
+}
+
+/* Everything up to the residual stream after the last layer. */
+static void run_layers(struct model *m, struct kv_pool *kv, const struct backend_batch *bb, long n) {
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *ops = m->be->ops;
+    void *ctx = m->be->ctx;
+    struct activations *a = &m->act;
+    long d = c->hidden_size;
+    float eps = (float)c->rms_norm_eps;
+    struct fwd f = {.m = m, .kv = kv, .bb = bb, .n = n, .pos = a->pos, .slot = a->slot};
+    ops->embed(ctx, a->h, &m->embed, a->ids, n);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer *L = &m->layers[l];
+        ops->add_rmsnorm(ctx, a->h, l ? a->delta : NULL, a->xn, L->ln_attn, n, d, eps);
+        if (L->attn_kind == LAYER_ATTN_MLA) mla_forward(&f, l, &L->mla, a->xn, a->delta);
+        else mha_forward(&f, l, &L->mha, a->xn, a->delta);
+        ops->add_rmsnorm(ctx, a->h, a->delta, a->xn, L->ln_mlp, n, d, eps);
+        if (L->mlp_kind == LAYER_MLP_MOE) moe_forward(&f, &L->moe, a->xn, a->delta);
+        else dense_forward(&f, &L->dense, c->intermediate_size, a->xn, a->delta);
+    }
+}
+
+/* Packs the batch (padded with `pad` one-token sequences at position 0 that
+ * write to the scratch page) into the staging buffer and uploads it in one
+ * copy. */
+static void stage_batch(struct model *m, const struct kv_pool *kv, const struct batch *b, int pad) {
+    struct activations *a = &m->act;
+    const struct backend_ops *ops = m->be->ops;
+    long T = m->max_batch_tokens, S = m->max_seqs;
+    int32_t *h = a->stage_host;
+    if (a->stage_busy) ops->synchronize(m->be->ctx); /* the last step's copy may still read it */
+    int n = b->n_tokens, ns = b->n_seqs, np = b->kv_page_start[ns];
+    int32_t *ids = h, *pos = h + T, *slot = h + 2 * T, *rows = h + 3 * T, *qs = h + 4 * T,
+            *ps = qs + S + 1, *pages = h + a->stage_pages_off;
+    memcpy(ids, b->input_ids, (size_t)n * 4);
+    memcpy(pos, b->positions, (size_t)n * 4);
+    memcpy(slot, b->out_slot, (size_t)n * 4);
+    memcpy(rows, b->logit_rows, (size_t)b->n_logit_rows * 4);
+    memcpy(qs, b->q_start, (size_t)(ns + 1) * 4);
+    memcpy(ps, b->kv_page_start, (size_t)(ns + 1) * 4);
+    memcpy(pages, b->kv_pages, (size_t)np * 4);
+    for (int i = 0; i < pad; i++) {
+        ids[n + i] = 0;
+        pos[n + i] = 0;
+        slot[n + i] = kv->scratch_page * b->page_size;
+        qs[ns + i + 1] = n + i + 1;
+        ps[ns + i + 1] = np + i + 1;
+        pages[np + i] = kv->scratch_page;
+    }
+    /* one copy: everything before the page list, and the pages in use */
+    ops->upload(m->be->ctx, a->stage, h, (size_t)(a->stage_pages_off + np + pad) * 4);
+    a->stage_busy = a->stage_pinned;
+}
+
 int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, float *logits,
                   struct kiln_error *err) {
     if (b->mode == BATCH_MODE_IDLE || b->n_tokens == 0) return 0;
@@ -269,29 +386,48 @@ int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, fl
     long n = b->n_tokens, d = c->hidden_size;
     float eps = (float)c->rms_norm_eps;
 
-    ops->upload(ctx, a->ids, b->input_ids, (size_t)n * 4);
-    ops->upload(ctx, a->pos, b->positions, (size_t)n * 4);
-    ops->upload(ctx, a->slot, b->out_slot, (size_t)n * 4);
-    ops->upload(ctx, a->q_start, b->q_start, (size_t)(b->n_seqs + 1) * 4);
-    ops->upload(ctx, a->page_start, b->kv_page_start, (size_t)(b->n_seqs + 1) * 4);
-    ops->upload(ctx, a->pages, b->kv_pages, (size_t)b->kv_page_start[b->n_seqs] * 4);
-    ops->upload(ctx, a->rows, b->logit_rows, (size_t)b->n_logit_rows * 4);
-    struct backend_batch bb = {.n_tokens = b->n_tokens, .n_seqs = b->n_seqs,
+    /* Decode steps (one token per sequence) replay a graph recorded for the
+     * next bucket size, padded with one-token sequences. */
+    int gi = -1, pad = 0;
+    if (m->graphs_on && b->n_tokens == b->n_seqs && (gi = bucket_for(m, n)) >= 0) {
+        pad = bucket_size(gi) - (int)n;
+        if (bind_graph_pool(m, kv, pad > 0) ||
+            b->kv_page_start[b->n_seqs] + pad > a->pages_cap) {
+            gi = -1;
+            pad = 0;
+        }
+    }
+    stage_batch(m, kv, b, pad);
+    long np = n + pad;
+    struct backend_batch bb = {.n_tokens = (int)np, .n_seqs = b->n_seqs + pad,
                                .page_size = b->page_size, .positions = a->pos,
                                .q_start = a->q_start, .kv_page_start = a->page_start,
                                .kv_pages = a->pages};
-    struct fwd f = {.m = m, .kv = kv, .bb = &bb, .n = n, .pos = a->pos, .slot = a->slot};
-
-    ops->embed(ctx, a->h, &m->embed, a->ids, n);
-    for (int l = 0; l < c->n_layers; l++) {
-        const struct layer *L = &m->layers[l];
-        ops->add_rmsnorm(ctx, a->h, l ? a->delta : NULL, a->xn, L->ln_attn, n, d, eps);
-        if (L->attn_kind == LAYER_ATTN_MLA) mla_forward(&f, l, &L->mla, a->xn, a->delta);
-        else mha_forward(&f, l, &L->mha, a->xn, a->delta);
-        ops->add_rmsnorm(ctx, a->h, a->delta, a->xn, L->ln_mlp, n, d, eps);
-        if (L->mlp_kind == LAYER_MLP_MOE) moe_forward(&f, &L->moe, a->xn, a->delta);
-        else dense_forward(&f, &L->dense, c->intermediate_size, a->xn, a->delta);
+    if (gi < 0) {
+        run_layers(m, kv, &bb, np);
+    } else if (m->graphs[gi]) {
+        if (ops->graph_launch(ctx, m->graphs[gi])) { /* stale: scratch moved */
+            drop_graphs(m);
+            run_layers(m, kv, &bb, np);
+            m->graph_warm[gi] = 1;
+        }
+    } else if (!m->graph_warm[gi]) {
+        /* the first step of a size runs eagerly: scratch and library state
+         * settle before anything is recorded */
+        run_layers(m, kv, &bb, np);
+        m->graph_warm[gi] = 1;
+    } else {
+        ops->graph_begin(ctx);
+        run_layers(m, kv, &bb, np);
+        m->graphs[gi] = ops->graph_end(ctx);
+        if (!m->graphs[gi] || ops->graph_launch(ctx, m->graphs[gi])) {
+            log_warn("model: recording a decode graph failed; running without graphs");
+            drop_graphs(m);
+            m->graphs_on = 0;
+            run_layers(m, kv, &bb, np);
+        }
     }
+
     if (b->n_logit_rows == 0) return 0;
     /* only the rows that need logits go through the final norm and lm_head */
     ops->gather_rows(ctx, a->xs, a->h, d, a->rows, b->n_logit_rows);
@@ -303,6 +439,6 @@ int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, fl
         ops->matmul(ctx, a->logits, V, a->xs + r0 * d, d, &m->lm_head, NULL, r);
         ops->download(ctx, logits + r0 * V, a->logits, (size_t)(r * V) * 4);
     }
-    ops->synchronize(ctx);
+    a->stage_busy = 0; /* download waited for the stream */
     return 0;
 }

@@ -30,6 +30,7 @@ struct model_options {
     int max_context;         /* longest sequence (default: max_position_embeddings) */
     int page_size;           /* KV page size the batches will use (default 1) */
     uint64_t seed;           /* dummy weights */
+    int no_graphs;           /* 1: never replay decode steps from graphs (also KILN_GRAPHS=0) */
 };
 
 int model_load(struct model **out, const char *dir, struct backend *be,

@@ -19,7 +19,9 @@ struct weight_source {
 /* Ordinary multi-head attention (llama, qwen2, qwen3, qwen moe). */
 struct attn_mha {
     struct backend_weight wq, wk, wv, wo; /* [heads*hd][d], [kvh*hd][d] x2, [d][heads*hd] */
-    const float *bq, *bk, *bv, *bo;        /* biases or NULL */
+    struct backend_weight wqkv;            /* wq|wk|wv stacked (wq, wk, wv are views of it) */
+    const float *bqkv;                     /* bq|bk|bv stacked, or NULL */
+    const float *bo;                       /* bias or NULL */
     const float *q_norm, *k_norm;          /* [hd] or NULL */
 };
 
@@ -38,6 +40,7 @@ struct attn_mla {
 
 struct mlp_dense {
     struct backend_weight gate, up, down; /* [f][d], [f][d], [d][f] */
+    struct backend_weight gate_up;        /* gate|up stacked [2f][d] (gate, up are views) */
 };
 
 struct mlp_moe {
@@ -68,10 +71,11 @@ struct layer {
 struct activations {
     float *h, *xn, *delta;    /* [T][d] */
     float *q, *k, *v;         /* [T][q_width], [T][k_width], [T][v_width] */
+    float *qkv;               /* MHA: [T][q_width + 2 k_width] (q|k|v of a row) */
     float *q2;                /* MLA absorbed queries [T][h*(kv_lora+rope)] */
     float *att;               /* [T][att_width] */
     float *o;                 /* [T][h*v] (MLA per-head outputs) */
-    float *g, *u;             /* [T][max_inter] */
+    float *g, *u;             /* [T][2 max_inter] (gate|up of a row), [T][max_inter] */
     float *shared;            /* [T][d] */
     float *router;            /* [T][E] */
     float *gate1;             /* [T][1] */
@@ -79,10 +83,21 @@ struct activations {
     float *moe_w;             /* [T][top_k] */
     float *logits;            /* [logit_chunk][vocab] */
     float *xs;                /* [T][d] rows that need logits */
+    /* Batch metadata: views into one device buffer `stage`, filled by one
+     * upload from `stage_host` (pinned where the backend has host_alloc) at
+     * fixed offsets, so graphs can capture the pointers. */
     int32_t *ids, *pos, *slot, *q_start, *page_start, *pages, *rows;
+    int32_t *stage, *stage_host;
+    long stage_pages_off;     /* ints before the page list */
+    int stage_pinned;         /* stage_host came from host_alloc */
+    int stage_busy;           /* an upload from stage_host may still be in flight */
     long pages_cap;
     int logit_chunk;
 };
+
+/* Decode batches (one token per sequence) are padded up to one of these
+ * sizes and replayed from a graph recorded once per size. */
+enum { MODEL_GRAPH_BUCKETS = 36 };
 
 struct model {
     struct model_config cfg;
@@ -100,6 +115,11 @@ struct model {
     float attn_scale;
 
     struct activations act;
+    /* graphs (backends with graph_begin; dense models only) */
+    int graphs_on;
+    void *graphs[MODEL_GRAPH_BUCKETS];
+    unsigned char graph_warm[MODEL_GRAPH_BUCKETS]; /* ran eagerly once at this size */
+    uint64_t graph_kv_sig;           /* the KV buffers the graphs were recorded with */
     void **owned; /* host buffers to free: converted vectors, dummy weights */
     int n_owned, cap_owned;
     const void **uploaded; /* device buffers from weight_upload / alloc to release */
@@ -122,6 +142,15 @@ int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
 /* fp32 vector on the device; `fill` is the dummy value (NAN = random). */
 int ws_vector(struct weight_source *ws, const char *name, long len, float fill, const float **out,
               struct kiln_error *err);
+/* Matrices of `count` tensors stacked by rows into one device matrix `out`
+ * (all of one dtype), with `parts[i]` the views of each; the products of a
+ * layer that read the same input become one (q|k|v, gate|up). */
+int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows, int count,
+                  long cols, struct backend_weight *out, struct backend_weight *parts,
+                  struct kiln_error *err);
+/* Vectors concatenated into one device vector (the biases of a stacked matrix). */
+int ws_vector_cat(struct weight_source *ws, const char *const *names, const long *lens, int count,
+                  float fill, const float **out, struct kiln_error *err);
 int ws_has(const struct weight_source *ws, const char *name);
 void *model_own(struct model *m, void *host);
 const void *model_upload(struct model *m, const void *host, size_t bytes);

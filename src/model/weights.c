@@ -58,6 +58,29 @@ static enum dtype dummy_dtype(const struct model *m) {
     return m->cfg.dtype == DTYPE_F32 || m->cfg.dtype == DTYPE_F16 ? m->cfg.dtype : DTYPE_BF16;
 }
 
+/* Random values tiled from one block: fast for multi-GB models, and never
+ * zeros (zeros can run faster than real data). */
+static void fill_dummy(struct weight_source *ws, unsigned char *buf, size_t n, long cols,
+                       enum dtype dt) {
+    size_t es = dtype_size(dt);
+    enum { BLOCK = 4093 };
+    float scale = 1.0f / sqrtf((float)cols);
+    unsigned char block[BLOCK * 4];
+    for (int i = 0; i < BLOCK; i++) {
+        float v = rng_uniform(&ws->rng, scale);
+        if (dt == DTYPE_BF16) ((uint16_t *)block)[i] = f32_to_bf16(v);
+        else if (dt == DTYPE_F16) ((uint16_t *)block)[i] = f32_to_f16(v);
+        else ((float *)block)[i] = v;
+    }
+    size_t off = (size_t)(rng_next(&ws->rng) % BLOCK);
+    for (size_t done = 0; done < n;) {
+        size_t take = BLOCK - off < n - done ? BLOCK - off : n - done;
+        memcpy(buf + done * es, block + off * es, take * es);
+        done += take;
+        off = 0;
+    }
+}
+
 int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
               struct backend_weight *out, struct kiln_error *err) {
     struct model *m = ws->m;
@@ -75,30 +98,13 @@ int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
         bytes = t->nbytes;
         dt = t->dtype;
     } else {
-        /* Random values tiled from one block: fast for multi-GB models, and
-         * never zeros (zeros can run faster than real data). */
         dt = dummy_dtype(m);
         size_t n = (size_t)rows * (size_t)cols, es = dtype_size(dt);
         bytes = n * es;
         unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
         if (!buf) return kiln_errorf(err, "out of memory for dummy tensor '%s' (%zu bytes)", name, bytes);
         model_own(m, buf);
-        enum { BLOCK = 4093 };
-        float scale = 1.0f / sqrtf((float)cols);
-        unsigned char block[BLOCK * 4];
-        for (int i = 0; i < BLOCK; i++) {
-            float v = rng_uniform(&ws->rng, scale);
-            if (dt == DTYPE_BF16) ((uint16_t *)block)[i] = f32_to_bf16(v);
-            else if (dt == DTYPE_F16) ((uint16_t *)block)[i] = f32_to_f16(v);
-            else ((float *)block)[i] = v;
-        }
-        size_t off = (size_t)(rng_next(&ws->rng) % BLOCK);
-        for (size_t done = 0; done < n;) {
-            size_t take = BLOCK - off < n - done ? BLOCK - off : n - done;
-            memcpy(buf + done * es, block + off * es, take * es);
-            done += take;
-            off = 0;
-        }
+        fill_dummy(ws, buf, n, cols, dt);
         host = buf;
     }
     ws->last_host = host;
@@ -111,10 +117,9 @@ int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
     return 0;
 }
 
-int ws_vector(struct weight_source *ws, const char *name, long len, float fill, const float **out,
-              struct kiln_error *err) {
-    struct model *m = ws->m;
-    float *v = model_own(m, xaligned_alloc((size_t)len * 4));
+/* Fills v[len] with the fp32 values of vector `name` (or dummy values). */
+static int vector_host(struct weight_source *ws, const char *name, long len, float fill, float *v,
+                       struct kiln_error *err) {
     if (ws->st) {
         const struct st_tensor *t;
         int64_t shape[1] = {len};
@@ -142,8 +147,79 @@ int ws_vector(struct weight_source *ws, const char *name, long len, float fill, 
     } else {
         for (long i = 0; i < len; i++) v[i] = isnan(fill) ? rng_uniform(&ws->rng, 0.1f) : fill;
     }
+    return 0;
+}
+
+int ws_vector(struct weight_source *ws, const char *name, long len, float fill, const float **out,
+              struct kiln_error *err) {
+    struct model *m = ws->m;
+    float *v = model_own(m, xaligned_alloc((size_t)len * 4));
+    if (vector_host(ws, name, len, fill, v, err)) return -1;
     *out = model_upload(m, v, (size_t)len * 4);
     if (!*out) return kiln_errorf(err, "out of device memory for tensor '%s'", name);
     m->weight_bytes += (size_t)len * 4;
+    return 0;
+}
+
+int ws_vector_cat(struct weight_source *ws, const char *const *names, const long *lens, int count,
+                  float fill, const float **out, struct kiln_error *err) {
+    struct model *m = ws->m;
+    long total = 0;
+    for (int i = 0; i < count; i++) total += lens[i];
+    float *v = model_own(m, xaligned_alloc((size_t)total * 4));
+    for (int i = 0, off = 0; i < count; off += (int)lens[i], i++)
+        if (vector_host(ws, names[i], lens[i], fill, v + off, err)) return -1;
+    *out = model_upload(m, v, (size_t)total * 4);
+    if (!*out) return kiln_errorf(err, "out of device memory for tensor '%s'", names[0]);
+    m->weight_bytes += (size_t)total * 4;
+    return 0;
+}
+
+int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows, int count,
+                  long cols, struct backend_weight *out, struct backend_weight *parts,
+                  struct kiln_error *err) {
+    struct model *m = ws->m;
+    const struct st_tensor *t[8];
+    KILN_ASSERT(count >= 1 && count <= 8);
+    enum dtype dt = dummy_dtype(m);
+    long total = 0;
+    for (int i = 0; i < count; i++) {
+        total += rows[i];
+        if (!ws->st) continue;
+        int64_t shape[2] = {rows[i], cols};
+        if (st_expect(ws->st, names[i], 2, shape, &t[i], err)) return -1;
+        if (i == 0) dt = t[0]->dtype;
+        if (t[i]->dtype != dt || (dt != DTYPE_BF16 && dt != DTYPE_F16 && dt != DTYPE_F32))
+            return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s like '%s'",
+                               ws->st->paths[t[i]->file], names[i], dtype_name(t[i]->dtype),
+                               dtype_name(dt), names[0]);
+    }
+    size_t es = dtype_size(dt), bytes = (size_t)total * (size_t)cols * es;
+    unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!buf) return kiln_errorf(err, "out of memory for tensor '%s' (%zu bytes)", names[0], bytes);
+    size_t off = 0;
+    for (int i = 0; i < count; i++) {
+        size_t pb = (size_t)rows[i] * (size_t)cols * es;
+        if (ws->st) memcpy(buf + off, t[i]->data, pb);
+        else fill_dummy(ws, buf + off, (size_t)rows[i] * (size_t)cols, cols, dt);
+        off += pb;
+    }
+    const void *dev = model_upload(m, buf, bytes);
+    if (!dev) {
+        free(buf);
+        return kiln_errorf(err, "out of device memory for tensor '%s'", names[0]);
+    }
+    /* A backend that copied (a GPU) no longer needs the host bytes; one
+     * that uses them in place (the CPU) keeps them for the model's life. */
+    if (dev == buf) model_own(m, buf);
+    else free(buf);
+    *out = (struct backend_weight){.data = dev, .dtype = dt, .rows = total, .cols = cols};
+    off = 0;
+    for (int i = 0; i < count; i++) {
+        parts[i] = (struct backend_weight){.data = (const unsigned char *)dev + off, .dtype = dt,
+                                           .rows = rows[i], .cols = cols};
+        off += (size_t)rows[i] * (size_t)cols * es;
+    }
+    m->weight_bytes += bytes;
     return 0;
 }

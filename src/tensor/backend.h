@@ -128,6 +128,40 @@ struct backend_ops {
     /* y[n][hidden] = sum_j weights[i][j] * expert_{ids[i][j]}(x[i]) */
     void (*moe_ffn)(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                     int top_k, const struct moe_experts *e, long n);
+
+    /* ---- Optional: NULL where a backend has no use for them; the model
+     * then takes the plain path (malloc, eager operations, unfused ops). */
+
+    /* Host memory the device copies from without staging (CUDA: pinned).
+     * An upload from it may still be in flight when `upload` returns: the
+     * caller rewrites it only after a synchronize or download. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+
+    /* Graphs: the operations enqueued between graph_begin and graph_end are
+     * recorded, not run, into a graph that graph_launch replays with the
+     * same arguments (pointers and sizes are frozen; only the contents of
+     * device buffers may change between replays). graph_end returns NULL
+     * when recording failed. graph_launch returns -1 without running when
+     * the graph went stale (the backend moved scratch memory it captured):
+     * destroy it and record again. */
+    void (*graph_begin)(void *ctx);
+    void *(*graph_end)(void *ctx);
+    int (*graph_launch)(void *ctx, void *graph);
+    void (*graph_destroy)(void *ctx, void *graph);
+
+    /* Attention input preparation for ordinary multi-head attention, fused:
+     * for each row i of n, the n_heads query heads at q + i*ld and the
+     * n_kv_heads key heads at k + i*ld (head h at h*head_dim) are
+     * RMS-normalised per head (q_norm / k_norm [head_dim]; NULL: not) and
+     * rotated in place (as `rope`), then the key row and the value row
+     * (v + i*ld, n_kv_heads*head_dim floats) are stored to k_cache / v_cache
+     * at slot slots[i] (row stride kv_stride, as `kv_store`). */
+    void (*qk_rope_store)(void *ctx, float *q, float *k, const float *v, long ld, long n,
+                          int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
+                          const float *k_norm, float eps, int rot_dim, const int32_t *pos,
+                          const float *cos_sin, int interleaved, float *k_cache, float *v_cache,
+                          long kv_stride, const int32_t *slots);
 };
 
 struct backend {

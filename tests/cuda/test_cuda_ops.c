@@ -234,6 +234,58 @@ static void test_rope(void **state) {
     }
 }
 
+/* The fused q/k norm + rope + K/V store against the CPU's separate ops,
+ * on rows of q | k | v with stride ld, as mha_forward lays them out. */
+static void test_qk_rope_store(void **state) {
+    SKIP_WITHOUT_GPU();
+    for (int variant = 0; variant < 3; variant++) {
+        int norm = variant != 1, inter = variant == 2;
+        long n = 13, H = 6, KH = 2, hd = 64, rot = variant == 2 ? 32 : 64, maxpos = 100;
+        long qw = H * hd, kw = KH * hd, ld = qw + 2 * kw + 4, slots = 40;
+        struct pair x = pair_rand((size_t)(n * ld), 1.0f), qn = pair_rand((size_t)hd, 1.0f),
+                    kn = pair_rand((size_t)hd, 1.0f), kc = pair_poison((size_t)(slots * kw)),
+                    vc = pair_poison((size_t)(slots * kw));
+        float *cs = xmalloc((size_t)(maxpos * rot) * 4);
+        for (long p = 0; p < maxpos; p++)
+            for (long i = 0; i < rot / 2; i++) {
+                float a = (float)p * powf(10000.0f, -2.0f * (float)i / (float)rot);
+                cs[p * rot + 2 * i] = cosf(a), cs[p * rot + 2 * i + 1] = sinf(a);
+            }
+        int32_t pos[13], slot[13];
+        for (int i = 0; i < n; i++) pos[i] = irand((int)maxpos), slot[i] = (int)(3 * i + 1);
+        struct pair pc = pair_from(cs, (size_t)(maxpos * rot) * 4), pp = pair_from(pos, sizeof pos),
+                    ps = pair_from(slot, sizeof slot);
+        float *q = x.h, *k = x.h + qw, *v = x.h + qw + kw;
+        if (norm) {
+            for (long h = 0; h < H; h++)
+                cpu.ops->rmsnorm(cpu.ctx, q + h * hd, ld, q + h * hd, ld, qn.h, n, hd, 1e-6f);
+            for (long h = 0; h < KH; h++)
+                cpu.ops->rmsnorm(cpu.ctx, k + h * hd, ld, k + h * hd, ld, kn.h, n, hd, 1e-6f);
+        }
+        cpu.ops->rope(cpu.ctx, q, ld, n, (int)H, hd, (int)rot, (int32_t *)pp.h, pc.h, inter);
+        cpu.ops->rope(cpu.ctx, k, ld, n, (int)KH, hd, (int)rot, (int32_t *)pp.h, pc.h, inter);
+        cpu.ops->kv_store(cpu.ctx, kc.h, kw, k, ld, kw, (int32_t *)ps.h, n);
+        cpu.ops->kv_store(cpu.ctx, vc.h, kw, v, ld, kw, (int32_t *)ps.h, n);
+        float *qd = x.d;
+        gpu.ops->qk_rope_store(gpu.ctx, qd, qd + qw, qd + qw + kw, ld, n, (int)H, (int)KH, (int)hd,
+                               norm ? qn.d : NULL, norm ? kn.d : NULL, 1e-6f, (int)rot, pp.d, pc.d,
+                               inter, kc.d, vc.d, kw, ps.d);
+        printf("  qk_rope_store norm=%d interleaved=%d rot=%ld\n", norm, inter, rot);
+        expect_close(&x, n, qw + 2 * kw, ld, 1e-5);
+        /* only the written slots: the rest stay NaN on both sides */
+        for (int i = 0; i < n; i++) {
+            struct pair kr = {kc.h + (size_t)slot[i] * kw, (float *)kc.d + (size_t)slot[i] * kw,
+                              (size_t)kw * 4};
+            struct pair vr = {vc.h + (size_t)slot[i] * kw, (float *)vc.d + (size_t)slot[i] * kw,
+                              (size_t)kw * 4};
+            double ek = rel_err(&kr, 1, kw, kw), ev = rel_err(&vr, 1, kw, kw);
+            if (!(ek <= 1e-5 && ev == 0.0)) fail_msg("cache row %d: k %.3g v %.3g", i, ek, ev);
+        }
+        free(cs), pair_free(&x), pair_free(&qn), pair_free(&kn), pair_free(&kc), pair_free(&vc);
+        pair_free(&pc), pair_free(&pp), pair_free(&ps);
+    }
+}
+
 static void test_elementwise(void **state) {
     SKIP_WITHOUT_GPU();
     long n = 33, d = 301, ld = 320;
@@ -320,6 +372,12 @@ static void test_matmul(void **state) {
     check_matmul(DTYPE_BF16, 1, 1000, 512, 0, 0, 1e-5);
     check_matmul(DTYPE_BF16, 3, 257, 1024, 1, 1, 1e-5);
     check_matmul(DTYPE_F16, 8, 300, 256, 1, 0, 1e-5);
+    /* GEMV with 1, 2 and 4 rows per warp, column counts that leave a tail
+     * after the unrolled steps, and rows not a multiple of the block's */
+    check_matmul(DTYPE_BF16, 2, 8191, 1000, 1, 0, 1e-5);
+    check_matmul(DTYPE_BF16, 5, 6007, 2056, 0, 1, 1e-5);
+    check_matmul(DTYPE_BF16, 8, 2050, 4104, 1, 1, 1e-5);
+    check_matmul(DTYPE_F16, 4, 70000, 64, 1, 0, 1e-5);
     /* cuBLAS: activations rounded to the weights' 16-bit type */
     check_matmul(DTYPE_BF16, 37, 1000, 512, 1, 0, 1e-2);
     check_matmul(DTYPE_BF16, 130, 96, 200, 0, 1, 1e-2);
@@ -504,6 +562,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embed),      cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_qk_rope_store),
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_attention),  cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_ffn),

@@ -28,6 +28,11 @@ void cuda_assert_fail(const char *expr, const char *file, int line, const char *
 
 void cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t bytes) {
     if (bytes <= s->bytes) return;
+    /* The model runs a batch size eagerly before recording it, so scratch
+     * has its size by then; growing while recording would capture memory
+     * that the graph itself allocates. */
+    CUDA_ASSERT_MSG(!c->capturing, "cuda backend: scratch grew while recording a graph");
+    c->scratch_gen++;
     if (s->p) CUDA_CHECK(cudaFreeAsync(s->p, c->stream));
     bytes = (bytes + 255) & ~(size_t)255;
     /* Out of device memory here is a sizing bug: reserve() and the KV pool
@@ -97,6 +102,7 @@ static int cuda_reserve(void *ctx, long max_tokens, long max_context, int max_he
     size_t attn = cuda_attention_scratch_bytes(c);
     if (attn > c->attn.bytes) {
         if (c->attn.p) CUDA_CHECK(cudaFreeAsync(c->attn.p, c->stream));
+        c->scratch_gen++;
         c->attn.p = NULL;
         c->attn.bytes = 0;
         if (cudaMallocAsync(&c->attn.p, attn, c->stream) != cudaSuccess) {
@@ -107,6 +113,80 @@ static int cuda_reserve(void *ctx, long max_tokens, long max_context, int max_he
         c->attn.bytes = attn;
     }
     return 0;
+}
+
+static void *cuda_host_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(void *ctx, void *p) {
+    struct cuda_ctx *c = ctx;
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a copy from p may be in flight */
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
+/* A recorded graph: its executable form and the scratch generation it saw. */
+struct cuda_graph {
+    cudaGraphExec_t exec;
+    unsigned gen;
+};
+
+static void cuda_graph_begin(void *ctx) {
+    struct cuda_ctx *c = ctx;
+    CUDA_ASSERT(!c->capturing);
+    /* Thread-local: other threads' CUDA calls neither break the capture nor
+     * get recorded. */
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = 1;
+}
+
+static void *cuda_graph_end(void *ctx) {
+    struct cuda_ctx *c = ctx;
+    CUDA_ASSERT(c->capturing);
+    c->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e != cudaSuccess || !g) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, g, 0);
+    CUDA_CHECK(cudaGraphDestroy(g));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    /* Upload now so the first replay does not pay for it. */
+    CUDA_CHECK(cudaGraphUpload(x, c->stream));
+    struct cuda_graph *cg = xmalloc(sizeof *cg);
+    cg->exec = x;
+    cg->gen = c->scratch_gen;
+    return cg;
+}
+
+static int cuda_graph_launch(void *ctx, void *graph) {
+    struct cuda_ctx *c = ctx;
+    struct cuda_graph *cg = graph;
+    if (cg->gen != c->scratch_gen) return -1;
+    CUDA_CHECK(cudaGraphLaunch(cg->exec, c->stream));
+    return 0;
+}
+
+static void cuda_graph_destroy(void *ctx, void *graph) {
+    struct cuda_ctx *c = ctx;
+    struct cuda_graph *cg = graph;
+    if (!cg) return;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); /* a replay may be running */
+    CUDA_CHECK(cudaGraphExecDestroy(cg->exec));
+    free(cg);
 }
 
 static void cuda_destroy(void *ctx) {
@@ -152,6 +232,13 @@ static const struct backend_ops cuda_ops = {
     .attention = cuda_op_attention,
     .moe_route = cuda_op_moe_route,
     .moe_ffn = cuda_op_moe_ffn,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
+    .qk_rope_store = cuda_op_qk_rope_store,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
@@ -204,6 +291,9 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->gemv_max_rows = 8;
     const char *g = getenv("KILN_CUDA_GEMV_MAX_ROWS");
     if (g) c->gemv_max_rows = atoi(g);
+    c->gemv_rows_per_warp = 4; /* KILN_CUDA_GEMV_R: 1, 2 or 4, for tuning */
+    const char *gr = getenv("KILN_CUDA_GEMV_R");
+    if (gr && (atoi(gr) == 1 || atoi(gr) == 2)) c->gemv_rows_per_warp = atoi(gr);
     const char *mm = getenv("KILN_CUDA_MATMUL");
     if (mm && !strcmp(mm, "bf16x2")) {
         c->split_act = 1;

@@ -6,10 +6,10 @@
  *
  * Files, one per kernel family; each exports only the extern "C" entry
  * points declared here and keeps its kernels static:
- *   cuda_backend.c      context, memory, the operation table
+ *   cuda_backend.c      context, memory, graphs, the operation table
  *   cuda_embed.cu       embedding rows
  *   cuda_norm.cu        rmsnorm, fused residual add + rmsnorm
- *   cuda_rope.cu        rotary embedding, KV-cache stores
+ *   cuda_rope.cu        rotary embedding, KV-cache stores, fused q/k norm + rope + store
  *   cuda_elementwise.cu silu_mul, add, gated_add, gather_rows, copy_rows
  *   cuda_matmul.cu      fp32 → bf16/f16 conversion + cuBLAS; a GEMV for few rows
  *   cuda_attention.cu   paged causal attention (GQA, MLA), split-KV for decode
@@ -86,7 +86,13 @@ struct cuda_ctx {
     int32_t *moe_host_list;      /* [rows] rows grouped by expert */
     size_t moe_host_rows;
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
+    int gemv_rows_per_warp;      /* at most 1, 2 or 4 output rows per GEMV warp */
     int split_act;               /* 1: activations as bf16 hi + lo (two products) */
+    /* graphs: scratch_gen counts moves of scratch memory (a graph captured
+     * before a move points at freed memory and is stale); capturing is set
+     * between graph_begin and graph_end, when nothing may be (re)allocated */
+    unsigned scratch_gen;
+    int capturing;
 };
 
 /* Makes sure s holds at least bytes (stream-ordered; contents are lost). */
@@ -121,6 +127,11 @@ void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *log
                        const float *bias, const struct moe_route_params *p, long n);
 void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                      int top_k, const struct moe_experts *e, long n);
+void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n,
+                           int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
+                           const float *k_norm, float eps, int rot_dim, const int32_t *pos,
+                           const float *cos_sin, int interleaved, float *k_cache, float *v_cache,
+                           long kv_stride, const int32_t *slots);
 
 /* Scratch the attention wants for split-KV decode (bytes), given the
  * context's SM count; used by reserve. */

@@ -3,9 +3,10 @@
  *
  * Two paths:
  *  - few rows (decode: n ≤ gemv_max_rows): a GEMV-style kernel, one warp
- *    per output feature, reading each weight row once with 16-byte loads
- *    and the fp32 activations straight from memory. Decode is bound by
- *    weight bandwidth, and this keeps the activations in fp32.
+ *    per group of 1-4 output features, reading each weight row once with
+ *    16-byte streaming loads (8 in flight per lane) and the fp32
+ *    activations through L1. Decode is bound by weight bandwidth, and this
+ *    keeps the activations in fp32.
  *  - otherwise cuBLAS: the fp32 activations are rounded once into a 16-bit
  *    copy of the weights' type (bf16 or f16), then cublasGemmEx multiplies
  *    on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F). F32
@@ -23,11 +24,12 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
-enum { GEMV_WARPS = 8 };
+enum { GEMV_WARPS = 4, GEMV_LOADS = 8 /* 16-byte weight loads in flight per lane */ };
 
 /* 8 bf16 / f16 values packed in a uint4, widened to fp32 */
 static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __nv_bfloat16 *) {
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&p;
+#pragma unroll
     for (int i = 0; i < 4; i++) {
         float2 t = __bfloat1622float2(h[i]);
         f[2 * i] = t.x;
@@ -36,6 +38,7 @@ static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __
 }
 static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __half *) {
     const __half2 *h = (const __half2 *)&p;
+#pragma unroll
     for (int i = 0; i < 4; i++) {
         float2 t = __half22float2(h[i]);
         f[2 * i] = t.x;
@@ -43,80 +46,155 @@ static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __
     }
 }
 
-/* Weight rows are streamed once: bypass L1 so activations stay cached. */
+/* Weight rows are streamed once: bypass L1 (activations stay cached there)
+ * and let L2 fetch whole 256-byte sectors ahead. */
 static __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
 }
 
+/* 8 consecutive activations of row j at column 8·vi */
+template <bool XVEC>
+static __device__ __forceinline__ void load_x8(const float *__restrict__ x, long ldx, int j,
+                                               long vi, float *xv) {
+    const float *xr = x + j * ldx + vi * 8;
+    if (XVEC) {
+        float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+        xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) xv[e] = __ldg(xr + e);
+    }
+}
+
 /* y[n][rows] (stride ldy) = x[n][cols] (stride ldx) · w[rows][cols]ᵀ + bias,
- * n ≤ NR, cols % 8 == 0, w 16-byte aligned. XVEC: x rows 16-byte aligned. */
-template <int NR, typename T, bool XVEC>
+ * n ≤ NR, cols % 8 == 0, w 16-byte aligned, XVEC: x rows 16-byte aligned.
+ *
+ * Each warp owns R consecutive output rows and walks them together: lane l
+ * takes the 16-byte pieces l, l + 32, l + 64, ... of each row, so every
+ * activation it loads serves R weight rows (the activations are fp32 and
+ * read from L1: R rows cut that traffic R-fold), and U = GEMV_LOADS / R
+ * steps are loaded before the first is used, keeping GEMV_LOADS
+ * independent 16-byte loads in flight per lane. Each (row, activation row)
+ * sum runs in the same order whatever NR, R and U are (pieces in ascending
+ * order per lane, then a fixed butterfly across lanes), so a row's result
+ * does not depend on the batch it came in: padding a batch to a captured
+ * graph size changes no logits. */
+template <int NR, int R, typename T, bool XVEC>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(float *__restrict__ y, long ldy, const float *__restrict__ x, long ldx,
                 const T *__restrict__ w, const float *__restrict__ bias, long rows, long cols,
                 int n) {
+    constexpr int U = GEMV_LOADS / R;
     int lane = threadIdx.x & 31;
-    long r = (long)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    const uint4 *wr = (const uint4 *)(w + r * cols);
+    long r0 = ((long)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    if (r0 >= rows) return;
     long nvec = cols / 8;
-    float acc[NR];
+    const uint4 *wr[R];
 #pragma unroll
-    for (int j = 0; j < NR; j++) acc[j] = 0.0f;
-#pragma unroll 4
-    for (long v = lane; v < nvec; v += 32) {
-        float wf[8];
-        widen8(load_stream(wr + v), wf, (const T *)0);
+    for (int r = 0; r < R; r++) /* rows past the end re-read the last one; not stored */
+        wr[r] = (const uint4 *)(w + (r0 + r < rows ? r0 + r : rows - 1) * cols);
+    float acc[R][NR];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < NR; j++) acc[r][j] = 0.0f;
+
+    long v = lane;
+    for (; v + 32 * (U - 1) < nvec; v += 32 * U) {
+        uint4 wv[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) wv[u][r] = load_stream(wr[r] + v + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                if (j < n) {
+                    float xv[8];
+                    load_x8<XVEC>(x, ldx, j, v + 32 * u, xv);
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float wf[8];
+                        widen8(wv[u][r], wf, (const T *)0);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[r][j] = fmaf(wf[e], xv[e], acc[r][j]);
+                    }
+                }
+            }
+        }
+    }
+    for (; v < nvec; v += 32) {
+        uint4 wv[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) wv[r] = load_stream(wr[r] + v);
 #pragma unroll
         for (int j = 0; j < NR; j++) {
             if (j < n) {
-                const float *xr = x + j * ldx + v * 8;
                 float xv[8];
-                if (XVEC) {
-                    float4 a = *(const float4 *)xr, b = *(const float4 *)(xr + 4);
-                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
-                    xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-                } else {
+                load_x8<XVEC>(x, ldx, j, v, xv);
 #pragma unroll
-                    for (int e = 0; e < 8; e++) xv[e] = xr[e];
+                for (int r = 0; r < R; r++) {
+                    float wf[8];
+                    widen8(wv[r], wf, (const T *)0);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][j] = fmaf(wf[e], xv[e], acc[r][j]);
                 }
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[j] = fmaf(wf[e], xv[e], acc[j]);
             }
         }
     }
 #pragma unroll
-    for (int j = 0; j < NR; j++) {
-        float s = warp_sum(acc[j]);
-        if (lane == 0 && j < n) y[j * ldy + r] = s + (bias ? bias[r] : 0.0f);
+    for (int r = 0; r < R; r++) {
+        float b = (bias && r0 + r < rows) ? bias[r0 + r] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NR; j++) {
+            float s = warp_sum(acc[r][j]);
+            if (lane == 0 && j < n && r0 + r < rows) y[j * ldy + r0 + r] = s + b;
+        }
     }
 }
 
-template <int NR, typename T>
-static void launch_gemv_t(cudaStream_t s, float *y, long ldy, const float *x, long ldx,
+template <int NR, int R, typename T>
+static void launch_gemv_r(cudaStream_t s, float *y, long ldy, const float *x, long ldx,
                           const void *w, const float *bias, long rows, long cols, int n) {
     bool xvec = ((uintptr_t)x % 16 == 0) && ldx % 4 == 0;
-    unsigned grid = grid_for(rows, GEMV_WARPS);
+    unsigned grid = grid_for(rows, GEMV_WARPS * R);
     if (xvec)
-        gemv_kernel<NR, T, true><<<grid, GEMV_WARPS * 32, 0, s>>>(y, ldy, x, ldx, (const T *)w,
-                                                                  bias, rows, cols, n);
+        gemv_kernel<NR, R, T, true><<<grid, GEMV_WARPS * 32, 0, s>>>(y, ldy, x, ldx, (const T *)w,
+                                                                     bias, rows, cols, n);
     else
-        gemv_kernel<NR, T, false><<<grid, GEMV_WARPS * 32, 0, s>>>(y, ldy, x, ldx, (const T *)w,
-                                                                   bias, rows, cols, n);
+        gemv_kernel<NR, R, T, false><<<grid, GEMV_WARPS * 32, 0, s>>>(y, ldy, x, ldx, (const T *)w,
+                                                                      bias, rows, cols, n);
     CUDA_CHECK_LAUNCH();
 }
 
+/* Rows per warp: more rows share each activation load (4 from 3 activation
+ * rows on), fewer leave enough blocks to spread over the SMs. */
+template <int NR, typename T>
+static void launch_gemv_t(cudaStream_t s, int n_sm, int r_max, float *y, long ldy, const float *x,
+                          long ldx, const void *w, const float *bias, long rows, long cols, int n) {
+    int r = NR <= 2 ? 2 : 4;
+    if (r > r_max) r = r_max;
+    while (r > 1 && (rows + GEMV_WARPS * r - 1) / (GEMV_WARPS * r) < 2l * n_sm) r /= 2;
+    if (r == 4) launch_gemv_r<NR, 4, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else if (r == 2) launch_gemv_r<NR, 2, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else launch_gemv_r<NR, 1, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
+}
+
 template <typename T>
-static void launch_gemv(cudaStream_t s, float *y, long ldy, const float *x, long ldx,
+static void launch_gemv(const struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
                         const void *w, const float *bias, long rows, long cols, int n) {
-    if (n <= 1) launch_gemv_t<1, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else if (n <= 2) launch_gemv_t<2, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else if (n <= 4) launch_gemv_t<4, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else launch_gemv_t<8, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
+    cudaStream_t s = c->stream;
+    int sm = c->n_sm, rm = c->gemv_rows_per_warp;
+    if (n <= 1) launch_gemv_t<1, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else if (n <= 2) launch_gemv_t<2, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else if (n <= 4) launch_gemv_t<4, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
+    else launch_gemv_t<8, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
 }
 
 /* xb[n][cols] = x[n][cols] (stride ldx), rounded to nearest in T */
@@ -172,9 +250,9 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     if (half && n <= c->gemv_max_rows && n <= 8 && cols % 8 == 0 &&
         (uintptr_t)w->data % 16 == 0) {
         if (w->dtype == DTYPE_BF16)
-            launch_gemv<__nv_bfloat16>(s, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
+            launch_gemv<__nv_bfloat16>(c, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
         else
-            launch_gemv<__half>(s, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
+            launch_gemv<__half>(c, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
         return;
     }
 

@@ -58,3 +58,94 @@ extern "C" void cuda_op_kv_store(void *ctx, float *cache, long stride, const flo
                                                                  slots, n);
     CUDA_CHECK_LAUNCH();
 }
+
+/* Fused attention input preparation (backend.h qk_rope_store): one warp per
+ * (row, head) of the n_heads query, n_kv_heads key and n_kv_heads value
+ * heads. Query and key heads are normalised (optional) into the warp's
+ * shared buffer, rotated from there and written back in place; key heads
+ * are also written to the cache slot, value heads only copied there. Same
+ * arithmetic as rmsnorm_warp_kernel followed by rope_kernel and
+ * kv_store_kernel. */
+enum { QKR_WARPS = 4, QKR_MAX_HEAD = 512 };
+
+static __global__ void __launch_bounds__(QKR_WARPS * 32)
+    qk_rope_store_kernel(float *q, float *k, const float *__restrict__ v, long ld, long n,
+                         int n_heads, int n_kv_heads, int hd, const float *__restrict__ q_norm,
+                         const float *__restrict__ k_norm, float eps, int half,
+                         const int32_t *__restrict__ pos, const float *__restrict__ cos_sin,
+                         int interleaved, float *__restrict__ k_cache, float *__restrict__ v_cache,
+                         long kv_stride, const int32_t *__restrict__ slots) {
+    __shared__ float buf[QKR_WARPS][QKR_MAX_HEAD];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int per_row = n_heads + 2 * n_kv_heads;
+    long item = (long)blockIdx.x * QKR_WARPS + warp;
+    if (item >= n * per_row) return;
+    long i = item / per_row;
+    int j = (int)(item % per_row);
+    if (j >= n_heads + n_kv_heads) { /* value head: copy to the cache */
+        int h = j - n_heads - n_kv_heads;
+        const float *src = v + i * ld + (long)h * hd;
+        float *dst = v_cache + (size_t)slots[i] * (size_t)kv_stride + (size_t)h * hd;
+        for (int e = lane; e < hd; e += 32) dst[e] = src[e];
+        return;
+    }
+    float *x, *dst = NULL;
+    const float *nw;
+    if (j < n_heads) {
+        x = q + i * ld + (long)j * hd;
+        nw = q_norm;
+    } else {
+        int h = j - n_heads;
+        x = k + i * ld + (long)h * hd;
+        nw = k_norm;
+        dst = k_cache + (size_t)slots[i] * (size_t)kv_stride + (size_t)h * hd;
+    }
+    float *s = buf[warp];
+    if (nw) {
+        float ss = 0.0f;
+        for (int e = lane; e < hd; e += 32) ss += x[e] * x[e];
+        ss = warp_sum(ss);
+        float inv = rsqrtf(ss / (float)hd + eps);
+        for (int e = lane; e < hd; e += 32) s[e] = nw[e] * (x[e] * inv);
+    } else {
+        for (int e = lane; e < hd; e += 32) s[e] = x[e];
+    }
+    __syncwarp();
+    const float *cs = cos_sin + (size_t)pos[i] * (size_t)half * 2;
+    for (int e = lane; e < hd; e += 32) {
+        float val = s[e];
+        if (e < 2 * half) {
+            int d, partner;
+            bool first;
+            if (interleaved) {
+                d = e >> 1;
+                first = !(e & 1);
+                partner = e ^ 1;
+            } else {
+                first = e < half;
+                d = first ? e : e - half;
+                partner = first ? e + half : e - half;
+            }
+            float c = cs[2 * d], sn = cs[2 * d + 1], o = s[partner];
+            val = first ? val * c - o * sn : val * c + o * sn;
+        }
+        x[e] = val;
+        if (dst) dst[e] = val;
+    }
+}
+
+extern "C" void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld,
+                                      long n, int n_heads, int n_kv_heads, int head_dim,
+                                      const float *q_norm, const float *k_norm, float eps,
+                                      int rot_dim, const int32_t *pos, const float *cos_sin,
+                                      int interleaved, float *k_cache, float *v_cache,
+                                      long kv_stride, const int32_t *slots) {
+    long items = n * (long)(n_heads + 2 * n_kv_heads);
+    if (items <= 0) return;
+    CUDA_ASSERT_MSG(head_dim <= QKR_MAX_HEAD && rot_dim <= head_dim,
+                    "qk_rope_store: head_dim above 512");
+    qk_rope_store_kernel<<<grid_for(items, QKR_WARPS), QKR_WARPS * 32, 0, ctx_stream(ctx)>>>(
+        q, k, v, ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
+        cos_sin, interleaved, k_cache, v_cache, kv_stride, slots);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,155 @@
+/* test_cuda_graphs.c — decode steps replayed from CUDA graphs give the
+ * logits eager execution gives.
+ *
+ * Two copies of one tiny oracle model (same weights) share a CUDA backend:
+ * A runs every step eagerly (no_graphs), B pads decode batches to a graph
+ * bucket and replays them (its first step of a size runs eagerly, the
+ * second records, the rest replay). Both prefill the same sequences, then
+ * decode the same tokens; their logits must match: bitwise where both take
+ * the GEMV path (≤ 8 rows: each row's sums run in a fixed order whatever
+ * the batch), within 1e-6 of the logit range where cuBLAS sees different
+ * row counts (13 rows vs a 16-row bucket may choose another kernel).
+ * Batch sizes 1, 3 (padded to 4), 8 and 13 (padded to 16), page sizes 1
+ * and 4, a new KV pool per size (graphs must follow the pool). Skips
+ * without a GPU. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "model/model.h"
+#include "tensor/backend.h"
+
+static struct backend gpu;
+static int have_gpu;
+
+enum { MAX_SEQS = 16, MAX_CTX = 64, PROMPT = 6, STEPS = 5 };
+
+static void run_arch(const char *arch, int page_size) {
+    const char *fx = getenv("KILN_FIXTURES");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/oracle/tiny-models/%s", fx ? fx : "tests/fixtures", arch);
+    struct kiln_error err = {{0}};
+    struct model *ma, *mb;
+    struct model_options oa = {.max_batch_tokens = MAX_SEQS * PROMPT, .max_seqs = MAX_SEQS,
+                               .max_context = MAX_CTX, .page_size = page_size, .no_graphs = 1};
+    struct model_options ob = oa;
+    ob.no_graphs = 0;
+    if (model_load(&ma, dir, &gpu, &oa, &err) || model_load(&mb, dir, &gpu, &ob, &err))
+        fail_msg("%s: %s", dir, err.msg);
+    const struct model_config *c = model_config(ma);
+    long V = c->vocab_size;
+    struct kv_layer_layout layout[64];
+    int nl = model_kv_layout(ma, layout, 64);
+    int ppseq = MAX_CTX / page_size;
+    const int sizes[] = {1, 3, 8, 13};
+    for (int si = 0; si < 4; si++) {
+        int N = sizes[si];
+        struct kv_pool ka, kb;
+        if (kv_pool_init(&ka, &gpu, layout, nl, page_size, N * ppseq + 1, &err) ||
+            kv_pool_init(&kb, &gpu, layout, nl, page_size, N * ppseq + 1, &err))
+            fail_msg("kv pool: %s", err.msg);
+        int32_t *pa = xmalloc((size_t)N * ppseq * 4), *pb = xmalloc((size_t)N * ppseq * 4);
+        int32_t ps[MAX_SEQS + 1];
+        for (int s = 0; s < N; s++) {
+            assert_int_equal(kv_pool_alloc(&ka, ppseq, pa + s * ppseq), 0);
+            assert_int_equal(kv_pool_alloc(&kb, ppseq, pb + s * ppseq), 0);
+            ps[s] = s * ppseq;
+        }
+        ps[N] = N * ppseq;
+        float *la = xmalloc((size_t)N * V * 4), *lb = xmalloc((size_t)N * V * 4);
+        /* prefill: all sequences in one extend batch, every row's logits */
+        int T = N * PROMPT;
+        int32_t ids[MAX_SEQS * PROMPT], pos[MAX_SEQS * PROMPT], sa[MAX_SEQS * PROMPT],
+            sb[MAX_SEQS * PROMPT], qs[MAX_SEQS + 1], kl[MAX_SEQS], rows[MAX_SEQS];
+        for (int s = 0; s < N; s++) {
+            qs[s] = s * PROMPT;
+            kl[s] = PROMPT;
+            rows[s] = s * PROMPT + PROMPT - 1;
+            for (int p = 0; p < PROMPT; p++) {
+                int t = s * PROMPT + p;
+                ids[t] = (int32_t)((t * 131 + 7) % V);
+                pos[t] = p;
+                sa[t] = pa[s * ppseq + p / page_size] * page_size + p % page_size;
+                sb[t] = pb[s * ppseq + p / page_size] * page_size + p % page_size;
+            }
+        }
+        qs[N] = T;
+        struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = T, .input_ids = ids,
+                          .positions = pos, .out_slot = sa, .n_seqs = N, .q_start = qs,
+                          .kv_len = kl, .kv_page_start = ps, .kv_pages = pa,
+                          .page_size = page_size, .n_logit_rows = N, .logit_rows = rows};
+        assert_int_equal(model_forward(ma, &ka, &b, la, &err), 0);
+        b.out_slot = sb, b.kv_pages = pb;
+        assert_int_equal(model_forward(mb, &kb, &b, lb, &err), 0);
+        for (int step = 0; step < STEPS; step++) {
+            int p = PROMPT + step;
+            for (int s = 0; s < N; s++) {
+                ids[s] = (int32_t)((s * 17 + step * 29 + 3) % V);
+                pos[s] = p;
+                sa[s] = pa[s * ppseq + p / page_size] * page_size + p % page_size;
+                sb[s] = pb[s * ppseq + p / page_size] * page_size + p % page_size;
+                qs[s] = s;
+                kl[s] = p + 1;
+                rows[s] = s;
+            }
+            qs[N] = N;
+            struct batch d = {.mode = BATCH_MODE_DECODE, .n_tokens = N, .input_ids = ids,
+                              .positions = pos, .out_slot = sa, .n_seqs = N, .q_start = qs,
+                              .kv_len = kl, .kv_page_start = ps, .kv_pages = pa,
+                              .page_size = page_size, .n_logit_rows = N, .logit_rows = rows};
+            for (long i = 0; i < N * V; i++) la[i] = lb[i] = NAN;
+            assert_int_equal(model_forward(ma, &ka, &d, la, &err), 0);
+            d.out_slot = sb, d.kv_pages = pb;
+            assert_int_equal(model_forward(mb, &kb, &d, lb, &err), 0);
+            double maxd = 0, maxv = 0;
+            long differ = 0;
+            for (long i = 0; i < N * V; i++) {
+                if (isnan(la[i]) || isnan(lb[i])) fail_msg("%s N=%d step %d: NaN at %ld", arch, N, step, i);
+                double e = fabs((double)la[i] - lb[i]);
+                if (e > maxd) maxd = e;
+                if (fabs(la[i]) > maxv) maxv = fabs(la[i]);
+                differ += la[i] != lb[i];
+            }
+            printf("  %s page %d N=%d step %d (%s): max |eager - graph| %.3g over |logit| %.3g, "
+                   "%ld of %ld differ\n", arch, page_size, N, step,
+                   step == 0 ? "eager warm-up" : step == 1 ? "recorded" : "replayed", maxd, maxv,
+                   differ, N * V);
+            if (N <= 8 && differ) fail_msg("graph replay differs from eager execution");
+            if (maxd > 1e-6 * maxv) fail_msg("graph replay differs by %.3g", maxd);
+        }
+        kv_pool_free(&ka);
+        kv_pool_free(&kb);
+        free(pa), free(pb), free(la), free(lb);
+    }
+    model_free(ma);
+    model_free(mb);
+}
+
+static void test_graphs(void **state) {
+    if (!have_gpu) skip();
+    const char *archs[] = {"llama", "qwen2", "qwen3"};
+    for (int a = 0; a < 3; a++) {
+        run_arch(archs[a], 1);
+        run_arch(archs[a], 4);
+    }
+}
+
+int main(void) {
+    struct kiln_error err = {{0}};
+    struct backend_options bo = {.n_threads = 0, .device = 0};
+    have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
+    if (!have_gpu) printf("test_cuda_graphs: %s; skipping\n", err.msg);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_graphs)};
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (have_gpu) backend_destroy(&gpu);
+    return rc;
+}
