@@ -51,7 +51,8 @@ void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const flo
     float *kc = f->kv->k[l], *vc = f->kv->v[l];
     float eps = (float)c->rms_norm_eps;
 
-    ops->matmul(ctx, q, L, x, d, &a->wqkv, a->bqkv, n);
+    const struct backend_weight qkv_parts[3] = {a->wq, a->wk, a->wv};
+    model_matmul_cat(m, q, L, x, d, &a->wqkv, qkv_parts, 3, a->bqkv, n);
     if (ops->qk_rope_store) {
         ops->qk_rope_store(ctx, q, k, v, L, n, (int)H, (int)KH, (int)hd, a->q_norm, a->k_norm, eps,
                            m->rope_dim, f->pos, m->rope_table, c->rope.interleaved, kc, vc, kw,
@@ -105,7 +106,8 @@ void dense_forward(const struct fwd *f, const struct mlp_dense *dm, long inter, 
      * silu(g)·u overwrites g in place */
     float *g = m->act.g, *u = g + inter;
     long L = 2 * inter;
-    ops->matmul(ctx, g, L, x, d, &dm->gate_up, NULL, n);
+    const struct backend_weight gu_parts[2] = {dm->gate, dm->up};
+    model_matmul_cat(m, g, L, x, d, &dm->gate_up, gu_parts, 2, NULL, n);
     ops->silu_mul(ctx, g, L, g, L, u, L, n, inter);
     ops->matmul(ctx, out, d, g, L, &dm->down, NULL, n);
 }

@@ -145,6 +145,11 @@ int ws_vector(struct weight_source *ws, const char *name, long len, float fill, 
 /* Matrices of `count` tensors stacked by rows into one device matrix `out`
  * (all of one dtype), with `parts[i]` the views of each; the products of a
  * layer that read the same input become one (q|k|v, gate|up). */
+/* y = x · catᵀ, where cat stacks parts[0..count) by rows; with weights kept
+ * in place (cat->data NULL) the parts run one by one into the same columns. */
+void model_matmul_cat(struct model *m, float *y, long ldy, const float *x, long ldx,
+                      const struct backend_weight *cat, const struct backend_weight *parts,
+                      int count, const float *bias, long n);
 int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows, int count,
                   long cols, struct backend_weight *out, struct backend_weight *parts,
                   struct kiln_error *err);

@@ -181,6 +181,17 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
     struct model *m = ws->m;
     const struct st_tensor *t[8];
     KILN_ASSERT(count >= 1 && count <= 8);
+    if (m->be->ops->weights_in_place) {
+        /* Keep each part a view of the checkpoint; model_matmul_cat runs
+         * the parts one after the other into the same output layout. */
+        long total = 0;
+        for (int i = 0; i < count; i++) {
+            if (ws_matrix(ws, names[i], rows[i], cols, &parts[i], err)) return -1;
+            total += rows[i];
+        }
+        *out = (struct backend_weight){.data = NULL, .dtype = parts[0].dtype, .rows = total, .cols = cols};
+        return 0;
+    }
     enum dtype dt = dummy_dtype(m);
     long total = 0;
     for (int i = 0; i < count; i++) {
@@ -222,4 +233,19 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
     }
     m->weight_bytes += bytes;
     return 0;
+}
+
+void model_matmul_cat(struct model *m, float *y, long ldy, const float *x, long ldx,
+                      const struct backend_weight *cat, const struct backend_weight *parts,
+                      int count, const float *bias, long n) {
+    const struct backend_ops *ops = m->be->ops;
+    if (cat->data) {
+        ops->matmul(m->be->ctx, y, ldy, x, ldx, cat, bias, n);
+        return;
+    }
+    long off = 0;
+    for (int i = 0; i < count; i++) {
+        ops->matmul(m->be->ctx, y + off, ldy, x, ldx, &parts[i], bias ? bias + off : NULL, n);
+        off += parts[i].rows;
+    }
 }

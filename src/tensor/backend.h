@@ -66,6 +66,10 @@ struct moe_experts {
 
 struct backend_ops {
     const char *name;
+    /* The backend computes on host weights in place (weight_upload returns
+     * the host pointer): weights must stay zero-copy views of the mmapped
+     * checkpoint, so the model does not stack them into new buffers. */
+    int weights_in_place;
     void (*destroy)(void *ctx);
     /* Reserves scratch for batches of up to max_tokens rows and contexts of up
      * to max_context positions; called once before the first forward. */

@@ -248,6 +248,7 @@ void cpu_matmul_op(void *ctx, float *y, long ldy, const float *x, long ldx,
 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
+    .weights_in_place = 1,
     .destroy = cpu_destroy,
     .reserve = cpu_reserve,
     .alloc = cpu_alloc,
