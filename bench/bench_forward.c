@@ -4,7 +4,7 @@
  * decode is memory bandwidth).
  *
  *   bench_forward --model DIR|config.json [--load-format dummy] [--prompt-len 128]
- *                 [--decode 32] [--threads N] [--device cpu] [--repeat 3]
+ *                 [--decode 32] [--threads N] [--device cpu] [--repeat 3] [--deterministic]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +32,7 @@ static int step(struct model *m, struct kv_pool *kv, const int32_t *ids, int fro
 
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *format = "auto", *device = "cpu";
-    int prompt_len = 128, decode = 32, threads = 0, repeat = 3;
+    int prompt_len = 128, decode = 32, threads = 0, repeat = 3, deterministic = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
@@ -42,6 +42,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--decode")) decode = atoi(v), i++;
         else if (!strcmp(a, "--threads")) threads = atoi(v), i++;
         else if (!strcmp(a, "--repeat")) repeat = atoi(v), i++;
+        else if (!strcmp(a, "--deterministic")) deterministic = 1;
         else {
             fprintf(stderr, "bench_forward: unknown option %s\n", a);
             return 2;
@@ -54,7 +55,7 @@ int main(int argc, char **argv) {
     }
     struct kiln_error err = {{0}};
     struct backend be;
-    struct backend_options bo = {.n_threads = threads};
+    struct backend_options bo = {.n_threads = threads, .deterministic = deterministic};
     if (backend_create(&be, device, &bo, &err)) goto fail;
     int ctx = prompt_len + decode + 1;
     struct model *m;

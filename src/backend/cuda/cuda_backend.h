@@ -12,7 +12,9 @@
  *   cuda_rope.cu        rotary embedding, KV-cache stores
  *   cuda_elementwise.cu silu_mul, add, gated_add, gather_rows, copy_rows
  *   cuda_matmul.cu      fp32 → bf16/f16 conversion + cuBLAS; a GEMV for few rows
- *   cuda_attention.cu   paged causal attention (GQA, MLA), split-KV for decode
+ *   cuda_attention.cu   paged causal attention (GQA, MLA): tensor-core prefill,
+ *                       fixed-chunk split-KV decode
+ *   cuda_matmul_det.cu  row-invariant matmul for --deterministic
  *   cuda_moe.cu         expert routing and the expert MLPs
  *
  * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
@@ -87,6 +89,15 @@ struct cuda_ctx {
     size_t moe_host_rows;
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
     int split_act;               /* 1: activations as bf16 hi + lo (two products) */
+    int deterministic;           /* 1: batch-invariant results (cuda_matmul_det for products) */
+    int attn_impl;               /* enum cuda_attn_impl (KILN_CUDA_ATTN) */
+};
+
+/* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
+enum cuda_attn_impl {
+    CUDA_ATTN_AUTO = 0, /* tensor-core prefill + split-KV decode */
+    CUDA_ATTN_SCALAR,   /* the first kernel: one block per (token, head) */
+    CUDA_ATTN_SPLIT,    /* the fp32 split-KV kernel for every row */
 };
 
 /* Makes sure s holds at least bytes (stream-ordered; contents are lost). */
@@ -121,6 +132,11 @@ void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *log
                        const float *bias, const struct moe_route_params *p, long n);
 void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                      int top_k, const struct moe_experts *e, long n);
+
+/* y[n][w.rows] = x · wᵀ (+ bias) with every output's reduction order fixed
+ * by cols alone, never by n: a row's result does not depend on the batch. */
+void cuda_matmul_det(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                     const struct backend_weight *w, const float *bias, long n);
 
 /* Scratch the attention wants for split-KV decode (bytes), given the
  * context's SM count; used by reserve. */
