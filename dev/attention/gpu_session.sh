@@ -7,7 +7,7 @@
 # the first scalar kernel (KILN_CUDA_ATTN=scalar) and --deterministic.
 # Logs go to $OUT (summary.log last).
 #
-#   bash dev/attention/gpu_session.sh [budget-seconds]
+#   [SKIP_BEFORE=1] bash dev/attention/gpu_session.sh [budget-seconds]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/attn-out}; mkdir -p "$OUT"
@@ -68,7 +68,8 @@ bench() { # label limit args...
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 bench "llama new" 70 --model $L --prompt-len 128,512,4096,8192 --decode 32 --repeat 3
 bench "qwen3 new" 40 --model $Q --prompt-len 128,512,4096,8192 --decode 32 --repeat 3
-KILN_CUDA_ATTN=scalar bench "llama scalar(before)" 70 --model $L --prompt-len 128,512,4096,8192 --decode 16 --repeat 1
-KILN_CUDA_ATTN=scalar bench "qwen3 scalar(before)" 40 --model $Q --prompt-len 128,512,4096,8192 --decode 16 --repeat 1
+[ -n "${SKIP_BEFORE:-}" ] || KILN_CUDA_ATTN=scalar bench "llama scalar(before)" 70 --model $L --prompt-len 128,512,4096,8192 --decode 16 --repeat 1
+[ -n "${SKIP_BEFORE:-}" ] || KILN_CUDA_ATTN=scalar bench "qwen3 scalar(before)" 40 --model $Q --prompt-len 128,512,4096,8192 --decode 16 --repeat 1
 bench "llama deterministic" 60 --model $L --prompt-len 512,8192 --decode 16 --repeat 2 --deterministic
+bench "qwen3 deterministic" 40 --model $Q --prompt-len 512,8192 --decode 16 --repeat 2 --deterministic
 say "done"

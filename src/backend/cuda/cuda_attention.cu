@@ -599,13 +599,25 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
     int kv_end = pos_s[0];
     int n_tiles = (kv_end + FA_BN - 1) / FA_BN;
 
+    /* Tile loads: thread tid copies 16-byte chunk i = tid + it·FA_THREADS
+     * (row i / C4). A warp touches 8 rows per tile; lanes 0..7 look their
+     * slots up in the page table once and shuffle them to the others. */
+    constexpr int RPW = 32 / C4;                    /* rows per warp per iteration */
+    constexpr int NIT = FA_BN * C4 / FA_THREADS;    /* iterations per tile */
+    static_assert(C4 <= 32 && NIT * RPW <= 32 && NIT * FA_THREADS == FA_BN * C4, "tile load mapping");
     auto load_tile = [&](int st, int kt) {
         float *ks = stage + st * 2 * TILE_F, *vs = ks + TILE_F;
-#pragma unroll 4
-        for (int i = tid; i < FA_BN * C4; i += FA_THREADS) {
-            int j = i / C4, c4 = i % C4, p = kt * FA_BN + j;
-            bool valid = p < kv_end;
-            long slot = valid ? (long)pages[p / a.page_size] * a.page_size + p % a.page_size : 0;
+        long long my_slot = -1;
+        if (lane < NIT * RPW) {
+            int p = kt * FA_BN + warp * RPW + lane % RPW + lane / RPW * (FA_THREADS / C4);
+            if (p < kv_end) my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
+        }
+#pragma unroll
+        for (int it = 0; it < NIT; it++) {
+            int i = tid + it * FA_THREADS, j = i / C4, c4 = i % C4;
+            long long slot = __shfl_sync(0xffffffffu, my_slot, it * RPW + lane / C4);
+            bool valid = slot >= 0;
+            if (!valid) slot = 0;
             cp_async16(ks + j * D + c4 * 4, kbase + slot * a.k_stride + c4 * 4, valid);
             cp_async16(vs + j * D + c4 * 4, vbase + slot * a.v_stride + c4 * 4, valid);
         }
