@@ -64,14 +64,16 @@ static int decode(struct model *m, struct kv_pool *kv, const struct seqs *q, con
 }
 
 int main(int argc, char **argv) {
-    const char *model_dir = NULL, *format = "auto", *device = "cpu";
-    int prompt_len = 128, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
+    const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128";
+    int prompt_len = 0, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
+    int deterministic = 0, pps[16], n_pp = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
         else if (!strcmp(a, "--load-format")) format = v, i++;
         else if (!strcmp(a, "--device")) device = v, i++;
-        else if (!strcmp(a, "--prompt-len")) prompt_len = atoi(v), i++;
+        else if (!strcmp(a, "--prompt-len")) pp_list = v, i++;
+        else if (!strcmp(a, "--deterministic")) deterministic = 1;
         else if (!strcmp(a, "--decode")) n_decode = atoi(v), i++;
         else if (!strcmp(a, "--batch")) batch = atoi(v), i++;
         else if (!strcmp(a, "--threads")) threads = atoi(v), i++;
@@ -82,15 +84,27 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!model_dir || prompt_len < 1 || n_decode < 0 || repeat < 1 || batch < 1) {
+    /* --prompt-len takes a comma-separated list: one load, each length in turn */
+    for (const char *p = pp_list; *p && n_pp < 16;) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 1 || x > 1 << 20 || (*end && *end != ',')) {
+            n_pp = 0;
+            break;
+        }
+        pps[n_pp++] = (int)x;
+        if (x > prompt_len) prompt_len = (int)x;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (!model_dir || n_pp == 0 || n_decode < 0 || repeat < 1 || batch < 1) {
         fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] "
-                        "[--prompt-len N] [--decode N] [--batch N] [--threads N] [--repeat N] "
-                        "[--no-graphs]\n");
+                        "[--prompt-len N[,N...]] [--decode N] [--batch N] [--threads N] [--repeat N] "
+                        "[--no-graphs] [--deterministic]\n");
         return 2;
     }
     struct kiln_error err = {{0}};
     struct backend be;
-    struct backend_options bo = {.n_threads = threads};
+    struct backend_options bo = {.n_threads = threads, .deterministic = deterministic};
     if (backend_create(&be, device, &bo, &err)) goto fail;
     int ctx = prompt_len + n_decode + 1;
     struct model *m;
@@ -121,37 +135,53 @@ int main(int argc, char **argv) {
     for (int i = 0; i < ctx + batch; i++) ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
     float *logits = xmalloc((size_t)batch * c->vocab_size * 4);
     double bw = copy_bandwidth(&be);
-    double best_pp = 1e30, best_tg = 1e30;
-    for (int r = 0; r < repeat; r++) {
-        t0 = time_now();
-        for (int s = 0; s < batch; s++)
-            if (prefill(m, &kv, &q, s, ids + s % 7, prompt_len, logits, &err)) goto fail;
-        double t1 = time_now();
-        for (int i = 0; i < n_decode; i++)
-            if (decode(m, &kv, &q, ids + prompt_len + i % batch, prompt_len + i, scratch, logits, &err))
-                goto fail;
-        double t2 = time_now();
-        if (t1 - t0 < best_pp) best_pp = t1 - t0;
-        if (n_decode && t2 - t1 < best_tg) best_tg = t2 - t1;
-    }
-    /* bytes a decode step must read: the weights once, each sequence's K/V */
     double gb = (double)model_weight_bytes(m) / 1e9, kv_slot = 0;
     for (int l = 0; l < nl; l++)
         kv_slot += 4.0 * (double)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width));
-    double kv_gb = kv_slot * batch * ((double)prompt_len + (n_decode + 1) / 2.0) / 1e9;
     printf("model: %s (%s, %d layers, hidden %d, vocab %d), %.3f GB of weights, loaded in %.2f s\n",
            model_dir, model_arch_name(c->arch), c->n_layers, c->hidden_size, c->vocab_size, gb, t_load);
-    printf("device: %s, threads: %d, batch: %d, graphs: %s, best of %d\n", device, threads, batch,
-           no_graphs ? "off" : "on", repeat);
+    printf("device: %s, threads: %d, batch: %d, graphs: %s, best of %d%s\n", device, threads, batch,
+           no_graphs ? "off" : "on", repeat, deterministic ? ", deterministic" : "");
     printf("device copy bandwidth: %.1f GB/s (read + write)\n", bw / 1e9);
-    printf("prefill pp%d x %d: %.1f tok/s (%.1f ms)\n", prompt_len, batch,
-           (double)prompt_len * batch / best_pp, best_pp * 1e3);
-    if (n_decode) {
-        double step = best_tg / n_decode, rate = (gb + kv_gb) / step;
-        printf("decode tg%d batch %d: %.2f tok/s (%.3f ms/step, %.2f tok/s per sequence), "
-               "%.1f GB/s of weights + KV (%.3f + %.3f GB/step) = %.0f%% of the copy bandwidth\n",
-               n_decode, batch, batch / step, step * 1e3, 1.0 / step, rate, gb, kv_gb,
-               bw > 0 ? 100.0 * rate * 1e9 / bw : 0.0);
+    /* Dense models: FLOPs of a prefill token = 2 × (weights but the
+     * embedding and the lm_head) + causal attention; the lm_head runs for
+     * one row per sequence. */
+    int dense = c->n_experts == 0 && c->kv_lora_rank == 0;
+    double params = (double)model_weight_bytes(m) / 2.0 -
+                    (c->tie_word_embeddings ? 1.0 : 2.0) * c->vocab_size * (double)c->hidden_size;
+    for (int k = 0; k < n_pp; k++) {
+        int pl = pps[k];
+        double best_pp = 1e30, best_tg = 1e30;
+        for (int r = 0; r < repeat; r++) {
+            t0 = time_now();
+            for (int s = 0; s < batch; s++)
+                if (prefill(m, &kv, &q, s, ids + s % 7, pl, logits, &err)) goto fail;
+            double t1 = time_now();
+            for (int i = 0; i < n_decode; i++)
+                if (decode(m, &kv, &q, ids + pl + i % batch, pl + i, scratch, logits, &err)) goto fail;
+            double t2 = time_now();
+            if (t1 - t0 < best_pp) best_pp = t1 - t0;
+            if (n_decode && t2 - t1 < best_tg) best_tg = t2 - t1;
+        }
+        printf("prefill pp%d x %d: %.1f tok/s (%.1f ms)", pl, batch, (double)pl * batch / best_pp,
+               best_pp * 1e3);
+        if (dense) {
+            double mm = batch * (2.0 * pl * params + 2.0 * c->vocab_size * (double)c->hidden_size);
+            double at = batch * 2.0 * c->head_dim * (double)c->n_heads * pl * (pl + 1.0) * c->n_layers;
+            printf(", %.1f TFLOP/s (%.2f TFLOP: matmul %.2f + attention %.2f)",
+                   (mm + at) / best_pp / 1e12, (mm + at) / 1e12, mm / 1e12, at / 1e12);
+        }
+        printf("\n");
+        if (n_decode) {
+            /* bytes a decode step must read: the weights once, each sequence's K/V */
+            double kv_gb = kv_slot * batch * ((double)pl + (n_decode + 1) / 2.0) / 1e9;
+            double step = best_tg / n_decode, rate = (gb + kv_gb) / step;
+            printf("decode tg%d batch %d at context %d: %.2f tok/s (%.3f ms/step, %.2f tok/s per "
+                   "sequence), %.1f GB/s of weights + KV (%.3f + %.3f GB/step) = %.0f%% of the copy "
+                   "bandwidth\n",
+                   n_decode, batch, pl, batch / step, step * 1e3, 1.0 / step, rate, gb, kv_gb,
+                   bw > 0 ? 100.0 * rate * 1e9 / bw : 0.0);
+        }
     }
     return 0;
 fail:

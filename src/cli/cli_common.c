@@ -31,6 +31,7 @@ void model_args_defaults(struct model_args *a) {
     a->load_format = "auto";
     a->threads = 0;
     a->page_size = 1;
+    a->deterministic = 0;
 }
 
 int cli_parse_int(const char *opt, const char *val, long lo, long hi, long *out) {
@@ -61,6 +62,10 @@ int model_args_parse(struct model_args *a, int argc, char **argv, int *i) {
         else if (!strcmp(o, "--device")) a->device = v;
         else a->load_format = v;
         (*i)++;
+        return 1;
+    }
+    if (!strcmp(o, "--deterministic")) {
+        a->deterministic = 1;
         return 1;
     }
     if (!strcmp(o, "--threads")) {

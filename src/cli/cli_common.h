@@ -16,6 +16,7 @@ struct model_args {
     const char *load_format; /* --load-format auto|dummy */
     int threads;             /* --threads N */
     int page_size;           /* --page-size N */
+    int deterministic;       /* --deterministic: batch-invariant results (GPU) */
 };
 
 /* Default model folder: $KILN_MODEL, else models/stories260K of the source

@@ -72,6 +72,7 @@ static void usage(FILE *f) {
             "          (also sglang, sglang-oai, sglang-oai-chat, vllm, vllm-chat)   --model NAME\n"
             "          --tokenizer DIR (default: the bundled model)\n"
             "          offline: --model DIR --device --load-format --threads --page-size\n"
+            "                   --deterministic\n"
             "dataset:  --dataset-name random|sharegpt|shared-prefix|score   --num-prompts N (1000)\n"
             "          --random-input-len N (1024) --random-output-len N (1024) --random-range-ratio R (0)\n"
             "          --dataset-path FILE --sharegpt-output-len N --sharegpt-context-len N\n"
@@ -390,6 +391,7 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.device = o.engine.device;
         eo.load_format = o.engine.load_format;
         eo.threads = o.engine.threads;
+        eo.deterministic = o.engine.deterministic;
         eo.page_size = o.engine.page_size;
         if (engine_create(&eng, &eo, &err)) {
             fprintf(stderr, "kiln bench: engine: %s\n", err.msg);

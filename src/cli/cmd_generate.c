@@ -33,7 +33,8 @@ static int is_eos(const struct generation_config *g, int id) {
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln generate [--model DIR] (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
                "                     [--ignore-eos]\n"
-               "                     [--device cpu|cuda] [--threads N] [--page-size N]\n");
+               "                     [--device cpu|cuda] [--threads N] [--page-size N]\n"
+               "                     [--deterministic]\n");
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -103,7 +104,7 @@ int cmd_generate(int argc, char **argv) {
     int rc = 1, page_size = ma.page_size;
     int32_t *seq = NULL, *pages = NULL, *rows = NULL, *pos = NULL, *slot = NULL;
     float *logits = NULL;
-    struct backend_options bo = {.n_threads = ma.threads};
+    struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic};
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
     struct model_options mo = {.load_format = ma.load_format, .max_batch_tokens = n_prompt,
                                .max_seqs = 1, .page_size = page_size};

@@ -34,7 +34,8 @@ static void usage(FILE *f) {
             "  --max-body-bytes N          larger request bodies get 413 (default 33554432)\n"
             "  --max-connections N         more connections get 503 (default 4096)\n"
             "  --shutdown-timeout SEC      on SIGTERM, let requests finish this long (default 5)\n"
-            "  --threads N --device cpu --load-format auto|dummy\n");
+            "  --threads N --device cpu --load-format auto|dummy\n"
+            "  --deterministic             a request's results do not depend on the batch (GPU)\n");
 }
 
 static void on_listening(void *arg, const char *host, int port) {
@@ -120,6 +121,7 @@ int cmd_serve(int argc, char **argv) {
     eo.device = ma.device;
     eo.load_format = ma.load_format;
     eo.threads = ma.threads;
+    eo.deterministic = ma.deterministic;
     eo.page_size = ma.page_size;
 
     struct kiln_error err = {{0}};

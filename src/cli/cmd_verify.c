@@ -223,7 +223,8 @@ static int load_reference(struct verify *v, struct st_set *ref, const char *path
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kiln verify --model DIR --reference FILE [--page-size N] [--chunk N]\n"
-            "                   [--tolerance X] [--device cpu|cuda] [--threads N]\n");
+            "                   [--tolerance X] [--device cpu|cuda] [--threads N]\n"
+            "                   [--deterministic]\n");
 }
 
 int cmd_verify(int argc, char **argv) {
@@ -262,7 +263,7 @@ int cmd_verify(int argc, char **argv) {
     struct st_set ref = {0};
     struct verify v = {0};
     int rc = 1;
-    struct backend_options bo = {.n_threads = ma.threads};
+    struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic};
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
 
     /* Size everything from the reference: the longest sequence, and all of

@@ -176,7 +176,7 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->seed_state = 0x243f6a8885a308d3ull;
-    struct backend_options bo = {.n_threads = opt->threads};
+    struct backend_options bo = {.n_threads = opt->threads, .deterministic = opt->deterministic};
     if (backend_create(&e->be, opt->device ? opt->device : "cpu", &bo, err)) goto fail;
     if (sched_init(e, err)) goto fail;
     /* engine_stats must show the pool before the first request arrives */

@@ -104,6 +104,7 @@ struct engine_options {
     int disable_radix_cache;
     int skip_sampler_warmup;
     int log_requests;
+    int deterministic;            /* batch-invariant results (backend_options.deterministic) */
 };
 
 void engine_options_default(struct engine_options *o);

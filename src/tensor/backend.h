@@ -176,6 +176,8 @@ struct backend {
 struct backend_options {
     int n_threads; /* CPU: 0 = one per core */
     int device;    /* GPU ordinal */
+    int deterministic; /* 1: a row's results do not depend on the batch it is in (GPU: fixed
+                          reduction orders for matmuls; the CPU backend always is) */
 };
 
 /* Creates a backend by name ("cpu", "cuda"); "auto" takes the first that works. */

@@ -1,26 +1,49 @@
-/* cuda_attention.cu — causal attention over the paged KV cache.
+/* cuda_attention.cu — causal attention over the paged KV cache (fp32 K/V).
  *
- * One block of ATT_THREADS threads per (query token, query head), and for
- * decode-sized batches also per slice of the context (split-KV, below).
- * A block walks its token's positions lo..hi in tiles of ATT_TILE:
- *   1. the tile's cache slots are looked up in the page table;
- *   2. each warp takes positions of the tile and computes q·k with its
- *      lanes splitting dk (coalesced K rows), scaled, into shared memory;
- *   3. online softmax: the running max m and sum l are rescaled by the new
- *      tile's maximum, the tile's probabilities written back;
- *   4. every thread owns dims d = tid + i·ATT_THREADS of the output and
- *      accumulates p_j · v_j[d] over the tile (coalesced V rows).
+ * Three kernels behind the one `attention` operation:
+ *
+ *  - fa_prefill_kernel (tensor cores, FlashAttention-2 style) for the rows
+ *    of sequences with more than one new token, when dk == dv ∈ {64, 128}.
+ *    One CTA of 8 warps per (query tile of FA_BM = 128 rows of one
+ *    sequence, query head); each warp owns 16 query rows. Q is rounded to
+ *    bf16 once and kept in registers as mma A fragments. K/V tiles of
+ *    FA_BN = 64 positions are copied fp32 into shared memory with cp.async
+ *    (two stages: the copy of tile j+1 overlaps the work on tile j), rounded
+ *    to bf16 in shared memory, then S = Q·Kᵀ and O += P·V run on
+ *    mma.sync.m16n8k16 (bf16 in, fp32 accumulate; ldmatrix fragments). The
+ *    softmax is online in fp32 (exp2, running max and sum per row); only
+ *    tiles that cross a row's position are masked. KV tiles are aligned to
+ *    absolute position 0, every row is computed only from its own data, and
+ *    a fully masked tile is an exact no-op for a row, so a row's result does
+ *    not depend on the query tile it lands in, on chunking, or on the batch.
+ *
+ *  - split_kernel (fp32, CUDA cores) for decode rows (sequences with one new
+ *    token) and, as the generic fallback, for every row when the tensor-core
+ *    kernel does not apply (MLA dk 576 / dv 512, odd head sizes, the bf16x2
+ *    accuracy mode). One CTA per (row, KV head, block of NH query heads of
+ *    that KV head's group, slot): K/V rows are read once for all NH heads.
+ *    The context is cut into chunks of SPLIT_CHUNK = 256 positions aligned
+ *    to absolute positions — a FIXED size, never derived from the batch.
+ *    Each chunk gives a partial state (m, l, acc[dv]) computed the same way
+ *    whoever computes it; chunk states are merged strictly in chunk order by
+ *    merge_state(). Slot y of a row handles chunks y, y + slots, ... When
+ *    there are several slots (small batches: more CTAs to fill the GPU) the
+ *    chunk states go to scratch and split_combine_kernel merges them; with
+ *    one slot the CTA merges them itself as it goes. Both run the same
+ *    merge_state in the same order, so the result is bitwise the same either
+ *    way: decode attention is batch-invariant (SEEDS §26).
+ *
+ *  - attention_kernel (the first version, scalar; one block per (token,
+ *    head)) for KILN_CUDA_ATTN=scalar and for layouts the others cannot load
+ *    with 16-byte accesses.
+ *
+ * Which kernel a row takes depends only on its own sequence (one new token
+ * or more) and on the layer's shapes, never on the rest of the batch.
  * Everything accumulates in fp32. Heads map to KV heads by h / (H / KVH)
- * (GQA); dk and dv are free, and V may live inside K's row (MLA: dk =
- * kv_lora + rope, dv = kv_lora, v_cache == k_cache).
- *
- * Split-KV: when (tokens × heads) is too small to fill the GPU (decode), the
- * positions are cut into `splits` slices of `chunk` positions (aligned to
- * tiles, sized from the reserved max context); each block writes its
- * unnormalised output with its (m, l), and a combine kernel merges the
- * slices. Slices past a token's position are empty and cost one launch
- * slot each. */
+ * (GQA); V may live inside K's row (MLA: dk = kv_lora + rope, dv = kv_lora,
+ * v_cache == k_cache). */
 #include <math.h>
+#include <stdint.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -47,7 +70,7 @@ struct attn_args {
     float *partial; /* [tokens·heads][splits][dv + 2] when splits > 1 */
 };
 
-static __device__ int seq_of_token(const int32_t *q_start, int n_seqs, long t) {
+static __device__ __forceinline__ int seq_of_token(const int32_t *q_start, int n_seqs, long t) {
     int lo = 0, hi = n_seqs - 1; /* last s with q_start[s] <= t */
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
@@ -179,23 +202,575 @@ static __global__ void attention_combine_kernel(struct attn_args a) {
     }
 }
 
-/* The split-KV scratch: at most 6 blocks' worth of partial rows per SM
- * (see the split choice below), each of dv + 2 floats, dv ≤ 1024. */
-extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c) {
-    return (size_t)8 * (size_t)c->n_sm * (size_t)(ATT_DV_PER_THREAD * ATT_THREADS + 2) * 4;
+/* ------------------------------------------------------------------ */
+/* Split-KV kernel (decode rows; fp32 fallback for every row)           */
+/* ------------------------------------------------------------------ */
+
+enum {
+    SPLIT_CHUNK = 256, /* positions per chunk: fixed, aligned to position 0 */
+    SPLIT_THREADS = 128,
+    SPLIT_WARPS = SPLIT_THREADS / 32,
+    SPLIT_SCRATCH_BYTES = 64 << 20, /* chunk states of small batches */
+};
+
+struct split_args {
+    float *out;
+    long ldo;
+    const float *q;
+    long ldq;
+    const float *k_cache, *v_cache;
+    long k_stride, v_stride;
+    int n_heads, n_kv_heads, group, dk, dv;
+    float scale;
+    int n_seqs, page_size;
+    const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
+    int by_seq;     /* 1: row r is sequence r if it has exactly one new token (else skipped);
+                       0: row r is token r */
+    int hblocks;    /* query-head blocks per KV head (group / NH) */
+    int max_chunks; /* chunk states per (row, head) in `partial`; rows with more run unsplit */
+    float *partial; /* [rows][n_heads][max_chunks][dv + 2] (acc, m, l) when gridDim.y > 1 */
+};
+
+/* Merges a chunk's state (mc, lc, ac) into the running (m, l, a), in fp32
+ * with the roundings spelled out, so that the in-kernel merge and the
+ * combine kernel give the same bits. The factors come from merge_factors. */
+static __device__ __forceinline__ void merge_factors(float m, float mc, float *mn, float *fa,
+                                                     float *fc) {
+    *mn = fmaxf(m, mc);
+    *fa = expf(m - *mn); /* 0 for the empty state (m = -inf) */
+    *fc = expf(mc - *mn);
+}
+static __device__ __forceinline__ float merge_value(float a, float fa, float ac, float fc) {
+    return __fmaf_rn(a, fa, __fmul_rn(ac, fc));
 }
 
-extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *q, long ldq,
-                                  const float *k_cache, const float *v_cache,
-                                  const struct attn_params *p, const struct backend_batch *b) {
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (b->n_tokens <= 0) return;
-    CUDA_ASSERT(p->n_heads % p->n_kv_heads == 0);
-    CUDA_ASSERT_MSG(p->dv <= ATT_DV_PER_THREAD * ATT_THREADS, "attention: dv above 1024");
-    CUDA_ASSERT_MSG(c->max_context > 0, "cuda backend: reserve() was not called");
-    long rows = (long)b->n_tokens * p->n_heads;
-    CUDA_ASSERT(rows < (1l << 31));
+/* Finds the row's token and sequence; false when the row has nothing to do. */
+static __device__ __forceinline__ bool split_row(const struct split_args &a, long row, long *t,
+                                                 int *s) {
+    if (a.by_seq) {
+        *s = (int)row;
+        *t = a.q_start[row];
+        return a.q_start[row + 1] - *t == 1;
+    }
+    *t = row;
+    *s = seq_of_token(a.q_start, a.n_seqs, row);
+    return true;
+}
 
+static __device__ __forceinline__ float dot4(float4 a, float4 b) {
+    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+/* NH query heads per CTA; DVI = ⌈dv / 128⌉ (each lane covers 4 dims of
+ * every 128). dk, dv multiples of 4 and all rows 16-byte aligned. */
+template <int NH, int DVI>
+static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct split_args a) {
+    extern __shared__ float4 split_smem4[];
+    float *q_s = (float *)split_smem4;             /* [NH][dk] */
+    float *red_s = q_s + NH * a.dk;                /* [SPLIT_WARPS][NH][dv] */
+    float *s_s = red_s + SPLIT_WARPS * NH * a.dv;  /* [NH][SPLIT_CHUNK] */
+    long *slot_s = (long *)(s_s + NH * SPLIT_CHUNK); /* [SPLIT_CHUNK] */
+    __shared__ float ml_s[NH][2];
+
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    long bx = blockIdx.x;
+    int hb = (int)(bx % a.hblocks);
+    long rg = bx / a.hblocks;
+    int g = (int)(rg % a.n_kv_heads);
+    long row = rg / a.n_kv_heads, t;
+    int s;
+    if (!split_row(a, row, &t, &s)) return;
+    int len = a.positions[t] + 1;
+    int nch = (len + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
+    bool split = gridDim.y > 1 && nch <= a.max_chunks;
+    if (split ? (int)blockIdx.y >= nch : blockIdx.y != 0) return;
+    int step = split ? (int)gridDim.y : 1;
+    int h0 = g * a.group + hb * NH;
+    const int32_t *pages = a.kv_pages + a.kv_page_start[s];
+    const float *kbase = a.k_cache + (long)g * a.dk;
+    const float *vbase = a.v_cache + (long)g * a.dv;
+    int dk4 = a.dk / 4;
+    for (int i = tid; i < NH * dk4; i += SPLIT_THREADS) {
+        int h = i / dk4, d4 = i % dk4;
+        ((float4 *)q_s)[i] = *(const float4 *)(a.q + t * a.ldq + (long)(h0 + h) * a.dk + d4 * 4);
+    }
+    float run_m[NH], run_l[NH], run_a[NH][DVI];
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        run_m[h] = -INFINITY;
+        run_l[h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DVI; e++) run_a[h][e] = 0.0f;
+    }
+    __syncthreads();
+
+    for (int c = blockIdx.y; c < nch; c += step) {
+        int lo = c * SPLIT_CHUNK, cnt = min(SPLIT_CHUNK, len - lo);
+        for (int j = tid; j < cnt; j += SPLIT_THREADS) {
+            int p = lo + j;
+            slot_s[j] = (long)pages[p / a.page_size] * a.page_size + p % a.page_size;
+        }
+        __syncthreads();
+        /* 1. scores: each warp takes 4 consecutive positions at a time, the
+         *    lanes split dk (16-byte loads, 4 rows in flight per lane). */
+        for (int j0 = warp * 4; j0 < cnt; j0 += SPLIT_WARPS * 4) {
+            float part[4][NH];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int h = 0; h < NH; h++) part[u][h] = 0.0f;
+            for (int d = lane * 4; d < a.dk; d += 128) {
+                float4 kv[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    kv[u] = j0 + u < cnt ? __ldg((const float4 *)(kbase + slot_s[j0 + u] * a.k_stride + d))
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int h = 0; h < NH; h++) {
+                    float4 qv = *(const float4 *)(q_s + h * a.dk + d);
+#pragma unroll
+                    for (int u = 0; u < 4; u++) part[u][h] += dot4(kv[u], qv);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int h = 0; h < NH; h++) {
+                    float v = warp_sum(part[u][h]);
+                    if (lane == 0 && j0 + u < cnt) s_s[h * SPLIT_CHUNK + j0 + u] = v * a.scale;
+                }
+        }
+        __syncthreads();
+        /* 2. the chunk's max and exp-sum per head (a warp per head) */
+        for (int h = warp; h < NH; h += SPLIT_WARPS) {
+            float *sh = s_s + h * SPLIT_CHUNK, v[SPLIT_CHUNK / 32], mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < SPLIT_CHUNK / 32; i++) {
+                int j = lane + 32 * i;
+                v[i] = j < cnt ? sh[j] : -INFINITY;
+                mx = fmaxf(mx, v[i]);
+            }
+            mx = warp_max(mx);
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < SPLIT_CHUNK / 32; i++) {
+                int j = lane + 32 * i;
+                float p = j < cnt ? expf(v[i] - mx) : 0.0f;
+                if (j < cnt) sh[j] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) ml_s[h][0] = mx, ml_s[h][1] = sum;
+        }
+        __syncthreads();
+        /* 3. acc[h][d] = Σ_j p[h][j] · v_j[d]: warp w takes positions j ≡ w
+         *    (mod 4), lanes 4 dims of every 128 (16-byte loads). */
+        float acc[NH][DVI][4];
+#pragma unroll
+        for (int h = 0; h < NH; h++)
+#pragma unroll
+            for (int e = 0; e < DVI; e++) acc[h][e][0] = acc[h][e][1] = acc[h][e][2] = acc[h][e][3] = 0.0f;
+#pragma unroll 2
+        for (int j = warp; j < cnt; j += SPLIT_WARPS) {
+            const float *vr = vbase + slot_s[j] * a.v_stride;
+            float4 vv[DVI];
+#pragma unroll
+            for (int e = 0; e < DVI; e++) {
+                int d = lane * 4 + 128 * e;
+                vv[e] = d < a.dv ? __ldg((const float4 *)(vr + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int h = 0; h < NH; h++) {
+                float p = s_s[h * SPLIT_CHUNK + j];
+#pragma unroll
+                for (int e = 0; e < DVI; e++) {
+                    acc[h][e][0] = fmaf(p, vv[e].x, acc[h][e][0]);
+                    acc[h][e][1] = fmaf(p, vv[e].y, acc[h][e][1]);
+                    acc[h][e][2] = fmaf(p, vv[e].z, acc[h][e][2]);
+                    acc[h][e][3] = fmaf(p, vv[e].w, acc[h][e][3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < NH; h++)
+#pragma unroll
+            for (int e = 0; e < DVI; e++) {
+                int d = lane * 4 + 128 * e;
+                if (d < a.dv)
+                    *(float4 *)(red_s + (warp * NH + h) * a.dv + d) =
+                        make_float4(acc[h][e][0], acc[h][e][1], acc[h][e][2], acc[h][e][3]);
+            }
+        __syncthreads();
+        /* 4. sum the warps in a fixed order; merge or store the chunk state */
+#pragma unroll
+        for (int h = 0; h < NH; h++) {
+            float mc = ml_s[h][0], lc = ml_s[h][1], mn, fa, fc;
+            if (!split) {
+                merge_factors(run_m[h], mc, &mn, &fa, &fc);
+                run_m[h] = mn;
+                run_l[h] = merge_value(run_l[h], fa, lc, fc);
+            }
+            float *pst = split ? a.partial + (((row * a.n_heads + h0 + h) * (long)a.max_chunks + c) *
+                                              (long)(a.dv + 2))
+                               : NULL;
+#pragma unroll
+            for (int e = 0; e < DVI; e++) {
+                int d = tid + 128 * e;
+                if (d < a.dv) {
+                    float v = red_s[(0 * NH + h) * a.dv + d];
+#pragma unroll
+                    for (int w = 1; w < SPLIT_WARPS; w++) v += red_s[(w * NH + h) * a.dv + d];
+                    if (split) pst[d] = v;
+                    else run_a[h][e] = merge_value(run_a[h][e], fa, v, fc);
+                }
+            }
+            if (split && tid == 0) pst[a.dv] = mc, pst[a.dv + 1] = lc;
+        }
+        __syncthreads(); /* slot_s, s_s, red_s, ml_s are rewritten by the next chunk */
+    }
+    if (!split) {
+#pragma unroll
+        for (int h = 0; h < NH; h++) {
+            float inv = 1.0f / run_l[h];
+            float *o = a.out + t * a.ldo + (long)(h0 + h) * a.dv;
+#pragma unroll
+            for (int e = 0; e < DVI; e++) {
+                int d = tid + 128 * e;
+                if (d < a.dv) o[d] = run_a[h][e] * inv;
+            }
+        }
+    }
+}
+
+/* Merges the chunk states of the rows that were split, in chunk order. */
+static __global__ void __launch_bounds__(128) split_combine_kernel(struct split_args a) {
+    long row = blockIdx.x / a.n_heads, t;
+    int h = (int)(blockIdx.x % a.n_heads), s;
+    if (!split_row(a, row, &t, &s)) return;
+    int nch = (a.positions[t] + SPLIT_CHUNK) / SPLIT_CHUNK;
+    if (nch > a.max_chunks) return; /* done unsplit by split_kernel */
+    const float *part = a.partial + (row * a.n_heads + h) * (long)a.max_chunks * (a.dv + 2);
+    float *o = a.out + t * a.ldo + (long)h * a.dv;
+    for (int d = threadIdx.x; d < a.dv; d += blockDim.x) {
+        float m = -INFINITY, l = 0.0f, acc = 0.0f, mn, fa, fc;
+        for (int c = 0; c < nch; c++) {
+            const float *pc = part + (long)c * (a.dv + 2);
+            merge_factors(m, pc[a.dv], &mn, &fa, &fc);
+            m = mn;
+            l = merge_value(l, fa, pc[a.dv + 1], fc);
+            acc = merge_value(acc, fa, pc[d], fc);
+        }
+        o[d] = acc * (1.0f / l);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Tensor-core prefill (FlashAttention-2 style)                         */
+/* ------------------------------------------------------------------ */
+
+enum {
+    FA_BM = 128, /* query rows per CTA (16 per warp) */
+    FA_BN = 64,  /* KV positions per tile */
+    FA_WARPS = 8,
+    FA_THREADS = FA_WARPS * 32,
+};
+
+struct fa_args {
+    float *out;
+    long ldo;
+    const float *q;
+    long ldq;
+    const float *k_cache, *v_cache;
+    long k_stride, v_stride;
+    int n_heads, group;
+    float scale_log2; /* softmax scale · log2(e) */
+    int n_seqs, page_size;
+    const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
+};
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+/* d[4] += a[4] · b[2] (m16n8k16, bf16 in, fp32 accumulate) */
+static __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+/* Shared memory of fa_prefill_kernel<D>: two fp32 stages of K and V, and
+ * bf16 K and V tiles (rows padded by 8 elements: conflict-free ldmatrix);
+ * Q's bf16 tile reuses the K/V tiles' space before the first tile. */
+static constexpr size_t fa_smem_bytes(int D) {
+    return (size_t)2 * 2 * FA_BN * D * 4 +
+           ((size_t)2 * FA_BN * (D + 8) * 2 > (size_t)FA_BM * (D + 8) * 2
+                ? (size_t)2 * FA_BN * (D + 8) * 2
+                : (size_t)FA_BM * (D + 8) * 2);
+}
+
+template <int D>
+static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct fa_args a) {
+    constexpr int LDB = D + 8;        /* bf16 row stride */
+    constexpr int C4 = D / 4;         /* 16-byte chunks per fp32 row */
+    constexpr int TILE_F = FA_BN * D; /* floats per fp32 tile */
+    extern __shared__ float4 fa_smem4[];
+    float *stage = (float *)fa_smem4;                       /* [2][K,V][FA_BN][D] */
+    __nv_bfloat16 *kb = (__nv_bfloat16 *)(stage + 4 * TILE_F); /* [FA_BN][LDB] */
+    __nv_bfloat16 *vb = kb + FA_BN * LDB;                   /* [FA_BN][LDB] */
+    __nv_bfloat16 *qb = kb;                                 /* [FA_BM][LDB], before tile 0 */
+    __shared__ int sc_warp[FA_WARPS], found[2], pos_s[2];
+
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int h = blockIdx.x, g = h / a.group;
+    /* Which (sequence, query tile) this CTA owns: the tiles of all
+     * sequences with more than one new token, in order, the last first
+     * (the longest rows start first). */
+    int target = (int)(gridDim.y - 1 - blockIdx.y);
+    if (tid == 0) found[0] = -1;
+    int before = 0;
+    for (int s0 = 0; s0 < a.n_seqs; s0 += FA_THREADS) {
+        int s = s0 + tid, cnt = 0;
+        if (s < a.n_seqs) {
+            int ql = a.q_start[s + 1] - a.q_start[s];
+            cnt = ql > 1 ? (ql + FA_BM - 1) / FA_BM : 0;
+        }
+        int x = cnt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) sc_warp[warp] = x;
+        __syncthreads();
+        int pre = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < FA_WARPS; w++) {
+            pre += w < warp ? sc_warp[w] : 0;
+            total += sc_warp[w];
+        }
+        int incl = before + pre + x;
+        if (cnt > 0 && target >= incl - cnt && target < incl) found[0] = s, found[1] = target - (incl - cnt);
+        before += total;
+        __syncthreads();
+        if (found[0] >= 0) break;
+    }
+    if (found[0] < 0) return;
+    int s = found[0];
+    long r0 = a.q_start[s] + (long)found[1] * FA_BM;
+    int nrows = min(FA_BM, (int)(a.q_start[s + 1] - r0));
+    if (tid == 0) pos_s[0] = a.positions[r0 + nrows - 1] + 1; /* rows are in position order */
+    const int32_t *pages = a.kv_pages + a.kv_page_start[s];
+    const float *kbase = a.k_cache + (long)g * D, *vbase = a.v_cache + (long)g * D;
+
+    /* this thread's two rows (g, g + 8 of the warp's 16) and their positions */
+    int ra = warp * 16 + (lane >> 2), rb = ra + 8;
+    int pa = a.positions[r0 + min(ra, nrows - 1)], pb = a.positions[r0 + min(rb, nrows - 1)];
+    int wmin = min(pa, pb);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+    __syncthreads();
+    int kv_end = pos_s[0];
+    int n_tiles = (kv_end + FA_BN - 1) / FA_BN;
+
+    /* Tile loads: thread tid copies 16-byte chunk i = tid + it·FA_THREADS
+     * (row i / C4). A warp touches 8 rows per tile; lanes 0..7 look their
+     * slots up in the page table once and shuffle them to the others. */
+    constexpr int RPW = 32 / C4;                    /* rows per warp per iteration */
+    constexpr int NIT = FA_BN * C4 / FA_THREADS;    /* iterations per tile */
+    static_assert(C4 <= 32 && NIT * RPW <= 32 && NIT * FA_THREADS == FA_BN * C4, "tile load mapping");
+    auto load_tile = [&](int st, int kt) {
+        float *ks = stage + st * 2 * TILE_F, *vs = ks + TILE_F;
+        long long my_slot = -1;
+        if (lane < NIT * RPW) {
+            int p = kt * FA_BN + warp * RPW + lane % RPW + lane / RPW * (FA_THREADS / C4);
+            if (p < kv_end) my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
+        }
+#pragma unroll
+        for (int it = 0; it < NIT; it++) {
+            int i = tid + it * FA_THREADS, j = i / C4, c4 = i % C4;
+            long long slot = __shfl_sync(0xffffffffu, my_slot, it * RPW + lane / C4);
+            bool valid = slot >= 0;
+            if (!valid) slot = 0;
+            cp_async16(ks + j * D + c4 * 4, kbase + slot * a.k_stride + c4 * 4, valid);
+            cp_async16(vs + j * D + c4 * 4, vbase + slot * a.v_stride + c4 * 4, valid);
+        }
+    };
+    load_tile(0, 0);
+    cp_async_commit();
+
+    /* Q → bf16 → A fragments (rows past the tile are zeros) */
+    for (int i = tid; i < FA_BM * C4; i += FA_THREADS) {
+        int r = i / C4, c4 = i % C4;
+        float4 v = r < nrows ? *(const float4 *)(a.q + (r0 + r) * a.ldq + (long)h * D + c4 * 4)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+        uint2 pk = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+        *(uint2 *)(qb + r * LDB + c4 * 4) = pk;
+    }
+    __syncthreads();
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        int mi = lane >> 3;
+        ldmatrix_x4(qf[ks], qb + (warp * 16 + (lane & 7) + (mi & 1) * 8) * LDB + ks * 16 + (mi >> 1) * 8);
+    }
+
+    float oacc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+    int col0 = 2 * (lane & 3);
+
+    for (int kt = 0; kt < n_tiles; kt++) {
+        if (kt + 1 < n_tiles) {
+            load_tile((kt + 1) & 1, kt + 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* tile kt landed; every warp is done with kb/vb (and qb) */
+        {
+            const float *ks = stage + (kt & 1) * 2 * TILE_F, *vs = ks + TILE_F;
+#pragma unroll 4
+            for (int i = tid; i < FA_BN * C4; i += FA_THREADS) {
+                int j = i / C4, c4 = i % C4;
+                float4 k4 = *(const float4 *)(ks + j * D + c4 * 4);
+                float4 v4 = *(const float4 *)(vs + j * D + c4 * 4);
+                *(uint2 *)(kb + j * LDB + c4 * 4) = make_uint2(pack_bf16(k4.x, k4.y), pack_bf16(k4.z, k4.w));
+                *(uint2 *)(vb + j * LDB + c4 * 4) = make_uint2(pack_bf16(v4.x, v4.y), pack_bf16(v4.z, v4.w));
+            }
+        }
+        __syncthreads();
+
+        /* S = Q·Kᵀ for the warp's 16 rows × 64 positions */
+        float sacc[FA_BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < FA_BN / 8; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+            for (int np = 0; np < FA_BN / 16; np++) {
+                uint32_t b[4];
+                int mi = lane >> 3;
+                ldmatrix_x4(b, kb + (np * 16 + (lane & 7) + (mi >> 1) * 8) * LDB + ks * 16 + (mi & 1) * 8);
+                mma_bf16(sacc[2 * np], qf[ks], b[0], b[1]);
+                mma_bf16(sacc[2 * np + 1], qf[ks], b[2], b[3]);
+            }
+        }
+        /* scale, mask (only tiles that cross a row's position), online softmax */
+        bool mask = kt * FA_BN + FA_BN - 1 > wmin;
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < FA_BN / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = sacc[nt][e] * a.scale_log2;
+                if (mask) {
+                    int p = kt * FA_BN + nt * 8 + col0 + (e & 1);
+                    if (p > (e < 2 ? pa : pb)) v = -INFINITY;
+                }
+                sacc[nt][e] = v;
+            }
+            mx_a = fmaxf(mx_a, fmaxf(sacc[nt][0], sacc[nt][1]));
+            mx_b = fmaxf(mx_b, fmaxf(sacc[nt][2], sacc[nt][3]));
+        }
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+        float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
+        m_a = mn_a, m_b = mn_b;
+        float sum_a = 0.0f, sum_b = 0.0f;
+        uint32_t pf[FA_BN / 16][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BN / 8; nt++) {
+            float p0 = exp2f(sacc[nt][0] - mn_a), p1 = exp2f(sacc[nt][1] - mn_a);
+            float p2 = exp2f(sacc[nt][2] - mn_b), p3 = exp2f(sacc[nt][3] - mn_b);
+            sum_a += p0 + p1;
+            sum_b += p2 + p3;
+            pf[nt >> 1][(nt & 1) * 2 + 0] = pack_bf16(p0, p1);
+            pf[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(p2, p3);
+        }
+        l_a = l_a * corr_a + sum_a;
+        l_b = l_b * corr_b + sum_b;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            oacc[i][0] *= corr_a, oacc[i][1] *= corr_a;
+            oacc[i][2] *= corr_b, oacc[i][3] *= corr_b;
+        }
+        /* O += P·V */
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++) {
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                uint32_t b[4];
+                int mi = lane >> 3;
+                ldmatrix_x4_trans(b, vb + (kk * 16 + (lane & 7) + (mi & 1) * 8) * LDB + dp * 16 + (mi >> 1) * 8);
+                mma_bf16(oacc[2 * dp], pf[kk], b[0], b[1]);
+                mma_bf16(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
+            }
+        }
+    }
+
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+    float *oa = a.out + (r0 + ra) * a.ldo + (long)h * D + col0;
+    float *ob = a.out + (r0 + rb) * a.ldo + (long)h * D + col0;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        if (ra < nrows) *(float2 *)(oa + nt * 8) = make_float2(oacc[nt][0] * inv_a, oacc[nt][1] * inv_a);
+        if (rb < nrows) *(float2 *)(ob + nt * 8) = make_float2(oacc[nt][2] * inv_b, oacc[nt][3] * inv_b);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Entry points                                                          */
+/* ------------------------------------------------------------------ */
+
+/* Scratch for split-KV: the scalar kernel's partial rows (at most 6 blocks
+ * per SM of dv ≤ 1024) or split_kernel's chunk states, whichever is larger. */
+extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c) {
+    size_t scalar = (size_t)8 * (size_t)c->n_sm * (size_t)(ATT_DV_PER_THREAD * ATT_THREADS + 2) * 4;
+    return scalar > (size_t)SPLIT_SCRATCH_BYTES ? scalar : (size_t)SPLIT_SCRATCH_BYTES;
+}
+
+/* The first kernel: one block per (token, head), splits from max_context. */
+static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
+                             const float *k_cache, const float *v_cache,
+                             const struct attn_params *p, const struct backend_batch *b) {
+    CUDA_ASSERT_MSG(p->dv <= ATT_DV_PER_THREAD * ATT_THREADS, "attention: dv above 1024");
+    long rows = (long)b->n_tokens * p->n_heads;
     struct attn_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
                           p->n_heads, p->n_heads / p->n_kv_heads, p->dk, p->dv, p->scale,
                           b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
@@ -229,4 +804,120 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
         attention_combine_kernel<<<(unsigned)rows, 128, 0, c->stream>>>(a);
         CUDA_CHECK_LAUNCH();
     }
+}
+
+template <int D>
+static void launch_fa(struct cuda_ctx *c, const struct fa_args &a, const struct backend_batch *b) {
+    /* Tiles of FA_BM rows over the sequences with more than one new token:
+     * at most ⌈T/BM⌉ + S, and (P sequences of ≥ 2 rows each) at most
+     * 2(T−S)/BM + (T−S) + 1. Surplus CTAs find no tile and return. */
+    long T = b->n_tokens, S = b->n_seqs;
+    long bound1 = (T + FA_BM - 1) / FA_BM + S, bound2 = (2 * (T - S) + FA_BM - 1) / FA_BM + (T - S) + 1;
+    long tiles = bound1 < bound2 ? bound1 : bound2;
+    CUDA_ASSERT(tiles <= 65535);
+    size_t smem = fa_smem_bytes(D);
+    CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+    dim3 grid((unsigned)a.n_heads, (unsigned)tiles);
+    fa_prefill_kernel<D><<<grid, FA_THREADS, smem, c->stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int NH, int DVI>
+static void launch_split_t(struct cuda_ctx *c, const struct split_args &a, dim3 grid) {
+    size_t smem = ((size_t)NH * a.dk + (size_t)SPLIT_WARPS * NH * a.dv + (size_t)NH * SPLIT_CHUNK) * 4 +
+                  SPLIT_CHUNK * sizeof(long);
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(split_kernel<NH, DVI>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    split_kernel<NH, DVI><<<grid, SPLIT_THREADS, smem, c->stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* NH·DVI ≤ 16 keeps the accumulators in registers. */
+static void launch_split(struct cuda_ctx *c, const struct split_args &a, int nh, int dvi, dim3 grid) {
+#define SPLIT_CASE(N, V)                                                            \
+    if (nh == N && dvi == V) return launch_split_t<N, V>(c, a, grid);
+    SPLIT_CASE(1, 1) SPLIT_CASE(2, 1) SPLIT_CASE(4, 1) SPLIT_CASE(8, 1)
+    SPLIT_CASE(1, 2) SPLIT_CASE(2, 2) SPLIT_CASE(4, 2) SPLIT_CASE(8, 2)
+    SPLIT_CASE(1, 4) SPLIT_CASE(2, 4) SPLIT_CASE(4, 4)
+    SPLIT_CASE(1, 8) SPLIT_CASE(2, 8)
+#undef SPLIT_CASE
+    CUDA_ASSERT_MSG(0, "attention: no split kernel for this head shape");
+}
+
+/* The split-KV kernel over `rows` rows (sequences with one new token when
+ * by_seq, else every token). Slots per row: enough CTAs to fill the GPU
+ * about 4 times over, when the chunk states fit in the scratch. */
+static void attention_split(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
+                            const float *k_cache, const float *v_cache,
+                            const struct attn_params *p, const struct backend_batch *b, int by_seq) {
+    int group = p->n_heads / p->n_kv_heads;
+    int dvi = (p->dv + 127) / 128;
+    CUDA_ASSERT_MSG(dvi <= 8, "attention: dv above 1024");
+    int dvi_t = dvi <= 1 ? 1 : dvi <= 2 ? 2 : dvi <= 4 ? 4 : 8;
+    int nh = 1; /* query heads per CTA: a power of two dividing the group */
+    while (nh < 8 && group % (nh * 2) == 0 && nh * 2 * dvi_t <= 16) nh *= 2;
+    long rows = by_seq ? b->n_seqs : b->n_tokens;
+    struct split_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
+                           p->n_heads, p->n_kv_heads, group, p->dk, p->dv, p->scale,
+                           b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
+                           b->kv_pages, by_seq, group / nh, 0, (float *)c->attn.p};
+    long ctas = rows * p->n_kv_heads * a.hblocks;
+    CUDA_ASSERT(ctas < (1l << 31));
+    long chunks = (c->max_context + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
+    long slots = 1;
+    if (ctas < 2l * c->n_sm && chunks > 1) {
+        long per_chunk = rows * p->n_heads * (long)(p->dv + 2) * 4;
+        long fit = (long)(c->attn.bytes / (size_t)per_chunk);
+        long cap = fit < chunks ? fit : chunks;
+        if (cap >= 2) {
+            slots = (4l * c->n_sm + ctas - 1) / ctas;
+            if (slots > cap) slots = cap;
+            if (slots > 65535) slots = 65535;
+            a.max_chunks = (int)cap;
+        }
+    }
+    if (slots < 2) a.max_chunks = 0;
+    launch_split(c, a, nh, dvi_t, dim3((unsigned)ctas, (unsigned)slots));
+    if (slots > 1) {
+        split_combine_kernel<<<(unsigned)(rows * p->n_heads), 128, 0, c->stream>>>(a);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *q, long ldq,
+                                  const float *k_cache, const float *v_cache,
+                                  const struct attn_params *p, const struct backend_batch *b) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (b->n_tokens <= 0) return;
+    CUDA_ASSERT(p->n_heads % p->n_kv_heads == 0);
+    CUDA_ASSERT_MSG(c->max_context > 0, "cuda backend: reserve() was not called");
+    CUDA_ASSERT((long)b->n_tokens * p->n_heads < (1l << 31));
+    if (c->attn_impl == CUDA_ATTN_SCALAR)
+        return attention_scalar(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
+
+    /* 16-byte loads of q, K and V rows */
+    bool vec = p->dk % 4 == 0 && p->dv % 4 == 0 && ldq % 4 == 0 && p->k_stride % 4 == 0 &&
+               p->v_stride % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)k_cache % 16 == 0 &&
+               (uintptr_t)v_cache % 16 == 0;
+    size_t split_smem = ((size_t)8 * p->dk + (size_t)SPLIT_WARPS * 8 * p->dv + 8 * SPLIT_CHUNK) * 4;
+    if (!vec || p->dv > 1024 || split_smem > 200 * 1024)
+        return attention_scalar(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
+    /* tensor cores for the rows of multi-token sequences; bf16x2 mode
+     * (fp32-grade checks) keeps every row in fp32 */
+    bool tc = p->dk == p->dv && (p->dk == 64 || p->dk == 128) && ldo % 2 == 0 &&
+              (uintptr_t)out % 8 == 0 && !c->split_act && c->attn_impl != CUDA_ATTN_SPLIT;
+    if (!tc) return attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 0);
+    if (b->n_tokens > b->n_seqs) {
+        struct fa_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
+                            p->n_heads, p->n_heads / p->n_kv_heads,
+                            p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
+                            b->positions, b->q_start, b->kv_page_start, b->kv_pages};
+        if (p->dk == 64) launch_fa<64>(c, a, b);
+        else launch_fa<128>(c, a, b);
+    }
+    /* decode rows: none when one sequence brings several tokens */
+    if (!(b->n_seqs == 1 && b->n_tokens > 1))
+        attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 1);
 }

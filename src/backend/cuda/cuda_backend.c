@@ -301,6 +301,16 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
         kiln_errorf(err, "KILN_CUDA_MATMUL='%s': expected bf16 or bf16x2", mm);
         goto fail;
     }
+    const char *at = getenv("KILN_CUDA_ATTN");
+    if (at && !strcmp(at, "scalar")) {
+        c->attn_impl = CUDA_ATTN_SCALAR;
+    } else if (at && !strcmp(at, "split")) {
+        c->attn_impl = CUDA_ATTN_SPLIT;
+    } else if (at && *at && strcmp(at, "auto")) {
+        kiln_errorf(err, "KILN_CUDA_ATTN='%s': expected auto, scalar or split", at);
+        goto fail;
+    }
+    c->deterministic = opt ? opt->deterministic : 0;
     be->ops = &cuda_ops;
     be->ctx = c;
     return 0;

@@ -12,7 +12,9 @@
  *   cuda_rope.cu        rotary embedding, KV-cache stores, fused q/k norm + rope + store
  *   cuda_elementwise.cu silu_mul, add, gated_add, gather_rows, copy_rows
  *   cuda_matmul.cu      fp32 → bf16/f16 conversion + cuBLAS; a GEMV for few rows
- *   cuda_attention.cu   paged causal attention (GQA, MLA), split-KV for decode
+ *   cuda_attention.cu   paged causal attention (GQA, MLA): tensor-core prefill,
+ *                       fixed-chunk split-KV decode
+ *   cuda_matmul_det.cu  row-invariant matmul for --deterministic
  *   cuda_moe.cu         expert routing and the expert MLPs
  *
  * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
@@ -93,6 +95,15 @@ struct cuda_ctx {
      * between graph_begin and graph_end, when nothing may be (re)allocated */
     unsigned scratch_gen;
     int capturing;
+    int deterministic;           /* 1: batch-invariant results (cuda_matmul_det for products) */
+    int attn_impl;               /* enum cuda_attn_impl (KILN_CUDA_ATTN) */
+};
+
+/* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
+enum cuda_attn_impl {
+    CUDA_ATTN_AUTO = 0, /* tensor-core prefill + split-KV decode */
+    CUDA_ATTN_SCALAR,   /* the first kernel: one block per (token, head) */
+    CUDA_ATTN_SPLIT,    /* the fp32 split-KV kernel for every row */
 };
 
 /* Makes sure s holds at least bytes (stream-ordered; contents are lost). */
@@ -132,6 +143,11 @@ void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long l
                            const float *k_norm, float eps, int rot_dim, const int32_t *pos,
                            const float *cos_sin, int interleaved, float *k_cache, float *v_cache,
                            long kv_stride, const int32_t *slots);
+
+/* y[n][w.rows] = x · wᵀ (+ bias) with every output's reduction order fixed
+ * by cols alone, never by n: a row's result does not depend on the batch. */
+void cuda_matmul_det(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                     const struct backend_weight *w, const float *bias, long n);
 
 /* Scratch the attention wants for split-KV decode (bytes), given the
  * context's SM count; used by reserve. */

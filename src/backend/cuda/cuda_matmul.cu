@@ -244,6 +244,7 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     if (n <= 0 || rows <= 0) return;
     CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
                 ldy >= rows);
+    if (c->deterministic) return cuda_matmul_det(c, y, ldy, x, ldx, w, bias, n);
     int half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
     CUDA_ASSERT_MSG(half || w->dtype == DTYPE_F32, "matmul: weights must be BF16, F16 or F32");
 
