@@ -10,7 +10,11 @@
 # into a private prefix and points pkg-config and the loader at it; nothing
 # is installed into the system.
 #
-#   scripts/gpu-check.sh [--fetch-debs] [--quick] [--decode]
+#   scripts/gpu-check.sh [--fetch-debs] [--quick] [--decode] [--bench]
+#   --bench: ctest -L gpu, then the benchmark matrix docs/perf.md reports
+#   (batch-1 decode at contexts 128 and 4096, prefill 512 and 8192,
+#   decode with 64 and 256 concurrent sequences, for Qwen3-0.6B and
+#   Llama-3.1-8B with dummy weights), plus the device's copy bandwidth
 #   env: KILN_CUDA_TOL (verify tolerance, default in tests/cuda/verify_cuda.sh),
 #        KILN_GPU_BUILD (build folder, default build-gpu), OUT (logs go there)
 set -uo pipefail
@@ -25,7 +29,8 @@ if [ "${1:-}" = "--fetch-debs" ]; then
   mkdir -p "$DEBS" && (cd "$DEBS" && apt-get download $PKGS)
   exit $?
 fi
-quick=0; decode=0
+quick=0; decode=0; benchmx=0
+[ "${1:-}" = "--bench" ] && benchmx=1
 [ "${1:-}" = "--quick" ] && quick=1
 [ "${1:-}" = "--decode" ] && decode=1 # decode speed work: graph/op tests, GEMV and decode benches, then ctest
 envonly=0; [ "${1:-}" = "--env" ] && envonly=1 # print the exports that let cmake and the programs find the libraries
@@ -69,6 +74,28 @@ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 "${pc_args[@]}" >>"$LOG" 2>&1 || { tail -30 "$LOG"; exit 1; }
 ninja -C "$B" >>"$LOG" 2>&1 || { grep -B2 -A12 -m3 'error' "$LOG" | head -60; exit 1; }
 say "build ok"
+
+if [ "$benchmx" = 1 ]; then
+  O=${OUT:-/tmp}
+  say "== ctest -L gpu"
+  KILN_TOKENIZERS=/nonexistent timeout 240 ctest --test-dir "$B" -L gpu --output-on-failure >"$O/ctest-gpu.log" 2>&1
+  ctest_rc=$?
+  grep -E 'tests passed|tests failed|Test +#' "$O/ctest-gpu.log" | tail -8 | tee -a "$LOG"
+  BF="$B/bench_forward --load-format dummy --device cuda"
+  for cfg in qwen3-0.6b llama-3.1-8b; do
+    for args in "--prompt-len 128,4096 --decode 64 --repeat 2" \
+                "--prompt-len 512,8192 --decode 0 --repeat 3" \
+                "--prompt-len 128 --decode 32 --batch 64 --repeat 2" \
+                "--prompt-len 128 --decode 32 --batch 256 --repeat 2"; do
+      out=$(timeout 150 $BF --model models/configs/$cfg.json $args 2>&1)
+      echo "$out" >>"$LOG"
+      say "-- $cfg $args"
+      echo "$out" | grep -E '^(device copy|prefill|decode|bench_forward)' | tee -a "$LOG"
+    done
+  done
+  say "ctest -L gpu: $([ $ctest_rc = 0 ] && echo PASS || echo FAIL rc=$ctest_rc)"
+  exit $ctest_rc
+fi
 
 if [ "$decode" = 1 ]; then
   O=${OUT:-/tmp}
