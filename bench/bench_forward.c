@@ -2,8 +2,11 @@
  * then D decode steps of N sequences decoding together (each with its own
  * KV pages), on any backend. Prints tokens/s, and for decode the bytes
  * read per step (weights once, plus every sequence's cached K/V) per
- * second beside the device's copy bandwidth measured in the same run (the
- * roofline for decode is memory bandwidth).
+ * second beside the device's copy bandwidth (GPU) or the memory read
+ * bandwidth with the same thread count (CPU) measured in the same run (the
+ * roofline for decode is memory bandwidth), and for dense models the
+ * prefill's TFLOP/s. --prompt-len takes a list (512,2048,8192): one load,
+ * each length in turn; --batch N decodes N sequences together.
  *
  *   bench_forward --model DIR|config.json [--load-format dummy] [--prompt-len 128]
  *                 [--decode 32] [--batch 1] [--threads N] [--device cpu] [--repeat 3]
@@ -138,6 +141,7 @@ int main(int argc, char **argv) {
      * one thread's memcpy, no limit for two threads streaming weights, so
      * the CPU figure is left out (bench_cpu_matmul measures its bandwidth). */
     double bw = be.ops->weights_in_place ? 0.0 : copy_bandwidth(&be);
+    double host_bw = be.ops->weights_in_place ? host_read_bandwidth(threads) : 0.0;
     double gb = (double)model_weight_bytes(m) / 1e9, kv_slot = 0;
     for (int l = 0; l < nl; l++)
         kv_slot += 4.0 * (double)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width));
@@ -146,6 +150,7 @@ int main(int argc, char **argv) {
     printf("device: %s, threads: %d, batch: %d, graphs: %s, best of %d%s\n", device, threads, batch,
            no_graphs ? "off" : "on", repeat, deterministic ? ", deterministic" : "");
     if (bw > 0) printf("device copy bandwidth: %.1f GB/s (read + write)\n", bw / 1e9);
+    if (host_bw > 0) printf("memory read bandwidth (%d threads): %.1f GB/s\n", threads, host_bw / 1e9);
     /* Dense models: FLOPs of a prefill token = 2 × (weights but the
      * embedding and the lm_head) + causal attention; the lm_head runs for
      * one row per sequence. */
@@ -184,6 +189,7 @@ int main(int argc, char **argv) {
                    "sequence), %.1f GB/s of weights + KV (%.3f + %.3f GB/step)",
                    n_decode, batch, pl, batch / step, step * 1e3, 1.0 / step, rate, gb, kv_gb);
             if (bw > 0) printf(" = %.0f%% of the copy bandwidth", 100.0 * rate * 1e9 / bw);
+            if (host_bw > 0) printf(" = %.0f%% of the read bandwidth", 100.0 * rate * 1e9 / host_bw);
             printf("\n");
         }
     }
