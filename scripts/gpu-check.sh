@@ -93,6 +93,10 @@ if [ "$benchmx" = 1 ]; then
       echo "$out" | grep -E '^(device copy|prefill|decode|bench_forward)' | tee -a "$LOG"
     done
   done
+  for w in "" "--no-warmup"; do
+    say "-- bench_warmup qwen3-0.6b $w (first decode step per bucket vs steady state)"
+    timeout 120 "$B/bench_warmup" --model models/configs/qwen3-0.6b.json --load-format dummy $w 2>&1 | tee -a "$LOG"
+  done
   say "ctest -L gpu: $([ $ctest_rc = 0 ] && echo PASS || echo FAIL rc=$ctest_rc)"
   exit $ctest_rc
 fi

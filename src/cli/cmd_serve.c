@@ -30,6 +30,7 @@ static void usage(FILE *f) {
             "  --schedule-policy P         fcfs | lpm | priority (default fcfs)\n"
             "  --disable-radix-cache       no prefix caching\n"
             "  --skip-sampler-warmup       start faster\n"
+            "  --skip-warmup               no GPU kernel/graph prewarm by bucket\n"
             "  --log-requests              log request bodies (prompts!)\n"
             "  --max-body-bytes N          larger request bodies get 413 (default 33554432)\n"
             "  --max-connections N         more connections get 503 (default 4096)\n"
@@ -103,6 +104,8 @@ int cmd_serve(int argc, char **argv) {
             eo.disable_radix_cache = 1;
         } else if (!strcmp(o, "--skip-sampler-warmup")) {
             eo.skip_sampler_warmup = 1;
+        } else if (!strcmp(o, "--skip-warmup")) {
+            eo.skip_warmup = 1;
         } else if (!strcmp(o, "--log-requests")) {
             eo.log_requests = so.log_requests = 1;
         } else if (!strcmp(o, "--help") || !strcmp(o, "-h")) {

@@ -442,3 +442,76 @@ int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, fl
     a->stage_busy = 0; /* download waited for the stream */
     return 0;
 }
+
+/* One-token sequences at position 0 on `page` (decode buckets) or one
+ * sequence of n tokens on pages[] (prefill), all rows asking for logits so
+ * the lm_head's shapes are warmed too. */
+static int warm_step(struct model *m, struct kv_pool *kv, int n, int n_seqs, const int32_t *pages,
+                     int n_pages, float *logits, struct kiln_error *err) {
+    int ps = kv->page_size;
+    int32_t *buf = xmalloc((size_t)(5 * n + 3 * (n_seqs + 1) + n_pages + n_seqs) * 4);
+    int32_t *ids = buf, *pos = ids + n, *slot = pos + n, *rows = slot + n, *qs = rows + n,
+            *kvl = qs + n_seqs + 1, *pst = kvl + n_seqs + 1, *pg = pst + n_seqs + 1;
+    for (int i = 0; i < n; i++) {
+        ids[i] = (int32_t)((i * 7919 + 13) % m->cfg.vocab_size);
+        pos[i] = n_seqs == 1 ? i : 0;
+        slot[i] = n_seqs == 1 ? pages[i / ps] * ps + i % ps : pages[0] * ps;
+        rows[i] = i;
+    }
+    for (int s = 0; s <= n_seqs; s++) {
+        qs[s] = n_seqs == 1 ? (s ? n : 0) : s;
+        pst[s] = n_seqs == 1 ? (s ? n_pages : 0) : s;
+        if (s < n_seqs) kvl[s] = n_seqs == 1 ? n : 1;
+    }
+    for (int i = 0; i < n_pages; i++) pg[i] = pages[i];
+    for (int s = n_pages; s < n_seqs; s++) pg[s] = pages[0];
+    int rows_wanted = n < m->act.logit_chunk ? n : m->act.logit_chunk;
+    struct batch b = {.mode = n_seqs == n ? BATCH_MODE_DECODE : BATCH_MODE_EXTEND, .n_tokens = n,
+                      .input_ids = ids, .positions = pos, .out_slot = slot, .n_seqs = n_seqs,
+                      .q_start = qs, .kv_len = kvl, .kv_page_start = pst, .kv_pages = pg,
+                      .page_size = ps, .n_logit_rows = rows_wanted, .logit_rows = rows};
+    int rc = model_forward(m, kv, &b, logits, err);
+    free(buf);
+    return rc;
+}
+
+int model_warmup(struct model *m, struct kv_pool *kv, struct kiln_error *err) {
+    if (!m->be->ops->graph_begin) return 0;
+    double t0 = time_now();
+    int ps = kv->page_size, rc = 0, n_dec = 0, n_pre = 0;
+    float *logits = xmalloc((size_t)m->act.logit_chunk * (size_t)m->cfg.vocab_size * 4);
+    int longest = m->max_batch_tokens < m->max_context ? m->max_batch_tokens : m->max_context;
+    int n_pages = (longest + ps - 1) / ps;
+    if (n_pages > kv_pool_available(kv) - 1) n_pages = kv_pool_available(kv) - 1;
+    if (n_pages < 1) {
+        free(logits);
+        return kiln_errorf(err, "warm-up: the KV pool has no free pages");
+    }
+    int32_t *pages = xmalloc((size_t)n_pages * 4);
+    KILN_ASSERT(kv_pool_alloc(kv, n_pages, pages) == 0);
+    /* decode buckets: the first run is eager, the second records the graph */
+    for (int i = 0; i < MODEL_GRAPH_BUCKETS && rc == 0; i++) {
+        int s = bucket_size(i);
+        if (bucket_for(m, s) != i) break;
+        for (int k = 0; k < 2 && rc == 0; k++) rc = warm_step(m, kv, s, s, pages, 1, logits, err);
+        n_dec++;
+    }
+    double t1 = time_now();
+    /* prefill: every power of two up to the longest batch, and that batch */
+    for (int t = 1; rc == 0; t = t * 2 < longest ? t * 2 : longest) {
+        if (t > n_pages * ps) t = n_pages * ps;
+        rc = warm_step(m, kv, t, 1, pages, (t + ps - 1) / ps, logits, err);
+        n_pre++;
+        if (t >= longest || t >= n_pages * ps) break;
+    }
+    m->be->ops->synchronize(m->be->ctx);
+    double t2 = time_now();
+    kv_pool_release(kv, pages, n_pages);
+    free(pages);
+    free(logits);
+    if (rc == 0)
+        log_info("warm-up: %d decode buckets (1..%d sequences, graphs recorded) in %.2f s, %d "
+                 "prefill sizes (1..%d tokens) in %.2f s",
+                 n_dec, bucket_size(n_dec - 1), t1 - t0, n_pre, longest, t2 - t1);
+    return rc;
+}

@@ -50,6 +50,15 @@ size_t model_weight_bytes(const struct model *m);
 /* Fills layout[n_layers]; returns n_layers. */
 int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int max_layers);
 
+/* Start-up warm-up (SEEDS "kernel prewarm by bucket"): on a backend with
+ * graphs, runs and records every decode bucket's graph and runs a prefill
+ * at every power-of-two token count up to the reserved batch, each with
+ * its largest shape, so no request pays a first-seen cost. Uses scratch
+ * KV pages and returns them; call before the first request. Logs what was
+ * warmed and how long it took. A backend without graphs (the CPU) has
+ * nothing to warm and returns at once. */
+int model_warmup(struct model *m, struct kv_pool *kv, struct kiln_error *err);
+
 /* Runs the batch; writes logits[n_logit_rows][vocab] (host memory). */
 int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, float *logits,
                   struct kiln_error *err);

@@ -103,6 +103,7 @@ struct engine_options {
     enum schedule_policy policy;
     int disable_radix_cache;
     int skip_sampler_warmup;
+    int skip_warmup;              /* no kernel/graph prewarm by bucket (GPU) */
     int log_requests;
     int deterministic;            /* batch-invariant results (backend_options.deterministic) */
 };

@@ -521,6 +521,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     int n_pages = (int)((tokens + e->page_size - 1) / e->page_size);
     if (kv_pool_init(&e->kv, &e->be, layout, nl, e->page_size, n_pages, err)) return -1;
     e->pool_tokens = (long)n_pages * e->page_size;
+    if (!o->skip_warmup && model_warmup(e->model, &e->kv, err)) return -1;
     if (!o->disable_radix_cache) e->radix = radix_create(e->page_size, release_pages, &e->kv);
     e->pages_cap = (long)e->max_seqs * (e->context_length / e->page_size + 2);
     int T = e->max_batch_tokens, S = e->max_seqs;
