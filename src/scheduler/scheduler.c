@@ -509,7 +509,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->context_length = model_max_context(e->model);
     struct kv_layer_layout layout[512];
     int nl = model_kv_layout(e->model, layout, 512);
-    size_t per_token = kv_pool_page_bytes(layout, nl, 1);
+    size_t per_token = kv_pool_page_bytes(layout, nl, 1, backend_kv_dtype(&e->be));
     long tokens = o->max_total_tokens;
     if (tokens <= 0) {
         /* CPU default: up to 2 GiB of KV, no more than every running
