@@ -538,9 +538,10 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->logits = xmalloc((size_t)S * (size_t)e->vocab * 4);
     e->scratch = xmalloc((size_t)e->vocab * 2 * 4);
     e->match_pages = xmalloc((size_t)(e->context_length / e->page_size + 2) * 4);
-    log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%.1f MiB, page size %d)",
+    log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%s, %.1f MiB, page size %d)",
              o->model_dir, model_arch_name(c->arch), c->n_layers, e->context_length, e->pool_tokens,
-             (double)per_token * (double)e->pool_tokens / 1048576.0, e->page_size);
+             dtype_name(e->kv.dtype), (double)per_token * (double)e->pool_tokens / 1048576.0,
+             e->page_size);
     return 0;
 }
 
