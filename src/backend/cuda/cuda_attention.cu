@@ -267,8 +267,6 @@ static __device__ __forceinline__ float dot4(float4 a, float4 b) {
  * every 128). dk, dv multiples of 4 and all rows 16-byte aligned. */
 template <typename T, int NH, int DVI>
 static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct split_args a) {
-    /* rows in flight per lane in the score and the value loops */
-    constexpr int RU = sizeof(T) == 2 && NH <= 4 ? 8 : 4, VU = sizeof(T) == 2 ? 4 : 2;
     extern __shared__ float4 split_smem4[];
     float *q_s = (float *)split_smem4;             /* [NH][dk] */
     float *red_s = q_s + NH * a.dk;                /* [SPLIT_WARPS][NH][dv] */
@@ -315,31 +313,29 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
             slot_s[j] = (long)pages[p / a.page_size] * a.page_size + p % a.page_size;
         }
         __syncthreads();
-        /* 1. scores: each warp takes RU consecutive positions at a time,
-         *    the lanes split dk (4 elements per load: 16 bytes of fp32, 8 of
-         *    bf16; RU rows in flight per lane, 8 for bf16 so that a lane
-         *    keeps as many bytes in flight as with fp32). */
-        for (int j0 = warp * RU; j0 < cnt; j0 += SPLIT_WARPS * RU) {
-            float part[RU][NH];
+        /* 1. scores: each warp takes 4 consecutive positions at a time, the
+         *    lanes split dk (16-byte loads, 4 rows in flight per lane). */
+        for (int j0 = warp * 4; j0 < cnt; j0 += SPLIT_WARPS * 4) {
+            float part[4][NH];
 #pragma unroll
-            for (int u = 0; u < RU; u++)
+            for (int u = 0; u < 4; u++)
 #pragma unroll
                 for (int h = 0; h < NH; h++) part[u][h] = 0.0f;
             for (int d = lane * 4; d < a.dk; d += 128) {
-                float4 kv[RU];
+                float4 kv[4];
 #pragma unroll
-                for (int u = 0; u < RU; u++)
+                for (int u = 0; u < 4; u++)
                     kv[u] = j0 + u < cnt ? kv_get4(kbase + slot_s[j0 + u] * a.k_stride + d)
                                          : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int h = 0; h < NH; h++) {
                     float4 qv = *(const float4 *)(q_s + h * a.dk + d);
 #pragma unroll
-                    for (int u = 0; u < RU; u++) part[u][h] += dot4(kv[u], qv);
+                    for (int u = 0; u < 4; u++) part[u][h] += dot4(kv[u], qv);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < RU; u++)
+            for (int u = 0; u < 4; u++)
 #pragma unroll
                 for (int h = 0; h < NH; h++) {
                     float v = warp_sum(part[u][h]);
@@ -376,7 +372,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
         for (int h = 0; h < NH; h++)
 #pragma unroll
             for (int e = 0; e < DVI; e++) acc[h][e][0] = acc[h][e][1] = acc[h][e][2] = acc[h][e][3] = 0.0f;
-#pragma unroll VU
+#pragma unroll 2
         for (int j = warp; j < cnt; j += SPLIT_WARPS) {
             const T *vr = vbase + slot_s[j] * a.v_stride;
             float4 vv[DVI];
