@@ -144,11 +144,13 @@ int main(int argc, char **argv) {
     double host_bw = be.ops->weights_in_place ? host_read_bandwidth(threads) : 0.0;
     double gb = (double)model_weight_bytes(m) / 1e9, kv_slot = 0;
     for (int l = 0; l < nl; l++)
-        kv_slot += 4.0 * (double)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width));
+        kv_slot += (double)dtype_size(kv.dtype) *
+                   (double)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width));
     printf("model: %s (%s, %d layers, hidden %d, vocab %d), %.3f GB of weights, loaded in %.2f s\n",
            model_dir, model_arch_name(c->arch), c->n_layers, c->hidden_size, c->vocab_size, gb, t_load);
-    printf("device: %s, threads: %d, batch: %d, graphs: %s, best of %d%s\n", device, threads, batch,
-           no_graphs ? "off" : "on", repeat, deterministic ? ", deterministic" : "");
+    printf("device: %s, threads: %d, batch: %d, graphs: %s, KV cache: %s, best of %d%s\n", device,
+           threads, batch, no_graphs ? "off" : "on", dtype_name(kv.dtype), repeat,
+           deterministic ? ", deterministic" : "");
     if (bw > 0) printf("device copy bandwidth: %.1f GB/s (read + write)\n", bw / 1e9);
     if (host_bw > 0) printf("memory read bandwidth (%d threads): %.1f GB/s\n", threads, host_bw / 1e9);
     /* Dense models: FLOPs of a prefill token = 2 × (weights but the

@@ -7,10 +7,11 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 
-size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, int page_size) {
-    size_t per_slot = 0;
+size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, int page_size,
+                          enum dtype dtype) {
+    size_t per_slot = 0, es = dtype_size(dtype);
     for (int l = 0; l < n_layers; l++)
-        per_slot += (size_t)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width)) * 4;
+        per_slot += (size_t)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width)) * es;
     return per_slot * (size_t)page_size;
 }
 
@@ -23,18 +24,20 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_la
     p->n_layers = n_layers;
     p->page_size = page_size;
     p->n_pages = n_pages;
+    p->dtype = backend_kv_dtype(be);
+    size_t es = dtype_size(p->dtype);
     p->layout = xmalloc((size_t)n_layers * sizeof *layout);
     memcpy(p->layout, layout, (size_t)n_layers * sizeof *layout);
     p->k = xcalloc((size_t)n_layers, sizeof *p->k);
     p->v = xcalloc((size_t)n_layers, sizeof *p->v);
     size_t slots = (size_t)n_pages * (size_t)page_size;
     for (int l = 0; l < n_layers; l++) {
-        p->k[l] = be->ops->alloc(be->ctx, slots * (size_t)layout[l].k_width * 4);
+        p->k[l] = be->ops->alloc(be->ctx, slots * (size_t)layout[l].k_width * es);
         if (!p->k[l]) goto oom;
         if (layout[l].v_in_k) {
             p->v[l] = p->k[l];
         } else {
-            p->v[l] = be->ops->alloc(be->ctx, slots * (size_t)layout[l].v_width * 4);
+            p->v[l] = be->ops->alloc(be->ctx, slots * (size_t)layout[l].v_width * es);
             if (!p->v[l]) goto oom;
         }
     }

@@ -7,6 +7,9 @@
  * latent row per slot ([kv_lora_rank + rope_dim]) and V is the leading
  * kv_lora_rank floats of K (`v_in_k`), so no V buffer exists.
  *
+ * Elements are of the backend's KV type (backend_kv_dtype: fp32 on the
+ * CPU, bf16 on CUDA by default).
+ *
  * Pages are handed out from a free list; the radix cache and the scheduler
  * decide who owns them. The pool itself is single-threaded (the engine
  * thread owns it).
@@ -17,13 +20,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor/dtype.h"
+
 struct backend;
 struct kiln_error;
 
 struct kv_layer_layout {
-    long k_width; /* floats per slot in K */
-    long v_width; /* floats per slot in V */
-    int v_in_k;   /* V is the first v_width floats of K's row (MLA) */
+    long k_width; /* elements per slot in K */
+    long v_width; /* elements per slot in V */
+    int v_in_k;   /* V is the first v_width elements of K's row (MLA) */
 };
 
 struct kv_pool {
@@ -32,8 +37,9 @@ struct kv_pool {
     int page_size;
     int n_pages;
     struct kv_layer_layout *layout; /* [n_layers] */
-    float **k;                      /* [n_layers] device [n_pages * page_size][k_width] */
-    float **v;                      /* [n_layers] device [...][v_width] or == k */
+    enum dtype dtype;               /* element type (the backend's kv_dtype) */
+    void **k;                       /* [n_layers] device [n_pages * page_size][k_width] */
+    void **v;                       /* [n_layers] device [...][v_width] or == k */
     int32_t *free_list;             /* stack of free page ids */
     int n_free;
     /* A page taken by the model for rows whose K/V nobody reads (the
@@ -41,8 +47,9 @@ struct kv_pool {
     int32_t scratch_page;
 };
 
-/* Bytes one page takes across all layers. */
-size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, int page_size);
+/* Bytes one page takes across all layers with elements of `dtype`. */
+size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, int page_size,
+                          enum dtype dtype);
 
 int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
                  int n_layers, int page_size, int n_pages, struct kiln_error *err);

@@ -48,7 +48,7 @@ void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const flo
     long n = f->n, d = c->hidden_size, hd = c->head_dim, H = c->n_heads, KH = c->n_kv_heads;
     long qw = H * hd, kw = KH * hd, L = qw + 2 * kw;
     float *q = m->act.qkv, *k = q + qw, *v = k + kw, *att = m->act.att;
-    float *kc = f->kv->k[l], *vc = f->kv->v[l];
+    void *kc = f->kv->k[l], *vc = f->kv->v[l];
     float eps = (float)c->rms_norm_eps;
 
     const struct backend_weight qkv_parts[3] = {a->wq, a->wk, a->wv};

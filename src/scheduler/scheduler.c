@@ -509,7 +509,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->context_length = model_max_context(e->model);
     struct kv_layer_layout layout[512];
     int nl = model_kv_layout(e->model, layout, 512);
-    size_t per_token = kv_pool_page_bytes(layout, nl, 1);
+    size_t per_token = kv_pool_page_bytes(layout, nl, 1, backend_kv_dtype(&e->be));
     long tokens = o->max_total_tokens;
     if (tokens <= 0) {
         /* CPU default: up to 2 GiB of KV, no more than every running
@@ -539,9 +539,10 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->logits = xmalloc((size_t)S * (size_t)e->vocab * 4);
     e->scratch = xmalloc((size_t)e->vocab * 2 * 4);
     e->match_pages = xmalloc((size_t)(e->context_length / e->page_size + 2) * 4);
-    log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%.1f MiB, page size %d)",
+    log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%s, %.1f MiB, page size %d)",
              o->model_dir, model_arch_name(c->arch), c->n_layers, e->context_length, e->pool_tokens,
-             (double)per_token * (double)e->pool_tokens / 1048576.0, e->page_size);
+             dtype_name(e->kv.dtype), (double)per_token * (double)e->pool_tokens / 1048576.0,
+             e->page_size);
     return 0;
 }
 

@@ -40,7 +40,7 @@ struct backend_batch {
 struct attn_params {
     int n_heads, n_kv_heads; /* query heads share kv head h / (n_heads / n_kv_heads) */
     int dk, dv;              /* per-head widths of q·k and of v */
-    long k_stride, v_stride; /* floats between consecutive slots of the K / V cache */
+    long k_stride, v_stride; /* elements between consecutive slots of the K / V cache */
     float scale;             /* softmax scale */
 };
 
@@ -117,13 +117,15 @@ struct backend_ops {
     /* dst[n][width] (row stride ldd) = src[n][width] (row stride lds) */
     void (*copy_rows)(void *ctx, float *dst, long ldd, const float *src, long lds, long n,
                       long width);
-    /* cache[slots[i] * stride + 0..width) = src[i][0..width) */
-    void (*kv_store)(void *ctx, float *cache, long stride, const float *src, long ld, long width,
+    /* cache[slots[i] * stride + 0..width) = src[i][0..width), converted to
+     * the KV element type (kv_dtype below; strides count elements). */
+    void (*kv_store)(void *ctx, void *cache, long stride, const float *src, long ld, long width,
                      const int32_t *slots, long n);
     /* Causal paged attention: out[n][n_heads * dv] from q[n][n_heads * dk]
-     * against the sequence's cached positions 0..position. */
+     * against the sequence's cached positions 0..position (caches of
+     * kv_dtype elements). */
     void (*attention)(void *ctx, float *out, long ldo, const float *q, long ldq,
-                      const float *k_cache, const float *v_cache, const struct attn_params *p,
+                      const void *k_cache, const void *v_cache, const struct attn_params *p,
                       const struct backend_batch *b);
     /* Chooses top_k experts per row from router logits[n][n_experts]
      * (bias: correction bias or NULL). ids, weights: [n][top_k]. */
@@ -164,14 +166,24 @@ struct backend_ops {
     void (*qk_rope_store)(void *ctx, float *q, float *k, const float *v, long ld, long n,
                           int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
                           const float *k_norm, float eps, int rot_dim, const int32_t *pos,
-                          const float *cos_sin, int interleaved, float *k_cache, float *v_cache,
+                          const float *cos_sin, int interleaved, void *k_cache, void *v_cache,
                           long kv_stride, const int32_t *slots);
+
+    /* The element type of the KV cache the backend reads and writes
+     * (kv_store, qk_rope_store, attention): NULL means DTYPE_F32. Fixed for
+     * the backend's life. CPU: fp32 (its exactness tests rely on it); CUDA:
+     * bf16 unless KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2. */
+    enum dtype (*kv_dtype)(void *ctx);
 };
 
 struct backend {
     const struct backend_ops *ops;
     void *ctx;
 };
+
+static inline enum dtype backend_kv_dtype(const struct backend *be) {
+    return be->ops->kv_dtype ? be->ops->kv_dtype(be->ctx) : DTYPE_F32;
+}
 
 struct backend_options {
     int n_threads; /* CPU: 0 = one per core */

@@ -4,6 +4,12 @@
  * printed). Outputs are poisoned with NaN first, so an element the kernel
  * forgot to write fails the comparison.
  *
+ * The GPU's KV cache is bf16 by default (the CPU's stays fp32): cache
+ * contents are compared with the CPU's values rounded to bf16, and the
+ * attention checks give the CPU the same rounded cache (plus a few cases
+ * against the unrounded one, 1e-2: see test_attention) and run again on a
+ * KILN_CUDA_KV=f32 backend.
+ *
  * Tolerances, as ‖gpu − cpu‖ / ‖cpu‖ over the whole output:
  *   - attention rows of the tensor-core prefill kernel (head sizes 64 and
  *     128, sequences with several new tokens): q, k, p, v rounded to bf16,
@@ -43,6 +49,7 @@ enum { MAX_TOKENS = 512, MAX_CONTEXT = 4096, MAX_HEADS = 16 };
 
 static struct backend cpu, gpu, gpu_split; /* gpu_split: KILN_CUDA_MATMUL=bf16x2 */
 static struct backend gpu_det;             /* backend_options.deterministic */
+static struct backend gpu_kvf32;           /* KILN_CUDA_KV=f32: the fp32 KV cache kernels */
 static int have_gpu;
 static uint64_t rng_state;
 
@@ -131,6 +138,70 @@ static double rel_err(const struct pair *p, long rows, long width, long ld) {
     do {                    \
         if (!have_gpu) skip(); \
     } while (0)
+
+/* A KV cache on both backends: h holds fp32 for the CPU, d the same values
+ * in the device backend's KV dtype (bf16 by default: rounded to nearest
+ * even). round: h is rounded to that dtype too, so that a comparison
+ * measures the kernel and not the storage; else h keeps the fp32 values
+ * (the end-to-end error of a bf16 cache against the CPU's fp32 one). */
+static struct pair kv_from(const struct backend *be, float *vals, size_t n, int round) {
+    enum dtype kt = backend_kv_dtype(be);
+    size_t bytes = n * dtype_size(kt);
+    struct pair p = {xmalloc(n * 4 + 4), gpu.ops->alloc(gpu.ctx, bytes), bytes};
+    assert_non_null(p.d);
+    if (kt == DTYPE_BF16) {
+        uint16_t *b = xmalloc(n * 2 + 2);
+        for (size_t i = 0; i < n; i++) {
+            b[i] = f32_to_bf16(vals[i]);
+            if (round) vals[i] = bf16_to_f32(b[i]);
+        }
+        gpu.ops->upload(gpu.ctx, p.d, b, bytes);
+        gpu.ops->synchronize(gpu.ctx);
+        free(b);
+    } else {
+        gpu.ops->upload(gpu.ctx, p.d, vals, bytes);
+    }
+    memcpy(p.h, vals, n * 4);
+    return p;
+}
+static struct pair kv_rand(const struct backend *be, size_t n, float scale, int round) {
+    float *v = rand_floats(n, scale);
+    struct pair p = kv_from(be, v, n, round);
+    free(v);
+    return p;
+}
+static struct pair kv_poison(const struct backend *be, size_t n) {
+    float *v = xmalloc(n * 4 + 4);
+    for (size_t i = 0; i < n; i++) v[i] = NAN;
+    struct pair p = kv_from(be, v, n, 1);
+    free(v);
+    return p;
+}
+/* Elements [off, off + n) of a device KV cache, widened to fp32. */
+static float *kv_fetch(const struct backend *be, const struct pair *p, size_t off, size_t n) {
+    enum dtype kt = backend_kv_dtype(be);
+    size_t es = dtype_size(kt);
+    float *f = xmalloc(n * 4 + 4);
+    if (kt == DTYPE_BF16) {
+        uint16_t *b = xmalloc(n * 2 + 2);
+        gpu.ops->download(gpu.ctx, b, (char *)p->d + off * es, n * 2);
+        for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(b[i]);
+        free(b);
+    } else {
+        gpu.ops->download(gpu.ctx, f, (char *)p->d + off * es, n * 4);
+    }
+    return f;
+}
+/* ‖a − b‖ / ‖b‖ */
+static double vec_err(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i])) return INFINITY;
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
 
 /* A weight on both backends. */
 struct wpair {
@@ -247,8 +318,8 @@ static void test_qk_rope_store(void **state) {
         long n = 13, H = 6, KH = 2, hd = 64, rot = variant == 2 ? 32 : 64, maxpos = 100;
         long qw = H * hd, kw = KH * hd, ld = qw + 2 * kw + 4, slots = 40;
         struct pair x = pair_rand((size_t)(n * ld), 1.0f), qn = pair_rand((size_t)hd, 1.0f),
-                    kn = pair_rand((size_t)hd, 1.0f), kc = pair_poison((size_t)(slots * kw)),
-                    vc = pair_poison((size_t)(slots * kw));
+                    kn = pair_rand((size_t)hd, 1.0f), kc = kv_poison(&gpu, (size_t)(slots * kw)),
+                    vc = kv_poison(&gpu, (size_t)(slots * kw));
         float *cs = xmalloc((size_t)(maxpos * rot) * 4);
         for (long p = 0; p < maxpos; p++)
             for (long i = 0; i < rot / 2; i++) {
@@ -276,14 +347,20 @@ static void test_qk_rope_store(void **state) {
                                inter, kc.d, vc.d, kw, ps.d);
         printf("  qk_rope_store norm=%d interleaved=%d rot=%ld\n", norm, inter, rot);
         expect_close(&x, n, qw + 2 * kw, ld, 1e-5);
-        /* only the written slots: the rest stay NaN on both sides */
+        /* only the written slots: the rest stay NaN on both sides. The GPU
+         * cache holds the fp32 results rounded to the KV dtype: V exactly
+         * the rounding of the CPU's value; K within the fp32 tolerance plus
+         * bf16's half ulp (2^-9 relative, 2e-3). */
+        int bf = backend_kv_dtype(&gpu) == DTYPE_BF16;
         for (int i = 0; i < n; i++) {
-            struct pair kr = {kc.h + (size_t)slot[i] * kw, (float *)kc.d + (size_t)slot[i] * kw,
-                              (size_t)kw * 4};
-            struct pair vr = {vc.h + (size_t)slot[i] * kw, (float *)vc.d + (size_t)slot[i] * kw,
-                              (size_t)kw * 4};
-            double ek = rel_err(&kr, 1, kw, kw), ev = rel_err(&vr, 1, kw, kw);
-            if (!(ek <= 1e-5 && ev == 0.0)) fail_msg("cache row %d: k %.3g v %.3g", i, ek, ev);
+            float *gk = kv_fetch(&gpu, &kc, (size_t)slot[i] * kw, (size_t)kw),
+                  *gv = kv_fetch(&gpu, &vc, (size_t)slot[i] * kw, (size_t)kw);
+            const float *hk = kc.h + (size_t)slot[i] * kw, *hv = vc.h + (size_t)slot[i] * kw;
+            float *rv = xmalloc((size_t)kw * 4);
+            for (long e = 0; e < kw; e++) rv[e] = bf ? bf16_to_f32(f32_to_bf16(hv[e])) : hv[e];
+            double ek = vec_err(gk, hk, (size_t)kw), ev = vec_err(gv, rv, (size_t)kw);
+            if (!(ek <= (bf ? 3e-3 : 1e-5) && ev == 0.0)) fail_msg("cache row %d: k %.3g v %.3g", i, ek, ev);
+            free(gk), free(gv), free(rv);
         }
         free(cs), pair_free(&x), pair_free(&qn), pair_free(&kn), pair_free(&kc), pair_free(&vc);
         pair_free(&pc), pair_free(&pp), pair_free(&ps);
@@ -323,7 +400,7 @@ static void test_elementwise(void **state) {
 
     /* kv_store into distinct random slots of a poisoned cache */
     long slots = 200, width = 48, stride = 64;
-    struct pair cache = pair_poison((size_t)(slots * stride));
+    struct pair cache = kv_poison(&gpu, (size_t)(slots * stride));
     int32_t sl[40];
     for (int i = 0; i < 40; i++) {
         int s, dup;
@@ -337,11 +414,14 @@ static void test_elementwise(void **state) {
     struct pair psl = pair_from(sl, sizeof sl), src = pair_rand((size_t)(40 * 50), 1.0f);
     cpu.ops->kv_store(cpu.ctx, cache.h, stride, src.h, 50, width, (int32_t *)psl.h, 40);
     gpu.ops->kv_store(gpu.ctx, cache.d, stride, src.d, 50, width, psl.d, 40);
-    float *gc = xmalloc(cache.bytes);
-    gpu.ops->download(gpu.ctx, gc, cache.d, cache.bytes);
-    for (int i = 0; i < 40; i++)
-        assert_memory_equal(gc + (long)sl[i] * stride, cache.h + (long)sl[i] * stride,
-                            (size_t)width * 4);
+    /* the GPU's copy is the CPU's rounded to the KV dtype, bit for bit */
+    float *gc = kv_fetch(&gpu, &cache, 0, (size_t)(slots * stride));
+    for (int i = 0; i < 40; i++) {
+        float *row = cache.h + (long)sl[i] * stride;
+        if (backend_kv_dtype(&gpu) == DTYPE_BF16)
+            for (long e = 0; e < width; e++) row[e] = bf16_to_f32(f32_to_bf16(row[e]));
+        assert_memory_equal(gc + (long)sl[i] * stride, row, (size_t)width * 4);
+    }
     free(gc);
     pair_free(&g), pair_free(&u), pair_free(&y), pair_free(&gate), pair_free(&a), pair_free(&b);
     pair_free(&pr), pair_free(&dst), pair_free(&c2), pair_free(&cache), pair_free(&psl),
@@ -408,8 +488,11 @@ static void test_matmul(void **state) {
 
 /* A ragged batch over a shuffled page pool: sequences with prompt chunks
  * and single decode rows, mixed. */
-static void check_attention(int H, int KVH, int dk, int dv, int v_in_k, int page_size,
-                            const int *seq_len, const int *seq_new, int n_seqs, double tol) {
+/* be: the GPU backend under test (its KV dtype); round: the CPU's cache
+ * holds the same (rounded) values as the device's, else the fp32 originals. */
+static void check_attention_on(struct backend *be, int round, int H, int KVH, int dk, int dv,
+                               int v_in_k, int page_size, const int *seq_len, const int *seq_new,
+                               int n_seqs, double tol) {
     int n_tokens = 0, total_pages = 0;
     for (int s = 0; s < n_seqs; s++) {
         n_tokens += seq_new[s];
@@ -418,8 +501,8 @@ static void check_attention(int H, int KVH, int dk, int dv, int v_in_k, int page
     int pool_pages = total_pages + 7;
     long k_stride = v_in_k ? dk : (long)KVH * dk, v_stride = v_in_k ? dk : (long)KVH * dv;
     long slots = (long)pool_pages * page_size;
-    struct pair kc = pair_rand((size_t)(slots * k_stride), 1.0f);
-    struct pair vc = v_in_k ? kc : pair_rand((size_t)(slots * v_stride), 1.0f);
+    struct pair kc = kv_rand(be, (size_t)(slots * k_stride), 1.0f, round);
+    struct pair vc = v_in_k ? kc : kv_rand(be, (size_t)(slots * v_stride), 1.0f, round);
     int32_t *perm = xmalloc((size_t)pool_pages * 4);
     for (int i = 0; i < pool_pages; i++) perm[i] = i;
     for (int i = pool_pages - 1; i > 0; i--) {
@@ -451,9 +534,12 @@ static void check_attention(int H, int KVH, int dk, int dv, int v_in_k, int page
                                (int32_t *)pps.h, (int32_t *)ppg.h};
     struct backend_batch bg = {n_tokens, n_seqs, page_size, pp.d, pq.d, pps.d, ppg.d};
     cpu.ops->attention(cpu.ctx, o.h, ldo, q.h, ldq, kc.h, vc.h, &p, &bc);
-    gpu.ops->attention(gpu.ctx, o.d, ldo, q.d, ldq, kc.d, vc.d, &p, &bg);
-    printf("  attention H=%d KVH=%d dk=%d dv=%d v_in_k=%d page=%d tokens=%d\n", H, KVH, dk, dv,
-           v_in_k, page_size, n_tokens);
+    if (be != &gpu) gpu.ops->synchronize(gpu.ctx);
+    be->ops->attention(be->ctx, o.d, ldo, q.d, ldq, kc.d, vc.d, &p, &bg);
+    be->ops->synchronize(be->ctx);
+    printf("  attention H=%d KVH=%d dk=%d dv=%d v_in_k=%d page=%d tokens=%d kv=%s%s\n", H, KVH,
+           dk, dv, v_in_k, page_size, n_tokens, dtype_name(backend_kv_dtype(be)),
+           round ? "" : " (cpu cache fp32)");
     expect_close(&o, n_tokens, (long)H * dv, ldo, tol);
     pair_free(&kc);
     if (!v_in_k) pair_free(&vc);
@@ -461,8 +547,22 @@ static void check_attention(int H, int KVH, int dk, int dv, int v_in_k, int page
     free(perm), free(pos), free(q_start), free(page_start);
 }
 
+static void check_attention(int H, int KVH, int dk, int dv, int v_in_k, int page_size,
+                            const int *seq_len, const int *seq_new, int n_seqs, double tol) {
+    check_attention_on(&gpu, 1, H, KVH, dk, dv, v_in_k, page_size, seq_len, seq_new, n_seqs, tol);
+    check_attention_on(&gpu_kvf32, 1, H, KVH, dk, dv, v_in_k, page_size, seq_len, seq_new, n_seqs,
+                       tol);
+}
+
 static void test_attention(void **state) {
     SKIP_WITHOUT_GPU();
+    /* The default GPU cache is bf16 (bf16x2 mode keeps fp32 for its
+     * fp32-grade checks). check_attention runs each case on both caches,
+     * with the CPU's cache holding the same values: the kernels' error
+     * alone, so the fp32-math tolerances below hold for both. */
+    if (!getenv("KILN_CUDA_KV")) assert_int_equal(backend_kv_dtype(&gpu), DTYPE_BF16);
+    assert_int_equal(backend_kv_dtype(&gpu_split), DTYPE_F32);
+    assert_int_equal(backend_kv_dtype(&gpu_kvf32), DTYPE_F32);
     int len[] = {40, 300, 7, 1, 150}, nw[] = {40, 1, 3, 1, 20};
     int page_sizes[] = {1, 16, 7, 64};
     /* Head sizes 64 and 128 take the tensor-core prefill kernel for the
@@ -485,6 +585,17 @@ static void test_attention(void **state) {
     int clen[] = {1500, 700, 2}, cnew[] = {300, 700, 2};
     check_attention(16, 8, 128, 128, 0, 16, clen, cnew, 3, 1e-2);
     check_attention(32, 8, 64, 64, 0, 1, clen, cnew, 3, 1e-2);
+    /* End to end: the GPU's bf16 cache against the CPU's fp32 one. K and V
+     * carry bf16's half ulp (2^-9 = 2e-3 relative per element); the scores
+     * (|q·k| up to a few units here) move by about 2e-3 of their size and
+     * the output, a convex combination of V rows, by about the same:
+     * measured ~3e-3; 1e-2 still catches any layout bug (errors near 1). */
+    if (backend_kv_dtype(&gpu) == DTYPE_BF16) {
+        check_attention_on(&gpu, 0, 8, 2, 64, 64, 0, 16, dlen, dnew, 2, 1e-2);
+        check_attention_on(&gpu, 0, 16, 1, 576, 512, 1, 1, dlen, dnew, 2, 1e-2);
+        check_attention_on(&gpu, 0, 8, 2, 64, 64, 0, 7, len, nw, 5, 1e-2);
+        check_attention_on(&gpu, 0, 16, 8, 128, 128, 0, 16, clen, cnew, 3, 1e-2);
+    }
 }
 
 static void check_route(enum moe_route_scoring sc, enum moe_route_method me, int E, int K,
@@ -572,6 +683,12 @@ int main(void) {
             return 1;
         }
         unsetenv("KILN_CUDA_MATMUL");
+        setenv("KILN_CUDA_KV", "f32", 1);
+        if (backend_create(&gpu_kvf32, "cuda", &bo, &err)) {
+            fprintf(stderr, "cuda backend (fp32 KV): %s\n", err.msg);
+            return 1;
+        }
+        unsetenv("KILN_CUDA_KV");
         struct backend_options bd = {.deterministic = 1};
         if (backend_create(&gpu_det, "cuda", &bd, &err)) {
             fprintf(stderr, "cuda backend (deterministic): %s\n", err.msg);
@@ -580,7 +697,8 @@ int main(void) {
         if (cpu.ops->reserve(cpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu.ops->reserve(gpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu_split.ops->reserve(gpu_split.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
-            gpu_det.ops->reserve(gpu_det.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
+            gpu_det.ops->reserve(gpu_det.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_kvf32.ops->reserve(gpu_kvf32.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
             fprintf(stderr, "reserve: %s\n", err.msg);
             return 1;
         }
@@ -594,7 +712,9 @@ int main(void) {
         cmocka_unit_test(test_moe_ffn),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_split), backend_destroy(&gpu_det);
+    if (have_gpu)
+        backend_destroy(&gpu), backend_destroy(&gpu_split), backend_destroy(&gpu_det),
+            backend_destroy(&gpu_kvf32);
     backend_destroy(&cpu);
     return rc;
 }

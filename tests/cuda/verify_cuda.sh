@@ -3,10 +3,14 @@
 # chunks 3 and 64, two ways (docs/cuda.md says why these tolerances):
 #  - KILN_CUDA_MATMUL=bf16x2 (fp32-grade products): every model, within
 #    KILN_CUDA_TOL_X2 (default 1e-3, the CPU backend's tolerance);
-#  - the default bf16 activations: the dense models, within KILN_CUDA_TOL
-#    (default 0.25 absolute on logits up to ~8). MoE models are left out
-#    here: a bf16 rounding can flip an expert choice, a jump no tolerance
-#    bounds.
+#    (bf16x2 mode keeps the KV cache in fp32);
+#  - the default bf16 activations and bf16 KV cache: the dense models,
+#    within KILN_CUDA_TOL (default 0.25 absolute on logits up to ~8). MoE
+#    models are left out here: a bf16 rounding can flip an expert choice, a
+#    jump no tolerance bounds. stories260K (fp32 weights, so fp32 products
+#    in every mode) twice: KILN_CUDA_KV=f32 within 1e-3 (exact path), and
+#    the bf16 KV cache within KILN_CUDA_TOL_KV (default 1.0 on logits up to
+#    24: the CPU with its cache rounded to bf16 gives the same 0.50).
 # Skips (exit 0 with a note) when no GPU can be opened.
 set -u
 fail=0; runs=0
@@ -27,6 +31,9 @@ probe=$("$KILN" verify --device cuda --model "$KILN_FIXTURES/oracle/tiny-models/
 if printf '%s' "$probe" | grep -q "no CUDA device\|built without CUDA"; then
   echo "skipped: $probe"; exit 0
 fi
+stories() {
+  check --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
+}
 run_all() {
   for arch in $1; do
     dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
@@ -36,15 +43,22 @@ run_all() {
       done
     done
   done
-  check --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
 }
 echo "== KILN_CUDA_MATMUL=bf16x2"
 export KILN_CUDA_MATMUL=bf16x2
 tol=${KILN_CUDA_TOL_X2:-1e-3}
 run_all "llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3"
+stories
 echo "== default (bf16 activations)"
 unset KILN_CUDA_MATMUL
 tol=${KILN_CUDA_TOL:-0.25}
 run_all "llama qwen2 qwen3"
+tol=${KILN_CUDA_TOL_KV:-1.0}
+stories
+echo "== KILN_CUDA_KV=f32 (fp32 KV cache, fp32-weight model: exact path)"
+export KILN_CUDA_KV=f32
+tol=1e-3
+stories
+unset KILN_CUDA_KV
 echo "$((runs - fail)) passed, $fail failed"
 [ $fail -eq 0 ]

@@ -86,8 +86,8 @@ static void attn_worker(void *arg, int ith, int nth) {
     for (long w = lo; w < hi; w++) attn_one(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores);
 }
 
-void cpu_attention(void *ctx, float *out, long ldo, const float *q, long ldq, const float *k_cache,
-                   const float *v_cache, const struct attn_params *p, const struct backend_batch *b) {
+void cpu_attention(void *ctx, float *out, long ldo, const float *q, long ldq, const void *k_cache,
+                   const void *v_cache, const struct attn_params *p, const struct backend_batch *b) {
     struct cpu_ctx *c = ctx;
     KILN_ASSERT_MSG(c->attn_scratch, "cpu backend: reserve() was not called");
     struct attn_job j = {out, ldo, q, ldq, k_cache, v_cache, p, b, c->attn_scratch, c->max_context};

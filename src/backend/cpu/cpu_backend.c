@@ -234,8 +234,10 @@ static void cpu_copy_rows(void *ctx, float *dst, long ldd, const float *src, lon
     for (long i = 0; i < n; i++) memmove(dst + i * ldd, src + i * lds, (size_t)width * 4);
 }
 
-static void cpu_kv_store(void *ctx, float *cache, long stride, const float *src, long ld,
+/* The CPU's KV cache is fp32 (kv_dtype NULL). */
+static void cpu_kv_store(void *ctx, void *cache_v, long stride, const float *src, long ld,
                          long width, const int32_t *slots, long n) {
+    float *cache = cache_v;
     for (long i = 0; i < n; i++)
         memcpy(cache + (size_t)slots[i] * (size_t)stride, src + i * ld, (size_t)width * 4);
 }

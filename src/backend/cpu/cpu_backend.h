@@ -31,8 +31,8 @@ int cpu_backend_create(struct backend *be, const struct backend_options *opt,
                        struct kiln_error *err);
 
 /* Operations implemented in their own files. */
-void cpu_attention(void *ctx, float *out, long ldo, const float *q, long ldq, const float *k_cache,
-                   const float *v_cache, const struct attn_params *p, const struct backend_batch *b);
+void cpu_attention(void *ctx, float *out, long ldo, const float *q, long ldq, const void *k_cache,
+                   const void *v_cache, const struct attn_params *p, const struct backend_batch *b);
 void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits, const float *bias,
                    const struct moe_route_params *p, long n);
 void cpu_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,

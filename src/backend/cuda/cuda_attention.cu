@@ -1,4 +1,6 @@
-/* cuda_attention.cu — causal attention over the paged KV cache (fp32 K/V).
+/* cuda_attention.cu — causal attention over the paged KV cache (K/V in
+ * bf16 by default, fp32 with KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2;
+ * every kernel is a template on the element type T and computes in fp32).
  *
  * Three kernels behind the one `attention` operation:
  *
@@ -60,7 +62,7 @@ struct attn_args {
     long ldo;
     const float *q;
     long ldq;
-    const float *k_cache, *v_cache;
+    const void *k_cache, *v_cache; /* elements of T (the kernels' template type) */
     long k_stride, v_stride;
     int n_heads, group, dk, dv;
     float scale;
@@ -80,7 +82,7 @@ static __device__ __forceinline__ int seq_of_token(const int32_t *q_start, int n
     return lo;
 }
 
-template <bool VEC>
+template <typename T, bool VEC>
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(struct attn_args a) {
     extern __shared__ float smem[];
     float *q_s = smem;                          /* [dk] */
@@ -100,8 +102,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(struct at
     int g = h / a.group;
     const float *qr = a.q + t * a.ldq + (long)h * a.dk;
     for (int d = tid; d < a.dk; d += ATT_THREADS) q_s[d] = qr[d];
-    const float *kbase = a.k_cache + (long)g * a.dk;
-    const float *vbase = a.v_cache + (long)g * a.dv;
+    const T *kbase = (const T *)a.k_cache + (long)g * a.dk;
+    const T *vbase = (const T *)a.v_cache + (long)g * a.dv;
 
     float m = -INFINITY, l = 0.0f, acc[ATT_DV_PER_THREAD];
 #pragma unroll
@@ -116,16 +118,16 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(struct at
         }
         __syncthreads();
         for (int j = warp; j < cnt; j += ATT_WARPS) {
-            const float *kr = kbase + slot_s[j] * a.k_stride;
+            const T *kr = kbase + slot_s[j] * a.k_stride;
             float part = 0.0f;
             if (VEC) {
                 for (int d = lane * 4; d < a.dk; d += 128) {
-                    float4 kv = *(const float4 *)(kr + d);
+                    float4 kv = kv_get4(kr + d);
                     float4 qv = *(const float4 *)(q_s + d);
                     part += kv.x * qv.x + kv.y * qv.y + kv.z * qv.z + kv.w * qv.w;
                 }
             } else {
-                for (int d = lane; d < a.dk; d += 32) part += kr[d] * q_s[d];
+                for (int d = lane; d < a.dk; d += 32) part += kv_get(kr + d) * q_s[d];
             }
             part = warp_sum(part);
             if (lane == 0) s_s[j] = part * a.scale;
@@ -143,12 +145,12 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(struct at
         for (int i = 0; i < ATT_DV_PER_THREAD; i++) acc[i] *= corr;
         for (int j = 0; j < cnt; j++) {
             float pj = s_s[j];
-            const float *vr = vbase + slot_s[j] * a.v_stride;
+            const T *vr = vbase + slot_s[j] * a.v_stride;
             l += pj;
 #pragma unroll
             for (int i = 0; i < ATT_DV_PER_THREAD; i++) {
                 int d = tid + i * ATT_THREADS;
-                if (d < a.dv) acc[i] = fmaf(pj, vr[d], acc[i]);
+                if (d < a.dv) acc[i] = fmaf(pj, kv_get(vr + d), acc[i]);
             }
         }
         m = m_new;
@@ -218,7 +220,7 @@ struct split_args {
     long ldo;
     const float *q;
     long ldq;
-    const float *k_cache, *v_cache;
+    const void *k_cache, *v_cache; /* elements of T */
     long k_stride, v_stride;
     int n_heads, n_kv_heads, group, dk, dv;
     float scale;
@@ -263,7 +265,7 @@ static __device__ __forceinline__ float dot4(float4 a, float4 b) {
 
 /* NH query heads per CTA; DVI = ⌈dv / 128⌉ (each lane covers 4 dims of
  * every 128). dk, dv multiples of 4 and all rows 16-byte aligned. */
-template <int NH, int DVI>
+template <typename T, int NH, int DVI>
 static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct split_args a) {
     extern __shared__ float4 split_smem4[];
     float *q_s = (float *)split_smem4;             /* [NH][dk] */
@@ -287,8 +289,8 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
     int step = split ? (int)gridDim.y : 1;
     int h0 = g * a.group + hb * NH;
     const int32_t *pages = a.kv_pages + a.kv_page_start[s];
-    const float *kbase = a.k_cache + (long)g * a.dk;
-    const float *vbase = a.v_cache + (long)g * a.dv;
+    const T *kbase = (const T *)a.k_cache + (long)g * a.dk;
+    const T *vbase = (const T *)a.v_cache + (long)g * a.dv;
     int dk4 = a.dk / 4;
     for (int i = tid; i < NH * dk4; i += SPLIT_THREADS) {
         int h = i / dk4, d4 = i % dk4;
@@ -323,7 +325,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
                 float4 kv[4];
 #pragma unroll
                 for (int u = 0; u < 4; u++)
-                    kv[u] = j0 + u < cnt ? __ldg((const float4 *)(kbase + slot_s[j0 + u] * a.k_stride + d))
+                    kv[u] = j0 + u < cnt ? kv_get4(kbase + slot_s[j0 + u] * a.k_stride + d)
                                          : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int h = 0; h < NH; h++) {
@@ -372,12 +374,12 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
             for (int e = 0; e < DVI; e++) acc[h][e][0] = acc[h][e][1] = acc[h][e][2] = acc[h][e][3] = 0.0f;
 #pragma unroll 2
         for (int j = warp; j < cnt; j += SPLIT_WARPS) {
-            const float *vr = vbase + slot_s[j] * a.v_stride;
+            const T *vr = vbase + slot_s[j] * a.v_stride;
             float4 vv[DVI];
 #pragma unroll
             for (int e = 0; e < DVI; e++) {
                 int d = lane * 4 + 128 * e;
-                vv[e] = d < a.dv ? __ldg((const float4 *)(vr + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                vv[e] = d < a.dv ? kv_get4(vr + d) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
 #pragma unroll
             for (int h = 0; h < NH; h++) {
@@ -480,7 +482,7 @@ struct fa_args {
     long ldo;
     const float *q;
     long ldq;
-    const float *k_cache, *v_cache;
+    const void *k_cache, *v_cache; /* elements of T */
     long k_stride, v_stride;
     int n_heads, group;
     float scale_log2; /* softmax scale · log2(e) */
@@ -525,26 +527,34 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
-/* Shared memory of fa_prefill_kernel<D>: two fp32 stages of K and V, and
- * bf16 K and V tiles (rows padded by 8 elements: conflict-free ldmatrix);
- * Q's bf16 tile reuses the K/V tiles' space before the first tile. */
-static constexpr size_t fa_smem_bytes(int D) {
-    return (size_t)2 * 2 * FA_BN * D * 4 +
-           ((size_t)2 * FA_BN * (D + 8) * 2 > (size_t)FA_BM * (D + 8) * 2
-                ? (size_t)2 * FA_BN * (D + 8) * 2
-                : (size_t)FA_BM * (D + 8) * 2);
+/* Shared memory of fa_prefill_kernel<T, D>. fp32 cache: two fp32 stages
+ * of K and V, and bf16 K and V tiles (rows padded by 8 elements:
+ * conflict-free ldmatrix); Q's bf16 tile reuses the K/V tiles' space
+ * before the first tile. bf16 cache: two stages of bf16 K and V tiles that
+ * cp.async fills directly (no staging, no conversion); Q's tile is stage 1
+ * until the first tile. */
+static constexpr size_t fa_smem_bytes(int D, bool bf16) {
+    return bf16 ? (size_t)2 * 2 * FA_BN * (D + 8) * 2
+                : (size_t)2 * 2 * FA_BN * D * 4 +
+                      ((size_t)2 * FA_BN * (D + 8) * 2 > (size_t)FA_BM * (D + 8) * 2
+                           ? (size_t)2 * FA_BN * (D + 8) * 2
+                           : (size_t)FA_BM * (D + 8) * 2);
 }
 
-template <int D>
+template <typename T, int D>
 static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct fa_args a) {
+    constexpr bool BF = sizeof(T) == 2; /* bf16 cache: tiles land as they are */
     constexpr int LDB = D + 8;        /* bf16 row stride */
-    constexpr int C4 = D / 4;         /* 16-byte chunks per fp32 row */
+    constexpr int EPC = 16 / (int)sizeof(T); /* elements per 16-byte chunk */
+    constexpr int C4 = D / EPC;       /* 16-byte chunks per cache row */
     constexpr int TILE_F = FA_BN * D; /* floats per fp32 tile */
+    constexpr int TILE_B = FA_BN * LDB; /* elements per bf16 tile */
+    static_assert(!BF || FA_BM * LDB == 2 * TILE_B, "Q tile fits stage 1");
     extern __shared__ float4 fa_smem4[];
-    float *stage = (float *)fa_smem4;                       /* [2][K,V][FA_BN][D] */
-    __nv_bfloat16 *kb = (__nv_bfloat16 *)(stage + 4 * TILE_F); /* [FA_BN][LDB] */
-    __nv_bfloat16 *vb = kb + FA_BN * LDB;                   /* [FA_BN][LDB] */
-    __nv_bfloat16 *qb = kb;                                 /* [FA_BM][LDB], before tile 0 */
+    float *stage = (float *)fa_smem4;                       /* fp32: [2][K,V][FA_BN][D] */
+    /* fp32: one K and one V bf16 tile after the stages; bf16: [2][K,V][FA_BN][LDB] */
+    __nv_bfloat16 *tiles = BF ? (__nv_bfloat16 *)fa_smem4 : (__nv_bfloat16 *)(stage + 4 * TILE_F);
+    __nv_bfloat16 *qb = BF ? tiles + 2 * TILE_B : tiles;    /* [FA_BM][LDB], before tile 0 */
     __shared__ int sc_warp[FA_WARPS], found[2], pos_s[2];
 
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -587,7 +597,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
     int nrows = min(FA_BM, (int)(a.q_start[s + 1] - r0));
     if (tid == 0) pos_s[0] = a.positions[r0 + nrows - 1] + 1; /* rows are in position order */
     const int32_t *pages = a.kv_pages + a.kv_page_start[s];
-    const float *kbase = a.k_cache + (long)g * D, *vbase = a.v_cache + (long)g * D;
+    const T *kbase = (const T *)a.k_cache + (long)g * D, *vbase = (const T *)a.v_cache + (long)g * D;
 
     /* this thread's two rows (g, g + 8 of the warp's 16) and their positions */
     int ra = warp * 16 + (lane >> 2), rb = ra + 8;
@@ -606,7 +616,6 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
     constexpr int NIT = FA_BN * C4 / FA_THREADS;    /* iterations per tile */
     static_assert(C4 <= 32 && NIT * RPW <= 32 && NIT * FA_THREADS == FA_BN * C4, "tile load mapping");
     auto load_tile = [&](int st, int kt) {
-        float *ks = stage + st * 2 * TILE_F, *vs = ks + TILE_F;
         long long my_slot = -1;
         if (lane < NIT * RPW) {
             int p = kt * FA_BN + warp * RPW + lane % RPW + lane / RPW * (FA_THREADS / C4);
@@ -618,16 +627,24 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
             long long slot = __shfl_sync(0xffffffffu, my_slot, it * RPW + lane / C4);
             bool valid = slot >= 0;
             if (!valid) slot = 0;
-            cp_async16(ks + j * D + c4 * 4, kbase + slot * a.k_stride + c4 * 4, valid);
-            cp_async16(vs + j * D + c4 * 4, vbase + slot * a.v_stride + c4 * 4, valid);
+            void *kd, *vd;
+            if constexpr (BF) {
+                kd = tiles + st * 2 * TILE_B + j * LDB + c4 * EPC;
+                vd = (__nv_bfloat16 *)kd + TILE_B;
+            } else {
+                kd = stage + st * 2 * TILE_F + j * D + c4 * EPC;
+                vd = (float *)kd + TILE_F;
+            }
+            cp_async16(kd, kbase + slot * a.k_stride + c4 * EPC, valid);
+            cp_async16(vd, vbase + slot * a.v_stride + c4 * EPC, valid);
         }
     };
     load_tile(0, 0);
     cp_async_commit();
 
     /* Q → bf16 → A fragments (rows past the tile are zeros) */
-    for (int i = tid; i < FA_BM * C4; i += FA_THREADS) {
-        int r = i / C4, c4 = i % C4;
+    for (int i = tid; i < FA_BM * (D / 4); i += FA_THREADS) {
+        int r = i / (D / 4), c4 = i % (D / 4);
         float4 v = r < nrows ? *(const float4 *)(a.q + (r0 + r) * a.ldq + (long)h * D + c4 * 4)
                              : make_float4(0.f, 0.f, 0.f, 0.f);
         uint2 pk = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
@@ -648,6 +665,8 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
     int col0 = 2 * (lane & 3);
 
     for (int kt = 0; kt < n_tiles; kt++) {
+        /* bf16: stage (kt+1)&1 held tile kt-1 (or Q): every warp is done with it */
+        if constexpr (BF) __syncthreads();
         if (kt + 1 < n_tiles) {
             load_tile((kt + 1) & 1, kt + 1);
             cp_async_commit();
@@ -656,7 +675,8 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
             cp_async_wait<0>();
         }
         __syncthreads(); /* tile kt landed; every warp is done with kb/vb (and qb) */
-        {
+        __nv_bfloat16 *kb = BF ? tiles + (kt & 1) * 2 * TILE_B : tiles, *vb = kb + TILE_B;
+        if constexpr (!BF) {
             const float *ks = stage + (kt & 1) * 2 * TILE_F, *vs = ks + TILE_F;
 #pragma unroll 4
             for (int i = tid; i < FA_BN * C4; i += FA_THREADS) {
@@ -666,8 +686,8 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
                 *(uint2 *)(kb + j * LDB + c4 * 4) = make_uint2(pack_bf16(k4.x, k4.y), pack_bf16(k4.z, k4.w));
                 *(uint2 *)(vb + j * LDB + c4 * 4) = make_uint2(pack_bf16(v4.x, v4.y), pack_bf16(v4.z, v4.w));
             }
+            __syncthreads();
         }
-        __syncthreads();
 
         /* S = Q·Kᵀ for the warp's 16 rows × 64 positions */
         float sacc[FA_BN / 8][4];
@@ -767,7 +787,7 @@ extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c) {
 
 /* The first kernel: one block per (token, head), splits from max_context. */
 static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
-                             const float *k_cache, const float *v_cache,
+                             const void *k_cache, const void *v_cache,
                              const struct attn_params *p, const struct backend_batch *b) {
     CUDA_ASSERT_MSG(p->dv <= ATT_DV_PER_THREAD * ATT_THREADS, "attention: dv above 1024");
     long rows = (long)b->n_tokens * p->n_heads;
@@ -797,8 +817,13 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
     size_t smem = (size_t)((p->dk + 3) & ~3) * 4 + ATT_TILE * 4 + ATT_TILE * sizeof(long);
     CUDA_ASSERT_MSG(smem <= 48 * 1024, "attention: head too wide for shared memory");
     dim3 grid((unsigned)rows, (unsigned)a.splits);
-    if (vec) attention_kernel<true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
-    else attention_kernel<false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+    if (c->kv_bf16) {
+        if (vec) attention_kernel<__nv_bfloat16, true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+        else attention_kernel<__nv_bfloat16, false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+    } else {
+        if (vec) attention_kernel<float, true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+        else attention_kernel<float, false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+    }
     CUDA_CHECK_LAUNCH();
     if (a.splits > 1) {
         attention_combine_kernel<<<(unsigned)rows, 128, 0, c->stream>>>(a);
@@ -806,7 +831,7 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
     }
 }
 
-template <int D>
+template <typename KT, int D>
 static void launch_fa(struct cuda_ctx *c, const struct fa_args &a, const struct backend_batch *b) {
     /* Tiles of FA_BM rows over the sequences with more than one new token:
      * at most ⌈T/BM⌉ + S, and (P sequences of ≥ 2 rows each) at most
@@ -815,29 +840,31 @@ static void launch_fa(struct cuda_ctx *c, const struct fa_args &a, const struct 
     long bound1 = (T + FA_BM - 1) / FA_BM + S, bound2 = (2 * (T - S) + FA_BM - 1) / FA_BM + (T - S) + 1;
     long tiles = bound1 < bound2 ? bound1 : bound2;
     CUDA_ASSERT(tiles <= 65535);
-    size_t smem = fa_smem_bytes(D);
-    CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem));
+    size_t smem = fa_smem_bytes(D, sizeof(KT) == 2);
+    CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_kernel<KT, D>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)a.n_heads, (unsigned)tiles);
-    fa_prefill_kernel<D><<<grid, FA_THREADS, smem, c->stream>>>(a);
+    fa_prefill_kernel<KT, D><<<grid, FA_THREADS, smem, c->stream>>>(a);
     CUDA_CHECK_LAUNCH();
 }
 
-template <int NH, int DVI>
+template <typename T, int NH, int DVI>
 static void launch_split_t(struct cuda_ctx *c, const struct split_args &a, dim3 grid) {
     size_t smem = ((size_t)NH * a.dk + (size_t)SPLIT_WARPS * NH * a.dv + (size_t)NH * SPLIT_CHUNK) * 4 +
                   SPLIT_CHUNK * sizeof(long);
     if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(split_kernel<NH, DVI>,
+        CUDA_CHECK(cudaFuncSetAttribute(split_kernel<T, NH, DVI>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    split_kernel<NH, DVI><<<grid, SPLIT_THREADS, smem, c->stream>>>(a);
+    split_kernel<T, NH, DVI><<<grid, SPLIT_THREADS, smem, c->stream>>>(a);
     CUDA_CHECK_LAUNCH();
 }
 
 /* NH·DVI ≤ 16 keeps the accumulators in registers. */
 static void launch_split(struct cuda_ctx *c, const struct split_args &a, int nh, int dvi, dim3 grid) {
 #define SPLIT_CASE(N, V)                                                            \
-    if (nh == N && dvi == V) return launch_split_t<N, V>(c, a, grid);
+    if (nh == N && dvi == V)                                                        \
+        return c->kv_bf16 ? launch_split_t<__nv_bfloat16, N, V>(c, a, grid)         \
+                          : launch_split_t<float, N, V>(c, a, grid);
     SPLIT_CASE(1, 1) SPLIT_CASE(2, 1) SPLIT_CASE(4, 1) SPLIT_CASE(8, 1)
     SPLIT_CASE(1, 2) SPLIT_CASE(2, 2) SPLIT_CASE(4, 2) SPLIT_CASE(8, 2)
     SPLIT_CASE(1, 4) SPLIT_CASE(2, 4) SPLIT_CASE(4, 4)
@@ -850,7 +877,7 @@ static void launch_split(struct cuda_ctx *c, const struct split_args &a, int nh,
  * by_seq, else every token). Slots per row: enough CTAs to fill the GPU
  * about 4 times over, when the chunk states fit in the scratch. */
 static void attention_split(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
-                            const float *k_cache, const float *v_cache,
+                            const void *k_cache, const void *v_cache,
                             const struct attn_params *p, const struct backend_batch *b, int by_seq) {
     int group = p->n_heads / p->n_kv_heads;
     int dvi = (p->dv + 127) / 128;
@@ -887,7 +914,7 @@ static void attention_split(struct cuda_ctx *c, float *out, long ldo, const floa
 }
 
 extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *q, long ldq,
-                                  const float *k_cache, const float *v_cache,
+                                  const void *k_cache, const void *v_cache,
                                   const struct attn_params *p, const struct backend_batch *b) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (b->n_tokens <= 0) return;
@@ -907,15 +934,21 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     /* tensor cores for the rows of multi-token sequences; bf16x2 mode
      * (fp32-grade checks) keeps every row in fp32 */
     bool tc = p->dk == p->dv && (p->dk == 64 || p->dk == 128) && ldo % 2 == 0 &&
-              (uintptr_t)out % 8 == 0 && !c->split_act && c->attn_impl != CUDA_ATTN_SPLIT;
+              (uintptr_t)out % 8 == 0 && !c->split_act && c->attn_impl != CUDA_ATTN_SPLIT &&
+              (!c->kv_bf16 || (p->k_stride % 8 == 0 && p->v_stride % 8 == 0)); /* 16-byte cp.async */
     if (!tc) return attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 0);
     if (b->n_tokens > b->n_seqs) {
         struct fa_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
                             p->n_heads, p->n_heads / p->n_kv_heads,
                             p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
                             b->positions, b->q_start, b->kv_page_start, b->kv_pages};
-        if (p->dk == 64) launch_fa<64>(c, a, b);
-        else launch_fa<128>(c, a, b);
+        if (c->kv_bf16) {
+            if (p->dk == 64) launch_fa<__nv_bfloat16, 64>(c, a, b);
+            else launch_fa<__nv_bfloat16, 128>(c, a, b);
+        } else {
+            if (p->dk == 64) launch_fa<float, 64>(c, a, b);
+            else launch_fa<float, 128>(c, a, b);
+        }
     }
     /* decode rows: none when one sequence brings several tokens */
     if (!(b->n_seqs == 1 && b->n_tokens > 1))

@@ -207,6 +207,10 @@ static void cuda_destroy(void *ctx) {
     free(c);
 }
 
+static enum dtype cuda_kv_dtype(void *ctx) {
+    return ((struct cuda_ctx *)ctx)->kv_bf16 ? DTYPE_BF16 : DTYPE_F32;
+}
+
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -239,6 +243,7 @@ static const struct backend_ops cuda_ops = {
     .graph_launch = cuda_graph_launch,
     .graph_destroy = cuda_graph_destroy,
     .qk_rope_store = cuda_op_qk_rope_store,
+    .kv_dtype = cuda_kv_dtype,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
@@ -311,6 +316,18 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
         goto fail;
     }
     c->deterministic = opt ? opt->deterministic : 0;
+    /* KV element type: bf16 halves the cache's bytes (decode reads all of
+     * it every step); fp32 for the fp32-grade bf16x2 mode or on request. */
+    const char *kv = getenv("KILN_CUDA_KV");
+    c->kv_bf16 = !c->split_act;
+    if (kv && !strcmp(kv, "f32")) {
+        c->kv_bf16 = 0;
+    } else if (kv && *kv && strcmp(kv, "bf16")) {
+        kiln_errorf(err, "KILN_CUDA_KV='%s': expected bf16 or f32", kv);
+        goto fail;
+    } else if (kv && !strcmp(kv, "bf16")) {
+        c->kv_bf16 = 1;
+    }
     be->ops = &cuda_ops;
     be->ctx = c;
     return 0;

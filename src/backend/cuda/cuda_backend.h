@@ -97,6 +97,8 @@ struct cuda_ctx {
     int capturing;
     int deterministic;           /* 1: batch-invariant results (cuda_matmul_det for products) */
     int attn_impl;               /* enum cuda_attn_impl (KILN_CUDA_ATTN) */
+    int kv_bf16;                 /* 1: the KV cache holds bf16 (default); 0: fp32
+                                    (KILN_CUDA_KV=f32, KILN_CUDA_MATMUL=bf16x2) */
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
@@ -120,7 +122,7 @@ void cuda_op_add_rmsnorm(void *ctx, float *h, const float *delta, float *y, cons
                          long dim, float eps);
 void cuda_op_rope(void *ctx, float *x, long ldx, long n, int n_heads, long head_stride,
                   int rot_dim, const int32_t *pos, const float *cos_sin, int interleaved);
-void cuda_op_kv_store(void *ctx, float *cache, long stride, const float *src, long ld, long width,
+void cuda_op_kv_store(void *ctx, void *cache, long stride, const float *src, long ld, long width,
                       const int32_t *slots, long n);
 void cuda_op_silu_mul(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
                       long ldu, long n, long dim);
@@ -132,7 +134,7 @@ void cuda_op_gather_rows(void *ctx, float *dst, const float *src, long width, co
 void cuda_op_copy_rows(void *ctx, float *dst, long ldd, const float *src, long lds, long n,
                        long width);
 void cuda_op_attention(void *ctx, float *out, long ldo, const float *q, long ldq,
-                       const float *k_cache, const float *v_cache, const struct attn_params *p,
+                       const void *k_cache, const void *v_cache, const struct attn_params *p,
                        const struct backend_batch *b);
 void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
                        const float *bias, const struct moe_route_params *p, long n);
@@ -141,7 +143,7 @@ void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, co
 void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n,
                            int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
                            const float *k_norm, float eps, int rot_dim, const int32_t *pos,
-                           const float *cos_sin, int interleaved, float *k_cache, float *v_cache,
+                           const float *cos_sin, int interleaved, void *k_cache, void *v_cache,
                            long kv_stride, const int32_t *slots);
 
 /* y[n][w.rows] = x · wᵀ (+ bias) with every output's reduction order fixed

@@ -62,6 +62,20 @@ static inline unsigned grid_for(long n, int per_block) {
     return (unsigned)b;
 }
 
+/* KV cache elements: fp32 or bf16 (struct cuda_ctx.kv_bf16); math in fp32. */
+static __device__ __forceinline__ void kv_put(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void kv_put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+static __device__ __forceinline__ float kv_get(const float *p) { return *p; }
+static __device__ __forceinline__ float kv_get(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+/* four consecutive elements (16-byte aligned fp32, 8-byte aligned bf16) */
+static __device__ __forceinline__ float4 kv_get4(const float *p) { return __ldg((const float4 *)p); }
+static __device__ __forceinline__ float4 kv_get4(const __nv_bfloat16 *p) {
+    uint2 u = __ldg((const uint2 *)p);
+    float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x);
+    float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
 static inline cudaStream_t ctx_stream(void *ctx) { return ((struct cuda_ctx *)ctx)->stream; }
 
 #endif

@@ -5,7 +5,8 @@
  * (2i, 2i+1) (DeepSeek, GPT-J), half layouts pair (i, i + rot_dim/2)
  * (Llama, Qwen). Only the first rot_dim dims of each head turn.
  * KV store: one block per token row, copying its K (or V, or MLA latent)
- * row into the cache slot the scheduler chose. */
+ * row into the cache slot the scheduler chose, in the cache's element type
+ * (bf16 by default: rounded to nearest even; fp32 with KILN_CUDA_KV=f32). */
 #include "backend/cuda/cuda_common.cuh"
 
 /* x[n][ldx], heads at h * head_stride; pos[n] */
@@ -40,22 +41,28 @@ extern "C" void cuda_op_rope(void *ctx, float *x, long ldx, long n, int n_heads,
     CUDA_CHECK_LAUNCH();
 }
 
-/* cache[slots[i] * stride + 0..width) = src[i * ld + 0..width) */
-static __global__ void kv_store_kernel(float *__restrict__ cache, long stride,
+/* cache[slots[i] * stride + 0..width) = src[i * ld + 0..width) (T: the
+ * cache's element type; bf16 rounds to nearest even) */
+template <typename T>
+static __global__ void kv_store_kernel(T *__restrict__ cache, long stride,
                                        const float *__restrict__ src, long ld, long width,
                                        const int32_t *__restrict__ slots, long n) {
     for (long i = blockIdx.x; i < n; i += gridDim.x) {
-        float *dst = cache + (size_t)slots[i] * (size_t)stride;
+        T *dst = cache + (size_t)slots[i] * (size_t)stride;
         const float *s = src + i * ld;
-        for (long k = threadIdx.x; k < width; k += blockDim.x) dst[k] = s[k];
+        for (long k = threadIdx.x; k < width; k += blockDim.x) kv_put(dst + k, s[k]);
     }
 }
 
-extern "C" void cuda_op_kv_store(void *ctx, float *cache, long stride, const float *src, long ld,
+extern "C" void cuda_op_kv_store(void *ctx, void *cache, long stride, const float *src, long ld,
                                  long width, const int32_t *slots, long n) {
     if (n <= 0 || width <= 0) return;
-    kv_store_kernel<<<grid_for(n, 1), 128, 0, ctx_stream(ctx)>>>(cache, stride, src, ld, width,
-                                                                 slots, n);
+    if (((struct cuda_ctx *)ctx)->kv_bf16)
+        kv_store_kernel<<<grid_for(n, 1), 128, 0, ctx_stream(ctx)>>>(
+            (__nv_bfloat16 *)cache, stride, src, ld, width, slots, n);
+    else
+        kv_store_kernel<<<grid_for(n, 1), 128, 0, ctx_stream(ctx)>>>((float *)cache, stride, src,
+                                                                     ld, width, slots, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -68,12 +75,13 @@ extern "C" void cuda_op_kv_store(void *ctx, float *cache, long stride, const flo
  * kv_store_kernel. */
 enum { QKR_WARPS = 4, QKR_MAX_HEAD = 512 };
 
+template <typename T>
 static __global__ void __launch_bounds__(QKR_WARPS * 32)
     qk_rope_store_kernel(float *q, float *k, const float *__restrict__ v, long ld, long n,
                          int n_heads, int n_kv_heads, int hd, const float *__restrict__ q_norm,
                          const float *__restrict__ k_norm, float eps, int half,
                          const int32_t *__restrict__ pos, const float *__restrict__ cos_sin,
-                         int interleaved, float *__restrict__ k_cache, float *__restrict__ v_cache,
+                         int interleaved, T *__restrict__ k_cache, T *__restrict__ v_cache,
                          long kv_stride, const int32_t *__restrict__ slots) {
     __shared__ float buf[QKR_WARPS][QKR_MAX_HEAD];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -85,11 +93,12 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
     if (j >= n_heads + n_kv_heads) { /* value head: copy to the cache */
         int h = j - n_heads - n_kv_heads;
         const float *src = v + i * ld + (long)h * hd;
-        float *dst = v_cache + (size_t)slots[i] * (size_t)kv_stride + (size_t)h * hd;
-        for (int e = lane; e < hd; e += 32) dst[e] = src[e];
+        T *dst = v_cache + (size_t)slots[i] * (size_t)kv_stride + (size_t)h * hd;
+        for (int e = lane; e < hd; e += 32) kv_put(dst + e, src[e]);
         return;
     }
-    float *x, *dst = NULL;
+    float *x;
+    T *dst = NULL;
     const float *nw;
     if (j < n_heads) {
         x = q + i * ld + (long)j * hd;
@@ -130,7 +139,7 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
             val = first ? val * c - o * sn : val * c + o * sn;
         }
         x[e] = val;
-        if (dst) dst[e] = val;
+        if (dst) kv_put(dst + e, val);
     }
 }
 
@@ -138,14 +147,20 @@ extern "C" void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float
                                       long n, int n_heads, int n_kv_heads, int head_dim,
                                       const float *q_norm, const float *k_norm, float eps,
                                       int rot_dim, const int32_t *pos, const float *cos_sin,
-                                      int interleaved, float *k_cache, float *v_cache,
+                                      int interleaved, void *k_cache, void *v_cache,
                                       long kv_stride, const int32_t *slots) {
     long items = n * (long)(n_heads + 2 * n_kv_heads);
     if (items <= 0) return;
     CUDA_ASSERT_MSG(head_dim <= QKR_MAX_HEAD && rot_dim <= head_dim,
                     "qk_rope_store: head_dim above 512");
-    qk_rope_store_kernel<<<grid_for(items, QKR_WARPS), QKR_WARPS * 32, 0, ctx_stream(ctx)>>>(
-        q, k, v, ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
-        cos_sin, interleaved, k_cache, v_cache, kv_stride, slots);
+    if (((struct cuda_ctx *)ctx)->kv_bf16)
+        qk_rope_store_kernel<<<grid_for(items, QKR_WARPS), QKR_WARPS * 32, 0, ctx_stream(ctx)>>>(
+            q, k, v, ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
+            cos_sin, interleaved, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, kv_stride,
+            slots);
+    else
+        qk_rope_store_kernel<<<grid_for(items, QKR_WARPS), QKR_WARPS * 32, 0, ctx_stream(ctx)>>>(
+            q, k, v, ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
+            cos_sin, interleaved, (float *)k_cache, (float *)v_cache, kv_stride, slots);
     CUDA_CHECK_LAUNCH();
 }
