@@ -536,7 +536,9 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->b_reqs = xmalloc((size_t)S * sizeof *e->b_reqs);
     e->b_from = xmalloc((size_t)S * sizeof *e->b_from);
     e->b_to = xmalloc((size_t)S * sizeof *e->b_to);
+    /* touched now, so no step pays first-touch page faults on it */
     e->logits = xmalloc((size_t)S * (size_t)e->vocab * 4);
+    memset(e->logits, 0, (size_t)S * (size_t)e->vocab * 4);
     e->scratch = xmalloc((size_t)e->vocab * 2 * 4);
     e->match_pages = xmalloc((size_t)(e->context_length / e->page_size + 2) * 4);
     log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%s, %.1f MiB, page size %d)",
