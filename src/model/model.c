@@ -489,14 +489,8 @@ int model_warmup(struct model *m, struct kv_pool *kv, struct kiln_error *err) {
     }
     int32_t *pages = xmalloc((size_t)n_pages * 4);
     KILN_ASSERT(kv_pool_alloc(kv, n_pages, pages) == 0);
-    /* decode buckets: the first run is eager, the second records the graph */
-    for (int i = 0; i < MODEL_GRAPH_BUCKETS && rc == 0; i++) {
-        int s = bucket_size(i);
-        if (bucket_for(m, s) != i) break;
-        for (int k = 0; k < 2 && rc == 0; k++) rc = warm_step(m, kv, s, s, pages, 1, logits, err);
-        n_dec++;
-    }
-    double t1 = time_now();
+    /* Prefill sizes first: they grow the backend's scratch to its largest,
+     * and scratch moving would make graphs recorded before it stale. */
     /* prefill: every power of two up to the longest batch, and that batch */
     for (int t = 1; rc == 0; t = t * 2 < longest ? t * 2 : longest) {
         if (t > n_pages * ps) t = n_pages * ps;
@@ -505,13 +499,22 @@ int model_warmup(struct model *m, struct kv_pool *kv, struct kiln_error *err) {
         if (t >= longest || t >= n_pages * ps) break;
     }
     m->be->ops->synchronize(m->be->ctx);
+    double t1 = time_now();
+    /* decode buckets: the first run is eager, the second records the graph */
+    for (int i = 0; i < MODEL_GRAPH_BUCKETS && rc == 0; i++) {
+        int s = bucket_size(i);
+        if (bucket_for(m, s) != i) break;
+        for (int k = 0; k < 2 && rc == 0; k++) rc = warm_step(m, kv, s, s, pages, 1, logits, err);
+        n_dec++;
+    }
+    m->be->ops->synchronize(m->be->ctx);
     double t2 = time_now();
     kv_pool_release(kv, pages, n_pages);
     free(pages);
     free(logits);
     if (rc == 0)
-        log_info("warm-up: %d decode buckets (1..%d sequences, graphs recorded) in %.2f s, %d "
-                 "prefill sizes (1..%d tokens) in %.2f s",
-                 n_dec, bucket_size(n_dec - 1), t1 - t0, n_pre, longest, t2 - t1);
+        log_info("warm-up: %d prefill sizes (1..%d tokens) in %.2f s, %d decode buckets (1..%d "
+                 "sequences, graphs recorded) in %.2f s",
+                 n_pre, longest, t1 - t0, n_dec, bucket_size(n_dec - 1), t2 - t1);
     return rc;
 }
