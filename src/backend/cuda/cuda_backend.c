@@ -293,7 +293,11 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     CUBLAS_CHECK(cublasSetMathMode(c->cublas, CUBLAS_DEFAULT_MATH));
     /* Two knobs read once here (docs/cuda.md): KILN_CUDA_MATMUL=bf16x2 for
      * fp32-grade products, KILN_CUDA_GEMV_MAX_ROWS for the GEMV cut-over. */
-    c->gemv_max_rows = 8;
+    /* The GEMV wins only up to 2 rows: on an H100 a decode step of 4 or 8
+     * rows took 8.99 / 13.63 ms through it against 7.32 / 7.55 ms through
+     * cuBLAS (Llama-3.1-8B; Qwen3-0.6B 1.95 / 3.04 against 1.70 / 1.84;
+     * bench_warmup, docs/cuda.md). */
+    c->gemv_max_rows = 2;
     const char *g = getenv("KILN_CUDA_GEMV_MAX_ROWS");
     if (g) c->gemv_max_rows = atoi(g);
     c->gemv_rows_per_warp = 4; /* KILN_CUDA_GEMV_R: 1, 2 or 4, for tuning */
