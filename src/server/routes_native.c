@@ -189,6 +189,7 @@ static void native_job_done(void *arg, struct http_request *r) {
         server_reply_error(r, &j->e);
         return;
     }
+    if (server_refuse_late(j->s, r)) return;
     native_start(j->s, r, j->st, j->st->score ? &j->er : &j->gp.r);
     j->st = NULL; /* native_start owns it now */
 }

@@ -361,6 +361,7 @@ static void oai_job_done(void *arg, struct http_request *r) {
         server_reply_error(r, &j->e);
         return;
     }
+    if (server_refuse_late(j->s, r)) return;
     oai_start(j->s, r, j->st, &j->gp);
     j->st = NULL; /* oai_start owns it now */
 }

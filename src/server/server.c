@@ -164,7 +164,13 @@ void server_offload(struct server *s, struct http_request *r, tok_work_fn work, 
         release(arg);
         return;
     }
-    tok_pool_submit(s->tokpool, r, work, done, release, arg);
+    tok_pool_submit(s->tokpool, r, r->body_len, work, done, release, arg);
+}
+
+int server_refuse_late(struct server *s, struct http_request *r) {
+    if (!s->aborting) return 0;
+    http_error_respond(r, 503, "shutting_down", NULL, "the server is shutting down");
+    return 1;
 }
 
 /* ---- small routes ------------------------------------------------------------ */
@@ -298,7 +304,8 @@ static void on_idle(void *arg) {
 static void on_grace_over(evutil_socket_t fd, short what, void *arg) {
     struct server *s = arg;
     (void)fd, (void)what;
-    if (s->hub.n_gens) log_info("shutdown: aborting %d requests still in flight", s->hub.n_gens);
+    if (in_flight(s)) log_info("shutdown: aborting %d requests still in flight", in_flight(s));
+    s->aborting = 1;
     gen_hub_abort_all(&s->hub);
 }
 
@@ -307,6 +314,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     (void)what;
     if (s->shutting_down) {
         log_info("second signal: aborting everything in flight");
+        s->aborting = 1;
         gen_hub_abort_all(&s->hub);
         return;
     }

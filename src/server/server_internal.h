@@ -36,6 +36,7 @@ struct server {
     struct tok_pool *tokpool; /* NULL: tokenize on the loop thread */
     struct metrics metrics;
     int shutting_down;
+    int aborting; /* shutdown's grace is over: what is left is aborted */
     struct event *sigint, *sigterm, *grace;
     uint64_t id_counter;
     int flush_checks;
@@ -64,6 +65,8 @@ json_t *server_token_text(struct server *s, int32_t prev, int32_t id);
  * (--tokenizer-inline-bytes) or there is no pool; otherwise on the tokenizer
  * pool, and `done` is skipped if the client disconnects meanwhile. work must
  * touch only arg and read-only server state (tokenizer, chat template). */
+/* A job finished after shutdown's grace: answers 503 and returns 1. */
+int server_refuse_late(struct server *s, struct http_request *r);
 void server_offload(struct server *s, struct http_request *r, tok_work_fn work, tok_done_fn done,
                     tok_release_fn release, void *arg);
 

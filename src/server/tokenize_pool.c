@@ -20,6 +20,7 @@ struct tok_job {
     tok_done_fn done;
     tok_release_fn release;
     void *arg;
+    size_t cost;                /* bytes to tokenize, about */
     atomic_int cancelled;
     int batch_size;             /* set on the first job of a batch */
     struct tok_job *next;       /* queue or mailbox */
@@ -52,10 +53,14 @@ static void *worker(void *arg) {
             pthread_mutex_unlock(&p->qmu);
             return NULL;
         }
-        /* the dynamic batch: everything queued now, up to the cap */
+        /* the dynamic batch: what is queued now, up to the caps; a job over
+         * the byte budget runs alone, so that no small job waits behind it
+         * in the same batch */
         struct tok_job *first = p->q_head, *last = first;
         int n = 1;
-        while (last->next && n < TOK_POOL_MAX_BATCH) last = last->next, n++;
+        size_t bytes = first->cost;
+        while (last->next && n < TOK_POOL_MAX_BATCH && bytes + last->next->cost <= TOK_POOL_BATCH_BYTES)
+            last = last->next, n++, bytes += last->cost;
         p->q_head = last->next;
         if (!p->q_head) p->q_tail = NULL;
         last->next = NULL;
@@ -158,9 +163,10 @@ void tok_pool_free(struct tok_pool *p) {
     free(p);
 }
 
-void tok_pool_submit(struct tok_pool *p, struct http_request *req, tok_work_fn work, tok_done_fn done,
-                     tok_release_fn release, void *arg) {
+void tok_pool_submit(struct tok_pool *p, struct http_request *req, size_t cost, tok_work_fn work,
+                     tok_done_fn done, tok_release_fn release, void *arg) {
     struct tok_job *j = xcalloc(1, sizeof *j);
+    j->cost = cost;
     j->pool = p;
     j->req = req;
     j->work = work;

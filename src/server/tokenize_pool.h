@@ -8,9 +8,10 @@
  * mutex-protected mailbox and event_active. `release` always runs, on the
  * loop thread, once the job is over.
  *
- * Dynamic batching: a worker takes every job queued at that moment (up to
- * TOK_POOL_MAX_BATCH) and runs them back to back, then posts them together
- * with one wake-up of the loop; the batch sizes go to /metrics as
+ * Dynamic batching: a worker takes the jobs queued at that moment (up to
+ * TOK_POOL_MAX_BATCH jobs and TOK_POOL_BATCH_BYTES of input; a larger job
+ * runs alone) and runs them back to back, then posts them together with one
+ * wake-up of the loop; the batch sizes go to /metrics as
  * kiln:tokenizer_batch_size.
  *
  * Client disconnect: the pool registers the request's close callback. When
@@ -35,6 +36,9 @@ struct metrics;
 struct tok_pool;
 
 enum { TOK_POOL_MAX_BATCH = 64 };
+/* A batch holds at most this many bytes of input, except that its first job
+ * may be larger (it then runs alone). */
+enum { TOK_POOL_BATCH_BYTES = 256 << 10 };
 
 typedef void (*tok_work_fn)(void *arg);                            /* worker thread */
 typedef void (*tok_done_fn)(void *arg, struct http_request *req);  /* loop thread, client still there */
@@ -47,8 +51,9 @@ int tok_pool_create(struct tok_pool **out, struct event_base *base, int n_worker
  * still held, without calling `done`. Call after the HTTP connections are
  * gone. */
 void tok_pool_free(struct tok_pool *p);
-void tok_pool_submit(struct tok_pool *p, struct http_request *req, tok_work_fn work, tok_done_fn done,
-                     tok_release_fn release, void *arg);
+/* `cost`: the bytes to tokenize, about (the request body's size). */
+void tok_pool_submit(struct tok_pool *p, struct http_request *req, size_t cost, tok_work_fn work,
+                     tok_done_fn done, tok_release_fn release, void *arg);
 /* Jobs submitted and not yet released (loop thread). */
 int tok_pool_jobs(const struct tok_pool *p);
 /* Called on the loop thread each time the last job in flight is released. */
