@@ -35,6 +35,8 @@ static void usage(FILE *f) {
             "  --max-body-bytes N          larger request bodies get 413 (default 33554432)\n"
             "  --max-connections N         more connections get 503 (default 4096)\n"
             "  --shutdown-timeout SEC      on SIGTERM, let requests finish this long (default 5)\n"
+            "  --tokenizer-workers N       threads tokenizing prompts off the HTTP loop (default 1; 0: on it)\n"
+            "  --tokenizer-inline-bytes N  bodies smaller than this tokenize on the loop (default 4096)\n"
             "  --threads N --device cpu --load-format auto|dummy\n"
             "  --deterministic             a request's results do not depend on the batch (GPU)\n");
 }
@@ -91,6 +93,8 @@ int cmd_serve(int argc, char **argv) {
         INT_OPT("--max-body-bytes", 1024, 1L << 34, so.max_body_bytes)
         INT_OPT("--max-connections", 1, 1 << 20, so.max_connections)
         INT_OPT("--shutdown-timeout", 0, 86400, so.shutdown_timeout_s)
+        INT_OPT("--tokenizer-workers", 0, 64, so.tokenizer_workers)
+        INT_OPT("--tokenizer-inline-bytes", 0, 1L << 34, so.tokenizer_inline_bytes)
         if (!strcmp(o, "--schedule-policy")) {
             if (v && !strcmp(v, "fcfs")) eo.policy = SCHEDULE_FCFS;
             else if (v && !strcmp(v, "lpm")) eo.policy = SCHEDULE_LPM;

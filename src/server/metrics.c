@@ -16,6 +16,8 @@ static const double itl_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.0
 static const double e2e_bounds[] = {0.01, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,   2.5,   5.0,  10.0,
                                     15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0};
 
+static const double tok_batch_bounds[] = {1, 2, 4, 8, 16, 32, 64};
+
 static void hist_init(struct histogram *h, const double *bounds, int n) {
     memset(h, 0, sizeof *h);
     h->bounds = bounds;
@@ -36,11 +38,13 @@ void metrics_init(struct metrics *m) {
     hist_init(&m->ttft, ttft_bounds, (int)(sizeof ttft_bounds / sizeof *ttft_bounds));
     hist_init(&m->itl, itl_bounds, (int)(sizeof itl_bounds / sizeof *itl_bounds));
     hist_init(&m->e2e, e2e_bounds, (int)(sizeof e2e_bounds / sizeof *e2e_bounds));
+    hist_init(&m->tok_batch, tok_batch_bounds, (int)(sizeof tok_batch_bounds / sizeof *tok_batch_bounds));
 }
 
 void metrics_observe_ttft(struct metrics *m, double s) { hist_observe(&m->ttft, s); }
 void metrics_observe_itl(struct metrics *m, double s) { hist_observe(&m->itl, s); }
 void metrics_observe_e2e(struct metrics *m, double s) { hist_observe(&m->e2e, s); }
+void metrics_observe_tok_batch(struct metrics *m, int jobs) { hist_observe(&m->tok_batch, jobs); }
 
 struct out {
     char *buf;
@@ -128,6 +132,8 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
     hist(&o, "time_to_first_token_seconds", "Time from request arrival to the first token.", lb, &m->ttft);
     hist(&o, "inter_token_latency_seconds", "Time between tokens of one request.", lb, &m->itl);
     hist(&o, "e2e_request_latency_seconds", "Time from request arrival to its final token.", lb, &m->e2e);
+    hist(&o, "tokenizer_batch_size", "Jobs the tokenizer pool ran in one batch (prompts tokenized off the loop thread).",
+         lb, &m->tok_batch);
     outf(&o, "# HELP kiln:http_responses_total HTTP responses by status class.\n"
              "# TYPE kiln:http_responses_total counter\n");
     for (int c = 2; c <= 5; c++)

@@ -26,6 +26,7 @@ struct histogram {
 
 struct metrics {
     struct histogram ttft, itl, e2e;
+    struct histogram tok_batch; /* jobs per tokenizer-pool batch */
     long http_requests[6]; /* by status class: [2] = 2xx ... [5] = 5xx */
     long aborted_by_client;
 };
@@ -34,6 +35,7 @@ void metrics_init(struct metrics *m);
 void metrics_observe_ttft(struct metrics *m, double seconds);
 void metrics_observe_itl(struct metrics *m, double seconds);
 void metrics_observe_e2e(struct metrics *m, double seconds);
+void metrics_observe_tok_batch(struct metrics *m, int jobs);
 /* The full exposition (malloc'd, NUL-terminated). */
 char *metrics_render(const struct metrics *m, struct engine *e, const char *model_name, size_t *len);
 

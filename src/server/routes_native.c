@@ -162,6 +162,47 @@ static void native_start(struct server *s, struct http_request *r, struct native
     if (st->stream) sse_begin(r);
 }
 
+/* The prompts' tokenization, maybe on the tokenizer pool (see
+ * server_offload): body and prompts belong to the worker until done. */
+struct native_job {
+    struct server *s;
+    json_t *body;
+    const json_t *prompt;  /* generate: 'text' or 'input_ids' */
+    const char *param;
+    struct gen_params gp;  /* generate */
+    struct engine_request er; /* score */
+    int32_t *labels;       /* score */
+    int item_first;        /* score */
+    struct native *st;
+    struct req_error e;
+    int rc;
+};
+
+static void generate_work(void *arg) {
+    struct native_job *j = arg;
+    j->rc = jr_prompts(j->prompt, j->param, j->s->tok, j->s->vocab, 0, &j->st->prompts, &j->e);
+}
+
+static void native_job_done(void *arg, struct http_request *r) {
+    struct native_job *j = arg;
+    if (j->rc) {
+        server_reply_error(r, &j->e);
+        return;
+    }
+    if (server_refuse_late(j->s, r)) return;
+    native_start(j->s, r, j->st, j->st->score ? &j->er : &j->gp.r);
+    j->st = NULL; /* native_start owns it now */
+}
+
+static void native_job_release(void *arg) {
+    struct native_job *j = arg;
+    json_decref(j->body);
+    gen_params_free(&j->gp);
+    free(j->labels);
+    if (j->st) native_free_unstarted(j->st);
+    free(j);
+}
+
 void route_generate(struct server *s, struct http_request *r) {
     json_t *body = server_body(s, r);
     if (!body) return;
@@ -199,15 +240,18 @@ void route_generate(struct server *s, struct http_request *r) {
         req_errorf(&e, 400, "invalid_type", "input_ids", "'input_ids' must be an array of token ids");
         goto bad;
     }
-    if (jr_prompts(has_text ? text : ids, has_text ? "text" : "input_ids", s->tok, s->vocab, 0, &st->prompts, &e))
-        goto bad;
     json_t *v = has_text ? text : ids;
     st->batch = st->n > 1 || (has_text ? json_is_array(v) : json_is_array(json_array_get(v, 0)));
     gp.r.sampling.logprobs = st->logprob;
     gp.r.sampling.top_logprobs = st->top_n;
-    json_decref(body);
-    native_start(s, r, st, &gp.r);
-    gen_params_free(&gp);
+    struct native_job *j = xcalloc(1, sizeof *j);
+    j->s = s;
+    j->body = body;
+    j->prompt = v;
+    j->param = has_text ? "text" : "input_ids";
+    j->gp = gp; /* moved */
+    j->st = st;
+    server_offload(s, r, generate_work, native_job_done, native_job_release, j);
     return;
 bad:
     json_decref(body);
@@ -279,6 +323,12 @@ fail:
     return -1;
 }
 
+static void score_work(void *arg) {
+    struct native_job *j = arg;
+    j->rc = score_prompts(j->s, json_object_get(j->body, "query"), json_object_get(j->body, "items"), j->item_first,
+                          &j->st->prompts, &j->e);
+}
+
 void route_score(struct server *s, struct http_request *r) {
     json_t *body = server_body(s, r);
     if (!body) return;
@@ -307,18 +357,21 @@ void route_score(struct server *s, struct http_request *r) {
         req_errorf(&e, 400, "missing_field", "query", "'query' is required");
         goto bad;
     }
-    if (score_prompts(s, query, items, item_first, &st->prompts, &e)) goto bad;
-    struct engine_request er;
-    memset(&er, 0, sizeof er);
-    sampling_params_default(&er.sampling);
-    er.score = 1;
-    er.label_ids = labels;
-    er.n_label_ids = n_labels;
-    er.apply_softmax = apply_softmax;
-    er.skip_special_tokens = 1;
-    json_decref(body);
-    native_start(s, r, st, &er);
-    free(labels);
+    (void)items;
+    struct native_job *j = xcalloc(1, sizeof *j);
+    gen_params_init(&j->gp);
+    sampling_params_default(&j->er.sampling);
+    j->er.score = 1;
+    j->er.label_ids = labels;
+    j->er.n_label_ids = n_labels;
+    j->er.apply_softmax = apply_softmax;
+    j->er.skip_special_tokens = 1;
+    j->s = s;
+    j->body = body;
+    j->labels = labels; /* moved */
+    j->item_first = item_first;
+    j->st = st;
+    server_offload(s, r, score_work, native_job_done, native_job_release, j);
     return;
 bad:
     json_decref(body);
@@ -335,31 +388,32 @@ static json_t *ids_json(const int32_t *ids, int n) {
     return a;
 }
 
-void route_tokenize(struct server *s, struct http_request *r) {
-    json_t *body = server_body(s, r);
-    if (!body) return;
-    struct req_error e = {0};
+/* The /tokenize answer, serialized (it can be large: off the loop thread
+ * with the tokenization). */
+static char *reply_text(json_t *v) {
+    char *t = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    return t;
+}
+
+/* /tokenize's work, on the tokenizer pool or inline: body to the JSON text
+ * of the answer. The model was checked on the loop thread. */
+static int tokenize_body(struct server *s, json_t *body, char **out, struct req_error *e) {
     struct prompt_list pl = {0};
     json_t *resp = NULL;
-    if (!s->tok) {
-        req_errorf(&e, 400, "invalid_value", NULL, "this model has no tokenizer");
-        goto bad;
-    }
     json_t *prompt = json_object_get(body, "prompt"), *msgs = json_object_get(body, "messages");
     int has_msgs = msgs && !json_is_null(msgs), add_special = !has_msgs, strs = 0;
-    if (server_check_model(s, body, &e) || jr_bool(body, "add_special_tokens", &add_special, &e) < 0 ||
-        jr_bool(body, "return_token_strs", &strs, &e) < 0)
+    if (jr_bool(body, "add_special_tokens", &add_special, e) < 0 || jr_bool(body, "return_token_strs", &strs, e) < 0)
         goto bad;
     int list = 0;
     if (has_msgs) {
         /* vLLM's chat form: the conversation rendered as chat completions would */
-        if (server_chat_prompt(s, body, &pl, &e)) goto bad;
+        if (server_chat_prompt(s, body, &pl, e)) goto bad;
         resp = json_pack("{s:o,s:i,s:i}", "tokens", ids_json(pl.v[0].ids, pl.v[0].n), "count", pl.v[0].n,
                          "max_model_len", s->context_length);
         prompt_list_free(&pl);
-        json_decref(body);
-        server_reply_json(r, 200, resp);
-        return;
+        *out = reply_text(resp);
+        return 0;
     }
     if (!prompt || json_is_null(prompt)) prompt = json_object_get(body, "text");
     if (json_is_array(prompt)) {
@@ -367,15 +421,15 @@ void route_tokenize(struct server *s, struct http_request *r) {
         size_t i;
         json_t *x;
         json_array_foreach(prompt, i, x) if (!json_is_string(x)) {
-            req_errorf(&e, 400, "invalid_type", "prompt", "'prompt' must be a string or an array of strings");
+            req_errorf(e, 400, "invalid_type", "prompt", "'prompt' must be a string or an array of strings");
             goto bad;
         }
         if (json_array_size(prompt) == 0 || json_array_size(prompt) > 4096) {
-            req_errorf(&e, 400, "invalid_value", "prompt", "'prompt' must hold 1 to 4096 strings");
+            req_errorf(e, 400, "invalid_value", "prompt", "'prompt' must hold 1 to 4096 strings");
             goto bad;
         }
     } else if (!json_is_string(prompt)) {
-        req_errorf(&e, 400, prompt ? "invalid_type" : "missing_field", "prompt", "'prompt' must be a string");
+        req_errorf(e, 400, prompt ? "invalid_type" : "missing_field", "prompt", "'prompt' must be a string");
         goto bad;
     }
     size_t n = list ? json_array_size(prompt) : 1;
@@ -384,7 +438,7 @@ void route_tokenize(struct server *s, struct http_request *r) {
     json_t *tokens = json_array(), *counts = json_array(), *tstrs = json_array();
     for (size_t i = 0; i < n; i++) {
         json_t *x = list ? json_array_get(prompt, i) : prompt;
-        if (jr_encode(s->tok, json_string_value(x), json_string_length(x), add_special, &pl.v[i], "prompt", &e)) {
+        if (jr_encode(s->tok, json_string_value(x), json_string_length(x), add_special, &pl.v[i], "prompt", e)) {
             json_decref(tokens), json_decref(counts), json_decref(tstrs);
             goto bad;
         }
@@ -409,13 +463,54 @@ void route_tokenize(struct server *s, struct http_request *r) {
         json_decref(tokens), json_decref(counts), json_decref(tstrs);
     }
     prompt_list_free(&pl);
-    json_decref(body);
-    server_reply_json(r, 200, resp);
-    return;
+    *out = reply_text(resp);
+    return 0;
 bad:
     prompt_list_free(&pl);
-    json_decref(body);
-    server_reply_error(r, &e);
+    return -1;
+}
+
+struct tokenize_job {
+    struct server *s;
+    json_t *body;
+    char *resp;
+    struct req_error e;
+    int rc;
+};
+
+static void tokenize_work(void *arg) {
+    struct tokenize_job *j = arg;
+    j->rc = tokenize_body(j->s, j->body, &j->resp, &j->e);
+}
+
+static void tokenize_done(void *arg, struct http_request *r) {
+    struct tokenize_job *j = arg;
+    if (j->rc) server_reply_error(r, &j->e);
+    else if (!j->resp) http_error_respond(r, 500, "internal_error", NULL, "cannot encode the response");
+    else http_respond(r, 200, "application/json", j->resp, strlen(j->resp), NULL);
+}
+
+static void tokenize_release(void *arg) {
+    struct tokenize_job *j = arg;
+    json_decref(j->body);
+    free(j->resp);
+    free(j);
+}
+
+void route_tokenize(struct server *s, struct http_request *r) {
+    json_t *body = server_body(s, r);
+    if (!body) return;
+    struct req_error e = {0};
+    if (!s->tok) req_errorf(&e, 400, "invalid_value", NULL, "this model has no tokenizer");
+    if (!s->tok || server_check_model(s, body, &e)) {
+        json_decref(body);
+        server_reply_error(r, &e);
+        return;
+    }
+    struct tokenize_job *j = xcalloc(1, sizeof *j);
+    j->s = s;
+    j->body = body;
+    server_offload(s, r, tokenize_work, tokenize_done, tokenize_release, j);
 }
 
 void route_detokenize(struct server *s, struct http_request *r) {

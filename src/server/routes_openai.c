@@ -333,6 +333,57 @@ static int parse_stream(struct oai *st, const json_t *body, struct req_error *e)
     return 0;
 }
 
+/* The prompt's tokenization, maybe on the tokenizer pool: the body and the
+ * prompts belong to the worker until oai_job_done. */
+struct oai_job {
+    struct server *s;
+    json_t *body;
+    struct gen_params gp;
+    struct oai *st;
+    struct req_error e;
+    int rc;
+};
+
+static void completions_work(void *arg) {
+    struct oai_job *j = arg;
+    j->rc = jr_prompts(json_object_get(j->body, "prompt"), "prompt", j->s->tok, j->s->vocab, 0, &j->st->prompts,
+                       &j->e);
+}
+
+static void chat_work(void *arg) {
+    struct oai_job *j = arg;
+    j->rc = server_chat_prompt(j->s, j->body, &j->st->prompts, &j->e);
+}
+
+static void oai_job_done(void *arg, struct http_request *r) {
+    struct oai_job *j = arg;
+    if (j->rc) {
+        server_reply_error(r, &j->e);
+        return;
+    }
+    if (server_refuse_late(j->s, r)) return;
+    oai_start(j->s, r, j->st, &j->gp);
+    j->st = NULL; /* oai_start owns it now */
+}
+
+static void oai_job_release(void *arg) {
+    struct oai_job *j = arg;
+    json_decref(j->body);
+    gen_params_free(&j->gp);
+    if (j->st) oai_free_unstarted(j->st);
+    free(j);
+}
+
+static void oai_offload(struct server *s, struct http_request *r, json_t *body, struct gen_params *gp,
+                        struct oai *st, tok_work_fn work) {
+    struct oai_job *j = xcalloc(1, sizeof *j);
+    j->s = s;
+    j->body = body;
+    j->gp = *gp; /* moved: the caller does not free it */
+    j->st = st;
+    server_offload(s, r, work, oai_job_done, oai_job_release, j);
+}
+
 void route_completions(struct server *s, struct http_request *r) {
     json_t *body = server_body(s, r);
     if (!body) return;
@@ -363,10 +414,7 @@ void route_completions(struct server *s, struct http_request *r) {
                                                    "which this server does not compute");
         goto bad;
     }
-    if (jr_prompts(json_object_get(body, "prompt"), "prompt", s->tok, s->vocab, 0, &st->prompts, &e)) goto bad;
-    json_decref(body);
-    oai_start(s, r, st, &gp);
-    gen_params_free(&gp);
+    oai_offload(s, r, body, &gp, st, completions_work);
     return;
 bad:
     json_decref(body);
@@ -500,10 +548,7 @@ void route_chat_completions(struct server *s, struct http_request *r) {
             goto bad;
         }
     }
-    if (server_chat_prompt(s, body, &st->prompts, &e)) goto bad;
-    json_decref(body);
-    oai_start(s, r, st, &gp);
-    gen_params_free(&gp);
+    oai_offload(s, r, body, &gp, st, chat_work);
     return;
 bad:
     json_decref(body);

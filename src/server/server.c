@@ -27,6 +27,7 @@
 #include "scheduler/engine.h"
 #include "server/http_error.h"
 #include "server/server_internal.h"
+#include "server/tokenize_pool.h"
 
 void server_options_default(struct server_options *o) {
     memset(o, 0, sizeof *o);
@@ -36,6 +37,8 @@ void server_options_default(struct server_options *o) {
     o->max_connections = 4096;
     o->idle_timeout_s = 60;
     o->shutdown_timeout_s = 5;
+    o->tokenizer_workers = 1;
+    o->tokenizer_inline_bytes = 4096;
 }
 
 /* ---- helpers for routes ------------------------------------------------------ */
@@ -151,6 +154,23 @@ json_t *server_token_text(struct server *s, int32_t prev, int32_t id) {
     v = server_json_text(t, n);
     free(t);
     return v;
+}
+
+void server_offload(struct server *s, struct http_request *r, tok_work_fn work, tok_done_fn done,
+                    tok_release_fn release, void *arg) {
+    if (!s->tokpool || r->body_len < s->opt->tokenizer_inline_bytes) {
+        work(arg);
+        done(arg, r);
+        release(arg);
+        return;
+    }
+    tok_pool_submit(s->tokpool, r, r->body_len, work, done, release, arg);
+}
+
+int server_refuse_late(struct server *s, struct http_request *r) {
+    if (!s->aborting) return 0;
+    http_error_respond(r, 503, "shutting_down", NULL, "the server is shutting down");
+    return 1;
 }
 
 /* ---- small routes ------------------------------------------------------------ */
@@ -273,15 +293,19 @@ static void on_flushed_check(evutil_socket_t fd, short what, void *arg) {
     else finish_when_flushed(s);
 }
 
+/* requests in flight: engine requests, and prompts being tokenized */
+static int in_flight(const struct server *s) { return s->hub.n_gens + tok_pool_jobs(s->tokpool); }
+
 static void on_idle(void *arg) {
     struct server *s = arg;
-    if (s->shutting_down) finish_when_flushed(s);
+    if (s->shutting_down && !in_flight(s)) finish_when_flushed(s);
 }
 
 static void on_grace_over(evutil_socket_t fd, short what, void *arg) {
     struct server *s = arg;
     (void)fd, (void)what;
-    if (s->hub.n_gens) log_info("shutdown: aborting %d requests still in flight", s->hub.n_gens);
+    if (in_flight(s)) log_info("shutdown: aborting %d requests still in flight", in_flight(s));
+    s->aborting = 1;
     gen_hub_abort_all(&s->hub);
 }
 
@@ -290,14 +314,15 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     (void)what;
     if (s->shutting_down) {
         log_info("second signal: aborting everything in flight");
+        s->aborting = 1;
         gen_hub_abort_all(&s->hub);
         return;
     }
     s->shutting_down = 1;
     http_server_stop_listening(s->http);
     log_info("%s: no longer accepting requests; %d in flight (up to %.1f s to finish)",
-             sig == SIGINT ? "SIGINT" : "SIGTERM", s->hub.n_gens, s->opt->shutdown_timeout_s);
-    if (!s->hub.n_gens) {
+             sig == SIGINT ? "SIGINT" : "SIGTERM", in_flight(s), s->opt->shutdown_timeout_s);
+    if (!in_flight(s)) {
         finish_when_flushed(s);
         return;
     }
@@ -361,6 +386,10 @@ int server_run(struct engine *e, const struct server_options *o, struct kiln_err
     if (gen_hub_init(&s->hub, s->base, e, &s->metrics, err)) goto out;
     s->hub.on_idle = on_idle;
     s->hub.idle_arg = s;
+    if (o->tokenizer_workers > 0 && s->tok) {
+        if (tok_pool_create(&s->tokpool, s->base, o->tokenizer_workers, &s->metrics, err)) goto out;
+        tok_pool_on_idle(s->tokpool, on_idle, s);
+    }
     /* every connection is a descriptor: take what the hard limit allows */
     int max_conns = o->max_connections;
     struct rlimit rl;
@@ -393,6 +422,8 @@ out:
     /* order matters: connections first (their close callbacks abort), then
      * the engine (its last events land in the hub), then the hub */
     http_server_free(s->http);
+    /* after the connections: their close callbacks cancel queued jobs */
+    tok_pool_free(s->tokpool);
     engine_destroy(e);
     if (s->base) gen_hub_free(&s->hub);
     if (s->sigint) event_free(s->sigint);

@@ -29,6 +29,8 @@ struct server_options {
     int idle_timeout_s;            /* default 60 */
     double shutdown_timeout_s;     /* default 5 */
     int log_requests;
+    int tokenizer_workers;         /* threads tokenizing off the loop; 0 = on the loop (default 1) */
+    size_t tokenizer_inline_bytes; /* bodies smaller than this tokenize inline (default 4096) */
     /* called once listening, with the bound port (the CLI prints the URL) */
     void (*on_listening)(void *arg, const char *host, int port);
     void *on_listening_arg;

@@ -15,6 +15,7 @@
 #include "server/json_req.h"
 #include "server/metrics.h"
 #include "server/server.h"
+#include "server/tokenize_pool.h"
 
 struct event;
 struct event_base;
@@ -32,8 +33,10 @@ struct server {
     struct event_base *base;
     struct http_server *http;
     struct gen_hub hub;
+    struct tok_pool *tokpool; /* NULL: tokenize on the loop thread */
     struct metrics metrics;
     int shutting_down;
+    int aborting; /* shutdown's grace is over: what is left is aborted */
     struct event *sigint, *sigterm, *grace;
     uint64_t id_counter;
     int flush_checks;
@@ -56,6 +59,16 @@ json_t *server_json_text(const char *s, size_t n);
 /* The text of one token as clients see it in logprobs (special tokens
  * kept), decoded after `prev` (-1 for none). */
 json_t *server_token_text(struct server *s, int32_t prev, int32_t id);
+
+/* Runs work(arg) — tokenization, chat rendering — then done(arg, r) on the
+ * loop thread, then release(arg). Inline when the body is small
+ * (--tokenizer-inline-bytes) or there is no pool; otherwise on the tokenizer
+ * pool, and `done` is skipped if the client disconnects meanwhile. work must
+ * touch only arg and read-only server state (tokenizer, chat template). */
+/* A job finished after shutdown's grace: answers 503 and returns 1. */
+int server_refuse_late(struct server *s, struct http_request *r);
+void server_offload(struct server *s, struct http_request *r, tok_work_fn work, tok_done_fn done,
+                    tok_release_fn release, void *arg);
 
 /* The token ids of a chat body (messages, tools, chat_template_kwargs,
  * add_generation_prompt) through the chat template. */

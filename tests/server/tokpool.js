@@ -1,0 +1,173 @@
+// tokpool.js — the tokenizer pool (SEEDS §24).
+// Usage: node tokpool.js URL_POOL URL_INLINE PID_POOL
+//   URL_POOL: --tokenizer-workers 2 --tokenizer-inline-bytes 0 (every prompt on the pool)
+//   URL_INLINE: --tokenizer-workers 0 (every prompt on the loop thread)
+// The last test sends SIGTERM to the pool server.
+'use strict';
+const http = require('http');
+const net = require('net');
+const { test, run, post, get, metrics, sleep, assert } = require('./lib');
+
+const P = process.argv[2], I = process.argv[3];
+const pidP = Number(process.argv[4]);
+const BIG = 'the cat sat on a mat and ran far away. '.repeat(52000); // 2,028,000 bytes
+// 2,000,000 random letters and spaces: ~3x slower to tokenize than BIG (fewer merges hit)
+const HARD = (() => {
+  let x = 12345;
+  const a = 'abcdefghijklmnopqrstuvwxyz ', out = new Array(2000000);
+  for (let i = 0; i < out.length; i++) { x = (Math.imul(x, 1103515245) + 12345) >>> 0; out[i] = a[(x >>> 16) % 27]; }
+  return out.join('');
+})();
+
+// A chain of small streaming completions until stop(); the arrival time of every chunk.
+function chunkTimes(url, stop) {
+  const times = [];
+  const one = () => new Promise((resolve, reject) => {
+    const u = new URL(url);
+    const data = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 32, stream: true, ignore_eos: true, temperature: 0 });
+    const req = http.request({ host: u.hostname, port: u.port, method: 'POST', path: '/v1/completions', agent: false,
+      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(data) } }, (res) => {
+      res.on('data', () => times.push(performance.now()));
+      res.on('end', resolve);
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(data);
+  });
+  return (async () => { while (!stop()) await one(); return times; })();
+}
+
+// Max gap between consecutive chunks of the small streams while a 2 MB
+// prompt is tokenized. The big request is a completion whose prompt turns out
+// longer than the context: a 400 after tokenizing, so that no large answer
+// (which this client would parse on its own timing thread) blurs the figure.
+async function gapDuringBig(url) {
+  let done = false;
+  const s = chunkTimes(url, () => done);
+  await sleep(150);
+  const body = JSON.stringify({ prompt: HARD, max_tokens: 4 });
+  const tb = performance.now();
+  const r = await post(url, '/v1/completions', body);
+  const te = performance.now();
+  done = true;
+  const times = await s;
+  assert.strictEqual(r.status, 400, r.text.slice(0, 200));
+  assert.ok(/context|long/.test(r.json.error.message), r.text);
+  let during = 0, before = 0;
+  for (let i = 1; i < times.length; i++) {
+    const g = times[i] - times[i - 1];
+    if (times[i] > tb && times[i - 1] < te) during = Math.max(during, g);
+    else if (times[i] <= tb) before = Math.max(before, g);
+  }
+  return { big: te - tb, during, before };
+}
+
+test('a 2 MB prompt tokenizing does not stall a concurrent stream', async () => {
+  const inl = await gapDuringBig(I);
+  const pool = await gapDuringBig(P);
+  console.log(`  inline: 2 MB prompt ${inl.big.toFixed(0)} ms, max chunk gap during it ${inl.during.toFixed(0)} ms (before: ${inl.before.toFixed(0)} ms)`);
+  console.log(`  pool:   2 MB prompt ${pool.big.toFixed(0)} ms, max chunk gap during it ${pool.during.toFixed(0)} ms (before: ${pool.before.toFixed(0)} ms)`);
+  // generous: the loop still parses the 2 MB body and writes the answer, and
+  // this machine has 2 cores; blocked for the tokenization would be ~= big
+  assert.ok(pool.during < 0.5 * pool.big, `pool: stream stalled ${pool.during} ms of a ${pool.big} ms tokenization`);
+});
+
+// Response bodies with the per-request parts (ids, times) taken out.
+function strip(j) {
+  return JSON.parse(JSON.stringify(j, (k, v) => (['id', 'created', 'e2e_latency'].includes(k) ? undefined : v)));
+}
+
+test('tokens through the pool equal tokens on the loop thread, every route', async () => {
+  const mid = 'Lily and Tom went to the park. '.repeat(300); // 9 KB
+  const bodies = [
+    ['/tokenize', { prompt: BIG }],
+    ['/tokenize', { prompt: ['Once upon a time', mid, 'ünïcödé 日本'], return_token_strs: true }],
+    ['/tokenize', { prompt: mid, add_special_tokens: false }],
+    ['/tokenize', { messages: [{ role: 'user', content: mid }] }],
+    ['/tokenize', { prompt: '\xff' }],
+    ['/tokenize', { prompt: 7 }],
+    ['/v1/completions', { prompt: [mid.slice(0, 900), 'Once upon a time'], max_tokens: 8, temperature: 0 }],
+    ['/v1/completions', { prompt: 'Once upon a time', max_tokens: 8, temperature: 0, echo: true, stream: true }],
+    ['/v1/completions', { prompt: mid, max_tokens: 8 }], // longer than the context: 400 after tokenizing
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'Tell a story' }], max_tokens: 8, temperature: 0 }],
+    ['/v1/chat/completions', { messages: 'no', max_tokens: 8 }],
+    ['/generate', { text: ['Once upon', 'The dog'], sampling_params: { max_new_tokens: 8, temperature: 0 } }],
+    ['/generate', { input_ids: [1, 2, 3], sampling_params: { max_new_tokens: 4, temperature: 0 } }],
+    ['/v1/score', { query: 'Once upon a time', items: [' there', ' a'], label_token_ids: [1, 2] }],
+  ];
+  for (const [path, body] of bodies) {
+    const [a, b] = await Promise.all([post(P, path, body), post(I, path, body)]);
+    assert.strictEqual(a.status, b.status, `${path} ${JSON.stringify(body).slice(0, 80)}: ${a.text.slice(0, 200)} vs ${b.text.slice(0, 200)}`);
+    if (a.json) assert.deepStrictEqual(strip(a.json), strip(b.json), `${path}`);
+    else assert.strictEqual(a.text.replace(/"id":"[^"]*"|"created":\d+/g, ''), b.text.replace(/"id":"[^"]*"|"created":\d+/g, ''), path);
+  }
+});
+
+test('concurrent tokenizations are batched; kiln:tokenizer_batch_size counts every job', async () => {
+  const m0 = await metrics(P);
+  const texts = Array.from({ length: 32 }, (_, i) => `Story ${i}: ` + 'a bird sang. '.repeat(2000 + i));
+  const [a, b] = await Promise.all([
+    Promise.all(texts.map((t) => post(P, '/tokenize', { prompt: t }))),
+    Promise.all(texts.map((t) => post(I, '/tokenize', { prompt: t }))),
+  ]);
+  for (let i = 0; i < texts.length; i++) {
+    assert.strictEqual(a[i].status, 200, a[i].text);
+    assert.deepStrictEqual(a[i].json.tokens, b[i].json.tokens, `text ${i}`);
+  }
+  const m1 = await metrics(P);
+  const jobs = m1['kiln:tokenizer_batch_size_sum'] - m0['kiln:tokenizer_batch_size_sum'];
+  const batches = m1['kiln:tokenizer_batch_size_count'] - m0['kiln:tokenizer_batch_size_count'];
+  console.log(`  32 concurrent /tokenize: ${batches} batches`);
+  assert.strictEqual(jobs, 32);
+  assert.ok(batches >= 1 && batches <= 32, `${batches} batches`);
+});
+
+// Sends a request and closes the socket as soon as the body is written.
+function sendAndVanish(url, path, body) {
+  const u = new URL(url);
+  const data = JSON.stringify(body);
+  return new Promise((resolve, reject) => {
+    const sock = net.connect(Number(u.port), u.hostname, () => {
+      sock.write(`POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(data)}\r\n\r\n`);
+      sock.write(data, () => { sock.destroy(); resolve(); });
+    });
+    sock.on('error', reject);
+  });
+}
+
+test('a client that disconnects while its prompt is queued or tokenizing: dropped cleanly', async () => {
+  const m0 = await metrics(P);
+  // more big jobs than workers: some wait in the queue, some run
+  const gone = [];
+  for (let i = 0; i < 6; i++) {
+    gone.push(sendAndVanish(P, i % 3 === 0 ? '/tokenize' : i % 3 === 1 ? '/v1/completions' : '/v1/chat/completions',
+      i % 3 === 2 ? { messages: [{ role: 'user', content: BIG }], stream: true } : { prompt: BIG, stream: true, max_tokens: 4 }));
+  }
+  await Promise.all(gone);
+  // the server goes on answering meanwhile, and afterwards
+  const h = await get(P, '/health');
+  assert.strictEqual(h.status, 200);
+  let m1;
+  for (let k = 0; k < 20; k++) {
+    m1 = await metrics(P);
+    if (m1['kiln:client_disconnects_total'] - m0['kiln:client_disconnects_total'] >= 6) break;
+    await sleep(50);
+  }
+  // a job that finished before the loop saw the close is answered into the void instead
+  const n = m1['kiln:client_disconnects_total'] - m0['kiln:client_disconnects_total'];
+  console.log(`  6 clients gone: ${n} jobs dropped`);
+  assert.ok(n >= 1, `disconnects ${n}`);
+  const r = await post(P, '/tokenize', { prompt: 'Once upon a time' });
+  assert.strictEqual(r.status, 200);
+});
+
+test('SIGTERM while a prompt is tokenizing: it is answered, then the server exits', async () => {
+  const p = post(P, '/tokenize', { prompt: BIG });
+  await sleep(30);
+  process.kill(pidP, 'SIGTERM');
+  const r = await p;
+  assert.strictEqual(r.status, 200, r.text.slice(0, 200));
+  assert.strictEqual(r.json.count > 100000, true);
+});
+
+run();
