@@ -45,6 +45,7 @@ struct bench_options {
     const char *model;        /* "model" field; NULL = ask /v1/models */
     const char *tokenizer;    /* folder with tokenizer.json */
     struct model_args engine; /* offline: the engine's model options */
+    double mem_fraction_static; /* offline: GPU memory plan (0 = the engine's default) */
     /* dataset */
     const char *dataset_name; /* as given */
     enum bench_dataset_kind dataset;

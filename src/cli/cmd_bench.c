@@ -72,7 +72,7 @@ static void usage(FILE *f) {
             "          (also sglang, sglang-oai, sglang-oai-chat, vllm, vllm-chat)   --model NAME\n"
             "          --tokenizer DIR (default: the bundled model)\n"
             "          offline: --model DIR --device --load-format --threads --page-size\n"
-            "                   --deterministic\n"
+            "                   --deterministic --mem-fraction-static F\n"
             "dataset:  --dataset-name random|sharegpt|shared-prefix|score   --num-prompts N (1000)\n"
             "          --random-input-len N (1024) --random-output-len N (1024) --random-range-ratio R (0)\n"
             "          --dataset-path FILE --sharegpt-output-len N --sharegpt-context-len N\n"
@@ -186,6 +186,7 @@ static int parse_args(struct bench_options *o, int offline, int argc, char **arg
         {"--seed", OPT_U64, &o->seed, 0, 0},
         {"--warmup-requests", OPT_INT, &o->warmup_requests, 0, 1e6},
         {"--timeout", OPT_DOUBLE, &o->timeout_s, 0.001, 1e7},
+        {"--mem-fraction-static", OPT_DOUBLE, &o->mem_fraction_static, 0.01, 1},
         {"--disable-stream", OPT_FLAG, &o->disable_stream, 0, 0},
         {"--disable-ignore-eos", OPT_FLAG, &o->disable_ignore_eos, 0, 0},
         {"--extra-request-body", OPT_STR, &o->extra_request_body, 0, 0},
@@ -393,6 +394,7 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.threads = o.engine.threads;
         eo.deterministic = o.engine.deterministic;
         eo.page_size = o.engine.page_size;
+        eo.mem_fraction_static = o.mem_fraction_static;
         if (engine_create(&eng, &eo, &err)) {
             fprintf(stderr, "kiln bench: engine: %s\n", err.msg);
             goto done;

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/mem.h"
 #include "cli/cli.h"
 #include "cli/cli_common.h"
 #include "scheduler/engine.h"
@@ -23,8 +24,9 @@ static void usage(FILE *f) {
             "  --chat-template FILE        Jinja chat template overriding the model's\n"
             "  --max-running-requests N    requests in one batch (default 256)\n"
             "  --max-queued-requests N     waiting requests before 429 (default unbounded)\n"
-            "  --chunked-prefill-size N    prefill tokens per step (default 512)\n"
+            "  --chunked-prefill-size N    prefill tokens per step (default 8192 GPU, 512 CPU)\n"
             "  --max-total-tokens N        KV cache size in tokens (default from memory)\n"
+            "  --mem-fraction-static F     GPU: share of memory for weights + KV cache (default 0.88)\n"
             "  --context-length N          cap the model's context length\n"
             "  --page-size N               tokens per KV page (default 1)\n"
             "  --schedule-policy P         fcfs | lpm | priority (default fcfs)\n"
@@ -41,16 +43,24 @@ static void usage(FILE *f) {
             "  --deterministic             a request's results do not depend on the batch (GPU)\n");
 }
 
+struct listening_info {
+    struct engine_stats st;
+    double t_start; /* when cmd_serve began */
+};
+
 static void on_listening(void *arg, const char *host, int port) {
-    const struct engine_stats *st = arg;
+    const struct listening_info *li = arg;
+    const struct engine_stats *st = &li->st;
     int v6 = strchr(host, ':') != NULL;
     printf("kiln serve: KV cache %ld tokens (%ld pages of %d)\n", st->kv_pages_total * st->page_size,
            st->kv_pages_total, st->page_size);
-    printf("kiln serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", port);
+    printf("kiln serve: listening on http://%s%s%s:%d (ready %.2f s after start)\n", v6 ? "[" : "",
+           host, v6 ? "]" : "", port, time_now() - li->t_start);
     fflush(stdout);
 }
 
 int cmd_serve(int argc, char **argv) {
+    struct listening_info li = {.t_start = time_now()};
     struct model_args ma;
     model_args_defaults(&ma);
     struct engine_options eo;
@@ -95,7 +105,17 @@ int cmd_serve(int argc, char **argv) {
         INT_OPT("--shutdown-timeout", 0, 86400, so.shutdown_timeout_s)
         INT_OPT("--tokenizer-workers", 0, 64, so.tokenizer_workers)
         INT_OPT("--tokenizer-inline-bytes", 0, 1L << 34, so.tokenizer_inline_bytes)
-        if (!strcmp(o, "--schedule-policy")) {
+        if (!strcmp(o, "--mem-fraction-static")) {
+            char *end = NULL;
+            double f = v ? strtod(v, &end) : 0;
+            if (!v || end == v || *end || !(f > 0 && f <= 1)) {
+                fprintf(stderr, "kiln serve: --mem-fraction-static: expected a number in (0, 1], got '%s'\n",
+                        v ? v : "");
+                return 2;
+            }
+            eo.mem_fraction_static = f;
+            i++;
+        } else if (!strcmp(o, "--schedule-policy")) {
             if (v && !strcmp(v, "fcfs")) eo.policy = SCHEDULE_FCFS;
             else if (v && !strcmp(v, "lpm")) eo.policy = SCHEDULE_LPM;
             else if (v && !strcmp(v, "priority")) eo.policy = SCHEDULE_PRIORITY;
@@ -137,13 +157,13 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kiln serve: %s\n", err.msg);
         return 1;
     }
-    struct engine_stats st;
-    engine_stats(e, &st);
+    struct engine_stats *st = &li.st;
+    engine_stats(e, st);
     printf("kiln serve: model %s (%s), context %d tokens, vocabulary %d%s\n", ma.model_dir,
            so.served_model_name ? so.served_model_name : engine_model_name(e), engine_context_length(e),
            engine_vocab_size(e), engine_tokenizer(e) ? "" : ", no tokenizer");
     so.on_listening = on_listening;
-    so.on_listening_arg = &st;
+    so.on_listening_arg = &li;
     if (server_run(e, &so, &err)) { /* destroys the engine */
         fprintf(stderr, "kiln serve: %s\n", err.msg);
         return 1;

@@ -26,7 +26,7 @@ void engine_options_default(struct engine_options *o) {
     o->load_format = "auto";
     o->page_size = 1;
     o->max_running_requests = 256;
-    o->chunked_prefill_size = 512;
+    o->chunked_prefill_size = 0; /* per device, in engine_create */
     o->policy = SCHEDULE_FCFS;
 }
 
@@ -171,13 +171,16 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     e->opt = *opt;
     if (e->opt.page_size < 1) e->opt.page_size = 1;
     if (e->opt.max_running_requests < 1) e->opt.max_running_requests = 256;
-    if (e->opt.chunked_prefill_size < 1) e->opt.chunked_prefill_size = 512;
     e->page_size = e->opt.page_size;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->seed_state = 0x243f6a8885a308d3ull;
     struct backend_options bo = {.n_threads = opt->threads, .deterministic = opt->deterministic};
     if (backend_create(&e->be, opt->device ? opt->device : "cpu", &bo, err)) goto fail;
+    /* SGLang's default for large GPUs: one 8k prompt per step; the CPU
+     * keeps steps short */
+    if (e->opt.chunked_prefill_size < 1)
+        e->opt.chunked_prefill_size = e->be.ops->mem_info ? 8192 : 512;
     if (sched_init(e, err)) goto fail;
     /* engine_stats must show the pool before the first request arrives */
     sched_publish_stats(e);

@@ -97,8 +97,10 @@ struct engine_options {
     int page_size;                /* default 1 */
     int max_running_requests;     /* default 256 */
     int max_queued_requests;      /* 0 = unbounded */
-    int chunked_prefill_size;     /* tokens of prefill per step; default 2048 (CPU 512) */
+    int chunked_prefill_size;     /* tokens of prefill per step; 0 = 8192 on a GPU, 512 on the CPU */
     int max_total_tokens;         /* KV pool size in tokens; 0 = from memory */
+    double mem_fraction_static;   /* GPU: share of device memory for weights + KV cache;
+                                     0 = 0.88 (SGLang's default for large GPUs) */
     int context_length;           /* 0 = the model's */
     enum schedule_policy policy;
     int disable_radix_cache;

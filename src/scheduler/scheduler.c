@@ -496,6 +496,62 @@ void sched_publish_stats(struct engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+#define GIB(x) ((double)(x) / 1073741824.0)
+
+/* The KV pool's size in tokens. With --max-total-tokens: that. On a device
+ * that reports its memory (the GPU) the memory plan, SGLang's: weights and
+ * the activations reserved for the largest batch are in place by now; the
+ * pool takes what is free minus (1 - mem_fraction_static) of the device,
+ * which stays for graphs, library workspaces and scratch that grows during
+ * warm-up. Elsewhere (the CPU): up to 2 GiB. Either way no more than every
+ * running request at full context needs. */
+static int plan_kv_tokens(struct engine *e, size_t per_token, size_t free_before, long *out,
+                          struct kiln_error *err) {
+    const struct engine_options *o = &e->opt;
+    long most = (long)e->context_length * o->max_running_requests;
+    if (o->max_total_tokens > 0) {
+        *out = o->max_total_tokens;
+        return 0;
+    }
+    const struct backend_ops *ops = e->be.ops;
+    if (!ops->mem_info) {
+        long tokens = (long)((2ull << 30) / per_token);
+        *out = tokens < most ? tokens : most;
+        return 0;
+    }
+    double frac = o->mem_fraction_static > 0 ? o->mem_fraction_static : 0.88;
+    size_t free_now, total;
+    ops->mem_info(e->be.ctx, &free_now, &total);
+    double keep = (1.0 - frac) * (double)total;
+    double kv_bytes = (double)free_now - keep;
+    size_t weights = model_weight_bytes(e->model);
+    double others = (double)free_before - (double)free_now - (double)weights;
+    /* a request needs at least its first prefill chunk and one more token */
+    long need = (o->chunked_prefill_size < e->context_length ? o->chunked_prefill_size
+                                                             : e->context_length) + 1;
+    if (kv_bytes < (double)need * (double)per_token)
+        return kiln_errorf(err,
+                           "not enough device memory for the KV cache: the device has %.2f GiB, "
+                           "weights take %.2f GiB and activations %.2f GiB, %.2f GiB are free; "
+                           "--mem-fraction-static %.2f keeps %.2f GiB back, leaving %.2f GiB where "
+                           "at least %.3f GiB (%ld tokens of %zu bytes) are needed; raise "
+                           "--mem-fraction-static, lower --chunked-prefill-size / "
+                           "--max-running-requests, or use a larger device",
+                           GIB(total), GIB(weights), GIB(others > 0 ? others : 0), GIB(free_now),
+                           frac, GIB(keep), GIB(kv_bytes > 0 ? kv_bytes : 0),
+                           GIB((double)need * (double)per_token), need, per_token);
+    long tokens = (long)(kv_bytes / (double)per_token);
+    if (tokens > most) tokens = most;
+    log_info("memory plan: device %.2f GiB; weights %.2f GiB, activations and scratch %.2f GiB; "
+             "KV cache %.2f GiB (%ld tokens, --mem-fraction-static %.2f); %.2f GiB left for "
+             "graphs and workspaces",
+             GIB(total), GIB(weights), GIB(others > 0 ? others : 0),
+             GIB((double)tokens * (double)per_token), tokens, frac,
+             GIB((double)free_now - (double)tokens * (double)per_token));
+    *out = tokens;
+    return 0;
+}
+
 int sched_init(struct engine *e, struct kiln_error *err) {
     const struct engine_options *o = &e->opt;
     e->max_seqs = o->max_running_requests;
@@ -503,25 +559,42 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     struct model_options mo = {.load_format = o->load_format, .max_batch_tokens = e->max_batch_tokens,
                                .max_seqs = e->max_seqs, .max_context = o->context_length,
                                .page_size = e->page_size};
-    if (model_load(&e->model, o->model_dir, &e->be, &mo, err)) return -1;
+    size_t free_before = 0, total = 0;
+    if (e->be.ops->mem_info) e->be.ops->mem_info(e->be.ctx, &free_before, &total);
+    double t0 = time_now();
+    if (model_load(&e->model, o->model_dir, &e->be, &mo, err)) {
+        if (e->be.ops->mem_info && strstr(err->msg, "out of device memory")) {
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            return kiln_errorf(err, "the model does not fit: %s (the device has %.2f GiB, %.2f GiB "
+                                    "were free before loading)",
+                               msg, GIB(total), GIB(free_before));
+        }
+        return -1;
+    }
+    double t_load = time_now() - t0;
     const struct model_config *c = model_config(e->model);
     e->vocab = c->vocab_size;
     e->context_length = model_max_context(e->model);
+    log_info("load: %.2f GiB of weights and the activations for %d-token batches in %.2f s "
+             "(%.2f GB/s)",
+             GIB(model_weight_bytes(e->model)), e->max_batch_tokens, t_load,
+             (double)model_weight_bytes(e->model) / 1e9 / (t_load > 0 ? t_load : 1e-9));
     struct kv_layer_layout layout[512];
     int nl = model_kv_layout(e->model, layout, 512);
     size_t per_token = kv_pool_page_bytes(layout, nl, 1, backend_kv_dtype(&e->be));
-    long tokens = o->max_total_tokens;
-    if (tokens <= 0) {
-        /* CPU default: up to 2 GiB of KV, no more than every running
-         * request at full context needs */
-        tokens = (long)((2ull << 30) / per_token);
-        long most = (long)e->context_length * o->max_running_requests;
-        if (tokens > most) tokens = most;
-    }
+    long tokens = 0;
+    if (plan_kv_tokens(e, per_token, free_before, &tokens, err)) return -1;
     int n_pages = (int)((tokens + e->page_size - 1) / e->page_size);
+    t0 = time_now();
     if (kv_pool_init(&e->kv, &e->be, layout, nl, e->page_size, n_pages, err)) return -1;
+    double t_kv = time_now() - t0;
     e->pool_tokens = (long)n_pages * e->page_size;
+    t0 = time_now();
     if (!o->skip_warmup && model_warmup(e->model, &e->kv, err)) return -1;
+    double t_warm = time_now() - t0;
+    log_info("start-up: load %.2f s, KV pool %.2f s, warm-up and graphs %.2f s", t_load, t_kv,
+             t_warm);
     if (!o->disable_radix_cache) e->radix = radix_create(e->page_size, release_pages, &e->kv);
     e->pages_cap = (long)e->max_seqs * (e->context_length / e->page_size + 2);
     int T = e->max_batch_tokens, S = e->max_seqs;

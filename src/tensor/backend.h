@@ -174,6 +174,11 @@ struct backend_ops {
      * the backend's life. CPU: fp32 (its exactness tests rely on it); CUDA:
      * bf16 unless KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2. */
     enum dtype (*kv_dtype)(void *ctx);
+
+    /* Device memory now free and in total (bytes), for the memory plan
+     * (scheduler: weights, activations, then the KV pool from what is left
+     * under --mem-fraction-static). NULL: host memory, no plan (the CPU). */
+    void (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
 };
 
 struct backend {

@@ -211,6 +211,12 @@ static enum dtype cuda_kv_dtype(void *ctx) {
     return ((struct cuda_ctx *)ctx)->kv_bf16 ? DTYPE_BF16 : DTYPE_F32;
 }
 
+static void cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes) {
+    struct cuda_ctx *c = ctx;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -244,6 +250,7 @@ static const struct backend_ops cuda_ops = {
     .graph_destroy = cuda_graph_destroy,
     .qk_rope_store = cuda_op_qk_rope_store,
     .kv_dtype = cuda_kv_dtype,
+    .mem_info = cuda_mem_info,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
