@@ -206,6 +206,20 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
                                dtype_name(dt), names[0]);
     }
     size_t es = dtype_size(dt), bytes = (size_t)total * (size_t)cols * es;
+    const void *dev = NULL;
+    if (ws->st && m->be->ops->weight_upload_cat) {
+        /* straight from the checkpoint into one device allocation */
+        const void *hosts[8];
+        size_t sizes[8];
+        for (int i = 0; i < count; i++) {
+            hosts[i] = t[i]->data;
+            sizes[i] = (size_t)rows[i] * (size_t)cols * es;
+        }
+        dev = m->be->ops->weight_upload_cat(m->be->ctx, hosts, sizes, count);
+        if (!dev) return kiln_errorf(err, "out of device memory for tensor '%s'", names[0]);
+        track_upload(m, dev);
+        goto uploaded;
+    }
     unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!buf) return kiln_errorf(err, "out of memory for tensor '%s' (%zu bytes)", names[0], bytes);
     size_t off = 0;
@@ -215,7 +229,7 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
         else fill_dummy(ws, buf + off, (size_t)rows[i] * (size_t)cols, cols, dt);
         off += pb;
     }
-    const void *dev = model_upload(m, buf, bytes);
+    dev = model_upload(m, buf, bytes);
     if (!dev) {
         free(buf);
         return kiln_errorf(err, "out of device memory for tensor '%s'", names[0]);
@@ -224,6 +238,7 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
      * that uses them in place (the CPU) keeps them for the model's life. */
     if (dev == buf) model_own(m, buf);
     else free(buf);
+uploaded:
     *out = (struct backend_weight){.data = dev, .dtype = dt, .rows = total, .cols = cols};
     off = 0;
     for (int i = 0; i < count; i++) {

@@ -179,6 +179,10 @@ struct backend_ops {
      * (scheduler: weights, activations, then the KV pool from what is left
      * under --mem-fraction-static). NULL: host memory, no plan (the CPU). */
     void (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
+    /* weight_upload of the concatenation of count host buffers (stacked
+     * q|k|v, gate|up) without building it on the host first. */
+    const void *(*weight_upload_cat)(void *ctx, const void *const *hosts, const size_t *bytes,
+                                     int count);
 };
 
 struct backend {

@@ -40,6 +40,8 @@ extern "C" {
 
 #include "tensor/backend.h"
 
+struct threadpool;
+
 __attribute__((noreturn)) void cuda_fail(const char *expr, const char *what, const char *file,
                                          int line);
 
@@ -87,6 +89,11 @@ struct cuda_ctx {
     int32_t *moe_host_ids;       /* [rows] routing ids copied back */
     int32_t *moe_host_list;      /* [rows] rows grouped by expert */
     size_t moe_host_rows;
+    /* weight uploads: pinned staging buffers (allocated at the first large
+     * upload) filled by a pool of host threads, see cuda_weight_upload */
+    void *up_buf[2];
+    cudaEvent_t up_ev[2];
+    struct threadpool *up_pool;
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
     int gemv_rows_per_warp;      /* at most 1, 2 or 4 output rows per GEMV warp */
     int split_act;               /* 1: activations as bf16 hi + lo (two products) */
