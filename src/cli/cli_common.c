@@ -27,7 +27,7 @@ const char *cli_default_model(void) {
 
 void model_args_defaults(struct model_args *a) {
     a->model_dir = NULL;
-    a->device = "cpu";
+    a->device = backend_default_name();
     a->load_format = "auto";
     a->threads = 0;
     a->page_size = 1;

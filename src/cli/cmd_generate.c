@@ -33,7 +33,7 @@ static int is_eos(const struct generation_config *g, int id) {
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln generate [--model DIR] (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
                "                     [--ignore-eos]\n"
-               "                     [--device cpu|cuda] [--threads N] [--page-size N]\n"
+               "                     [--device auto|cpu|cuda] [--threads N] [--page-size N]\n"
                "                     [--deterministic]\n");
 }
 

@@ -39,7 +39,8 @@ static void usage(FILE *f) {
             "  --shutdown-timeout SEC      on SIGTERM, let requests finish this long (default 5)\n"
             "  --tokenizer-workers N       threads tokenizing prompts off the HTTP loop (default 1; 0: on it)\n"
             "  --tokenizer-inline-bytes N  bodies smaller than this tokenize on the loop (default 4096)\n"
-            "  --threads N --device cpu --load-format auto|dummy\n"
+            "  --device auto|cpu|cuda       default auto: the GPU when one is found ($KILN_DEVICE)\n"
+            "  --threads N --load-format auto|dummy\n"
             "  --deterministic             a request's results do not depend on the batch (GPU)\n");
 }
 

@@ -223,7 +223,7 @@ static int load_reference(struct verify *v, struct st_set *ref, const char *path
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kiln verify --model DIR --reference FILE [--page-size N] [--chunk N]\n"
-            "                   [--tolerance X] [--device cpu|cuda] [--threads N]\n"
+            "                   [--tolerance X] [--device auto|cpu|cuda] [--threads N]\n"
             "                   [--deterministic]\n");
 }
 

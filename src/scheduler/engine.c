@@ -22,7 +22,7 @@ const char *engine_finish_name(enum engine_finish f) {
 
 void engine_options_default(struct engine_options *o) {
     memset(o, 0, sizeof *o);
-    o->device = "cpu";
+    o->device = backend_default_name();
     o->load_format = "auto";
     o->page_size = 1;
     o->max_running_requests = 256;
@@ -176,7 +176,7 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     pthread_cond_init(&e->cv, NULL);
     e->seed_state = 0x243f6a8885a308d3ull;
     struct backend_options bo = {.n_threads = opt->threads, .deterministic = opt->deterministic};
-    if (backend_create(&e->be, opt->device ? opt->device : "cpu", &bo, err)) goto fail;
+    if (backend_create(&e->be, opt->device ? opt->device : backend_default_name(), &bo, err)) goto fail;
     /* SGLang's default for large GPUs: one 8k prompt per step; the CPU
      * keeps steps short */
     if (e->opt.chunked_prefill_size < 1)

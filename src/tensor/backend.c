@@ -1,6 +1,7 @@
 /* backend.c — choosing a backend by name. */
 #include "tensor/backend.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -10,6 +11,11 @@
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
                         struct kiln_error *err);
 #endif
+
+const char *backend_default_name(void) {
+    const char *d = getenv("KILN_DEVICE");
+    return d && *d ? d : "auto";
+}
 
 int backend_create(struct backend *be, const char *name, const struct backend_options *opt,
                    struct kiln_error *err) {

@@ -202,6 +202,9 @@ struct backend_options {
 };
 
 /* Creates a backend by name ("cpu", "cuda"); "auto" takes the first that works. */
+/* The device commands use when none is given: $KILN_DEVICE, else "auto"
+ * (the GPU when one can be opened, else the CPU). */
+const char *backend_default_name(void);
 int backend_create(struct backend *be, const char *name, const struct backend_options *opt,
                    struct kiln_error *err);
 void backend_destroy(struct backend *be);
