@@ -194,7 +194,7 @@ static void cuda_destroy(void *ctx) {
     if (!c) return;
     if (c->stream) {
         (void)cudaStreamSynchronize(c->stream);
-        struct cuda_scratch *s[] = {&c->act16, &c->attn, &c->moe_dev};
+        struct cuda_scratch *s[] = {&c->act16, &c->attn, &c->moe_dev, &c->sample_part};
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
             if (s[i]->p) (void)cudaFreeAsync(s[i]->p, c->stream);
         (void)cudaStreamSynchronize(c->stream);
@@ -244,6 +244,7 @@ static const struct backend_ops cuda_ops = {
     .graph_destroy = cuda_graph_destroy,
     .qk_rope_store = cuda_op_qk_rope_store,
     .kv_dtype = cuda_kv_dtype,
+    .sample = cuda_op_sample,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
