@@ -112,6 +112,7 @@ static int cuda_reserve(void *ctx, long max_tokens, long max_context, int max_he
         }
         c->attn.bytes = attn;
     }
+    cuda_sample_reserve(c);
     return 0;
 }
 

@@ -164,6 +164,8 @@ size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c);
  * greedy token for greedy rows). */
 void cuda_op_sample(void *ctx, int32_t *tokens, float *logits, long ld, long n, long vocab,
                     const struct backend_sample_row *rows, const struct backend_sample_adj *adj);
+/* Reserves the sampler's scratch for c->max_tokens rows (from reserve). */
+void cuda_sample_reserve(struct cuda_ctx *c);
 void cuda_sample_kept(void *ctx, unsigned char *kept, int32_t *tokens, float *logits, long ld,
                       long n, long vocab, const struct backend_sample_row *rows,
                       const struct backend_sample_adj *adj);

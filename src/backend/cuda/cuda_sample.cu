@@ -671,15 +671,31 @@ row_kernel(int32_t *tokens, const float *logits, long ld, long vocab, bool vec,
 
 /* ---- entry points ------------------------------------------------------------ */
 
+/* Chunk length and count of the argmax pass for a vocabulary. */
+static long argmax_chunk(long vocab, int *nsplit) {
+    long chunk = A_CHUNK;
+    if ((vocab + chunk - 1) / chunk > A_MAX_SPLIT) chunk = ((vocab + A_MAX_SPLIT - 1) / A_MAX_SPLIT + 3) & ~3L;
+    *nsplit = (int)((vocab + chunk - 1) / chunk);
+    return chunk;
+}
+
+extern "C" void cuda_sample_reserve(struct cuda_ctx *c) {
+    /* the partials for max_tokens rows at the most splits any vocabulary
+     * takes: sized once here, so no sampling call grows scratch (which
+     * would make recorded graphs stale) */
+    cuda_scratch_reserve(c, &c->sample_part,
+                         (size_t)(c->max_tokens > 0 ? c->max_tokens : 1) * A_MAX_SPLIT *
+                             sizeof(struct sample_partial));
+}
+
 static void sample_run(void *ctx, int32_t *tokens, float *logits, long ld, long n, long vocab,
                        const struct backend_sample_row *rows, const struct backend_sample_adj *adj,
                        unsigned char *kept) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (n <= 0) return;
     CUDA_ASSERT_MSG(vocab > 0 && vocab < (1 << 24), "sample: vocab must be below 2^24");
-    long chunk = A_CHUNK;
-    if ((vocab + chunk - 1) / chunk > A_MAX_SPLIT) chunk = ((vocab + A_MAX_SPLIT - 1) / A_MAX_SPLIT + 3) & ~3L;
-    int nsplit = (int)((vocab + chunk - 1) / chunk);
+    int nsplit;
+    long chunk = argmax_chunk(vocab, &nsplit);
     long max_rows = n > c->max_tokens ? n : c->max_tokens;
     cuda_scratch_reserve(c, &c->sample_part, (size_t)max_rows * nsplit * sizeof(struct sample_partial));
     if (!c->sample_ready) {
