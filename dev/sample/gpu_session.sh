@@ -13,7 +13,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DPKG_CONFIG_EXECUTABLE="$PKGCONF" >"$O/cmake.log" 2>&1 || { tail -20 "$O/cmake.log"; exit 1; }
-ninja -C build-gpu kiln test_cuda_sample test_cuda_graphs bench_forward bench_sample >"$O/build.log" 2>&1 \
+ninja -C build-gpu kiln test_cuda_sample test_cuda_graphs test_deterministic test_cuda_ops bench_forward \
+  bench_sample >"$O/build.log" 2>&1 \
   || { grep -B2 -A12 -m3 error "$O/build.log" | head -50; exit 1; }
 echo "build ok ($(( $(date +%s) - t0 )) s)"
 export KILN_FIXTURES=$PWD/tests/fixtures KILN_MODELS=$PWD/models KILN=$PWD/build-gpu/kiln
@@ -43,5 +44,17 @@ if [ "$STAGE" = 2 ]; then
   run_bf "qwen3 b256" $BF --model models/configs/qwen3-0.6b.json --decode 32 --repeat 2 --batch 256
   run_bf "llama b1" $BF --model models/configs/llama-3.1-8b.json --decode 32 --repeat 2 --batch 1
   run_bf "llama b64" $BF --model models/configs/llama-3.1-8b.json --decode 32 --repeat 2 --batch 64
+  echo "== kiln bench offline, Qwen3-0.6B dummy, 256 prompts 256 -> 64, greedy ($(( $(date +%s) - t0 )) s)"
+  for gs in 1 0; do
+    out=$(KILN_GPU_SAMPLE=$gs timeout 90 build-gpu/kiln bench offline --device cuda \
+      --model models/configs/qwen3-0.6b.json --tokenizer tok-qwen3 --load-format dummy \
+      --dataset-name random --num-prompts 256 --random-input-len 256 --random-output-len 64 \
+      --random-range-ratio 1 --disable-tqdm 2>&1)
+    echo "$out" >>"$O/offline.log"
+    echo "-- KILN_GPU_SAMPLE=$gs: $(echo "$out" | grep -E 'Successful|Output token throughput|Mean TPOT|Benchmark duration|warm-up' | tr -s ' ' | tr '\n' ';')"
+  done
+  echo "== test_deterministic, test_cuda_ops ($(( $(date +%s) - t0 )) s)"
+  (cd build-gpu/tests && timeout 60 ./test_deterministic >"$O/det.log" 2>&1; echo "test_deterministic rc=$?")
+  timeout 60 build-gpu/tests/test_cuda_ops >"$O/ops.log" 2>&1; echo "test_cuda_ops rc=$? $(grep -E 'PASSED|FAILED' "$O/ops.log" | tr '\n' ' ')"
 fi
 echo "done ($(( $(date +%s) - t0 )) s)"

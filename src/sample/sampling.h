@@ -40,10 +40,12 @@
  * engine uses it when the backend has it): the same semantics. Greedy is
  * identical; the bias / penalty / stop-mask adjustments are the same float
  * operations (sampler_build_adjustments turns a row's state into a sparse
- * list); the weights are the same exp polynomial, so top_k, min_p and the
- * 2^-40 cut keep the same tokens, and top_p the same prefix up to float
- * rounding of the mass sums (the GPU sums in exact 64-bit fixed point);
- * the draw uses the same uniform01(seed, step). One difference: the GPU's
+ * list); the weight argument, the 2^-40 cut and the min_p test are the
+ * same float operations and exp polynomial, so top_k, min_p and the cut
+ * keep the same tokens, and top_p the same prefix up to rounding of the
+ * mass sums (the GPU weighs tokens with a fast exp, 2^-21 relative, and
+ * sums them in exact 64-bit fixed point); the draw uses the same
+ * uniform01(seed, step). One difference: the GPU's
  * inverse-CDF walk visits the kept tokens in ascending id order, the CPU's
  * in the order its selection left them, so a given u may pick a different
  * token; the kept set and the probabilities are the same, and a seeded

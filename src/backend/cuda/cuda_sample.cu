@@ -2,24 +2,31 @@
  * sampler's semantics (src/sample/sampling.h) over rows of logits that
  * never leave the device; only the token ids are copied back.
  *
- * Three launches, all sized by (n, vocab) alone, so they can be recorded
+ * Two launches, both sized by (n, vocab) alone, so they can be recorded
  * in a graph and a row's token never depends on the other rows:
  *
- *  1. adjust_kernel (n x 4 CTAs): each row's sparse adjustment entries
- *     (stop masks, logit_bias, repetition, frequency / presence), one
- *     thread per entry, in place, with the CPU's float operations.
- *  2. argmax_kernel (n x splits CTAs of 8192 logits): per chunk, the first
- *     index of the largest non-NaN logit and the smallest finite logit.
- *  3. row_kernel (one CTA per row): reduces the chunks in a fixed order;
+ *  1. argmax_kernel (n x splits CTAs of 8192 logits): first the row's
+ *     sparse adjustments that fall in the chunk (stop masks, logit_bias,
+ *     repetition, frequency / presence; one entry per token), in place,
+ *     with the CPU's float operations; then the first index of the largest
+ *     non-NaN logit and the smallest finite logit of the chunk.
+ *  2. row_kernel (one CTA per row): reduces the chunks in a fixed order;
  *     greedy rows are done. Otherwise it finds the kept set and draws.
  *
- * The kept set. Weights are w = expneg((l - m) / T) with the CPU's own
- * exp polynomial (same float operations, no FMA contraction: __fmul_rn /
- * __fadd_rn), so every weight is bitwise the CPU's. w > 0 and the min_p
- * test are monotone in the logit, and top_k / top_p keep prefixes in key
- * order (logit desc, id asc): the kept set is always a key prefix, cut at
- * one key Kc, intersected with w >= min_p. A key is the 56-bit integer
+ * The kept set. A token's weight argument is x = (l - m) * (1 / T) with
+ * the CPU's float operations (__fmul_rn / __fsub_rn: no FMA contraction),
+ * so the tests that decide membership are the CPU's, bit for bit: positive
+ * weight is x > W_CUT, and min_p is expneg(x) >= min_p with the CPU's own
+ * exp polynomial wherever a fast exp cannot settle it (keep_min_p). Both
+ * are monotone in the logit, and top_k / top_p keep prefixes in key order
+ * (logit desc, id asc): the kept set is always a key prefix, cut at one
+ * key Kc, intersected with the min_p test. A key is the 56-bit integer
  * (desc-ordered float bits << 24 | id), so "key order" is integer order.
+ * Masses (top_p sums, the draw) use the fast exp (__expf, ~2^-21
+ * relative): they weigh tokens, they never decide which are kept except
+ * at top_p's boundary, which float sums place only to rounding anyway.
+ * (The first version evaluated the polynomial for every token in every
+ * pass: ~55 instructions a logit made a 1-row top_k 50 take 122 us.)
  *
  * Finding Kc without sorting the vocabulary: a histogram of count and mass
  * over 2048 bins linear in the logit between the row's top and the
@@ -164,22 +171,16 @@ static __device__ __forceinline__ void for_each(const float *row, long n, long b
     for (; j < n; j += T) f(row[j], base + j);
 }
 
-/* ---- 1. adjustments -------------------------------------------------------- */
+/* ---- 1. adjustments ---------------------------------------------------------- */
 
-static __global__ void adjust_kernel(float *logits, long ld, const struct backend_sample_row *rows,
-                                     const struct backend_sample_adj *adj) {
-    long r = blockIdx.x;
-    int start = rows[r].adj_start, n = rows[r].n_adj;
-    float *row = logits + r * ld;
-    for (int e = blockIdx.y * blockDim.x + threadIdx.x; e < n; e += gridDim.y * blockDim.x) {
-        struct backend_sample_adj a = adj[start + e];
-        float x = row[a.id];
-        if (a.flags & BACKEND_ADJ_MASK) x = -INFINITY;
-        if (a.flags & BACKEND_ADJ_BIAS) x = __fadd_rn(x, a.bias);
-        if (a.flags & BACKEND_ADJ_REP) x = x > 0 ? __fdiv_rn(x, a.rep) : __fmul_rn(x, a.rep);
-        if (a.flags & BACKEND_ADJ_SUB) x = __fsub_rn(x, a.sub);
-        row[a.id] = x;
-    }
+/* The CPU's operations on one logit (sampler_process_logits after the
+ * engine's mask_stops), each rounded as the CPU rounds it. */
+static __device__ __forceinline__ float adjusted(float x, const struct backend_sample_adj &a) {
+    if (a.flags & BACKEND_ADJ_MASK) x = -INFINITY;
+    if (a.flags & BACKEND_ADJ_BIAS) x = __fadd_rn(x, a.bias);
+    if (a.flags & BACKEND_ADJ_REP) x = x > 0 ? __fdiv_rn(x, a.rep) : __fmul_rn(x, a.rep);
+    if (a.flags & BACKEND_ADJ_SUB) x = __fsub_rn(x, a.sub);
+    return x;
 }
 
 /* ---- 2. per-chunk argmax --------------------------------------------------- */
@@ -201,10 +202,22 @@ static __device__ __forceinline__ void warp_best(float &v, int &i, float &mn) {
 }
 
 static __global__ void __launch_bounds__(A_THREADS)
-argmax_kernel(const float *logits, long ld, long vocab, long chunk, bool vec,
+argmax_kernel(float *logits, long ld, long vocab, long chunk, bool vec,
+              const struct backend_sample_row *rows, const struct backend_sample_adj *adj,
               struct sample_partial *part) {
     long r = blockIdx.y, s = blockIdx.x, lo = s * chunk;
     long hi = lo + chunk < vocab ? lo + chunk : vocab;
+    /* first the row's adjustments that fall in this chunk (one entry per
+     * token, so no two threads touch one logit), in place */
+    int start = rows[r].adj_start, na = rows[r].n_adj;
+    if (na > 0) {
+        float *row = logits + r * ld;
+        for (int e = threadIdx.x; e < na; e += blockDim.x) {
+            struct backend_sample_adj a = adj[start + e];
+            if (a.id >= lo && a.id < hi) row[a.id] = adjusted(row[a.id], a);
+        }
+        __syncthreads();
+    }
     float bv = -INFINITY, mn = INFINITY;
     int bi = NONE;
     if (lo < hi)
@@ -270,9 +283,26 @@ static __device__ __forceinline__ float weight_arg(const rowctx &c, float l) {
     return __fmul_rn(__fsub_rn(l, c.m), c.inv_t);
 }
 
-static __device__ __forceinline__ u64 to_fixed(float w, int S) {
-    u64 q = __float2ull_rn(__fmul_rn(w, __int_as_float((127 + S) << 23)));
+/* A token's mass in fixed point (units of 2^-S of the top token's weight):
+ * exp(x) by the fast exp2 unit. The masses only weigh the draw and the
+ * top_p sums (relative error ~2^-21, below the CPU's own float sums);
+ * which tokens are kept never depends on them: positive weight is the
+ * exact test x > W_CUT, and min_p goes through keep_min_p. At least 1 for
+ * a token of positive weight. */
+static __device__ __forceinline__ u64 mass_of(float x, int S) {
+    u64 q = __float2ull_rn(__fmul_rn(__expf(x), __int_as_float((127 + S) << 23)));
     return q ? q : 1;
+}
+
+/* The CPU's min_p test, expneg(x) >= min_p, exactly: the fast exp settles
+ * it unless it is within 2^-16 of min_p (expneg and __expf are both within
+ * 2^-20 of exp), where the exact polynomial decides. */
+static __device__ __forceinline__ bool keep_min_p(float x, float min_p) {
+    if (!(min_p > 0)) return true;
+    float a = __expf(x);
+    if (a > min_p * (1.0f + 1.0f / 65536)) return true;
+    if (a < min_p * (1.0f - 1.0f / 65536)) return false;
+    return expneg(x) >= min_p;
 }
 
 static __device__ __forceinline__ int bin_of(const rowctx &c, float l) {
@@ -280,19 +310,20 @@ static __device__ __forceinline__ int bin_of(const rowctx &c, float l) {
     return t < (float)(NBINS - 1) ? (int)t : NBINS - 1;
 }
 
-/* Region membership; key and weight returned for members. */
+/* Region membership of token i with logit l; x is its weight argument. */
 static __device__ __forceinline__ bool member(const rowctx &c, const region &g, float l, long i,
-                                              u64 &key, float &w) {
-    float x = weight_arg(c, l);
-    if (!(x > W_CUT)) return false;
-    key = key_of(l, i);
-    if (g.have_cut && key > g.kc) return false;
+                                              float &x) {
+    x = weight_arg(c, l);
+    if (!(x > W_CUT)) return false; /* also NaN and -inf */
+    if (g.have_cut || g.s < KEY_BITS) {
+        u64 key = key_of(l, i);
+        if (g.have_cut && key > g.kc) return false;
+        if (g.s < KEY_BITS && (key >> g.s) != g.q) return false;
+    }
     if (g.blo > 0 || g.bhi < NBINS - 1) {
         int b = bin_of(c, l);
         if (b < g.blo || b > g.bhi) return false;
     }
-    if (g.s < KEY_BITS && (key >> g.s) != g.q) return false;
-    w = expneg(x);
     return true;
 }
 
@@ -326,18 +357,18 @@ static __device__ void clear_bins(row_smem &sm) {
     __syncthreads();
 }
 
-/* Histogram of the region's count and mass: by level-0 bin (shift < 0) or
- * by the key digit (key >> shift) & (2^width - 1). */
-static __device__ void histogram(row_smem &sm, const rowctx &c, const region &g, int shift, int width) {
+/* Histogram of the region's count (and mass, when need_mass): by level-0
+ * bin (shift < 0) or by the key digit (key >> shift) & (2^width - 1). */
+static __device__ void histogram(row_smem &sm, const rowctx &c, const region &g, int shift, int width,
+                                 bool need_mass) {
     clear_bins(sm);
     u64 mask = (1ull << width) - 1;
     for_each(c.row, c.V, 0, c.vec, [&](float l, long i) {
-        u64 k;
-        float w;
-        if (!member(c, g, l, i, k, w)) return;
-        int b = shift < 0 ? bin_of(c, l) : (int)((k >> shift) & mask);
+        float x;
+        if (!member(c, g, l, i, x)) return;
+        int b = shift < 0 ? bin_of(c, l) : (int)((key_of(l, i) >> shift) & mask);
         atomicAdd(&sm.cnt[b], 1u);
-        atomicAdd(&sm.mass[b], to_fixed(w, c.S));
+        if (need_mass) atomicAdd(&sm.mass[b], mass_of(x, c.S));
     });
     __syncthreads();
 }
@@ -364,11 +395,10 @@ static __device__ int compact(row_smem &sm, const rowctx &c, const region &g) {
     if (threadIdx.x == 0) sm.n_list = 0;
     __syncthreads();
     for_each(c.row, c.V, 0, c.vec, [&](float l, long i) {
-        u64 k;
-        float w;
-        if (!member(c, g, l, i, k, w)) return;
+        float x;
+        if (!member(c, g, l, i, x)) return;
         unsigned at = atomicAdd(&sm.n_list, 1u);
-        if (at < CAP) sm.list[at] = k;
+        if (at < CAP) sm.list[at] = key_of(l, i);
     });
     __syncthreads();
     return sm.n_list < CAP ? (int)sm.n_list : CAP;
@@ -407,8 +437,8 @@ static __device__ void find_in_list(row_smem &sm, const rowctx &c, int n, bool b
         int i = 4 * t + j;
         mc[j] = mm[j] = 0;
         if (i < n) {
-            float w = expneg(weight_arg(c, key_logit(sm.list[i])));
-            mm[j] = w > 0 && w >= min_p ? to_fixed(w, c.S) : 0;
+            float x = weight_arg(c, key_logit(sm.list[i])); /* > W_CUT: listed tokens have weight */
+            mm[j] = keep_min_p(x, min_p) ? mass_of(x, c.S) : 0;
             mc[j] = 1;
         }
         sc += mc[j], sms += mm[j];
@@ -437,8 +467,10 @@ struct cut {
 
 /* Selects the key prefix of region g whose count reaches target (by_mass
  * false) or whose mass reaches it, from the level-0 histogram already in
- * sm (built over g). */
-static __device__ cut select_prefix(row_smem &sm, const rowctx &c, region g, bool by_mass, u64 target) {
+ * sm (built over g). The prefix's mass (cut.mass) is only right when the
+ * histogram has masses and need_mass is set (refinement keeps them). */
+static __device__ cut select_prefix(row_smem &sm, const rowctx &c, region g, bool by_mass, u64 target,
+                                    bool need_mass) {
     cut r = {0, 0, 0, 0, 0};
     find_bin(sm, by_mass, target, 0);
     int k0 = sm.x_idx;
@@ -475,7 +507,7 @@ static __device__ cut select_prefix(row_smem &sm, const rowctx &c, region g, boo
             return r;
         }
         int shift = q.s > 11 ? q.s - 11 : 0, width = q.s - shift;
-        histogram(sm, c, q, shift, width);
+        histogram(sm, c, q, shift, width, need_mass);
         find_bin(sm, by_mass, target, by_mass ? bm : bc);
         int d = sm.x_idx;
         if (d < 0) { /* cannot happen: the bin holds the crossing */
@@ -495,6 +527,43 @@ static __device__ void set_bins(rowctx &c, float lo) {
     c.hb = c.m;
     float width = __fsub_rn(c.m, lo);
     c.inv_w = width > 0 && isfinite(width) ? (float)NBINS / width : 0.0f;
+}
+
+/* Logits i..i+3 of the row (NaN past hi: never kept); 16 bytes at once
+ * where the row allows (i is a multiple of 4 then; ld, a multiple of 4,
+ * keeps the read inside the row). */
+static __device__ __forceinline__ float4 load4(const rowctx &c, long i, long hi) {
+    if (c.vec && i < hi) {
+        float4 v = *(const float4 *)(c.row + i);
+        if (i + 3 >= hi) {
+            if (i + 1 >= hi) v.y = NAN;
+            if (i + 2 >= hi) v.z = NAN;
+            v.w = NAN;
+        }
+        return v;
+    }
+    float4 v;
+    v.x = i < hi ? c.row[i] : NAN;
+    v.y = i + 1 < hi ? c.row[i + 1] : NAN;
+    v.z = i + 2 < hi ? c.row[i + 2] : NAN;
+    v.w = i + 3 < hi ? c.row[i + 3] : NAN;
+    return v;
+}
+
+/* Kept mass of tokens i..i+3 (kept: member of g and min_p); each in m4
+ * when given. */
+static __device__ __forceinline__ u64 quad_mass(const rowctx &c, const region &g, float4 v, long i,
+                                                u64 *m4) {
+    float l[4] = {v.x, v.y, v.z, v.w};
+    u64 s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float x;
+        u64 q = member(c, g, l[j], i + j, x) && keep_min_p(x, c.min_p) ? mass_of(x, c.S) : 0;
+        if (m4) m4[j] = q;
+        s += q;
+    }
+    return s;
 }
 
 static __global__ void __launch_bounds__(B_THREADS, 1)
@@ -544,11 +613,12 @@ row_kernel(int32_t *tokens, const float *logits, long ld, long vocab, bool vec,
     cut k = {0, 0, 0, 0, 0};
 
     if (use_k || use_p) {
-        histogram(sm, c, all, -1, 0);
+        /* masses only where top_p will weigh them */
+        histogram(sm, c, all, -1, 0, use_p);
         find_bin(sm, false, ~0ull, 0); /* totals only */
         u64 n_pos = sm.tot_c, z = sm.tot_m;
         k.mass = z;
-        if (use_k && n_pos > (u64)P.top_k) k = select_prefix(sm, c, all, false, (u64)P.top_k);
+        if (use_k && n_pos > (u64)P.top_k) k = select_prefix(sm, c, all, false, (u64)P.top_k, use_p);
         if (use_p && k.mass > 0) {
             double need_d = ((double)P.top_p - TOP_P_SLACK) * (double)k.mass;
             bool by_mass = need_d > 0;
@@ -568,9 +638,9 @@ row_kernel(int32_t *tokens, const float *logits, long ld, long vocab, bool vec,
                 if (k.have) { /* a top_k cut too large for the list: new bins below it */
                     g.have_cut = 1, g.kc = k.kc;
                     set_bins(c, key_logit(k.kc));
-                    histogram(sm, c, g, -1, 0);
+                    histogram(sm, c, g, -1, 0, true);
                 }
-                cut p = select_prefix(sm, c, g, by_mass, target);
+                cut p = select_prefix(sm, c, g, by_mass, target, true);
                 if (p.have || !k.have) k = p;
             }
         }
@@ -594,16 +664,15 @@ row_kernel(int32_t *tokens, const float *logits, long ld, long vocab, bool vec,
         if (kept) {
             for (long i = t; i < vocab; i += blockDim.x) kept[i] = 0;
             __syncthreads();
-            for (int i = t; i < n; i += blockDim.x) {
-                float w = expneg(weight_arg(c, key_logit(sm.list[i])));
-                if (w > 0 && w >= c.min_p) kept[key_id(sm.list[i])] = 1;
-            }
+            for (int i = t; i < n; i += blockDim.x)
+                if (keep_min_p(weight_arg(c, key_logit(sm.list[i])), c.min_p)) kept[key_id(sm.list[i])] = 1;
         }
         return;
     }
 
-    /* On the row: kept = positive weight, key <= kc, w >= min_p. Tiles of
-     * ts ids (a multiple of 512, at most 1024 tiles), one warp per tile. */
+    /* On the row: kept = positive weight, key <= kc, min_p. Tiles of ts ids
+     * (a multiple of 512, at most 1024 tiles), one warp per tile, each lane
+     * four consecutive ids per load (16 bytes where the row allows). */
     region g = all;
     g.have_cut = k.have, g.kc = k.kc;
     long ts = 512 * ((vocab + 512L * 1024 - 1) / (512L * 1024));
@@ -612,16 +681,12 @@ row_kernel(int32_t *tokens, const float *logits, long ld, long vocab, bool vec,
     for (int tile = warp; tile < n_tiles; tile += blockDim.x >> 5) {
         long lo = tile * ts, hi = lo + ts < vocab ? lo + ts : vocab;
         u64 s = 0;
-        for (long i = lo + lane; i < hi; i += 128) { /* four loads in flight */
-            float x[4];
+        for (long i = lo + 4 * lane; i < hi; i += 512) { /* four 4-wide loads in flight */
+            float4 x[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) x[j] = i + 32 * j < hi ? c.row[i + 32 * j] : NAN;
+            for (int j = 0; j < 4; j++) x[j] = load4(c, i + 128 * j, hi);
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                u64 key;
-                float w;
-                if (member(c, g, x[j], i + 32 * j, key, w) && w >= c.min_p) s += to_fixed(w, c.S);
-            }
+            for (int j = 0; j < 4; j++) s += quad_mass(c, g, x[j], i + 128 * j, NULL);
         }
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
         if (lane == 0) sm.list[tile] = s;
@@ -639,21 +704,30 @@ row_kernel(int32_t *tokens, const float *logits, long ld, long vocab, bool vec,
     }
     __syncthreads();
     if (Z > 0 && warp == 0 && sm.x_idx >= 0) {
+        /* the crossing tile, 128 ids at a time: lane sums, a warp scan, then
+         * the crossing lane walks its four */
         long lo = sm.x_idx * ts, hi = lo + ts < vocab ? lo + ts : vocab;
         u64 base = sm.x_c;
-        for (long c0 = lo; c0 < hi; c0 += 32) {
-            long i = c0 + lane;
-            u64 wv = 0, key;
-            float w;
-            if (i < hi && member(c, g, c.row[i], i, key, w) && w >= c.min_p) wv = to_fixed(w, c.S);
-            u64 incl = wv;
+        for (long c0 = lo; c0 < hi; c0 += 128) {
+            long i = c0 + 4 * lane;
+            u64 m4[4];
+            u64 ls = quad_mass(c, g, load4(c, i, hi), i, m4);
+            u64 incl = ls;
             for (int o = 1; o < 32; o <<= 1) {
-                u64 x = __shfl_up_sync(FULL_MASK, incl, o);
-                if (lane >= o) incl += x;
+                u64 y = __shfl_up_sync(FULL_MASK, incl, o);
+                if (lane >= o) incl += y;
             }
-            unsigned hit = __ballot_sync(FULL_MASK, wv > 0 && base + incl > target);
+            unsigned hit = __ballot_sync(FULL_MASK, ls > 0 && base + incl > target);
             if (hit) {
-                if (lane == __ffs(hit) - 1) sm.token = (int)i;
+                if (lane == __ffs(hit) - 1) {
+                    u64 cum = base + incl - ls;
+                    int j = 0;
+                    for (; j < 3; j++) {
+                        cum += m4[j];
+                        if (m4[j] && cum > target) break;
+                    }
+                    sm.token = (int)(i + j);
+                }
                 break;
             }
             base += __shfl_sync(FULL_MASK, incl, 31);
@@ -663,9 +737,8 @@ row_kernel(int32_t *tokens, const float *logits, long ld, long vocab, bool vec,
     if (t == 0) tokens[r] = sm.token;
     if (kept)
         for_each(c.row, vocab, 0, false, [&](float l, long i) {
-            u64 key;
-            float w;
-            kept[i] = member(c, g, l, i, key, w) && w >= c.min_p;
+            float x;
+            kept[i] = member(c, g, l, i, x) && keep_min_p(x, c.min_p);
         });
 }
 
@@ -705,11 +778,9 @@ static void sample_run(void *ctx, int32_t *tokens, float *logits, long ld, long 
     }
     bool vec = ld % 4 == 0 && ((uintptr_t)logits & 15) == 0;
     cudaStream_t st = c->stream;
-    adjust_kernel<<<dim3((unsigned)n, 4), 256, 0, st>>>(logits, ld, rows, adj);
-    CUDA_CHECK_LAUNCH();
     struct sample_partial *part = (struct sample_partial *)c->sample_part.p;
     argmax_kernel<<<dim3((unsigned)nsplit, (unsigned)n), A_THREADS, 0, st>>>(logits, ld, vocab, chunk,
-                                                                          vec, part);
+                                                                          vec, rows, adj, part);
     CUDA_CHECK_LAUNCH();
     row_kernel<<<(unsigned)n, B_THREADS, sizeof(row_smem), st>>>(tokens, logits, ld, vocab, vec, rows,
                                                                 part, nsplit, kept);
