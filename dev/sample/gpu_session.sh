@@ -56,5 +56,7 @@ if [ "$STAGE" = 2 ]; then
   echo "== test_deterministic, test_cuda_ops ($(( $(date +%s) - t0 )) s)"
   (cd build-gpu/tests && timeout 60 ./test_deterministic >"$O/det.log" 2>&1; echo "test_deterministic rc=$?")
   timeout 60 build-gpu/tests/test_cuda_ops >"$O/ops.log" 2>&1; echo "test_cuda_ops rc=$? $(grep -E 'PASSED|FAILED' "$O/ops.log" | tr '\n' ' ')"
+  KILN_TOKENIZERS=/nonexistent timeout 100 ctest --test-dir build-gpu -R cuda_verify_cuda --output-on-failure -V >"$O/verify.log" 2>&1
+  echo "verify_cuda rc=$? $(grep -E 'passed, ' "$O/verify.log" | tail -1)"
 fi
 echo "done ($(( $(date +%s) - t0 )) s)"
