@@ -66,6 +66,7 @@ int main(int argc, char **argv) {
     const struct backend_ops *o = be.ops;
     if (!o->sample || !o->graph_begin) {
         fprintf(stderr, "bench_sample: the %s backend does not sample on the device\n", device);
+        backend_destroy(&be);
         return 1;
     }
     double bw = copy_bandwidth(&be);
