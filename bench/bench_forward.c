@@ -8,9 +8,17 @@
  * prefill's TFLOP/s. --prompt-len takes a list (512,2048,8192): one load,
  * each length in turn; --batch N decodes N sequences together.
  *
+ * Decode steps end the way a serving step does: on a backend that samples
+ * on the device (CUDA), every row is sampled greedily there and only the
+ * token ids come back (model_forward_sample); --logits downloads every
+ * row's logits instead (model_forward, what a step cost before device
+ * sampling). The line "sampling:" says which ran; --both times both in the
+ * same run (device sampling first, then the logits download, after each
+ * prefill), one decode line each.
+ *
  *   bench_forward --model DIR|config.json [--load-format dummy] [--prompt-len 128]
  *                 [--decode 32] [--batch 1] [--threads N] [--device cpu] [--repeat 3]
- *                 [--no-graphs]
+ *                 [--no-graphs] [--logits] [--both]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,9 +53,11 @@ static int prefill(struct model *m, struct kv_pool *kv, const struct seqs *q, in
     return rc;
 }
 
-/* One decode step of all sequences at position p. */
+/* One decode step of all sequences at position p; with smp, greedy on the
+ * device (token ids to tokens). */
 static int decode(struct model *m, struct kv_pool *kv, const struct seqs *q, const int32_t *ids,
-                  int p, int32_t *scratch, float *logits, struct kiln_error *err) {
+                  int p, int32_t *scratch, float *logits, const struct model_sampling *smp,
+                  int32_t *tokens, struct kiln_error *err) {
     int n = q->n;
     int32_t *pos = scratch, *slot = pos + n, *q_start = slot + n, *kv_len = q_start + n + 1,
             *rows = kv_len + n;
@@ -63,13 +73,14 @@ static int decode(struct model *m, struct kv_pool *kv, const struct seqs *q, con
                       .positions = pos, .out_slot = slot, .n_seqs = n, .q_start = q_start,
                       .kv_len = kv_len, .kv_page_start = q->page_start, .kv_pages = q->pages,
                       .page_size = 1, .n_logit_rows = n, .logit_rows = rows};
+    if (smp) return model_forward_sample(m, kv, &b, smp, tokens, logits, err);
     return model_forward(m, kv, &b, logits, err);
 }
 
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128";
     int prompt_len = 0, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
-    int deterministic = 0, pps[16], n_pp = 0;
+    int deterministic = 0, pps[16], n_pp = 0, want_logits = 0, both = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
@@ -82,6 +93,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = atoi(v), i++;
         else if (!strcmp(a, "--repeat")) repeat = atoi(v), i++;
         else if (!strcmp(a, "--no-graphs")) no_graphs = 1;
+        else if (!strcmp(a, "--logits")) want_logits = 1;
+        else if (!strcmp(a, "--both")) both = 1;
         else {
             fprintf(stderr, "bench_forward: unknown option %s\n", a);
             return 2;
@@ -102,7 +115,7 @@ int main(int argc, char **argv) {
     if (!model_dir || n_pp == 0 || n_decode < 0 || repeat < 1 || batch < 1) {
         fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] "
                         "[--prompt-len N[,N...]] [--decode N] [--batch N] [--threads N] [--repeat N] "
-                        "[--no-graphs] [--deterministic]\n");
+                        "[--no-graphs] [--deterministic] [--logits] [--both]\n");
         return 2;
     }
     struct kiln_error err = {{0}};
@@ -137,6 +150,12 @@ int main(int argc, char **argv) {
     int32_t *ids = xmalloc((size_t)(ctx + batch) * 4), *scratch = xmalloc((size_t)(5 * batch + 1) * 4);
     for (int i = 0; i < ctx + batch; i++) ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
     float *logits = xmalloc((size_t)batch * c->vocab_size * 4);
+    /* greedy rows sampled on the device, when the backend can */
+    int32_t *tokens = xmalloc((size_t)batch * 4);
+    struct backend_sample_row *srows = xcalloc((size_t)batch, sizeof *srows);
+    struct model_sampling smp_greedy = {.rows = srows};
+    const struct model_sampling *smp = !want_logits && model_can_sample(m) ? &smp_greedy : NULL;
+    int n_modes = both && smp ? 2 : 1;
     /* The backend's own copy is a fair ceiling for a GPU; on the CPU it is
      * one thread's memcpy, no limit for two threads streaming weights, so
      * the CPU figure is left out (bench_cpu_matmul measures its bandwidth). */
@@ -151,6 +170,10 @@ int main(int argc, char **argv) {
     printf("device: %s, threads: %d, batch: %d, graphs: %s, KV cache: %s, best of %d%s\n", device,
            threads, batch, no_graphs ? "off" : "on", dtype_name(kv.dtype), repeat,
            deterministic ? ", deterministic" : "");
+    printf("sampling: %s\n", n_modes == 2 ? "both: greedy on the device (token ids downloaded), "
+                                            "then every row's logits downloaded"
+                             : smp ? "greedy on the device, token ids downloaded"
+                                   : "logits of every row downloaded (host sampling)");
     if (bw > 0) printf("device copy bandwidth: %.1f GB/s (read + write)\n", bw / 1e9);
     if (host_bw > 0) printf("memory read bandwidth (%d threads): %.1f GB/s\n", threads, host_bw / 1e9);
     /* Dense models: FLOPs of a prefill token = 2 × (weights but the
@@ -162,17 +185,25 @@ int main(int argc, char **argv) {
                     (c->tie_word_embeddings ? 1.0 : 2.0) * c->vocab_size * (double)c->hidden_size;
     for (int k = 0; k < n_pp; k++) {
         int pl = pps[k];
-        double best_pp = 1e30, best_tg = 1e30;
+        double best_pp = 1e30, best_tg[2] = {1e30, 1e30};
         for (int r = 0; r < repeat; r++) {
             t0 = time_now();
             for (int s = 0; s < batch; s++)
                 if (prefill(m, &kv, &q, s, ids + s % 7, pl, logits, &err)) goto fail;
             double t1 = time_now();
-            for (int i = 0; i < n_decode; i++)
-                if (decode(m, &kv, &q, ids + pl + i % batch, pl + i, scratch, logits, &err)) goto fail;
-            double t2 = time_now();
             if (t1 - t0 < best_pp) best_pp = t1 - t0;
-            if (n_decode && t2 - t1 < best_tg) best_tg = t2 - t1;
+            /* mode 0: as chosen; mode 1 (--both): the logits download too,
+             * over the same positions (the decode rewrites the same K/V) */
+            for (int mode = 0; mode < n_modes; mode++) {
+                const struct model_sampling *sm = mode ? NULL : smp;
+                t1 = time_now();
+                for (int i = 0; i < n_decode; i++)
+                    if (decode(m, &kv, &q, ids + pl + i % batch, pl + i, scratch, logits, sm, tokens,
+                               &err))
+                        goto fail;
+                double t2 = time_now();
+                if (n_decode && t2 - t1 < best_tg[mode]) best_tg[mode] = t2 - t1;
+            }
         }
         printf("prefill pp%d x %d: %.1f tok/s (%.1f ms)", pl, batch, (double)pl * batch / best_pp,
                best_pp * 1e3);
@@ -183,16 +214,16 @@ int main(int argc, char **argv) {
                    (mm + at) / best_pp / 1e12, (mm + at) / 1e12, mm / 1e12, at / 1e12);
         }
         printf("\n");
-        if (n_decode) {
+        for (int mode = 0; n_decode && mode < n_modes; mode++) {
             /* bytes a decode step must read: the weights once, each sequence's K/V */
             double kv_gb = kv_slot * batch * ((double)pl + (n_decode + 1) / 2.0) / 1e9;
-            double step = best_tg / n_decode, rate = (gb + kv_gb) / step;
+            double step = best_tg[mode] / n_decode, rate = (gb + kv_gb) / step;
             printf("decode tg%d batch %d at context %d: %.2f tok/s (%.3f ms/step, %.2f tok/s per "
                    "sequence), %.1f GB/s of weights + KV (%.3f + %.3f GB/step)",
                    n_decode, batch, pl, batch / step, step * 1e3, 1.0 / step, rate, gb, kv_gb);
             if (bw > 0) printf(" = %.0f%% of the copy bandwidth", 100.0 * rate * 1e9 / bw);
             if (host_bw > 0) printf(" = %.0f%% of the read bandwidth", 100.0 * rate * 1e9 / host_bw);
-            printf("\n");
+            printf("; %s\n", smp && !mode ? "device sampling" : "logits downloaded");
         }
     }
     return 0;

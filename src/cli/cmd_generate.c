@@ -1,6 +1,7 @@
 /* cmd_generate.c — `kiln generate`: greedy decoding of one sequence, the
  * simplest end-to-end use of the forward pass (prefill once, then one token
- * per step). Stops at an end-of-sequence id from generation_config.json
+ * per step; on a backend that samples on the device, the greedy token is
+ * chosen there and only its id comes back, unless KILN_GPU_SAMPLE=0). Stops at an end-of-sequence id from generation_config.json
  * unless --ignore-eos, or after --max-tokens. The prompt is --ids, or
  * --prompt TEXT encoded with the model's tokenizer (special tokens added as
  * its tokenizer.json says). Prints the generated ids, comma-separated, on
@@ -15,6 +16,7 @@
 #include "cli/cli_common.h"
 #include "kiln/tokenizer.h"
 #include "model/model.h"
+#include "tensor/backend.h"
 
 /* First index of the largest logit (ties go to the lower id). */
 static int argmax(const float *v, int n) {
@@ -145,9 +147,18 @@ int cmd_generate(int argc, char **argv) {
                           .n_seqs = 1, .q_start = q_start, .kv_len = &kv_len,
                           .kv_page_start = page_start, .kv_pages = pages, .page_size = page_size,
                           .n_logit_rows = 1, .logit_rows = &row};
-        if (model_forward(m, &kv, &b, logits, &err)) goto out;
+        int next;
+        if (model_can_sample(m)) { /* greedy on the device: only the id comes back */
+            struct backend_sample_row greedy = {0};
+            struct model_sampling smp = {.rows = &greedy};
+            int32_t t;
+            if (model_forward_sample(m, &kv, &b, &smp, &t, logits, &err)) goto out;
+            next = t;
+        } else {
+            if (model_forward(m, &kv, &b, logits, &err)) goto out;
+            next = argmax(logits, cfg->vocab_size);
+        }
         done = len;
-        int next = argmax(logits, cfg->vocab_size);
         if (!ignore_eos && is_eos(model_generation_config(m), next)) break;
         printf(first ? "%d" : ",%d", next);
         first = 0;

@@ -60,7 +60,11 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
                       lmax(c->shared_expert_intermediate_size,
                            (long)c->moe_intermediate_size * lmax(c->n_shared_experts, 1)));
     long E = lmax(c->n_experts, 1), K = lmax(c->n_experts_per_tok, 1);
-    a->logit_chunk = (int)(T < 64 ? T : 64);
+    const struct backend_ops *ops = m->be->ops;
+    /* Logits are downloaded 64 rows at a time; a backend that samples on
+     * the device keeps a whole decode batch's rows (one lm_head product). */
+    long chunk = ops->sample && m->max_seqs > 64 ? m->max_seqs : 64;
+    a->logit_chunk = (int)(T < chunk ? T : chunk);
     a->pages_cap = (long)m->max_seqs * (m->max_context / m->page_size + 2);
 #define ALLOC(field, count, type)                                                          \
     do {                                                                                   \
@@ -86,11 +90,19 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
     ALLOC(moe_w, T * K, float);
     ALLOC(logits, (long)a->logit_chunk * c->vocab_size, float);
     ALLOC(xs, T * d, float);
-    /* batch metadata: [ids|pos|slot|rows: T each][q_start|page_start: S+1 each][pages] */
+    /* batch metadata: [ids|pos|slot|rows: T each][q_start|page_start: S+1 each]
+     * [sampling row parameters: S, 8-byte aligned][pages] */
     long S = m->max_seqs;
-    a->stage_pages_off = 4 * T + 2 * (S + 1);
+    long srow_ints = (long)(sizeof(struct backend_sample_row) / 4);
+    a->stage_srows_off = (4 * T + 2 * (S + 1) + 1) & ~1L;
+    a->stage_pages_off = a->stage_srows_off + (ops->sample ? S * srow_ints : 0);
     long stage_ints = a->stage_pages_off + a->pages_cap;
     ALLOC(stage, stage_ints, int32_t);
+    if (ops->sample) {
+        a->adj_cap = (int)(S * 512 > 8192 ? S * 512 : 8192);
+        ALLOC(sadj, a->adj_cap, struct backend_sample_adj);
+        ALLOC(stok, S, int32_t);
+    }
 #undef ALLOC
     a->ids = a->stage;
     a->pos = a->ids + T;
@@ -99,20 +111,29 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
     a->q_start = a->rows + T;
     a->page_start = a->q_start + S + 1;
     a->pages = a->stage + a->stage_pages_off;
-    const struct backend_ops *ops = m->be->ops;
+    a->srows = (struct backend_sample_row *)(a->stage + a->stage_srows_off);
     if (ops->host_alloc && (a->stage_host = ops->host_alloc(m->be->ctx, (size_t)stage_ints * 4)))
         a->stage_pinned = 1;
     else
         a->stage_host = xmalloc((size_t)stage_ints * 4);
+    a->perm = xmalloc((size_t)T * sizeof *a->perm);
+    if (ops->sample) {
+        size_t ab = (size_t)a->adj_cap * sizeof *a->sadj_host;
+        if (ops->host_alloc && (a->sadj_host = ops->host_alloc(m->be->ctx, ab))) a->sadj_pinned = 1;
+        else a->sadj_host = xmalloc(ab);
+        if (ops->host_alloc && (a->stok_host = ops->host_alloc(m->be->ctx, (size_t)S * 4))) a->stok_pinned = 1;
+        else a->stok_host = xmalloc((size_t)S * 4);
+    }
     return ops->reserve(m->be->ctx, T, m->max_context, c->n_heads, err);
 }
 
 static void drop_graphs(struct model *m) {
-    for (int i = 0; i < MODEL_GRAPH_BUCKETS; i++) {
-        if (m->graphs[i]) m->be->ops->graph_destroy(m->be->ctx, m->graphs[i]);
-        m->graphs[i] = NULL;
-        m->graph_warm[i] = 0;
-    }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < MODEL_GRAPH_BUCKETS; i++) {
+            if (m->graphs[k][i]) m->be->ops->graph_destroy(m->be->ctx, m->graphs[k][i]);
+            m->graphs[k][i] = NULL;
+            m->graph_warm[k][i] = 0;
+        }
 }
 
 static void free_activations(struct model *m) {
@@ -120,11 +141,16 @@ static void free_activations(struct model *m) {
     drop_graphs(m);
     void *bufs[] = {a->h, a->xn, a->delta, a->q, a->k, a->v, a->qkv, a->q2, a->att, a->o, a->g,
                     a->u, a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->logits, a->xs,
-                    a->stage};
+                    a->stage, a->sadj, a->stok};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) m->be->ops->free(m->be->ctx, bufs[i]);
-    if (a->stage_pinned) m->be->ops->host_free(m->be->ctx, a->stage_host);
-    else free(a->stage_host);
+    void *host[] = {a->stage_host, a->sadj_host, a->stok_host};
+    int pinned[] = {a->stage_pinned, a->sadj_pinned, a->stok_pinned};
+    for (int i = 0; i < 3; i++) {
+        if (pinned[i]) m->be->ops->host_free(m->be->ctx, host[i]);
+        else free(host[i]);
+    }
+    free(a->perm);
     memset(a, 0, sizeof *a);
 }
 
@@ -177,6 +203,9 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
      * MoE layers sort rows on the host) and a backend that records. */
     const char *ge = getenv("KILN_GRAPHS");
     m->graphs_on = m->be->ops->graph_begin && !(opt && opt->no_graphs) && !(ge && !strcmp(ge, "0"));
+    const char *gs = getenv("KILN_GPU_SAMPLE"), *gg = getenv("KILN_GRAPH_SAMPLE");
+    m->sample_on = m->be->ops->sample && !(gs && !strcmp(gs, "0"));
+    m->graph_sample_on = !(gg && !strcmp(gg, "0"));
     for (int l = 0; l < c->n_layers; l++)
         if (m->layers[l].mlp_kind == LAYER_MLP_MOE) m->graphs_on = 0;
 
@@ -345,8 +374,12 @@ static void run_layers(struct model *m, struct kv_pool *kv, const struct backend
 
 /* Packs the batch (padded with `pad` one-token sequences at position 0 that
  * write to the scratch page) into the staging buffer and uploads it in one
- * copy. */
-static void stage_batch(struct model *m, const struct kv_pool *kv, const struct batch *b, int pad) {
+ * copy. The logit rows go in the order a->perm gives; with device
+ * sampling, the parameters of the n_sample sampled rows (want_logits rows
+ * first in perm, so these are perm[n_want..]) follow, then greedy ones up
+ * to n_fill rows (graph padding), and the adjustments in a second copy. */
+static void stage_batch(struct model *m, const struct kv_pool *kv, const struct batch *b, int pad,
+                        const struct model_sampling *smp, int n_want, int n_fill) {
     struct activations *a = &m->act;
     const struct backend_ops *ops = m->be->ops;
     long T = m->max_batch_tokens, S = m->max_seqs;
@@ -358,7 +391,7 @@ static void stage_batch(struct model *m, const struct kv_pool *kv, const struct 
     memcpy(ids, b->input_ids, (size_t)n * 4);
     memcpy(pos, b->positions, (size_t)n * 4);
     memcpy(slot, b->out_slot, (size_t)n * 4);
-    memcpy(rows, b->logit_rows, (size_t)b->n_logit_rows * 4);
+    for (int j = 0; j < b->n_logit_rows; j++) rows[j] = b->logit_rows[a->perm[j]];
     memcpy(qs, b->q_start, (size_t)(ns + 1) * 4);
     memcpy(ps, b->kv_page_start, (size_t)(ns + 1) * 4);
     memcpy(pages, b->kv_pages, (size_t)np * 4);
@@ -370,21 +403,84 @@ static void stage_batch(struct model *m, const struct kv_pool *kv, const struct 
         ps[ns + i + 1] = np + i + 1;
         pages[np + i] = kv->scratch_page;
     }
+    if (smp) {
+        struct backend_sample_row *sr = (struct backend_sample_row *)(h + a->stage_srows_off);
+        int n_sample = b->n_logit_rows - n_want;
+        for (int j = 0; j < n_sample; j++) sr[j] = smp->rows[a->perm[n_want + j]];
+        if (n_fill > n_sample) memset(sr + n_sample, 0, (size_t)(n_fill - n_sample) * sizeof *sr);
+        if (smp->n_adj > 0) {
+            memcpy(a->sadj_host, smp->adj, (size_t)smp->n_adj * sizeof *smp->adj);
+            ops->upload(m->be->ctx, a->sadj, a->sadj_host, (size_t)smp->n_adj * sizeof *smp->adj);
+        }
+    }
     /* one copy: everything before the page list, and the pages in use */
     ops->upload(m->be->ctx, a->stage, h, (size_t)(a->stage_pages_off + np + pad) * 4);
     a->stage_busy = a->stage_pinned;
 }
 
-int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, float *logits,
-                  struct kiln_error *err) {
+/* Final norm, lm_head and sampling of all np rows of the residual stream
+ * (a decode batch, padding included): what graphs [1] record after the
+ * layers. */
+static void sample_tail(struct model *m, long np) {
+    const struct backend_ops *ops = m->be->ops;
+    void *ctx = m->be->ctx;
+    struct activations *a = &m->act;
+    long d = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    /* h is rebuilt by the next step's embedding: normalise in place */
+    ops->add_rmsnorm(ctx, a->h, a->delta, a->xs, m->final_norm, np, d, (float)m->cfg.rms_norm_eps);
+    for (long r0 = 0; r0 < np; r0 += a->logit_chunk) {
+        long r = np - r0 < a->logit_chunk ? np - r0 : a->logit_chunk;
+        ops->matmul(ctx, a->logits, V, a->xs + r0 * d, d, &m->lm_head, NULL, r);
+        ops->sample(ctx, a->stok + r0, a->logits, V, r, V, a->srows + r0, a->sadj);
+    }
+}
+
+static void run_step(struct model *m, struct kv_pool *kv, const struct backend_batch *bb, long np,
+                     int kind) {
+    run_layers(m, kv, bb, np);
+    if (kind) sample_tail(m, np);
+}
+
+int model_can_sample(const struct model *m) { return m->sample_on; }
+int model_sample_adj_capacity(const struct model *m) { return m->act.adj_cap; }
+
+static int forward_impl(struct model *m, struct kv_pool *kv, const struct batch *b,
+                        const struct model_sampling *smp, int32_t *tokens, float *logits,
+                        struct kiln_error *err) {
     if (b->mode == BATCH_MODE_IDLE || b->n_tokens == 0) return 0;
     if (check_batch(m, kv, b, err)) return -1;
     const struct model_config *c = &m->cfg;
     const struct backend_ops *ops = m->be->ops;
     void *ctx = m->be->ctx;
     struct activations *a = &m->act;
-    long n = b->n_tokens, d = c->hidden_size;
+    long n = b->n_tokens, d = c->hidden_size, V = c->vocab_size;
     float eps = (float)c->rms_norm_eps;
+    int n_lr = b->n_logit_rows, n_want = n_lr;
+    if (n_lr < 0 || n_lr > m->max_batch_tokens)
+        return kiln_errorf(err, "batch asks for %d logit rows, more than the reserved %d", n_lr,
+                           m->max_batch_tokens);
+    if (smp) {
+        if (!m->sample_on) return kiln_errorf(err, "model_forward_sample: the backend does not sample");
+        n_want = 0;
+        for (int j = 0; j < n_lr; j++) n_want += smp->want_logits && smp->want_logits[j];
+        if (n_lr - n_want > m->max_seqs)
+            return kiln_errorf(err, "%d rows to sample on the device, more than the reserved %d",
+                               n_lr - n_want, m->max_seqs);
+        if (smp->n_adj < 0 || smp->n_adj > a->adj_cap)
+            return kiln_errorf(err, "%d sampling adjustments, more than the reserved %d", smp->n_adj,
+                               a->adj_cap);
+        for (int j = 0; j < n_lr; j++) {
+            const struct backend_sample_row *r = &smp->rows[j];
+            if (smp->want_logits && smp->want_logits[j]) continue;
+            KILN_ASSERT(r->n_adj >= 0 && r->adj_start >= 0 && r->adj_start + r->n_adj <= smp->n_adj);
+        }
+    }
+    int n_sample = n_lr - n_want;
+    /* rows that want logits first (their logits download as one block) */
+    for (int j = 0, w = 0, sj = n_want; j < n_lr; j++) {
+        if (!smp || (smp->want_logits && smp->want_logits[j])) a->perm[w++] = j;
+        else a->perm[sj++] = j;
+    }
 
     /* Decode steps (one token per sequence) replay a graph recorded for the
      * next bucket size, padded with one-token sequences. */
@@ -397,7 +493,11 @@ int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, fl
             pad = 0;
         }
     }
-    stage_batch(m, kv, b, pad);
+    /* A decode step whose every row samples on the device runs the whole
+     * step, sampling included, from graphs [1]. */
+    int kind = smp && gi >= 0 && n_want == 0 && n_lr == n && m->graph_sample_on;
+    for (int j = 0; kind && j < n_lr; j++) kind = b->logit_rows[j] == j;
+    stage_batch(m, kv, b, pad, smp, n_want, kind ? (int)n + pad : n_sample);
     long np = n + pad;
     struct backend_batch bb = {.n_tokens = (int)np, .n_seqs = b->n_seqs + pad,
                                .page_size = b->page_size, .positions = a->pos,
@@ -405,49 +505,90 @@ int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, fl
                                .kv_pages = a->pages};
     if (gi < 0) {
         run_layers(m, kv, &bb, np);
-    } else if (m->graphs[gi]) {
-        if (ops->graph_launch(ctx, m->graphs[gi])) { /* stale: scratch moved */
+    } else if (m->graphs[kind][gi]) {
+        if (ops->graph_launch(ctx, m->graphs[kind][gi])) { /* stale: scratch moved */
             drop_graphs(m);
-            run_layers(m, kv, &bb, np);
-            m->graph_warm[gi] = 1;
+            run_step(m, kv, &bb, np, kind);
+            m->graph_warm[kind][gi] = 1;
         }
-    } else if (!m->graph_warm[gi]) {
+    } else if (!m->graph_warm[kind][gi]) {
         /* the first step of a size runs eagerly: scratch and library state
          * settle before anything is recorded */
-        run_layers(m, kv, &bb, np);
-        m->graph_warm[gi] = 1;
+        run_step(m, kv, &bb, np, kind);
+        m->graph_warm[kind][gi] = 1;
     } else {
         ops->graph_begin(ctx);
-        run_layers(m, kv, &bb, np);
-        m->graphs[gi] = ops->graph_end(ctx);
-        if (!m->graphs[gi] || ops->graph_launch(ctx, m->graphs[gi])) {
+        run_step(m, kv, &bb, np, kind);
+        m->graphs[kind][gi] = ops->graph_end(ctx);
+        if (!m->graphs[kind][gi] || ops->graph_launch(ctx, m->graphs[kind][gi])) {
             log_warn("model: recording a decode graph failed; running without graphs");
             drop_graphs(m);
             m->graphs_on = 0;
-            run_layers(m, kv, &bb, np);
+            run_step(m, kv, &bb, np, kind);
         }
     }
-
-    if (b->n_logit_rows == 0) return 0;
-    /* only the rows that need logits go through the final norm and lm_head */
-    ops->gather_rows(ctx, a->xs, a->h, d, a->rows, b->n_logit_rows);
-    ops->gather_rows(ctx, a->xn, a->delta, d, a->rows, b->n_logit_rows);
-    ops->add_rmsnorm(ctx, a->xs, a->xn, a->xs, m->final_norm, b->n_logit_rows, d, eps);
-    long V = c->vocab_size;
-    for (long r0 = 0; r0 < b->n_logit_rows; r0 += a->logit_chunk) {
-        long r = b->n_logit_rows - r0 < a->logit_chunk ? b->n_logit_rows - r0 : a->logit_chunk;
-        ops->matmul(ctx, a->logits, V, a->xs + r0 * d, d, &m->lm_head, NULL, r);
-        ops->download(ctx, logits + r0 * V, a->logits, (size_t)(r * V) * 4);
+    if (kind) {
+        ops->download(ctx, a->stok_host, a->stok, (size_t)n * 4);
+        memcpy(tokens, a->stok_host, (size_t)n * 4);
+        a->stage_busy = 0;
+        return 0;
     }
-    a->stage_busy = 0; /* download waited for the stream */
+
+    if (n_lr == 0) return 0;
+    /* only the rows that need logits go through the final norm and lm_head */
+    ops->gather_rows(ctx, a->xs, a->h, d, a->rows, n_lr);
+    ops->gather_rows(ctx, a->xn, a->delta, d, a->rows, n_lr);
+    ops->add_rmsnorm(ctx, a->xs, a->xn, a->xs, m->final_norm, n_lr, d, eps);
+    for (long r0 = 0; r0 < n_lr; r0 += a->logit_chunk) {
+        long r = n_lr - r0 < a->logit_chunk ? n_lr - r0 : a->logit_chunk;
+        ops->matmul(ctx, a->logits, V, a->xs + r0 * d, d, &m->lm_head, NULL, r);
+        if (r0 < n_want) {
+            long w = n_want - r0 < r ? n_want - r0 : r;
+            ops->download(ctx, logits + r0 * V, a->logits, (size_t)(w * V) * 4);
+        }
+        long lo = r0 > n_want ? r0 : n_want;
+        if (lo < r0 + r)
+            ops->sample(ctx, a->stok + (lo - n_want), a->logits + (lo - r0) * V, V, r0 + r - lo, V,
+                        a->srows + (lo - n_want), a->sadj);
+    }
+    if (n_sample) {
+        ops->download(ctx, a->stok_host, a->stok, (size_t)n_sample * 4);
+        for (int j = 0; j < n_sample; j++) tokens[a->perm[n_want + j]] = a->stok_host[j];
+    }
+    a->stage_busy = 0; /* a download waited for the stream */
     return 0;
+}
+
+int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, float *logits,
+                  struct kiln_error *err) {
+    return forward_impl(m, kv, b, NULL, NULL, logits, err);
+}
+
+int model_forward_sample(struct model *m, struct kv_pool *kv, const struct batch *b,
+                         const struct model_sampling *s, int32_t *tokens, float *logits,
+                         struct kiln_error *err) {
+    return forward_impl(m, kv, b, s, tokens, logits, err);
 }
 
 /* One-token sequences at position 0 on `page` (decode buckets) or one
  * sequence of n tokens on pages[] (prefill), all rows asking for logits so
  * the lm_head's shapes are warmed too. */
+/* Sampling parameters for warm-up row j: greedy and the configurations
+ * the CPU sampler's warm-up uses, in turn. */
+static void warm_params(struct backend_sample_row *r, int j) {
+    memset(r, 0, sizeof *r);
+    static const float temp[6] = {0, 0.7f, 1.0f, 0.8f, 1.2f, 0.6f}, top_p[6] = {1, 0.9f, 1, 0.95f, 1, 0.8f};
+    static const int top_k[6] = {0, 0, 50, 40, 0, 20};
+    r->temperature = temp[j % 6];
+    r->top_p = top_p[j % 6];
+    r->top_k = top_k[j % 6];
+    r->min_p = j % 6 == 4 ? 0.05f : 0.0f;
+    r->seed = (uint64_t)j;
+    r->step = 1;
+}
+
 static int warm_step(struct model *m, struct kv_pool *kv, int n, int n_seqs, const int32_t *pages,
-                     int n_pages, float *logits, struct kiln_error *err) {
+                     int n_pages, float *logits, int sample, struct kiln_error *err) {
     int ps = kv->page_size;
     int32_t *buf = xmalloc((size_t)(5 * n + 3 * (n_seqs + 1) + n_pages + n_seqs) * 4);
     int32_t *ids = buf, *pos = ids + n, *slot = pos + n, *rows = slot + n, *qs = rows + n,
@@ -470,7 +611,18 @@ static int warm_step(struct model *m, struct kv_pool *kv, int n, int n_seqs, con
                       .input_ids = ids, .positions = pos, .out_slot = slot, .n_seqs = n_seqs,
                       .q_start = qs, .kv_len = kvl, .kv_page_start = pst, .kv_pages = pg,
                       .page_size = ps, .n_logit_rows = rows_wanted, .logit_rows = rows};
-    int rc = model_forward(m, kv, &b, logits, err);
+    int rc;
+    if (sample) { /* every row sampled on the device: graphs [1] */
+        struct backend_sample_row *sr = xmalloc((size_t)rows_wanted * sizeof *sr);
+        int32_t *tok = xmalloc((size_t)rows_wanted * 4);
+        for (int j = 0; j < rows_wanted; j++) warm_params(&sr[j], j);
+        struct model_sampling smp = {.rows = sr};
+        rc = model_forward_sample(m, kv, &b, &smp, tok, logits, err);
+        free(sr);
+        free(tok);
+    } else {
+        rc = model_forward(m, kv, &b, logits, err);
+    }
     free(buf);
     return rc;
 }
@@ -494,17 +646,21 @@ int model_warmup(struct model *m, struct kv_pool *kv, struct kiln_error *err) {
     /* prefill: every power of two up to the longest batch, and that batch */
     for (int t = 1; rc == 0; t = t * 2 < longest ? t * 2 : longest) {
         if (t > n_pages * ps) t = n_pages * ps;
-        rc = warm_step(m, kv, t, 1, pages, (t + ps - 1) / ps, logits, err);
+        rc = warm_step(m, kv, t, 1, pages, (t + ps - 1) / ps, logits, 0, err);
         n_pre++;
         if (t >= longest || t >= n_pages * ps) break;
     }
     m->be->ops->synchronize(m->be->ctx);
     double t1 = time_now();
-    /* decode buckets: the first run is eager, the second records the graph */
+    /* decode buckets: the first run is eager, the second records the graph;
+     * with device sampling, both kinds (with and without the sampling tail) */
+    int kinds = m->sample_on && m->graph_sample_on ? 2 : 1;
     for (int i = 0; i < MODEL_GRAPH_BUCKETS && rc == 0; i++) {
         int s = bucket_size(i);
         if (bucket_for(m, s) != i) break;
-        for (int k = 0; k < 2 && rc == 0; k++) rc = warm_step(m, kv, s, s, pages, 1, logits, err);
+        for (int kind = 0; kind < kinds; kind++)
+            for (int k = 0; k < 2 && rc == 0; k++)
+                rc = warm_step(m, kv, s, s, pages, 1, logits, kind, err);
         n_dec++;
     }
     m->be->ops->synchronize(m->be->ctx);
@@ -514,7 +670,39 @@ int model_warmup(struct model *m, struct kv_pool *kv, struct kiln_error *err) {
     free(logits);
     if (rc == 0)
         log_info("warm-up: %d prefill sizes (1..%d tokens) in %.2f s, %d decode buckets (1..%d "
-                 "sequences, graphs recorded) in %.2f s",
-                 n_pre, longest, t1 - t0, n_dec, bucket_size(n_dec - 1), t2 - t1);
+                 "sequences, graphs recorded%s) in %.2f s",
+                 n_pre, longest, t1 - t0, n_dec, bucket_size(n_dec - 1),
+                 kinds == 2 ? ", with and without device sampling" : "", t2 - t1);
     return rc;
+}
+
+double model_sample_warmup(struct model *m) {
+    if (!m->sample_on) return 0;
+    double t0 = time_now();
+    const struct backend_ops *ops = m->be->ops;
+    void *ctx = m->be->ctx;
+    struct activations *a = &m->act;
+    long V = m->cfg.vocab_size, rows = a->logit_chunk < m->max_seqs ? a->logit_chunk : m->max_seqs;
+    /* rows like a model's: a broad bulk and a few peaks */
+    float *h = xmalloc((size_t)V * 4);
+    uint64_t z = 0x5eed;
+    for (long i = 0; i < V; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (float)((double)(z >> 40) / 16777216.0 * 8.0 - 4.0) + (i % 4099 == 0 ? 15.0f : 0.0f);
+    }
+    struct backend_sample_row *sr = (struct backend_sample_row *)(a->stage_host + a->stage_srows_off);
+    if (a->stage_busy) ops->synchronize(ctx);
+    for (long j = 0; j < rows; j++) warm_params(&sr[j], (int)j);
+    ops->upload(ctx, a->srows, sr, (size_t)rows * sizeof *sr);
+    /* no adjustments: the rows stay as uploaded */
+    for (long j = 0; j < rows; j++) ops->upload(ctx, a->logits + j * V, h, (size_t)V * 4);
+    /* batch sizes 1, 2, 4, ... up to the largest decode batch */
+    for (long n = 1;; n = n * 2 < rows ? n * 2 : rows) {
+        ops->sample(ctx, a->stok, a->logits, V, n, V, a->srows, a->sadj);
+        if (n == rows) break;
+    }
+    ops->synchronize(ctx);
+    a->stage_busy = 0;
+    free(h);
+    return time_now() - t0;
 }

@@ -63,4 +63,40 @@ int model_warmup(struct model *m, struct kv_pool *kv, struct kiln_error *err);
 int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, float *logits,
                   struct kiln_error *err);
 
+/* ---- sampling on the device (backends with backend_ops.sample) ----------
+ *
+ * model_forward_sample runs the batch like model_forward, but samples the
+ * logit rows on the device and copies back only their token ids; rows
+ * marked want_logits (scores, logprobs: what the CPU sampler must see)
+ * have their logits downloaded instead, and only those. Row j of the
+ * batch's logit rows gets tokens[j] (rows not wanting logits), or its
+ * logits at logits[k][vocab] where k counts the want_logits rows before it.
+ * rows[j].adj_start / n_adj index `adj` (entries of want_logits rows are
+ * ignored); at most model_sample_capacity(m, ...) entries per batch. The
+ * parameters travel with the batch's staging upload (one pinned copy; a
+ * second only when there are adjustments), and decode steps whose rows all
+ * sample on the device replay a graph that includes the final norm, the
+ * lm_head and the sampling kernels (KILN_GRAPH_SAMPLE=0: graphs cover the
+ * layers only, as for model_forward). */
+struct backend_sample_row;
+struct backend_sample_adj;
+struct model_sampling {
+    const unsigned char *want_logits;       /* [n_logit_rows]; NULL: none */
+    const struct backend_sample_row *rows;  /* [n_logit_rows] */
+    const struct backend_sample_adj *adj;   /* [n_adj] */
+    int n_adj;
+};
+
+/* 1 when the backend samples on the device and KILN_GPU_SAMPLE is not 0. */
+int model_can_sample(const struct model *m);
+/* Most adjustment entries one batch may carry; most rows it may sample. */
+int model_sample_adj_capacity(const struct model *m);
+int model_forward_sample(struct model *m, struct kv_pool *kv, const struct batch *b,
+                         const struct model_sampling *s, int32_t *tokens, float *logits,
+                         struct kiln_error *err);
+/* Runs the device sampler over representative batch sizes and
+ * configurations (first-use costs out of the way); returns seconds, 0
+ * where the model does not sample on the device. */
+double model_sample_warmup(struct model *m);
+
 #endif

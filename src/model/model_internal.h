@@ -93,6 +93,17 @@ struct activations {
     int stage_busy;           /* an upload from stage_host may still be in flight */
     long pages_cap;
     int logit_chunk;
+    /* device sampling (backends with `sample`): row parameters are a view
+     * into `stage` (uploaded with the batch), adjustments their own pinned
+     * buffer, token ids come back through stok_host */
+    struct backend_sample_row *srows;   /* [max_seqs] (stage view) */
+    long stage_srows_off;               /* ints before srows in stage */
+    struct backend_sample_adj *sadj, *sadj_host; /* [adj_cap] device, pinned host */
+    int sadj_pinned;
+    int adj_cap;
+    int32_t *stok, *stok_host;          /* [max_seqs] device, host (pinned when possible) */
+    int stok_pinned;
+    int32_t *perm;                      /* [T] host: logit rows, want_logits first */
 };
 
 /* Decode batches (one token per sequence) are padded up to one of these
@@ -117,8 +128,12 @@ struct model {
     struct activations act;
     /* graphs (backends with graph_begin; dense models only) */
     int graphs_on;
-    void *graphs[MODEL_GRAPH_BUCKETS];
-    unsigned char graph_warm[MODEL_GRAPH_BUCKETS]; /* ran eagerly once at this size */
+    /* [0]: the layers only; [1]: layers + final norm, lm_head and sampling
+     * of every (padded) row, for model_forward_sample steps */
+    void *graphs[2][MODEL_GRAPH_BUCKETS];
+    unsigned char graph_warm[2][MODEL_GRAPH_BUCKETS]; /* ran eagerly once at this size */
+    int sample_on;                   /* backend samples (and KILN_GPU_SAMPLE != 0) */
+    int graph_sample_on;             /* graphs [1] allowed (KILN_GRAPH_SAMPLE != 0) */
     uint64_t graph_kv_sig;           /* the KV buffers the graphs were recorded with */
     void **owned; /* host buffers to free: converted vectors, dummy weights */
     int n_owned, cap_owned;

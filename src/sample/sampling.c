@@ -30,6 +30,7 @@
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "tensor/backend.h"
 
 /* See the header: cumulative top_p mass within this fraction counts as reached. */
 static const double TOP_P_SLACK = 1e-6;
@@ -697,6 +698,39 @@ static int draw_walk(const struct weight_src *s, int n, double u) {
     return last;
 }
 
+/* What a draw picks from: every token, with its weight in scratch[0,
+ * vocab) (no top_k / top_p), or the candidates d->c.ids[0, d->n) whose
+ * weights cand_weights computes with d->min_p. Returns 0 for a greedy
+ * configuration (nothing to draw). */
+struct draw_set {
+    int all, n;
+    struct cand c;
+    float min_p;
+};
+
+static int draw_set_build(const struct sampling_params *p, const float *logits, int vocab, int im,
+                          float *scratch, struct draw_set *d) {
+    float t = p->temperature;
+    if (!(t > 0) || p->top_k == 1 || !(p->top_p > 0) || im < 0 || !isfinite(logits[im])) return 0;
+    d->c = (struct cand){.l = logits, .ids = scratch, .m = logits[im], .inv_t = 1.0f / t};
+    d->min_p = p->min_p > 0 ? p->min_p : 0.0f;
+    int use_k = p->top_k > 0 && p->top_k < vocab, use_p = p->top_p < 1.0f;
+    d->all = !use_k && !use_p;
+    if (d->all) {
+        weights_total(logits, vocab, d->c.m, d->c.inv_t, d->min_p, scratch);
+        d->n = vocab;
+    } else if (use_k) {
+        d->n = top_k_set(&d->c, vocab, p->top_k);
+        if (use_p) {
+            double z = cand_sum(&d->c, 0, d->n, 0.0f);
+            d->n = select_mass(&d->c, d->n, ((double)p->top_p - TOP_P_SLACK) * z);
+        }
+    } else {
+        d->n = top_p_set(&d->c, vocab, p->top_p);
+    }
+    return 1;
+}
+
 void sampler_sample(const struct sampling_params *p, struct sampler_state *s, float *logits,
                     int vocab, uint64_t step, float *scratch, struct sample_result *out) {
     KILN_ASSERT(vocab > 0 && vocab <= (1 << 24)); /* ids are stored as floats */
@@ -718,37 +752,113 @@ void sampler_sample(const struct sampling_params *p, struct sampler_state *s, fl
 
     int im = argmax_first(logits, vocab);
     int token = im < 0 ? 0 : im;
-    float t = p->temperature;
-    int greedy = !(t > 0) || p->top_k == 1 || !(p->top_p > 0) || im < 0 || !isfinite(logits[im]);
-    if (!greedy) {
-        struct cand c = {.l = logits, .ids = scratch, .m = logits[im], .inv_t = 1.0f / t};
+    struct draw_set d;
+    if (draw_set_build(p, logits, vocab, im, scratch, &d)) {
         double u = uniform01(p->seed, step);
-        float min_p = p->min_p > 0 ? p->min_p : 0.0f;
-        int use_k = p->top_k > 0 && p->top_k < vocab, use_p = p->top_p < 1.0f;
         int drawn;
-        if (!use_k && !use_p) {
-            weights_total(logits, vocab, c.m, c.inv_t, min_p, scratch);
+        if (d.all) {
             struct weight_src src = {.w = scratch};
             drawn = draw_walk(&src, vocab, u);
         } else {
-            int n;
-            if (use_k) {
-                n = top_k_set(&c, vocab, p->top_k);
-                if (use_p) {
-                    double z = cand_sum(&c, 0, n, 0.0f);
-                    n = select_mass(&c, n, ((double)p->top_p - TOP_P_SLACK) * z);
-                }
-            } else {
-                n = top_p_set(&c, vocab, p->top_p);
-            }
-            struct weight_src src = {.c = &c, .min_p = min_p};
-            drawn = draw_walk(&src, n, u);
-            drawn = drawn < 0 ? -1 : cid(&c, drawn);
+            struct weight_src src = {.c = &d.c, .min_p = d.min_p};
+            drawn = draw_walk(&src, d.n, u);
+            drawn = drawn < 0 ? -1 : cid(&d.c, drawn);
         }
         token = drawn < 0 ? im : drawn;
     }
     out->token = token;
     if (want_lp) out->logprob = (float)((double)raw[token] - lse);
+}
+
+int sampler_kept_set(const struct sampling_params *p, const float *logits, int vocab,
+                     float *scratch, float *weights) {
+    KILN_ASSERT(vocab > 0 && vocab <= (1 << 24));
+    memset(weights, 0, (size_t)vocab * sizeof *weights);
+    int im = argmax_first(logits, vocab);
+    struct draw_set d;
+    if (!draw_set_build(p, logits, vocab, im, scratch, &d)) {
+        weights[im < 0 ? 0 : im] = 1.0f;
+        return 1;
+    }
+    int kept = 0;
+    if (d.all) {
+        for (int i = 0; i < vocab; i++)
+            if (scratch[i] > 0) weights[i] = scratch[i], kept++;
+        return kept;
+    }
+    float w[W_BLOCK];
+    for (int b = 0; b < d.n; b += W_BLOCK) {
+        int nb = d.n - b < W_BLOCK ? d.n - b : W_BLOCK;
+        cand_weights(&d.c, b, nb, d.min_p, w);
+        for (int i = 0; i < nb; i++)
+            if (w[i] > 0) weights[cid(&d.c, b + i)] = w[i], kept++;
+    }
+    return kept;
+}
+
+/* ---- the engine's device sampling: parameters and adjustments ------------- */
+
+void sampler_row_params(const struct sampling_params *p, uint64_t step,
+                        struct backend_sample_row *row) {
+    memset(row, 0, sizeof *row);
+    row->temperature = p->temperature;
+    row->top_k = p->top_k;
+    row->top_p = p->top_p;
+    row->min_p = p->min_p;
+    row->seed = p->seed;
+    row->step = step;
+}
+
+/* Entry of token id in out[0, n), created on first use through slot[]. */
+static struct backend_sample_adj *adj_entry(struct backend_sample_adj *out, int *n, int cap,
+                                            int32_t *slot, int32_t id) {
+    if (slot[id] >= 0) return &out[slot[id]];
+    if (*n == cap) return NULL;
+    slot[id] = *n;
+    struct backend_sample_adj *a = &out[(*n)++];
+    memset(a, 0, sizeof *a);
+    a->id = id;
+    return a;
+}
+
+int sampler_build_adjustments(const struct sampling_params *p, const struct sampler_state *s,
+                              const int32_t *mask_ids, int n_mask, int vocab,
+                              struct backend_sample_adj *out, int cap, int32_t *slot) {
+    int n = 0, ok = 1;
+    struct backend_sample_adj *a;
+    for (int i = 0; i < n_mask && ok; i++) {
+        if (mask_ids[i] < 0 || mask_ids[i] >= vocab) continue;
+        if ((ok = (a = adj_entry(out, &n, cap, slot, mask_ids[i])) != NULL)) a->flags |= BACKEND_ADJ_MASK;
+    }
+    for (int i = 0; i < p->n_logit_bias && ok; i++) {
+        int32_t id = p->logit_bias[i].id;
+        KILN_ASSERT_MSG(id >= 0 && id < vocab, "logit_bias id outside vocab (validate first)");
+        /* a repeated id is added twice on the CPU, in float: not one entry */
+        if ((ok = (a = adj_entry(out, &n, cap, slot, id)) != NULL && !(a->flags & BACKEND_ADJ_BIAS))) {
+            a->flags |= BACKEND_ADJ_BIAS;
+            a->bias = p->logit_bias[i].bias;
+        }
+    }
+    if (s && ok) {
+        KILN_ASSERT(s->vocab == vocab);
+        float rp = p->repetition_penalty;
+        if (rp != 1.0f)
+            for (int i = 0; i < s->n_seen && ok; i++)
+                if ((ok = (a = adj_entry(out, &n, cap, slot, s->seen[i])) != NULL)) {
+                    a->flags |= BACKEND_ADJ_REP;
+                    a->rep = rp;
+                }
+        float fp = p->frequency_penalty, pp = p->presence_penalty;
+        if (fp != 0.0f || pp != 0.0f)
+            for (int h = 0; h < s->cap_out && ok; h++)
+                if (s->out_ids[h] >= 0 && (ok = (a = adj_entry(out, &n, cap, slot, s->out_ids[h])) != NULL)) {
+                    a->flags |= BACKEND_ADJ_SUB;
+                    /* the expression sampler_process_logits subtracts */
+                    a->sub = fp * (float)s->out_counts[h] + pp;
+                }
+    }
+    for (int i = 0; i < n; i++) slot[out[i].id] = -1;
+    return ok ? n : -1;
 }
 
 /* ---- warm-up ------------------------------------------------------------- */

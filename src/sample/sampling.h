@@ -35,6 +35,26 @@
  * Cost (vocab 151936, one core): greedy ~11 us, top_k ~50 us, anything that
  * needs the whole softmax (plain temperature, min_p, top_p, logprobs)
  * ~250 us; see bench/bench_sampler.c. No allocation per call.
+ *
+ * On the GPU (backend_ops.sample, src/backend/cuda/cuda_sample.cu; the
+ * engine uses it when the backend has it): the same semantics. Greedy is
+ * identical; the bias / penalty / stop-mask adjustments are the same float
+ * operations (sampler_build_adjustments turns a row's state into a sparse
+ * list); the weight argument, the 2^-40 cut and the min_p test are the
+ * same float operations and exp polynomial, so top_k, min_p and the cut
+ * keep the same tokens, and top_p the same prefix up to rounding of the
+ * mass sums (the GPU weighs tokens with a fast exp, 2^-21 relative, and
+ * sums them in exact 64-bit fixed point); the draw uses the same
+ * uniform01(seed, step). One difference: the GPU's
+ * inverse-CDF walk visits the kept tokens in ascending id order, the CPU's
+ * in the order its selection left them, so a given u may pick a different
+ * token; the kept set and the probabilities are the same, and a seeded
+ * request still depends only on (seed, step) on either device. Rows that
+ * ask for logprobs (or scores) are sampled on the CPU from downloaded
+ * logits. Cost on an H100 (vocab 151936, docs/cuda.md "Sampling on the
+ * GPU"): greedy 6.5 us for one row, 20 us for 64; top_k 50 56 / 73 us;
+ * top_p 0.9 92 / 109 us. (Where the CPU skips a group of 16 logits wholly below the 2^-40
+ * cut it may zero a token of weight ~2^-40 that the GPU keeps.)
  */
 #ifndef KILN_SAMPLE_SAMPLING_H
 #define KILN_SAMPLE_SAMPLING_H
@@ -102,6 +122,31 @@ void sampler_process_logits(const struct sampling_params *p, const struct sample
  * 2 * vocab floats. */
 void sampler_sample(const struct sampling_params *p, struct sampler_state *s, float *logits,
                     int vocab, uint64_t step, float *scratch, struct sample_result *out);
+
+/* Test hook: weights[vocab] = the weight (relative to the top token's 1)
+ * of every token sampler_sample could draw from the already processed
+ * logits (bias and penalties applied), 0 for the others: the set left by
+ * top_k, top_p and min_p, with positive weight. A greedy configuration
+ * gives its one token weight 1. Returns the number of kept tokens.
+ * scratch: 2 * vocab floats. */
+int sampler_kept_set(const struct sampling_params *p, const float *logits, int vocab,
+                     float *scratch, float *weights);
+
+/* ---- device sampling (backend_ops.sample) ---- */
+struct backend_sample_row;
+struct backend_sample_adj;
+/* Row parameters for backend_ops.sample; adj_start / n_adj left 0. */
+void sampler_row_params(const struct sampling_params *p, uint64_t step,
+                        struct backend_sample_row *row);
+/* The adjustments sampler_process_logits (and the engine's stop masks,
+ * mask_ids: set to -inf first; ids outside [0, vocab) ignored) would make
+ * to a row, as at most one entry per token into out[cap]. slot: vocab
+ * int32 all -1, left so. Returns the entry count, or -1 when the row
+ * cannot be expressed (a logit_bias id given twice, which the CPU adds
+ * twice; more than cap entries): sample that row on the CPU. */
+int sampler_build_adjustments(const struct sampling_params *p, const struct sampler_state *s,
+                              const int32_t *mask_ids, int n_mask, int vocab,
+                              struct backend_sample_adj *out, int cap, int32_t *slot);
 
 /* Runs the sampler over representative batch sizes and configurations so
  * that the first real request pays no first-use cost (SEEDS: sampler

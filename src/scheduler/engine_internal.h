@@ -51,6 +51,17 @@ struct engine {
     float *logits;  /* [max_seqs][vocab] */
     float *scratch; /* [2 * vocab] */
     int32_t *match_pages;
+    /* sampling on the device (model_can_sample): per logit row of a step,
+     * whether it needs its logits on the host (scores, logprobs) instead */
+    int gpu_sample;
+    unsigned char *s_want;             /* [max_seqs] */
+    struct backend_sample_row *s_rows; /* [max_seqs] */
+    struct backend_sample_adj *s_adj;  /* [s_adj_cap] all rows' adjustments */
+    int s_adj_cap;
+    int32_t *s_slot;                   /* [vocab], all -1 between uses */
+    int32_t *s_tokens;                 /* [max_seqs] */
+    int32_t *s_mask;                   /* [s_mask_cap] one row's stop-mask ids */
+    int s_mask_cap;
 };
 
 int sched_init(struct engine *e, struct kiln_error *err);

@@ -25,7 +25,9 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "cache/radix.h"
+#include "sample/sampling.h"
 #include "scheduler/engine_internal.h"
+#include "tensor/backend.h"
 
 enum { RESERVE_CAP_TOKENS = 256 };
 
@@ -326,9 +328,25 @@ static void mask_stops(const struct engine *e, const struct req *r, float *logit
     }
 }
 
+/* The ids mask_stops sets to -inf for r this step, into e->s_mask. */
+static int stop_mask_ids(struct engine *e, const struct req *r) {
+    if (r->n_output >= r->in.min_new_tokens) return 0;
+    const struct generation_config *g = model_generation_config(e->model);
+    int need = r->in.n_stop_ids + g->n_eos;
+    if (need > e->s_mask_cap) {
+        e->s_mask_cap = need * 2;
+        e->s_mask = xrealloc(e->s_mask, (size_t)e->s_mask_cap * sizeof *e->s_mask);
+    }
+    int n = 0;
+    for (int i = 0; i < r->in.n_stop_ids; i++) e->s_mask[n++] = r->in.stop_ids[i];
+    if (!r->in.ignore_eos)
+        for (int i = 0; i < g->n_eos; i++) e->s_mask[n++] = g->eos_token_ids[i]; /* out of range: skipped */
+    return n;
+}
+
 static void handle_outputs(struct engine *e, const struct plan *p) {
     const struct generation_config *g = model_generation_config(e->model);
-    int row = 0;
+    int row = 0, want_row = 0;
     for (int s = 0; s < p->n_seqs; s++) {
         struct req *r = e->b_reqs[s];
         int prefill = e->b_to[s] - e->b_from[s] > 1 || r->n_output == 0;
@@ -337,7 +355,11 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             cache_unfinished(e, r);
             continue;
         }
-        float *lg = e->logits + (size_t)row++ * (size_t)e->vocab;
+        /* with device sampling, only rows that wanted logits have them
+         * (packed in row order); the others come with their token */
+        int j = row++, on_device = e->gpu_sample && !e->s_want[j];
+        float *lg = on_device ? NULL
+                              : e->logits + (size_t)(e->gpu_sample ? want_row++ : j) * (size_t)e->vocab;
         if (r->in.score) {
             score_finish(e, r, lg);
             continue;
@@ -348,11 +370,16 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             continue;
         }
         if (prefill) cache_unfinished(e, r);
-        mask_stops(e, r, lg);
         struct sample_result res;
-        struct sampling_params sp = r->in.sampling;
-        sp.seed = r->in.sampling.seed;
-        sampler_sample(&sp, r->sampler, lg, e->vocab, (uint64_t)r->n_output, e->scratch, &res);
+        if (on_device) {
+            memset(&res, 0, sizeof res);
+            res.token = e->s_tokens[j];
+        } else {
+            mask_stops(e, r, lg);
+            struct sampling_params sp = r->in.sampling;
+            sp.seed = r->in.sampling.seed;
+            sampler_sample(&sp, r->sampler, lg, e->vocab, (uint64_t)r->n_output, e->scratch, &res);
+        }
         struct req_output o;
         req_append_token(r, res.token, g->eos_token_ids, g->n_eos, e->context_length, &o);
         if (o.finish != ENGINE_FINISH_NONE) finish(e, r, o.finish, &o, &res.token, &res, NULL, NULL, 0);
@@ -385,7 +412,39 @@ static int run_batch(struct engine *e, const struct plan *p) {
                       .kv_pages = e->b_pages, .page_size = e->page_size, .n_logit_rows = n_rows,
                       .logit_rows = e->b_rows};
     struct kiln_error err;
-    if (model_forward(e->model, &e->kv, &b, e->logits, &err)) {
+    int rc;
+    if (e->gpu_sample) {
+        /* Each logit row samples on the device unless the CPU sampler must
+         * see its logits: scores, logprobs, or adjustments a sparse list
+         * cannot express (sampler_build_adjustments). */
+        int n_adj = 0, j = 0;
+        for (int s = 0; s < p->n_seqs; s++) {
+            struct req *r = e->b_reqs[s];
+            if (e->b_to[s] != r->n_tokens) continue;
+            const struct sampling_params *sp = &r->in.sampling;
+            int want = r->in.score || sp->logprobs || sp->top_logprobs > 0;
+            struct backend_sample_row *sr = &e->s_rows[j];
+            sampler_row_params(sp, (uint64_t)r->n_output, sr);
+            if (!want && r->max_new_tokens > 0) {
+                int k = sampler_build_adjustments(sp, r->sampler, e->s_mask, stop_mask_ids(e, r),
+                                                  e->vocab, e->s_adj + n_adj, e->s_adj_cap - n_adj,
+                                                  e->s_slot);
+                if (k < 0) {
+                    want = 1;
+                } else {
+                    sr->adj_start = n_adj, sr->n_adj = k;
+                    n_adj += k;
+                }
+            }
+            e->s_want[j++] = (unsigned char)want;
+        }
+        struct model_sampling smp = {.want_logits = e->s_want, .rows = e->s_rows, .adj = e->s_adj,
+                                     .n_adj = n_adj};
+        rc = model_forward_sample(e->model, &e->kv, &b, &smp, e->s_tokens, e->logits, &err);
+    } else {
+        rc = model_forward(e->model, &e->kv, &b, e->logits, &err);
+    }
+    if (rc) {
         log_error("forward failed: %s", err.msg);
         for (int s = 0; s < p->n_seqs; s++) {
             struct req_output o = {.text = "", .matched_stop_id = -1};
@@ -613,6 +672,15 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->logits = xmalloc((size_t)S * (size_t)e->vocab * 4);
     memset(e->logits, 0, (size_t)S * (size_t)e->vocab * 4);
     e->scratch = xmalloc((size_t)e->vocab * 2 * 4);
+    if ((e->gpu_sample = model_can_sample(e->model))) {
+        e->s_want = xcalloc((size_t)S, 1);
+        e->s_rows = xcalloc((size_t)S, sizeof *e->s_rows);
+        e->s_adj_cap = model_sample_adj_capacity(e->model);
+        e->s_adj = xmalloc((size_t)e->s_adj_cap * sizeof *e->s_adj);
+        e->s_slot = xmalloc((size_t)e->vocab * sizeof *e->s_slot);
+        for (int i = 0; i < e->vocab; i++) e->s_slot[i] = -1;
+        e->s_tokens = xcalloc((size_t)S, sizeof *e->s_tokens);
+    }
     e->match_pages = xmalloc((size_t)(e->context_length / e->page_size + 2) * 4);
     log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%s, %.1f MiB, page size %d)",
              o->model_dir, model_arch_name(c->arch), c->n_layers, e->context_length, e->pool_tokens,
@@ -630,4 +698,6 @@ void sched_free(struct engine *e) {
     free(e->b_ids), free(e->b_pos), free(e->b_slot), free(e->b_rows), free(e->b_qstart),
         free(e->b_kvlen), free(e->b_pagestart), free(e->b_pages), free(e->b_reqs), free(e->b_from),
         free(e->b_to), free(e->logits), free(e->scratch), free(e->match_pages);
+    free(e->s_want), free(e->s_rows), free(e->s_adj), free(e->s_slot), free(e->s_tokens),
+        free(e->s_mask);
 }

@@ -20,6 +20,8 @@
 #include "tensor/dtype.h"
 
 struct kiln_error;
+struct backend_sample_row;
+struct backend_sample_adj;
 
 /* A weight matrix on the device: [rows][cols] contiguous, in its dtype. */
 struct backend_weight {
@@ -175,6 +177,18 @@ struct backend_ops {
      * bf16 unless KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2. */
     enum dtype (*kv_dtype)(void *ctx);
 
+    /* Sampling on the device (NULL on the CPU, whose engine samples on the
+     * host with src/sample). For each of n rows of logits[n][ld] (vocab
+     * columns): applies the row's adjustments in place (entries
+     * adj[rows[i].adj_start, + n_adj), see struct backend_sample_adj), then
+     * writes tokens[i] with the CPU sampler's semantics (sample/sampling.h:
+     * greedy, temperature, top_k, top_p, min_p, the (seed, step) draw).
+     * tokens, rows and adj are device memory, so a call can be recorded in
+     * a graph; nothing is read back on the host. A row's token depends only
+     * on its logits and parameters, never on the other rows. */
+    void (*sample)(void *ctx, int32_t *tokens, float *logits, long ld, long n, long vocab,
+                   const struct backend_sample_row *rows, const struct backend_sample_adj *adj);
+
     /* Device memory now free and in total (bytes), for the memory plan
      * (scheduler: weights, activations, then the KV pool from what is left
      * under --mem-fraction-static). NULL: host memory, no plan (the CPU). */
@@ -183,6 +197,36 @@ struct backend_ops {
      * q|k|v, gate|up) without building it on the host first. */
     const void *(*weight_upload_cat)(void *ctx, const void *const *hosts, const size_t *bytes,
                                      int count);
+};
+
+/* Per-row parameters of backend_ops.sample (device memory). Greedy (the
+ * first index of the largest logit) when temperature <= 0, top_k == 1 or
+ * the largest logit is not finite. */
+struct backend_sample_row {
+    float temperature;
+    int32_t top_k;     /* <= 0 or >= vocab: off */
+    float top_p;       /* >= 1: off */
+    float min_p;       /* <= 0: off */
+    uint64_t seed;     /* the draw is uniform01(seed, step), as the CPU sampler's */
+    uint64_t step;     /* index of the output token being drawn */
+    int32_t adj_start; /* this row's adjustments: adj[adj_start, adj_start + n_adj) */
+    int32_t n_adj;
+};
+
+/* One token's adjustment, applied in the CPU's order (the engine's
+ * min_new_tokens mask, logit_bias, repetition penalty, then frequency /
+ * presence) with the CPU's float arithmetic; at most one entry per token
+ * and row. Built by sampler_build_adjustments (sample/sampling.h). */
+enum {
+    BACKEND_ADJ_MASK = 1, /* x = -inf */
+    BACKEND_ADJ_BIAS = 2, /* x = x + bias */
+    BACKEND_ADJ_REP = 4,  /* x = x > 0 ? x / rep : x * rep */
+    BACKEND_ADJ_SUB = 8,  /* x = x - sub (frequency * count + presence) */
+};
+struct backend_sample_adj {
+    int32_t id;
+    uint32_t flags;
+    float bias, rep, sub;
 };
 
 struct backend {

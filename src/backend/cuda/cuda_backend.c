@@ -183,6 +183,7 @@ static int cuda_reserve(void *ctx, long max_tokens, long max_context, int max_he
         }
         c->attn.bytes = attn;
     }
+    cuda_sample_reserve(c);
     return 0;
 }
 
@@ -265,7 +266,7 @@ static void cuda_destroy(void *ctx) {
     if (!c) return;
     if (c->stream) {
         (void)cudaStreamSynchronize(c->stream);
-        struct cuda_scratch *s[] = {&c->act16, &c->attn, &c->moe_dev};
+        struct cuda_scratch *s[] = {&c->act16, &c->attn, &c->moe_dev, &c->sample_part};
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
             if (s[i]->p) (void)cudaFreeAsync(s[i]->p, c->stream);
         (void)cudaStreamSynchronize(c->stream);
@@ -328,6 +329,7 @@ static const struct backend_ops cuda_ops = {
     .kv_dtype = cuda_kv_dtype,
     .mem_info = cuda_mem_info,
     .weight_upload_cat = cuda_weight_upload_cat,
+    .sample = cuda_op_sample,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,

@@ -16,6 +16,7 @@
  *                       fixed-chunk split-KV decode
  *   cuda_matmul_det.cu  row-invariant matmul for --deterministic
  *   cuda_moe.cu         expert routing and the expert MLPs
+ *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
  *
  * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
  * failure there is a broken invariant (bad launch, device fault) and aborts
@@ -106,6 +107,8 @@ struct cuda_ctx {
     int attn_impl;               /* enum cuda_attn_impl (KILN_CUDA_ATTN) */
     int kv_bf16;                 /* 1: the KV cache holds bf16 (default); 0: fp32
                                     (KILN_CUDA_KV=f32, KILN_CUDA_MATMUL=bf16x2) */
+    struct cuda_scratch sample_part; /* sampling: per-chunk argmax partials */
+    int sample_ready;            /* the row kernel's shared-memory limit is set */
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
@@ -161,6 +164,18 @@ void cuda_matmul_det(struct cuda_ctx *c, float *y, long ldy, const float *x, lon
 /* Scratch the attention wants for split-KV decode (bytes), given the
  * context's SM count; used by reserve. */
 size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c);
+
+/* Sampling (cuda_sample.cu): backend_ops.sample, and a test hook that
+ * also writes kept[n][vocab] = 1 for every token the row's draw could pick
+ * (the kept set after top_k / top_p / min_p with positive weight; the one
+ * greedy token for greedy rows). */
+void cuda_op_sample(void *ctx, int32_t *tokens, float *logits, long ld, long n, long vocab,
+                    const struct backend_sample_row *rows, const struct backend_sample_adj *adj);
+/* Reserves the sampler's scratch for c->max_tokens rows (from reserve). */
+void cuda_sample_reserve(struct cuda_ctx *c);
+void cuda_sample_kept(void *ctx, unsigned char *kept, int32_t *tokens, float *logits, long ld,
+                      long n, long vocab, const struct backend_sample_row *rows,
+                      const struct backend_sample_adj *adj);
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
                         struct kiln_error *err);
