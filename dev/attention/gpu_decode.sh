@@ -27,7 +27,7 @@ make -C dev attention >"$OUT/lab_build.log" 2>&1 &
 lab_pid=$!
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE="$PKGCONF" >"$OUT/build.log" 2>&1 &&
-  ninja -C build-gpu bench_forward test_cuda_ops test_deterministic test_cuda_graphs >>"$OUT/build.log" 2>&1
+  ninja -C build-gpu kiln bench_forward test_cuda_ops test_deterministic test_cuda_graphs >>"$OUT/build.log" 2>&1
 brc=$?
 wait $lab_pid; lrc=$?
 [ $lrc = 0 ] || { say "lab build FAILED"; grep -B2 -A10 -m3 error "$OUT/lab_build.log" | head -40 | tee -a "$S"; }
@@ -69,16 +69,20 @@ L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 for m in Q L; do
   cfg=${!m}
   for impl in split-decode auto; do
-    KILN_CUDA_ATTN=$impl bench "$m b1 $impl" 40 --model $cfg --prompt-len 128,4096 --decode 32 --repeat 2
+    KILN_CUDA_ATTN=$impl bench "$m b1 $impl" 45 --model $cfg --prompt-len 128,4096 --decode 32 --repeat 2
   done
 done
 for m in Q L; do
   cfg=${!m}
   for n in 64 256; do
     for impl in split-decode auto; do
-      KILN_CUDA_ATTN=$impl bench "$m b$n $impl" 40 --model $cfg --prompt-len 128 --decode 32 --batch $n --repeat 1
+      KILN_CUDA_ATTN=$impl bench "$m b$n $impl" 40 --model $cfg --prompt-len 128 --decode 32 --batch $n --repeat 2
     done
   done
 done
 grep -m1 "device copy" "$OUT/bench.log" | tee -a "$S"
+if [ "$(left)" -gt 50 ]; then # the oracle check (decode rows of the dense models on the bf16 cache)
+  (cd build-gpu && KILN_TOKENIZERS=/nonexistent timeout $(( $(left) - 5 )) ctest -R cuda_verify_cuda --output-on-failure) >"$OUT/verify.log" 2>&1
+  say "verify_cuda rc=$? $(grep -E 'tests passed|tests failed' "$OUT/verify.log")"
+fi
 say "done"

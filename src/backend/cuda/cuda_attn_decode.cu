@@ -32,8 +32,9 @@
  *    (conflict-free), as the prefill kernel does.
  *
  * Work decomposition and batch invariance. A CTA of 4 warps owns (row, KV
- * head, head block). The context is cut into chunks of AD_CHUNK positions
- * aligned to position 0 — a constant, never derived from the batch, the
+ * head, head block). The context is cut into chunks of 4·BN positions
+ * (BN = AD_BN_D128 = 32 at head size 128, AD_BN_D64 = 64 at 64) aligned to
+ * position 0 — a constant per head size, never derived from the batch, the
  * SM count or the split — and warp w takes positions [w·BN, (w+1)·BN) of
  * each chunk. A warp's tile state (max m, exp-sum l, acc[D] per head) is a
  * fixed function of the tile; the chunk state is the four tile states
@@ -65,7 +66,11 @@ enum {
     AD_THREADS = AD_WARPS * 32,
     AD_HB = 8, /* query heads per CTA: mma rows 0-7 (hi) and 8-15 (lo) */
     AD_COUNTERS = CUDA_ATTN_COUNTER_BYTES / 4,
-    AD_BN = 32, /* positions per warp per chunk: AD_CHUNK = 4 · 32 = 128 */
+    /* positions per warp per chunk (chunks of 4 × that): measured best in
+     * dev/attention on the H100 (head size 128: 32, two CTAs per SM; 64:
+     * 64, two CTAs per SM) */
+    AD_BN_D128 = 32,
+    AD_BN_D64 = 64,
 };
 
 struct ad_args {
@@ -91,6 +96,7 @@ struct ad_cfg {
     static constexpr int CHUNK = AD_WARPS * BN;      /* positions per chunk */
     static constexpr int LDF = D + 8;                /* fold buffer row stride (floats) */
     static constexpr int DS = D + 4;                 /* chunk state stride: acc[D], m, l, pad */
+    static constexpr int D_OFF = D;                  /* m's offset in a chunk state */
     static constexpr int EPT = AD_HB * D / AD_THREADS; /* fold elements per thread (contiguous) */
     static constexpr int TPH = D / EPT;              /* fold threads per head */
     static constexpr size_t TILE_BYTES = (size_t)AD_WARPS * 2 * TILE * 2;
@@ -384,9 +390,21 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     /* Stage batches of chunk states in shared memory (every cp.async of the
      * tiles has completed: the last chunk waited for all groups), all
      * copies in flight at once, then fold them in chunk order. cp.async.cg
-     * reads L2, where the other CTAs' states are. */
+     * reads L2, where the other CTAs' states are.
+     *
+     * The fold is ad_merge's, chunk after chunk, but without its serial
+     * chain of exponentials: the running max after chunk c is the prefix
+     * max M_c of the chunks' maxima (exact, so any thread can compute it),
+     * and ad_merge's factors are exp2f(M_{c-1} − M_c) and exp2f(m_c − M_c):
+     * one thread per (head, chunk) computes them from the same operands,
+     * so they are the same bits. Only l = l·fa + lc·fc and acc = acc·fa +
+     * acc_c·fc stay sequential (2 roundings a chunk, as in ad_merge). */
     float *stage = (float *)ad_smem4; /* [head][chunk of the batch][DS] */
+    float2 *fac = (float2 *)fold;     /* [head][chunk of the batch] (fa, fc) */
+    __shared__ float mbase_s[AD_HB];  /* M before the batch, per head */
     const int nb = (int)(C::TILE_BYTES / 4 / (size_t)(nh * C::DS));
+    static_assert(C::TILE_BYTES / 4 / C::DS <= (size_t)AD_WARPS * AD_HB * C::LDF / 2, "factors fit");
+    if (tid < AD_HB) mbase_s[tid] = -INFINITY;
     for (int cb = 0; cb < nch; cb += nb) {
         const int n = min(nb, nch - cb), q4 = n * C::DS / 4; /* 16-byte pieces per head */
         for (int i = tid; i < nh * q4; i += AD_THREADS) {
@@ -398,16 +416,34 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
         ad_commit();
         ad_wait<0>();
         __syncthreads();
+        for (int i = tid; i < nh * n; i += AD_THREADS) {
+            int h = i / n, cc = i % n;
+            const float *sh = stage + h * q4 * 4 + C::D_OFF;
+            float mp = mbase_s[h];
+            for (int j = 0; j < cc; j++) mp = fmaxf(mp, sh[j * C::DS]);
+            float mc = sh[cc * C::DS], mn = fmaxf(mp, mc);
+            fac[h * n + cc] = make_float2(exp2f(mp - mn), exp2f(mc - mn)); /* = ad_merge's fa, fc */
+        }
+        __syncthreads();
         if (fh < nh) {
             const float *sh = stage + fh * q4 * 4;
             for (int cc = 0; cc < n; cc++) {
                 const float *sc = sh + cc * C::DS;
-                float2 st = *(const float2 *)(sc + D);
+                float2 f = fac[fh * n + cc];
+                float lc = sc[D + 1];
                 float oc[EPT];
 #pragma unroll
                 for (int e = 0; e < EPT; e += 4) *(float4 *)(oc + e) = *(const float4 *)(sc + fd + e);
-                ad_merge<EPT>(rm, rl, ro, st.x, st.y, oc);
+                rl = __fmaf_rn(rl, f.x, __fmul_rn(lc, f.y));
+#pragma unroll
+                for (int e = 0; e < EPT; e++) ro[e] = __fmaf_rn(ro[e], f.x, __fmul_rn(oc[e], f.y));
             }
+        }
+        __syncthreads();
+        if (tid < nh) {
+            float mp = mbase_s[tid];
+            for (int cc = 0; cc < n; cc++) mp = fmaxf(mp, stage[tid * q4 * 4 + cc * C::DS + D]);
+            mbase_s[tid] = mp;
         }
         __syncthreads(); /* the stage is refilled by the next batch */
     }
@@ -479,5 +515,5 @@ static void ad_dispatch(struct cuda_ctx *c, float *out, long ldo, const float *q
 extern "C" void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
                                  const void *k_cache, const void *v_cache,
                                  const struct attn_params *p, const struct backend_batch *b) {
-    ad_dispatch(c, out, ldo, q, ldq, k_cache, v_cache, p, b, AD_BN);
+    ad_dispatch(c, out, ldo, q, ldq, k_cache, v_cache, p, b, p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
 }
