@@ -96,7 +96,6 @@ struct ad_cfg {
     static constexpr int CHUNK = AD_WARPS * BN;      /* positions per chunk */
     static constexpr int LDF = D + 8;                /* fold buffer row stride (floats) */
     static constexpr int DS = D + 4;                 /* chunk state stride: acc[D], m, l, pad */
-    static constexpr int D_OFF = D;                  /* m's offset in a chunk state */
     static constexpr int EPT = AD_HB * D / AD_THREADS; /* fold elements per thread (contiguous) */
     static constexpr int TPH = D / EPT;              /* fold threads per head */
     static constexpr size_t TILE_BYTES = (size_t)AD_WARPS * 2 * TILE * 2;
@@ -390,21 +389,13 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     /* Stage batches of chunk states in shared memory (every cp.async of the
      * tiles has completed: the last chunk waited for all groups), all
      * copies in flight at once, then fold them in chunk order. cp.async.cg
-     * reads L2, where the other CTAs' states are.
-     *
-     * The fold is ad_merge's, chunk after chunk, but without its serial
-     * chain of exponentials: the running max after chunk c is the prefix
-     * max M_c of the chunks' maxima (exact, so any thread can compute it),
-     * and ad_merge's factors are exp2f(M_{c-1} − M_c) and exp2f(m_c − M_c):
-     * one thread per (head, chunk) computes them from the same operands,
-     * so they are the same bits. Only l = l·fa + lc·fc and acc = acc·fa +
-     * acc_c·fc stay sequential (2 roundings a chunk, as in ad_merge). */
+     * reads L2, where the other CTAs' states are. (Tried: the factors of
+     * every chunk at once from prefix maxima of the chunks' m — the same
+     * bits — with only l and acc folded serially: slower on the H100, b1
+     * ctx 4096 12.5 → 13.7 µs, ctx 16384 44.5 → 50 µs, its prefix loops
+     * being chains of shared-memory loads; a log-step scan would be next.) */
     float *stage = (float *)ad_smem4; /* [head][chunk of the batch][DS] */
-    float2 *fac = (float2 *)fold;     /* [head][chunk of the batch] (fa, fc) */
-    __shared__ float mbase_s[AD_HB];  /* M before the batch, per head */
     const int nb = (int)(C::TILE_BYTES / 4 / (size_t)(nh * C::DS));
-    static_assert(C::TILE_BYTES / 4 / C::DS <= (size_t)AD_WARPS * AD_HB * C::LDF / 2, "factors fit");
-    if (tid < AD_HB) mbase_s[tid] = -INFINITY;
     for (int cb = 0; cb < nch; cb += nb) {
         const int n = min(nb, nch - cb), q4 = n * C::DS / 4; /* 16-byte pieces per head */
         for (int i = tid; i < nh * q4; i += AD_THREADS) {
@@ -416,34 +407,16 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
         ad_commit();
         ad_wait<0>();
         __syncthreads();
-        for (int i = tid; i < nh * n; i += AD_THREADS) {
-            int h = i / n, cc = i % n;
-            const float *sh = stage + h * q4 * 4 + C::D_OFF;
-            float mp = mbase_s[h];
-            for (int j = 0; j < cc; j++) mp = fmaxf(mp, sh[j * C::DS]);
-            float mc = sh[cc * C::DS], mn = fmaxf(mp, mc);
-            fac[h * n + cc] = make_float2(exp2f(mp - mn), exp2f(mc - mn)); /* = ad_merge's fa, fc */
-        }
-        __syncthreads();
         if (fh < nh) {
             const float *sh = stage + fh * q4 * 4;
             for (int cc = 0; cc < n; cc++) {
                 const float *sc = sh + cc * C::DS;
-                float2 f = fac[fh * n + cc];
-                float lc = sc[D + 1];
+                float2 st = *(const float2 *)(sc + D);
                 float oc[EPT];
 #pragma unroll
                 for (int e = 0; e < EPT; e += 4) *(float4 *)(oc + e) = *(const float4 *)(sc + fd + e);
-                rl = __fmaf_rn(rl, f.x, __fmul_rn(lc, f.y));
-#pragma unroll
-                for (int e = 0; e < EPT; e++) ro[e] = __fmaf_rn(ro[e], f.x, __fmul_rn(oc[e], f.y));
+                ad_merge<EPT>(rm, rl, ro, st.x, st.y, oc);
             }
-        }
-        __syncthreads();
-        if (tid < nh) {
-            float mp = mbase_s[tid];
-            for (int cc = 0; cc < n; cc++) mp = fmaxf(mp, stage[tid * q4 * 4 + cc * C::DS + D]);
-            mbase_s[tid] = mp;
         }
         __syncthreads(); /* the stage is refilled by the next batch */
     }
