@@ -13,7 +13,7 @@
  *   splitdec  tensor-core prefill + the fp32 split-KV kernel for decode rows
  *             (what kiln ran on the bf16 cache before cuda_attn_decode.cu)
  *   auto      what kiln runs: tensor-core prefill; decode rows on the bf16
- *             cache take cuda_attn_decode (AD_BN positions per warp)
+ *             cache take cuda_attn_decode (AD_BN_D128 / AD_BN_D64 positions per warp)
  *   dec32 / dec64  cuda_attn_decode with 32 / 64 positions per warp
  *             (chunks of 128 / 256), called directly (decode-only batches)
  * The cache is fp32 or bf16 per problem (bf16: the host keeps the rounded
