@@ -598,6 +598,85 @@ static void test_attention(void **state) {
     }
 }
 
+/* Decode rows on the bf16 cache: cuda_attn_decode (tensor cores; q and p
+ * carried as bf16 hi + lo, so the arithmetic is fp32-grade: the CPU gets
+ * the same rounded cache and the tolerance is the fp32 one, 1e-5; dev/
+ * attention measures 1e-6-ish against float64). Contexts 1 .. MAX_CONTEXT
+ * around the 32/64/128-position tile and chunk boundaries, page sizes 1, 7,
+ * 16 and 64, group sizes 1, 2, 4, 6, 8, 12 (two head blocks, the second
+ * partial) and 16, head sizes 64 and 128. 13 rows split their chunks over
+ * several CTAs (states folded by the last CTA of a row); 64 rows with 8 KV
+ * heads fill the GPU and run unsplit. */
+static void test_attention_decode(void **state) {
+    SKIP_WITHOUT_GPU();
+    if (backend_kv_dtype(&gpu) != DTYPE_BF16) fail_msg("the decode kernel needs the bf16 cache (KILN_CUDA_KV set?)");
+    int len[] = {1, 2, 33, 64, 65, 127, 128, 129, 255, 256, 257, 1000, MAX_CONTEXT};
+    int nw[13];
+    for (int i = 0; i < 13; i++) nw[i] = 1;
+    static const int shapes[][3] = {{4, 4, 64},  {16, 8, 128}, {16, 4, 128}, {12, 2, 64},
+                                    {16, 2, 64}, {12, 1, 128}, {16, 1, 64}};
+    int page_sizes[] = {1, 7, 16, 64};
+    for (int i = 0; i < 7; i++)
+        for (int j = 0; j < 4; j++)
+            check_attention_on(&gpu, 1, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][2], 0,
+                               page_sizes[j], len, nw, 13, 1e-5);
+    int blen[64], bnw[64];
+    for (int i = 0; i < 64; i++) blen[i] = 1 + irand(MAX_CONTEXT), bnw[i] = 1;
+    check_attention_on(&gpu, 1, 16, 8, 128, 128, 0, 16, blen, bnw, 64, 1e-5);
+    check_attention_on(&gpu, 1, 16, 8, 64, 64, 0, 1, blen, bnw, 64, 1e-5);
+    /* the bf16 cache against the CPU's fp32 one (storage rounding, as above) */
+    check_attention_on(&gpu, 0, 16, 8, 128, 128, 0, 16, len, nw, 13, 1e-2);
+}
+
+/* A decode row's output bits do not depend on the batch: one sequence
+ * alone (its chunks split over many CTAs) and as row 37 of n sequences
+ * (the GPU filled: fewer slots or none), on the same pages. */
+static void check_decode_invariance(int H, int KVH, int d, int n) {
+    int ps = 16, maxp = MAX_CONTEXT / ps, who = 37, pool = 1024; /* pages, shared at random */
+    long stride = (long)KVH * d, ldq = (long)H * d, ldo = (long)H * d;
+    long slots = (long)pool * ps;
+    struct pair kc = kv_rand(&gpu, (size_t)(slots * stride), 1.0f, 1),
+                vc = kv_rand(&gpu, (size_t)(slots * stride), 1.0f, 1);
+    int32_t *pos = xmalloc((size_t)n * 4), *q_start = xmalloc((size_t)(n + 1) * 4),
+            *page_start = xmalloc((size_t)(n + 1) * 4), *pages = xmalloc((size_t)n * maxp * 4);
+    int pg = 0;
+    for (int s = 0; s < n; s++) {
+        int len = s == who ? 3001 : 1 + irand(MAX_CONTEXT);
+        q_start[s] = s, pos[s] = len - 1, page_start[s] = pg;
+        for (int i = 0; i < (len + ps - 1) / ps; i++) pages[pg++] = irand(pool);
+    }
+    q_start[n] = n, page_start[n] = pg;
+    struct pair pp = pair_from(pos, (size_t)n * 4), pq = pair_from(q_start, (size_t)(n + 1) * 4),
+                pps = pair_from(page_start, (size_t)(n + 1) * 4), ppg = pair_from(pages, (size_t)pg * 4);
+    int32_t one_pos = pos[who], one_qs[2] = {0, 1}, one_ps[2] = {0, page_start[who + 1] - page_start[who]};
+    struct pair op = pair_from(&one_pos, 4), oq = pair_from(one_qs, 8), ops = pair_from(one_ps, 8),
+                opg = pair_from(pages + page_start[who], (size_t)one_ps[1] * 4);
+    struct pair q = pair_rand((size_t)(n * ldq), 1.0f), o = pair_poison((size_t)(n * ldo)),
+                o1 = pair_poison((size_t)ldo);
+    struct attn_params p = {.n_heads = H, .n_kv_heads = KVH, .dk = d, .dv = d, .k_stride = stride,
+                            .v_stride = stride, .scale = 1.0f / sqrtf((float)d)};
+    struct backend_batch bn = {n, n, ps, pp.d, pq.d, pps.d, ppg.d}, b1 = {1, 1, ps, op.d, oq.d, ops.d, opg.d};
+    gpu.ops->attention(gpu.ctx, o.d, ldo, q.d, ldq, kc.d, vc.d, &p, &bn);
+    gpu.ops->attention(gpu.ctx, o1.d, ldo, (float *)q.d + who * ldq, ldq, kc.d, vc.d, &p, &b1);
+    float *gn = xmalloc((size_t)(n * ldo) * 4), *g1 = xmalloc((size_t)ldo * 4);
+    gpu.ops->download(gpu.ctx, gn, o.d, (size_t)(n * ldo) * 4);
+    gpu.ops->download(gpu.ctx, g1, o1.d, (size_t)ldo * 4);
+    printf("  decode invariance H=%d KVH=%d d=%d: alone vs row %d of %d\n", H, KVH, d, who, n);
+    for (long e = 0; e < ldo; e++) assert_false(isnan(g1[e]));
+    assert_memory_equal(gn + who * ldo, g1, (size_t)ldo * 4);
+    free(gn), free(g1), free(pos), free(q_start), free(page_start), free(pages);
+    pair_free(&kc), pair_free(&vc), pair_free(&pp), pair_free(&pq), pair_free(&pps), pair_free(&ppg);
+    pair_free(&op), pair_free(&oq), pair_free(&ops), pair_free(&opg), pair_free(&q), pair_free(&o),
+        pair_free(&o1);
+}
+
+static void test_attention_decode_invariance(void **state) {
+    SKIP_WITHOUT_GPU();
+    check_decode_invariance(16, 8, 64, 80);
+    check_decode_invariance(32, 8, 128, 48);
+    check_decode_invariance(24, 2, 128, 96); /* group 12: two head blocks */
+}
+
 static void check_route(enum moe_route_scoring sc, enum moe_route_method me, int E, int K,
                         int n_group, int topk_group, int with_bias, int renorm) {
     long n = 77;
@@ -711,7 +790,8 @@ int main(void) {
         cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_qk_rope_store),
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_attention),  cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_attention),  cmocka_unit_test(test_attention_decode),
+        cmocka_unit_test(test_attention_decode_invariance), cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_ffn),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,7 +20,8 @@
  *    not depend on the query tile it lands in, on chunking, or on the batch.
  *
  *  - split_kernel (fp32, CUDA cores) for decode rows (sequences with one new
- *    token) and, as the generic fallback, for every row when the tensor-core
+ *    token) that cuda_attn_decode.cu does not take (fp32 cache, MLA, other
+ *    head sizes, KILN_CUDA_ATTN=split-decode) and, as the generic fallback, for every row when the tensor-core
  *    kernel does not apply (MLA dk 576 / dv 512, odd head sizes, the bf16x2
  *    accuracy mode). One CTA per (row, KV head, block of NH query heads of
  *    that KV head's group, slot): K/V rows are read once for all NH heads.
@@ -778,11 +779,13 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
 /* Entry points                                                          */
 /* ------------------------------------------------------------------ */
 
-/* Scratch for split-KV: the scalar kernel's partial rows (at most 6 blocks
- * per SM of dv ≤ 1024) or split_kernel's chunk states, whichever is larger. */
+/* Scratch for split-KV: the decode kernel's arrival counters, then the
+ * scalar kernel's partial rows (at most 6 blocks per SM of dv ≤ 1024) or
+ * the split kernels' chunk states, whichever is larger. */
 extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c) {
     size_t scalar = (size_t)8 * (size_t)c->n_sm * (size_t)(ATT_DV_PER_THREAD * ATT_THREADS + 2) * 4;
-    return scalar > (size_t)SPLIT_SCRATCH_BYTES ? scalar : (size_t)SPLIT_SCRATCH_BYTES;
+    return (size_t)CUDA_ATTN_COUNTER_BYTES +
+           (scalar > (size_t)SPLIT_SCRATCH_BYTES ? scalar : (size_t)SPLIT_SCRATCH_BYTES);
 }
 
 /* The first kernel: one block per (token, head), splits from max_context. */
@@ -794,7 +797,7 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
     struct attn_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
                           p->n_heads, p->n_heads / p->n_kv_heads, p->dk, p->dv, p->scale,
                           b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
-                          b->kv_pages, 1, 1 << 30, (float *)c->attn.p};
+                          b->kv_pages, 1, 1 << 30, cuda_attn_states(c)};
     /* Split the context when there are too few (token, head) blocks to
      * fill the GPU: aim at about 4 blocks per SM, each slice at least one
      * tile. rows < 2·SMs and splits ≤ ⌈4·SMs / rows⌉ keep rows·splits
@@ -807,7 +810,7 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
         if (splits > 1) {
             long chunk = (tiles + splits - 1) / splits * ATT_TILE;
             splits = (c->max_context + chunk - 1) / chunk;
-            CUDA_ASSERT((size_t)(rows * splits * (p->dv + 2)) * 4 <= c->attn.bytes);
+            CUDA_ASSERT((size_t)(rows * splits * (p->dv + 2)) * 4 <= cuda_attn_states_bytes(c));
             a.splits = (int)splits;
             a.chunk = (int)chunk;
         }
@@ -889,14 +892,14 @@ static void attention_split(struct cuda_ctx *c, float *out, long ldo, const floa
     struct split_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
                            p->n_heads, p->n_kv_heads, group, p->dk, p->dv, p->scale,
                            b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
-                           b->kv_pages, by_seq, group / nh, 0, (float *)c->attn.p};
+                           b->kv_pages, by_seq, group / nh, 0, cuda_attn_states(c)};
     long ctas = rows * p->n_kv_heads * a.hblocks;
     CUDA_ASSERT(ctas < (1l << 31));
     long chunks = (c->max_context + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
     long slots = 1;
     if (ctas < 2l * c->n_sm && chunks > 1) {
         long per_chunk = rows * p->n_heads * (long)(p->dv + 2) * 4;
-        long fit = (long)(c->attn.bytes / (size_t)per_chunk);
+        long fit = (long)(cuda_attn_states_bytes(c) / (size_t)per_chunk);
         long cap = fit < chunks ? fit : chunks;
         if (cap >= 2) {
             slots = (4l * c->n_sm + ctas - 1) / ctas;
@@ -950,7 +953,13 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
             else launch_fa<float, 128>(c, a, b);
         }
     }
-    /* decode rows: none when one sequence brings several tokens */
-    if (!(b->n_seqs == 1 && b->n_tokens > 1))
-        attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 1);
+    /* decode rows: none when one sequence brings several tokens; on the
+     * bf16 cache the tensor-core decode kernel (same conditions as the
+     * prefill kernel's: dk = dv ∈ {64, 128}, 16-byte rows) */
+    if (!(b->n_seqs == 1 && b->n_tokens > 1)) {
+        if (c->kv_bf16 && c->attn_impl == CUDA_ATTN_AUTO)
+            cuda_attn_decode(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
+        else
+            attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 1);
+    }
 }

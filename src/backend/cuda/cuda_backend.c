@@ -182,6 +182,8 @@ static int cuda_reserve(void *ctx, long max_tokens, long max_context, int max_he
                                     "scratch", attn);
         }
         c->attn.bytes = attn;
+        /* the decode kernel's arrival counters start at zero */
+        CUDA_CHECK(cudaMemsetAsync(c->attn.p, 0, CUDA_ATTN_COUNTER_BYTES, c->stream));
     }
     cuda_sample_reserve(c);
     return 0;
@@ -401,8 +403,10 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
         c->attn_impl = CUDA_ATTN_SCALAR;
     } else if (at && !strcmp(at, "split")) {
         c->attn_impl = CUDA_ATTN_SPLIT;
+    } else if (at && !strcmp(at, "split-decode")) {
+        c->attn_impl = CUDA_ATTN_SPLIT_DECODE;
     } else if (at && *at && strcmp(at, "auto")) {
-        kiln_errorf(err, "KILN_CUDA_ATTN='%s': expected auto, scalar or split", at);
+        kiln_errorf(err, "KILN_CUDA_ATTN='%s': expected auto, scalar, split or split-decode", at);
         goto fail;
     }
     c->deterministic = opt ? opt->deterministic : 0;

@@ -14,6 +14,7 @@
  *   cuda_matmul.cu      fp32 → bf16/f16 conversion + cuBLAS; a GEMV for few rows
  *   cuda_attention.cu   paged causal attention (GQA, MLA): tensor-core prefill,
  *                       fixed-chunk split-KV decode
+ *   cuda_attn_decode.cu decode attention on the bf16 cache (tensor cores, fixed chunks)
  *   cuda_matmul_det.cu  row-invariant matmul for --deterministic
  *   cuda_moe.cu         expert routing and the expert MLPs
  *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
@@ -113,9 +114,11 @@ struct cuda_ctx {
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
 enum cuda_attn_impl {
-    CUDA_ATTN_AUTO = 0, /* tensor-core prefill + split-KV decode */
+    CUDA_ATTN_AUTO = 0, /* tensor-core prefill; decode: cuda_attn_decode on bf16, else split-KV */
     CUDA_ATTN_SCALAR,   /* the first kernel: one block per (token, head) */
     CUDA_ATTN_SPLIT,    /* the fp32 split-KV kernel for every row */
+    CUDA_ATTN_SPLIT_DECODE, /* tensor-core prefill, the fp32 split-KV kernel for decode rows
+                               (the decode path before cuda_attn_decode.cu; for comparisons) */
 };
 
 /* Makes sure s holds at least bytes (stream-ordered; contents are lost). */
@@ -176,6 +179,24 @@ void cuda_sample_reserve(struct cuda_ctx *c);
 void cuda_sample_kept(void *ctx, unsigned char *kept, int32_t *tokens, float *logits, long ld,
                       long n, long vocab, const struct backend_sample_row *rows,
                       const struct backend_sample_adj *adj);
+
+/* The attention scratch (cuda_ctx.attn) starts with CUDA_ATTN_COUNTER_BYTES
+ * of arrival counters (cuda_attn_decode.cu; zeroed when reserve allocates
+ * the scratch, and zero again after every launch), then the chunk states. */
+enum { CUDA_ATTN_COUNTER_BYTES = 64 << 10 };
+static inline float *cuda_attn_states(const struct cuda_ctx *c) {
+    return (float *)((char *)c->attn.p + CUDA_ATTN_COUNTER_BYTES);
+}
+static inline size_t cuda_attn_states_bytes(const struct cuda_ctx *c) {
+    return c->attn.bytes > CUDA_ATTN_COUNTER_BYTES ? c->attn.bytes - CUDA_ATTN_COUNTER_BYTES : 0;
+}
+
+/* Decode attention on the bf16 cache (cuda_attn_decode.cu): the rows of
+ * sequences with exactly one new token, dk = dv ∈ {64, 128}, K/V strides
+ * multiples of 8 elements, 16-byte aligned caches. */
+void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
+                      const void *k_cache, const void *v_cache, const struct attn_params *p,
+                      const struct backend_batch *b);
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
                         struct kiln_error *err);

@@ -1,0 +1,492 @@
+/* cuda_attn_decode.cu — decode attention on the bf16 KV cache: the rows of
+ * sequences with one new token, dk = dv = D ∈ {64, 128} (Llama, Qwen,
+ * Mistral shapes), on tensor cores. cuda_attention.cu dispatches here; the
+ * fp32 cache, MLA (dk 576 / dv 512), odd head sizes and the KILN_CUDA_ATTN
+ * overrides keep the kernels there.
+ *
+ * Why this shape. A decode row reads every K/V row of its sequence once
+ * and does 2·D flops per element read per query head: far too little work
+ * for the tensor cores to matter, so the kernel is about keeping bytes in
+ * flight. The previous split-KV kernel computed in fp32 on CUDA cores with
+ * 4 elements per lane per load: 8-byte loads on the bf16 cache, a few
+ * rows in flight per warp, load-latency-bound (71% of the copy bandwidth
+ * at 32 × 4096 with fp32, less with bf16). Here:
+ *
+ *  - K/V tiles go into shared memory with 16-byte `cp.async` loads (a warp
+ *    copies its whole tile of BN positions at once: 16 KB at BN = 32,
+ *    D = 128), and the next chunk's K tile is issued as soon as Q·Kᵀ has
+ *    read the current one, its V tile after P·V: a warp always has a tile
+ *    on its way while it computes.
+ *  - The query heads that share a KV head (the GQA group, up to 8 per CTA)
+ *    are the M dimension of `mma.sync.m16n8k16`: one pass over a K/V tile
+ *    serves all of them. Rows 0–7 of the A operand hold the heads' values
+ *    rounded to bf16 (hi), rows 8–15 the bf16 rounding of what is left
+ *    (lo = bf16(x − hi)). One mma then gives hi·k and lo·k in the two halves
+ *    of its accumulator, and their sum carries q (and, for P·V, p) to
+ *    2^-17 relative instead of bf16's 2^-9: K and V are exactly bf16, the
+ *    products are exact and the sums fp32, so the result is fp32-grade
+ *    (measured against float64 in dev/attention; test_cuda_ops compares
+ *    with the CPU at 1e-5) for the cost of rows that would otherwise be
+ *    padding. Group sizes above 8 take several head blocks (CTAs).
+ *  - Q·Kᵀ and P·V use `ldmatrix` fragments from rows padded by 16 bytes
+ *    (conflict-free), as the prefill kernel does.
+ *
+ * Work decomposition and batch invariance. A CTA of 4 warps owns (row, KV
+ * head, head block). The context is cut into chunks of 4·BN positions
+ * (BN = AD_BN_D128 = 32 at head size 128, AD_BN_D64 = 64 at 64) aligned to
+ * position 0 — a constant per head size, never derived from the batch, the
+ * SM count or the split — and warp w takes positions [w·BN, (w+1)·BN) of
+ * each chunk. A warp's tile state (max m, exp-sum l, acc[D] per head) is a
+ * fixed function of the tile; the chunk state is the four tile states
+ * folded in warp order (shared memory); the row's result is the chunk
+ * states folded in chunk order starting from the empty state, every fold
+ * by ad_merge with its roundings spelled out (__fmaf_rn / __fmul_rn:
+ * nothing for the compiler to contract differently in the two places it
+ * is inlined). Two ways to run it, chosen per launch from the number of
+ * rows and max_context only (graph-capturable):
+ *  - unsplit: one CTA walks the row's chunks and folds as it goes;
+ *  - split (fewer CTAs than the GPU holds at once): slot y of a row takes
+ *    chunks y, y + slots, … and writes each chunk state to scratch; the
+ *    last CTA of the row to finish (an arrival counter per (row, KV head,
+ *    head block), reset to zero by that CTA, so it is zero between
+ *    launches) stages the chunk states in shared memory and folds them in
+ *    chunk order. No second launch.
+ * Both compute the same chunk states and fold them in the same order, so a
+ * row's bits do not depend on the batch, the slots or the path
+ * (dev/attention checks this bitwise; test_deterministic end to end).
+ * Rows whose chunks do not fit in the scratch run unsplit.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+enum {
+    AD_WARPS = 4,
+    AD_THREADS = AD_WARPS * 32,
+    AD_HB = 8, /* query heads per CTA: mma rows 0-7 (hi) and 8-15 (lo) */
+    AD_COUNTERS = CUDA_ATTN_COUNTER_BYTES / 4,
+    /* positions per warp per chunk (chunks of 4 × that): measured best in
+     * dev/attention on the H100 (head size 128: 32, two CTAs per SM; 64:
+     * 64, two CTAs per SM) */
+    AD_BN_D128 = 32,
+    AD_BN_D64 = 64,
+};
+
+struct ad_args {
+    float *out;
+    long ldo;
+    const float *q;
+    long ldq;
+    const __nv_bfloat16 *k, *v;
+    long k_stride, v_stride;
+    int n_heads, n_kv_heads, group, hblocks;
+    float scale_log2; /* softmax scale · log2(e): scores in the log2 domain */
+    int page_size;
+    const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
+    int max_chunks;     /* chunk states per (row, head) in `partial`; 0: no split */
+    float *partial;     /* [rows][n_heads][max_chunks][D + 4]: acc[D], m, l */
+    unsigned *counters; /* [rows · n_kv_heads · hblocks] arrivals, zero between launches */
+};
+
+template <int D, int BN>
+struct ad_cfg {
+    static constexpr int LDB = D + 8;                /* bf16 tile row stride (16-byte pad) */
+    static constexpr int TILE = BN * LDB;            /* elements of one K or V tile */
+    static constexpr int CHUNK = AD_WARPS * BN;      /* positions per chunk */
+    static constexpr int LDF = D + 8;                /* fold buffer row stride (floats) */
+    static constexpr int DS = D + 4;                 /* chunk state stride: acc[D], m, l, pad */
+    static constexpr int EPT = AD_HB * D / AD_THREADS; /* fold elements per thread (contiguous) */
+    static constexpr int TPH = D / EPT;              /* fold threads per head */
+    static constexpr size_t TILE_BYTES = (size_t)AD_WARPS * 2 * TILE * 2;
+    static constexpr size_t SMEM =
+        TILE_BYTES + (size_t)AD_WARPS * AD_HB * LDF * 4 + (size_t)AD_WARPS * AD_HB * 8;
+    /* CTAs per SM the shared memory allows (228 KB per SM, 1 KB per CTA reserved) */
+    static constexpr int MINB = (int)(228 * 1024 / (SMEM + 1024)) < 1   ? 1
+                                : (int)(228 * 1024 / (SMEM + 1024)) > 4 ? 4
+                                                                        : (int)(228 * 1024 / (SMEM + 1024));
+    static_assert(EPT % 4 == 0 && TPH * AD_HB == AD_THREADS, "fold mapping");
+    static_assert(BN % 32 == 0 && D % 16 == 0, "tile shape");
+};
+
+/* ---- PTX helpers (prefixed: dev/attention compiles this file together
+ * with cuda_attention.cu, which has its own) ---- */
+static __device__ __forceinline__ uint32_t ad_smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void ad_cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ad_smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void ad_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void ad_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+static __device__ __forceinline__ void ad_ldsm_x4(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(ad_smem_u32(p)));
+}
+static __device__ __forceinline__ void ad_ldsm_x4_t(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(ad_smem_u32(p)));
+}
+/* d[4] += a[4] · b[2] (m16n8k16, bf16 in, fp32 accumulate) */
+static __device__ __forceinline__ void ad_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* (x, y) → hi = bf16(x), bf16(y) and lo = bf16 of the remainders, packed
+ * as mma operands (first element in the low half). x − hi is exact. */
+static __device__ __forceinline__ void ad_split2(float x, float y, uint32_t *hi, uint32_t *lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    float2 hf = __bfloat1622float2(h);
+    __nv_bfloat162 l = __floats2bfloat162_rn(__fsub_rn(x, hf.x), __fsub_rn(y, hf.y));
+    *hi = *(uint32_t *)&h;
+    *lo = *(uint32_t *)&l;
+}
+
+/* Folds state (mc, lc, oc) into (m, l, o), log2 domain. (m, l, o) may be
+ * the empty state (−inf, 0, 0); (mc, lc, oc) never is. */
+template <int N>
+static __device__ __forceinline__ void ad_merge(float &m, float &l, float *o, float mc, float lc,
+                                                const float *oc) {
+    float mn = fmaxf(m, mc);
+    float fa = exp2f(m - mn), fc = exp2f(mc - mn); /* fa = 0 from the empty state */
+    l = __fmaf_rn(l, fa, __fmul_rn(lc, fc));
+#pragma unroll
+    for (int e = 0; e < N; e++) o[e] = __fmaf_rn(o[e], fa, __fmul_rn(oc[e], fc));
+    m = mn;
+}
+
+template <int D, int BN>
+static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
+    ad_kernel(const struct ad_args a) {
+    using C = ad_cfg<D, BN>;
+    constexpr int KS = D / 16;  /* k-steps of Q·Kᵀ */
+    constexpr int NT = BN / 8;  /* 8-position column tiles of S */
+    constexpr int DT = D / 8;   /* 8-dim column tiles of O */
+    constexpr int SR = BN / 32; /* page-table lookups per lane per tile */
+    constexpr int EPT = C::EPT;
+    extern __shared__ float4 ad_smem4[];
+    __nv_bfloat16 *tiles = (__nv_bfloat16 *)ad_smem4;              /* [warp][K, V][BN][LDB] */
+    float *fold = (float *)((char *)ad_smem4 + C::TILE_BYTES);      /* [warp][AD_HB][LDF] */
+    float2 *ml = (float2 *)(fold + AD_WARPS * AD_HB * C::LDF);      /* [warp][AD_HB] (m, l) */
+    __shared__ int last_s;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int hr = lane >> 2, tq = lane & 3; /* mma: head row and column pair of this lane */
+    const long unit = blockIdx.x;
+    const int hb = (int)(unit % a.hblocks);
+    const long rg = unit / a.hblocks;
+    const int g = (int)(rg % a.n_kv_heads);
+    const long row = rg / a.n_kv_heads; /* = the sequence */
+    const long t = a.q_start[row];
+    const int32_t *pages = a.kv_pages + a.kv_page_start[row]; /* loaded beside q_start */
+    if (a.q_start[row + 1] - t != 1) return; /* not a decode row (prefill kernel's) */
+    const int len = a.positions[t] + 1;
+    const int nch = (len + C::CHUNK - 1) / C::CHUNK;
+    const bool split = gridDim.y > 1 && nch > 1 && nch <= a.max_chunks;
+    if (split ? (int)blockIdx.y >= nch : blockIdx.y != 0) return;
+    const int step = split ? (int)gridDim.y : 1;
+    const int h0 = g * a.group + hb * AD_HB, nh = min(AD_HB, a.group - hb * AD_HB);
+    const int fh = tid / C::TPH, fd = (tid % C::TPH) * EPT; /* fold: head, first dim */
+    const __nv_bfloat16 *kbase = a.k + (long)g * D, *vbase = a.v + (long)g * D;
+    __nv_bfloat16 *kt = tiles + warp * 2 * C::TILE, *vt = kt + C::TILE;
+
+    /* Slots of positions p0 + lane + 32·i (−1 past the end), looked up once
+     * per tile and shuffled to the lanes that copy the row. */
+    auto lookup = [&](int p0, long long *sl) {
+#pragma unroll
+        for (int i = 0; i < SR; i++) {
+            int p = p0 + lane + 32 * i;
+            sl[i] = p < len ? (long long)pages[p / a.page_size] * a.page_size + p % a.page_size : -1;
+        }
+    };
+    /* One K or V tile: a warp-iteration copies RPI whole rows (16 bytes a
+     * lane); rows past the end are zero-filled (p = 0 there). */
+    auto load = [&](__nv_bfloat16 *dst, const __nv_bfloat16 *base, long stride,
+                    const long long *sl) {
+        constexpr int C8 = D / 8, RPI = 32 / C8, NIT = BN / RPI;
+#pragma unroll
+        for (int it = 0; it < NIT; it++) {
+            int j = it * RPI + lane / C8, c8 = lane % C8;
+            long long s = __shfl_sync(0xffffffffu, sl[it * RPI / 32], j & 31);
+            bool valid = s >= 0;
+            ad_cp_async16(dst + j * C::LDB + c8 * 8, base + (valid ? s : 0) * stride + c8 * 8, valid);
+        }
+    };
+
+    int c = blockIdx.y;
+    long long sl[SR];
+    if (c * C::CHUNK + warp * BN < len) {
+        lookup(c * C::CHUNK + warp * BN, sl);
+        load(kt, kbase, a.k_stride, sl);
+        ad_commit();
+        load(vt, vbase, a.v_stride, sl);
+        ad_commit();
+    }
+
+    /* Q of the block's heads, pre-scaled by scale·log2(e), as A fragments:
+     * rows 0-7 hi, rows 8-15 lo; heads past the block are zeros. */
+    uint32_t qf[KS][4];
+    {
+        const bool hv = hr < nh;
+        const float *qr = a.q + t * a.ldq + (long)(h0 + (hv ? hr : 0)) * D + 2 * tq;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            float2 x0 = hv ? *(const float2 *)(qr + ks * 16) : make_float2(0.f, 0.f);
+            float2 x1 = hv ? *(const float2 *)(qr + ks * 16 + 8) : make_float2(0.f, 0.f);
+            ad_split2(__fmul_rn(x0.x, a.scale_log2), __fmul_rn(x0.y, a.scale_log2), &qf[ks][0], &qf[ks][1]);
+            ad_split2(__fmul_rn(x1.x, a.scale_log2), __fmul_rn(x1.y, a.scale_log2), &qf[ks][2], &qf[ks][3]);
+        }
+    }
+
+    float rm = -INFINITY, rl = 0.0f, ro[EPT]; /* the row's running state (unsplit) */
+#pragma unroll
+    for (int e = 0; e < EPT; e++) ro[e] = 0.0f;
+
+    for (; c < nch; c += step) {
+        const int p0 = c * C::CHUNK + warp * BN, cn = c + step;
+        const bool next = cn < nch && cn * C::CHUNK + warp * BN < len;
+        if (p0 < len) { /* this warp's tile of chunk c is not empty */
+            ad_wait<1>(); /* K landed (V may still be on its way) */
+            __syncwarp();
+            float sacc[NT][4];
+#pragma unroll
+            for (int i = 0; i < NT; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b[4];
+                    int mi = lane >> 3;
+                    ad_ldsm_x4(b, kt + (np * 16 + (lane & 7) + (mi >> 1) * 8) * C::LDB + ks * 16 + (mi & 1) * 8);
+                    ad_mma(sacc[2 * np], qf[ks], b[0], b[1]);
+                    ad_mma(sacc[2 * np + 1], qf[ks], b[2], b[3]);
+                }
+            __syncwarp(); /* every lane is done with kt */
+            long long sn[SR];
+            if (next) {
+                lookup(cn * C::CHUNK + warp * BN, sn);
+                load(kt, kbase, a.k_stride, sn);
+                ad_commit();
+            }
+            /* the tile's softmax: s = hi + lo row halves, masked past the end */
+            float sv[NT][2], mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float s = __fadd_rn(sacc[nt][e], sacc[nt][e + 2]);
+                    sv[nt][e] = p0 + nt * 8 + 2 * tq + e < len ? s : -INFINITY;
+                    mx = fmaxf(mx, sv[nt][e]);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float sum = 0.0f;
+            uint32_t pf[NT / 2][4]; /* P as A fragments: hi in rows 0-7, lo in rows 8-15 */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float e0 = exp2f(sv[nt][0] - mx), e1 = exp2f(sv[nt][1] - mx);
+                sum = __fadd_rn(__fadd_rn(sum, e0), e1);
+                ad_split2(e0, e1, &pf[nt >> 1][(nt & 1) * 2], &pf[nt >> 1][(nt & 1) * 2 + 1]);
+            }
+            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+            if (next) ad_wait<1>();
+            else ad_wait<0>();
+            __syncwarp(); /* V landed */
+            float oacc[DT][4];
+#pragma unroll
+            for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < NT / 2; kk++)
+#pragma unroll
+                for (int dp = 0; dp < D / 16; dp++) {
+                    uint32_t b[4];
+                    int mi = lane >> 3;
+                    ad_ldsm_x4_t(b, vt + (kk * 16 + (lane & 7) + (mi & 1) * 8) * C::LDB + dp * 16 + (mi >> 1) * 8);
+                    ad_mma(oacc[2 * dp], pf[kk], b[0], b[1]);
+                    ad_mma(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
+                }
+            __syncwarp(); /* every lane is done with vt */
+            if (next) {
+                load(vt, vbase, a.v_stride, sn);
+                ad_commit();
+            }
+            /* the tile state (head hr's acc = hi + lo rows) for the chunk fold */
+            float *fw = fold + (warp * AD_HB + hr) * C::LDF + 2 * tq;
+#pragma unroll
+            for (int j = 0; j < DT; j++)
+                *(float2 *)(fw + 8 * j) =
+                    make_float2(__fadd_rn(oacc[j][0], oacc[j][2]), __fadd_rn(oacc[j][1], oacc[j][3]));
+            if (tq == 0) ml[warp * AD_HB + hr] = make_float2(mx, sum);
+        }
+        __syncthreads();
+        /* the chunk state: the warps' tile states folded in warp order
+         * (warp 0's tile is never empty) */
+        if (fh < nh) {
+            float cm, cl, co[EPT], ow[EPT];
+            {
+                float2 s0 = ml[fh];
+                cm = s0.x, cl = s0.y;
+                const float *f0 = fold + fh * C::LDF + fd;
+#pragma unroll
+                for (int e = 0; e < EPT; e += 4) *(float4 *)(co + e) = *(const float4 *)(f0 + e);
+            }
+#pragma unroll
+            for (int w = 1; w < AD_WARPS; w++) {
+                if (c * C::CHUNK + w * BN < len) {
+                    float2 sw = ml[w * AD_HB + fh];
+                    const float *fwp = fold + (w * AD_HB + fh) * C::LDF + fd;
+#pragma unroll
+                    for (int e = 0; e < EPT; e += 4) *(float4 *)(ow + e) = *(const float4 *)(fwp + e);
+                    ad_merge<EPT>(cm, cl, co, sw.x, sw.y, ow);
+                }
+            }
+            if (split) {
+                float *st = a.partial + ((row * a.n_heads + h0 + fh) * (long)a.max_chunks + c) * C::DS;
+#pragma unroll
+                for (int e = 0; e < EPT; e += 4) *(float4 *)(st + fd + e) = *(const float4 *)(co + e);
+                if (fd == 0) *(float2 *)(st + D) = make_float2(cm, cl);
+            } else {
+                ad_merge<EPT>(rm, rl, ro, cm, cl, co);
+            }
+        }
+        __syncthreads(); /* fold and ml are rewritten by the next chunk */
+    }
+
+    auto write_out = [&]() {
+        if (fh < nh) {
+            float inv = 1.0f / rl;
+            float *o = a.out + t * a.ldo + (long)(h0 + fh) * D + fd;
+#pragma unroll
+            for (int e = 0; e < EPT; e++) o[e] = __fmul_rn(ro[e], inv);
+        }
+    };
+    if (!split) {
+        write_out();
+        return;
+    }
+
+    /* Split: the last CTA of the row to get here folds the chunk states. */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned active = (unsigned)min((int)gridDim.y, nch);
+        unsigned prev = atomicAdd(a.counters + unit, 1u);
+        last_s = prev == active - 1;
+        if (last_s) atomicExch(a.counters + unit, 0u); /* zero for the next launch */
+    }
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    /* Stage batches of chunk states in shared memory (every cp.async of the
+     * tiles has completed: the last chunk waited for all groups), all
+     * copies in flight at once, then fold them in chunk order. cp.async.cg
+     * reads L2, where the other CTAs' states are. (Tried: the factors of
+     * every chunk at once from prefix maxima of the chunks' m — the same
+     * bits — with only l and acc folded serially: slower on the H100, b1
+     * ctx 4096 12.5 → 13.7 µs, ctx 16384 44.5 → 50 µs, its prefix loops
+     * being chains of shared-memory loads; a log-step scan would be next.) */
+    float *stage = (float *)ad_smem4; /* [head][chunk of the batch][DS] */
+    const int nb = (int)(C::TILE_BYTES / 4 / (size_t)(nh * C::DS));
+    for (int cb = 0; cb < nch; cb += nb) {
+        const int n = min(nb, nch - cb), q4 = n * C::DS / 4; /* 16-byte pieces per head */
+        for (int i = tid; i < nh * q4; i += AD_THREADS) {
+            int h = i / q4, r = i % q4;
+            const float *src =
+                a.partial + ((row * a.n_heads + h0 + h) * (long)a.max_chunks + cb) * C::DS + r * 4;
+            ad_cp_async16(stage + (h * q4 + r) * 4, src, true);
+        }
+        ad_commit();
+        ad_wait<0>();
+        __syncthreads();
+        if (fh < nh) {
+            const float *sh = stage + fh * q4 * 4;
+            for (int cc = 0; cc < n; cc++) {
+                const float *sc = sh + cc * C::DS;
+                float2 st = *(const float2 *)(sc + D);
+                float oc[EPT];
+#pragma unroll
+                for (int e = 0; e < EPT; e += 4) *(float4 *)(oc + e) = *(const float4 *)(sc + fd + e);
+                ad_merge<EPT>(rm, rl, ro, st.x, st.y, oc);
+            }
+        }
+        __syncthreads(); /* the stage is refilled by the next batch */
+    }
+    write_out();
+}
+
+/* ------------------------------------------------------------------ */
+/* Launch                                                                */
+/* ------------------------------------------------------------------ */
+
+/* Slots per row: when the (row, KV head, head block) CTAs are fewer than
+ * the GPU holds at once, each row gets up to ⌊resident / CTAs⌋ slots (at
+ * most its chunks at max_context, and what the scratch holds): one wave,
+ * so that the slots that find no chunk at a shorter context are cheap and
+ * no CTA waits for a second wave. Depends on rows and max_context only. */
+template <int D, int BN>
+static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
+    using C = ad_cfg<D, BN>;
+    long units = rows * a.n_kv_heads * (long)a.hblocks;
+    CUDA_ASSERT(units < (1l << 31));
+    CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)C::SMEM));
+    int occ = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ad_kernel<D, BN>, AD_THREADS, C::SMEM));
+    if (occ < 1) occ = 1;
+    long wave = (long)occ * c->n_sm;
+    long chunks = (c->max_context + C::CHUNK - 1) / C::CHUNK;
+    long slots = 1;
+    a.max_chunks = 0;
+    a.partial = cuda_attn_states(c);
+    a.counters = (unsigned *)c->attn.p;
+    if (units < wave && chunks > 1 && units <= AD_COUNTERS) {
+        long per_chunk = rows * a.n_heads * (long)C::DS * 4;
+        long cap = (long)(cuda_attn_states_bytes(c) / (size_t)per_chunk);
+        if (cap > chunks) cap = chunks;
+        slots = wave / units;
+        if (slots > cap) slots = cap;
+        if (slots > 65535) slots = 65535;
+        if (slots >= 2) a.max_chunks = (int)cap;
+        else slots = 1;
+    }
+    ad_kernel<D, BN><<<dim3((unsigned)units, (unsigned)slots), AD_THREADS, C::SMEM, c->stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* bn: positions per warp per chunk (32 or 64; the lab compares both). */
+static void ad_dispatch(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
+                        const void *k_cache, const void *v_cache, const struct attn_params *p,
+                        const struct backend_batch *b, int bn) {
+    CUDA_ASSERT(p->dk == p->dv && (p->dk == 64 || p->dk == 128));
+    CUDA_ASSERT(p->k_stride % 8 == 0 && p->v_stride % 8 == 0 && (uintptr_t)k_cache % 16 == 0 &&
+                (uintptr_t)v_cache % 16 == 0 && ldq % 2 == 0 && (uintptr_t)q % 8 == 0);
+    int group = p->n_heads / p->n_kv_heads;
+    struct ad_args a = {out, ldo, q, ldq, (const __nv_bfloat16 *)k_cache,
+                        (const __nv_bfloat16 *)v_cache, p->k_stride, p->v_stride, p->n_heads,
+                        p->n_kv_heads, group, (group + AD_HB - 1) / AD_HB,
+                        p->scale * 1.4426950408889634f, b->page_size, b->positions, b->q_start,
+                        b->kv_page_start, b->kv_pages, 0, NULL, NULL};
+    long rows = b->n_seqs;
+    if (p->dk == 64) {
+        if (bn == 64) ad_launch<64, 64>(c, a, rows);
+        else ad_launch<64, 32>(c, a, rows);
+    } else {
+        if (bn == 64) ad_launch<128, 64>(c, a, rows);
+        else ad_launch<128, 32>(c, a, rows);
+    }
+}
+
+extern "C" void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
+                                 const void *k_cache, const void *v_cache,
+                                 const struct attn_params *p, const struct backend_batch *b) {
+    ad_dispatch(c, out, ldo, q, ldq, k_cache, v_cache, p, b, p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
+}
