@@ -94,7 +94,7 @@ static __device__ __forceinline__ void load_x8(const float *x, long ldx, int j, 
  * (+ bias), n ≤ NR, cols % 8 == 0, w 16-byte aligned, XVEC: x rows 16-byte
  * aligned. G = 2: y = silu(x·w[u]) · (x·w[units + u]), no bias. */
 template <int NR, int R, int G, int KS, typename T, bool XVEC>
-static __global__ void __launch_bounds__(GEMV_THREADS)
+static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
     gemv_kernel(float *y, long ldy, const float *x, long ldx, const T *__restrict__ w,
                 const float *__restrict__ bias, long units, long cols, int n) {
     constexpr int RG = R * G, U = GEMV_LOADS / RG, GROUPS = GEMV_WARPS / KS;
