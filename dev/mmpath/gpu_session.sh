@@ -11,13 +11,14 @@
 # is the short version.
 #
 #   bash dev/mmpath/gpu_session.sh [budget-seconds] [stages]
-#   stages: a word list of test gemv qwen llama llama-b64 verify ctest (default: all but ctest)
+#   stages: a word list of test verify ctest gemv llama qwen llama-b64 profile
+#   (default: all but verify, which ctest covers)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/mmpath-out}; mkdir -p "$OUT"
 S=$OUT/summary.log; : >"$S"
 BUDGET=${1:-280}
-STAGES=${2:-"test verify gemv llama qwen llama-b64"}
+STAGES=${2:-"test ctest gemv llama qwen llama-b64 profile"}
 T0=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
@@ -71,6 +72,11 @@ if want test; then
   grep -E "differ|FAILED|PASSED" "$OUT/tests.log" | tail -4 | tee -a "$S"
 fi
 
+if want ctest; then
+  run "ctest -L gpu" 120 env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu --output-on-failure
+  grep -E "tests passed|Test +#|FAIL" "$OUT/tests.log" | tail -8 | tee -a "$S"
+fi
+
 if want verify; then
   F=tests/fixtures/oracle/tiny-models
   for a in llama qwen2 qwen3; do
@@ -101,10 +107,8 @@ L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 if want llama; then
   bench "llama b1 new" 40 "" --model $L --prompt-len 128 --decode 32 --repeat 2
   bench "llama b1 old" 40 "$OLD" --model $L --prompt-len 128 --decode 32 --repeat 2
-  bench "llama pp new" 45 "" --model $L --prompt-len 512,8192 --decode 0 --repeat 2
-  bench "llama pp old" 45 "$OLD" --model $L --prompt-len 512,8192 --decode 0 --repeat 2
-  bench "llama profile" 45 "KILN_CUDA_PROFILE=1" --model $L --prompt-len 512 --decode 16 --no-graphs --repeat 1
-  awk '/^== llama profile/{p=1;next} /^== /{p=0} p' "$OUT/bench.log" | grep -A28 "cuda profile" | tee -a "$S"
+  bench "llama pp new" 45 "" --model $L --prompt-len 512,8192 --decode 0 --repeat 3
+  bench "llama pp old" 45 "$OLD" --model $L --prompt-len 512,8192 --decode 0 --repeat 3
 fi
 if want qwen; then
   bench "qwen3 b1 new" 25 "" --model $Q --prompt-len 128 --decode 64 --repeat 2
@@ -112,6 +116,7 @@ if want qwen; then
   bench "qwen3 b1 pdl=0" 25 "KILN_CUDA_PDL=0" --model $Q --prompt-len 128 --decode 64 --repeat 2
   bench "qwen3 b1 fuse=0" 25 "KILN_CUDA_FUSE=0" --model $Q --prompt-len 128 --decode 64 --repeat 2
   bench "qwen3 b1 ks=1" 25 "KILN_CUDA_GEMV_KS=1" --model $Q --prompt-len 128 --decode 64 --repeat 2
+  bench "qwen3 b1 ks=4" 25 "KILN_CUDA_GEMV_KS=4" --model $Q --prompt-len 128 --decode 64 --repeat 2
   bench "qwen3 pp new" 30 "" --model $Q --prompt-len 512,8192 --decode 0 --repeat 3
   bench "qwen3 pp old" 30 "$OLD" --model $Q --prompt-len 512,8192 --decode 0 --repeat 3
   bench "qwen3 b64 new" 30 "" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
@@ -121,8 +126,15 @@ if want llama-b64; then
   bench "llama b64 new" 50 "" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
   bench "llama b64 old" 50 "$OLD" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
 fi
-if want ctest; then
-  run "ctest -L gpu" 200 env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu --output-on-failure
-  grep -E "tests passed|Test +#|FAIL" "$OUT/tests.log" | tail -8 | tee -a "$S"
+if want profile; then
+  prof() { # label env args... : KILN_CUDA_PROFILE=1 run, its table into the summary
+    local label=$1 envs=$2; shift 2
+    bench "$label" 45 "KILN_CUDA_PROFILE=1 $envs" "$@"
+    awk -v l="== $label [KILN_CUDA_PROFILE=1 $envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" |
+      grep -A24 "cuda profile" | tee -a "$S"
+  }
+  prof "qwen3 profile b1" "" --model $Q --prompt-len 128 --decode 64 --no-graphs --repeat 2
+  prof "llama profile pp512+b1" "" --model $L --prompt-len 512 --decode 16 --no-graphs --repeat 3
+  prof "llama profile b64" "" --model $L --prompt-len 128 --decode 8 --batch 64 --no-graphs --repeat 1
 fi
 say "done"

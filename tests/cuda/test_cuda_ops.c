@@ -272,9 +272,13 @@ static void test_rmsnorm(void **state) {
 
 static void test_add_rmsnorm(void **state) {
     SKIP_WITHOUT_GPU();
-    long dims[] = {64, 2048};
-    for (int t = 0; t < 2; t++) {
-        long d = dims[t], n = 23;
+    /* 64: the scalar kernels; the rest the float4 kernel with 1 to 4 float4
+     * per thread (4100: 1025 float4 over 544 threads, 9000 and 16384: 3 and
+     * 4 per thread), one row (decode) and several */
+    long dims[] = {64, 2048, 1000, 4100, 9000, 16384}, rows[] = {23, 1};
+    for (int t = 0; t < 12; t++) {
+        long d = dims[t % 6], n = rows[t / 6];
+        printf("  add_rmsnorm n=%ld dim=%ld\n", n, d);
         struct pair h = pair_rand((size_t)(n * d), 3.0f), dl = pair_rand((size_t)(n * d), 1.0f),
                     w = pair_rand((size_t)d, 1.0f), y = pair_poison((size_t)(n * d));
         cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, y.h, w.h, n, d, 1e-5f);

@@ -191,6 +191,9 @@ void cuda_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
  * F16) for the product that follows (cuda_norm.cu). */
 void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *x16,
                         enum dtype dt);
+/* Whether cuda_add_rmsnorm16 can give add_rmsnorm's bits for nm (not: no
+ * delta and narrow rows, which add_rmsnorm sends to rmsnorm's warp kernel). */
+int cuda_add_rmsnorm16_ok(const struct backend_norm *nm);
 /* x16[n][inter] = silu(g) · u rounded to dt, g | u rows of gu (stride ldgu)
  * (cuda_elementwise.cu). */
 void cuda_silu16(struct cuda_ctx *c, void *x16, enum dtype dt, const float *gu, long ldgu, long n,

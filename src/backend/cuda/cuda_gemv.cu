@@ -15,7 +15,7 @@
  *    through shared memory in part order. Narrow products (o_proj, down_proj
  *    at batch 1: 4096 outputs) get KS·more warps, so more bytes in flight
  *    and a shorter tail. KS is a function of the weight's shape alone
- *    (gemv_ks), never of n;
+ *    (gemv_ks: 4 for rows of 4096 and more), never of n;
  *  - G = 2 (SwiGLU): the weight is gate|up stacked [2·units][cols]; a unit
  *    is the pair (gate row u, up row units + u), both summed as above, and
  *    the epilogue writes silu(g)·u — the silu_mul kernel's value, bit for
@@ -218,16 +218,18 @@ static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
 }
 
 /* The K split for a weight of rows × cols (for SwiGLU: the whole stacked
- * gate|up, so that its g and u get the plain product's bits): enough warps
- * to fill the GPU (about 32 per SM counting two units a warp), each part at
- * least 64 pieces (two 16-byte loads per lane per row). A function of the
- * shape only: the sums' order must not depend on n. */
+ * gate|up): as many parts (up to 4) as leave each at least 128 pieces, four
+ * 16-byte loads per lane per row. On an H100 (bench_gemv, docs/cuda.md)
+ * 4 parts were the fastest for every Llama-3.1-8B shape (cols 4096 and
+ * 14336: q|k|v 88 → 94% of the copy bandwidth at n = 1, 71 → 86% at n = 2,
+ * even gate|up and lm_head gained 2-3%), while Qwen3-0.6B's rows of 1024
+ * decoded faster unsplit. A function of cols only: the sums' order must
+ * not depend on n (KILN_CUDA_GEMV_KS forces 1, 2 or 4). */
 static int gemv_ks(const struct cuda_ctx *c, long rows, long cols) {
+    (void)rows;
     if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
-    long units = rows / 2, nvec = cols / 8;
-    int ks = 1;
-    while (ks < 4 && units * ks * 2 <= 32l * c->n_sm && nvec / (ks * 2) >= 64) ks *= 2;
-    return ks;
+    long nvec = cols / 8;
+    return nvec >= 4 * 128 ? 4 : nvec >= 2 * 128 ? 2 : 1;
 }
 
 template <int NR, int R, int G, int KS, typename T>

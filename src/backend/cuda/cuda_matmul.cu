@@ -309,13 +309,12 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
 
 /* The product of n rows through the 16-bit handoff: not the GEMV, not the
  * fp32-grade or deterministic modes, and a norm the 16-bit kernel computes
- * with add_rmsnorm's bits (a delta, or rows wider than the warp-per-row
- * rmsnorm's 512). */
+ * with add_rmsnorm's bits (cuda_add_rmsnorm16_ok). */
 static int handoff16(const struct cuda_ctx *c, const struct backend_norm *nm,
                      const struct backend_weight *w, long n) {
     return c->fuse && !c->deterministic && !c->split_act &&
            (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && !cuda_gemv_ok(c, w, n) &&
-           (nm->delta || nm->dim > 512) && n <= INT32_MAX && w->rows <= INT32_MAX &&
+           cuda_add_rmsnorm16_ok(nm) && n <= INT32_MAX && w->rows <= INT32_MAX &&
            w->cols <= INT32_MAX;
 }
 

@@ -9,7 +9,10 @@
  * products, the weight's shape, so a prefill's GEMMs show up shape by shape
  * with their TFLOP/s and weight GB/s. Nothing is timed while a graph is
  * being recorded; a replay is one interval ("graph_launch"). The table is
- * printed to stderr when the backend is destroyed or the process exits.
+ * printed to stderr when the backend is destroyed or the process exits,
+ * sorted by median × calls ("steady ms"): first calls pay for lazy module
+ * loading and cuBLAS's heuristics (milliseconds), which the total keeps and
+ * the median drops; rates (TFLOP/s, weight GB/s) come from the median.
  *
  * For finding what to speed up, not for production: the events cost a few
  * microseconds per operation. */
@@ -24,7 +27,9 @@ enum { PROF_KEYS = 512, PROF_PENDING = 4096, PROF_MAX = 8 };
 struct prof_key {
     char name[96];
     long calls;
-    double ms, flops, bytes;
+    double ms, flops, bytes; /* flops, bytes: of one call */
+    float *us;               /* every call's time */
+    long cap;
 };
 
 struct prof {
@@ -60,10 +65,16 @@ static void harvest(struct prof *p) {
         float ms = 0;
         CUDA_CHECK(cudaEventElapsedTime(&ms, p->ev[i][0], p->ev[i][1]));
         struct prof_key *k = &p->keys[p->key_of[i]];
-        k->calls++;
+        if (k->calls == k->cap) {
+            k->cap = k->cap ? 2 * k->cap : 64;
+            float *u = realloc(k->us, (size_t)k->cap * sizeof *u);
+            if (!u) abort();
+            k->us = u;
+        }
+        k->us[k->calls++] = ms * 1e3f;
         k->ms += ms;
-        k->flops += p->flops_of[i];
-        k->bytes += p->bytes_of[i];
+        k->flops = p->flops_of[i];
+        k->bytes = p->bytes_of[i];
     }
     p->n_pend = 0;
 }
@@ -86,31 +97,47 @@ static void end(void *ctx, int s) {
     if (s >= 0) CUDA_CHECK(cudaEventRecord(p->ev[s][1], p->c->stream));
 }
 
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
 static void print(struct prof *p) {
     if (p->printed) return;
     p->printed = 1;
     harvest(p);
-    double total = 0;
-    for (int i = 0; i < p->n_keys; i++) total += p->keys[i].ms;
+    double total = 0, steady = 0;
+    double *med = calloc((size_t)p->n_keys + 1, sizeof *med);
     int *order = malloc((size_t)(p->n_keys + 1) * sizeof *order);
-    for (int i = 0; i < p->n_keys; i++) order[i] = i;
-    for (int i = 1; i < p->n_keys; i++) /* insertion sort by time, largest first */
-        for (int j = i; j > 0 && p->keys[order[j]].ms > p->keys[order[j - 1]].ms; j--) {
+    for (int i = 0; i < p->n_keys; i++) {
+        struct prof_key *k = &p->keys[i];
+        qsort(k->us, (size_t)k->calls, sizeof *k->us, cmp_float);
+        med[i] = k->calls ? k->us[k->calls / 2] : 0;
+        total += k->ms;
+        steady += med[i] * (double)k->calls / 1e3;
+        order[i] = i;
+    }
+    for (int i = 1; i < p->n_keys; i++) /* insertion sort by steady time, largest first */
+        for (int j = i; j > 0 && med[order[j]] * (double)p->keys[order[j]].calls >
+                                      med[order[j - 1]] * (double)p->keys[order[j - 1]].calls;
+             j--) {
             int t = order[j];
             order[j] = order[j - 1], order[j - 1] = t;
         }
-    fprintf(stderr, "cuda profile: %.3f ms in timed operations\n", total);
-    fprintf(stderr, "  %-52s %8s %11s %9s %6s %8s %8s\n", "operation", "calls", "total ms",
-            "us/call", "%", "TFLOP/s", "GB/s");
+    fprintf(stderr, "cuda profile: %.3f ms in timed operations, %.3f ms at their medians\n", total,
+            steady);
+    fprintf(stderr, "  %-50s %7s %10s %10s %9s %9s %6s %8s %8s\n", "operation", "calls", "total ms",
+            "steady ms", "median us", "min us", "%", "TFLOP/s", "GB/s");
     for (int i = 0; i < p->n_keys; i++) {
         const struct prof_key *k = &p->keys[order[i]];
-        double s = k->ms / 1e3;
-        fprintf(stderr, "  %-52s %8ld %11.3f %9.1f %6.2f", k->name, k->calls, k->ms,
-                k->calls ? k->ms * 1e3 / (double)k->calls : 0.0, total > 0 ? 100 * k->ms / total : 0);
-        if (k->flops > 0 && s > 0) fprintf(stderr, " %8.1f %8.0f", k->flops / s / 1e12, k->bytes / s / 1e9);
+        double m = med[order[i]], st = m * (double)k->calls / 1e3;
+        fprintf(stderr, "  %-50s %7ld %10.3f %10.3f %9.1f %9.1f %6.2f", k->name, k->calls, k->ms, st,
+                m, k->calls ? (double)k->us[0] : 0.0, steady > 0 ? 100 * st / steady : 0);
+        if (k->flops > 0 && m > 0) fprintf(stderr, " %8.1f %8.0f", k->flops / m / 1e6, k->bytes / m / 1e3);
         fprintf(stderr, "\n");
     }
     free(order);
+    free(med);
 }
 
 static void print_all(void) {
@@ -133,6 +160,7 @@ static void w_destroy(void *ctx) {
         cudaEventDestroy(p->ev[i][0]);
         cudaEventDestroy(p->ev[i][1]);
     }
+    for (int i = 0; i < p->n_keys; i++) free(p->keys[i].us);
     ((struct cuda_ctx *)ctx)->prof = NULL;
     /* p->ops stays allocated: the caller may still hold the table pointer */
     d(ctx);
