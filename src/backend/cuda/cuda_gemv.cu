@@ -15,7 +15,7 @@
  *    through shared memory in part order. Narrow products (o_proj, down_proj
  *    at batch 1: 4096 outputs) get KS·more warps, so more bytes in flight
  *    and a shorter tail. KS is a function of the weight's shape alone
- *    (gemv_ks: 4 for rows of 4096 and more), never of n;
+ *    (gemv_ks: 4 for rows of 4096 and more, else 1), never of n;
  *  - G = 2 (SwiGLU): the weight is gate|up stacked [2·units][cols]; a unit
  *    is the pair (gate row u, up row units + u), both summed as above, and
  *    the epilogue writes silu(g)·u — the silu_mul kernel's value, bit for
@@ -218,18 +218,19 @@ static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
 }
 
 /* The K split for a weight of rows × cols (for SwiGLU: the whole stacked
- * gate|up): as many parts (up to 4) as leave each at least 128 pieces, four
- * 16-byte loads per lane per row. On an H100 (bench_gemv, docs/cuda.md)
- * 4 parts were the fastest for every Llama-3.1-8B shape (cols 4096 and
- * 14336: q|k|v 88 → 94% of the copy bandwidth at n = 1, 71 → 86% at n = 2,
- * even gate|up and lm_head gained 2-3%), while Qwen3-0.6B's rows of 1024
- * decoded faster unsplit. A function of cols only: the sums' order must
- * not depend on n (KILN_CUDA_GEMV_KS forces 1, 2 or 4). */
+ * gate|up): 4 parts from 4096 columns on (each part ≥ 128 pieces, four
+ * 16-byte loads per lane per row), else none. Measured on an H100
+ * (bench_gemv, bench_forward; docs/cuda.md "Products"): 4 parts were the
+ * fastest for every Llama-3.1-8B shape (q|k|v 86 → 94% of the copy
+ * bandwidth at n = 1, 70 → 86% at n = 2; gate|up, down and lm_head gained
+ * 2-5%), while Qwen3-0.6B (rows of 1024 to 3072) decoded faster unsplit
+ * than with 2 or 4 parts, in two runs (1.339 against 1.374 and 1.385
+ * ms/step). A function of cols only: the sums' order must not depend on n
+ * (KILN_CUDA_GEMV_KS forces 1, 2 or 4). */
 static int gemv_ks(const struct cuda_ctx *c, long rows, long cols) {
     (void)rows;
     if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
-    long nvec = cols / 8;
-    return nvec >= 4 * 128 ? 4 : nvec >= 2 * 128 ? 2 : 1;
+    return cols / 8 >= 4 * 128 ? 4 : 1;
 }
 
 template <int NR, int R, int G, int KS, typename T>
