@@ -1,10 +1,17 @@
-/* bench_gemv.c — matrix products at decode sizes (n = 1..8 rows and a few
- * larger batches) on Llama-3.1-8B's shapes, as weight bytes read per second
+/* bench_gemv.c — matrix products at decode and small-batch sizes on
+ * Llama-3.1-8B's shapes, as weight bytes read per second (and TFLOP/s)
  * beside the device copy bandwidth measured in the same run. Each shape
  * rotates over enough copies of its weight (≥ 512 MB) that the L2 cache
- * cannot hold them. Device-agnostic (backend ops), meant for --device cuda.
+ * cannot hold them; each figure is the median of 5 timed loops.
  *
- *   bench_gemv [--device cuda] [--rows N] [--cols N] [--n N]
+ * Variants (CUDA; each is its own backend, created with the environment
+ * switch set, all reading the same weight copies):
+ *   n = 1, 2 (the GEMV): default | KILN_CUDA_PDL=0 | KILN_CUDA_GEMV_KS=1, 2, 4
+ *   n ≥ 4 (cuBLAS on bf16 activations): cublasGemmEx (KILN_CUDA_LT=0) |
+ *     cuBLASLt default heuristic (the default) | cuBLASLt tuned (KILN_CUDA_LT_TUNE=1)
+ *
+ *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick]
+ * --quick: the default variant only. Other devices: the default only.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +22,58 @@
 #include "bench_util.h"
 #include "tensor/backend.h"
 
-static double run(struct backend *be, long rows, long cols, long n, double bw) {
+enum { ROUNDS = 5, MAX_VARIANTS = 8 };
+
+struct variant {
+    const char *name;
+    const char *env[3][2]; /* variable, value */
+    int gemv;              /* 1: for n ≤ 2, 0: for n ≥ 4, 2: both */
+    struct backend be;
+    int ok;
+};
+
+static struct variant variants[] = {
+    {"default", {{NULL, NULL}}, 2, {0}, 0},
+    {"no PDL", {{"KILN_CUDA_PDL", "0"}}, 1, {0}, 0},
+    {"KS=1", {{"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0},
+    {"KS=2", {{"KILN_CUDA_GEMV_KS", "2"}}, 1, {0}, 0},
+    {"KS=4", {{"KILN_CUDA_GEMV_KS", "4"}}, 1, {0}, 0},
+    {"old (no PDL, KS=1)", {{"KILN_CUDA_PDL", "0"}, {"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0},
+    {"GemmEx", {{"KILN_CUDA_LT", "0"}}, 0, {0}, 0},
+    {"Lt tuned", {{"KILN_CUDA_LT_TUNE", "1"}}, 0, {0}, 0},
+};
+static const int n_variants = sizeof variants / sizeof variants[0];
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median seconds per product of be over the weight copies. */
+static double time_product(struct backend *be, const struct backend_weight *w, int copies,
+                           float *y, const float *x, long n) {
     const struct backend_ops *ops = be->ops;
+    long rows = w[0].rows, cols = w[0].cols;
+    for (int c = 0; c < copies; c++) ops->matmul(be->ctx, y, rows, x, cols, &w[c], NULL, n);
+    ops->synchronize(be->ctx);
+    double wbytes = (double)rows * (double)cols * 2;
+    int reps = (int)(6e9 / wbytes);
+    if (reps < 50) reps = 50;
+    double t[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        double t0 = time_now();
+        for (int i = 0; i < reps; i++) ops->matmul(be->ctx, y, rows, x, cols, &w[i % copies], NULL, n);
+        ops->synchronize(be->ctx);
+        t[r] = (time_now() - t0) / reps;
+    }
+    qsort(t, ROUNDS, sizeof t[0], cmp_double);
+    return t[ROUNDS / 2];
+}
+
+/* All variants for one shape; returns the default variant's n = 1 GB/s. */
+static double run_shape(struct backend *base, long rows, long cols, const long *ns, int n_ns,
+                        double bw, int quick) {
+    const struct backend_ops *ops = base->ops;
     size_t wbytes = (size_t)rows * (size_t)cols * 2;
     int copies = (int)(((size_t)512 << 20) / wbytes) + 1;
     if (copies < 2) copies = 2;
@@ -28,74 +85,96 @@ static double run(struct backend *be, long rows, long cols, long n, double bw) {
     }
     struct backend_weight *w = xmalloc((size_t)copies * sizeof *w);
     for (int c = 0; c < copies; c++) {
-        w[c] = (struct backend_weight){ops->weight_upload(be->ctx, h, wbytes), DTYPE_BF16, rows, cols};
+        w[c] = (struct backend_weight){ops->weight_upload(base->ctx, h, wbytes), DTYPE_BF16, rows, cols};
         if (!w[c].data) {
             fprintf(stderr, "out of device memory\n");
             exit(1);
         }
     }
     free(h);
-    float *x = ops->alloc(be->ctx, (size_t)n * cols * 4), *y = ops->alloc(be->ctx, (size_t)n * rows * 4);
-    float *xh = xmalloc((size_t)n * cols * 4);
-    for (long i = 0; i < n * cols; i++) xh[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
-    ops->upload(be->ctx, x, xh, (size_t)n * cols * 4);
-    for (int c = 0; c < copies; c++) ops->matmul(be->ctx, y, rows, x, cols, &w[c], NULL, n);
-    ops->synchronize(be->ctx);
-    int reps = (int)(4e9 / (double)wbytes) + copies;
-    double t0 = time_now();
-    for (int i = 0; i < reps; i++) ops->matmul(be->ctx, y, rows, x, cols, &w[i % copies], NULL, n);
-    ops->synchronize(be->ctx);
-    double t = (time_now() - t0) / reps;
-    double gbs = (double)wbytes / t;
-    printf("  %6ld x %-6ld n=%-3ld %8.2f us  %7.1f GB/s  %5.1f%% of copy bandwidth\n", rows, cols, n,
-           t * 1e6, gbs / 1e9, 100.0 * gbs / bw);
-    for (int c = 0; c < copies; c++) ops->weight_release(be->ctx, w[c].data);
-    ops->free(be->ctx, x), ops->free(be->ctx, y);
+    long nmax = 1;
+    for (int j = 0; j < n_ns; j++) nmax = ns[j] > nmax ? ns[j] : nmax;
+    float *x = ops->alloc(base->ctx, (size_t)nmax * cols * 4),
+          *y = ops->alloc(base->ctx, (size_t)nmax * rows * 4);
+    float *xh = xmalloc((size_t)nmax * cols * 4);
+    for (long i = 0; i < nmax * cols; i++) xh[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    ops->upload(base->ctx, x, xh, (size_t)nmax * cols * 4);
+    ops->synchronize(base->ctx);
+    double g1 = 0;
+    for (int j = 0; j < n_ns; j++) {
+        long n = ns[j];
+        for (int v = 0; v < n_variants; v++) {
+            struct variant *va = &variants[v];
+            if (!va->ok || (quick && v) || (va->gemv == 1 && n > 2) || (va->gemv == 0 && n <= 2))
+                continue;
+            double t = time_product(&va->be, w, copies, y, x, n);
+            double gbs = (double)wbytes / t, tf = 2.0 * (double)n * rows * cols / t / 1e12;
+            printf("  %6ld x %-6ld n=%-4ld %-20s %9.2f us %8.1f GB/s %6.1f%% of copy %7.1f TFLOP/s\n",
+                   rows, cols, n, va->name, t * 1e6, gbs / 1e9, 100.0 * gbs / bw, tf);
+            if (v == 0 && n == 1) g1 = gbs;
+        }
+    }
+    for (int c = 0; c < copies; c++) ops->weight_release(base->ctx, w[c].data);
+    ops->free(base->ctx, x), ops->free(base->ctx, y);
     free(w), free(xh);
-    return gbs;
+    return g1;
 }
 
 int main(int argc, char **argv) {
     const char *device = "cuda";
     long rows = 0, cols = 0, n = 0;
+    int quick = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--device")) device = v, i++;
         else if (!strcmp(a, "--rows")) rows = atol(v), i++;
         else if (!strcmp(a, "--cols")) cols = atol(v), i++;
         else if (!strcmp(a, "--n")) n = atol(v), i++;
+        else if (!strcmp(a, "--quick")) quick = 1;
         else {
-            fprintf(stderr, "usage: bench_gemv [--device cuda] [--rows N --cols N] [--n N]\n");
+            fprintf(stderr, "usage: bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick]\n");
             return 2;
         }
     }
     struct kiln_error err = {{0}};
-    struct backend be;
     struct backend_options bo = {0};
-    if (backend_create(&be, device, &bo, &err) ||
-        be.ops->reserve(be.ctx, 256, 4096, 64, &err)) {
-        fprintf(stderr, "bench_gemv: %s\n", err.msg);
-        return 1;
+    if (strcmp(device, "cuda")) quick = 1;
+    for (int v = 0; v < n_variants; v++) {
+        struct variant *va = &variants[v];
+        if (quick && v) continue;
+        for (int e = 0; e < 3 && va->env[e][0]; e++) setenv(va->env[e][0], va->env[e][1], 1);
+        int rc = backend_create(&va->be, device, &bo, &err) ||
+                 va->be.ops->reserve(va->be.ctx, 512, 4096, 64, &err);
+        for (int e = 0; e < 3 && va->env[e][0]; e++) unsetenv(va->env[e][0]);
+        if (rc) {
+            fprintf(stderr, "bench_gemv (%s): %s\n", va->name, err.msg);
+            if (v == 0) return 1;
+            continue;
+        }
+        va->ok = 1;
     }
-    double bw = copy_bandwidth(&be);
-    printf("device %s: copy bandwidth %.1f GB/s (read + write)\n", device, bw / 1e9);
+    struct backend *base = &variants[0].be;
+    double bw = copy_bandwidth(base);
+    printf("device %s: copy bandwidth %.1f GB/s (read + write); median of %d loops\n", device,
+           bw / 1e9, ROUNDS);
     /* Llama-3.1-8B: q|k|v, o, gate|up, down, lm_head */
     const long shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336},
                               {128256, 4096}};
-    const long ns[] = {1, 2, 4, 8, 16, 64};
+    long ns[] = {1, 2, 4, 8, 16, 32, 64, 128, 512};
+    int n_ns = (int)(sizeof ns / sizeof ns[0]);
+    if (n) ns[0] = n, n_ns = 1;
     double sum = 0, bytes = 0;
     for (int s = 0; s < 5; s++) {
         if (rows && (rows != shapes[s][0] || cols != shapes[s][1])) continue;
-        for (int j = 0; j < 6; j++) {
-            if (n && ns[j] != n) continue;
-            double g = run(&be, shapes[s][0], shapes[s][1], ns[j], bw);
-            if (ns[j] == 1) sum += (double)shapes[s][0] * shapes[s][1] * 2 / g, bytes += (double)shapes[s][0] * shapes[s][1] * 2;
-        }
+        double g = run_shape(base, shapes[s][0], shapes[s][1], ns, n_ns, bw, quick);
+        double b = (double)shapes[s][0] * shapes[s][1] * 2;
+        if (g > 0) sum += b / g, bytes += b;
     }
-    if (rows && cols && sum == 0) run(&be, rows, cols, n ? n : 1, bw);
+    if (rows && cols && bytes == 0) run_shape(base, rows, cols, ns, n_ns, bw, quick);
     if (sum > 0)
-        printf("n=1 over the five shapes: %.1f GB/s, %.1f%% of copy bandwidth\n", bytes / sum / 1e9,
-               100.0 * bytes / sum / bw);
-    backend_destroy(&be);
+        printf("n=1 over the five shapes (default): %.1f GB/s, %.1f%% of copy bandwidth\n",
+               bytes / sum / 1e9, 100.0 * bytes / sum / bw);
+    for (int v = 0; v < n_variants; v++)
+        if (variants[v].ok) backend_destroy(&variants[v].be);
     return 0;
 }

@@ -39,8 +39,9 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
 
 /* q, k and v come from one product with the stacked weight: row i of
  * act.qkv holds q | k | v, so every later step reads them with row stride
- * L = qw + 2 kw. */
-void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const float *x, float *out) {
+ * L = qw + 2 kw. mha_attend takes it from there: q/k norms, rope, the
+ * cache stores, attention and o_proj into out. */
+static void mha_attend(const struct fwd *f, int l, const struct attn_mha *a, float *out) {
     struct model *m = f->m;
     const struct model_config *c = &m->cfg;
     const struct backend_ops *ops = m->be->ops;
@@ -51,8 +52,6 @@ void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const flo
     void *kc = f->kv->k[l], *vc = f->kv->v[l];
     float eps = (float)c->rms_norm_eps;
 
-    const struct backend_weight qkv_parts[3] = {a->wq, a->wk, a->wv};
-    model_matmul_cat(m, q, L, x, d, &a->wqkv, qkv_parts, 3, a->bqkv, n);
     if (ops->qk_rope_store) {
         ops->qk_rope_store(ctx, q, k, v, L, n, (int)H, (int)KH, (int)hd, a->q_norm, a->k_norm, eps,
                            m->rope_dim, f->pos, m->rope_table, c->rope.interleaved, kc, vc, kw,
@@ -75,6 +74,33 @@ void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const flo
                             .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale};
     ops->attention(ctx, att, qw, q, L, kc, vc, &p, f->bb);
     ops->matmul(ctx, out, d, att, qw, &a->wo, a->bo, n);
+}
+
+void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const float *x, float *out) {
+    struct model *m = f->m;
+    const struct model_config *c = &m->cfg;
+    long L = (long)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    const struct backend_weight qkv_parts[3] = {a->wq, a->wk, a->wv};
+    model_matmul_cat(m, m->act.qkv, L, x, c->hidden_size, &a->wqkv, qkv_parts, 3, a->bqkv, f->n);
+    mha_attend(f, l, a, out);
+}
+
+/* The layer's attention input norm (nm) and the q|k|v product in one
+ * backend call where the backend fuses them (norm_matmul: the norm hands
+ * the product its 16-bit operand) and the weights are stacked. */
+void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
+                      const struct backend_norm *nm, float *out) {
+    struct model *m = f->m;
+    const struct backend_ops *ops = m->be->ops;
+    if (!ops->norm_matmul || !a->wqkv.data) {
+        ops->add_rmsnorm(m->be->ctx, nm->h, nm->delta, nm->x, nm->w, f->n, nm->dim, nm->eps);
+        mha_forward(f, l, a, nm->x, out);
+        return;
+    }
+    const struct model_config *c = &m->cfg;
+    long L = (long)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    ops->norm_matmul(m->be->ctx, nm, m->act.qkv, L, &a->wqkv, a->bqkv, f->n);
+    mha_attend(f, l, a, out);
 }
 
 int dense_load(struct weight_source *ws, const char *prefix, long inter, struct mlp_dense *dm,
@@ -110,4 +136,21 @@ void dense_forward(const struct fwd *f, const struct mlp_dense *dm, long inter, 
     model_matmul_cat(m, g, L, x, d, &dm->gate_up, gu_parts, 2, NULL, n);
     ops->silu_mul(ctx, g, L, g, L, u, L, n, inter);
     ops->matmul(ctx, out, d, g, L, &dm->down, NULL, n);
+}
+
+/* The MLP's input norm (nm) and the whole SwiGLU MLP in one backend call
+ * where the backend has it (norm_swiglu_mlp: silu(g)·u fused into the
+ * gate|up product at decode, 16-bit handoffs for batches) and gate|up is
+ * stacked; else add_rmsnorm and dense_forward. */
+void dense_forward_norm(const struct fwd *f, const struct mlp_dense *dm, long inter,
+                        const struct backend_norm *nm, float *out) {
+    struct model *m = f->m;
+    const struct backend_ops *ops = m->be->ops;
+    if (!ops->norm_swiglu_mlp || !dm->gate_up.data) {
+        ops->add_rmsnorm(m->be->ctx, nm->h, nm->delta, nm->x, nm->w, f->n, nm->dim, nm->eps);
+        dense_forward(f, dm, inter, nm->x, out);
+        return;
+    }
+    ops->norm_swiglu_mlp(m->be->ctx, nm, out, m->cfg.hidden_size, &dm->gate_up, &dm->down, m->act.g,
+                         2 * inter, f->n);
 }

@@ -363,12 +363,24 @@ static void run_layers(struct model *m, struct kv_pool *kv, const struct backend
     ops->embed(ctx, a->h, &m->embed, a->ids, n);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer *L = &m->layers[l];
-        ops->add_rmsnorm(ctx, a->h, l ? a->delta : NULL, a->xn, L->ln_attn, n, d, eps);
-        if (L->attn_kind == LAYER_ATTN_MLA) mla_forward(&f, l, &L->mla, a->xn, a->delta);
-        else mha_forward(&f, l, &L->mha, a->xn, a->delta);
-        ops->add_rmsnorm(ctx, a->h, a->delta, a->xn, L->ln_mlp, n, d, eps);
-        if (L->mlp_kind == LAYER_MLP_MOE) moe_forward(&f, &L->moe, a->xn, a->delta);
-        else dense_forward(&f, &L->dense, c->intermediate_size, a->xn, a->delta);
+        /* h += delta (the last sublayer's output); xn = rmsnorm(h): by the
+         * model for MLA and MoE, with the following product(s) otherwise */
+        struct backend_norm nm = {.h = a->h, .delta = l ? a->delta : NULL, .x = a->xn,
+                                  .w = L->ln_attn, .dim = d, .eps = eps};
+        if (L->attn_kind == LAYER_ATTN_MLA) {
+            ops->add_rmsnorm(ctx, a->h, nm.delta, a->xn, L->ln_attn, n, d, eps);
+            mla_forward(&f, l, &L->mla, a->xn, a->delta);
+        } else {
+            mha_forward_norm(&f, l, &L->mha, &nm, a->delta);
+        }
+        nm.delta = a->delta;
+        nm.w = L->ln_mlp;
+        if (L->mlp_kind == LAYER_MLP_MOE) {
+            ops->add_rmsnorm(ctx, a->h, a->delta, a->xn, L->ln_mlp, n, d, eps);
+            moe_forward(&f, &L->moe, a->xn, a->delta);
+        } else {
+            dense_forward_norm(&f, &L->dense, c->intermediate_size, &nm, a->delta);
+        }
     }
 }
 

@@ -188,6 +188,12 @@ int dense_load(struct weight_source *ws, const char *prefix, long inter, struct 
                struct kiln_error *err);
 void dense_forward(const struct fwd *f, const struct mlp_dense *d, long inter, const float *x,
                    float *out);
+/* The same with the layer's add_rmsnorm in front, fused where the backend can
+ * (norm_matmul, norm_swiglu_mlp). */
+void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
+                      const struct backend_norm *nm, float *out);
+void dense_forward_norm(const struct fwd *f, const struct mlp_dense *d, long inter,
+                        const struct backend_norm *nm, float *out);
 
 /* qwen_moe.c and deepseek.c */
 int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err);

@@ -66,6 +66,18 @@ struct moe_experts {
     const struct backend_weight *down; /* [n_experts], each [hidden][inter] */
 };
 
+/* A residual add + RMSNorm pending in front of a product (norm_matmul,
+ * norm_swiglu_mlp): h[n][dim] += delta (delta NULL: not), x[n][dim] =
+ * h / rms(h) * w. h, delta and x are contiguous rows of dim floats. */
+struct backend_norm {
+    float *h;
+    const float *delta;
+    float *x;
+    const float *w;
+    long dim;
+    float eps;
+};
+
 struct backend_ops {
     const char *name;
     /* The backend computes on host weights in place (weight_upload returns
@@ -197,6 +209,28 @@ struct backend_ops {
      * q|k|v, gate|up) without building it on the host first. */
     const void *(*weight_upload_cat)(void *ctx, const void *const *hosts, const size_t *bytes,
                                      int count);
+
+    /* Fused products: a residual add + RMSNorm and the product(s) that read
+     * its output, in one call, so that the backend can hand the products a
+     * 16-bit copy of the activations made by the norm (or the SwiGLU) kernel
+     * instead of converting them in a pass of their own, and can fuse
+     * silu(g)·u into the gate|up product. Each computes what the plain ops
+     * named below compute (the CUDA backend: the same bits); NULL: the model
+     * runs those ops (the CPU backend). */
+
+    /* nm->h += nm->delta (delta NULL: not); nm->x = rmsnorm(nm->h) * nm->w
+     * (as add_rmsnorm); then y[n][w.rows] (row stride ldy) = nm->x · wᵀ
+     * (+ bias), as matmul. nm->dim == w.cols. */
+    void (*norm_matmul)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                        const struct backend_weight *w, const float *bias, long n);
+    /* A SwiGLU MLP after its norm: the norm as in norm_matmul, then
+     * gu[n][2 inter] (row stride ldgu) = nm->x · gate_upᵀ (gate rows first,
+     * inter = down.cols), g = silu(g) * u (as silu_mul into gu's first inter
+     * columns), y[n][down.rows] (row stride ldy) = g · downᵀ. gu is scratch:
+     * its contents afterwards are unspecified. */
+    void (*norm_swiglu_mlp)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                            const struct backend_weight *gate_up,
+                            const struct backend_weight *down, float *gu, long ldgu, long n);
 };
 
 /* Per-row parameters of backend_ops.sample (device memory). Greedy (the

@@ -50,6 +50,11 @@ enum { MAX_TOKENS = 512, MAX_CONTEXT = 4096, MAX_HEADS = 16 };
 static struct backend cpu, gpu, gpu_split; /* gpu_split: KILN_CUDA_MATMUL=bf16x2 */
 static struct backend gpu_det;             /* backend_options.deterministic */
 static struct backend gpu_kvf32;           /* KILN_CUDA_KV=f32: the fp32 KV cache kernels */
+/* the product path's switches (docs/cuda.md, "Decode"): */
+static struct backend gpu_nopdl; /* KILN_CUDA_PDL=0: ordinary launches, else as gpu */
+static struct backend gpu_old;   /* PDL, fusion, cuBLASLt off and GEMV K split 1: the old path */
+static struct backend gpu_ks4;   /* KILN_CUDA_GEMV_KS=4: every GEMV split over K in 4 */
+static struct backend gpu_tune;  /* KILN_CUDA_LT_TUNE=1: cuBLASLt algorithms timed per shape */
 static int have_gpu;
 static uint64_t rng_state;
 
@@ -267,9 +272,13 @@ static void test_rmsnorm(void **state) {
 
 static void test_add_rmsnorm(void **state) {
     SKIP_WITHOUT_GPU();
-    long dims[] = {64, 2048};
-    for (int t = 0; t < 2; t++) {
-        long d = dims[t], n = 23;
+    /* 64: the scalar kernels; the rest the float4 kernel with 1 to 4 float4
+     * per thread (4100: 1025 float4 over 544 threads, 9000 and 16384: 3 and
+     * 4 per thread), one row (decode) and several */
+    long dims[] = {64, 2048, 1000, 4100, 9000, 16384}, rows[] = {23, 1};
+    for (int t = 0; t < 12; t++) {
+        long d = dims[t % 6], n = rows[t / 6];
+        printf("  add_rmsnorm n=%ld dim=%ld\n", n, d);
         struct pair h = pair_rand((size_t)(n * d), 3.0f), dl = pair_rand((size_t)(n * d), 1.0f),
                     w = pair_rand((size_t)d, 1.0f), y = pair_poison((size_t)(n * d));
         cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, y.h, w.h, n, d, 1e-5f);
@@ -484,6 +493,230 @@ static void test_matmul(void **state) {
     check_matmul_on(&gpu_det, DTYPE_BF16, 130, 96, 200, 0, 1, 1e-5); /* strided: fp32 loop */
     check_matmul_on(&gpu_det, DTYPE_F16, 64, 256, 384, 1, 0, 3e-3);
     check_matmul_on(&gpu_det, DTYPE_F32, 9, 100, 36, 0, 1, 1e-5);
+    /* GEMV split over K in 4 parts of whole 32-piece steps: uneven parts
+     * (125 pieces), an empty last part (257 pieces: 96 + 96 + 65 + 0), one
+     * part holding everything (8 pieces), SwiGLU-sized rows */
+    check_matmul_on(&gpu_ks4, DTYPE_BF16, 1, 1000, 1000, 1, 0, 1e-5);
+    check_matmul_on(&gpu_ks4, DTYPE_BF16, 2, 4099, 2056, 0, 1, 1e-5);
+    check_matmul_on(&gpu_ks4, DTYPE_F16, 8, 300, 64, 1, 0, 1e-5);
+    check_matmul_on(&gpu_ks4, DTYPE_BF16, 5, 2050, 4104, 1, 1, 1e-5);
+    /* cublasGemmEx + bias kernel (KILN_CUDA_LT=0), and tuned cuBLASLt plans */
+    check_matmul_on(&gpu_old, DTYPE_BF16, 37, 1000, 512, 1, 0, 1e-2);
+    check_matmul_on(&gpu_old, DTYPE_F16, 64, 256, 384, 1, 1, 3e-3);
+    check_matmul_on(&gpu_old, DTYPE_BF16, 2, 8191, 1000, 1, 0, 1e-5);
+    check_matmul_on(&gpu_tune, DTYPE_BF16, 37, 1000, 512, 1, 0, 1e-2);
+    check_matmul_on(&gpu_tune, DTYPE_BF16, 130, 96, 200, 0, 1, 1e-2);
+    check_matmul_on(&gpu_tune, DTYPE_F16, 64, 256, 384, 1, 1, 3e-3);
+}
+
+static float *fetch_pair(const struct backend *be, const struct pair *p) {
+    float *g = xmalloc(p->bytes + 4);
+    be->ops->download(be->ctx, g, p->d, p->bytes);
+    return g;
+}
+
+/* The device copies of a and b hold the same bits. */
+static void expect_same_bits(const struct backend *be, const struct pair *a, const struct pair *b,
+                             const char *what) {
+    float *x = fetch_pair(be, a), *y = fetch_pair(be, b);
+    size_t n = a->bytes / 4, differ = 0;
+    for (size_t i = 0; i < n; i++) differ += memcmp(&x[i], &y[i], 4) != 0;
+    free(x), free(y);
+    if (differ) fail_msg("%s: %zu of %zu floats differ from the plain ops", what, differ, n);
+}
+
+/* norm_matmul and norm_swiglu_mlp on `be` against the CPU's add_rmsnorm +
+ * matmul (+ silu_mul + matmul), and bit for bit against `be`'s own plain
+ * ops in the same order (the fused paths promise the same bits: the same
+ * sums, the same rounding to 16 bits, the same cuBLAS plan).
+ * tol: of the products (1e-5 on the fp32 GEMV, 1e-2 with bf16 operands). */
+static void check_fused_on(struct backend *be, long n, long d, long inter, long qrows,
+                           int with_delta, int bias, double tol) {
+    const float eps = 1e-5f;
+    struct wpair wq = weight_rand(DTYPE_BF16, qrows, d, 1.0f / sqrtf((float)d)),
+                 wgu = weight_rand(DTYPE_BF16, 2 * inter, d, 1.0f / sqrtf((float)d)),
+                 wd = weight_rand(DTYPE_BF16, d, inter, 1.0f / sqrtf((float)inter));
+    float *h0 = rand_floats((size_t)(n * d), 3.0f);
+    struct pair h = pair_from(h0, (size_t)(n * d) * 4), h2 = pair_from(h0, (size_t)(n * d) * 4),
+                dl = pair_rand((size_t)(n * d), 1.0f), lw = pair_rand((size_t)d, 1.0f),
+                qb = pair_rand((size_t)qrows, 0.5f), xn = pair_poison((size_t)(n * d)),
+                xn2 = pair_poison((size_t)(n * d)), y = pair_poison((size_t)(n * qrows)),
+                y2 = pair_poison((size_t)(n * qrows)), gu = pair_poison((size_t)(n * 2 * inter)),
+                gu2 = pair_poison((size_t)(n * 2 * inter)), o = pair_poison((size_t)(n * d)),
+                o2 = pair_poison((size_t)(n * d));
+    free(h0);
+    const float *cd = with_delta ? dl.h : NULL;
+    const float *gd = with_delta ? (const float *)dl.d : NULL;
+    const float *bh = bias ? qb.h : NULL, *bd = bias ? (const float *)qb.d : NULL;
+    printf("  fused n=%ld d=%ld inter=%ld qrows=%ld delta=%d bias=%d%s\n", n, d, inter, qrows,
+           with_delta, bias,
+           be == &gpu_det ? " deterministic" : be == &gpu_split ? " bf16x2" : be == &gpu_ks4 ? " ks4"
+           : be == &gpu_old ? " old path" : be == &gpu_nopdl ? " no PDL" : "");
+    /* attention input: norm + q|k|v-like product */
+    cpu.ops->add_rmsnorm(cpu.ctx, h.h, cd, xn.h, lw.h, n, d, eps);
+    cpu.ops->matmul(cpu.ctx, y.h, qrows, xn.h, d, &wq.c, bh, n);
+    if (be != &gpu) gpu.ops->synchronize(gpu.ctx);
+    struct backend_norm nm = {.h = h.d, .delta = gd, .x = xn.d, .w = lw.d, .dim = d, .eps = eps};
+    be->ops->norm_matmul(be->ctx, &nm, y.d, qrows, &wq.g, bd, n);
+    be->ops->add_rmsnorm(be->ctx, h2.d, gd, xn2.d, lw.d, n, d, eps);
+    be->ops->matmul(be->ctx, y2.d, qrows, xn2.d, d, &wq.g, bd, n);
+    be->ops->synchronize(be->ctx);
+    expect_close(&h, n, d, d, 1e-6);
+    expect_close(&xn, n, d, d, 1e-5);
+    expect_close(&y, n, qrows, qrows, tol);
+    expect_same_bits(be, &h, &h2, "norm_matmul h");
+    expect_same_bits(be, &xn, &xn2, "norm_matmul x");
+    expect_same_bits(be, &y, &y2, "norm_matmul y");
+    /* MLP: norm (delta always), gate|up, silu·u, down */
+    cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, xn.h, lw.h, n, d, eps);
+    cpu.ops->matmul(cpu.ctx, gu.h, 2 * inter, xn.h, d, &wgu.c, NULL, n);
+    cpu.ops->silu_mul(cpu.ctx, gu.h, 2 * inter, gu.h, 2 * inter, gu.h + inter, 2 * inter, n, inter);
+    cpu.ops->matmul(cpu.ctx, o.h, d, gu.h, 2 * inter, &wd.c, NULL, n);
+    struct backend_norm nm2 = {.h = h.d, .delta = dl.d, .x = xn.d, .w = lw.d, .dim = d, .eps = eps};
+    be->ops->norm_swiglu_mlp(be->ctx, &nm2, o.d, d, &wgu.g, &wd.g, gu.d, 2 * inter, n);
+    be->ops->add_rmsnorm(be->ctx, h2.d, dl.d, xn2.d, lw.d, n, d, eps);
+    float *g2 = gu2.d;
+    be->ops->matmul(be->ctx, g2, 2 * inter, xn2.d, d, &wgu.g, NULL, n);
+    be->ops->silu_mul(be->ctx, g2, 2 * inter, g2, 2 * inter, g2 + inter, 2 * inter, n, inter);
+    be->ops->matmul(be->ctx, o2.d, d, g2, 2 * inter, &wd.g, NULL, n);
+    be->ops->synchronize(be->ctx);
+    expect_close(&h, n, d, d, 1e-6);
+    expect_close(&xn, n, d, d, 1e-5);
+    expect_close(&o, n, d, d, tol);
+    expect_same_bits(be, &h, &h2, "norm_swiglu_mlp h");
+    expect_same_bits(be, &o, &o2, "norm_swiglu_mlp y");
+    weight_free(&wq), weight_free(&wgu), weight_free(&wd);
+    struct pair *ps[] = {&h, &h2, &dl, &lw, &qb, &xn, &xn2, &y, &y2, &gu, &gu2, &o, &o2};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) pair_free(ps[i]);
+}
+
+static void test_fused(void **state) {
+    SKIP_WITHOUT_GPU();
+    /* GEMV rows (≤ 8 here): norm + GEMV, norm + SwiGLU GEMV + GEMV */
+    long ns[] = {1, 2, 5, 37, 130};
+    for (int i = 0; i < 5; i++) {
+        double tol = ns[i] <= 8 ? 1e-5 : 1e-2;
+        check_fused_on(&gpu, ns[i], 640, 704, 1000, 1, 1, tol);
+        check_fused_on(&gpu, ns[i], 640, 704, 1000, 0, 0, tol); /* the first layer: no delta */
+        check_fused_on(&gpu, ns[i], 256, 1000, 72, 0, 1, tol);  /* narrow rows without delta: plain norm */
+    }
+    check_fused_on(&gpu, 40, 2048, 1408, 1000, 1, 0, 1e-2);
+    /* the switches: each must still compute the same thing */
+    check_fused_on(&gpu_ks4, 2, 640, 704, 1000, 1, 1, 1e-5);
+    check_fused_on(&gpu_ks4, 7, 1032, 2056, 600, 1, 0, 1e-5);
+    check_fused_on(&gpu_nopdl, 1, 640, 704, 1000, 1, 1, 1e-5);
+    check_fused_on(&gpu_nopdl, 37, 640, 704, 1000, 1, 1, 1e-2);
+    check_fused_on(&gpu_old, 1, 640, 704, 1000, 1, 1, 1e-5);
+    check_fused_on(&gpu_old, 37, 640, 704, 1000, 1, 1, 1e-2);
+    check_fused_on(&gpu_tune, 37, 640, 704, 1000, 1, 1, 1e-2);
+    /* deterministic: the plain sequence with cuda_matmul_det (bf16 operands) */
+    check_fused_on(&gpu_det, 1, 640, 704, 1000, 1, 1, 1e-2);
+    check_fused_on(&gpu_det, 37, 640, 704, 1000, 1, 1, 1e-2);
+    /* bf16x2: the plain sequence, fp32-grade */
+    check_fused_on(&gpu_split, 2, 640, 704, 1000, 1, 1, 1e-5);
+    check_fused_on(&gpu_split, 37, 640, 704, 1000, 1, 1, 2e-5);
+}
+
+/* A decode-shaped stack of layers (norm_matmul, o_proj matmul,
+ * norm_swiglu_mlp; weights of tens of MB so that the GEMVs span several
+ * waves and overlap their neighbours under programmatic dependent launch)
+ * run three ways on the default backend — eager, recorded into a graph and
+ * replayed — and on the KILN_CUDA_PDL=0 backend. A missing wait anywhere
+ * in the chain would let a kernel read a half-written input: the results
+ * must agree bit for bit, and with the CPU within the products' tolerance. */
+struct chain_w {
+    struct wpair q, o, gu, dn;
+    struct pair ln1, ln2;
+};
+
+static void run_chain(struct backend *be, const struct chain_w *w, int cpu_side, struct pair *h,
+                      struct pair *delta, struct pair *xn, struct pair *q, struct pair *gu, long n,
+                      long d, long inter, long qr, int layers) {
+    const float eps = 1e-5f;
+    for (int l = 0; l < layers; l++) {
+        if (cpu_side) {
+            cpu.ops->add_rmsnorm(cpu.ctx, h->h, l ? delta->h : NULL, xn->h, w->ln1.h, n, d, eps);
+            cpu.ops->matmul(cpu.ctx, q->h, qr, xn->h, d, &w->q.c, NULL, n);
+            cpu.ops->matmul(cpu.ctx, delta->h, d, q->h, qr, &w->o.c, NULL, n);
+            cpu.ops->add_rmsnorm(cpu.ctx, h->h, delta->h, xn->h, w->ln2.h, n, d, eps);
+            cpu.ops->matmul(cpu.ctx, gu->h, 2 * inter, xn->h, d, &w->gu.c, NULL, n);
+            cpu.ops->silu_mul(cpu.ctx, gu->h, 2 * inter, gu->h, 2 * inter, gu->h + inter,
+                              2 * inter, n, inter);
+            cpu.ops->matmul(cpu.ctx, delta->h, d, gu->h, 2 * inter, &w->dn.c, NULL, n);
+            continue;
+        }
+        struct backend_norm nm = {.h = h->d, .delta = l ? (const float *)delta->d : NULL,
+                                  .x = xn->d, .w = w->ln1.d, .dim = d, .eps = eps};
+        be->ops->norm_matmul(be->ctx, &nm, q->d, qr, &w->q.g, NULL, n);
+        be->ops->matmul(be->ctx, delta->d, d, q->d, qr, &w->o.g, NULL, n);
+        nm.delta = delta->d;
+        nm.w = w->ln2.d;
+        be->ops->norm_swiglu_mlp(be->ctx, &nm, delta->d, d, &w->gu.g, &w->dn.g, gu->d, 2 * inter, n);
+    }
+    if (cpu_side) cpu.ops->add_rmsnorm(cpu.ctx, h->h, delta->h, xn->h, w->ln1.h, n, d, eps);
+    else be->ops->add_rmsnorm(be->ctx, h->d, delta->d, xn->d, w->ln1.d, n, d, eps);
+}
+
+static void test_pdl_chain(void **state) {
+    SKIP_WITHOUT_GPU();
+    long d = 2048, inter = 5632, qr = 3072;
+    int layers = 6;
+    struct chain_w w = {weight_rand(DTYPE_BF16, qr, d, 1.0f / sqrtf((float)d)),
+                        weight_rand(DTYPE_BF16, d, qr, 0.5f / sqrtf((float)qr)),
+                        weight_rand(DTYPE_BF16, 2 * inter, d, 1.0f / sqrtf((float)d)),
+                        weight_rand(DTYPE_BF16, d, inter, 0.5f / sqrtf((float)inter)),
+                        pair_rand((size_t)d, 1.0f), pair_rand((size_t)d, 1.0f)};
+    for (int i = 0; i < d; i++) w.ln1.h[i] = w.ln1.h[i] * 0.5f + 1.0f, w.ln2.h[i] = w.ln2.h[i] * 0.5f + 1.0f;
+    gpu.ops->upload(gpu.ctx, w.ln1.d, w.ln1.h, (size_t)d * 4);
+    gpu.ops->upload(gpu.ctx, w.ln2.d, w.ln2.h, (size_t)d * 4);
+    long ns[] = {1, 2, 40};
+    for (int t = 0; t < 3; t++) {
+        long n = ns[t];
+        float *h0 = rand_floats((size_t)(n * d), 1.0f);
+        struct pair h = pair_from(h0, (size_t)(n * d) * 4), delta = pair_poison((size_t)(n * d)),
+                    xn = pair_poison((size_t)(n * d)), q = pair_poison((size_t)(n * qr)),
+                    gu = pair_poison((size_t)(n * 2 * inter));
+        float *res[3];
+        struct backend *bes[3] = {&gpu, &gpu_nopdl, &gpu};
+        for (int k = 0; k < 3; k++) {
+            gpu.ops->upload(gpu.ctx, h.d, h0, (size_t)(n * d) * 4);
+            gpu.ops->synchronize(gpu.ctx);
+            struct backend *be = bes[k];
+            if (k == 2) { /* recorded, then replayed twice (scratch sized by run 0) */
+                be->ops->graph_begin(be->ctx);
+                run_chain(be, &w, 0, &h, &delta, &xn, &q, &gu, n, d, inter, qr, layers);
+                void *g = be->ops->graph_end(be->ctx);
+                assert_non_null(g);
+                for (int r = 0; r < 2; r++) {
+                    be->ops->upload(be->ctx, h.d, h0, (size_t)(n * d) * 4);
+                    assert_int_equal(be->ops->graph_launch(be->ctx, g), 0);
+                }
+                be->ops->synchronize(be->ctx);
+                be->ops->graph_destroy(be->ctx, g);
+            } else {
+                run_chain(be, &w, 0, &h, &delta, &xn, &q, &gu, n, d, inter, qr, layers);
+                be->ops->synchronize(be->ctx);
+            }
+            res[k] = fetch_pair(be, &xn);
+        }
+        run_chain(&cpu, &w, 1, &h, &delta, &xn, &q, &gu, n, d, inter, qr, layers);
+        double tol = n <= 2 ? 1e-4 : 5e-2; /* 6 layers; bf16 operands past the GEMV */
+        printf("  chain n=%ld: %d layers, d=%ld inter=%ld\n", n, layers, d, inter);
+        expect_close(&xn, n, d, d, tol);
+        size_t cnt = (size_t)(n * d), d1 = 0, d2 = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            d1 += memcmp(&res[0][i], &res[1][i], 4) != 0;
+            d2 += memcmp(&res[0][i], &res[2][i], 4) != 0;
+        }
+        printf("  chain n=%ld: PDL vs ordinary launches: %zu of %zu differ; graph replay: %zu\n", n,
+               d1, cnt, d2);
+        if (d1 || d2) fail_msg("chain n=%ld: results depend on the launch mode", n);
+        for (int k = 0; k < 3; k++) free(res[k]);
+        free(h0);
+        pair_free(&h), pair_free(&delta), pair_free(&xn), pair_free(&q), pair_free(&gu);
+    }
+    weight_free(&w.q), weight_free(&w.o), weight_free(&w.gu), weight_free(&w.dn);
+    pair_free(&w.ln1), pair_free(&w.ln2);
 }
 
 /* A ragged batch over a shuffled page pool: sequences with prompt chunks
@@ -776,11 +1009,37 @@ int main(void) {
             fprintf(stderr, "cuda backend (deterministic): %s\n", err.msg);
             return 1;
         }
+        /* the product path's switches, one backend each */
+        static const char *const vars[4][4] = {
+            {"KILN_CUDA_PDL", NULL},
+            {"KILN_CUDA_PDL", "KILN_CUDA_FUSE", "KILN_CUDA_LT", NULL},
+            {NULL},
+            {NULL},
+        };
+        struct backend *vb[4] = {&gpu_nopdl, &gpu_old, &gpu_ks4, &gpu_tune};
+        for (int i = 0; i < 4; i++) {
+            for (int j = 0; vars[i][j]; j++) setenv(vars[i][j], "0", 1);
+            if (i == 1) setenv("KILN_CUDA_GEMV_KS", "1", 1);
+            if (i == 2) setenv("KILN_CUDA_GEMV_KS", "4", 1);
+            if (i == 3) setenv("KILN_CUDA_LT_TUNE", "1", 1);
+            int rc = backend_create(vb[i], "cuda", &bo, &err);
+            for (int j = 0; vars[i][j]; j++) unsetenv(vars[i][j]);
+            unsetenv("KILN_CUDA_GEMV_KS");
+            unsetenv("KILN_CUDA_LT_TUNE");
+            if (rc) {
+                fprintf(stderr, "cuda backend (variant %d): %s\n", i, err.msg);
+                return 1;
+            }
+        }
         if (cpu.ops->reserve(cpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu.ops->reserve(gpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu_split.ops->reserve(gpu_split.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu_det.ops->reserve(gpu_det.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
-            gpu_kvf32.ops->reserve(gpu_kvf32.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
+            gpu_kvf32.ops->reserve(gpu_kvf32.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_nopdl.ops->reserve(gpu_nopdl.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_old.ops->reserve(gpu_old.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_ks4.ops->reserve(gpu_ks4.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_tune.ops->reserve(gpu_tune.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
             fprintf(stderr, "reserve: %s\n", err.msg);
             return 1;
         }
@@ -793,11 +1052,13 @@ int main(void) {
         cmocka_unit_test(test_attention),  cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_attention_decode_invariance), cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_ffn),
+        cmocka_unit_test(test_fused),      cmocka_unit_test(test_pdl_chain),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu)
         backend_destroy(&gpu), backend_destroy(&gpu_split), backend_destroy(&gpu_det),
-            backend_destroy(&gpu_kvf32);
+            backend_destroy(&gpu_kvf32), backend_destroy(&gpu_nopdl), backend_destroy(&gpu_old),
+            backend_destroy(&gpu_ks4), backend_destroy(&gpu_tune);
     backend_destroy(&cpu);
     return rc;
 }

@@ -278,12 +278,18 @@ static void cuda_destroy(void *ctx) {
         if (c->up_buf[k]) cudaFreeHost(c->up_buf[k]);
         if (c->up_ev[k]) cudaEventDestroy(c->up_ev[k]);
     }
+    cuda_matmul_release(c);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->moe_host_ids);
     free(c->moe_host_list);
     free(c);
+}
+
+static int env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
 }
 
 static enum dtype cuda_kv_dtype(void *ctx) {
@@ -332,6 +338,8 @@ static const struct backend_ops cuda_ops = {
     .mem_info = cuda_mem_info,
     .weight_upload_cat = cuda_weight_upload_cat,
     .sample = cuda_op_sample,
+    .norm_matmul = cuda_op_norm_matmul,
+    .norm_swiglu_mlp = cuda_op_norm_swiglu_mlp,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
@@ -376,6 +384,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     }
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     CUBLAS_CHECK(cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
+    c->cublas_ws_bytes = CUBLAS_WORKSPACE_BYTES;
     /* Plain fp32 products stay fp32 (no TF32): the F32-weight path is the
      * accurate one. */
     CUBLAS_CHECK(cublasSetMathMode(c->cublas, CUBLAS_DEFAULT_MATH));
@@ -422,8 +431,19 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     } else if (kv && !strcmp(kv, "bf16")) {
         c->kv_bf16 = 1;
     }
+    /* The product path's knobs (docs/cuda.md, "Decode"): programmatic
+     * dependent launch (Hopper on), the fused norm / SwiGLU handoffs, the
+     * GEMV's K split, cuBLASLt and its per-shape tuning. */
+    c->pdl = prop.major >= 9 && !env_is("KILN_CUDA_PDL", "0");
+    c->fuse = !env_is("KILN_CUDA_FUSE", "0");
+    const char *ks = getenv("KILN_CUDA_GEMV_KS");
+    c->gemv_ks = ks ? atoi(ks) : 0;
+    c->use_lt = !env_is("KILN_CUDA_LT", "0");
+    c->lt_tune = env_is("KILN_CUDA_LT_TUNE", "1");
+    cuda_matmul_init(c);
     be->ops = &cuda_ops;
     be->ctx = c;
+    if (env_is("KILN_CUDA_PROFILE", "1")) cuda_profile_install(be);
     return 0;
 fail:
     cuda_destroy(c);

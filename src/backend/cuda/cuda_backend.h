@@ -110,6 +110,17 @@ struct cuda_ctx {
                                     (KILN_CUDA_KV=f32, KILN_CUDA_MATMUL=bf16x2) */
     struct cuda_scratch sample_part; /* sampling: per-chunk argmax partials */
     int sample_ready;            /* the row kernel's shared-memory limit is set */
+    /* the product path (cuda_matmul.cu, cuda_gemv.cu, cuda_pdl.cuh) */
+    int pdl;                     /* 1: small kernels use programmatic dependent launch
+                                    (sm_90+; KILN_CUDA_PDL=0 clears it) */
+    int fuse;                    /* 1: norm_matmul / norm_swiglu_mlp fuse (KILN_CUDA_FUSE=0:
+                                    they run the plain sequence) */
+    int gemv_ks;                 /* GEMV K split: 0 = by shape, or 1, 2, 4 (KILN_CUDA_GEMV_KS) */
+    int use_lt;                  /* 1: 16-bit products through cuBLASLt (KILN_CUDA_LT=0: GemmEx) */
+    int lt_tune;                 /* 1: time cuBLASLt's candidates per shape (KILN_CUDA_LT_TUNE) */
+    void *lt;                    /* cuBLASLt handle and plan cache (cuda_matmul.cu) */
+    size_t cublas_ws_bytes;      /* size of cublas_ws */
+    void *prof;                  /* per-operation timing (KILN_CUDA_PROFILE=1, cuda_profile.c) */
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
@@ -200,6 +211,39 @@ void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, 
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
                         struct kiln_error *err);
+
+/* Fused norm + product operations (cuda_matmul.cu). */
+void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                         const struct backend_weight *w, const float *bias, long n);
+void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                             const struct backend_weight *gate_up, const struct backend_weight *down,
+                             float *gu, long ldgu, long n);
+/* The product path's internals. */
+void cuda_matmul_init(struct cuda_ctx *c);    /* cuBLASLt handle when use_lt */
+void cuda_matmul_release(struct cuda_ctx *c);
+/* y[n][rows] (stride ldy) += bias */
+void cuda_bias_add(struct cuda_ctx *c, float *y, long ldy, const float *bias, long n, long rows);
+/* The GEMV (cuda_gemv.cu): whether it serves w for n rows, whether x rows
+ * allow its 16-byte activation loads, and y = x · wᵀ (+ bias); swiglu: w is
+ * gate|up stacked and y[n][w.rows / 2] = silu(x·gateᵀ) · (x·upᵀ). */
+int cuda_gemv_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n);
+int cuda_gemv_xvec(const float *x, long ldx);
+void cuda_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+               const struct backend_weight *w, const float *bias, long n, int swiglu);
+/* add_rmsnorm of nm that also writes x16[n][dim] = x rounded to dt (BF16 or
+ * F16) for the product that follows (cuda_norm.cu). */
+void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *x16,
+                        enum dtype dt);
+/* Whether cuda_add_rmsnorm16 can give add_rmsnorm's bits for nm (not: no
+ * delta and narrow rows, which add_rmsnorm sends to rmsnorm's warp kernel). */
+int cuda_add_rmsnorm16_ok(const struct backend_norm *nm);
+/* x16[n][inter] = silu(g) · u rounded to dt, g | u rows of gu (stride ldgu)
+ * (cuda_elementwise.cu). */
+void cuda_silu16(struct cuda_ctx *c, void *x16, enum dtype dt, const float *gu, long ldgu, long n,
+                 long inter);
+/* KILN_CUDA_PROFILE=1: times every operation with events and prints a
+ * table at exit (cuda_profile.c); replaces be->ops with a timing copy. */
+void cuda_profile_install(struct backend *be);
 
 #ifdef __cplusplus
 }

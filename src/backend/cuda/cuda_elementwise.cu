@@ -1,31 +1,63 @@
 /* cuda_elementwise.cu — the small element-wise operations: SwiGLU's
- * silu(g) * u, residual adds, Qwen2-MoE's sigmoid-gated shared expert add,
- * row gathers and strided row copies. Grid-stride loops over elements;
- * these are memory-bound and later fused into their neighbours. */
-#include "backend/cuda/cuda_common.cuh"
+ * silu(g) * u (also as the 16-bit producer of the down product's
+ * operand), residual adds, Qwen2-MoE's sigmoid-gated shared expert add,
+ * row gathers and strided row copies. Grid-stride loops over elements,
+ * launched with programmatic dependent launch (cuda_pdl.cuh: each waits
+ * before touching memory). */
+#include "backend/cuda/cuda_pdl.cuh"
+
+static const struct cuda_ctx *cctx(void *ctx) { return (const struct cuda_ctx *)ctx; }
 
 /* y[n][dim] = silu(g) * u, each with its own row stride */
 static __global__ void silu_mul_kernel(float *y, long ldy, const float *g, long ldg, const float *u,
                                        long ldu, long n, long dim) {
+    pdl_trigger();
+    pdl_wait();
     long total = n * dim;
     for (long w = (long)blockIdx.x * blockDim.x + threadIdx.x; w < total;
          w += (long)gridDim.x * blockDim.x) {
         long i = w / dim, k = w % dim;
-        float gv = g[i * ldg + k];
-        y[i * ldy + k] = gv / (1.0f + expf(-gv)) * u[i * ldu + k];
+        y[i * ldy + k] = silu_mul_f32(g[i * ldg + k], u[i * ldu + k]);
     }
 }
 
 extern "C" void cuda_op_silu_mul(void *ctx, float *y, long ldy, const float *g, long ldg,
                                  const float *u, long ldu, long n, long dim) {
     if (n * dim <= 0) return;
-    silu_mul_kernel<<<grid_for(n * dim, 256), 256, 0, ctx_stream(ctx)>>>(y, ldy, g, ldg, u, ldu, n,
-                                                                         dim);
-    CUDA_CHECK_LAUNCH();
+    pdl_launch(cctx(ctx), silu_mul_kernel, dim3(grid_for(n * dim, 256)), dim3(256), 0, y, ldy, g,
+               ldg, u, ldu, n, dim);
+}
+
+/* x16[n][inter] = T(silu(g) * u), g = gu[i][k], u = gu[i][inter + k] */
+template <typename T>
+static __global__ void silu16_kernel(T *__restrict__ x16, const float *gu, long ldgu, long n,
+                                     long inter) {
+    pdl_trigger();
+    pdl_wait();
+    long total = n * inter;
+    for (long w = (long)blockIdx.x * blockDim.x + threadIdx.x; w < total;
+         w += (long)gridDim.x * blockDim.x) {
+        long i = w / inter, k = w % inter;
+        const float *r = gu + i * ldgu;
+        x16[w] = T(silu_mul_f32(r[k], r[inter + k]));
+    }
+}
+
+extern "C" void cuda_silu16(struct cuda_ctx *c, void *x16, enum dtype dt, const float *gu,
+                            long ldgu, long n, long inter) {
+    if (n * inter <= 0) return;
+    dim3 grid(grid_for(n * inter, 256)), block(256);
+    if (dt == DTYPE_BF16)
+        pdl_launch(c, silu16_kernel<__nv_bfloat16>, grid, block, 0, (__nv_bfloat16 *)x16, gu, ldgu,
+                   n, inter);
+    else
+        pdl_launch(c, silu16_kernel<__half>, grid, block, 0, (__half *)x16, gu, ldgu, n, inter);
 }
 
 /* y[count] += x[count] */
 static __global__ void add_kernel(float *y, const float *x, long count) {
+    pdl_trigger();
+    pdl_wait();
     for (long w = (long)blockIdx.x * blockDim.x + threadIdx.x; w < count;
          w += (long)gridDim.x * blockDim.x)
         y[w] += x[w];
@@ -33,13 +65,14 @@ static __global__ void add_kernel(float *y, const float *x, long count) {
 
 extern "C" void cuda_op_add(void *ctx, float *y, const float *x, long count) {
     if (count <= 0) return;
-    add_kernel<<<grid_for(count, 256), 256, 0, ctx_stream(ctx)>>>(y, x, count);
-    CUDA_CHECK_LAUNCH();
+    pdl_launch(cctx(ctx), add_kernel, dim3(grid_for(count, 256)), dim3(256), 0, y, x, count);
 }
 
 /* y[n][dim] += sigmoid(gate[i * ldgate]) * x[n][dim] */
 static __global__ void gated_add_kernel(float *y, const float *x, const float *gate, long ldgate,
                                         long n, long dim) {
+    pdl_trigger();
+    pdl_wait();
     long total = n * dim;
     for (long w = (long)blockIdx.x * blockDim.x + threadIdx.x; w < total;
          w += (long)gridDim.x * blockDim.x) {
@@ -52,14 +85,15 @@ static __global__ void gated_add_kernel(float *y, const float *x, const float *g
 extern "C" void cuda_op_gated_add(void *ctx, float *y, const float *x, const float *gate,
                                   long ldgate, long n, long dim) {
     if (n * dim <= 0) return;
-    gated_add_kernel<<<grid_for(n * dim, 256), 256, 0, ctx_stream(ctx)>>>(y, x, gate, ldgate, n,
-                                                                          dim);
-    CUDA_CHECK_LAUNCH();
+    pdl_launch(cctx(ctx), gated_add_kernel, dim3(grid_for(n * dim, 256)), dim3(256), 0, y, x, gate,
+               ldgate, n, dim);
 }
 
 /* dst[n][width] = src[rows[i]][width] */
-static __global__ void gather_rows_kernel(float *__restrict__ dst, const float *__restrict__ src,
-                                          long width, const int32_t *__restrict__ rows, long n) {
+static __global__ void gather_rows_kernel(float *dst, const float *src, long width,
+                                          const int32_t *rows, long n) {
+    pdl_trigger();
+    pdl_wait();
     for (long i = blockIdx.x; i < n; i += gridDim.x) {
         const float *s = src + (long)rows[i] * width;
         for (long k = threadIdx.x; k < width; k += blockDim.x) dst[i * width + k] = s[k];
@@ -69,8 +103,8 @@ static __global__ void gather_rows_kernel(float *__restrict__ dst, const float *
 extern "C" void cuda_op_gather_rows(void *ctx, float *dst, const float *src, long width,
                                     const int32_t *rows, long n) {
     if (n <= 0 || width <= 0) return;
-    gather_rows_kernel<<<grid_for(n, 1), 256, 0, ctx_stream(ctx)>>>(dst, src, width, rows, n);
-    CUDA_CHECK_LAUNCH();
+    pdl_launch(cctx(ctx), gather_rows_kernel, dim3(grid_for(n, 1)), dim3(256), 0, dst, src, width,
+               rows, n);
 }
 
 /* dst[n][width] (stride ldd) = src[n][width] (stride lds); the regions must

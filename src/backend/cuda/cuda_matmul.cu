@@ -1,206 +1,216 @@
 /* cuda_matmul.cu — y[n][rows] = x[n][cols] · Wᵀ (+ bias) with W [rows][cols]
- * in its checkpoint dtype.
+ * in its checkpoint dtype, and the fused norm + product operations.
  *
- * Two paths:
- *  - few rows (decode: n ≤ gemv_max_rows): a GEMV-style kernel, one warp
- *    per group of 1-4 output features, reading each weight row once with
- *    16-byte streaming loads (8 in flight per lane) and the fp32
- *    activations through L1. Decode is bound by weight bandwidth, and this
- *    keeps the activations in fp32.
- *  - otherwise cuBLAS: the fp32 activations are rounded once into a 16-bit
- *    copy of the weights' type (bf16 or f16), then cublasGemmEx multiplies
- *    on tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F). F32
- *    weights take a plain fp32 GEMM (no TF32). The bias is added by a
- *    small epilogue kernel.
+ * Paths:
+ *  - few rows (decode: n ≤ gemv_max_rows): the GEMV kernel (cuda_gemv.cu),
+ *    fp32 activations, weight-bandwidth bound.
+ *  - otherwise cuBLAS on a 16-bit copy of the activations in the weights'
+ *    type (bf16 or f16) with fp32 accumulation (CUBLAS_COMPUTE_32F).
+ *    The copy comes from the kernel that produced the activations when the
+ *    model calls a fused operation (norm_matmul: the norm kernel writes it;
+ *    norm_swiglu_mlp: the norm for gate|up, the SwiGLU kernel for down),
+ *    else from a conversion pass (to16). The product goes through
+ *    cuBLASLt (cached plan per shape; the bias in its epilogue), or
+ *    cublasGemmEx + a bias kernel with KILN_CUDA_LT=0. KILN_CUDA_LT_TUNE=1
+ *    times up to 8 of cuBLASLt's candidate algorithms on the first eager
+ *    call of each shape and keeps the fastest. F32 weights take a plain
+ *    fp32 GEMM (no TF32).
  *  - KILN_CUDA_MATMUL=bf16x2 (struct cuda_ctx.split_act): the activations
  *    are split into hi = bf16(x) and lo = bf16(x − hi), and y = W·hi + W·lo
  *    by two products accumulating into y. W is exact in bf16, so only lo's
  *    rounding remains (2^-18 relative): fp32-grade results at twice the
- *    tensor-core work. For checking against fp32 references.
+ *    tensor-core work. For checking against fp32 references; the fused
+ *    operations run their plain sequence in this mode.
+ *  - --deterministic: every product through cuda_matmul_det; the fused
+ *    operations run their plain sequence (the same bits as the model's
+ *    unfused calls).
  * Row-major y = x·Wᵀ is column-major Yᵀ = W'ᵀ·Xᵀ where W' is W read as a
  * column-major [cols][rows] matrix: op(A) = T on W (lda = cols), op(B) = N
- * on x (ldb = its row stride), C = y (ldc = ldy). */
-#include <stdint.h>
-
-#include "backend/cuda/cuda_common.cuh"
-
-enum { GEMV_WARPS = 4, GEMV_LOADS = 8 /* 16-byte weight loads in flight per lane */ };
-
-/* 8 bf16 / f16 values packed in a uint4, widened to fp32 */
-static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __nv_bfloat16 *) {
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __half *) {
-    const __half2 *h = (const __half2 *)&p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __half22float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-
-/* Weight rows are streamed once: bypass L1 (activations stay cached there)
- * and let L2 fetch whole 256-byte sectors ahead. */
-static __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
-/* 8 consecutive activations of row j at column 8·vi */
-template <bool XVEC>
-static __device__ __forceinline__ void load_x8(const float *__restrict__ x, long ldx, int j,
-                                               long vi, float *xv) {
-    const float *xr = x + j * ldx + vi * 8;
-    if (XVEC) {
-        float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
-        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
-        xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; e++) xv[e] = __ldg(xr + e);
-    }
-}
-
-/* y[n][rows] (stride ldy) = x[n][cols] (stride ldx) · w[rows][cols]ᵀ + bias,
- * n ≤ NR, cols % 8 == 0, w 16-byte aligned, XVEC: x rows 16-byte aligned.
+ * on x (ldb = its row stride), C = y (ldc = ldy).
  *
- * Each warp owns R consecutive output rows and walks them together: lane l
- * takes the 16-byte pieces l, l + 32, l + 64, ... of each row, so every
- * activation it loads serves R weight rows (the activations are fp32 and
- * read from L1: R rows cut that traffic R-fold), and U = GEMV_LOADS / R
- * steps are loaded before the first is used, keeping GEMV_LOADS
- * independent 16-byte loads in flight per lane. Each (row, activation row)
- * sum runs in the same order whatever NR, R and U are (pieces in ascending
- * order per lane, then a fixed butterfly across lanes), so a row's result
- * does not depend on the batch it came in: padding a batch to a captured
- * graph size changes no logits. */
-template <int NR, int R, typename T, bool XVEC>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_kernel(float *__restrict__ y, long ldy, const float *__restrict__ x, long ldx,
-                const T *__restrict__ w, const float *__restrict__ bias, long rows, long cols,
-                int n) {
-    constexpr int U = GEMV_LOADS / R;
-    int lane = threadIdx.x & 31;
-    long r0 = ((long)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
-    if (r0 >= rows) return;
-    long nvec = cols / 8;
-    const uint4 *wr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) /* rows past the end re-read the last one; not stored */
-        wr[r] = (const uint4 *)(w + (r0 + r < rows ? r0 + r : rows - 1) * cols);
-    float acc[R][NR];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int j = 0; j < NR; j++) acc[r][j] = 0.0f;
+ * Every kernel here is launched with programmatic dependent launch
+ * (cuda_pdl.cuh): it waits for its inputs with pdl_wait. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-    long v = lane;
-    for (; v + 32 * (U - 1) < nvec; v += 32 * U) {
-        uint4 wv[U][R];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < R; r++) wv[u][r] = load_stream(wr[r] + v + 32 * u);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-#pragma unroll
-            for (int j = 0; j < NR; j++) {
-                if (j < n) {
-                    float xv[8];
-                    load_x8<XVEC>(x, ldx, j, v + 32 * u, xv);
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        float wf[8];
-                        widen8(wv[u][r], wf, (const T *)0);
-#pragma unroll
-                        for (int e = 0; e < 8; e++) acc[r][j] = fmaf(wf[e], xv[e], acc[r][j]);
-                    }
-                }
+#include <cublasLt.h>
+
+#include "backend/cuda/cuda_pdl.cuh"
+
+enum { LT_PLANS = 256, LT_CANDIDATES = 8, LT_TUNE_REPS = 3 };
+
+/* A cuBLASLt product shape with its descriptors and chosen algorithm. The
+ * key holds every argument the heuristic sees, the pointers' alignments
+ * included (an algorithm chosen for 256-byte aligned operands may need
+ * them). */
+struct lt_plan {
+    long rows, cols, n, ldb, ldy;
+    int dtype, has_bias, beta1;
+    unsigned align;
+    int ok; /* 0: no cuBLASLt algorithm; cublasGemmEx instead */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+};
+
+struct lt_state {
+    cublasLtHandle_t h;
+    int n_plans;
+    struct lt_plan plans[LT_PLANS];
+};
+
+static unsigned align_class(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    unsigned k = 0;
+    while (k < 8 && !(a & ((uintptr_t)1 << k))) k++;
+    return k; /* log2 of the alignment, capped at 256 bytes */
+}
+
+extern "C" void cuda_matmul_init(struct cuda_ctx *c) {
+    if (!c->use_lt) return;
+    struct lt_state *s = (struct lt_state *)calloc(1, sizeof *s);
+    CUDA_ASSERT(s);
+    CUBLAS_CHECK(cublasLtCreate(&s->h));
+    c->lt = s;
+}
+
+extern "C" void cuda_matmul_release(struct cuda_ctx *c) {
+    struct lt_state *s = (struct lt_state *)c->lt;
+    if (!s) return;
+    for (int i = 0; i < s->n_plans; i++) {
+        struct lt_plan *p = &s->plans[i];
+        if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+        if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+        if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+        if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+    }
+    cublasLtDestroy(s->h);
+    free(s);
+    c->lt = NULL;
+}
+
+static cublasStatus_t lt_run(struct cuda_ctx *c, struct lt_state *s, const struct lt_plan *p,
+                             const cublasLtMatmulAlgo_t *algo, float *y, const void *x16,
+                             const void *w, float beta) {
+    const float alpha = 1.0f;
+    return cublasLtMatmul(s->h, p->desc, &alpha, w, p->a, x16, p->b, &beta, y, p->d, y, p->d, algo,
+                          c->cublas_ws, c->cublas_ws_bytes, c->stream);
+}
+
+/* The plan for this product: found, or made (and, with lt_tune outside
+ * graph capture, tuned on these very operands; y is overwritten, and the
+ * caller runs the product afterwards anyway). NULL when the cache is full. */
+static struct lt_plan *lt_plan_get(struct cuda_ctx *c, float *y, long ldy, const void *x16,
+                                   long ldb, const struct backend_weight *w, const float *bias,
+                                   long n, float beta) {
+    struct lt_state *s = (struct lt_state *)c->lt;
+    unsigned align = align_class(w->data) | align_class(x16) << 4 | align_class(y) << 8 |
+                     (bias ? align_class(bias) : 0) << 12;
+    int beta1 = beta != 0.0f;
+    for (int i = 0; i < s->n_plans; i++) {
+        struct lt_plan *p = &s->plans[i];
+        if (p->rows == w->rows && p->cols == w->cols && p->n == n && p->ldb == ldb &&
+            p->ldy == ldy && p->dtype == (int)w->dtype && p->has_bias == (bias != NULL) &&
+            p->beta1 == beta1 && p->align == align)
+            return p;
+    }
+    if (s->n_plans == LT_PLANS) return NULL;
+    struct lt_plan *p = &s->plans[s->n_plans++];
+    memset(p, 0, sizeof *p);
+    p->rows = w->rows, p->cols = w->cols, p->n = n, p->ldb = ldb, p->ldy = ldy;
+    p->dtype = (int)w->dtype, p->has_bias = bias != NULL, p->beta1 = beta1, p->align = align;
+    cudaDataType_t t = w->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (bias) {
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        int32_t bt = CUDA_R_32F;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                    sizeof bt));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                    sizeof bias));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, (uint64_t)w->cols, (uint64_t)w->rows, w->cols));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)w->cols, (uint64_t)n, ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, (uint64_t)w->rows, (uint64_t)n, ldy));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = c->cublas_ws_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
+    int cnt = 0;
+    int tune = c->lt_tune && !c->capturing && !beta1;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s->h, p->desc, p->a, p->b, p->d, p->d, pref,
+                                                       tune ? LT_CANDIDATES : 1, res, &cnt);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || cnt < 1) {
+        p->ok = 0;
+        return p;
+    }
+    p->ok = 1;
+    p->algo = res[0].algo;
+    if (tune && cnt > 1) {
+        cudaEvent_t e0, e1;
+        CUDA_CHECK(cudaEventCreate(&e0));
+        CUDA_CHECK(cudaEventCreate(&e1));
+        float best = 1e30f;
+        for (int i = 0; i < cnt; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            if (lt_run(c, s, p, &res[i].algo, y, x16, w->data, beta) != CUBLAS_STATUS_SUCCESS) {
+                (void)cudaGetLastError();
+                continue;
             }
+            CUDA_CHECK(cudaEventRecord(e0, c->stream));
+            for (int r = 0; r < LT_TUNE_REPS; r++)
+                CUBLAS_CHECK(lt_run(c, s, p, &res[i].algo, y, x16, w->data, beta));
+            CUDA_CHECK(cudaEventRecord(e1, c->stream));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            if (ms < best) best = ms, p->algo = res[i].algo;
         }
+        CUDA_CHECK(cudaEventDestroy(e0));
+        CUDA_CHECK(cudaEventDestroy(e1));
     }
-    for (; v < nvec; v += 32) {
-        uint4 wv[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) wv[r] = load_stream(wr[r] + v);
-#pragma unroll
-        for (int j = 0; j < NR; j++) {
-            if (j < n) {
-                float xv[8];
-                load_x8<XVEC>(x, ldx, j, v, xv);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float wf[8];
-                    widen8(wv[r], wf, (const T *)0);
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[r][j] = fmaf(wf[e], xv[e], acc[r][j]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float b = (bias && r0 + r < rows) ? bias[r0 + r] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < NR; j++) {
-            float s = warp_sum(acc[r][j]);
-            if (lane == 0 && j < n && r0 + r < rows) y[j * ldy + r0 + r] = s + b;
-        }
-    }
+    return p;
 }
 
-template <int NR, int R, typename T>
-static void launch_gemv_r(cudaStream_t s, float *y, long ldy, const float *x, long ldx,
-                          const void *w, const float *bias, long rows, long cols, int n) {
-    bool xvec = ((uintptr_t)x % 16 == 0) && ldx % 4 == 0;
-    unsigned grid = grid_for(rows, GEMV_WARPS * R);
-    if (xvec)
-        gemv_kernel<NR, R, T, true><<<grid, GEMV_WARPS * 32, 0, s>>>(y, ldy, x, ldx, (const T *)w,
-                                                                     bias, rows, cols, n);
-    else
-        gemv_kernel<NR, R, T, false><<<grid, GEMV_WARPS * 32, 0, s>>>(y, ldy, x, ldx, (const T *)w,
-                                                                      bias, rows, cols, n);
-    CUDA_CHECK_LAUNCH();
-}
-
-/* Rows per warp: more rows share each activation load (4 from 3 activation
- * rows on), fewer leave enough blocks to spread over the SMs. */
-template <int NR, typename T>
-static void launch_gemv_t(cudaStream_t s, int n_sm, int r_max, float *y, long ldy, const float *x,
-                          long ldx, const void *w, const float *bias, long rows, long cols, int n) {
-    int r = NR <= 2 ? 2 : 4;
-    if (r > r_max) r = r_max;
-    while (r > 1 && (rows + GEMV_WARPS * r - 1) / (GEMV_WARPS * r) < 2l * n_sm) r /= 2;
-    if (r == 4) launch_gemv_r<NR, 4, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else if (r == 2) launch_gemv_r<NR, 2, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else launch_gemv_r<NR, 1, T>(s, y, ldy, x, ldx, w, bias, rows, cols, n);
-}
-
-template <typename T>
-static void launch_gemv(const struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
-                        const void *w, const float *bias, long rows, long cols, int n) {
-    cudaStream_t s = c->stream;
-    int sm = c->n_sm, rm = c->gemv_rows_per_warp;
-    if (n <= 1) launch_gemv_t<1, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else if (n <= 2) launch_gemv_t<2, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else if (n <= 4) launch_gemv_t<4, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
-    else launch_gemv_t<8, T>(s, sm, rm, y, ldy, x, ldx, w, bias, rows, cols, n);
+/* y[n][rows] (stride ldy) = beta·y + bias + x16 · wᵀ, x16 [n][cols] (row
+ * stride ldb) in w's 16-bit type; bias only with beta = 0 or on the last of
+ * several accumulating products. */
+static void product16(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldb,
+                      const struct backend_weight *w, const float *bias, long n, float beta) {
+    long rows = w->rows, cols = w->cols;
+    if (c->lt) {
+        struct lt_plan *p = lt_plan_get(c, y, ldy, x16, ldb, w, bias, n, beta);
+        if (p && p->ok) {
+            struct lt_state *s = (struct lt_state *)c->lt;
+            if (bias)
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                            &bias, sizeof bias));
+            CUBLAS_CHECK(lt_run(c, s, p, &p->algo, y, x16, w->data, beta));
+            return;
+        }
+    }
+    const float alpha = 1.0f;
+    cudaDataType_t t = w->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols,
+                              &alpha, w->data, t, (int)cols, x16, t, (int)ldb, &beta, y, CUDA_R_32F,
+                              (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) cuda_bias_add(c, y, ldy, bias, n, rows);
 }
 
 /* xb[n][cols] = x[n][cols] (stride ldx), rounded to nearest in T */
 template <typename T>
-static __global__ void to16_kernel(T *__restrict__ xb, const float *__restrict__ x, long ldx,
-                                   long n, long cols) {
+static __global__ void to16_kernel(T *__restrict__ xb, const float *x, long ldx, long n, long cols) {
+    pdl_trigger();
+    pdl_wait();
     long total = n * cols;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long)gridDim.x * blockDim.x) {
@@ -212,8 +222,10 @@ static __global__ void to16_kernel(T *__restrict__ xb, const float *__restrict__
 
 /* xb[0][n][cols] = T(x), xb[1][n][cols] = T(x − T(x)) */
 template <typename T>
-static __global__ void split16_kernel(T *__restrict__ xb, const float *__restrict__ x, long ldx,
-                                      long n, long cols) {
+static __global__ void split16_kernel(T *__restrict__ xb, const float *x, long ldx, long n,
+                                      long cols) {
+    pdl_trigger();
+    pdl_wait();
     long total = n * cols;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long)gridDim.x * blockDim.x) {
@@ -228,6 +240,8 @@ static __global__ void split16_kernel(T *__restrict__ xb, const float *__restric
 /* y[n][rows] (stride ldy) += bias[rows] */
 static __global__ void bias_add_kernel(float *y, long ldy, const float *__restrict__ bias, long n,
                                        long rows) {
+    pdl_trigger();
+    pdl_wait();
     long total = n * rows;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long)gridDim.x * blockDim.x) {
@@ -236,10 +250,33 @@ static __global__ void bias_add_kernel(float *y, long ldy, const float *__restri
     }
 }
 
+extern "C" void cuda_bias_add(struct cuda_ctx *c, float *y, long ldy, const float *bias, long n,
+                              long rows) {
+    pdl_launch(c, bias_add_kernel, dim3(grid_for(n * rows, 256)), dim3(256), 0, y, ldy, bias, n,
+               rows);
+}
+
+/* The activations' 16-bit copy (parts = 2: hi and lo halves) in act16. */
+static void *to16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt,
+                  int parts) {
+    size_t elems = (size_t)n * (size_t)cols;
+    cuda_scratch_reserve(c, &c->act16, elems * 2 * (size_t)parts);
+    dim3 grid(grid_for(n * cols, 256)), block(256);
+    if (dt == DTYPE_BF16) {
+        __nv_bfloat16 *xb = (__nv_bfloat16 *)c->act16.p;
+        if (parts == 2) pdl_launch(c, split16_kernel<__nv_bfloat16>, grid, block, 0, xb, x, ldx, n, cols);
+        else pdl_launch(c, to16_kernel<__nv_bfloat16>, grid, block, 0, xb, x, ldx, n, cols);
+    } else {
+        __half *xb = (__half *)c->act16.p;
+        if (parts == 2) pdl_launch(c, split16_kernel<__half>, grid, block, 0, xb, x, ldx, n, cols);
+        else pdl_launch(c, to16_kernel<__half>, grid, block, 0, xb, x, ldx, n, cols);
+    }
+    return c->act16.p;
+}
+
 extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
                                const struct backend_weight *w, const float *bias, long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    cudaStream_t s = c->stream;
     long rows = w->rows, cols = w->cols;
     if (n <= 0 || rows <= 0) return;
     CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
@@ -248,46 +285,88 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     int half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
     CUDA_ASSERT_MSG(half || w->dtype == DTYPE_F32, "matmul: weights must be BF16, F16 or F32");
 
-    if (half && n <= c->gemv_max_rows && n <= 8 && cols % 8 == 0 &&
-        (uintptr_t)w->data % 16 == 0) {
-        if (w->dtype == DTYPE_BF16)
-            launch_gemv<__nv_bfloat16>(c, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
-        else
-            launch_gemv<__half>(c, y, ldy, x, ldx, w->data, bias, rows, cols, (int)n);
+    if (cuda_gemv_ok(c, w, n)) {
+        cuda_gemv(c, y, ldy, x, ldx, w, bias, n, 0);
         return;
     }
-
-    const float alpha = 1.0f, beta = 0.0f, one = 1.0f;
     if (half) {
         int parts = c->split_act ? 2 : 1;
-        size_t elems = (size_t)n * (size_t)cols;
-        cuda_scratch_reserve(c, &c->act16, elems * 2 * (size_t)parts);
-        cudaDataType_t t = w->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        unsigned grid = grid_for(n * cols, 256);
-        if (w->dtype == DTYPE_BF16) {
-            __nv_bfloat16 *xb = (__nv_bfloat16 *)c->act16.p;
-            if (parts == 2) split16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
-            else to16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
-        } else {
-            __half *xb = (__half *)c->act16.p;
-            if (parts == 2) split16_kernel<__half><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
-            else to16_kernel<__half><<<grid, 256, 0, s>>>(xb, x, ldx, n, cols);
-        }
-        CUDA_CHECK_LAUNCH();
+        const char *xb = (const char *)to16(c, x, ldx, n, cols, w->dtype, parts);
+        size_t bytes = (size_t)n * (size_t)cols * 2;
         for (int part = 0; part < parts; part++)
-            CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
-                                      (int)cols, &alpha, w->data, t, (int)cols,
-                                      (const char *)c->act16.p + elems * 2 * (size_t)part, t,
-                                      (int)cols, part ? &one : &beta, y, CUDA_R_32F, (int)ldy,
-                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    } else {
-        CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n,
-                                  (int)cols, &alpha, w->data, CUDA_R_32F, (int)cols, x,
-                                  CUDA_R_32F, (int)ldx, &beta, y, CUDA_R_32F, (int)ldy,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            product16(c, y, ldy, xb + bytes * (size_t)part, cols, w,
+                      part == parts - 1 ? bias : NULL, n, part ? 1.0f : 0.0f);
+        return;
     }
-    if (bias) {
-        bias_add_kernel<<<grid_for(n * rows, 256), 256, 0, s>>>(y, ldy, bias, n, rows);
-        CUDA_CHECK_LAUNCH();
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols,
+                              &alpha, w->data, CUDA_R_32F, (int)cols, x, CUDA_R_32F, (int)ldx, &beta,
+                              y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) cuda_bias_add(c, y, ldy, bias, n, rows);
+}
+
+/* ---- fused operations -------------------------------------------------- */
+
+/* The product of n rows through the 16-bit handoff: not the GEMV, not the
+ * fp32-grade or deterministic modes, and a norm the 16-bit kernel computes
+ * with add_rmsnorm's bits (cuda_add_rmsnorm16_ok). */
+static int handoff16(const struct cuda_ctx *c, const struct backend_norm *nm,
+                     const struct backend_weight *w, long n) {
+    return c->fuse && !c->deterministic && !c->split_act &&
+           (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && !cuda_gemv_ok(c, w, n) &&
+           cuda_add_rmsnorm16_ok(nm) && n <= INT32_MAX && w->rows <= INT32_MAX &&
+           w->cols <= INT32_MAX;
+}
+
+static void plain_norm(struct cuda_ctx *c, const struct backend_norm *nm, long n) {
+    cuda_op_add_rmsnorm(c, nm->h, nm->delta, nm->x, nm->w, n, nm->dim, nm->eps);
+}
+
+extern "C" void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                                    const struct backend_weight *w, const float *bias, long n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (n <= 0) return;
+    CUDA_ASSERT(w->cols == nm->dim && ldy >= w->rows);
+    if (!handoff16(c, nm, w, n)) {
+        plain_norm(c, nm, n);
+        cuda_op_matmul(ctx, y, ldy, nm->x, nm->dim, w, bias, n);
+        return;
     }
+    cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)nm->dim * 2);
+    cuda_add_rmsnorm16(c, nm, n, c->act16.p, w->dtype);
+    product16(c, y, ldy, c->act16.p, nm->dim, w, bias, n, 0.0f);
+}
+
+extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y,
+                                        long ldy, const struct backend_weight *gate_up,
+                                        const struct backend_weight *down, float *gu, long ldgu,
+                                        long n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (n <= 0) return;
+    long inter = down->cols, d = nm->dim;
+    CUDA_ASSERT(gate_up->rows == 2 * inter && gate_up->cols == d && ldgu >= 2 * inter &&
+                ldy >= down->rows);
+    /* decode: norm, gate|up GEMV with silu(g)·u in its epilogue, down GEMV */
+    if (c->fuse && !c->deterministic && cuda_gemv_ok(c, gate_up, n) && cuda_gemv_ok(c, down, n) &&
+        cuda_gemv_xvec(nm->x, d) && cuda_gemv_xvec(gu, ldgu)) {
+        plain_norm(c, nm, n);
+        cuda_gemv(c, gu, ldgu, nm->x, d, gate_up, NULL, n, 1);
+        cuda_gemv(c, y, ldy, gu, ldgu, down, NULL, n, 0);
+        return;
+    }
+    /* batches: the norm and the SwiGLU kernels write the 16-bit operands */
+    if (handoff16(c, nm, gate_up, n) && down->dtype == gate_up->dtype && !cuda_gemv_ok(c, down, n) &&
+        down->rows <= INT32_MAX && inter <= INT32_MAX) {
+        long wmax = d > inter ? d : inter;
+        cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)wmax * 2);
+        cuda_add_rmsnorm16(c, nm, n, c->act16.p, gate_up->dtype);
+        product16(c, gu, ldgu, c->act16.p, d, gate_up, NULL, n, 0.0f);
+        cuda_silu16(c, c->act16.p, down->dtype, gu, ldgu, n, inter);
+        product16(c, y, ldy, c->act16.p, inter, down, NULL, n, 0.0f);
+        return;
+    }
+    plain_norm(c, nm, n);
+    cuda_op_matmul(ctx, gu, ldgu, nm->x, d, gate_up, NULL, n);
+    cuda_op_silu_mul(ctx, gu, ldgu, gu, ldgu, gu + inter, ldgu, n, inter);
+    cuda_op_matmul(ctx, y, ldy, gu, ldgu, down, NULL, n);
 }

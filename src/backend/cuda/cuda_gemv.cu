@@ -1,0 +1,318 @@
+/* cuda_gemv.cu — y[n][units] = x[n][cols] · Wᵀ for few activation rows
+ * (decode: n ≤ gemv_max_rows, at most 8), bf16/f16 weights streamed once,
+ * fp32 activations, fp32 sums. Decode is bound by weight bandwidth; this
+ * keeps the activations in fp32 (within ~1e-7 of the CPU).
+ *
+ * Layout of the work:
+ *  - a warp owns R consecutive output features ("units") and walks K with
+ *    its lanes: lane l takes the 16-byte weight pieces l, l + 32, l + 64, ...
+ *    of each of its weight rows, so every activation it loads serves R rows
+ *    (the activations are fp32 and come from L1: R rows cut that traffic
+ *    R-fold); U = GEMV_LOADS / (R·G) steps are loaded before the first is
+ *    used, keeping GEMV_LOADS independent 16-byte loads in flight per lane;
+ *  - K split (KS = 1, 2 or 4): the KS warps of a row group each take one
+ *    contiguous part of K (whole 32-piece steps), and their sums are added
+ *    through shared memory in part order. Narrow products (o_proj, down_proj
+ *    at batch 1: 4096 outputs) get KS·more warps, so more bytes in flight
+ *    and a shorter tail. KS is a function of the weight's shape alone
+ *    (gemv_ks: 4 for rows of 4096 and more, else 1), never of n;
+ *  - G = 2 (SwiGLU): the weight is gate|up stacked [2·units][cols]; a unit
+ *    is the pair (gate row u, up row units + u), both summed as above, and
+ *    the epilogue writes silu(g)·u — the silu_mul kernel's value, bit for
+ *    bit — so the MLP skips that kernel and its pass over memory;
+ *  - programmatic dependent launch (cuda_pdl.cuh): each warp issues its
+ *    first U steps of weight loads before pdl_wait, so the weight stream
+ *    starts while the kernel before (a norm, another product) drains, and
+ *    reads the activations only after the wait.
+ *
+ * Batch invariance: every (unit, activation row) sum runs in one order
+ * whatever n, R and U are — pieces in ascending order per lane, then a
+ * fixed butterfly across the lanes, then the KS parts in order — so a row's
+ * result does not depend on the batch it came in: padding a batch to a
+ * captured graph size changes no logits, and the SwiGLU kernel's g and u
+ * are the plain kernel's bits for the same stacked weight (gemv_ks sees the
+ * same shape). */
+#include <stdint.h>
+
+#include "backend/cuda/cuda_pdl.cuh"
+
+enum {
+    GEMV_WARPS = 4,
+    GEMV_THREADS = GEMV_WARPS * 32,
+    GEMV_LOADS = 8, /* 16-byte weight loads in flight per lane */
+};
+
+/* 8 bf16 / f16 values packed in a uint4, widened to fp32 */
+static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __nv_bfloat16 *) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __half *) {
+    const __half2 *h = (const __half2 *)&p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+/* Weight rows are streamed once: bypass L1 (activations stay cached there)
+ * and let L2 fetch whole 256-byte sectors ahead. Weights are never written
+ * while kernels run, so the non-coherent path is safe even before
+ * pdl_wait. */
+static __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* 8 consecutive activations of row j at column 8·vi, with ordinary loads:
+ * the activations were written by the kernel before (cuda_pdl.cuh, rule 2). */
+template <bool XVEC>
+static __device__ __forceinline__ void load_x8(const float *x, long ldx, int j, long vi,
+                                               float *xv) {
+    const float *xr = x + j * ldx + vi * 8;
+    if (XVEC) {
+        float4 a = ((const float4 *)xr)[0], b = ((const float4 *)xr)[1];
+        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+        xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) xv[e] = xr[e];
+    }
+}
+
+/* y[n][units] (stride ldy) = x[n][cols] (stride ldx) · w[G·units][cols]ᵀ
+ * (+ bias), n ≤ NR, cols % 8 == 0, w 16-byte aligned, XVEC: x rows 16-byte
+ * aligned. G = 2: y = silu(x·w[u]) · (x·w[units + u]), no bias. */
+template <int NR, int R, int G, int KS, typename T, bool XVEC>
+static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
+    gemv_kernel(float *y, long ldy, const float *x, long ldx, const T *__restrict__ w,
+                const float *__restrict__ bias, long units, long cols, int n) {
+    constexpr int RG = R * G, U = GEMV_LOADS / RG, GROUPS = GEMV_WARPS / KS;
+    __shared__ float red[KS > 1 ? GEMV_WARPS * RG * NR : 1];
+    pdl_trigger();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % KS;
+    long u0 = ((long)blockIdx.x * GROUPS + warp / KS) * R;
+    bool active = u0 < units;
+    long nvec = cols / 8;
+    /* part p takes pieces [vs, ve): whole 32-piece steps, the last part the rest */
+    long chunk = KS == 1 ? nvec : ((nvec + KS - 1) / KS + 31) / 32 * 32;
+    long vs = part * chunk, ve = vs + chunk < nvec ? vs + chunk : nvec;
+    const uint4 *wr[RG];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        long u = u0 + r < units ? u0 + r : units - 1; /* past the end: re-read the last; not stored */
+#pragma unroll
+        for (int g = 0; g < G; g++) wr[r * G + g] = (const uint4 *)(w + (u + g * units) * cols);
+    }
+    float acc[RG][NR];
+#pragma unroll
+    for (int q = 0; q < RG; q++)
+#pragma unroll
+        for (int j = 0; j < NR; j++) acc[q][j] = 0.0f;
+
+    long v = vs + lane;
+    bool full = active && v + 32 * (U - 1) < ve;
+    uint4 wv[U][RG];
+    if (full) { /* the first steps' weights, before waiting for the activations */
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int q = 0; q < RG; q++) wv[u][q] = load_stream(wr[q] + v + 32 * u);
+    }
+    pdl_wait();
+    while (full) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                if (j < n) {
+                    float xv[8];
+                    load_x8<XVEC>(x, ldx, j, v + 32 * u, xv);
+#pragma unroll
+                    for (int q = 0; q < RG; q++) {
+                        float wf[8];
+                        widen8(wv[u][q], wf, (const T *)0);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[q][j] = fmaf(wf[e], xv[e], acc[q][j]);
+                    }
+                }
+            }
+        }
+        v += 32 * U;
+        full = v + 32 * (U - 1) < ve;
+        if (full) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int q = 0; q < RG; q++) wv[u][q] = load_stream(wr[q] + v + 32 * u);
+        }
+    }
+    if (active) {
+        for (; v < ve; v += 32) {
+            uint4 w1[RG];
+#pragma unroll
+            for (int q = 0; q < RG; q++) w1[q] = load_stream(wr[q] + v);
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                if (j < n) {
+                    float xv[8];
+                    load_x8<XVEC>(x, ldx, j, v, xv);
+#pragma unroll
+                    for (int q = 0; q < RG; q++) {
+                        float wf[8];
+                        widen8(w1[q], wf, (const T *)0);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[q][j] = fmaf(wf[e], xv[e], acc[q][j]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < RG; q++)
+#pragma unroll
+        for (int j = 0; j < NR; j++) acc[q][j] = warp_sum(acc[q][j]);
+    if (KS > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < RG; q++)
+#pragma unroll
+                for (int j = 0; j < NR; j++) red[(warp * RG + q) * NR + j] = acc[q][j];
+        }
+        __syncthreads();
+        if (part != 0) return;
+        /* the row group's parts, in order */
+#pragma unroll
+        for (int q = 0; q < RG; q++)
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                float s = red[(warp * RG + q) * NR + j];
+#pragma unroll
+                for (int p = 1; p < KS; p++) s += red[((warp + p) * RG + q) * NR + j];
+                acc[q][j] = s;
+            }
+    }
+    if (lane != 0 || !active) return;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        long u = u0 + r;
+        if (u >= units) break;
+        float b = G == 1 && bias ? bias[u] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NR; j++) {
+            if (j >= n) break;
+            float s = G == 1 ? acc[r][j] + b : silu_mul_f32(acc[r * G][j], acc[r * G + 1][j]);
+            y[j * ldy + u] = s;
+        }
+    }
+}
+
+/* The K split for a weight of rows × cols (for SwiGLU: the whole stacked
+ * gate|up): 4 parts from 4096 columns on (each part ≥ 128 pieces, four
+ * 16-byte loads per lane per row), else none. Measured on an H100
+ * (bench_gemv, bench_forward; docs/cuda.md "Products"): 4 parts were the
+ * fastest for every Llama-3.1-8B shape (q|k|v 86 → 94% of the copy
+ * bandwidth at n = 1, 70 → 86% at n = 2; gate|up, down and lm_head gained
+ * 2-5%), while Qwen3-0.6B (rows of 1024 to 3072) decoded faster unsplit
+ * than with 2 or 4 parts, in two runs (1.339 against 1.374 and 1.385
+ * ms/step). A function of cols only: the sums' order must not depend on n
+ * (KILN_CUDA_GEMV_KS forces 1, 2 or 4). */
+static int gemv_ks(const struct cuda_ctx *c, long rows, long cols) {
+    (void)rows;
+    if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
+    return cols / 8 >= 4 * 128 ? 4 : 1;
+}
+
+template <int NR, int R, int G, int KS, typename T>
+static void launch_gemv_k(const struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                          const void *w, const float *bias, long units, long cols, int n,
+                          bool xvec) {
+    unsigned grid = grid_for(units, (GEMV_WARPS / KS) * R);
+    if (xvec)
+        pdl_launch(c, gemv_kernel<NR, R, G, KS, T, true>, dim3(grid), dim3(GEMV_THREADS), 0, y, ldy,
+                   x, ldx, (const T *)w, bias, units, cols, n);
+    else if (G == 1 && KS == 1)
+        pdl_launch(c, gemv_kernel<NR, R, 1, 1, T, false>, dim3(grid), dim3(GEMV_THREADS), 0, y, ldy,
+                   x, ldx, (const T *)w, bias, units, cols, n);
+    else
+        CUDA_ASSERT_MSG(0, "gemv: unaligned activations take KS = 1 and no SwiGLU");
+}
+
+template <int NR, int R, int G, typename T>
+static void launch_gemv_ks(const struct cuda_ctx *c, int ks, float *y, long ldy, const float *x,
+                           long ldx, const void *w, const float *bias, long units, long cols, int n,
+                           bool xvec) {
+    if (ks == 4) launch_gemv_k<NR, R, G, 4, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+    else if (ks == 2) launch_gemv_k<NR, R, G, 2, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+    else launch_gemv_k<NR, R, G, 1, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+}
+
+/* Units per warp: more share each activation load (4 from 3 activation rows
+ * on; SwiGLU loads two rows a unit, so half as many), fewer leave enough
+ * blocks to spread over the SMs. Does not change any sum's order. */
+template <int NR, int G, typename T>
+static void launch_gemv_r(const struct cuda_ctx *c, int ks, float *y, long ldy, const float *x,
+                          long ldx, const void *w, const float *bias, long units, long cols, int n,
+                          bool xvec) {
+    int r = (NR <= 2 ? 2 : 4) / G;
+    if (r > c->gemv_rows_per_warp) r = c->gemv_rows_per_warp;
+    while (r > 1 && (units + (GEMV_WARPS / ks) * r - 1) / ((GEMV_WARPS / ks) * r) < 2l * c->n_sm)
+        r /= 2;
+    if (r == 4 && G == 1)
+        launch_gemv_ks<NR, 4, 1, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+    else if (r >= 2)
+        launch_gemv_ks<NR, 2, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+    else
+        launch_gemv_ks<NR, 1, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+}
+
+template <int G, typename T>
+static void launch_gemv(const struct cuda_ctx *c, int ks, float *y, long ldy, const float *x,
+                        long ldx, const void *w, const float *bias, long units, long cols, int n,
+                        bool xvec) {
+    if (n <= 1) launch_gemv_r<1, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+    else if (n <= 2) launch_gemv_r<2, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+    else if (n <= 4) launch_gemv_r<4, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+    else launch_gemv_r<8, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+}
+
+extern "C" int cuda_gemv_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n) {
+    return (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= 1 && n <= c->gemv_max_rows &&
+           n <= 8 && w->cols % 8 == 0 && (uintptr_t)w->data % 16 == 0;
+}
+
+extern "C" int cuda_gemv_xvec(const float *x, long ldx) {
+    return (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
+}
+
+extern "C" void cuda_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                          const struct backend_weight *w, const float *bias, long n, int swiglu) {
+    CUDA_ASSERT(cuda_gemv_ok(c, w, n));
+    bool xvec = cuda_gemv_xvec(x, ldx);
+    int ks = xvec ? gemv_ks(c, w->rows, w->cols) : 1;
+    if (swiglu) {
+        CUDA_ASSERT_MSG(xvec && !bias && w->rows % 2 == 0, "gemv: SwiGLU needs aligned rows, no bias");
+        if (w->dtype == DTYPE_BF16)
+            launch_gemv<2, __nv_bfloat16>(c, ks, y, ldy, x, ldx, w->data, NULL, w->rows / 2, w->cols,
+                                          (int)n, true);
+        else
+            launch_gemv<2, __half>(c, ks, y, ldy, x, ldx, w->data, NULL, w->rows / 2, w->cols,
+                                   (int)n, true);
+        return;
+    }
+    if (w->dtype == DTYPE_BF16)
+        launch_gemv<1, __nv_bfloat16>(c, ks, y, ldy, x, ldx, w->data, bias, w->rows, w->cols, (int)n,
+                                      xvec);
+    else
+        launch_gemv<1, __half>(c, ks, y, ldy, x, ldx, w->data, bias, w->rows, w->cols, (int)n, xvec);
+}
