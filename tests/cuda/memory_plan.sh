@@ -18,7 +18,7 @@ pid=$!
 for i in $(seq 1 600); do grep -q "listening on" "$log" && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 kill -TERM $pid 2>/dev/null; wait $pid
 plan=$(grep -o 'KV cache [0-9.]* GiB ([0-9]* tokens' "$log" | grep -o '([0-9]*' | tr -d '(')
-served=$(grep -o 'KV cache [0-9]* tokens' "$log" | grep -o '[0-9]*')
+served=$(grep -o 'kiln serve: KV cache [0-9]* tokens' "$log" | grep -o '[0-9][0-9]*')
 if ! grep -q "listening on" "$log" || [ -z "$plan" ] || [ "$plan" != "$served" ]; then
   echo "FAIL: default plan (plan '$plan' tokens, served '$served')"; cat "$log"; fail=1
 else
