@@ -11,7 +11,11 @@
  *   cuda_norm.cu        rmsnorm, fused residual add + rmsnorm
  *   cuda_rope.cu        rotary embedding, KV-cache stores, fused q/k norm + rope + store
  *   cuda_elementwise.cu silu_mul, add, gated_add, gather_rows, copy_rows
- *   cuda_matmul.cu      fp32 → bf16/f16 conversion + cuBLAS; a GEMV for few rows
+ *   cuda_matmul.cu      the product dispatch: cuBLASLt / cuBLAS on 16-bit operands,
+ *                       fused norm + product and SwiGLU MLP ops
+ *   cuda_gemv.cu        the GEMV for few rows (fixed K split, fused SwiGLU epilogue)
+ *   cuda_pdl.cuh        programmatic dependent launch helpers
+ *   cuda_profile.c      per-operation device timing (KILN_CUDA_PROFILE=1)
  *   cuda_attention.cu   paged causal attention (GQA, MLA): tensor-core prefill,
  *                       fixed-chunk split-KV decode
  *   cuda_attn_decode.cu decode attention on the bf16 cache (tensor cores, fixed chunks)
