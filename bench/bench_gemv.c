@@ -7,11 +7,17 @@
  * Variants (CUDA; each is its own backend, created with the environment
  * switch set, all reading the same weight copies):
  *   n = 1, 2 (the GEMV): default | KILN_CUDA_PDL=0 | KILN_CUDA_GEMV_KS=1, 2, 4
- *   n ≥ 4 (cuBLAS on bf16 activations): cublasGemmEx (KILN_CUDA_LT=0) |
- *     cuBLASLt default heuristic (the default) | cuBLASLt tuned (KILN_CUDA_LT_TUNE=1)
+ *   n ≥ 4 (bf16 activations): the small-M tensor-core kernel up to 64 rows
+ *     (the default; cuda_gemm_small.cu) | its K split forced to 1, 2, 4
+ *     (KILN_CUDA_SMALLM_S) | cuBLASLt default heuristic (KILN_CUDA_SMALLM=0,
+ *     the default above 64 rows) | cublasGemmEx (KILN_CUDA_LT=0, SMALLM=0) |
+ *     cuBLASLt tuned (KILN_CUDA_LT_TUNE=1, SMALLM=0)
  *
- *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick]
+ *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm]
  * --quick: the default variant only. Other devices: the default only.
+ * --smallm: n = 8, 16, 32, 64 (or --n), the four layer shapes, the
+ *   default, cuBLASLt and the split forced to 1 and 4 only, shorter loops
+ *   (3 rounds of ≥ 0.5 GB).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,25 +28,33 @@
 #include "bench_util.h"
 #include "tensor/backend.h"
 
-enum { ROUNDS = 5, MAX_VARIANTS = 8 };
+enum { ROUNDS = 5, MAX_VARIANTS = 16 };
+
+static double round_bytes = 6e9; /* --smallm: 5e8, 3 rounds, ≥ 3 reps */
+static int min_reps = 50, rounds = ROUNDS, smallm_only;
 
 struct variant {
     const char *name;
     const char *env[3][2]; /* variable, value */
     int gemv;              /* 1: for n ≤ 2, 0: for n ≥ 4, 2: both */
     struct backend be;
+    int smallm;            /* 1: one of --smallm's variants */
     int ok;
 };
 
 static struct variant variants[] = {
-    {"default", {{NULL, NULL}}, 2, {0}, 0},
-    {"no PDL", {{"KILN_CUDA_PDL", "0"}}, 1, {0}, 0},
-    {"KS=1", {{"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0},
-    {"KS=2", {{"KILN_CUDA_GEMV_KS", "2"}}, 1, {0}, 0},
-    {"KS=4", {{"KILN_CUDA_GEMV_KS", "4"}}, 1, {0}, 0},
-    {"old (no PDL, KS=1)", {{"KILN_CUDA_PDL", "0"}, {"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0},
-    {"GemmEx", {{"KILN_CUDA_LT", "0"}}, 0, {0}, 0},
-    {"Lt tuned", {{"KILN_CUDA_LT_TUNE", "1"}}, 0, {0}, 0},
+    {"default", {{NULL, NULL}}, 2, {0}, 1, 0},
+    {"no PDL", {{"KILN_CUDA_PDL", "0"}}, 1, {0}, 0, 0},
+    {"KS=1", {{"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0, 0},
+    {"KS=2", {{"KILN_CUDA_GEMV_KS", "2"}}, 1, {0}, 0, 0},
+    {"KS=4", {{"KILN_CUDA_GEMV_KS", "4"}}, 1, {0}, 0, 0},
+    {"old (no PDL, KS=1)", {{"KILN_CUDA_PDL", "0"}, {"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0, 0},
+    {"GemmEx", {{"KILN_CUDA_LT", "0"}, {"KILN_CUDA_SMALLM", "0"}}, 0, {0}, 0, 0},
+    {"Lt tuned", {{"KILN_CUDA_LT_TUNE", "1"}, {"KILN_CUDA_SMALLM", "0"}}, 0, {0}, 0, 0},
+    {"cuBLASLt (SMALLM=0)", {{"KILN_CUDA_SMALLM", "0"}}, 0, {0}, 1, 0},
+    {"smallm S=1", {{"KILN_CUDA_SMALLM_S", "1"}}, 0, {0}, 1, 0},
+    {"smallm S=2", {{"KILN_CUDA_SMALLM_S", "2"}}, 0, {0}, 0, 0},
+    {"smallm S=4", {{"KILN_CUDA_SMALLM_S", "4"}}, 0, {0}, 1, 0},
 };
 static const int n_variants = sizeof variants / sizeof variants[0];
 
@@ -57,17 +71,17 @@ static double time_product(struct backend *be, const struct backend_weight *w, i
     for (int c = 0; c < copies; c++) ops->matmul(be->ctx, y, rows, x, cols, &w[c], NULL, n);
     ops->synchronize(be->ctx);
     double wbytes = (double)rows * (double)cols * 2;
-    int reps = (int)(6e9 / wbytes);
-    if (reps < 50) reps = 50;
+    int reps = (int)(round_bytes / wbytes);
+    if (reps < min_reps) reps = min_reps;
     double t[ROUNDS];
-    for (int r = 0; r < ROUNDS; r++) {
+    for (int r = 0; r < rounds; r++) {
         double t0 = time_now();
         for (int i = 0; i < reps; i++) ops->matmul(be->ctx, y, rows, x, cols, &w[i % copies], NULL, n);
         ops->synchronize(be->ctx);
         t[r] = (time_now() - t0) / reps;
     }
-    qsort(t, ROUNDS, sizeof t[0], cmp_double);
-    return t[ROUNDS / 2];
+    qsort(t, (size_t)rounds, sizeof t[0], cmp_double);
+    return t[rounds / 2];
 }
 
 /* All variants for one shape; returns the default variant's n = 1 GB/s. */
@@ -105,7 +119,8 @@ static double run_shape(struct backend *base, long rows, long cols, const long *
         long n = ns[j];
         for (int v = 0; v < n_variants; v++) {
             struct variant *va = &variants[v];
-            if (!va->ok || (quick && v) || (va->gemv == 1 && n > 2) || (va->gemv == 0 && n <= 2))
+            if (!va->ok || (quick && v) || (va->gemv == 1 && n > 2) || (va->gemv == 0 && n <= 2) ||
+                (smallm_only && !va->smallm))
                 continue;
             double t = time_product(&va->be, w, copies, y, x, n);
             double gbs = (double)wbytes / t, tf = 2.0 * (double)n * rows * cols / t / 1e12;
@@ -131,8 +146,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--cols")) cols = atol(v), i++;
         else if (!strcmp(a, "--n")) n = atol(v), i++;
         else if (!strcmp(a, "--quick")) quick = 1;
+        else if (!strcmp(a, "--smallm")) smallm_only = 1, round_bytes = 5e8, min_reps = 3, rounds = 3;
         else {
-            fprintf(stderr, "usage: bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick]\n");
+            fprintf(stderr, "usage: bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm]\n");
             return 2;
         }
     }
@@ -141,7 +157,7 @@ int main(int argc, char **argv) {
     if (strcmp(device, "cuda")) quick = 1;
     for (int v = 0; v < n_variants; v++) {
         struct variant *va = &variants[v];
-        if (quick && v) continue;
+        if ((quick && v) || (smallm_only && !va->smallm)) continue;
         for (int e = 0; e < 3 && va->env[e][0]; e++) setenv(va->env[e][0], va->env[e][1], 1);
         int rc = backend_create(&va->be, device, &bo, &err) ||
                  va->be.ops->reserve(va->be.ctx, 512, 4096, 64, &err);
@@ -162,9 +178,10 @@ int main(int argc, char **argv) {
                               {128256, 4096}};
     long ns[] = {1, 2, 4, 8, 16, 32, 64, 128, 512};
     int n_ns = (int)(sizeof ns / sizeof ns[0]);
+    if (smallm_only) ns[0] = 8, ns[1] = 16, ns[2] = 32, ns[3] = 64, n_ns = 4;
     if (n) ns[0] = n, n_ns = 1;
     double sum = 0, bytes = 0;
-    for (int s = 0; s < 5; s++) {
+    for (int s = 0; s < (smallm_only ? 4 : 5); s++) {
         if (rows && (rows != shapes[s][0] || cols != shapes[s][1])) continue;
         double g = run_shape(base, shapes[s][0], shapes[s][1], ns, n_ns, bw, quick);
         double b = (double)shapes[s][0] * shapes[s][1] * 2;

@@ -125,6 +125,11 @@ struct cuda_ctx {
     void *lt;                    /* cuBLASLt handle and plan cache (cuda_matmul.cu) */
     size_t cublas_ws_bytes;      /* size of cublas_ws */
     void *prof;                  /* per-operation timing (KILN_CUDA_PROFILE=1, cuda_profile.c) */
+    /* small-M tensor-core product (cuda_gemm_small.cu) */
+    int smallm;                  /* 1: 16-bit products of gemv_max_rows < n <= smallm_max_rows
+                                    rows use it (KILN_CUDA_SMALLM=0: cuBLAS) */
+    int smallm_max_rows;         /* at most 64 (KILN_CUDA_SMALLM_MAX) */
+    int smallm_splits;           /* 0: K split by shape, else forced (KILN_CUDA_SMALLM_S) */
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
@@ -248,6 +253,14 @@ void cuda_silu16(struct cuda_ctx *c, void *x16, enum dtype dt, const float *gu, 
 /* KILN_CUDA_PROFILE=1: times every operation with events and prints a
  * table at exit (cuda_profile.c); replaces be->ops with a timing copy. */
 void cuda_profile_install(struct backend *be);
+
+/* The small-M tensor-core product (cuda_gemm_small.cu): whether it
+ * serves w for n rows of x16 (row stride ldx, w's 16-bit type), and
+ * y[n][w.rows] (stride ldy) = x16 · wᵀ (+ bias). */
+int cuda_gemm_small_ok(const struct cuda_ctx *c, const struct backend_weight *w, const void *x16,
+                       long ldx, long n);
+void cuda_gemm_small(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+                     const struct backend_weight *w, const float *bias, long n);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,321 @@
+/* cuda_gemm_small.cu — y[m][n] = x16[m][:] · w[n][:] (+ bias[n]) for a
+ * few activation rows (batched decode, 3..64 rows), 16-bit weights W[N][K]
+ * and 16-bit activations X[M][K] (bf16 or f16, the weights' type), fp32
+ * accumulation and output (row stride ldy).
+ *
+ * Why: at 16..64 rows the product is still bound by reading W once, but
+ * cuBLAS(Lt) picks tiles made for large M and reaches 46..83% of the
+ * copy bandwidth on Llama-3.1-8B's shapes (docs/cuda.md, "Products").
+ *
+ * Design (bandwidth first):
+ *  - The weight is the mma's row operand: out^T[n][m] = W[n][:] · X[m][:],
+ *    so mma.sync.m16n8k16 takes 16 weight rows (A, row-major) against 8
+ *    activation rows (B, "col" = X row-major). M is padded only to 8
+ *    (MT = ceil(M/8) n8 tiles of activations), never to 16.
+ *  - A CTA is 4 warps and owns BN = 64 weight rows; warp w owns rows
+ *    16w..16w+15 and all M activation rows (MT·4 fp32 accumulators per
+ *    lane). Per k-step of BK = 64 columns the CTA copies its 64×64 weight
+ *    tile (8 KB) and the M×64 activation tile into shared memory with
+ *    16-byte cp.async.cg (L2 only: the weight is streamed once), in a
+ *    STAGES = 4 deep ring: 3 tiles in flight per CTA, several CTAs per SM.
+ *    Fragments come from shared memory through ldmatrix; rows are 128
+ *    bytes, the 16-byte chunk c of row r lives at chunk c ^ (r & 7), so
+ *    ldmatrix's 8 row addresses hit 8 different bank groups.
+ *  - Rows past M (activations) or past N (weights) are loaded clamped to
+ *    the last valid row (valid memory, no branch in the copy) and their
+ *    results are never stored.
+ *  - Grid (N tiles, S): when N / 64 tiles would leave the SMs short, K is
+ *    split into S contiguous ranges of whole k-steps (S chosen from the
+ *    shape on the host: a wave count × steps cost plus the partials'
+ *    traffic). Each split writes fp32 partials [S][M][N] into the cuBLAS
+ *    workspace (stream-ordered, so never in use by cuBLAS meanwhile) and a
+ *    second kernel adds them in split order plus the bias: the result does
+ *    not depend on scheduling. With S = 1 the product kernel stores y (and
+ *    the bias) itself.
+ *  - Programmatic dependent launch (cuda_pdl.cuh): the weight tiles of the
+ *    first STAGES-1 steps are issued before pdl_wait (weights are never
+ *    written by kernels), the activations after it.
+ * Requirements (cuda_gemm_small_ok): K % 64 == 0, 16-byte aligned W, X
+ * and X's row stride; anything else takes cuBLAS. */
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_pdl.cuh"
+
+namespace {
+
+constexpr int WARPS = 4;
+constexpr int BN = 16 * WARPS; /* weight rows per CTA */
+constexpr int BK = 64;         /* columns per k-step: 128-byte smem rows */
+constexpr int STAGES = 4;
+constexpr int THREADS = 32 * WARPS;
+constexpr int MAX_M = 64;
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                        uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float *d, const uint32_t *a, uint32_t b0,
+                                                        uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float *d, const uint32_t *a, uint32_t b0,
+                                                 uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* byte offset of 16-byte chunk c of row r in a [rows][BK] tile */
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+    return (uint32_t)(r * (BK * 2) + ((c ^ (r & 7)) << 4));
+}
+
+/* MT: n8 tiles of activation rows (M <= 8·MT); MTE: MT rounded up to even
+ * (ldmatrix.x4 reads two tiles at a time; the odd one's partner is loaded
+ * too, clamped, and its products are skipped). */
+template <typename T, int MT>
+__global__ void __launch_bounds__(THREADS)
+gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long ldx,
+                  const T *__restrict__ w, const float *bias, int M, int N, int K, int S) {
+    constexpr int MTE = (MT + 1) & ~1;
+    constexpr int A_ROWS = MTE * 8;
+    constexpr uint32_t W_BYTES = BN * BK * 2, A_BYTES = A_ROWS * BK * 2;
+    constexpr uint32_t STAGE_BYTES = W_BYTES + A_BYTES;
+    extern __shared__ __align__(128) unsigned char smem[];
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n0 = blockIdx.x * BN, split = blockIdx.y;
+    const int nk = K / BK;
+    const int k0 = (int)((long)split * nk / S), k1 = (int)((long)(split + 1) * nk / S);
+    const uint32_t sbase = smem_u32(smem);
+
+    auto load_w = [&](int stage, int ks) {
+        uint32_t dst = sbase + stage * STAGE_BYTES;
+#pragma unroll
+        for (int i = 0; i < BN * 8 / THREADS; i++) {
+            int idx = tid + i * THREADS, r = idx >> 3, c = idx & 7;
+            int gr = min(n0 + r, N - 1);
+            cp_async16(dst + swz(r, c), w + (long)gr * K + (long)ks * BK + c * 8);
+        }
+    };
+    auto load_a = [&](int stage, int ks) {
+        uint32_t dst = sbase + stage * STAGE_BYTES + W_BYTES;
+#pragma unroll
+        for (int i = 0; i < (A_ROWS * 8 + THREADS - 1) / THREADS; i++) {
+            int idx = tid + i * THREADS;
+            if (idx < A_ROWS * 8) {
+                int r = idx >> 3, c = idx & 7;
+                int gr = min(r, M - 1);
+                cp_async16(dst + swz(r, c), x + (long)gr * ldx + (long)ks * BK + c * 8);
+            }
+        }
+    };
+
+    /* prologue: weights before the wait, activations after it; group s
+     * holds stage s's activations (and, for s = 0, every prologue weight
+     * tile), so waiting for group s covers stage s completely. */
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (k0 + s < k1) load_w(s, k0 + s);
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (k0 + s < k1) load_a(s, k0 + s);
+        cp_commit();
+    }
+
+    float acc[MT][4];
+#pragma unroll
+    for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+    /* ldmatrix row addresses: W (16 rows × k16 as four 8×8 matrices: rows
+     * 0-7/8-15 × k 0-7/8-15), activations (two n8 tiles × k 0-7/8-15) */
+    const int wr = warp * 16 + (lane & 15), wc = lane >> 4;
+    const int aq = lane >> 3, ar = lane & 7;
+
+    for (int kk = k0; kk < k1; kk++) {
+        cp_wait<STAGES - 2>();
+        __syncthreads();
+        {
+            int nxt = kk + STAGES - 1, st = (nxt - k0) % STAGES;
+            if (nxt < k1) load_w(st, nxt), load_a(st, nxt);
+            cp_commit();
+        }
+        const uint32_t sw = sbase + ((kk - k0) % STAGES) * STAGE_BYTES, sa = sw + W_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ks++) {
+            uint32_t a[4];
+            ldsm_x4(sw + swz(wr, 2 * ks + wc), a[0], a[1], a[2], a[3]);
+#pragma unroll
+            for (int j = 0; j < MTE; j += 2) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(sa + swz((j + (aq >> 1)) * 8 + ar, 2 * ks + (aq & 1)), b0, b1, b2, b3);
+                mma16816<T>(acc[j], a, b0, b1);
+                if (j + 1 < MT) mma16816<T>(acc[j + 1], a, b2, b3);
+            }
+        }
+    }
+    cp_wait<0>();
+
+    /* lane holds rows n = n0 + 16·warp + lane/4 (+8), activation rows
+     * m = 8j + 2·(lane%4) (+1) */
+    const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
+    float *out = S > 1 ? part + (long)split * M * N : y;
+    const long ld = S > 1 ? (long)N : ldy;
+    const float bA = (S == 1 && bias && nA < N) ? bias[nA] : 0.0f;
+    const float bB = (S == 1 && bias && nB < N) ? bias[nB] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+        int m = j * 8 + 2 * (lane & 3);
+        if (m < M) {
+            if (nA < N) out[(long)m * ld + nA] = acc[j][0] + bA;
+            if (nB < N) out[(long)m * ld + nB] = acc[j][2] + bB;
+        }
+        if (m + 1 < M) {
+            if (nA < N) out[(long)(m + 1) * ld + nA] = acc[j][1] + bA;
+            if (nB < N) out[(long)(m + 1) * ld + nB] = acc[j][3] + bB;
+        }
+    }
+}
+
+/* y[m][n] = Σ_s part[s][m][n] (s in order) + bias[n] */
+__global__ void gemm_small_reduce(float *y, long ldy, const float *part, const float *bias, int M,
+                                  int N, int S) {
+    pdl_trigger();
+    pdl_wait();
+    long total = (long)M * N;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        long m = i / N, n = i % N;
+        float s = part[i];
+        for (int k = 1; k < S; k++) s += part[(long)k * total + i];
+        if (bias) s += bias[n];
+        y[m * ldy + n] = s;
+    }
+}
+
+template <typename T, int MT> constexpr size_t smem_bytes() {
+    return (size_t)STAGES * (BN * BK * 2 + ((MT + 1) & ~1) * 8 * BK * 2);
+}
+
+/* CTAs of the product kernel resident per SM, found once per variant
+ * (also sets its shared-memory limit). */
+template <typename T, int MT> int setup() {
+    static int per_sm = 0;
+    if (!per_sm) {
+        size_t sm = smem_bytes<T, MT>();
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_small_kernel<T, MT>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        int b = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemm_small_kernel<T, MT>,
+                                                                 THREADS, sm));
+        per_sm = b > 0 ? b : 1;
+    }
+    return per_sm;
+}
+
+/* K split: the S in 1..8 with the least estimated cost, in units of one
+ * CTA k-step at full occupancy: waves × steps per split (a last partial
+ * wave counts at least half: its CTAs share the bandwidth a full wave
+ * would, but run at fewer bytes in flight), plus the partials' write and
+ * read (1.5·S·M·N·4 bytes: they mostly stay in L2) over a wave's bytes.
+ * KILN_CUDA_SMALLM_S forces S (for measurements). */
+int choose_splits(const struct cuda_ctx *c, long tiles, int nk, int slots, long M, long N) {
+    if (c->smallm_splits > 0) {
+        int s = c->smallm_splits < nk ? c->smallm_splits : nk;
+        while (s > 1 && (size_t)s * M * N * 4 > c->cublas_ws_bytes) s--;
+        return s;
+    }
+    int best = 1;
+    double best_cost = 1e30;
+    for (int s = 1; s <= 8 && s <= nk; s++) {
+        if (s > 1 && (size_t)s * M * N * 4 > c->cublas_ws_bytes) break;
+        double q = (double)(tiles * s) / slots, waves;
+        if (q <= 1.0) waves = 1.0;
+        else {
+            double f = q - floor(q);
+            waves = floor(q) + (f > 0 ? fmax(f, 0.5) : 0.0);
+        }
+        double cost = waves * (double)((nk + s - 1) / s);
+        if (s > 1) cost += 1.5 * s * M * N * 4 / ((double)BN * BK * 2 * slots);
+        if (cost < best_cost - 1e-9) best_cost = cost, best = s;
+    }
+    return best;
+}
+
+template <typename T, int MT>
+void launch(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+            const struct backend_weight *w, const float *bias, long n) {
+    int per_sm = setup<T, MT>();
+    long N = w->rows, K = w->cols;
+    long tiles = (N + BN - 1) / BN;
+    int nk = (int)(K / BK);
+    int S = choose_splits(c, tiles, nk, per_sm * c->n_sm, n, N);
+    float *part = (float *)c->cublas_ws;
+    pdl_launch(c, gemm_small_kernel<T, MT>, dim3((unsigned)tiles, (unsigned)S), dim3(THREADS),
+               smem_bytes<T, MT>(), y, ldy, part, (const T *)x16, ldx, (const T *)w->data, bias,
+               (int)n, (int)N, (int)K, S);
+    if (S > 1) {
+        long total = n * N;
+        int blocks = (int)((total + 255) / 256);
+        if (blocks > 4 * c->n_sm) blocks = 4 * c->n_sm;
+        pdl_launch(c, gemm_small_reduce, dim3(blocks), dim3(256), 0, y, ldy, (const float *)part,
+                   bias, (int)n, (int)N, S);
+    }
+}
+
+template <typename T>
+void dispatch(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+              const struct backend_weight *w, const float *bias, long n) {
+    switch ((n + 7) / 8) {
+    case 1: return launch<T, 1>(c, y, ldy, x16, ldx, w, bias, n);
+    case 2: return launch<T, 2>(c, y, ldy, x16, ldx, w, bias, n);
+    case 3: return launch<T, 3>(c, y, ldy, x16, ldx, w, bias, n);
+    case 4: return launch<T, 4>(c, y, ldy, x16, ldx, w, bias, n);
+    case 5: return launch<T, 5>(c, y, ldy, x16, ldx, w, bias, n);
+    case 6: return launch<T, 6>(c, y, ldy, x16, ldx, w, bias, n);
+    case 7: return launch<T, 7>(c, y, ldy, x16, ldx, w, bias, n);
+    default: return launch<T, 8>(c, y, ldy, x16, ldx, w, bias, n);
+    }
+}
+
+} // namespace
+
+extern "C" int cuda_gemm_small_ok(const struct cuda_ctx *c, const struct backend_weight *w,
+                                  const void *x16, long ldx, long n) {
+    return c->smallm && (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= 1 &&
+           n <= MAX_M && n <= c->smallm_max_rows && w->cols % BK == 0 && w->rows >= 1 &&
+           w->rows <= INT32_MAX && w->cols <= INT32_MAX && ldx % 8 == 0 &&
+           ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)x16 & 15) == 0;
+}
+
+extern "C" void cuda_gemm_small(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+                                const struct backend_weight *w, const float *bias, long n) {
+    if (w->dtype == DTYPE_BF16) dispatch<__nv_bfloat16>(c, y, ldy, x16, ldx, w, bias, n);
+    else dispatch<__half>(c, y, ldy, x16, ldx, w, bias, n);
+}
