@@ -7,16 +7,17 @@
  * Variants (CUDA; each is its own backend, created with the environment
  * switch set, all reading the same weight copies):
  *   n = 1, 2 (the GEMV): default | KILN_CUDA_PDL=0 | KILN_CUDA_GEMV_KS=1, 2, 4
- *   n ≥ 4 (bf16 activations): the small-M tensor-core kernel up to 64 rows
- *     (the default; cuda_gemm_small.cu) | its K split forced to 1, 2, 4
- *     (KILN_CUDA_SMALLM_S) | cuBLASLt default heuristic (KILN_CUDA_SMALLM=0,
- *     the default above 64 rows) | cublasGemmEx (KILN_CUDA_LT=0, SMALLM=0) |
- *     cuBLASLt tuned (KILN_CUDA_LT_TUNE=1, SMALLM=0)
+ *   n ≥ 4 (bf16 activations): cuBLASLt default heuristic (the default) |
+ *     cublasGemmEx (KILN_CUDA_LT=0) | cuBLASLt tuned (KILN_CUDA_LT_TUNE=1) |
+ *     the small-M tensor-core kernel up to 64 rows (KILN_CUDA_SMALLM=1,
+ *     cuda_gemm_small.cu; off by default) | its K split forced to 1, 2, 4
+ *     (KILN_CUDA_SMALLM_S)
  *
  *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm]
  * --quick: the default variant only. Other devices: the default only.
  * --smallm: n = 8, 16, 32, 64 (or --n), the four layer shapes, the
- *   default, cuBLASLt and the split forced to 1 and 4 only, shorter loops
+ *   default (cuBLASLt), the small-M kernel and its split forced to 1 and 4
+ *   only, shorter loops
  *   (3 rounds of ≥ 0.5 GB).
  */
 #include <stdio.h>
@@ -49,12 +50,12 @@ static struct variant variants[] = {
     {"KS=2", {{"KILN_CUDA_GEMV_KS", "2"}}, 1, {0}, 0, 0},
     {"KS=4", {{"KILN_CUDA_GEMV_KS", "4"}}, 1, {0}, 0, 0},
     {"old (no PDL, KS=1)", {{"KILN_CUDA_PDL", "0"}, {"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0, 0},
-    {"GemmEx", {{"KILN_CUDA_LT", "0"}, {"KILN_CUDA_SMALLM", "0"}}, 0, {0}, 0, 0},
-    {"Lt tuned", {{"KILN_CUDA_LT_TUNE", "1"}, {"KILN_CUDA_SMALLM", "0"}}, 0, {0}, 0, 0},
-    {"cuBLASLt (SMALLM=0)", {{"KILN_CUDA_SMALLM", "0"}}, 0, {0}, 1, 0},
-    {"smallm S=1", {{"KILN_CUDA_SMALLM_S", "1"}}, 0, {0}, 1, 0},
-    {"smallm S=2", {{"KILN_CUDA_SMALLM_S", "2"}}, 0, {0}, 0, 0},
-    {"smallm S=4", {{"KILN_CUDA_SMALLM_S", "4"}}, 0, {0}, 1, 0},
+    {"GemmEx", {{"KILN_CUDA_LT", "0"}}, 0, {0}, 0, 0},
+    {"Lt tuned", {{"KILN_CUDA_LT_TUNE", "1"}}, 0, {0}, 0, 0},
+    {"smallm (SMALLM=1)", {{"KILN_CUDA_SMALLM", "1"}}, 0, {0}, 1, 0},
+    {"smallm S=1", {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "1"}}, 0, {0}, 1, 0},
+    {"smallm S=2", {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "2"}}, 0, {0}, 0, 0},
+    {"smallm S=4", {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "4"}}, 0, {0}, 1, 0},
 };
 static const int n_variants = sizeof variants / sizeof variants[0];
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # gpu_session.sh — the small-M tensor-core product (cuda_gemm_small.cu) in
 # one lease of the GPU machine, in priority order, each stage under its own
-# time limit: build, ctest -L gpu -R 'ops|graphs|deterministic', Llama-3.1-8B
+# time limit: build, ctest -L gpu -R 'ops|graphs|deterministic' (with
+# KILN_CUDA_SMALLM=1, so the graph and fused-op tests run it too), Llama-3.1-8B
 # decode at 64 sequences with KILN_CUDA_SMALLM=1 and =0, bench_gemv --smallm,
 # then Qwen3-0.6B at 64 and both models at 32 sequences (dummy weights).
-# Logs go to $OUT; summary.log is the short version.
+# Logs go to $OUT; summary.log is the short version. On the device machine:
 #
-#   bash dev/smallm/gpu_session.sh [budget-seconds]
+#   cd tmp/smallm && OUT=$OUT bash dev/smallm/gpu_session.sh 285
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/smallm-out}; mkdir -p "$OUT"
@@ -29,7 +30,7 @@ say "build ok"
 B=build-gpu
 
 say "ctest"
-timeout 110 env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu -R 'ops|graphs|deterministic' -V >"$OUT/tests.log" 2>&1
+timeout 110 env KILN_CUDA_SMALLM=1 KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu -R 'ops|graphs|deterministic' -V >"$OUT/tests.log" 2>&1
 say "ctest rc=$?"
 grep -E "smallm|tests passed|Test +#|FAIL|Failure|relative error|NaN|differ" "$OUT/tests.log" | grep -v "^ *[0-9]*: *matmul.*smallm" | tail -12 | tee -a "$S"
 grep -cE "matmul .*smallm" "$OUT/tests.log" | sed 's/^/smallm matmul cases run: /' | tee -a "$S"

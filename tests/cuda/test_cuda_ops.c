@@ -55,9 +55,10 @@ static struct backend gpu_nopdl; /* KILN_CUDA_PDL=0: ordinary launches, else as 
 static struct backend gpu_old;   /* PDL, fusion, cuBLASLt off and GEMV K split 1: the old path */
 static struct backend gpu_ks4;   /* KILN_CUDA_GEMV_KS=4: every GEMV split over K in 4 */
 static struct backend gpu_tune;  /* KILN_CUDA_LT_TUNE=1: cuBLASLt algorithms timed per shape */
-/* the small-M tensor-core product (cuda_gemm_small.cu) with the default
- * GEMV cut-over (2 rows): it serves 3..64 rows; K split by shape, forced
- * to 3 (KILN_CUDA_SMALLM_S=3), and off (KILN_CUDA_SMALLM=0: cuBLAS) */
+/* the small-M tensor-core product (cuda_gemm_small.cu, KILN_CUDA_SMALLM=1)
+ * with the default GEMV cut-over (2 rows): it serves 3..64 rows; K split
+ * by shape, forced to 3 (KILN_CUDA_SMALLM_S=3), and off (KILN_CUDA_SMALLM=0:
+ * cuBLAS) */
 static struct backend gpu_sm, gpu_sm_s3, gpu_sm_off;
 static int have_gpu;
 static uint64_t rng_state;
@@ -1071,8 +1072,8 @@ int main(void) {
             struct backend *sb[3] = {&gpu_sm, &gpu_sm_s3, &gpu_sm_off};
             for (int i = 0; i < 3; i++) {
                 setenv("KILN_CUDA_GEMV_MAX_ROWS", "2", 1);
+                setenv("KILN_CUDA_SMALLM", i == 2 ? "0" : "1", 1);
                 if (i == 1) setenv("KILN_CUDA_SMALLM_S", "3", 1);
-                if (i == 2) setenv("KILN_CUDA_SMALLM", "0", 1);
                 int rc = backend_create(sb[i], "cuda", &bo, &err) ||
                          sb[i]->ops->reserve(sb[i]->ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err);
                 unsetenv("KILN_CUDA_SMALLM_S");

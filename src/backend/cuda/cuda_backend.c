@@ -440,8 +440,9 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->gemv_ks = ks ? atoi(ks) : 0;
     c->use_lt = !env_is("KILN_CUDA_LT", "0");
     c->lt_tune = env_is("KILN_CUDA_LT_TUNE", "1");
-    /* small-M tensor-core product (cuda_gemm_small.cu, docs/cuda.md) */
-    c->smallm = !env_is("KILN_CUDA_SMALLM", "0");
+    /* small-M tensor-core product (cuda_gemm_small.cu, docs/cuda.md): off
+     * by default until it has been measured on a GPU (KILN_CUDA_SMALLM=1) */
+    c->smallm = env_is("KILN_CUDA_SMALLM", "1");
     const char *smx = getenv("KILN_CUDA_SMALLM_MAX");
     c->smallm_max_rows = smx ? atoi(smx) : 64;
     const char *sms = getenv("KILN_CUDA_SMALLM_S");

@@ -127,7 +127,7 @@ struct cuda_ctx {
     void *prof;                  /* per-operation timing (KILN_CUDA_PROFILE=1, cuda_profile.c) */
     /* small-M tensor-core product (cuda_gemm_small.cu) */
     int smallm;                  /* 1: 16-bit products of gemv_max_rows < n <= smallm_max_rows
-                                    rows use it (KILN_CUDA_SMALLM=0: cuBLAS) */
+                                    rows use it (KILN_CUDA_SMALLM=1; default 0: cuBLAS) */
     int smallm_max_rows;         /* at most 64 (KILN_CUDA_SMALLM_MAX) */
     int smallm_splits;           /* 0: K split by shape, else forced (KILN_CUDA_SMALLM_S) */
 };
