@@ -40,6 +40,8 @@ LOG=${OUT:-/tmp}/gpu-check.log
 : >"$LOG"
 say() { echo "$@" | tee -a "$LOG"; }
 
+# --env prints only the export lines (callers eval it); the rest goes to stderr
+if [ "$envonly" = 1 ]; then exec 3>&1 1>&2; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
 nvcc --version | tail -1
 
@@ -66,6 +68,7 @@ if [ -n "${KILN_GPU_FORCE_DEBS:-}" ] || ! command -v pkg-config >/dev/null || ! 
 fi
 
 if [ "$envonly" = 1 ]; then
+  exec 1>&3
   [ -n "${PKG_CONFIG_LIBDIR:-}" ] && echo "export PKG_CONFIG_LIBDIR='$PKG_CONFIG_LIBDIR' LD_LIBRARY_PATH='${LD_LIBRARY_PATH:-}'"
   echo "export PKGCONF='${PKGCONF:-$(command -v pkg-config)}'"
   exit 0

@@ -18,20 +18,9 @@ left() { echo $((BUDGET - ($(date +%s) - T0))); }
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-need="jansson libpcre2-8 libutf8proc libevent libevent_pthreads openblas cmocka"
-pc_args=()
-if ! command -v pkg-config >/dev/null || ! pkg-config --exists $need 2>/dev/null; then
-  P=/tmp/kiln-deps; rm -rf "$P"; mkdir -p "$P"
-  for f in .gpu-debs/*.deb; do dpkg -x "$f" "$P"; done
-  pcdirs=$(find "$P" -name '*.pc' -printf '%h\n' | sort -u)
-  for d in $pcdirs; do sed -i "s|=/usr|=$P/usr|g; s|-I/usr/|-I$P/usr/|g; s|-L/usr/|-L$P/usr/|g" "$d"/*.pc; done
-  export PKG_CONFIG_LIBDIR=$(echo $pcdirs | tr ' ' ':')
-  export LD_LIBRARY_PATH=$(find "$P" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')${LD_LIBRARY_PATH:-}
-  ob=$(find "$P" -path '*openblas-pthread*' -name 'libopenblas.so.0' | head -1)
-  [ -n "$ob" ] && ln -sf "$ob" "$P/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
-  PKGCONF="$P/usr/bin/pkgconf"; [ -x "$PKGCONF" ] || PKGCONF=$(command -v pkg-config)
-  pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
-fi
+# kiln's Debian libraries: unpacked from .gpu-debs/ when missing (scripts/gpu-check.sh)
+eval "$(scripts/gpu-check.sh --env)"
+pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
 
 say "build"
 make -C dev attention >"$OUT/lab_build.log" 2>&1 &

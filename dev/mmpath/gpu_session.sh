@@ -26,20 +26,9 @@ want() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 OLD="KILN_CUDA_PDL=0 KILN_CUDA_FUSE=0 KILN_CUDA_GEMV_KS=1 KILN_CUDA_LT=0"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-need="jansson libpcre2-8 libutf8proc libevent libevent_pthreads openblas cmocka"
-pc_args=()
-if ! command -v pkg-config >/dev/null || ! pkg-config --exists $need 2>/dev/null; then
-  P=/tmp/kiln-deps; rm -rf "$P"; mkdir -p "$P"
-  for f in .gpu-debs/*.deb; do dpkg -x "$f" "$P"; done
-  pcdirs=$(find "$P" -name '*.pc' -printf '%h\n' | sort -u)
-  for d in $pcdirs; do sed -i "s|=/usr|=$P/usr|g; s|-I/usr/|-I$P/usr/|g; s|-L/usr/|-L$P/usr/|g" "$d"/*.pc; done
-  export PKG_CONFIG_LIBDIR=$(echo $pcdirs | tr ' ' ':')
-  export LD_LIBRARY_PATH=$(find "$P" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')${LD_LIBRARY_PATH:-}
-  ob=$(find "$P" -path '*openblas-pthread*' -name 'libopenblas.so.0' | head -1)
-  [ -n "$ob" ] && ln -sf "$ob" "$P/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
-  PKGCONF="$P/usr/bin/pkgconf"; [ -x "$PKGCONF" ] || PKGCONF=$(command -v pkg-config)
-  pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
-fi
+# kiln's Debian libraries: unpacked from .gpu-debs/ when missing (scripts/gpu-check.sh)
+eval "$(scripts/gpu-check.sh --env)"
+pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
 
 say "build"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
