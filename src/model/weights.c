@@ -175,6 +175,53 @@ int ws_vector_cat(struct weight_source *ws, const char *const *names, const long
     return 0;
 }
 
+/* The stacked matrix of ws_matrix_cat straight from the checkpoint's parts
+ * into one device allocation (backends with weight_upload_cat). NULL when
+ * out of device memory. */
+static const void *upload_cat_direct(struct model *m, const struct st_tensor *const *t,
+                                     const long *rows, int count, long cols, size_t es,
+                                     const char *name, struct kiln_error *err) {
+    const void *hosts[8];
+    size_t sizes[8];
+    for (int i = 0; i < count; i++) {
+        hosts[i] = t[i]->data;
+        sizes[i] = (size_t)rows[i] * (size_t)cols * es;
+    }
+    const void *dev = m->be->ops->weight_upload_cat(m->be->ctx, hosts, sizes, count);
+    if (dev) track_upload(m, dev);
+    else kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    return dev;
+}
+
+/* The stacked matrix built on the host (checkpoint parts or dummy values),
+ * then uploaded. NULL when out of host or device memory. */
+static const void *upload_cat_host(struct weight_source *ws, const struct st_tensor *const *t,
+                                   const long *rows, int count, long cols, enum dtype dt,
+                                   const char *name, struct kiln_error *err) {
+    struct model *m = ws->m;
+    size_t es = dtype_size(dt), bytes = 0;
+    for (int i = 0; i < count; i++) bytes += (size_t)rows[i] * (size_t)cols * es;
+    unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!buf) {
+        kiln_errorf(err, "out of memory for tensor '%s' (%zu bytes)", name, bytes);
+        return NULL;
+    }
+    size_t off = 0;
+    for (int i = 0; i < count; i++) {
+        size_t pb = (size_t)rows[i] * (size_t)cols * es;
+        if (ws->st) memcpy(buf + off, t[i]->data, pb);
+        else fill_dummy(ws, buf + off, (size_t)rows[i] * (size_t)cols, cols, dt);
+        off += pb;
+    }
+    const void *dev = model_upload(m, buf, bytes);
+    if (!dev) kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    /* A backend that copied (a GPU) no longer needs the host bytes; one
+     * that uses them in place (the CPU) keeps them for the model's life. */
+    if (dev == buf) model_own(m, buf);
+    else free(buf);
+    return dev;
+}
+
 int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows, int count,
                   long cols, struct backend_weight *out, struct backend_weight *parts,
                   struct kiln_error *err) {
@@ -206,41 +253,12 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
                                dtype_name(dt), names[0]);
     }
     size_t es = dtype_size(dt), bytes = (size_t)total * (size_t)cols * es;
-    const void *dev = NULL;
-    if (ws->st && m->be->ops->weight_upload_cat) {
-        /* straight from the checkpoint into one device allocation */
-        const void *hosts[8];
-        size_t sizes[8];
-        for (int i = 0; i < count; i++) {
-            hosts[i] = t[i]->data;
-            sizes[i] = (size_t)rows[i] * (size_t)cols * es;
-        }
-        dev = m->be->ops->weight_upload_cat(m->be->ctx, hosts, sizes, count);
-        if (!dev) return kiln_errorf(err, "out of device memory for tensor '%s'", names[0]);
-        track_upload(m, dev);
-        goto uploaded;
-    }
-    unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!buf) return kiln_errorf(err, "out of memory for tensor '%s' (%zu bytes)", names[0], bytes);
+    const void *dev = ws->st && m->be->ops->weight_upload_cat
+                          ? upload_cat_direct(m, t, rows, count, cols, es, names[0], err)
+                          : upload_cat_host(ws, t, rows, count, cols, dt, names[0], err);
+    if (!dev) return -1;
     size_t off = 0;
-    for (int i = 0; i < count; i++) {
-        size_t pb = (size_t)rows[i] * (size_t)cols * es;
-        if (ws->st) memcpy(buf + off, t[i]->data, pb);
-        else fill_dummy(ws, buf + off, (size_t)rows[i] * (size_t)cols, cols, dt);
-        off += pb;
-    }
-    dev = model_upload(m, buf, bytes);
-    if (!dev) {
-        free(buf);
-        return kiln_errorf(err, "out of device memory for tensor '%s'", names[0]);
-    }
-    /* A backend that copied (a GPU) no longer needs the host bytes; one
-     * that uses them in place (the CPU) keeps them for the model's life. */
-    if (dev == buf) model_own(m, buf);
-    else free(buf);
-uploaded:
     *out = (struct backend_weight){.data = dev, .dtype = dt, .rows = total, .cols = cols};
-    off = 0;
     for (int i = 0; i < count; i++) {
         parts[i] = (struct backend_weight){.data = (const unsigned char *)dev + off, .dtype = dt,
                                            .rows = rows[i], .cols = cols};
