@@ -11,14 +11,19 @@
  *     cublasGemmEx (KILN_CUDA_LT=0) | cuBLASLt tuned (KILN_CUDA_LT_TUNE=1) |
  *     the small-M tensor-core kernel up to 64 rows (KILN_CUDA_SMALLM=1,
  *     cuda_gemm_small.cu; off by default) | its K split forced to 1, 2, 4
- *     (KILN_CUDA_SMALLM_S)
+ *     (KILN_CUDA_SMALLM_S) | the wgmma kernel (hopper/gemm_wgmma.cu, on by
+ *     default on Hopper for 1..64 rows) with its tile width forced to 128
+ *     or 256 (KILN_CUDA_WGMMA_BN); the cuBLAS variants set KILN_CUDA_WGMMA=0
  *
- *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm]
+ *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm] [--wgmma]
  * --quick: the default variant only. Other devices: the default only.
  * --smallm: n = 8, 16, 32, 64 (or --n), the four layer shapes, the
- *   default (cuBLASLt), the small-M kernel and its split forced to 1 and 4
+ *   default, cuBLASLt (KILN_CUDA_WGMMA=0), the small-M kernel and its split forced to 1 and 4
  *   only, shorter loops
  *   (3 rounds of ≥ 0.5 GB).
+ * --wgmma: n = 8, 16, 32, 64 (or --n), the five shapes (lm_head too),
+ *   cuBLASLt against the wgmma kernel (by shape, BN = 128, BN = 256), the
+ *   same short loops.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,30 +37,36 @@
 enum { ROUNDS = 5, MAX_VARIANTS = 16 };
 
 static double round_bytes = 6e9; /* --smallm: 5e8, 3 rounds, ≥ 3 reps */
-static int min_reps = 50, rounds = ROUNDS, smallm_only;
+static int min_reps = 50, rounds = ROUNDS, only; /* only: 1 --smallm, 2 --wgmma */
 
 struct variant {
     const char *name;
     const char *env[3][2]; /* variable, value */
     int gemv;              /* 1: for n ≤ 2, 0: for n ≥ 4, 2: both */
     struct backend be;
-    int smallm;            /* 1: one of --smallm's variants */
+    int sets;              /* bit 0: one of --smallm's variants, bit 1: of --wgmma's */
     int ok;
 };
 
 static struct variant variants[] = {
-    {"default", {{NULL, NULL}}, 2, {0}, 1, 0},
+    {"default", {{NULL, NULL}}, 2, {0}, 3, 0}, /* on Hopper: wgmma for 1..64 rows */
     {"no PDL", {{"KILN_CUDA_PDL", "0"}}, 1, {0}, 0, 0},
     {"KS=1", {{"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0, 0},
     {"KS=2", {{"KILN_CUDA_GEMV_KS", "2"}}, 1, {0}, 0, 0},
     {"KS=4", {{"KILN_CUDA_GEMV_KS", "4"}}, 1, {0}, 0, 0},
     {"old (no PDL, KS=1)", {{"KILN_CUDA_PDL", "0"}, {"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0, 0},
-    {"GemmEx", {{"KILN_CUDA_LT", "0"}}, 0, {0}, 0, 0},
-    {"Lt tuned", {{"KILN_CUDA_LT_TUNE", "1"}}, 0, {0}, 0, 0},
-    {"smallm (SMALLM=1)", {{"KILN_CUDA_SMALLM", "1"}}, 0, {0}, 1, 0},
-    {"smallm S=1", {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "1"}}, 0, {0}, 1, 0},
-    {"smallm S=2", {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "2"}}, 0, {0}, 0, 0},
-    {"smallm S=4", {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "4"}}, 0, {0}, 1, 0},
+    {"GemmEx", {{"KILN_CUDA_LT", "0"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 0, 0},
+    {"Lt tuned", {{"KILN_CUDA_LT_TUNE", "1"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 0, 0},
+    {"smallm (SMALLM=1)", {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 1, 0},
+    {"smallm S=1",
+     {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "1"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 1, 0},
+    {"smallm S=2",
+     {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "2"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 0, 0},
+    {"smallm S=4",
+     {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "4"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 1, 0},
+    {"cuBLASLt", {{"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 3, 0},
+    {"wgmma BN=128", {{"KILN_CUDA_WGMMA_BN", "128"}}, 0, {0}, 2, 0},
+    {"wgmma BN=256", {{"KILN_CUDA_WGMMA_BN", "256"}}, 0, {0}, 2, 0},
 };
 static const int n_variants = sizeof variants / sizeof variants[0];
 
@@ -121,7 +132,7 @@ static double run_shape(struct backend *base, long rows, long cols, const long *
         for (int v = 0; v < n_variants; v++) {
             struct variant *va = &variants[v];
             if (!va->ok || (quick && v) || (va->gemv == 1 && n > 2) || (va->gemv == 0 && n <= 2) ||
-                (smallm_only && !va->smallm))
+                (only && !(va->sets & only)))
                 continue;
             double t = time_product(&va->be, w, copies, y, x, n);
             double gbs = (double)wbytes / t, tf = 2.0 * (double)n * rows * cols / t / 1e12;
@@ -147,9 +158,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--cols")) cols = atol(v), i++;
         else if (!strcmp(a, "--n")) n = atol(v), i++;
         else if (!strcmp(a, "--quick")) quick = 1;
-        else if (!strcmp(a, "--smallm")) smallm_only = 1, round_bytes = 5e8, min_reps = 3, rounds = 3;
+        else if (!strcmp(a, "--smallm")) only = 1, round_bytes = 5e8, min_reps = 3, rounds = 3;
+        else if (!strcmp(a, "--wgmma")) only = 2, round_bytes = 5e8, min_reps = 3, rounds = 3;
         else {
-            fprintf(stderr, "usage: bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm]\n");
+            fprintf(stderr, "usage: bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm] [--wgmma]\n");
             return 2;
         }
     }
@@ -158,7 +170,7 @@ int main(int argc, char **argv) {
     if (strcmp(device, "cuda")) quick = 1;
     for (int v = 0; v < n_variants; v++) {
         struct variant *va = &variants[v];
-        if ((quick && v) || (smallm_only && !va->smallm)) continue;
+        if ((quick && v) || (only && !(va->sets & only))) continue;
         for (int e = 0; e < 3 && va->env[e][0]; e++) setenv(va->env[e][0], va->env[e][1], 1);
         int rc = backend_create(&va->be, device, &bo, &err) ||
                  va->be.ops->reserve(va->be.ctx, 512, 4096, 64, &err);
@@ -179,10 +191,10 @@ int main(int argc, char **argv) {
                               {128256, 4096}};
     long ns[] = {1, 2, 4, 8, 16, 32, 64, 128, 512};
     int n_ns = (int)(sizeof ns / sizeof ns[0]);
-    if (smallm_only) ns[0] = 8, ns[1] = 16, ns[2] = 32, ns[3] = 64, n_ns = 4;
+    if (only) ns[0] = 8, ns[1] = 16, ns[2] = 32, ns[3] = 64, n_ns = 4;
     if (n) ns[0] = n, n_ns = 1;
     double sum = 0, bytes = 0;
-    for (int s = 0; s < (smallm_only ? 4 : 5); s++) {
+    for (int s = 0; s < (only == 1 ? 4 : 5); s++) {
         if (rows && (rows != shapes[s][0] || cols != shapes[s][1])) continue;
         double g = run_shape(base, shapes[s][0], shapes[s][1], ns, n_ns, bw, quick);
         double b = (double)shapes[s][0] * shapes[s][1] * 2;

@@ -1074,8 +1074,10 @@ int main(void) {
                 setenv("KILN_CUDA_GEMV_MAX_ROWS", "2", 1);
                 setenv("KILN_CUDA_SMALLM", i == 2 ? "0" : "1", 1);
                 if (i == 1) setenv("KILN_CUDA_SMALLM_S", "3", 1);
+                setenv("KILN_CUDA_WGMMA", "0", 1); /* it would take these rows first */
                 int rc = backend_create(sb[i], "cuda", &bo, &err) ||
                          sb[i]->ops->reserve(sb[i]->ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err);
+                unsetenv("KILN_CUDA_WGMMA");
                 unsetenv("KILN_CUDA_SMALLM_S");
                 unsetenv("KILN_CUDA_SMALLM");
                 setenv("KILN_CUDA_GEMV_MAX_ROWS", "8", 1);

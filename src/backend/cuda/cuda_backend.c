@@ -279,6 +279,9 @@ static void cuda_destroy(void *ctx) {
         if (c->up_ev[k]) cudaEventDestroy(c->up_ev[k]);
     }
     cuda_matmul_release(c);
+#ifdef KILN_CUDA_HOPPER
+    cuda_wgmma_release(c);
+#endif
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -448,6 +451,17 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     const char *sms = getenv("KILN_CUDA_SMALLM_S");
     c->smallm_splits = sms ? atoi(sms) : 0;
     cuda_matmul_init(c);
+#ifdef KILN_CUDA_HOPPER
+    /* small-M wgmma + TMA product (hopper/gemm_wgmma.cu, docs/cuda.md):
+     * on for 1..64 rows on compute capability 9.0 (KILN_CUDA_WGMMA=0: off) */
+    c->wgmma = !env_is("KILN_CUDA_WGMMA", "0") && cuda_wgmma_init(c);
+    const char *wmin = getenv("KILN_CUDA_WGMMA_MIN"), *wmax = getenv("KILN_CUDA_WGMMA_MAX");
+    c->wgmma_min_rows = wmin ? atoi(wmin) : 1;
+    c->wgmma_max_rows = wmax ? atoi(wmax) : 64;
+    const char *wbn = getenv("KILN_CUDA_WGMMA_BN"), *wsp = getenv("KILN_CUDA_WGMMA_S");
+    c->wgmma_bn = wbn ? atoi(wbn) : 0;
+    c->wgmma_splits = wsp ? atoi(wsp) : 0;
+#endif
     be->ops = &cuda_ops;
     be->ctx = c;
     if (env_is("KILN_CUDA_PROFILE", "1")) cuda_profile_install(be);

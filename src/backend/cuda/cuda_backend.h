@@ -130,6 +130,14 @@ struct cuda_ctx {
                                     rows use it (KILN_CUDA_SMALLM=1; default 0: cuBLAS) */
     int smallm_max_rows;         /* at most 64 (KILN_CUDA_SMALLM_MAX) */
     int smallm_splits;           /* 0: K split by shape, else forced (KILN_CUDA_SMALLM_S) */
+    /* small-M wgmma product (hopper/gemm_wgmma.cu; Hopper builds, cc 9.0) */
+    int wgmma;                   /* 1: 16-bit products of wgmma_min_rows..wgmma_max_rows
+                                    rows use it (KILN_CUDA_WGMMA=0 turns it off) */
+    int wgmma_min_rows, wgmma_max_rows; /* KILN_CUDA_WGMMA_MIN / _MAX (max at most 64) */
+    int wgmma_bn, wgmma_splits;  /* 0: by shape, else forced (KILN_CUDA_WGMMA_BN = 128 | 256,
+                                    KILN_CUDA_WGMMA_S = 1..8), for measurements */
+    long wgmma_calls;            /* products it ran (host count, for tests) */
+    void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
@@ -261,6 +269,22 @@ int cuda_gemm_small_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                        long ldx, long n);
 void cuda_gemm_small(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                      const struct backend_weight *w, const float *bias, long n);
+
+/* The small-M wgmma + TMA product (hopper/gemm_wgmma.cu, built only with
+ * KILN_CUDA_HOPPER): init returns 1 when the device is compute capability
+ * 9.0 and the driver's tensor-map encoder is there (sets wgmma_state);
+ * ok says whether it serves w for n rows of x16 (row stride ldx, w's
+ * 16-bit type); cuda_wgmma is y[n][w.rows] (stride ldy) = x16 · wᵀ (+ bias);
+ * cuda_wgmma_run forces the tile width bn (128 | 256) and the K split
+ * (1..8) where they are not 0. */
+int cuda_wgmma_init(struct cuda_ctx *c);
+void cuda_wgmma_release(struct cuda_ctx *c);
+int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weight *w, const void *x16,
+                  long ldx, long n);
+void cuda_wgmma(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+                const struct backend_weight *w, const float *bias, long n);
+void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+                    const struct backend_weight *w, const float *bias, long n, int bn, int splits);
 
 #ifdef __cplusplus
 }

@@ -187,6 +187,10 @@ static struct lt_plan *lt_plan_get(struct cuda_ctx *c, float *y, long ldy, const
 static void product16(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldb,
                       const struct backend_weight *w, const float *bias, long n, float beta) {
     long rows = w->rows, cols = w->cols;
+#ifdef KILN_CUDA_HOPPER
+    if (beta == 0.0f && cuda_wgmma_ok(c, w, x16, ldb, n))
+        return cuda_wgmma(c, y, ldy, x16, ldb, w, bias, n);
+#endif
     if (beta == 0.0f && !c->split_act && cuda_gemm_small_ok(c, w, x16, ldb, n))
         return cuda_gemm_small(c, y, ldy, x16, ldb, w, bias, n);
     if (c->lt) {

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# gpu_session.sh — the small-M wgmma product (src/backend/cuda/hopper/
+# gemm_wgmma.cu) in one lease of the GPU machine, in priority order, each
+# stage under its own time limit: build, the SASS check (HGMMA / UTMALDG),
+# test_matmul_wgmma, bench_gemv --wgmma (cuBLASLt vs the kernel, % of the
+# copy bandwidth), Llama-3.1-8B decode at 64 sequences with KILN_CUDA_WGMMA=1
+# and =0, ctest -L gpu -R 'ops|graphs|deterministic', then Llama at 32 and
+# Qwen3-0.6B at 64 sequences (dummy weights). Logs go to $OUT; summary.log
+# is the short version. On the device machine:
+#
+#   cd tmp/wgmm && OUT=$OUT bash dev/wgmma/gpu_session.sh 285
+# STAGES="test gemv llama64 ctest llama32 qwen64" selects stages (default: all).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/wgmma-out}; mkdir -p "$OUT"
+S=$OUT/summary.log; : >"$S"
+BUDGET=${1:-285}
+STAGES=${STAGES:-"test gemv llama64 ctest llama32 qwen64"}
+T0=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
+want() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
+eval "$(scripts/gpu-check.sh --env)"
+say "build"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
+  ninja -C build-gpu bench_forward bench_gemv test_matmul_wgmma test_cuda_ops test_cuda_graphs \
+    test_deterministic >>"$OUT/build.log" 2>&1
+brc=$?
+[ $brc = 0 ] || { say "build FAILED"; grep -A12 -m3 error "$OUT/build.log" | head -50 | tee -a "$S"; exit 1; }
+say "build ok"
+B=build-gpu
+
+O=$(find $B -name 'gemm_wgmma.cu.o' | head -1)
+if command -v cuobjdump >/dev/null && [ -n "$O" ]; then
+  cuobjdump -sass "$O" >"$OUT/sass.txt" 2>&1
+  say "SASS $(basename $O): $(grep -cE 'HGMMA' "$OUT/sass.txt") HGMMA, $(grep -cE 'UTMALDG' "$OUT/sass.txt") UTMALDG, $(grep -cE 'HMMA' "$OUT/sass.txt") HMMA; $(grep -m1 -oE 'HGMMA\.[^ ]*' "$OUT/sass.txt")"
+else
+  say "no cuobjdump or object ($O)"
+fi
+
+if want test; then
+  say "test_matmul_wgmma"
+  timeout 90 $B/tests/test_matmul_wgmma >"$OUT/wgmma_test.log" 2>&1
+  say "test_matmul_wgmma rc=$?"
+  grep -E "rel err|PASSED|FAILED|fail|Error|error" "$OUT/wgmma_test.log" | awk '{print}' |
+    grep -vE "rel err [0-9.]+e-0[5-9]" | tail -14 | tee -a "$S"
+  grep -oE "rel err [0-9.e+-]+" "$OUT/wgmma_test.log" | sort -t' ' -k3 -g | tail -1 | sed 's/^/max /' | tee -a "$S"
+fi
+
+bench() { # label limit env args...
+  local label=$1 lim=$2 envs=$3; shift 3
+  [ "$(left)" -gt 12 ] || { say "skip $label (time)"; return; }
+  [ "$lim" -gt "$(left)" ] && lim=$(left)
+  echo "== $label [$envs]" >>"$OUT/bench.log"
+  env $envs timeout "$lim" $B/bench_forward --device cuda --load-format dummy "$@" >>"$OUT/bench.log" 2>&1
+  local rc=$?
+  say "$label rc=$rc: $(awk -v l="== $label [$envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" |
+      grep -E "^(prefill|decode)" | tr '\n' ' ')"
+}
+L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
+
+if want gemv; then
+  say "bench_gemv --wgmma"
+  timeout $(( $(left) < 80 ? $(left) : 80 )) $B/bench_gemv --wgmma >"$OUT/gemv.log" 2>&1
+  say "bench_gemv rc=$?"
+  grep -E "copy bandwidth" "$OUT/gemv.log" | tee -a "$S"
+  # one line per shape and n: % of copy for cuBLASLt, default, BN=128, BN=256
+  awk '/ n=/ { key=$1" "$3" "$4; v=$0; sub(/.*n=[0-9]+ +/, "", v); name=v; sub(/ +[0-9.]+ us.*/, "", name);
+         pc=$0; sub(/.*GB\/s +/, "", pc); sub(/%.*/, "", pc); row[key]=row[key] sprintf(" %s=%s", name, pc) }
+       END { for (k in row) print k row[k] }' "$OUT/gemv.log" | sort -k1,1n -k3 | tee -a "$S" >/dev/null
+fi
+want llama64 && bench "llama b64 wgmma=1" 45 "KILN_CUDA_WGMMA=1" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
+want llama64 && bench "llama b64 wgmma=0" 45 "KILN_CUDA_WGMMA=0" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
+
+if want ctest && [ "$(left)" -gt 40 ]; then
+  say "ctest"
+  lim=$(( $(left) - 30 )); [ $lim -gt 120 ] && lim=120
+  timeout $lim env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu -R 'ops|graphs|deterministic|wgmma' -V >"$OUT/tests.log" 2>&1
+  say "ctest rc=$?"
+  grep -E "tests passed|Test +#|FAIL|Failure|NaN" "$OUT/tests.log" | tail -10 | tee -a "$S"
+fi
+want llama32 && bench "llama b32 wgmma=1" 35 "KILN_CUDA_WGMMA=1" --model $L --prompt-len 128 --decode 32 --batch 32 --repeat 2
+want llama32 && bench "llama b32 wgmma=0" 35 "KILN_CUDA_WGMMA=0" --model $L --prompt-len 128 --decode 32 --batch 32 --repeat 2
+want qwen64 && bench "qwen3 b64 wgmma=1" 25 "KILN_CUDA_WGMMA=1" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
+want qwen64 && bench "qwen3 b64 wgmma=0" 25 "KILN_CUDA_WGMMA=0" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
+say "done"

@@ -1,0 +1,420 @@
+/* gemm_wgmma.cu — y[m][n] = x16[m][:] · w[n][:] (+ bias[n]) for a few
+ * activation rows (batched decode: 1..64 rows), 16-bit weights W[N][K] and
+ * activations X[M][K] in the weights' type (bf16 or f16), fp32 accumulation
+ * and output (row stride ldy). Hopper only (sm_90a: wgmma, TMA, clusters).
+ *
+ * Why: at 16..64 rows the product is bound by reading W once (M·N·K·2 flops
+ * against N·K·2 bytes: at most 64 flops a byte, the H100 has ~300), yet
+ * cuBLAS(Lt) reaches 46..83% of the copy bandwidth on Llama-3.1-8B's shapes
+ * (docs/cuda.md). The mma.sync kernel before this one (cuda_gemm_small.cu)
+ * re-read the activations from shared memory for every 16 weight rows and
+ * ran short of bandwidth past 16 rows.
+ *
+ * Design:
+ *  - wgmma m64n128k16 with the ACTIVATIONS as operand A (64 rows, M padded
+ *    to 64 by TMA's zero fill) and BN = 128 or 256 WEIGHT rows as operand B
+ *    (one or two n128 instructions per k16): each weight byte is read from
+ *    shared memory once per k-step, the activations once per 128 weight
+ *    rows. Both tiles are K-major with 128-byte swizzle, BK = 64 columns
+ *    (one 128-byte swizzle atom) per stage. Accumulators: fp32 registers of
+ *    one consumer warpgroup (64 per n128 block per thread).
+ *  - One producer warp (one lane) streams the W and X tiles of each k-step
+ *    with TMA (cp.async.bulk.tensor) into a STAGES-deep ring of shared
+ *    memory, each stage guarded by a "full" mbarrier (the copy engine
+ *    completes its byte count) and an "empty" one (each consumer warp
+ *    arrives once its wgmmas of that stage have finished reading it). The
+ *    tensor cores need ~1/5 of the time the weight stream takes, so the
+ *    consumers wait for every stage's wgmmas before releasing it (no
+ *    overlap needed) and the point is only to keep the ring full: 96 KB
+ *    (BN = 128, two CTAs an SM) or 200 KB (BN = 256, one) per SM.
+ *  - Grid (N tiles, S): K is split into S ranges of whole k-steps, S chosen
+ *    so that tiles × S CTAs are resident at once (one wave, all CTAs share
+ *    the memory bandwidth and finish together). The S CTAs of a tile form
+ *    a thread-block cluster (1, S, 1); each writes its fp32 partial tile
+ *    into its own shared memory and, after a cluster barrier, CTA r adds
+ *    the S partials of its share of the tile in split order 0..S-1 through
+ *    distributed shared memory, adds the bias and stores y. No global
+ *    round trip, no atomics: the bits do not depend on the schedule.
+ *    S = 1 stores from the same shared-memory staging (coalesced rows).
+ *  - TMA descriptors (CUtensorMap, passed by value as __grid_constant__):
+ *    the weight's is cached per (pointer, shape) — weights never move —
+ *    the activations' per (pointer, rows, row stride) in a small ring. The
+ *    encoder comes from the driver through cudaGetDriverEntryPointByVersion
+ *    (no -lcuda).
+ *  - Programmatic dependent launch (cuda_pdl.cuh): the producer issues the
+ *    weight tiles of the first STAGES k-steps before griddepcontrol.wait
+ *    (weights are never written by kernels), the activations after it;
+ *    every thread waits before its global stores.
+ * Requirements (cuda_wgmma_ok): K a multiple of 8 (TMA's 16-byte row
+ * stride; a K tail inside the last 64 columns is zero-filled on both
+ * operands), 16-byte aligned W and X and X's row stride a multiple of 8
+ * elements; anything else takes cuBLAS. */
+#include <cuda.h> /* CUtensorMap and its enums (header only; no -lcuda) */
+#include <cudaTypedefs.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/hopper/gemm_wgmma_ptx.cuh"
+
+using namespace wgk;
+
+namespace {
+
+constexpr int BK = 64;        /* columns per k-step: one 128-byte swizzle atom */
+constexpr int BM = 64;        /* activation rows: wgmma's M */
+constexpr int CONSUMERS = 128; /* one warpgroup: warps 0..3 */
+constexpr int THREADS = CONSUMERS + 32; /* + the producer warp (warp 4) */
+constexpr int MAX_SPLIT = 8;  /* portable cluster size */
+
+template <int BN> struct cfg {
+    static constexpr int NB = BN / 128;                 /* n128 wgmmas per k16 */
+    static constexpr int STAGES = BN == 256 ? 5 : 4;    /* 200 KB / 96 KB ring */
+    static constexpr uint32_t W_BYTES = BN * BK * 2;
+    static constexpr uint32_t X_BYTES = BM * BK * 2;
+    static constexpr uint32_t STAGE_BYTES = W_BYTES + X_BYTES;
+    static constexpr int LDP = BN + 8; /* partial tile row, floats: +8 spreads the 8 rows
+                                          of a warp's float2 stores over all banks */
+    static constexpr uint32_t PART_BYTES = BM * LDP * 4;
+    static constexpr uint32_t RING = STAGES * STAGE_BYTES;
+    static constexpr uint32_t BAR_OFF = RING > PART_BYTES ? RING : PART_BYTES;
+    static constexpr size_t SMEM = 1024 + BAR_OFF + 2 * STAGES * 8; /* +1024: alignment */
+};
+
+template <bool F16>
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+    if (F16) wgmma_n128_f16(d, da, db);
+    else wgmma_n128_bf16(d, da, db);
+}
+
+/* One CTA: the BN weight rows from n0 = blockIdx.x·BN, k-steps
+ * [split·nk/S, (split+1)·nk/S) with split = blockIdx.y (= the CTA's rank in
+ * its cluster of S). */
+template <int BN, bool F16>
+__global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1)
+wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
+             float *y, long ldy, const float *bias, int M, int N, int nk, int S) {
+    using C = cfg<BN>;
+    extern __shared__ unsigned char smem_raw[];
+    pdl_trigger();
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n0 = blockIdx.x * BN, split = blockIdx.y;
+    const int k0 = (int)((long)split * nk / S), cnt = (int)((long)(split + 1) * nk / S) - k0;
+    const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+    float *part = (float *)(smem_raw + (base - raw)); /* [BM][LDP], after the main loop */
+    auto full = [&](int s) { return base + C::BAR_OFF + 8u * (uint32_t)s; };
+    auto empty = [&](int s) { return base + C::BAR_OFF + 8u * (uint32_t)(C::STAGES + s); };
+    auto w_tile = [&](int s) { return base + (uint32_t)s * C::STAGE_BYTES; };
+    auto x_tile = [&](int s) { return base + (uint32_t)s * C::STAGE_BYTES + C::W_BYTES; };
+
+    if (tid == 0) {
+        for (int s = 0; s < C::STAGES; s++) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), CONSUMERS / 32);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    float acc[C::NB][64];
+    if (warp == CONSUMERS / 32) {
+        /* producer */
+        if (lane == 0) {
+            const uint64_t pol = policy_evict_first();
+            const int pre = cnt < C::STAGES ? cnt : C::STAGES;
+            for (int i = 0; i < pre; i++) {
+                mbar_arrive_tx(full(i), C::STAGE_BYTES);
+                tma_load_2d_hint(w_tile(i), &tw, full(i), (k0 + i) * BK, n0, pol);
+            }
+            pdl_wait(); /* the activations come from the previous kernel */
+            for (int i = 0; i < pre; i++) tma_load_2d(x_tile(i), &tx, full(i), (k0 + i) * BK, 0);
+            for (int i = pre; i < cnt; i++) {
+                const int s = i % C::STAGES;
+                mbar_wait(empty(s), (uint32_t)((i / C::STAGES) & 1) ^ 1u);
+                mbar_arrive_tx(full(s), C::STAGE_BYTES);
+                tma_load_2d_hint(w_tile(s), &tw, full(s), (k0 + i) * BK, n0, pol);
+                tma_load_2d(x_tile(s), &tx, full(s), (k0 + i) * BK, 0);
+            }
+        }
+    } else {
+        /* consumers: the warpgroup of warps 0..3 */
+#pragma unroll
+        for (int b = 0; b < C::NB; b++)
+#pragma unroll
+            for (int j = 0; j < 64; j++) acc[b][j] = 0.0f;
+        for (int i = 0; i < cnt; i++) {
+            const int s = i % C::STAGES;
+            mbar_wait(full(s), (uint32_t)((i / C::STAGES) & 1));
+            const uint64_t da = desc_sw128(x_tile(s)), db = desc_sw128(w_tile(s));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+#pragma unroll
+                for (int b = 0; b < C::NB; b++)
+                    wgmma_n128<F16>(acc[b], da + 2 * kk, db + (uint64_t)(b * 128 * 128 >> 4) + 2 * kk);
+            wgmma_commit();
+            wgmma_wait0();
+#pragma unroll
+            for (int b = 0; b < C::NB; b++)
+#pragma unroll
+                for (int j = 0; j < 64; j++) reg_fence(acc[b][j]);
+            if (lane == 0) mbar_arrive(empty(s)); /* this warp is done reading stage s */
+        }
+    }
+    /* every stage consumed: the ring's memory is free for the partial tile */
+    __syncthreads();
+    if (warp < CONSUMERS / 32) {
+        const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
+#pragma unroll
+        for (int b = 0; b < C::NB; b++)
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int col = b * 128 + 8 * j + c;
+                *(float2 *)&part[r * C::LDP + col] = make_float2(acc[b][4 * j], acc[b][4 * j + 1]);
+                *(float2 *)&part[(r + 8) * C::LDP + col] =
+                    make_float2(acc[b][4 * j + 2], acc[b][4 * j + 3]);
+            }
+    }
+    if (S > 1) cluster_sync();
+    else __syncthreads();
+    pdl_wait(); /* before the first global store */
+
+    /* this CTA's share of the tile: float4 groups i ≡ split (mod S) in
+     * blocks of THREADS, summed over the S partials in split order */
+    constexpr int NV = BN / 4;
+    const int total = M * NV;
+    const uint32_t pbase = smem_u32(part);
+    for (int i = split * THREADS + tid; i < total; i += S * THREADS) {
+        const int m = i / NV, c = (i % NV) * 4;
+        const uint32_t off = (uint32_t)(m * C::LDP + c) * 4u;
+        float4 v;
+        if (S == 1) {
+            v = *(const float4 *)&part[m * C::LDP + c];
+        } else {
+            v = ld_cluster_f4(cluster_map(pbase + off, 0));
+            for (int s = 1; s < S; s++) {
+                const float4 u = ld_cluster_f4(cluster_map(pbase + off, (uint32_t)s));
+                v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+            }
+        }
+        const int n = n0 + c;
+        float *yr = y + (long)m * ldy + n;
+        const float o[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (n + q < N) yr[q] = bias ? o[q] + bias[n + q] : o[q];
+    }
+    if (S > 1) cluster_sync(); /* peers may still read this CTA's partial */
+}
+
+/* ---- host side --------------------------------------------------------- */
+
+enum { WMAP_SLOTS = 2048, XMAP_SLOTS = 16 };
+
+struct tmap_entry {
+    const void *p;
+    long rows, cols, ld;
+    int dtype, box;
+    CUtensorMap map;
+};
+
+struct wg_state {
+    PFN_cuTensorMapEncodeTiled_v12000 encode;
+    int per_sm[2];                    /* resident CTAs an SM: BN = 128, 256 */
+    int clusters[2][MAX_SPLIT + 1];   /* resident clusters of S CTAs */
+    struct tmap_entry w[WMAP_SLOTS];  /* open addressing by pointer */
+    int n_w;
+    struct tmap_entry x[XMAP_SLOTS];  /* ring */
+    int x_next;
+};
+
+template <int BN, bool F16> void setup_kernel(struct wg_state *st, int bi, int n_sm) {
+    auto k = wgmma_kernel<BN, F16>;
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)cfg<BN>::SMEM));
+    if (F16) return; /* the same resources as bf16 */
+    int b = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, THREADS, cfg<BN>::SMEM));
+    st->per_sm[bi] = b > 0 ? b : 1;
+    for (int s = 1; s <= MAX_SPLIT; s++) {
+        cudaLaunchConfig_t lc = {};
+        lc.gridDim = dim3(1, (unsigned)s);
+        lc.blockDim = dim3(THREADS);
+        lc.dynamicSmemBytes = cfg<BN>::SMEM;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)s, at[0].val.clusterDim.z = 1;
+        lc.attrs = at, lc.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, k, &lc) != cudaSuccess || n <= 0) {
+            (void)cudaGetLastError();
+            n = st->per_sm[bi] * n_sm / s;
+        }
+        st->clusters[bi][s] = n;
+    }
+}
+
+int encode(const struct wg_state *st, CUtensorMap *m, const void *p, long rows, long cols, long ld,
+           int dtype, int box) {
+    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    cuuint64_t stride[1] = {(cuuint64_t)ld * 2};
+    cuuint32_t boxd[2] = {BK, (cuuint32_t)box}, es[2] = {1, 1};
+    CUresult r = st->encode(m, dtype == DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            2, (void *)p, dim, stride, boxd, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
+/* The weight's map: cached by pointer and shape (weights never move; a new
+ * weight at a freed one's address with another shape gets its own entry). */
+const CUtensorMap *weight_map(struct wg_state *st, const struct backend_weight *w, int box,
+                              CUtensorMap *tmp) {
+    uint64_t h = ((uint64_t)(uintptr_t)w->data >> 8) * 0x9E3779B97F4A7C15ull;
+    unsigned i = (unsigned)(h >> 53) & (WMAP_SLOTS - 1);
+    for (int probe = 0; probe < WMAP_SLOTS; probe++, i = (i + 1) & (WMAP_SLOTS - 1)) {
+        struct tmap_entry *e = &st->w[i];
+        if (!e->p) break;
+        if (e->p == w->data && e->rows == w->rows && e->cols == w->cols && e->dtype == (int)w->dtype &&
+            e->box == box)
+            return &e->map;
+    }
+    CUDA_ASSERT_MSG(encode(st, tmp, w->data, w->rows, w->cols, w->cols, (int)w->dtype, box),
+                    "wgmma: cannot encode the weight's tensor map");
+    if (st->n_w < WMAP_SLOTS * 3 / 4 && !st->w[i].p) {
+        st->w[i] = (struct tmap_entry){w->data, w->rows, w->cols, w->cols, (int)w->dtype, box, *tmp};
+        st->n_w++;
+        return &st->w[i].map;
+    }
+    return tmp; /* table full: encoded for this call only */
+}
+
+const CUtensorMap *act_map(struct wg_state *st, const void *x, long n, long cols, long ldx,
+                           int dtype) {
+    for (int i = 0; i < XMAP_SLOTS; i++) {
+        struct tmap_entry *e = &st->x[i];
+        if (e->p == x && e->rows == n && e->cols == cols && e->ld == ldx && e->dtype == dtype)
+            return &e->map;
+    }
+    struct tmap_entry *e = &st->x[st->x_next];
+    st->x_next = (st->x_next + 1) % XMAP_SLOTS;
+    CUDA_ASSERT_MSG(encode(st, &e->map, x, n, cols, ldx, dtype, BM),
+                    "wgmma: cannot encode the activations' tensor map");
+    e->p = x, e->rows = n, e->cols = cols, e->ld = ldx, e->dtype = dtype, e->box = BM;
+    return &e->map;
+}
+
+/* The K split for `tiles` N tiles: the largest S ≤ 8 (and ≤ the k-steps)
+ * whose tiles·S CTAs are all resident at once. */
+int choose_splits(const struct wg_state *st, int bi, long tiles, int nk) {
+    int best = 1;
+    for (int s = 2; s <= MAX_SPLIT && s <= nk; s++)
+        if (tiles <= st->clusters[bi][s]) best = s;
+    return best;
+}
+
+/* BN: 256 (one CTA an SM, half the activation re-reads of 128) when its
+ * grid covers 90% of the SMs, else 128 (two CTAs an SM, twice the tiles). */
+int choose_bn(const struct cuda_ctx *c, const struct wg_state *st, long N, int nk) {
+    long t256 = (N + 255) / 256;
+    int s256 = choose_splits(st, 1, t256, nk);
+    return (double)t256 * s256 >= 0.9 * c->n_sm ? 256 : 128;
+}
+
+template <int BN, bool F16>
+void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, float *y, long ldy,
+            const float *bias, int M, int N, int nk, int S) {
+    long tiles = (N + BN - 1) / BN;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3((unsigned)tiles, (unsigned)S);
+    lc.blockDim = dim3(THREADS);
+    lc.dynamicSmemBytes = cfg<BN>::SMEM;
+    lc.stream = c->stream;
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (c->pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (S > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = 1, at[na].val.clusterDim.y = (unsigned)S;
+        at[na++].val.clusterDim.z = 1;
+    }
+    lc.attrs = at, lc.numAttrs = (unsigned)na;
+    CUDA_CHECK(cudaLaunchKernelEx(&lc, wgmma_kernel<BN, F16>, *tw, *tx, y, ldy, bias, M, N, nk, S));
+}
+
+} // namespace
+
+extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
+    int dev = c->device, major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0) return 0; /* sm_90a code runs on 9.0 only */
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    struct wg_state *st = (struct wg_state *)calloc(1, sizeof *st);
+    CUDA_ASSERT(st);
+    st->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    setup_kernel<128, false>(st, 0, c->n_sm);
+    setup_kernel<128, true>(st, 0, c->n_sm);
+    setup_kernel<256, false>(st, 1, c->n_sm);
+    setup_kernel<256, true>(st, 1, c->n_sm);
+    c->wgmma_state = st;
+    return 1;
+}
+
+extern "C" void cuda_wgmma_release(struct cuda_ctx *c) {
+    free(c->wgmma_state);
+    c->wgmma_state = NULL;
+}
+
+extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weight *w,
+                             const void *x16, long ldx, long n) {
+    return c->wgmma && c->wgmma_state && !c->deterministic && !c->split_act &&
+           (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= c->wgmma_min_rows &&
+           n <= c->wgmma_max_rows && n >= 1 && n <= BM && w->rows >= 1 && w->cols >= 8 &&
+           w->cols % 8 == 0 && ldx % 8 == 0 && ldx >= w->cols && w->rows <= INT32_MAX &&
+           w->cols <= INT32_MAX && ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)x16 & 15) == 0;
+}
+
+extern "C" void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+                               const struct backend_weight *w, const float *bias, long n, int bn,
+                               int splits) {
+    struct wg_state *st = (struct wg_state *)c->wgmma_state;
+    CUDA_ASSERT(st && n >= 1 && n <= BM);
+    const long N = w->rows, K = w->cols;
+    const int nk = (int)((K + BK - 1) / BK);
+    if (bn != 128 && bn != 256) bn = c->wgmma_bn ? c->wgmma_bn : choose_bn(c, st, N, nk);
+    const int bi = bn == 256;
+    const long tiles = (N + bn - 1) / bn;
+    int S = splits > 0 ? splits : c->wgmma_splits > 0 ? c->wgmma_splits : choose_splits(st, bi, tiles, nk);
+    if (S > MAX_SPLIT) S = MAX_SPLIT;
+    if (S > nk) S = nk;
+    CUtensorMap tmp;
+    const CUtensorMap *tw = weight_map(st, w, bn, &tmp);
+    const CUtensorMap *tx = act_map(st, x16, n, K, ldx, (int)w->dtype);
+    const int f16 = w->dtype == DTYPE_F16;
+    if (bn == 256) {
+        if (f16) launch<256, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S);
+        else launch<256, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S);
+    } else {
+        if (f16) launch<128, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S);
+        else launch<128, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S);
+    }
+    c->wgmma_calls++;
+}
+
+extern "C" void cuda_wgmma(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+                           const struct backend_weight *w, const float *bias, long n) {
+    cuda_wgmma_run(c, y, ldy, x16, ldx, w, bias, n, 0, 0);
+}
