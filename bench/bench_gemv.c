@@ -23,7 +23,9 @@
  *   (3 rounds of ≥ 0.5 GB).
  * --wgmma: n = 8, 16, 32, 64 (or --n), the five shapes (lm_head too),
  *   cuBLASLt against the wgmma kernel (by shape, BN = 128, BN = 256), the
- *   same short loops.
+ *   same short loops; then the kernel alone ("kernel*": by shape, else
+ *   BN and the K split forced), without the conversion pass, timed over
+ *   graph replays (time_wgmma_kernel).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +35,10 @@
 #include "base/mem.h"
 #include "bench_util.h"
 #include "tensor/backend.h"
+#include "tensor/dtype.h"
+#ifdef KILN_CUDA_HOPPER
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 enum { ROUNDS = 5, MAX_VARIANTS = 16 };
 
@@ -96,6 +102,71 @@ static double time_product(struct backend *be, const struct backend_weight *w, i
     return t[rounds / 2];
 }
 
+#ifdef KILN_CUDA_HOPPER
+/* --wgmma: the wgmma kernel alone (no conversion pass: bf16 x made here),
+ * REPS launches over the weight copies captured in one graph (as a decode
+ * step runs them, programmatic launches overlapping), median of 3 replays;
+ * seconds per product. bn, splits: 0 = by shape. */
+static double time_wgmma_kernel(struct backend *be, const struct backend_weight *w, int copies,
+                                float *y, const void *x16, long n, int bn, int splits) {
+    struct cuda_ctx *c = be->ctx;
+    long rows = w[0].rows, cols = w[0].cols;
+    int reps = copies > 20 ? copies : 20;
+    for (int i = 0; i < copies; i++) cuda_wgmma_run(c, y, rows, x16, cols, &w[i], NULL, n, bn, splits);
+    KILN_ASSERT(cudaStreamSynchronize(c->stream) == cudaSuccess);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    KILN_ASSERT(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    for (int i = 0; i < reps; i++)
+        cuda_wgmma_run(c, y, rows, x16, cols, &w[i % copies], NULL, n, bn, splits);
+    KILN_ASSERT(cudaStreamEndCapture(c->stream, &g) == cudaSuccess);
+    KILN_ASSERT(cudaGraphInstantiate(&ge, g, 0) == cudaSuccess);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    double t[3];
+    KILN_ASSERT(cudaGraphLaunch(ge, c->stream) == cudaSuccess);
+    for (int r = 0; r < 3; r++) {
+        cudaEventRecord(e0, c->stream);
+        KILN_ASSERT(cudaGraphLaunch(ge, c->stream) == cudaSuccess);
+        cudaEventRecord(e1, c->stream);
+        KILN_ASSERT(cudaEventSynchronize(e1) == cudaSuccess);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t[r] = ms / 1e3 / reps;
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    qsort(t, 3, sizeof t[0], cmp_double);
+    return t[1];
+}
+
+static void wgmma_kernel_rows(struct backend *be, const struct backend_weight *w, int copies,
+                              float *y, const float *xh, long n, double bw) {
+    struct cuda_ctx *c = be->ctx;
+    if (!c->wgmma) return;
+    long rows = w[0].rows, cols = w[0].cols;
+    uint16_t *xb = xmalloc((size_t)(n * cols) * 2);
+    for (long i = 0; i < n * cols; i++) xb[i] = f32_to_bf16(xh[i]);
+    void *x16 = be->ops->alloc(be->ctx, (size_t)(n * cols) * 2);
+    be->ops->upload(be->ctx, x16, xb, (size_t)(n * cols) * 2);
+    be->ops->synchronize(be->ctx);
+    static const int cfgs[][2] = {{0, 0}, {128, 1}, {128, 2}, {128, 4}, {128, 8}, {256, 0}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        int bn = cfgs[i][0], sp = cfgs[i][1];
+        cuda_wgmma_plan(c, rows, cols, &bn, &sp);
+        if (cfgs[i][1] && sp != cfgs[i][1]) continue; /* more splits than k-steps */
+        double t = time_wgmma_kernel(be, w, copies, y, x16, n, cfgs[i][0], cfgs[i][1]);
+        double gbs = (double)rows * cols * 2 / t;
+        char name[32];
+        snprintf(name, sizeof name, "kernel%s BN=%d S=%d", cfgs[i][1] ? "" : "*", bn, sp);
+        printf("  %6ld x %-6ld n=%-4ld %-20s %9.2f us %8.1f GB/s %6.1f%% of copy\n", rows, cols, n,
+               name, t * 1e6, gbs / 1e9, 100.0 * gbs / bw);
+    }
+    be->ops->free(be->ctx, x16);
+    free(xb);
+}
+#endif
+
 /* All variants for one shape; returns the default variant's n = 1 GB/s. */
 static double run_shape(struct backend *base, long rows, long cols, const long *ns, int n_ns,
                         double bw, int quick) {
@@ -140,6 +211,9 @@ static double run_shape(struct backend *base, long rows, long cols, const long *
                    rows, cols, n, va->name, t * 1e6, gbs / 1e9, 100.0 * gbs / bw, tf);
             if (v == 0 && n == 1) g1 = gbs;
         }
+#ifdef KILN_CUDA_HOPPER
+        if (only == 2) wgmma_kernel_rows(base, w, copies, y, xh, n, bw);
+#endif
     }
     for (int c = 0; c < copies; c++) ops->weight_release(base->ctx, w[c].data);
     ops->free(base->ctx, x), ops->free(base->ctx, y);

@@ -119,6 +119,8 @@ if [ "$decode" = 1 ]; then
   timeout 120 "$B/tests/test_cuda_ops" >"$O/ops.log" 2>&1
   say "test_cuda_ops rc=$? $(grep -E 'PASSED|FAILED' "$O/ops.log" | tr '\n' ' ')"
   grep -E 'qk_rope|matmul bf16 n=(2|5|8) ' -A1 "$O/ops.log" | grep 'rel err' | head -8 | tee -a "$LOG"
+  timeout 120 "$B/tests/test_matmul_wgmma" >"$O/wgmma.log" 2>&1
+  say "test_matmul_wgmma rc=$? $(grep -E 'PASSED|FAILED' "$O/wgmma.log" | tr '\n' ' ')"
   say "== bench_forward decode (prompt 128, best of 2)"
   for args in "qwen3-0.6b 64 --batch 1 --no-graphs" "qwen3-0.6b 64 --batch 1" "qwen3-0.6b 64 --batch 64" \
               "qwen3-0.6b 32 --batch 256" "llama-3.1-8b 64 --batch 1" "llama-3.1-8b 32 --batch 1 --no-graphs" \

@@ -9,7 +9,9 @@
 # is the short version. On the device machine:
 #
 #   cd tmp/wgmm && OUT=$OUT bash dev/wgmma/gpu_session.sh 285
-# STAGES="test gemv llama64 ctest llama32 qwen64" selects stages (default: all).
+# STAGES="test gemv llama64 ctest llama32 qwen64 profile" selects stages
+# (default: all but profile: KILN_CUDA_PROFILE=1, eager, per-op medians of
+# Llama-3.1-8B's products at 64 rows with the kernel on and off).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/wgmma-out}; mkdir -p "$OUT"
@@ -67,7 +69,7 @@ if want gemv; then
   timeout $(( $(left) < 80 ? $(left) : 80 )) $B/bench_gemv --wgmma >"$OUT/gemv.log" 2>&1
   say "bench_gemv rc=$?"
   grep -E "copy bandwidth" "$OUT/gemv.log" | tee -a "$S"
-  # one line per shape and n: % of copy for cuBLASLt, default, BN=128, BN=256
+  # one line per shape and n: % of copy for cuBLASLt, default, BN=128, BN=256, kernel alone
   awk '/ n=/ { key=$1" "$3" "$4; v=$0; sub(/.*n=[0-9]+ +/, "", v); name=v; sub(/ +[0-9.]+ us.*/, "", name);
          pc=$0; sub(/.*GB\/s +/, "", pc); sub(/%.*/, "", pc); row[key]=row[key] sprintf(" %s=%s", name, pc) }
        END { for (k in row) print k row[k] }' "$OUT/gemv.log" | sort -k1,1n -k3 | tee -a "$S" >/dev/null
@@ -86,4 +88,13 @@ want llama32 && bench "llama b32 wgmma=1" 35 "KILN_CUDA_WGMMA=1" --model $L --pr
 want llama32 && bench "llama b32 wgmma=0" 35 "KILN_CUDA_WGMMA=0" --model $L --prompt-len 128 --decode 32 --batch 32 --repeat 2
 want qwen64 && bench "qwen3 b64 wgmma=1" 25 "KILN_CUDA_WGMMA=1" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
 want qwen64 && bench "qwen3 b64 wgmma=0" 25 "KILN_CUDA_WGMMA=0" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
+if want profile; then
+  for v in 1 0; do
+    [ "$(left)" -gt 25 ] || { say "skip profile $v (time)"; continue; }
+    KILN_CUDA_WGMMA=$v KILN_CUDA_PROFILE=1 timeout 30 $B/bench_forward --device cuda --load-format dummy \
+      --model $L --prompt-len 128 --decode 16 --batch 64 --repeat 1 --no-graphs >"$OUT/profile$v.log" 2>&1
+    say "profile wgmma=$v rc=$?"
+    grep -E "^  (norm_matmul|matmul|norm_swiglu_mlp) n=64 " "$OUT/profile$v.log" | cut -c1-120 | tee -a "$S"
+  done
+fi
 say "done"

@@ -285,6 +285,9 @@ void cuda_wgmma(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ld
                 const struct backend_weight *w, const float *bias, long n);
 void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                     const struct backend_weight *w, const float *bias, long n, int bn, int splits);
+/* The tile width and K split cuda_wgmma_run would use for a [N][K] weight
+ * (bn, splits: 0 = by shape, else forced), written back. */
+void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *splits);
 
 #ifdef __cplusplus
 }

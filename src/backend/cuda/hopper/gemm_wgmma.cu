@@ -121,6 +121,8 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
     if (warp == CONSUMERS / 32) {
         /* producer */
         if (lane == 0) {
+            prefetch_tensormap(&tw);
+            prefetch_tensormap(&tx);
             const uint64_t pol = policy_evict_first();
             const int pre = cnt < C::STAGES ? cnt : C::STAGES;
             for (int i = 0; i < pre; i++) {
@@ -192,11 +194,15 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
         if (S == 1) {
             v = *(const float4 *)&part[m * C::LDP + c];
         } else {
-            v = ld_cluster_f4(cluster_map(pbase + off, 0));
-            for (int s = 1; s < S; s++) {
-                const float4 u = ld_cluster_f4(cluster_map(pbase + off, (uint32_t)s));
-                v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
-            }
+            /* all S loads first (they overlap), then the sum in split order */
+            float4 u[MAX_SPLIT];
+#pragma unroll
+            for (int s = 0; s < MAX_SPLIT; s++)
+                if (s < S) u[s] = ld_cluster_f4(cluster_map(pbase + off, (uint32_t)s));
+            v = u[0];
+#pragma unroll
+            for (int s = 1; s < MAX_SPLIT; s++)
+                if (s < S) v.x += u[s].x, v.y += u[s].y, v.z += u[s].z, v.w += u[s].w;
         }
         const int n = n0 + c;
         float *yr = y + (long)m * ldy + n;
@@ -223,6 +229,7 @@ struct wg_state {
     PFN_cuTensorMapEncodeTiled_v12000 encode;
     int per_sm[2];                    /* resident CTAs an SM: BN = 128, 256 */
     int clusters[2][MAX_SPLIT + 1];   /* resident clusters of S CTAs */
+    int min_steps;                    /* k-steps a split gets at least (KILN_CUDA_WGMMA_MINK) */
     struct tmap_entry w[WMAP_SLOTS];  /* open addressing by pointer */
     int n_w;
     struct tmap_entry x[XMAP_SLOTS];  /* ring */
@@ -306,21 +313,14 @@ const CUtensorMap *act_map(struct wg_state *st, const void *x, long n, long cols
     return &e->map;
 }
 
-/* The K split for `tiles` N tiles: the largest S ≤ 8 (and ≤ the k-steps)
- * whose tiles·S CTAs are all resident at once. */
+/* The K split for `tiles` N tiles: the largest S ≤ 8 whose tiles·S CTAs
+ * are all resident at once and whose splits keep at least min_steps
+ * k-steps each (each CTA pays a pipeline ramp and the cluster reduction). */
 int choose_splits(const struct wg_state *st, int bi, long tiles, int nk) {
     int best = 1;
-    for (int s = 2; s <= MAX_SPLIT && s <= nk; s++)
+    for (int s = 2; s <= MAX_SPLIT && s * st->min_steps <= nk; s++)
         if (tiles <= st->clusters[bi][s]) best = s;
     return best;
-}
-
-/* BN: 256 (one CTA an SM, half the activation re-reads of 128) when its
- * grid covers 90% of the SMs, else 128 (two CTAs an SM, twice the tiles). */
-int choose_bn(const struct cuda_ctx *c, const struct wg_state *st, long N, int nk) {
-    long t256 = (N + 255) / 256;
-    int s256 = choose_splits(st, 1, t256, nk);
-    return (double)t256 * s256 >= 0.9 * c->n_sm ? 256 : 128;
 }
 
 template <int BN, bool F16>
@@ -365,6 +365,8 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     struct wg_state *st = (struct wg_state *)calloc(1, sizeof *st);
     CUDA_ASSERT(st);
     st->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    const char *mk = getenv("KILN_CUDA_WGMMA_MINK");
+    st->min_steps = mk && atoi(mk) > 0 ? atoi(mk) : 8;
     setup_kernel<128, false>(st, 0, c->n_sm);
     setup_kernel<128, true>(st, 0, c->n_sm);
     setup_kernel<256, false>(st, 1, c->n_sm);
@@ -387,6 +389,20 @@ extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weig
            w->cols <= INT32_MAX && ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)x16 & 15) == 0;
 }
 
+extern "C" void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *splits) {
+    const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
+    CUDA_ASSERT(st);
+    const int nk = (int)((K + BK - 1) / BK);
+    if (*bn != 128 && *bn != 256) *bn = c->wgmma_bn == 256 ? 256 : 128;
+    const long tiles = (N + *bn - 1) / *bn;
+    int S = *splits > 0 ? *splits
+          : c->wgmma_splits > 0 ? c->wgmma_splits
+                                : choose_splits(st, *bn == 256, tiles, nk);
+    if (S > MAX_SPLIT) S = MAX_SPLIT;
+    if (S > nk) S = nk;
+    *splits = S;
+}
+
 extern "C" void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                                const struct backend_weight *w, const float *bias, long n, int bn,
                                int splits) {
@@ -394,12 +410,8 @@ extern "C" void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const voi
     CUDA_ASSERT(st && n >= 1 && n <= BM);
     const long N = w->rows, K = w->cols;
     const int nk = (int)((K + BK - 1) / BK);
-    if (bn != 128 && bn != 256) bn = c->wgmma_bn ? c->wgmma_bn : choose_bn(c, st, N, nk);
-    const int bi = bn == 256;
-    const long tiles = (N + bn - 1) / bn;
-    int S = splits > 0 ? splits : c->wgmma_splits > 0 ? c->wgmma_splits : choose_splits(st, bi, tiles, nk);
-    if (S > MAX_SPLIT) S = MAX_SPLIT;
-    if (S > nk) S = nk;
+    int S = splits;
+    cuda_wgmma_plan(c, N, K, &bn, &S);
     CUtensorMap tmp;
     const CUtensorMap *tw = weight_map(st, w, bn, &tmp);
     const CUtensorMap *tx = act_map(st, x16, n, K, ldx, (int)w->dtype);

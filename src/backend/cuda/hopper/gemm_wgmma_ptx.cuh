@@ -63,6 +63,11 @@ __device__ __forceinline__ uint64_t policy_evict_first() {
     return p;
 }
 
+/* Fetches a tensor map (a __grid_constant__ parameter) ahead of its first use. */
+__device__ __forceinline__ void prefetch_tensormap(const void *map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
+}
+
 /* The 2-D box at (c0 = inner element, c1 = row) of the tensor map into
  * shared memory at dst; completes `bar`'s transactions with the box's
  * bytes (the full box, zero-filled where it leaves the tensor). */
