@@ -9,9 +9,10 @@
 # is the short version. On the device machine:
 #
 #   cd tmp/wgmm && OUT=$OUT bash dev/wgmma/gpu_session.sh 285
-# STAGES="test gemv llama64 ctest llama32 qwen64 profile" selects stages
-# (default: all but profile: KILN_CUDA_PROFILE=1, eager, per-op medians of
-# Llama-3.1-8B's products at 64 rows with the kernel on and off).
+# STAGES="test gemv llama64 trigger ctest llama32 qwen64 profile" selects
+# stages (default: all but trigger and profile; trigger: Llama b64 with the
+# PDL trigger at the kernel's start; profile: KILN_CUDA_PROFILE=1, eager,
+# per-op medians of Llama-3.1-8B's products at 64 rows, the kernel on and off).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/wgmma-out}; mkdir -p "$OUT"
@@ -76,6 +77,7 @@ if want gemv; then
 fi
 want llama64 && bench "llama b64 wgmma=1" 45 "KILN_CUDA_WGMMA=1" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
 want llama64 && bench "llama b64 wgmma=0" 45 "KILN_CUDA_WGMMA=0" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
+want trigger && bench "llama b64 wgmma=1 early" 45 "KILN_CUDA_WGMMA=1 KILN_CUDA_WGMMA_TRIGGER=early" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
 
 if want ctest && [ "$(left)" -gt 40 ]; then
   say "ctest"
@@ -88,6 +90,7 @@ want llama32 && bench "llama b32 wgmma=1" 35 "KILN_CUDA_WGMMA=1" --model $L --pr
 want llama32 && bench "llama b32 wgmma=0" 35 "KILN_CUDA_WGMMA=0" --model $L --prompt-len 128 --decode 32 --batch 32 --repeat 2
 want qwen64 && bench "qwen3 b64 wgmma=1" 25 "KILN_CUDA_WGMMA=1" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
 want qwen64 && bench "qwen3 b64 wgmma=0" 25 "KILN_CUDA_WGMMA=0" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
+want qwen64 && bench "qwen3 b64 wgmma=1 all sizes" 25 "KILN_CUDA_WGMMA=1 KILN_CUDA_WGMMA_MIN_MB=0" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
 if want profile; then
   for v in 1 0; do
     [ "$(left)" -gt 25 ] || { say "skip profile $v (time)"; continue; }

@@ -7,12 +7,14 @@
  *  - the kernel itself (cuda_wgmma_run on 16-bit x and w): M = 1..64, N not
  *    a multiple of the 128/256-row tile, K of 1..224 k-steps and a K that is
  *    not a multiple of 64, bias, strided x and y, bf16 and f16, both tile
- *    widths and every K split 1..8 (cluster reductions); each case run twice
- *    and the two outputs compared bit for bit (fixed reduction order).
+ *    widths and every K split 1..8 (cluster reductions); each case run twice,
+ *    the second time recorded into a CUDA graph and replayed, and the two
+ *    outputs compared bit for bit (fixed reduction order, capturable).
  *  - the routing (ops->matmul on fp32 activations, which the backend rounds
  *    to the weight's type first): the product runs the kernel for 1..64 rows
  *    (counted by cuda_ctx.wgmma_calls) and falls back to cuBLAS for 65 rows,
- *    K not a multiple of 8, KILN_CUDA_WGMMA=0 and --deterministic, each
+ *    K not a multiple of 8, KILN_CUDA_WGMMA=0, --deterministic and weights
+ *    under the size threshold (KILN_CUDA_WGMMA_MIN_MB, default 24), each
  *    result checked the same way.
  * Outputs are poisoned (NaN) first and the columns between N and the row
  * stride hold a sentinel that must survive: every element written, nothing
@@ -50,9 +52,11 @@
 #define TOL 5e-4
 #define SENTINEL 7777.0f
 
-static struct backend gpu;     /* defaults, KILN_CUDA_GEMV_MAX_ROWS=0: every row count reaches product16 */
+/* all with KILN_CUDA_GEMV_MAX_ROWS=0 (every row count reaches product16) */
+static struct backend gpu;     /* KILN_CUDA_WGMMA=1, KILN_CUDA_WGMMA_MIN_MB=0: any weight size */
 static struct backend gpu_off; /* KILN_CUDA_WGMMA=0 */
 static struct backend gpu_det; /* --deterministic */
+static struct backend gpu_thr; /* KILN_CUDA_WGMMA=1, default weight-size threshold (24 MB) */
 static int have_gpu;
 static uint64_t rng_state;
 
@@ -145,16 +149,34 @@ static void check_kernel(const struct kcase *t) {
     assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
     assert_int_equal(c->wgmma_calls, calls + 1);
     assert_int_equal(cudaMemcpy(y, dy, (size_t)(m * ldy) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    cuda_wgmma_run(c, dy, ldy, dx, ldx, &bw, db, m, t->bn, t->splits);
+    /* the second run recorded into a graph and replayed (as decode steps
+     * run it) into a freshly poisoned y */
+    float *dy2 = dev_from(y, (size_t)(m * ldy) * 4);
+    {
+        float *poison = xmalloc((size_t)(m * ldy) * 4);
+        for (long i = 0; i < m; i++)
+            for (long j = 0; j < ldy; j++) poison[i * ldy + j] = j < N ? NAN : SENTINEL;
+        assert_int_equal(cudaMemcpy(dy2, poison, (size_t)(m * ldy) * 4, cudaMemcpyHostToDevice),
+                         cudaSuccess);
+        free(poison);
+    }
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    assert_int_equal(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cuda_wgmma_run(c, dy2, ldy, dx, ldx, &bw, db, m, t->bn, t->splits);
+    assert_int_equal(cudaStreamEndCapture(c->stream, &g), cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(ge, c->stream), cudaSuccess);
     assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
-    assert_int_equal(cudaMemcpy(y2, dy, (size_t)(m * ldy) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(y2, dy2, (size_t)(m * ldy) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g), cudaFree(dy2);
     double *ref = reference(x, ldx, w, bias, m, N, K, t->dt);
     double e = rel_err(y, ref, m, N, ldy);
     printf("  kernel m=%-2ld N=%-5ld K=%-5ld ldx=%-5ld ldy=%-5ld %s%s bn=%d S=%d: rel err %.2e\n", m,
            N, K, ldx, ldy, t->dt == DTYPE_BF16 ? "bf16" : "f16", bias ? " bias" : "", t->bn,
            t->splits, e);
     assert_true(e < TOL);
-    assert_memory_equal(y, y2, (size_t)(m * ldy) * 4);
+    assert_memory_equal(y, y2, (size_t)(m * ldy) * 4); /* graph replay: the same bits */
     cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dy);
     free(x), free(w), free(bias), free(y), free(y2), free(ref);
 }
@@ -229,6 +251,8 @@ static void test_routing(void **state) {
     check_matmul(&gpu, 16, 640, 100, DTYPE_BF16, 0);   /* K % 8 != 0: cuBLAS */
     check_matmul(&gpu_off, 16, 640, 1024, DTYPE_BF16, 0);
     check_matmul(&gpu_det, 16, 640, 1024, DTYPE_BF16, 0);
+    check_matmul(&gpu_thr, 16, 640, 1024, DTYPE_BF16, 0);  /* 1.3 MB weight: cuBLAS */
+    check_matmul(&gpu_thr, 16, 4096, 4096, DTYPE_BF16, 1); /* 32 MB: the kernel */
 }
 
 int main(void) {
@@ -239,7 +263,8 @@ int main(void) {
     struct kiln_error err = {{0}};
     struct backend_options bo = {0};
     setenv("KILN_CUDA_GEMV_MAX_ROWS", "0", 1);
-    unsetenv("KILN_CUDA_WGMMA");
+    setenv("KILN_CUDA_WGMMA", "1", 1);
+    setenv("KILN_CUDA_WGMMA_MIN_MB", "0", 1);
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) {
         printf("test_matmul_wgmma: %s; the tests below fail\n", err.msg);
@@ -262,14 +287,16 @@ int main(void) {
     if (have_gpu) {
         setenv("KILN_CUDA_WGMMA", "0", 1);
         int rc = backend_create(&gpu_off, "cuda", &bo, &err);
-        unsetenv("KILN_CUDA_WGMMA");
+        setenv("KILN_CUDA_WGMMA", "1", 1);
         struct backend_options bd = {.deterministic = 1};
-        if (rc || backend_create(&gpu_det, "cuda", &bd, &err)) {
+        rc = rc || backend_create(&gpu_det, "cuda", &bd, &err);
+        unsetenv("KILN_CUDA_WGMMA_MIN_MB");
+        if (rc || backend_create(&gpu_thr, "cuda", &bo, &err)) {
             fprintf(stderr, "cuda backend: %s\n", err.msg);
             return 1;
         }
-        struct backend *all[3] = {&gpu, &gpu_off, &gpu_det};
-        for (int i = 0; i < 3; i++)
+        struct backend *all[4] = {&gpu, &gpu_off, &gpu_det, &gpu_thr};
+        for (int i = 0; i < 4; i++)
             if (all[i]->ops->reserve(all[i]->ctx, 128, 1024, 16, &err)) {
                 fprintf(stderr, "reserve: %s\n", err.msg);
                 return 1;
@@ -280,6 +307,8 @@ int main(void) {
         cmocka_unit_test(test_routing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_off), backend_destroy(&gpu_det);
+    if (have_gpu)
+        backend_destroy(&gpu), backend_destroy(&gpu_off), backend_destroy(&gpu_det),
+            backend_destroy(&gpu_thr);
     return rc;
 }

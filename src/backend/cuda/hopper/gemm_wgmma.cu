@@ -27,9 +27,14 @@
  *    consumers wait for every stage's wgmmas before releasing it (no
  *    overlap needed) and the point is only to keep the ring full: 96 KB
  *    (BN = 128, two CTAs an SM) or 200 KB (BN = 256, one) per SM.
- *  - Grid (N tiles, S): K is split into S ranges of whole k-steps, S chosen
- *    so that tiles × S CTAs are resident at once (one wave, all CTAs share
- *    the memory bandwidth and finish together). The S CTAs of a tile form
+ *  - BN = 128 by default (two CTAs an SM; KILN_CUDA_WGMMA_BN=256 for the
+ *    other): measured on the H100 it was as fast or faster on every
+ *    Llama-3.1-8B shape but o_proj at 64 rows (docs/cuda.md).
+ *  - Grid (N tiles, S): K is split into S ranges of whole k-steps, S the
+ *    largest (≤ 8) that keeps tiles × S CTAs resident at once (one wave, as
+ *    cudaOccupancyMaxActiveClusters counts them: all CTAs share the memory
+ *    bandwidth and finish together) and ≥ 8 k-steps a split (each CTA pays
+ *    a pipeline ramp and the reduction). The S CTAs of a tile form
  *    a thread-block cluster (1, S, 1); each writes its fp32 partial tile
  *    into its own shared memory and, after a cluster barrier, CTA r adds
  *    the S partials of its share of the tile in split order 0..S-1 through
@@ -44,7 +49,15 @@
  *  - Programmatic dependent launch (cuda_pdl.cuh): the producer issues the
  *    weight tiles of the first STAGES k-steps before griddepcontrol.wait
  *    (weights are never written by kernels), the activations after it;
- *    every thread waits before its global stores.
+ *    the consumers wait there too (parked, not polling an mbarrier while
+ *    the previous kernel runs), every thread before its global stores.
+ *    The trigger for the next kernel comes after the main loop (its
+ *    prologue overlaps this kernel's reduction) unless
+ *    KILN_CUDA_WGMMA_TRIGGER=early (at the start, as the small kernels do:
+ *    then chains of early launches land on SMs while this kernel streams).
+ *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (24) MB: on
+ *    smaller ones (Qwen3-0.6B's layers) the fixed costs (launch, ramp,
+ *    cluster reduction) lost to cuBLAS in the measurements.
  * Requirements (cuda_wgmma_ok): K a multiple of 8 (TMA's 16-byte row
  * stride; a K tail inside the last 64 columns is zero-filled on both
  * operands), 16-byte aligned W and X and X's row stride a multiple of 8
@@ -94,10 +107,11 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t
 template <int BN, bool F16>
 __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1)
 wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
-             float *y, long ldy, const float *bias, int M, int N, int nk, int S) {
+             float *y, long ldy, const float *bias, int M, int N, int nk, int S,
+             int late_trigger) {
     using C = cfg<BN>;
     extern __shared__ unsigned char smem_raw[];
-    pdl_trigger();
+    if (!late_trigger) pdl_trigger();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n0 = blockIdx.x * BN, split = blockIdx.y;
     const int k0 = (int)((long)split * nk / S), cnt = (int)((long)(split + 1) * nk / S) - k0;
@@ -140,7 +154,11 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
             }
         }
     } else {
-        /* consumers: the warpgroup of warps 0..3 */
+        /* consumers: the warpgroup of warps 0..3. Nothing to do before the
+         * activations arrive, which the producer requests after its
+         * griddepcontrol.wait: waiting there too parks these warps instead
+         * of polling the mbarrier while the previous kernel runs. */
+        pdl_wait();
 #pragma unroll
         for (int b = 0; b < C::NB; b++)
 #pragma unroll
@@ -166,6 +184,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
     }
     /* every stage consumed: the ring's memory is free for the partial tile */
     __syncthreads();
+    if (late_trigger) pdl_trigger(); /* the next kernel may start during the epilogue */
     if (warp < CONSUMERS / 32) {
         const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
 #pragma unroll
@@ -230,6 +249,9 @@ struct wg_state {
     int per_sm[2];                    /* resident CTAs an SM: BN = 128, 256 */
     int clusters[2][MAX_SPLIT + 1];   /* resident clusters of S CTAs */
     int min_steps;                    /* k-steps a split gets at least (KILN_CUDA_WGMMA_MINK) */
+    long min_bytes;                   /* smaller weights take cuBLAS (KILN_CUDA_WGMMA_MIN_MB) */
+    int late_trigger;                 /* PDL trigger after the main loop, not at the start
+                                         (KILN_CUDA_WGMMA_TRIGGER=late | early) */
     struct tmap_entry w[WMAP_SLOTS];  /* open addressing by pointer */
     int n_w;
     struct tmap_entry x[XMAP_SLOTS];  /* ring */
@@ -325,7 +347,7 @@ int choose_splits(const struct wg_state *st, int bi, long tiles, int nk) {
 
 template <int BN, bool F16>
 void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, float *y, long ldy,
-            const float *bias, int M, int N, int nk, int S) {
+            const float *bias, int M, int N, int nk, int S, int late) {
     long tiles = (N + BN - 1) / BN;
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3((unsigned)tiles, (unsigned)S);
@@ -344,7 +366,8 @@ void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, fl
         at[na++].val.clusterDim.z = 1;
     }
     lc.attrs = at, lc.numAttrs = (unsigned)na;
-    CUDA_CHECK(cudaLaunchKernelEx(&lc, wgmma_kernel<BN, F16>, *tw, *tx, y, ldy, bias, M, N, nk, S));
+    CUDA_CHECK(cudaLaunchKernelEx(&lc, wgmma_kernel<BN, F16>, *tw, *tx, y, ldy, bias, M, N, nk, S,
+                                  late));
 }
 
 } // namespace
@@ -367,6 +390,9 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     st->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
     const char *mk = getenv("KILN_CUDA_WGMMA_MINK");
     st->min_steps = mk && atoi(mk) > 0 ? atoi(mk) : 8;
+    const char *mb = getenv("KILN_CUDA_WGMMA_MIN_MB"), *tr = getenv("KILN_CUDA_WGMMA_TRIGGER");
+    st->min_bytes = (mb ? atol(mb) : 24) << 20;
+    st->late_trigger = !(tr && !strcmp(tr, "early"));
     setup_kernel<128, false>(st, 0, c->n_sm);
     setup_kernel<128, true>(st, 0, c->n_sm);
     setup_kernel<256, false>(st, 1, c->n_sm);
@@ -382,7 +408,9 @@ extern "C" void cuda_wgmma_release(struct cuda_ctx *c) {
 
 extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                              const void *x16, long ldx, long n) {
-    return c->wgmma && c->wgmma_state && !c->deterministic && !c->split_act &&
+    const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
+    return c->wgmma && st && !c->deterministic && !c->split_act &&
+           w->rows * w->cols * 2 >= st->min_bytes &&
            (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= c->wgmma_min_rows &&
            n <= c->wgmma_max_rows && n >= 1 && n <= BM && w->rows >= 1 && w->cols >= 8 &&
            w->cols % 8 == 0 && ldx % 8 == 0 && ldx >= w->cols && w->rows <= INT32_MAX &&
@@ -417,11 +445,11 @@ extern "C" void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const voi
     const CUtensorMap *tx = act_map(st, x16, n, K, ldx, (int)w->dtype);
     const int f16 = w->dtype == DTYPE_F16;
     if (bn == 256) {
-        if (f16) launch<256, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S);
-        else launch<256, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S);
+        if (f16) launch<256, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, st->late_trigger);
+        else launch<256, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, st->late_trigger);
     } else {
-        if (f16) launch<128, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S);
-        else launch<128, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S);
+        if (f16) launch<128, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, st->late_trigger);
+        else launch<128, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, st->late_trigger);
     }
     c->wgmma_calls++;
 }
