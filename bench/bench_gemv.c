@@ -11,9 +11,9 @@
  *     cublasGemmEx (KILN_CUDA_LT=0) | cuBLASLt tuned (KILN_CUDA_LT_TUNE=1) |
  *     the small-M tensor-core kernel up to 64 rows (KILN_CUDA_SMALLM=1,
  *     cuda_gemm_small.cu; off by default) | its K split forced to 1, 2, 4
- *     (KILN_CUDA_SMALLM_S) | the wgmma kernel (hopper/gemm_wgmma.cu, on by
- *     default on Hopper for 1..64 rows) with its tile width forced to 128
- *     or 256 (KILN_CUDA_WGMMA_BN); the cuBLAS variants set KILN_CUDA_WGMMA=0
+ *     (KILN_CUDA_SMALLM_S) | the wgmma kernel (hopper/gemm_wgmma.cu, off by
+ *     default; KILN_CUDA_WGMMA=1) at BN = 128 or 256 (KILN_CUDA_WGMMA_BN);
+ *     the cuBLAS variants set KILN_CUDA_WGMMA=0
  *
  *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm] [--wgmma]
  * --quick: the default variant only. Other devices: the default only.
@@ -22,7 +22,7 @@
  *   only, shorter loops
  *   (3 rounds of ≥ 0.5 GB).
  * --wgmma: n = 8, 16, 32, 64 (or --n), the five shapes (lm_head too),
- *   cuBLASLt against the wgmma kernel (by shape, BN = 128, BN = 256), the
+ *   cuBLASLt against the wgmma kernel (BN = 128, BN = 256), the
  *   same short loops; then the kernel alone ("kernel*": by shape, else
  *   BN and the K split forced), without the conversion pass, timed over
  *   graph replays (time_wgmma_kernel).
@@ -55,7 +55,7 @@ struct variant {
 };
 
 static struct variant variants[] = {
-    {"default", {{NULL, NULL}}, 2, {0}, 3, 0}, /* on Hopper: wgmma for 1..64 rows */
+    {"default", {{NULL, NULL}}, 2, {0}, 3, 0},
     {"no PDL", {{"KILN_CUDA_PDL", "0"}}, 1, {0}, 0, 0},
     {"KS=1", {{"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0, 0},
     {"KS=2", {{"KILN_CUDA_GEMV_KS", "2"}}, 1, {0}, 0, 0},
@@ -71,8 +71,8 @@ static struct variant variants[] = {
     {"smallm S=4",
      {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "4"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 1, 0},
     {"cuBLASLt", {{"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 3, 0},
-    {"wgmma BN=128", {{"KILN_CUDA_WGMMA_BN", "128"}}, 0, {0}, 2, 0},
-    {"wgmma BN=256", {{"KILN_CUDA_WGMMA_BN", "256"}}, 0, {0}, 2, 0},
+    {"wgmma", {{"KILN_CUDA_WGMMA", "1"}}, 0, {0}, 2, 0}, /* BN = 128 */
+    {"wgmma BN=256", {{"KILN_CUDA_WGMMA", "1"}, {"KILN_CUDA_WGMMA_BN", "256"}}, 0, {0}, 2, 0},
 };
 static const int n_variants = sizeof variants / sizeof variants[0];
 
@@ -212,7 +212,9 @@ static double run_shape(struct backend *base, long rows, long cols, const long *
             if (v == 0 && n == 1) g1 = gbs;
         }
 #ifdef KILN_CUDA_HOPPER
-        if (only == 2) wgmma_kernel_rows(base, w, copies, y, xh, n, bw);
+        for (int v = 0; only == 2 && v < n_variants; v++)
+            if (variants[v].ok && !strcmp(variants[v].name, "wgmma"))
+                wgmma_kernel_rows(&variants[v].be, w, copies, y, xh, n, bw);
 #endif
     }
     for (int c = 0; c < copies; c++) ops->weight_release(base->ctx, w[c].data);

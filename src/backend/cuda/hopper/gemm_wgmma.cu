@@ -2,6 +2,9 @@
  * activation rows (batched decode: 1..64 rows), 16-bit weights W[N][K] and
  * activations X[M][K] in the weights' type (bf16 or f16), fp32 accumulation
  * and output (row stride ldy). Hopper only (sm_90a: wgmma, TMA, clusters).
+ * Off by default (KILN_CUDA_WGMMA=1): faster than cuBLASLt product by
+ * product on the H100, yet the 64-sequence Llama-3.1-8B decode step under
+ * graphs measured 1.6% slower with it (docs/cuda.md has the figures).
  *
  * Why: at 16..64 rows the product is bound by reading W once (M·N·K·2 flops
  * against N·K·2 bytes: at most 64 flops a byte, the H100 has ~300), yet
