@@ -70,7 +70,7 @@ if want gemv; then
   timeout $(( $(left) < 80 ? $(left) : 80 )) $B/bench_gemv --wgmma >"$OUT/gemv.log" 2>&1
   say "bench_gemv rc=$?"
   grep -E "copy bandwidth" "$OUT/gemv.log" | tee -a "$S"
-  # one line per shape and n: % of copy for cuBLASLt, default, BN=128, BN=256, kernel alone
+  # one line per shape and n: % of copy for each variant and for the kernel alone
   awk '/ n=/ { key=$1" "$3" "$4; v=$0; sub(/.*n=[0-9]+ +/, "", v); name=v; sub(/ +[0-9.]+ us.*/, "", name);
          pc=$0; sub(/.*GB\/s +/, "", pc); sub(/%.*/, "", pc); row[key]=row[key] sprintf(" %s=%s", name, pc) }
        END { for (k in row) print k row[k] }' "$OUT/gemv.log" | sort -k1,1n -k3 | tee -a "$S" >/dev/null
