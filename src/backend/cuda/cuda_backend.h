@@ -95,11 +95,8 @@ struct cuda_ctx {
     int32_t *moe_host_ids;       /* [rows] routing ids copied back */
     int32_t *moe_host_list;      /* [rows] rows grouped by expert */
     size_t moe_host_rows;
-    /* weight uploads: pinned staging buffers (allocated at the first large
-     * upload) filled by a pool of host threads, see cuda_weight_upload */
-    void *up_buf[2];
-    cudaEvent_t up_ev[2];
-    struct threadpool *up_pool;
+    /* weight uploads: pinned staging, the loader thread (cuda_upload.c) */
+    struct cuda_uploader *up;
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
     int gemv_rows_per_warp;      /* at most 1, 2 or 4 output rows per GEMV warp */
     int split_act;               /* 1: activations as bf16 hi + lo (two products) */
@@ -253,6 +250,15 @@ void cuda_silu16(struct cuda_ctx *c, void *x16, enum dtype dt, const float *gu, 
 /* KILN_CUDA_PROFILE=1: times every operation with events and prints a
  * table at exit (cuda_profile.c); replaces be->ops with a timing copy. */
 void cuda_profile_install(struct backend *be);
+
+/* cuda_upload.c: weight uploads, synchronous or queued to a loader thread */
+const void *cuda_weight_upload(void *ctx, const void *host, size_t bytes);
+const void *cuda_weight_upload_cat(void *ctx, const void *const *hosts, const size_t *bytes,
+                                   int count);
+const void *cuda_weight_upload_later(void *ctx, const void *const *hosts, const size_t *bytes,
+                                     int count);
+void cuda_weights_finish(void *ctx);
+void cuda_uploader_destroy(struct cuda_ctx *c);
 
 /* The small-M tensor-core product (cuda_gemm_small.cu): whether it
  * serves w for n rows of x16 (row stride ldx, w's 16-bit type), and
