@@ -152,9 +152,13 @@ static void *loader_main(void *arg) {
     return NULL;
 }
 
-static void *alloc_weight(size_t bytes) {
+/* Device memory for the concatenation of count parts; NULL when out of
+ * memory. */
+static unsigned char *alloc_weight(const size_t *bytes, int count, size_t *total) {
+    *total = 0;
+    for (int i = 0; i < count; i++) *total += bytes[i];
     void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+    if (cudaMalloc(&p, *total ? *total : 1) != cudaSuccess) {
         (void)cudaGetLastError(); /* out of memory is reported by NULL */
         return NULL;
     }
@@ -165,9 +169,8 @@ const void *cuda_weight_upload_cat(void *ctx, const void *const *hosts, const si
                                    int count) {
     struct cuda_ctx *c = ctx;
     struct cuda_uploader *u = uploader(c);
-    size_t total = 0;
-    for (int i = 0; i < count; i++) total += bytes[i];
-    unsigned char *p = alloc_weight(total);
+    size_t total;
+    unsigned char *p = alloc_weight(bytes, count, &total);
     if (!p) return NULL;
     pthread_mutex_lock(&u->qlock);
     int loading = u->running;
@@ -204,9 +207,8 @@ const void *cuda_weight_upload_later(void *ctx, const void *const *hosts, const 
                                      int count) {
     struct cuda_ctx *c = ctx;
     struct cuda_uploader *u = uploader(c);
-    size_t total = 0;
-    for (int i = 0; i < count; i++) total += bytes[i];
-    unsigned char *p = alloc_weight(total);
+    size_t total;
+    unsigned char *p = alloc_weight(bytes, count, &total);
     if (!p) return NULL;
     /* zeros until the copy lands: done before the copy is queued */
     CUDA_CHECK(cudaMemsetAsync(p, 0, total ? total : 1, c->stream));
