@@ -432,9 +432,9 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
              * finished reading the bf16 fragments (FlashAttention-3 order) */
             ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, kt * HA_BN + HA_BN - 1 > wmin,
                        kt * HA_BN + col0, pa, pb, scale);
+            fence_regs(sacc); /* the softmax happens here, before the wait */
             wgmma_wait<0>();
             fence_regs(oacc);
-            fence_regs(sacc);
             ha_pack(p, sacc);
         }
 #pragma unroll
