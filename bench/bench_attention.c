@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_t; i++) T_max = tokens[i] > T_max ? tokens[i] : T_max;
     struct variant vs[] = {{"fa2 (mma.sync)", "fa2", {0}, 0},
                            {"fa3 (wgmma)", "fa3", {0}, 0},
-                           {"fa3s (wgmma, no overlap)", "fa3s", {0}, 0}};
+                           {"fa3p (wgmma, overlapped)", "fa3p", {0}, 0}};
     int n_v = 3;
     struct kiln_error err = {{0}};
     struct backend_options bo = {0};

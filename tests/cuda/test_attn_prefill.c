@@ -2,7 +2,7 @@
  * cache: the wgmma kernel (hopper/attn_prefill.cu, both schedules) and the
  * FlashAttention-2-style kernel (cuda_attention.cu), each against the CPU
  * backend, plus bitwise checks of what the kernels promise:
- *   - the two wgmma schedules (KILN_CUDA_FA=fa3, fa3s) give the same bits,
+ *   - the two wgmma schedules (KILN_CUDA_FA=fa3, fa3p) give the same bits,
  *     and the default backend on a Hopper build runs them (same bits too);
  *   - batch invariance: a sequence's rows are the same bits when it runs
  *     alone, and when its prompt comes in two chunks (the second one after
@@ -42,7 +42,7 @@ enum { D = 128, MAX_TOKENS = 2048, MAX_CONTEXT = 4096, MAX_HEADS = 32 };
 static struct backend cpu, gpu;     /* gpu: the default kernels */
 static struct backend gpu_fa2;      /* KILN_CUDA_FA=fa2 */
 static struct backend gpu_fa3;      /* KILN_CUDA_FA=fa3 (Hopper builds on cc 9.0 only) */
-static struct backend gpu_fa3s;     /* KILN_CUDA_FA=fa3s */
+static struct backend gpu_fa3p;     /* KILN_CUDA_FA=fa3p (overlapped schedule) */
 static int have_gpu, have_fa3;
 static uint64_t rng_state;
 
@@ -177,8 +177,8 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
     for (size_t i = 0; i < (size_t)n_tokens * (size_t)ldo; i++) ref[i] = NAN;
     cpu.ops->attention(cpu.ctx, ref, ldo, qh, ldq, kh, vh, &p, &b.hb);
 
-    struct backend *bes[] = {&gpu, &gpu_fa2, &gpu_fa3, &gpu_fa3s};
-    const char *names[] = {"default", "fa2", "fa3", "fa3s"};
+    struct backend *bes[] = {&gpu, &gpu_fa2, &gpu_fa3, &gpu_fa3p};
+    const char *names[] = {"default", "fa2", "fa3", "fa3p"};
     float *outs[4] = {NULL, NULL, NULL, NULL};
     for (int v = 0; v < 4; v++) {
         if (v >= 2 && !have_fa3) continue;
@@ -189,7 +189,7 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
     }
     long W = (long)H * D;
     if (have_fa3) {
-        expect_same_bits("fa3 vs fa3s", outs[2], ldo, outs[3], ldo, n_tokens, W);
+        expect_same_bits("fa3 vs fa3p", outs[2], ldo, outs[3], ldo, n_tokens, W);
         expect_same_bits("default vs fa3", outs[0], ldo, outs[2], ldo, n_tokens, W);
     }
 
@@ -262,11 +262,11 @@ int main(void) {
         if (!have_fa3) printf("test_attn_prefill: no wgmma kernel here (%s): fa3 checks not run\n", err.msg);
 #endif
         if (have_fa3) {
-            setenv("KILN_CUDA_FA", "fa3s", 1);
-            if (backend_create(&gpu_fa3s, "cuda", &bo, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+            setenv("KILN_CUDA_FA", "fa3p", 1);
+            if (backend_create(&gpu_fa3p, "cuda", &bo, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
         }
         unsetenv("KILN_CUDA_FA");
-        struct backend *all[] = {&gpu, &gpu_fa2, &gpu_fa3, &gpu_fa3s};
+        struct backend *all[] = {&gpu, &gpu_fa2, &gpu_fa3, &gpu_fa3p};
         for (int i = 0; i < 4; i++) {
             if (i >= 2 && !have_fa3) continue;
             if (all[i]->ops->reserve(all[i]->ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err))
@@ -279,7 +279,7 @@ int main(void) {
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu) {
         backend_destroy(&gpu), backend_destroy(&gpu_fa2);
-        if (have_fa3) backend_destroy(&gpu_fa3), backend_destroy(&gpu_fa3s);
+        if (have_fa3) backend_destroy(&gpu_fa3), backend_destroy(&gpu_fa3p);
     }
     backend_destroy(&cpu);
     return rc;

@@ -458,14 +458,14 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->fa_hopper = hopper;
     if (fa && !strcmp(fa, "fa2")) {
         c->fa_hopper = 0;
-    } else if (fa && (!strcmp(fa, "fa3") || !strcmp(fa, "fa3s"))) {
+    } else if (fa && (!strcmp(fa, "fa3") || !strcmp(fa, "fa3p"))) {
         if (!hopper) {
             kiln_errorf(err, "KILN_CUDA_FA=%s: needs an sm_90a build on a compute capability 9.0 GPU", fa);
             goto fail;
         }
         c->fa_hopper = strcmp(fa, "fa3") ? 2 : 1;
     } else if (fa && *fa && strcmp(fa, "auto")) {
-        kiln_errorf(err, "KILN_CUDA_FA='%s': expected auto, fa2, fa3 or fa3s", fa);
+        kiln_errorf(err, "KILN_CUDA_FA='%s': expected auto, fa2, fa3 or fa3p", fa);
         goto fail;
     }
     cuda_matmul_init(c);

@@ -133,7 +133,8 @@ struct cuda_ctx {
     /* prefill attention on head size 128 and the bf16 cache: 0 the
      * FlashAttention-2-style kernel (cuda_attention.cu), 1 the wgmma kernel
      * (hopper/attn_prefill.cu, default on compute capability 9.0 when built),
-     * 2 the same without its softmax/product overlap (KILN_CUDA_FA=fa2|fa3|fa3s) */
+     * 2 the same with the softmax / P·V overlap, measured slower
+     * (KILN_CUDA_FA=fa2|fa3|fa3p) */
     int fa_hopper;
 };
 
