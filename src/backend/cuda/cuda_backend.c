@@ -360,6 +360,27 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->smallm_max_rows = smx ? atoi(smx) : 64;
     const char *sms = getenv("KILN_CUDA_SMALLM_S");
     c->smallm_splits = sms ? atoi(sms) : 0;
+    /* prefill attention kernel (KILN_CUDA_FA, docs/cuda.md): the wgmma one
+     * on Hopper (sm_90a code runs on compute capability 9.0 only) */
+    const char *fa = getenv("KILN_CUDA_FA");
+#ifdef KILN_CUDA_HOPPER
+    int hopper = prop.major == 9 && prop.minor == 0;
+#else
+    int hopper = 0;
+#endif
+    c->fa_hopper = hopper;
+    if (fa && !strcmp(fa, "fa2")) {
+        c->fa_hopper = 0;
+    } else if (fa && (!strcmp(fa, "fa3") || !strcmp(fa, "fa3p"))) {
+        if (!hopper) {
+            kiln_errorf(err, "KILN_CUDA_FA=%s: needs an sm_90a build on a compute capability 9.0 GPU", fa);
+            goto fail;
+        }
+        c->fa_hopper = strcmp(fa, "fa3") ? 2 : 1;
+    } else if (fa && *fa && strcmp(fa, "auto")) {
+        kiln_errorf(err, "KILN_CUDA_FA='%s': expected auto, fa2, fa3 or fa3p", fa);
+        goto fail;
+    }
     cuda_matmul_init(c);
     be->ops = &cuda_ops;
     be->ctx = c;

@@ -127,6 +127,12 @@ struct cuda_ctx {
                                     rows use it (KILN_CUDA_SMALLM=1; default 0: cuBLAS) */
     int smallm_max_rows;         /* at most 64 (KILN_CUDA_SMALLM_MAX) */
     int smallm_splits;           /* 0: K split by shape, else forced (KILN_CUDA_SMALLM_S) */
+    /* prefill attention on head size 128 and the bf16 cache: 0 the
+     * FlashAttention-2-style kernel (cuda_attention.cu), 1 the wgmma kernel
+     * (hopper/attn_prefill.cu, default on compute capability 9.0 when built),
+     * 2 the same with the softmax / P·V overlap, measured slower
+     * (KILN_CUDA_FA=fa2|fa3|fa3p) */
+    int fa_hopper;
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
