@@ -198,6 +198,9 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     /* HF's DeepSeek models rotate interleaved pairs (V3 via rope_interleave,
      * V2 through its complex-number rotary). */
     if (c->arch == ARCH_DEEPSEEK_V2) c->rope.interleaved = 1;
+    const struct backend_ops *ops = m->be->ops;
+    m->defer_uploads = opt && opt->defer_weights && ops->weight_upload_later &&
+                       ops->weights_finish && !ops->weights_in_place;
     if (load_weights(m, ws, err)) return -1;
     /* Graphs need a step the backend can record: no host round trips (the
      * MoE layers sort rows on the host) and a backend that records. */
@@ -282,6 +285,7 @@ fail:
 void model_free(struct model *m) {
     if (!m) return;
     if (m->be) {
+        model_weights_ready(m); /* no copy may still be writing what is released */
         free_activations(m);
         for (int i = 0; i < m->n_uploaded; i++) m->be->ops->weight_release(m->be->ctx, m->uploaded[i]);
     }

@@ -31,6 +31,11 @@ struct model_options {
     int page_size;           /* KV page size the batches will use (default 1) */
     uint64_t seed;           /* dummy weights */
     int no_graphs;           /* 1: never replay decode steps from graphs (also KILN_GRAPHS=0) */
+    /* 1: checkpoint weights may still be copying to the device when
+     * model_load returns (backends with weight_upload_later); the model may
+     * run (warm-up) but computes on partly loaded weights until
+     * model_weights_ready. */
+    int defer_weights;
 };
 
 int model_load(struct model **out, const char *dir, struct backend *be,
@@ -39,6 +44,11 @@ int model_load(struct model **out, const char *dir, struct backend *be,
 int model_load_dummy(struct model **out, const struct model_config *cfg, struct backend *be,
                      const struct model_options *opt, struct kiln_error *err);
 void model_free(struct model *m);
+/* Waits for weights still copying after a model_load with defer_weights
+ * (no-op otherwise). Before the first forward whose results are used. */
+void model_weights_ready(struct model *m);
+/* 1 while copies queued by a deferred load may still be running. */
+int model_weights_pending(const struct model *m);
 
 const struct model_config *model_config(const struct model *m);
 const struct generation_config *model_generation_config(const struct model *m);

@@ -117,6 +117,8 @@ struct model {
     struct st_set st;
     int max_batch_tokens, max_seqs, max_context, page_size;
     size_t weight_bytes;
+    int defer_uploads;   /* model_options.defer_weights and the backend can */
+    int weights_pending; /* copies queued by weight_upload_later not yet waited for */
 
     struct backend_weight embed, lm_head;
     const float *final_norm;

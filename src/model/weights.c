@@ -33,6 +33,33 @@ const void *model_upload(struct model *m, const void *host, size_t bytes) {
     return dev;
 }
 
+/* Uploads host bytes that stay valid for the model's life (the checkpoint's
+ * mapping, buffers the model owns): queued to the backend's loader when
+ * the load is deferred, else copied now. NULL when out of device memory. */
+static const void *upload_stable(struct model *m, const void *const *hosts, const size_t *sizes,
+                                 int count) {
+    const struct backend_ops *ops = m->be->ops;
+    const void *dev;
+    if (m->defer_uploads) {
+        dev = ops->weight_upload_later(m->be->ctx, hosts, sizes, count);
+        if (dev) m->weights_pending = 1;
+    } else if (count == 1) {
+        dev = ops->weight_upload(m->be->ctx, hosts[0], sizes[0]);
+    } else {
+        dev = ops->weight_upload_cat(m->be->ctx, hosts, sizes, count);
+    }
+    if (dev) track_upload(m, dev);
+    return dev;
+}
+
+int model_weights_pending(const struct model *m) { return m && m->weights_pending; }
+
+void model_weights_ready(struct model *m) {
+    if (!m || !m->weights_pending) return;
+    m->be->ops->weights_finish(m->be->ctx);
+    m->weights_pending = 0;
+}
+
 void *model_alloc(struct model *m, size_t bytes) {
     void *p = m->be->ops->alloc(m->be->ctx, bytes);
     return p;
@@ -107,8 +134,8 @@ int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
         fill_dummy(ws, buf, n, cols, dt);
         host = buf;
     }
-    ws->last_host = host;
-    out->data = model_upload(m, host, bytes);
+    ws->last_host = host; /* the mapping or a buffer the model owns */
+    out->data = upload_stable(m, &host, &bytes, 1);
     if (!out->data) return kiln_errorf(err, "out of device memory for tensor '%s'", name);
     out->dtype = dt;
     out->rows = rows;
@@ -187,9 +214,8 @@ static const void *upload_cat_direct(struct model *m, const struct st_tensor *co
         hosts[i] = t[i]->data;
         sizes[i] = (size_t)rows[i] * (size_t)cols * es;
     }
-    const void *dev = m->be->ops->weight_upload_cat(m->be->ctx, hosts, sizes, count);
-    if (dev) track_upload(m, dev);
-    else kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    const void *dev = upload_stable(m, hosts, sizes, count);
+    if (!dev) kiln_errorf(err, "out of device memory for tensor '%s'", name);
     return dev;
 }
 

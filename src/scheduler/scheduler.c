@@ -615,9 +615,13 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     const struct engine_options *o = &e->opt;
     e->max_seqs = o->max_running_requests;
     e->max_batch_tokens = o->chunked_prefill_size + o->max_running_requests;
+    const char *lo = getenv("KILN_LOAD_OVERLAP");
     struct model_options mo = {.load_format = o->load_format, .max_batch_tokens = e->max_batch_tokens,
                                .max_seqs = e->max_seqs, .max_context = o->context_length,
-                               .page_size = e->page_size};
+                               .page_size = e->page_size,
+                               /* the checkpoint's copy overlaps the KV pool and the warm-up
+                                * (KILN_LOAD_OVERLAP=0: load first, for comparisons) */
+                               .defer_weights = !o->skip_warmup && !(lo && !strcmp(lo, "0"))};
     size_t free_before = 0, total = 0;
     if (e->be.ops->mem_info) e->be.ops->mem_info(e->be.ctx, &free_before, &total);
     double t0 = time_now();
@@ -631,14 +635,13 @@ int sched_init(struct engine *e, struct kiln_error *err) {
         }
         return -1;
     }
-    double t_load = time_now() - t0;
+    double t_load = time_now() - t0, t_load0 = t0;
     const struct model_config *c = model_config(e->model);
     e->vocab = c->vocab_size;
     e->context_length = model_max_context(e->model);
-    log_info("load: %.2f GiB of weights and the activations for %d-token batches in %.2f s "
-             "(%.2f GB/s)",
-             GIB(model_weight_bytes(e->model)), e->max_batch_tokens, t_load,
-             (double)model_weight_bytes(e->model) / 1e9 / (t_load > 0 ? t_load : 1e-9));
+    log_info("load: %.2f GiB of weights and the activations for %d-token batches %s in %.2f s",
+             GIB(model_weight_bytes(e->model)), e->max_batch_tokens,
+             model_weights_pending(e->model) ? "allocated, their copy started" : "loaded", t_load);
     struct kv_layer_layout layout[512];
     int nl = model_kv_layout(e->model, layout, 512);
     size_t per_token = kv_pool_page_bytes(layout, nl, 1, backend_kv_dtype(&e->be));
@@ -652,8 +655,14 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     t0 = time_now();
     if (!o->skip_warmup && model_warmup(e->model, &e->kv, err)) return -1;
     double t_warm = time_now() - t0;
-    log_info("start-up: load %.2f s, KV pool %.2f s, warm-up and graphs %.2f s", t_load, t_kv,
-             t_warm);
+    t0 = time_now();
+    model_weights_ready(e->model); /* before any request: the copies are done */
+    double t_wait = time_now() - t0, t_weights = time_now() - t_load0;
+    log_info("start-up: load %.2f s, KV pool %.2f s, warm-up and graphs %.2f s; weights on the "
+             "device %.2f s after loading began (%.2f GB/s; %.2f s waited after the warm-up)",
+             t_load, t_kv, t_warm, t_weights,
+             (double)model_weight_bytes(e->model) / 1e9 / (t_weights > 0 ? t_weights : 1e-9),
+             t_wait);
     if (!o->disable_radix_cache) e->radix = radix_create(e->page_size, release_pages, &e->kv);
     e->pages_cap = (long)e->max_seqs * (e->context_length / e->page_size + 2);
     int T = e->max_batch_tokens, S = e->max_seqs;

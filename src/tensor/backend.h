@@ -209,6 +209,15 @@ struct backend_ops {
      * q|k|v, gate|up) without building it on the host first. */
     const void *(*weight_upload_cat)(void *ctx, const void *const *hosts, const size_t *bytes,
                                      int count);
+    /* weight_upload_cat whose copy may still be running on return: the
+     * device memory is allocated (and reads as zeros until the copy lands)
+     * and the host bytes must stay valid and unchanged until
+     * weights_finish, which waits for every such copy. Lets start-up work
+     * (KV pool, warm-up) overlap reading the checkpoint. NULL: uploads are
+     * synchronous. */
+    const void *(*weight_upload_later)(void *ctx, const void *const *hosts, const size_t *bytes,
+                                       int count);
+    void (*weights_finish)(void *ctx);
 
     /* Fused products: a residual add + RMSNorm and the product(s) that read
      * its output, in one call, so that the backend can hand the products a

@@ -49,6 +49,9 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#ifdef KILN_CUDA_HOPPER
+#include "backend/cuda/hopper/attn_prefill.h"
+#endif
 
 enum {
     ATT_THREADS = 128,
@@ -945,6 +948,17 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
                             p->n_heads, p->n_heads / p->n_kv_heads,
                             p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
                             b->positions, b->q_start, b->kv_page_start, b->kv_pages};
+#ifdef KILN_CUDA_HOPPER
+        /* Hopper: the wgmma kernel (hopper/attn_prefill.cu; fa_hopper is
+         * set only on compute capability 9.0 with the sm_90a code built) */
+        if (c->kv_bf16 && p->dk == 128 && c->fa_hopper) {
+            struct hopper_attn_args ha = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride,
+                                          p->v_stride, a.n_heads, a.group, a.scale_log2,
+                                          b->n_seqs, b->page_size, b->positions, b->q_start,
+                                          b->kv_page_start, b->kv_pages};
+            cuda_hopper_attn_prefill(&ha, b->n_tokens, c->fa_hopper == 2, c->stream);
+        } else
+#endif
         if (c->kv_bf16) {
             if (p->dk == 64) launch_fa<__nv_bfloat16, 64>(c, a, b);
             else launch_fa<__nv_bfloat16, 128>(c, a, b);

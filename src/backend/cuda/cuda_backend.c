@@ -13,7 +13,6 @@
 
 #include "base/error.h"
 #include "base/mem.h"
-#include "base/threadpool.h"
 
 enum { CUBLAS_WORKSPACE_BYTES = 32 << 20 }; /* what cuBLAS recommends for Hopper */
 
@@ -71,90 +70,6 @@ static void cuda_download(void *ctx, void *dst, const void *src, size_t bytes) {
     struct cuda_ctx *c = ctx;
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-}
-
-/* Weights go through two pinned staging buffers: host threads copy chunk
- * i + 1 out of the (usually mmapped) checkpoint while the DMA engine moves
- * chunk i. Several threads touching the mapping at once also fault it in
- * from disk with more reads in flight than one thread would. Small tensors
- * (norms, biases) take a plain copy. Synchronous on return: the host bytes
- * may be unmapped (or freed) right after loading. */
-enum { UPLOAD_CHUNK = 64 << 20, UPLOAD_MIN_STAGED = 8 << 20, UPLOAD_THREADS = 8 };
-
-struct upload_job {
-    unsigned char *dst;
-    const unsigned char *src;
-    size_t n;
-};
-
-static void upload_copy(void *arg, int ith, int nth) {
-    const struct upload_job *j = arg;
-    long lo, hi;
-    threadpool_split((long)((j->n + 4095) / 4096), ith, nth, &lo, &hi);
-    size_t a = (size_t)lo * 4096, b = (size_t)hi * 4096 < j->n ? (size_t)hi * 4096 : j->n;
-    if (a < b) memcpy(j->dst + a, j->src + a, b - a);
-}
-
-static int upload_stage_ready(struct cuda_ctx *c) {
-    if (c->up_pool) return 1;
-    for (int k = 0; k < 2; k++) {
-        if (cudaHostAlloc(&c->up_buf[k], UPLOAD_CHUNK, cudaHostAllocDefault) != cudaSuccess) {
-            (void)cudaGetLastError();
-            c->up_buf[k] = NULL;
-            return 0; /* no pinned memory: plain copies */
-        }
-        CUDA_CHECK(cudaEventCreateWithFlags(&c->up_ev[k], cudaEventDisableTiming));
-    }
-    c->up_pool = threadpool_create(UPLOAD_THREADS);
-    return 1;
-}
-
-/* Copies host bytes to device memory at dst, waiting for the copy. */
-static void upload_sync(struct cuda_ctx *c, void *dst, const void *host, size_t bytes) {
-    if (bytes < UPLOAD_MIN_STAGED || !upload_stage_ready(c)) {
-        if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream));
-    } else {
-        int k = 0;
-        for (size_t off = 0; off < bytes; off += UPLOAD_CHUNK, k ^= 1) {
-            size_t n = bytes - off < UPLOAD_CHUNK ? bytes - off : UPLOAD_CHUNK;
-            CUDA_CHECK(cudaEventSynchronize(c->up_ev[k])); /* buffer k's last copy is done */
-            struct upload_job j = {c->up_buf[k], (const unsigned char *)host + off, n};
-            threadpool_run(c->up_pool, upload_copy, &j);
-            CUDA_CHECK(cudaMemcpyAsync((char *)dst + off, c->up_buf[k], n, cudaMemcpyHostToDevice,
-                                       c->stream));
-            CUDA_CHECK(cudaEventRecord(c->up_ev[k], c->stream));
-        }
-    }
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-}
-
-static const void *cuda_weight_upload(void *ctx, const void *host, size_t bytes) {
-    struct cuda_ctx *c = ctx;
-    void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    upload_sync(c, p, host, bytes);
-    return p;
-}
-
-static const void *cuda_weight_upload_cat(void *ctx, const void *const *hosts,
-                                          const size_t *bytes, int count) {
-    struct cuda_ctx *c = ctx;
-    size_t total = 0;
-    for (int i = 0; i < count; i++) total += bytes[i];
-    void *p = NULL;
-    if (cudaMalloc(&p, total ? total : 1) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    size_t off = 0;
-    for (int i = 0; i < count; i++) {
-        upload_sync(c, (char *)p + off, hosts[i], bytes[i]);
-        off += bytes[i];
-    }
-    return p;
 }
 
 static void cuda_weight_release(void *ctx, const void *dev) { cuda_free_op(ctx, (void *)dev); }
@@ -273,11 +188,7 @@ static void cuda_destroy(void *ctx) {
             if (s[i]->p) (void)cudaFreeAsync(s[i]->p, c->stream);
         (void)cudaStreamSynchronize(c->stream);
     }
-    if (c->up_pool) threadpool_destroy(c->up_pool);
-    for (int k = 0; k < 2; k++) {
-        if (c->up_buf[k]) cudaFreeHost(c->up_buf[k]);
-        if (c->up_ev[k]) cudaEventDestroy(c->up_ev[k]);
-    }
+    cuda_uploader_destroy(c);
     cuda_matmul_release(c);
 #ifdef KILN_CUDA_HOPPER
     cuda_wgmma_release(c);
@@ -340,6 +251,8 @@ static const struct backend_ops cuda_ops = {
     .kv_dtype = cuda_kv_dtype,
     .mem_info = cuda_mem_info,
     .weight_upload_cat = cuda_weight_upload_cat,
+    .weight_upload_later = cuda_weight_upload_later,
+    .weights_finish = cuda_weights_finish,
     .sample = cuda_op_sample,
     .norm_matmul = cuda_op_norm_matmul,
     .norm_swiglu_mlp = cuda_op_norm_swiglu_mlp,
@@ -450,6 +363,27 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->smallm_max_rows = smx ? atoi(smx) : 64;
     const char *sms = getenv("KILN_CUDA_SMALLM_S");
     c->smallm_splits = sms ? atoi(sms) : 0;
+    /* prefill attention kernel (KILN_CUDA_FA, docs/cuda.md): the wgmma one
+     * on Hopper (sm_90a code runs on compute capability 9.0 only) */
+    const char *fa = getenv("KILN_CUDA_FA");
+#ifdef KILN_CUDA_HOPPER
+    int hopper = prop.major == 9 && prop.minor == 0;
+#else
+    int hopper = 0;
+#endif
+    c->fa_hopper = hopper;
+    if (fa && !strcmp(fa, "fa2")) {
+        c->fa_hopper = 0;
+    } else if (fa && (!strcmp(fa, "fa3") || !strcmp(fa, "fa3p"))) {
+        if (!hopper) {
+            kiln_errorf(err, "KILN_CUDA_FA=%s: needs an sm_90a build on a compute capability 9.0 GPU", fa);
+            goto fail;
+        }
+        c->fa_hopper = strcmp(fa, "fa3") ? 2 : 1;
+    } else if (fa && *fa && strcmp(fa, "auto")) {
+        kiln_errorf(err, "KILN_CUDA_FA='%s': expected auto, fa2, fa3 or fa3p", fa);
+        goto fail;
+    }
     cuda_matmul_init(c);
 #ifdef KILN_CUDA_HOPPER
     /* small-M wgmma + TMA product (hopper/gemm_wgmma.cu, docs/cuda.md) for

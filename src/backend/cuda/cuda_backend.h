@@ -96,11 +96,8 @@ struct cuda_ctx {
     int32_t *moe_host_ids;       /* [rows] routing ids copied back */
     int32_t *moe_host_list;      /* [rows] rows grouped by expert */
     size_t moe_host_rows;
-    /* weight uploads: pinned staging buffers (allocated at the first large
-     * upload) filled by a pool of host threads, see cuda_weight_upload */
-    void *up_buf[2];
-    cudaEvent_t up_ev[2];
-    struct threadpool *up_pool;
+    /* weight uploads: pinned staging, the loader thread (cuda_upload.c) */
+    struct cuda_uploader *up;
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
     int gemv_rows_per_warp;      /* at most 1, 2 or 4 output rows per GEMV warp */
     int split_act;               /* 1: activations as bf16 hi + lo (two products) */
@@ -131,6 +128,12 @@ struct cuda_ctx {
                                     rows use it (KILN_CUDA_SMALLM=1; default 0: cuBLAS) */
     int smallm_max_rows;         /* at most 64 (KILN_CUDA_SMALLM_MAX) */
     int smallm_splits;           /* 0: K split by shape, else forced (KILN_CUDA_SMALLM_S) */
+    /* prefill attention on head size 128 and the bf16 cache: 0 the
+     * FlashAttention-2-style kernel (cuda_attention.cu), 1 the wgmma kernel
+     * (hopper/attn_prefill.cu, default on compute capability 9.0 when built),
+     * 2 the same with the softmax / P·V overlap, measured slower
+     * (KILN_CUDA_FA=fa2|fa3|fa3p) */
+    int fa_hopper;
     /* small-M wgmma product (hopper/gemm_wgmma.cu; Hopper builds, cc 9.0) */
     int wgmma;                   /* 1: 16-bit products of wgmma_min_rows..wgmma_max_rows
                                     rows use it (KILN_CUDA_WGMMA=1; default 0: cuBLAS) */
@@ -262,6 +265,15 @@ void cuda_silu16(struct cuda_ctx *c, void *x16, enum dtype dt, const float *gu, 
 /* KILN_CUDA_PROFILE=1: times every operation with events and prints a
  * table at exit (cuda_profile.c); replaces be->ops with a timing copy. */
 void cuda_profile_install(struct backend *be);
+
+/* cuda_upload.c: weight uploads, synchronous or queued to a loader thread */
+const void *cuda_weight_upload(void *ctx, const void *host, size_t bytes);
+const void *cuda_weight_upload_cat(void *ctx, const void *const *hosts, const size_t *bytes,
+                                   int count);
+const void *cuda_weight_upload_later(void *ctx, const void *const *hosts, const size_t *bytes,
+                                     int count);
+void cuda_weights_finish(void *ctx);
+void cuda_uploader_destroy(struct cuda_ctx *c);
 
 /* The small-M tensor-core product (cuda_gemm_small.cu): whether it
  * serves w for n rows of x16 (row stride ldx, w's 16-bit type), and

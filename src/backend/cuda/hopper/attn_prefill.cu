@@ -1,0 +1,491 @@
+/* attn_prefill.cu — prefill attention on Hopper tensor cores (wgmma,
+ * sm_90a): the rows of sequences with more than one new token, bf16 paged
+ * KV cache, head size 128. Same contract and the same batch invariance as
+ * fa_prefill_kernel in cuda_attention.cu (read its header first); this one
+ * replaces mma.sync with warpgroup MMAs and moves Q to shared memory.
+ *
+ * Work split. One CTA of 256 threads (two warpgroups) per (query tile of
+ * HA_BM = 128 rows of one sequence, query head); warpgroup w owns rows
+ * 64w .. 64w + 63 and, inside it, warp w' of the group rows 16w' .. +15
+ * (the wgmma accumulator layout). Tiles are taken longest first (the last
+ * query tile of the last sequence has blockIdx.y = 0), heads of one KV head
+ * are neighbours in blockIdx.x (the K/V tiles they share stay in L2).
+ *
+ * Per KV tile of HA_BN = 128 positions (aligned to position 0):
+ *   S  = Q·Kᵀ   8 × wgmma.m64n128k16, A = Q (bf16, shared), B = K tile (shared)
+ *   online softmax on S in fp32 registers (exp2; masked only on tiles that
+ *   cross a row's position), P rounded to bf16 in registers
+ *   O += P·V    8 × wgmma.m64n128k16, A = P (registers), B = V tile (shared,
+ *   read transposed: V is [position][d], the MMA wants B's N = d)
+ * The tiles are gathered from the pages with cp.async (16-byte chunks; the
+ * copy of tile j+1 is issued before tile j is computed) straight into the
+ * layout wgmma reads: "128-byte swizzle", rows of 64 bf16 (128 bytes), a
+ * 128-wide tile as two 64-column blocks, chunk c of row r stored at chunk
+ * c ^ (r % 8) of its row; each 8-row group is a 1024-byte atom. The same
+ * layout serves K (K-major B: N = position rows, K = d along the row) and V
+ * (MN-major B: K = position rows, N = d along the row), so one loader fills
+ * both.
+ *
+ * Shared-memory matrix descriptors (PTX ISA, "matrix descriptor"): bits
+ * 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride
+ * byte offset >> 4, 62-63 swizzle (1 = 128 B). K-major operands (Q, K):
+ * stride = 1024 (next 8-row group), leading unused (the 16-element K step
+ * lies inside one 128-byte row); K step ks advances the start by 32 bytes
+ * inside the atom (the hardware applies the XOR to the final address) and
+ * by a whole 64-column block every 4 steps. MN-major V: leading = the
+ * distance between the two 64-column blocks (N direction), stride = 1024
+ * (next 8 positions, K direction); K step kk (16 positions) advances the
+ * start by 16 rows = 2048 bytes.
+ *
+ * Register layouts (PTX ISA, wgmma fragments): the fp32 accumulator of
+ * m64nN gives thread (warp w', lane l) rows 16w' + l/4 (elements 0, 1 of
+ * each 8-column group j, columns 8j + 2(l%4) + {0, 1}) and that row + 8
+ * (elements 2, 3) — the mma.sync m16n8 layout repeated along N; the bf16 A
+ * fragment of a k16 step is the mma.sync m16n8k16 A fragment. So P's A
+ * fragment for positions 16kk .. 16kk + 15 is packed from S's column
+ * groups 2kk and 2kk + 1 without any data movement (as in FlashAttention-2).
+ *
+ * Two schedules (template PIPE), bitwise the same result:
+ *   PIPE = 0: S_j, wait, softmax_j, O·corr_j, O += P_j·V_j, wait (2 stages).
+ *   PIPE = 1: the two products of a warpgroup overlap its softmax: in
+ *     iteration j, S_j and O += P_{j−1}·V_{j−1} are issued together; the
+ *     softmax of S_j runs while the P·V product is still in flight; then
+ *     O·corr_j. O sees the same operations in the same order as with
+ *     PIPE = 0 (…, + P_{j−1}V_{j−1}, · corr_j, + P_jV_j, …). V_{j−1} is
+ *     read one iteration later, so three stages.
+ * In both, one __syncthreads per tile: after it, every thread has finished
+ * the tile whose stage the next copy overwrites. Measured on an H100 (one
+ * layer of Llama-3.1-8B at 8192 tokens, bench_attention): PIPE = 0 1.38 ms
+ * (397 TFLOP/s), PIPE = 1 1.46 ms (377): the two warpgroups of a CTA
+ * already overlap each other's softmax and products, and the overlapped
+ * schedule pays a third stage and more register traffic. So PIPE = 0 is
+ * the default (KILN_CUDA_FA=fa3), PIPE = 1 stays selectable (fa3p).
+ *
+ * Batch invariance (as fa_prefill_kernel): KV tiles are aligned to
+ * absolute position 0, a row's arithmetic uses only its own q, positions
+ * and cache rows (wgmma computes each output row from its own A row), and a
+ * tile past a row's position is an exact no-op for it (max unchanged,
+ * corr = 2^0 = 1, p = 2^-inf = 0). So a row's result does not depend on its
+ * query tile, the chunking of its prompt or the rest of the batch. */
+#include <math.h>
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/hopper/attn_prefill.h"
+
+enum {
+    HA_BM = 128, /* query rows per CTA (64 per warpgroup) */
+    HA_BN = 128, /* KV positions per tile */
+    HA_D = 128,  /* head size (dk = dv) */
+    HA_THREADS = 256,
+    HA_WARPS = HA_THREADS / 32,
+};
+/* bytes: one 64-column block of a KV tile / of the Q tile, whole tiles */
+static constexpr uint32_t HA_KBLOCK = HA_BN * 128, HA_TILE = 2 * HA_KBLOCK;
+static constexpr uint32_t HA_QBLOCK = HA_BM * 128, HA_QTILE = 2 * HA_QBLOCK;
+
+static constexpr size_t ha_smem_bytes(int stages) {
+    return (size_t)HA_QTILE + (size_t)stages * 2 * HA_TILE + 1024; /* + alignment to 1024 */
+}
+
+/* Byte offset of 16-byte chunk c (0 .. 15) of row r in a swizzled tile
+ * whose 64-column blocks are `block` bytes apart. */
+static __device__ __forceinline__ uint32_t swz(int r, int c, uint32_t block) {
+    return (uint32_t)(c >> 3) * block + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
+}
+
+static __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+           ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+static __device__ __forceinline__ void cp_async_wait_all(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+/* ordinary / cp.async writes to shared memory → visible to wgmma (async proxy) */
+static __device__ __forceinline__ void fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+static __device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+static __device__ __forceinline__ void wgmma_fence(void) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void wgmma_commit(void) {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+static __device__ __forceinline__ void wgmma_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accesses of accumulator registers across
+ * a wgmma wait (the asm statements above do not name them). */
+static __device__ __forceinline__ void fence_regs(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* d[64] (+)= A·B, m64n128k16: A (64×16) and B (Kᵀ, 128×16) from shared memory, both
+ * K-major; scale_d = 0 overwrites d. */
+static __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+/* d[64] += A·B, m64n128k16: A (64×16 of P) from registers, B (V, 16 positions × 128)
+ * from shared memory stored MN-major (imm-trans-b = 1). */
+static __device__ __forceinline__ void wgmma_rs_t(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* S = Q·Kᵀ for the warpgroup's 64 rows × 128 positions: 8 K steps of 16.
+ * dq, dk: descriptors of the warpgroup's Q rows and of the K tile. */
+static __device__ __forceinline__ void ha_qk(float (&s)[64], uint64_t dq, uint64_t dk) {
+#pragma unroll
+    for (int ks = 0; ks < HA_D / 16; ks++) {
+        uint32_t oq = (uint32_t)(ks >> 2) * HA_QBLOCK + (uint32_t)(ks & 3) * 32;
+        uint32_t ok = (uint32_t)(ks >> 2) * HA_KBLOCK + (uint32_t)(ks & 3) * 32;
+        wgmma_ss(s, dq + (oq >> 4), dk + (ok >> 4), ks > 0);
+    }
+}
+
+/* O += P·V: 8 K steps of 16 positions; dv: descriptor of the V tile. */
+static __device__ __forceinline__ void ha_pv(float (&o)[64], const uint32_t (&p)[8][4], uint64_t dv) {
+#pragma unroll
+    for (int kk = 0; kk < HA_BN / 16; kk++) wgmma_rs_t(o, p[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
+}
+
+/* Online softmax of one S tile (rows a and b of this thread), in place:
+ * masks the positions past each row's own (only when `mask`: the tile
+ * crosses a row of this warp), updates the running max m and the
+ * per-thread partial sum l, leaves the probabilities in s and returns the
+ * factors that rescale O. Column of element e of group j: kpos0 + 8j +
+ * (e & 1), kpos0 = tile start + 2(l%4). */
+static __device__ __forceinline__ void ha_softmax(float (&s)[64], float &m_a, float &m_b, float &l_a,
+                                                  float &l_b, float &corr_a, float &corr_b, bool mask,
+                                                  int kpos0, int pa, int pb, float scale) {
+    if (mask) {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (kpos0 + 8 * j + (e & 1) > (e < 2 ? pa : pb)) s[4 * j + e] = -INFINITY;
+    }
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
+        mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+    /* scale > 0: max(s)·scale is the max of the scaled scores */
+    float mn_a = fmaxf(m_a, mx_a * scale), mn_b = fmaxf(m_b, mx_b * scale);
+    corr_a = ex2(m_a - mn_a), corr_b = ex2(m_b - mn_b); /* 0 on the first tile (m = -inf) */
+    m_a = mn_a, m_b = mn_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        s[4 * j] = ex2(fmaf(s[4 * j], scale, -mn_a));
+        s[4 * j + 1] = ex2(fmaf(s[4 * j + 1], scale, -mn_a));
+        s[4 * j + 2] = ex2(fmaf(s[4 * j + 2], scale, -mn_b));
+        s[4 * j + 3] = ex2(fmaf(s[4 * j + 3], scale, -mn_b));
+        sum_a += s[4 * j] + s[4 * j + 1];
+        sum_b += s[4 * j + 2] + s[4 * j + 3];
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+}
+
+/* P (fp32, the S accumulator layout) → bf16 A fragments of the P·V product:
+ * the fragment of K step kk is column groups 2kk and 2kk + 1. */
+static __device__ __forceinline__ void ha_pack(uint32_t (&p)[8][4], const float (&s)[64]) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        p[j >> 1][(j & 1) * 2 + 0] = pack_bf16(s[4 * j], s[4 * j + 1]);
+        p[j >> 1][(j & 1) * 2 + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+    }
+}
+
+template <bool PIPE>
+static __global__ void __launch_bounds__(HA_THREADS, 1)
+    hopper_attn_kernel(const __grid_constant__ struct hopper_attn_args a) {
+    constexpr int STAGES = PIPE ? 3 : 2;
+    extern __shared__ uint8_t ha_smem[];
+    __shared__ int sc_warp[HA_WARPS], found[2], pos_s[1];
+    /* swizzle atoms must be 1024-byte aligned (the descriptors' base offset is 0) */
+    uint32_t q_s = ((uint32_t)__cvta_generic_to_shared(ha_smem) + 1023u) & ~1023u;
+    uint32_t kv_s = q_s + HA_QTILE; /* stage st: K tile at kv_s + 2·st·HA_TILE, V after it */
+
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int h = blockIdx.x, g = h / a.group;
+    /* Which (sequence, query tile) this CTA owns: the tiles of all
+     * sequences with more than one new token, in order, the last first. */
+    int target = (int)(gridDim.y - 1 - blockIdx.y);
+    if (tid == 0) found[0] = -1;
+    int before = 0;
+    for (int s0 = 0; s0 < a.n_seqs; s0 += HA_THREADS) {
+        int s = s0 + tid, cnt = 0;
+        if (s < a.n_seqs) {
+            int ql = a.q_start[s + 1] - a.q_start[s];
+            cnt = ql > 1 ? (ql + HA_BM - 1) / HA_BM : 0;
+        }
+        int x = cnt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) sc_warp[warp] = x;
+        __syncthreads();
+        int pre = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < HA_WARPS; w++) {
+            pre += w < warp ? sc_warp[w] : 0;
+            total += sc_warp[w];
+        }
+        int incl = before + pre + x;
+        if (cnt > 0 && target >= incl - cnt && target < incl) found[0] = s, found[1] = target - (incl - cnt);
+        before += total;
+        __syncthreads();
+        if (found[0] >= 0) break;
+    }
+    if (found[0] < 0) return;
+    int s = found[0];
+    long r0 = a.q_start[s] + (long)found[1] * HA_BM;
+    int nrows = min(HA_BM, (int)(a.q_start[s + 1] - r0));
+    if (tid == 0) pos_s[0] = a.positions[r0 + nrows - 1] + 1; /* rows are in position order */
+    const int32_t *pages = a.kv_pages + a.kv_page_start[s];
+    const __nv_bfloat16 *kbase = (const __nv_bfloat16 *)a.k_cache + (long)g * HA_D;
+    const __nv_bfloat16 *vbase = (const __nv_bfloat16 *)a.v_cache + (long)g * HA_D;
+
+    /* this thread's rows (accumulator rows l/4 and l/4 + 8 of its warp) */
+    int ra = warp * 16 + (lane >> 2), rb = ra + 8;
+    int pa = a.positions[r0 + min(ra, nrows - 1)], pb = a.positions[r0 + min(rb, nrows - 1)];
+    int wmin = min(pa, pb);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+    __syncthreads();
+    int kv_end = pos_s[0];
+    int n_tiles = (kv_end + HA_BN - 1) / HA_BN;
+
+    /* Tile loads: iteration it of warp w copies rows 16·it + 2w + {0, 1}
+     * (lanes 0-15, 16-31), one 16-byte chunk per lane of K and of V. Lanes
+     * 0-15 look the 16 rows' slots up once and shuffle them out. */
+    auto load_tile = [&](int st, int kt) {
+        long long my_slot = -1;
+        if (lane < 16) {
+            int p = kt * HA_BN + (lane >> 1) * 16 + warp * 2 + (lane & 1);
+            if (p < kv_end) my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
+        }
+        uint32_t kd = kv_s + (uint32_t)st * 2 * HA_TILE, vd = kd + HA_TILE;
+        int c = lane & 15;
+#pragma unroll
+        for (int it = 0; it < HA_BN / 16; it++) {
+            long long slot = __shfl_sync(0xffffffffu, my_slot, it * 2 + (lane >> 4));
+            bool valid = slot >= 0;
+            if (!valid) slot = 0; /* zero-filled: finite, and masked anyway */
+            uint32_t off = swz(it * 16 + warp * 2 + (lane >> 4), c, HA_KBLOCK);
+            cp_async16(kd + off, kbase + slot * a.k_stride + c * 8, valid);
+            cp_async16(vd + off, vbase + slot * a.v_stride + c * 8, valid);
+        }
+    };
+    load_tile(0, 0);
+    cp_async_commit();
+
+    /* Q → bf16 → the swizzled Q tile (rows past the tile: zeros) */
+#pragma unroll
+    for (int it = 0; it < HA_BM / 16; it++) {
+        int r = it * 16 + warp * 2 + (lane >> 4), c = lane & 15;
+        uint4 pk = make_uint4(0, 0, 0, 0);
+        if (r < nrows) {
+            const float4 *src = (const float4 *)(a.q + (r0 + r) * a.ldq + (long)h * HA_D + c * 8);
+            float4 x = src[0], y = src[1];
+            pk = make_uint4(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w), pack_bf16(y.x, y.y),
+                            pack_bf16(y.z, y.w));
+        }
+        st_shared16(q_s + swz(r, c, HA_QBLOCK), pk);
+    }
+
+    int wg = warp >> 2;
+    const uint64_t dq = make_desc(q_s + (uint32_t)wg * 64 * 128, 16, 1024);
+    auto desc_k = [&](int st) { return make_desc(kv_s + (uint32_t)st * 2 * HA_TILE, 16, 1024); };
+    auto desc_v = [&](int st) {
+        return make_desc(kv_s + (uint32_t)st * 2 * HA_TILE + HA_TILE, HA_KBLOCK, 1024);
+    };
+
+    float oacc[64], sacc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) oacc[i] = 0.0f, sacc[i] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f, corr_a, corr_b;
+    const float scale = a.scale_log2;
+    const int col0 = 2 * (lane & 3);
+    uint32_t p[8][4];
+
+    if constexpr (!PIPE) {
+        for (int kt = 0; kt < n_tiles; kt++) {
+            cp_async_wait_all();
+            fence_proxy_async();
+            __syncthreads(); /* tile kt (and Q) landed; everyone is done with tile kt - 1 */
+            if (kt + 1 < n_tiles) {
+                load_tile((kt + 1) % STAGES, kt + 1);
+                cp_async_commit();
+            }
+            int st = kt % STAGES;
+            wgmma_fence();
+            ha_qk(sacc, dq, desc_k(st));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(sacc);
+            ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, kt * HA_BN + HA_BN - 1 > wmin,
+                       kt * HA_BN + col0, pa, pb, scale);
+            ha_pack(p, sacc);
+#pragma unroll
+            for (int i = 0; i < 64; i++) oacc[i] *= (i & 2) ? corr_b : corr_a;
+            fence_regs(oacc);
+            wgmma_fence();
+            ha_pv(oacc, p, desc_v(st));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(oacc);
+        }
+    } else {
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads();
+        if (1 < n_tiles) {
+            load_tile(1, 1);
+            cp_async_commit();
+        }
+        wgmma_fence();
+        ha_qk(sacc, dq, desc_k(0));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(sacc);
+        /* corr_a/b (0: m was -inf) scale the zero O in the next iteration */
+        ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, HA_BN - 1 > wmin, col0, pa, pb, scale);
+        ha_pack(p, sacc);
+        for (int kt = 1; kt < n_tiles; kt++) {
+            cp_async_wait_all();
+            fence_proxy_async();
+            __syncthreads(); /* tile kt landed; everyone is done with tile kt - 2 (P·V waited in kt - 1) */
+            if (kt + 1 < n_tiles) {
+                load_tile((kt + 1) % STAGES, kt + 1);
+                cp_async_commit();
+            }
+            const uint64_t dk = desc_k(kt % STAGES), dv = desc_v((kt - 1) % STAGES);
+            wgmma_fence();
+            ha_qk(sacc, dq, dk);
+            wgmma_commit();
+            /* O·corr_{kt-1} while S_kt runs (O is no operand of it), then
+             * O += P_{kt-1}·V_{kt-1} */
+#pragma unroll
+            for (int i = 0; i < 64; i++) oacc[i] *= (i & 2) ? corr_b : corr_a;
+            fence_regs(oacc); /* the products happen here, before the wgmma fence */
+            wgmma_fence();
+            ha_pv(oacc, p, dv);
+            wgmma_commit();
+            wgmma_wait<1>(); /* S_kt done, P_{kt-1}·V_{kt-1} may still run */
+            fence_regs(sacc);
+            /* in place on S (done); P stays fp32 until P_{kt-1}·V_{kt-1} has
+             * finished reading the bf16 fragments (FlashAttention-3 order) */
+            ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, kt * HA_BN + HA_BN - 1 > wmin,
+                       kt * HA_BN + col0, pa, pb, scale);
+            fence_regs(sacc); /* the softmax happens here, before the wait */
+            wgmma_wait<0>();
+            fence_regs(oacc);
+            ha_pack(p, sacc);
+        }
+#pragma unroll
+        for (int i = 0; i < 64; i++) oacc[i] *= (i & 2) ? corr_b : corr_a;
+        fence_regs(oacc);
+        wgmma_fence();
+        ha_pv(oacc, p, desc_v((n_tiles - 1) % STAGES));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(oacc);
+    }
+
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+    float *oa = a.out + (r0 + ra) * a.ldo + (long)h * HA_D + col0;
+    float *ob = a.out + (r0 + rb) * a.ldo + (long)h * HA_D + col0;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        if (ra < nrows) *(float2 *)(oa + 8 * j) = make_float2(oacc[4 * j] * inv_a, oacc[4 * j + 1] * inv_a);
+        if (rb < nrows) *(float2 *)(ob + 8 * j) = make_float2(oacc[4 * j + 2] * inv_b, oacc[4 * j + 3] * inv_b);
+    }
+}
+
+template <bool PIPE>
+static void ha_launch(const struct hopper_attn_args *a, unsigned tiles, cudaStream_t stream) {
+    size_t smem = ha_smem_bytes(PIPE ? 3 : 2);
+    CUDA_CHECK(cudaFuncSetAttribute(hopper_attn_kernel<PIPE>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((unsigned)a->n_heads, tiles);
+    hopper_attn_kernel<PIPE><<<grid, HA_THREADS, smem, stream>>>(*a);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n_tokens, int pipelined,
+                                         cudaStream_t stream) {
+    /* Query tiles over the sequences with more than one new token: at most
+     * ⌈T/BM⌉ + S and at most 2(T−S)/BM + (T−S) + 1 (fa_prefill_kernel's
+     * bound); surplus CTAs find no tile and return. */
+    long T = n_tokens, S = a->n_seqs;
+    long bound1 = (T + HA_BM - 1) / HA_BM + S, bound2 = (2 * (T - S) + HA_BM - 1) / HA_BM + (T - S) + 1;
+    long tiles = bound1 < bound2 ? bound1 : bound2;
+    CUDA_ASSERT(tiles <= 65535);
+    if (tiles <= 0) return;
+    if (pipelined) ha_launch<true>(a, (unsigned)tiles, stream);
+    else ha_launch<false>(a, (unsigned)tiles, stream);
+}

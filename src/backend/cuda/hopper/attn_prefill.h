@@ -1,0 +1,49 @@
+/* attn_prefill.h — Hopper (sm_90a) prefill attention with wgmma
+ * (hopper/attn_prefill.cu). Built only when kiln_cuda_hopper is (CUDA
+ * architectures 90*, KILN_CUDA_HOPPER defined); callers check the device's
+ * compute capability (9.0) before calling. */
+#ifndef KILN_BACKEND_CUDA_HOPPER_ATTN_PREFILL_H
+#define KILN_BACKEND_CUDA_HOPPER_ATTN_PREFILL_H
+
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The contract of fa_prefill_kernel (cuda_attention.cu): q fp32
+ * [tokens][ldq] (head h at h·128), out fp32 [tokens][ldo], K and V bf16 in
+ * the paged cache (slot s of KV head g at cache + s·stride + g·128), causal
+ * by absolute position, query head h reads KV head h / group, scale_log2 =
+ * softmax scale · log2(e). Only the rows of sequences with more than one
+ * new token are computed. Head size 128 (dk = dv). Requirements (checked
+ * by the caller): q, k_cache, v_cache 16-byte aligned, ldq % 4 == 0,
+ * k_stride % 8 == 0, v_stride % 8 == 0, out 8-byte aligned, ldo even. */
+struct hopper_attn_args {
+    float *out;
+    long ldo;
+    const float *q;
+    long ldq;
+    const void *k_cache, *v_cache;
+    long k_stride, v_stride;
+    int n_heads, group;
+    float scale_log2;
+    int n_seqs, page_size;
+    const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
+};
+
+/* Launches the kernel on stream for a batch of n_tokens rows in n_seqs
+ * sequences. pipelined: 1 overlaps the softmax of KV tile j with the P·V
+ * product of tile j−1 (three shared-memory stages), 0 runs each tile's two
+ * products back to back (two stages; faster on an H100, the default).
+ * Both give bitwise the same result. */
+void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n_tokens, int pipelined,
+                              cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
