@@ -133,6 +133,11 @@ struct cuda_ctx {
      * 2 the same with the softmax / P·V overlap, measured slower
      * (KILN_CUDA_FA=fa2|fa3|fa3p) */
     int fa_hopper;
+    /* 1 (with pdl): the decode step's other kernels use programmatic
+     * dependent launch too — q/k norm + rope + KV store, decode attention,
+     * embedding, sampling (KILN_CUDA_PDL_ATTN=0 launches them the ordinary
+     * way, as before, for comparisons; cuda_pdl.cuh) */
+    int pdl_attn;
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
