@@ -55,11 +55,22 @@
  * row's bits do not depend on the batch, the slots or the path
  * (dev/attention checks this bitwise; test_deterministic end to end).
  * Rows whose chunks do not fit in the scratch run unsplit.
+ *
+ * Programmatic dependent launch (cuda_pdl.cuh; cuda_ctx.pdl_attn): the
+ * kernel triggers its dependents first thing, then does everything that
+ * needs only the batch metadata — the row's q_start / position (len, the
+ * chunk count, split or not) and the page-table lookups of its first tile —
+ * before pdl_wait; the K/V tiles (the cache row of this step's token is
+ * written by the store kernel just before), q, the scratch states and the
+ * arrival counters are touched only after it. A CTA with no work waits
+ * before returning (rule 1). The counters stay correct: every access to
+ * them is after the wait, which returns only once every earlier kernel —
+ * the previous layer's attention included — has completed.
  */
 #include <math.h>
 #include <stdint.h>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 
 enum {
     AD_WARPS = 4,
@@ -177,6 +188,7 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     float *fold = (float *)((char *)ad_smem4 + C::TILE_BYTES);      /* [warp][AD_HB][LDF] */
     float2 *ml = (float2 *)(fold + AD_WARPS * AD_HB * C::LDF);      /* [warp][AD_HB] (m, l) */
     __shared__ int last_s;
+    pdl_trigger();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hr = lane >> 2, tq = lane & 3; /* mma: head row and column pair of this lane */
@@ -187,11 +199,17 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     const long row = rg / a.n_kv_heads; /* = the sequence */
     const long t = a.q_start[row];
     const int32_t *pages = a.kv_pages + a.kv_page_start[row]; /* loaded beside q_start */
-    if (a.q_start[row + 1] - t != 1) return; /* not a decode row (prefill kernel's) */
+    if (a.q_start[row + 1] - t != 1) { /* not a decode row (prefill kernel's) */
+        pdl_wait();
+        return;
+    }
     const int len = a.positions[t] + 1;
     const int nch = (len + C::CHUNK - 1) / C::CHUNK;
     const bool split = gridDim.y > 1 && nch > 1 && nch <= a.max_chunks;
-    if (split ? (int)blockIdx.y >= nch : blockIdx.y != 0) return;
+    if (split ? (int)blockIdx.y >= nch : blockIdx.y != 0) {
+        pdl_wait();
+        return;
+    }
     const int step = split ? (int)gridDim.y : 1;
     const int h0 = g * a.group + hb * AD_HB, nh = min(AD_HB, a.group - hb * AD_HB);
     const int fh = tid / C::TPH, fd = (tid % C::TPH) * EPT; /* fold: head, first dim */
@@ -223,8 +241,10 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
 
     int c = blockIdx.y;
     long long sl[SR];
-    if (c * C::CHUNK + warp * BN < len) {
-        lookup(c * C::CHUNK + warp * BN, sl);
+    const bool first = c * C::CHUNK + warp * BN < len;
+    if (first) lookup(c * C::CHUNK + warp * BN, sl); /* page table: metadata, before the wait */
+    pdl_wait(); /* q and the cache row of this step's token come from the kernels before */
+    if (first) {
         load(kt, kbase, a.k_stride, sl);
         ad_commit();
         load(vt, vbase, a.v_stride, sl);
@@ -458,8 +478,8 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
         if (slots >= 2) a.max_chunks = (int)cap;
         else slots = 1;
     }
-    ad_kernel<D, BN><<<dim3((unsigned)units, (unsigned)slots), AD_THREADS, C::SMEM, c->stream>>>(a);
-    CUDA_CHECK_LAUNCH();
+    pdl_launch_on(c, pdl_attn(c), ad_kernel<D, BN>, dim3((unsigned)units, (unsigned)slots),
+                  dim3(AD_THREADS), C::SMEM, a);
 }
 
 /* bn: positions per warp per chunk (32 or 64; the lab compares both). */

@@ -351,6 +351,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
      * dependent launch (Hopper on), the fused norm / SwiGLU handoffs, the
      * GEMV's K split, cuBLASLt and its per-shape tuning. */
     c->pdl = prop.major >= 9 && !env_is("KILN_CUDA_PDL", "0");
+    c->pdl_attn = c->pdl && !env_is("KILN_CUDA_PDL_ATTN", "0");
     c->fuse = !env_is("KILN_CUDA_FUSE", "0");
     const char *ks = getenv("KILN_CUDA_GEMV_KS");
     c->gemv_ks = ks ? atoi(ks) : 0;

@@ -142,6 +142,11 @@ struct cuda_ctx {
                                     KILN_CUDA_WGMMA_S = 1..8), for measurements */
     long wgmma_calls;            /* products it ran (host count, for tests) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
+    /* 1 (with pdl): the decode step's other kernels use programmatic
+     * dependent launch too — q/k norm + rope + KV store, decode attention,
+     * embedding, sampling (KILN_CUDA_PDL_ATTN=0 launches them the ordinary
+     * way, as before, for comparisons; cuda_pdl.cuh) */
+    int pdl_attn;
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */

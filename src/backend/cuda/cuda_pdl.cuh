@@ -15,8 +15,12 @@
  *      whole stream before it is complete too. A CTA with no work still
  *      calls it (before returning), so the kernel never finishes ahead of
  *      its predecessor;
- *   2. before pdl_wait, read only memory no kernel writes (weights), never
- *      through a cache that could keep stale data of an input: the inputs
+ *   2. before pdl_wait, read only memory no kernel writes (weights, the
+ *      rope table, and the step's batch metadata — positions, slots,
+ *      q_start, page tables, sampling rows: model.c stage_batch uploads
+ *      them with a copy, which waits for every earlier kernel to complete,
+ *      and no kernel writes them), never through a cache that could keep
+ *      stale data of an input: the inputs
  *      are read with ordinary (coherent) loads after the wait, not with
  *      __ldg / ld.global.nc, whose data must stay unchanged for the whole
  *      life of the kernel;
@@ -28,7 +32,11 @@
  * full completion of whatever precedes them, as always; pdl_wait and
  * pdl_trigger are no-ops in a kernel launched without the attribute.
  * `cuda_ctx.pdl` (KILN_CUDA_PDL=0 clears it; pre-Hopper devices never set
- * it) chooses between the two launches. Stream capture turns the attribute
+ * it) chooses between the two launches; the kernels of the decode step
+ * outside the products and norms (cuda_rope.cu, cuda_attn_decode.cu,
+ * cuda_embed.cu, cuda_sample.cu) also need `cuda_ctx.pdl_attn`
+ * (KILN_CUDA_PDL_ATTN=0 clears it: their launches as before, for
+ * comparisons in one run) and launch through pdl_launch_on. Stream capture turns the attribute
  * into programmatic edges of the graph, so replays overlap the same way. */
 #ifndef KILN_BACKEND_CUDA_PDL_CUH
 #define KILN_BACKEND_CUDA_PDL_CUH
@@ -50,10 +58,10 @@ static __device__ __forceinline__ void pdl_trigger() {
 }
 
 /* kernel<<<grid, block, smem, c->stream>>>(args...), with programmatic
- * stream serialization when c->pdl; checks the launch. */
+ * stream serialization when `pdl`; checks the launch. */
 template <typename... Exp, typename... Act>
-static void pdl_launch(const struct cuda_ctx *c, void (*kernel)(Exp...), dim3 grid, dim3 block,
-                       size_t smem, Act &&...args) {
+static void pdl_launch_on(const struct cuda_ctx *c, bool pdl, void (*kernel)(Exp...), dim3 grid,
+                          dim3 block, size_t smem, Act &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -63,9 +71,19 @@ static void pdl_launch(const struct cuda_ctx *c, void (*kernel)(Exp...), dim3 gr
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = pdl ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...));
 }
+
+/* The same, with programmatic stream serialization when c->pdl. */
+template <typename... Exp, typename... Act>
+static void pdl_launch(const struct cuda_ctx *c, void (*kernel)(Exp...), dim3 grid, dim3 block,
+                       size_t smem, Act &&...args) {
+    pdl_launch_on(c, c->pdl != 0, kernel, grid, block, smem, std::forward<Act>(args)...);
+}
+
+/* The kernels of the decode step outside the products and norms. */
+static inline bool pdl_attn(const struct cuda_ctx *c) { return c->pdl && c->pdl_attn; }
 
 /* silu(g) * u with every rounding spelled out, so that the kernels that
  * compute it (silu_mul, the SwiGLU GEMV epilogue, the 16-bit SwiGLU

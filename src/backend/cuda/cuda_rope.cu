@@ -6,13 +6,24 @@
  * (Llama, Qwen). Only the first rot_dim dims of each head turn.
  * KV store: one block per token row, copying its K (or V, or MLA latent)
  * row into the cache slot the scheduler chose, in the cache's element type
- * (bf16 by default: rounded to nearest even; fp32 with KILN_CUDA_KV=f32). */
-#include "backend/cuda/cuda_common.cuh"
+ * (bf16 by default: rounded to nearest even; fp32 with KILN_CUDA_KV=f32).
+ *
+ * All three use programmatic dependent launch (cuda_pdl.cuh) when
+ * cuda_ctx.pdl_attn: rope and the KV store wait first thing; the fused
+ * kernel loads its row's position, cache slot and rope factors (batch
+ * metadata and the rope table: nothing a kernel writes) before waiting,
+ * so the only loads after the wait are q / k / v themselves. Those inputs
+ * are plain pointers, never `const __restrict__`, so that they are read
+ * with ordinary coherent loads, not the non-coherent path (cuda_pdl.cuh,
+ * rule 2). */
+#include "backend/cuda/cuda_pdl.cuh"
 
 /* x[n][ldx], heads at h * head_stride; pos[n] */
 static __global__ void rope_kernel(float *x, long ldx, long n, int n_heads, long head_stride,
                                    int half, const int32_t *__restrict__ pos,
                                    const float *__restrict__ cos_sin, int interleaved) {
+    pdl_trigger();
+    pdl_wait();
     long total = n * n_heads * half;
     for (long w = (long)blockIdx.x * blockDim.x + threadIdx.x; w < total;
          w += (long)gridDim.x * blockDim.x) {
@@ -36,17 +47,19 @@ extern "C" void cuda_op_rope(void *ctx, float *x, long ldx, long n, int n_heads,
                              int interleaved) {
     long total = n * n_heads * (rot_dim / 2);
     if (total <= 0) return;
-    rope_kernel<<<grid_for(total, 256), 256, 0, ctx_stream(ctx)>>>(
-        x, ldx, n, n_heads, head_stride, rot_dim / 2, pos, cos_sin, interleaved);
-    CUDA_CHECK_LAUNCH();
+    const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
+    pdl_launch_on(c, pdl_attn(c), rope_kernel, dim3(grid_for(total, 256)), dim3(256), 0, x, ldx, n,
+                  n_heads, head_stride, rot_dim / 2, pos, cos_sin, interleaved);
 }
 
 /* cache[slots[i] * stride + 0..width) = src[i * ld + 0..width) (T: the
  * cache's element type; bf16 rounds to nearest even) */
 template <typename T>
 static __global__ void kv_store_kernel(T *__restrict__ cache, long stride,
-                                       const float *__restrict__ src, long ld, long width,
+                                       const float *src, long ld, long width,
                                        const int32_t *__restrict__ slots, long n) {
+    pdl_trigger();
+    pdl_wait();
     for (long i = blockIdx.x; i < n; i += gridDim.x) {
         T *dst = cache + (size_t)slots[i] * (size_t)stride;
         const float *s = src + i * ld;
@@ -57,13 +70,14 @@ static __global__ void kv_store_kernel(T *__restrict__ cache, long stride,
 extern "C" void cuda_op_kv_store(void *ctx, void *cache, long stride, const float *src, long ld,
                                  long width, const int32_t *slots, long n) {
     if (n <= 0 || width <= 0) return;
-    if (((struct cuda_ctx *)ctx)->kv_bf16)
-        kv_store_kernel<<<grid_for(n, 1), 128, 0, ctx_stream(ctx)>>>(
-            (__nv_bfloat16 *)cache, stride, src, ld, width, slots, n);
+    const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
+    dim3 grid(grid_for(n, 1)), block(128);
+    if (c->kv_bf16)
+        pdl_launch_on(c, pdl_attn(c), kv_store_kernel<__nv_bfloat16>, grid, block, 0,
+                      (__nv_bfloat16 *)cache, stride, src, ld, width, slots, n);
     else
-        kv_store_kernel<<<grid_for(n, 1), 128, 0, ctx_stream(ctx)>>>((float *)cache, stride, src,
-                                                                     ld, width, slots, n);
-    CUDA_CHECK_LAUNCH();
+        pdl_launch_on(c, pdl_attn(c), kv_store_kernel<float>, grid, block, 0, (float *)cache,
+                      stride, src, ld, width, slots, n);
 }
 
 /* Fused attention input preparation (backend.h qk_rope_store): one warp per
@@ -73,27 +87,50 @@ extern "C" void cuda_op_kv_store(void *ctx, void *cache, long stride, const floa
  * are also written to the cache slot, value heads only copied there. Same
  * arithmetic as rmsnorm_warp_kernel followed by rope_kernel and
  * kv_store_kernel. */
-enum { QKR_WARPS = 4, QKR_MAX_HEAD = 512 };
+enum { QKR_WARPS = 4, QKR_MAX_HEAD = 512, QKR_PER_LANE = QKR_MAX_HEAD / 32 };
 
 template <typename T>
 static __global__ void __launch_bounds__(QKR_WARPS * 32)
-    qk_rope_store_kernel(float *q, float *k, const float *__restrict__ v, long ld, long n,
+    qk_rope_store_kernel(float *q, float *k, const float *v, long ld, long n,
                          int n_heads, int n_kv_heads, int hd, const float *__restrict__ q_norm,
                          const float *__restrict__ k_norm, float eps, int half,
                          const int32_t *__restrict__ pos, const float *__restrict__ cos_sin,
                          int interleaved, T *__restrict__ k_cache, T *__restrict__ v_cache,
                          long kv_stride, const int32_t *__restrict__ slots) {
     __shared__ float buf[QKR_WARPS][QKR_MAX_HEAD];
+    pdl_trigger();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int per_row = n_heads + 2 * n_kv_heads;
     long item = (long)blockIdx.x * QKR_WARPS + warp;
-    if (item >= n * per_row) return;
+    if (item >= n * per_row) {
+        pdl_wait(); /* cuda_pdl.cuh rule 1: no CTA finishes before its predecessor */
+        return;
+    }
     long i = item / per_row;
     int j = (int)(item % per_row);
-    if (j >= n_heads + n_kv_heads) { /* value head: copy to the cache */
+    /* Before the wait: the row's slot, position and the rope factors of
+     * this lane's elements e = lane + 32·r (batch metadata and the table:
+     * no kernel writes them, cuda_pdl.cuh rule 2). */
+    const size_t slot = (size_t)slots[i];
+    float rc[QKR_PER_LANE], rs[QKR_PER_LANE];
+    const bool vhead = j >= n_heads + n_kv_heads;
+    if (!vhead) {
+        const float *cs = cos_sin + (size_t)pos[i] * (size_t)half * 2;
+#pragma unroll
+        for (int r = 0; r < QKR_PER_LANE; r++) {
+            int e = lane + 32 * r;
+            rc[r] = rs[r] = 0.0f;
+            if (e < 2 * half) {
+                int d = interleaved ? e >> 1 : e < half ? e : e - half;
+                rc[r] = cs[2 * d], rs[r] = cs[2 * d + 1];
+            }
+        }
+    }
+    pdl_wait();
+    if (vhead) { /* value head: copy to the cache */
         int h = j - n_heads - n_kv_heads;
         const float *src = v + i * ld + (long)h * hd;
-        T *dst = v_cache + (size_t)slots[i] * (size_t)kv_stride + (size_t)h * hd;
+        T *dst = v_cache + slot * (size_t)kv_stride + (size_t)h * hd;
         for (int e = lane; e < hd; e += 32) kv_put(dst + e, src[e]);
         return;
     }
@@ -107,7 +144,7 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
         int h = j - n_heads;
         x = k + i * ld + (long)h * hd;
         nw = k_norm;
-        dst = k_cache + (size_t)slots[i] * (size_t)kv_stride + (size_t)h * hd;
+        dst = k_cache + slot * (size_t)kv_stride + (size_t)h * hd;
     }
     float *s = buf[warp];
     if (nw) {
@@ -120,22 +157,22 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
         for (int e = lane; e < hd; e += 32) s[e] = x[e];
     }
     __syncwarp();
-    const float *cs = cos_sin + (size_t)pos[i] * (size_t)half * 2;
-    for (int e = lane; e < hd; e += 32) {
+#pragma unroll
+    for (int r = 0; r < QKR_PER_LANE; r++) {
+        int e = lane + 32 * r;
+        if (e >= hd) break;
         float val = s[e];
         if (e < 2 * half) {
-            int d, partner;
+            int partner;
             bool first;
             if (interleaved) {
-                d = e >> 1;
                 first = !(e & 1);
                 partner = e ^ 1;
             } else {
                 first = e < half;
-                d = first ? e : e - half;
                 partner = first ? e + half : e - half;
             }
-            float c = cs[2 * d], sn = cs[2 * d + 1], o = s[partner];
+            float c = rc[r], sn = rs[r], o = s[partner];
             val = first ? val * c - o * sn : val * c + o * sn;
         }
         x[e] = val;
@@ -153,14 +190,15 @@ extern "C" void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float
     if (items <= 0) return;
     CUDA_ASSERT_MSG(head_dim <= QKR_MAX_HEAD && rot_dim <= head_dim,
                     "qk_rope_store: head_dim above 512");
-    if (((struct cuda_ctx *)ctx)->kv_bf16)
-        qk_rope_store_kernel<<<grid_for(items, QKR_WARPS), QKR_WARPS * 32, 0, ctx_stream(ctx)>>>(
-            q, k, v, ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
-            cos_sin, interleaved, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, kv_stride,
-            slots);
+    const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
+    dim3 grid(grid_for(items, QKR_WARPS)), block(QKR_WARPS * 32);
+    if (c->kv_bf16)
+        pdl_launch_on(c, pdl_attn(c), qk_rope_store_kernel<__nv_bfloat16>, grid, block, 0, q, k, v,
+                      ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
+                      cos_sin, interleaved, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,
+                      kv_stride, slots);
     else
-        qk_rope_store_kernel<<<grid_for(items, QKR_WARPS), QKR_WARPS * 32, 0, ctx_stream(ctx)>>>(
-            q, k, v, ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
-            cos_sin, interleaved, (float *)k_cache, (float *)v_cache, kv_stride, slots);
-    CUDA_CHECK_LAUNCH();
+        pdl_launch_on(c, pdl_attn(c), qk_rope_store_kernel<float>, grid, block, 0, q, k, v, ld, n,
+                      n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
+                      cos_sin, interleaved, (float *)k_cache, (float *)v_cache, kv_stride, slots);
 }

@@ -56,7 +56,7 @@
  * the list: a block scan. On the row: per-warp tile sums (tiles of >= 512
  * ids), a block scan over the tiles, then one warp scans the crossing tile.
  */
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 
 enum {
     A_THREADS = 256,
@@ -205,6 +205,8 @@ static __global__ void __launch_bounds__(A_THREADS)
 argmax_kernel(float *logits, long ld, long vocab, long chunk, bool vec,
               const struct backend_sample_row *rows, const struct backend_sample_adj *adj,
               struct sample_partial *part) {
+    pdl_trigger(); /* programmatic dependent launch (cuda_pdl.cuh): wait before any access */
+    pdl_wait();
     long r = blockIdx.y, s = blockIdx.x, lo = s * chunk;
     long hi = lo + chunk < vocab ? lo + chunk : vocab;
     /* first the row's adjustments that fall in this chunk (one entry per
@@ -572,6 +574,8 @@ row_kernel(int32_t *tokens, const float *logits, long ld, long vocab, bool vec,
            unsigned char *kept_out) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     row_smem &sm = *(row_smem *)smem_raw;
+    pdl_trigger(); /* as argmax_kernel */
+    pdl_wait();
     long r = blockIdx.x;
     int t = threadIdx.x;
     if (t < 32) {
@@ -777,14 +781,15 @@ static void sample_run(void *ctx, int32_t *tokens, float *logits, long ld, long 
         c->sample_ready = 1;
     }
     bool vec = ld % 4 == 0 && ((uintptr_t)logits & 15) == 0;
-    cudaStream_t st = c->stream;
     struct sample_partial *part = (struct sample_partial *)c->sample_part.p;
-    argmax_kernel<<<dim3((unsigned)nsplit, (unsigned)n), A_THREADS, 0, st>>>(logits, ld, vocab, chunk,
-                                                                          vec, rows, adj, part);
-    CUDA_CHECK_LAUNCH();
-    row_kernel<<<(unsigned)n, B_THREADS, sizeof(row_smem), st>>>(tokens, logits, ld, vocab, vec, rows,
-                                                                part, nsplit, kept);
-    CUDA_CHECK_LAUNCH();
+    /* programmatic dependent launch with cuda_ctx.pdl_attn (cuda_pdl.cuh):
+     * argmax overlaps the lm_head's tail, the row kernel argmax's */
+    bool pdl = pdl_attn(c);
+    pdl_launch_on(c, pdl, argmax_kernel, dim3((unsigned)nsplit, (unsigned)n), dim3(A_THREADS), 0,
+                  logits, ld, vocab, chunk, vec, rows, adj, part);
+    pdl_launch_on(c, pdl, row_kernel, dim3((unsigned)n), dim3(B_THREADS), sizeof(row_smem), tokens,
+                  (const float *)logits, ld, vocab, vec, rows, (const struct sample_partial *)part,
+                  nsplit, kept);
 }
 
 extern "C" void cuda_op_sample(void *ctx, int32_t *tokens, float *logits, long ld, long n, long vocab,

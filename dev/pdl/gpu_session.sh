@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# gpu_session.sh — programmatic dependent launch for the rope / KV store,
+# decode attention, embedding and sampling kernels (branch pdl), in one
+# lease of the GPU machine: build, the GPU tests (test_cuda_pdl: PDL on vs
+# KILN_CUDA_PDL_ATTN=0 vs KILN_CUDA_PDL=0 bit for bit; ops, graphs,
+# deterministic, generate), then bench_forward batch-1 decode at contexts
+# 128 and 4096 for Qwen3-0.6B and Llama-3.1-8B (dummy weights), default
+# against KILN_CUDA_PDL_ATTN=0 (the launches before) in the same lease, and
+# a KILN_CUDA_PROFILE=1 eager run of Qwen3 b1. Logs go to $OUT; summary.log
+# is the short version. On the device machine:
+#
+#   cd tmp/pdl && OUT=$OUT bash dev/pdl/gpu_session.sh 230
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/pdl-out}; mkdir -p "$OUT"
+S=$OUT/summary.log; : >"$S"
+BUDGET=${1:-230}
+T0=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
+eval "$(scripts/gpu-check.sh --env)"
+say "build"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
+  ninja -C build-gpu bench_forward test_cuda_pdl test_cuda_ops test_cuda_graphs \
+    test_deterministic kiln >>"$OUT/build.log" 2>&1
+brc=$?
+[ $brc = 0 ] || { say "build FAILED"; grep -A12 -m3 error "$OUT/build.log" | head -50 | tee -a "$S"; exit 1; }
+say "build ok"
+B=build-gpu
+
+say "test_cuda_pdl"
+timeout 40 $B/tests/test_cuda_pdl >"$OUT/test_pdl.log" 2>&1
+say "test_cuda_pdl rc=$?"
+grep -E "differ|non-finite|PASSED|FAILED|fail" "$OUT/test_pdl.log" | tee -a "$S"
+
+bench() { # label limit env args...
+  local label=$1 lim=$2 envs=$3; shift 3
+  [ "$(left)" -gt 8 ] || { say "skip $label (time)"; return; }
+  [ "$lim" -gt "$(left)" ] && lim=$(left)
+  echo "== $label [$envs]" >>"$OUT/bench.log"
+  env $envs timeout "$lim" $B/bench_forward --device cuda --load-format dummy "$@" >>"$OUT/bench.log" 2>&1
+  local rc=$?
+  say "$label rc=$rc: $(awk -v l="== $label [$envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" |
+      grep -E "^decode" | sed 's/ (.*//' | tr '\n' ' ')"
+}
+L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
+A="--prompt-len 128,4096 --decode 64 --repeat 3"
+bench "qwen3 b1 pdl" 20 "KILN_CUDA_PDL_ATTN=1" --model $Q $A
+bench "qwen3 b1 attn-off" 20 "KILN_CUDA_PDL_ATTN=0" --model $Q $A
+bench "qwen3 b1 pdl-off" 20 "KILN_CUDA_PDL=0" --model $Q $A
+bench "qwen3 b1 pdl (2)" 20 "KILN_CUDA_PDL_ATTN=1" --model $Q $A
+bench "qwen3 b1 attn-off (2)" 20 "KILN_CUDA_PDL_ATTN=0" --model $Q $A
+bench "llama b1 pdl" 35 "KILN_CUDA_PDL_ATTN=1" --model $L $A
+bench "llama b1 attn-off" 35 "KILN_CUDA_PDL_ATTN=0" --model $L $A
+
+say "profile"
+timeout $(( $(left) < 20 ? $(left) : 20 )) env KILN_CUDA_PROFILE=1 $B/bench_forward --device cuda \
+  --load-format dummy --model $Q --prompt-len 128 --decode 32 --repeat 1 --no-graphs >"$OUT/profile.log" 2>&1
+say "profile rc=$?"
+
+say "ctest"
+lim=$(left); [ "$lim" -gt 5 ] || lim=5
+timeout $lim env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu -R 'ops|graphs|deterministic|generate' -V >"$OUT/tests.log" 2>&1
+say "ctest rc=$?"
+grep -E "tests passed|Test +#|FAIL|Failure|differ" "$OUT/tests.log" | tail -16 | tee -a "$S"
+bench "llama b1 pdl (2)" 30 "KILN_CUDA_PDL_ATTN=1" --model $L $A
+say "done"
