@@ -14,11 +14,13 @@
  * row's logits instead (model_forward, what a step cost before device
  * sampling). The line "sampling:" says which ran; --both times both in the
  * same run (device sampling first, then the logits download, after each
- * prefill), one decode line each.
+ * prefill), one decode line each. --prefill-batch prefills the N sequences
+ * in one forward (as llama-batched-bench's prompt phase and the engine's
+ * chunked prefill do) instead of one after the other.
  *
  *   bench_forward --model DIR|config.json [--load-format dummy] [--prompt-len 128]
  *                 [--decode 32] [--batch 1] [--threads N] [--device cpu] [--repeat 3]
- *                 [--no-graphs] [--logits] [--both]
+ *                 [--no-graphs] [--logits] [--both] [--prefill-batch]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +55,42 @@ static int prefill(struct model *m, struct kv_pool *kv, const struct seqs *q, in
     return rc;
 }
 
+/* Prefill of every sequence in one batch (as llama-batched-bench's prompt
+ * phase, and as the engine's chunked prefill takes short prompts): tokens
+ * 0..n-1 of each, one logit row per sequence. */
+static int prefill_all(struct model *m, struct kv_pool *kv, const struct seqs *q,
+                       const int32_t *ids, int n, float *logits, struct kiln_error *err) {
+    int S = q->n;
+    long T = (long)S * n;
+    int32_t *pos = xmalloc((size_t)T * 4), *slot = xmalloc((size_t)T * 4),
+            *tok = xmalloc((size_t)T * 4), *q_start = xmalloc((size_t)(S + 1) * 4),
+            *kv_len = xmalloc((size_t)S * 4), *rows = xmalloc((size_t)S * 4);
+    for (int s = 0; s < S; s++) {
+        for (int i = 0; i < n; i++) {
+            long t = (long)s * n + i;
+            pos[t] = i;
+            slot[t] = q->pages[(size_t)s * q->ctx + i];
+            tok[t] = ids[s % 7 + i]; /* the sequential prefill's ids */
+        }
+        q_start[s] = s * n;
+        kv_len[s] = n;
+        rows[s] = s * n + n - 1;
+    }
+    q_start[S] = (int32_t)T;
+    struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = (int)T, .input_ids = tok,
+                      .positions = pos, .out_slot = slot, .n_seqs = S, .q_start = q_start,
+                      .kv_len = kv_len, .kv_page_start = q->page_start, .kv_pages = q->pages,
+                      .page_size = 1, .n_logit_rows = S, .logit_rows = rows};
+    int rc = model_forward(m, kv, &b, logits, err);
+    free(pos);
+    free(slot);
+    free(tok);
+    free(q_start);
+    free(kv_len);
+    free(rows);
+    return rc;
+}
+
 /* One decode step of all sequences at position p; with smp, greedy on the
  * device (token ids to tokens). */
 static int decode(struct model *m, struct kv_pool *kv, const struct seqs *q, const int32_t *ids,
@@ -80,7 +118,7 @@ static int decode(struct model *m, struct kv_pool *kv, const struct seqs *q, con
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128";
     int prompt_len = 0, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
-    int deterministic = 0, pps[16], n_pp = 0, want_logits = 0, both = 0;
+    int deterministic = 0, pps[16], n_pp = 0, want_logits = 0, both = 0, prefill_batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
@@ -95,6 +133,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--no-graphs")) no_graphs = 1;
         else if (!strcmp(a, "--logits")) want_logits = 1;
         else if (!strcmp(a, "--both")) both = 1;
+        else if (!strcmp(a, "--prefill-batch")) prefill_batch = 1;
         else {
             fprintf(stderr, "bench_forward: unknown option %s\n", a);
             return 2;
@@ -115,7 +154,7 @@ int main(int argc, char **argv) {
     if (!model_dir || n_pp == 0 || n_decode < 0 || repeat < 1 || batch < 1) {
         fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] "
                         "[--prompt-len N[,N...]] [--decode N] [--batch N] [--threads N] [--repeat N] "
-                        "[--no-graphs] [--deterministic] [--logits] [--both]\n");
+                        "[--no-graphs] [--deterministic] [--logits] [--both] [--prefill-batch]\n");
         return 2;
     }
     struct kiln_error err = {{0}};
@@ -125,7 +164,8 @@ int main(int argc, char **argv) {
     int ctx = prompt_len + n_decode + 1;
     struct model *m;
     struct model_options mo = {.load_format = format,
-                               .max_batch_tokens = prompt_len > batch ? prompt_len : batch,
+                               .max_batch_tokens = prefill_batch ? prompt_len * batch
+                                                   : prompt_len > batch ? prompt_len : batch,
                                .max_seqs = batch, .max_context = ctx, .page_size = 1,
                                .no_graphs = no_graphs};
     double t0 = time_now();
@@ -188,8 +228,12 @@ int main(int argc, char **argv) {
         double best_pp = 1e30, best_tg[2] = {1e30, 1e30};
         for (int r = 0; r < repeat; r++) {
             t0 = time_now();
-            for (int s = 0; s < batch; s++)
-                if (prefill(m, &kv, &q, s, ids + s % 7, pl, logits, &err)) goto fail;
+            if (prefill_batch) {
+                if (prefill_all(m, &kv, &q, ids, pl, logits, &err)) goto fail;
+            } else {
+                for (int s = 0; s < batch; s++)
+                    if (prefill(m, &kv, &q, s, ids + s % 7, pl, logits, &err)) goto fail;
+            }
             double t1 = time_now();
             if (t1 - t0 < best_pp) best_pp = t1 - t0;
             /* mode 0: as chosen; mode 1 (--both): the logits download too,
@@ -205,7 +249,8 @@ int main(int argc, char **argv) {
                 if (n_decode && t2 - t1 < best_tg[mode]) best_tg[mode] = t2 - t1;
             }
         }
-        printf("prefill pp%d x %d: %.1f tok/s (%.1f ms)", pl, batch, (double)pl * batch / best_pp,
+        printf("prefill pp%d x %d%s: %.1f tok/s (%.1f ms)", pl, batch,
+               prefill_batch && batch > 1 ? " in one batch" : "", (double)pl * batch / best_pp,
                best_pp * 1e3);
         if (dense) {
             double mm = batch * (2.0 * pl * params + 2.0 * c->vocab_size * (double)c->hidden_size);

@@ -99,7 +99,22 @@ if [ "$benchmx" = 1 ]; then
       say "-- $cfg $args"
       echo "$out" | grep -E '^(device copy|prefill|decode|bench_forward)' | tee -a "$LOG"
     done
+    # llama-batched-bench's S column for -npp 128 -ntg 128 -npl 64: every
+    # prompt and generated token over the whole time (prefill of the 64
+    # prompts, then 128 decode steps), beside the decode-only rate
+    out=$(timeout 150 $BF --model models/configs/$cfg.json --prompt-len 128 --decode 128 --batch 64 --repeat 2 --prefill-batch 2>&1)
+    echo "$out" >>"$LOG"
+    say "-- $cfg --prompt-len 128 --decode 128 --batch 64 --prefill-batch (batched-bench S)"
+    pp=$(echo "$out" | grep '^prefill' | tail -1 | sed -n 's/.*(\([0-9.]*\) ms).*/\1/p')
+    st=$(echo "$out" | grep '^decode' | tail -1 | sed -n 's/.*(\([0-9.]*\) ms\/step.*/\1/p')
+    echo "$out" | grep '^decode' | tail -1 | tee -a "$LOG"
+    [ -n "$pp" ] && [ -n "$st" ] && awk -v pp="$pp" -v st="$st" 'BEGIN {
+      printf "S = 64 x (128 + 128) tokens / (%.1f ms prefill + 128 x %.3f ms) = %.0f tok/s\n",
+             pp, st, 64 * 256 / ((pp + 128 * st) / 1000) }' | tee -a "$LOG"
   done
+  say "-- llama-3.1-8b --prompt-len 128 --decode 32 --batch 64 with KILN_CUDA_WGMMA=0 (cuBLASLt for every product)"
+  KILN_CUDA_WGMMA=0 timeout 150 $BF --model models/configs/llama-3.1-8b.json --prompt-len 128 --decode 32 --batch 64 --repeat 2 2>&1 |
+    grep -E '^decode' | tee -a "$LOG"
   [ -n "${KILN_BENCH_ONLY:-}" ] && exit 0
   for w in "" "--no-warmup"; do
     say "-- bench_warmup qwen3-0.6b $w (first decode step per bucket vs steady state)"
