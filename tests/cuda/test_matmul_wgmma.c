@@ -252,7 +252,8 @@ static void test_routing(void **state) {
     check_matmul(&gpu_off, 16, 640, 1024, DTYPE_BF16, 0);
     check_matmul(&gpu_det, 16, 640, 1024, DTYPE_BF16, 0);
     check_matmul(&gpu_thr, 16, 640, 1024, DTYPE_BF16, 0);  /* 1.3 MB weight: cuBLAS */
-    check_matmul(&gpu_thr, 16, 4096, 4096, DTYPE_BF16, 1); /* 32 MB: the kernel */
+    check_matmul(&gpu_thr, 16, 4096, 4096, DTYPE_BF16, 0);  /* 32 MiB: cuBLAS */
+    check_matmul(&gpu_thr, 16, 13312, 4096, DTYPE_BF16, 1); /* 104 MiB: the kernel */
 }
 
 int main(void) {
