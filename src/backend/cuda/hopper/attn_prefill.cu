@@ -74,6 +74,9 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/hopper/attn_prefill.h"
+#include "backend/cuda/hopper/wgmma.cuh"
+
+using namespace hopper;
 
 enum {
     HA_BM = 128, /* query rows per CTA (64 per warpgroup) */
@@ -94,11 +97,6 @@ static constexpr size_t ha_smem_bytes(int stages) {
  * whose 64-column blocks are `block` bytes apart. */
 static __device__ __forceinline__ uint32_t swz(int r, int c, uint32_t block) {
     return (uint32_t)(c >> 3) * block + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
-}
-
-static __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
-           ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
 static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
@@ -130,58 +128,6 @@ static __device__ __forceinline__ float ex2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-static __device__ __forceinline__ void wgmma_fence(void) {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-static __device__ __forceinline__ void wgmma_commit(void) {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-static __device__ __forceinline__ void wgmma_wait(void) {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* Keeps the compiler from moving accesses of accumulator registers across
- * a wgmma wait (the asm statements above do not name them). */
-static __device__ __forceinline__ void fence_regs(float (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-/* d[64] (+)= A·B, m64n128k16: A (64×16) and B (Kᵀ, 128×16) from shared memory, both
- * K-major; scale_d = 0 overwrites d. */
-static __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-/* d[64] += A·B, m64n128k16: A (64×16 of P) from registers, B (V, 16 positions × 128)
- * from shared memory stored MN-major (imm-trans-b = 1). */
-static __device__ __forceinline__ void wgmma_rs_t(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
 /* S = Q·Kᵀ for the warpgroup's 64 rows × 128 positions: 8 K steps of 16.
  * dq, dk: descriptors of the warpgroup's Q rows and of the K tile. */
 static __device__ __forceinline__ void ha_qk(float (&s)[64], uint64_t dq, uint64_t dk) {
@@ -189,14 +135,14 @@ static __device__ __forceinline__ void ha_qk(float (&s)[64], uint64_t dq, uint64
     for (int ks = 0; ks < HA_D / 16; ks++) {
         uint32_t oq = (uint32_t)(ks >> 2) * HA_QBLOCK + (uint32_t)(ks & 3) * 32;
         uint32_t ok = (uint32_t)(ks >> 2) * HA_KBLOCK + (uint32_t)(ks & 3) * 32;
-        wgmma_ss(s, dq + (oq >> 4), dk + (ok >> 4), ks > 0);
+        wgmma_ss<false>(s, dq + (oq >> 4), dk + (ok >> 4), ks > 0);
     }
 }
 
 /* O += P·V: 8 K steps of 16 positions; dv: descriptor of the V tile. */
 static __device__ __forceinline__ void ha_pv(float (&o)[64], const uint32_t (&p)[8][4], uint64_t dv) {
 #pragma unroll
-    for (int kk = 0; kk < HA_BN / 16; kk++) wgmma_rs_t(o, p[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
+    for (int kk = 0; kk < HA_BN / 16; kk++) wgmma_rs_tb(o, p[kk], dv + (uint64_t)((kk * 16 * 128) >> 4));
 }
 
 /* Online softmax of one S tile (rows a and b of this thread), in place:
@@ -354,10 +300,10 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     }
 
     int wg = warp >> 2;
-    const uint64_t dq = make_desc(q_s + (uint32_t)wg * 64 * 128, 16, 1024);
-    auto desc_k = [&](int st) { return make_desc(kv_s + (uint32_t)st * 2 * HA_TILE, 16, 1024); };
+    const uint64_t dq = desc_sw128(q_s + (uint32_t)wg * 64 * 128, 16, 1024);
+    auto desc_k = [&](int st) { return desc_sw128(kv_s + (uint32_t)st * 2 * HA_TILE, 16, 1024); };
     auto desc_v = [&](int st) {
-        return make_desc(kv_s + (uint32_t)st * 2 * HA_TILE + HA_TILE, HA_KBLOCK, 1024);
+        return desc_sw128(kv_s + (uint32_t)st * 2 * HA_TILE + HA_TILE, HA_KBLOCK, 1024);
     };
 
     float oacc[64], sacc[64];

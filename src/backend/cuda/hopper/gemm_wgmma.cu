@@ -102,8 +102,7 @@ template <int BN> struct cfg {
 
 template <bool F16>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
-    if (F16) wgmma_n128_f16(d, da, db);
-    else wgmma_n128_bf16(d, da, db);
+    wgmma_ss<F16>(d, da, db, 1);
 }
 
 /* One CTA: the BN weight rows from n0 = blockIdx.x·BN, k-steps
@@ -179,11 +178,9 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
                 for (int b = 0; b < C::NB; b++)
                     wgmma_n128<F16>(acc[b], da + 2 * kk, db + (uint64_t)(b * 128 * 128 >> 4) + 2 * kk);
             wgmma_commit();
-            wgmma_wait0();
+            wgmma_wait<0>();
 #pragma unroll
-            for (int b = 0; b < C::NB; b++)
-#pragma unroll
-                for (int j = 0; j < 64; j++) reg_fence(acc[b][j]);
+            for (int b = 0; b < C::NB; b++) fence_regs(acc[b]);
             if (lane == 0) mbar_arrive(empty(s)); /* this warp is done reading stage s */
         }
     }

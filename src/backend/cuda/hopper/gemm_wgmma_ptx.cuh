@@ -1,8 +1,8 @@
 /* gemm_wgmma_ptx.cuh — the Hopper (sm_90a) instructions the small-M wgmma
  * product (gemm_wgmma.cu) is made of, each a thin inline-PTX wrapper:
- * mbarriers, TMA tile loads (cp.async.bulk.tensor), wgmma and its shared-
- * memory matrix descriptors, and the cluster (DSMEM) accesses of the split-K
- * reduction. Included by gemm_wgmma.cu only; everything is static inline.
+ * mbarriers, TMA tile loads (cp.async.bulk.tensor) and the cluster (DSMEM)
+ * accesses of the split-K reduction; the wgmma instructions come from
+ * wgmma.cuh. Included by gemm_wgmma.cu only; everything is static inline.
  * PTX ISA references: "Asynchronous Warpgroup Level Matrix Multiply-
  * Accumulate" (wgmma, descriptor format, accumulator layout), "Tensor copy"
  * (cp.async.bulk.tensor), "mbarrier". */
@@ -11,11 +11,11 @@
 
 #include <stdint.h>
 
+#include "backend/cuda/hopper/wgmma.cuh"
+
 namespace wgk {
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
+using namespace hopper;
 
 /* ---- mbarrier ---------------------------------------------------------- */
 
@@ -87,84 +87,8 @@ __device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const void *map, 
                  : "memory");
 }
 
-/* ---- wgmma ------------------------------------------------------------- */
-
-/* Shared-memory matrix descriptor of a K-major tile written by TMA with
- * 128-byte swizzle: rows of 64 16-bit elements (128 bytes), row r's 16-byte
- * chunk c stored at chunk c ^ (r % 8), the tile 1024-byte aligned.
- *   bits  0-13  start address >> 4
- *   bits 16-29  leading-dimension byte offset >> 4: unused for swizzled
- *               K-major tiles whose k16 slice (32 bytes) lies inside one
- *               128-byte row; 1 by convention
- *   bits 32-45  stride-dimension byte offset >> 4: from one 8-row group to
- *               the next, 8 × 128 = 1024 bytes
- *   bits 49-51  base offset: 0 (tiles are 1024-byte aligned)
- *   bits 62-63  swizzle mode: 1 = 128-byte
- * The k16 slice kk of the 64-column tile starts kk × 32 bytes further
- * (descriptor + 2·kk): the hardware applies the swizzle to the address it
- * forms, so the start moves by the unswizzled offset. */
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
-           (uint64_t)1 << 62;
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-/* Keeps the compiler from moving accesses of an accumulator register across
- * the wgmma wait (the asm statements above do not name the registers). */
-__device__ __forceinline__ void reg_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
-
-/* D[64][128] (fp32, registers) += A[64][16] · B[128][16]ᵀ, A and B K-major
- * in shared memory (descriptors da, db). Accumulator layout: thread t of
- * the warpgroup (warp w = t / 32, lane l) holds, for j = 0..15,
- *   d[4j + 0], d[4j + 1]: row 16w + l/4,     columns 8j + 2(l%4) + {0, 1}
- *   d[4j + 2], d[4j + 3]: row 16w + l/4 + 8, the same columns. */
-__device__ __forceinline__ void wgmma_n128_bf16(float (&d)[64], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "n"(1));
-}
-
-__device__ __forceinline__ void wgmma_n128_f16(float (&d)[64], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "n"(1));
-}
+/* wgmma itself, its descriptors and protocol: wgmma.cuh (shared with
+ * attn_prefill.cu). */
 
 /* ---- cluster (distributed shared memory) ------------------------------- */
 

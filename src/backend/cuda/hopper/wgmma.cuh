@@ -1,0 +1,114 @@
+/* wgmma.cuh — Hopper (sm_90a) warpgroup matrix-multiply instructions
+ * shared by the wgmma kernels (attn_prefill.cu, gemm_wgmma.cu): shared-
+ * memory matrix descriptors, the fence / commit / wait protocol and the
+ * m64n128k16 products with fp32 accumulators. Thin inline-PTX wrappers;
+ * PTX ISA reference: "Asynchronous Warpgroup Level Matrix Multiply-
+ * Accumulate" (descriptor format, accumulator layout). */
+#ifndef KILN_BACKEND_CUDA_HOPPER_WGMMA_CUH
+#define KILN_BACKEND_CUDA_HOPPER_WGMMA_CUH
+
+#include <stdint.h>
+
+namespace hopper {
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Descriptor of a tile in shared memory in the 128-byte-swizzled layout
+ * (64 two-byte columns = one 128-byte row per swizzle atom, chunk c of row r
+ * stored at chunk c ^ (r % 8), 1024-byte aligned atoms of 8 rows):
+ *   bits  0-13  start address >> 4
+ *   bits 16-29  leading-dimension byte offset >> 4: for K-major tiles whose
+ *               k16 slice (32 bytes) lies inside one 128-byte row, unused
+ *               (16 by convention); for an MN-major operand, the bytes
+ *               between its 64-column blocks
+ *   bits 32-45  stride-dimension byte offset >> 4: from one 8-row group to
+ *               the next, 8 × 128 = 1024 bytes
+ *   bits 49-51  base offset: 0 (atoms are 1024-byte aligned)
+ *   bits 62-63  swizzle mode: 1 = 128-byte
+ * The k16 slice kk of a 64-column K-major block starts kk × 32 bytes
+ * further (descriptor + 2·kk): the hardware swizzles the address it forms,
+ * so the start moves by the unswizzled offset. */
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo = 16,
+                                               uint32_t sbo = 1024) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 |
+           (uint64_t)(sbo >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+/* waits until at most N committed groups are still running */
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accesses of accumulator registers across
+ * a wgmma wait (the asm statements above do not name them). */
+__device__ __forceinline__ void fence_regs(float (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define KILN_WGMMA_D64                                                                             \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define KILN_WGMMA_D64_OPS(d)                                                                      \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63])
+
+/* D[64][128] (fp32, registers) (+)= A[64][16] · B[128][16]ᵀ with A and B
+ * K-major in shared memory (descriptors da, db), bf16 or (F16) f16 inputs;
+ * scale_d = 0 overwrites D. Accumulator layout: thread t of the warpgroup
+ * (warp w = t / 32, lane l) holds, for j = 0..15,
+ *   d[4j + 0], d[4j + 1]: row 16w + l/4,     columns 8j + 2(l%4) + {0, 1}
+ *   d[4j + 2], d[4j + 3]: row 16w + l/4 + 8, the same columns
+ * (mma.sync's m16n8 layout, tile after tile). */
+template <bool F16>
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    if (F16)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " KILN_WGMMA_D64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : KILN_WGMMA_D64_OPS(d)
+                     : "l"(da), "l"(db), "r"(scale_d));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " KILN_WGMMA_D64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : KILN_WGMMA_D64_OPS(d)
+                     : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* D[64][128] += A[64][16] · B[16][128], bf16: A from registers (four
+ * 32-bit registers of bf16 pairs per thread, in the accumulator layout's
+ * row/column pattern), B in shared memory stored MN-major (the transpose
+ * bit imm-trans-b = 1). */
+__device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " KILN_WGMMA_D64
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : KILN_WGMMA_D64_OPS(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+#undef KILN_WGMMA_D64
+#undef KILN_WGMMA_D64_OPS
+
+} // namespace hopper
+
+#endif
