@@ -2,9 +2,14 @@
  * model, runs model_warmup (unless --no-warmup), then for each decode
  * bucket times the first step at that batch size against the median of
  * the next five: the issue's bar is "within 10% of the steady state".
+ * Steps end as serving steps do: sampled greedily on the device with only
+ * the token ids copied back (model_forward_sample), where the backend
+ * samples; --logits downloads every row's logits instead (megabytes into
+ * pageable memory per step, whose copy time varies by tens of percent from
+ * step to step and hides the step itself).
  *
  *   bench_warmup --model DIR|config.json [--load-format dummy] [--device cuda]
- *                [--no-warmup] [--max-batch 256]
+ *                [--no-warmup] [--max-batch 256] [--logits]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +28,8 @@ static int cmp_double(const void *a, const void *b) {
 
 /* One decode step of n sequences, sequence s at position `pos` on page s. */
 static double step(struct model *m, struct kv_pool *kv, int n, int pos, const int32_t *pages,
-                   float *logits, struct kiln_error *err) {
+                   float *logits, const struct model_sampling *smp, int32_t *tokens,
+                   struct kiln_error *err) {
     int32_t *buf = xmalloc((size_t)n * 9 * 4 + 8);
     int32_t *ids = buf, *p = ids + n, *slot = p + n, *rows = slot + n, *qs = rows + n,
             *kvl = qs + n + 1, *pst = kvl + n, *pg = pst + n + 1;
@@ -44,7 +50,9 @@ static double step(struct model *m, struct kv_pool *kv, int n, int pos, const in
                       .kv_page_start = pst, .kv_pages = pg, .page_size = kv->page_size,
                       .n_logit_rows = n, .logit_rows = rows};
     double t0 = time_now();
-    int rc = model_forward(m, kv, &b, logits, err); /* downloads logits: synchronous */
+    /* both wait for the step: the token ids or the logits come back */
+    int rc = smp ? model_forward_sample(m, kv, &b, smp, tokens, logits, err)
+                 : model_forward(m, kv, &b, logits, err);
     double t = time_now() - t0;
     free(buf);
     return rc ? -1 : t;
@@ -52,7 +60,7 @@ static double step(struct model *m, struct kv_pool *kv, int n, int pos, const in
 
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *format = "auto", *device = "cuda";
-    int warm = 1, max_batch = 256;
+    int warm = 1, max_batch = 256, want_logits = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
@@ -60,6 +68,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--device")) device = v, i++;
         else if (!strcmp(a, "--no-warmup")) warm = 0;
         else if (!strcmp(a, "--max-batch")) max_batch = atoi(v), i++;
+        else if (!strcmp(a, "--logits")) want_logits = 1;
         else {
             fprintf(stderr, "bench_warmup: unknown option %s\n", a);
             return 2;
@@ -67,7 +76,7 @@ int main(int argc, char **argv) {
     }
     if (!model_dir || max_batch < 1) {
         fprintf(stderr, "usage: bench_warmup --model DIR|config.json [--load-format dummy] "
-                        "[--device cuda] [--no-warmup] [--max-batch N]\n");
+                        "[--device cuda] [--no-warmup] [--max-batch N] [--logits]\n");
         return 2;
     }
     struct kiln_error err = {{0}};
@@ -96,13 +105,19 @@ int main(int argc, char **argv) {
     size_t lbytes = (size_t)max_batch * model_config(m)->vocab_size * 4;
     float *logits = xmalloc(lbytes);
     memset(logits, 0, lbytes);
+    int32_t *tokens = xmalloc((size_t)max_batch * 4);
+    struct backend_sample_row *srows = xcalloc((size_t)max_batch, sizeof *srows); /* greedy */
+    struct model_sampling greedy = {.rows = srows};
+    const struct model_sampling *smp = !want_logits && model_can_sample(m) ? &greedy : NULL;
+    printf("steps end with: %s\n", smp ? "greedy sampling on the device, token ids downloaded"
+                                        : "every row's logits downloaded");
     int sizes[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
     printf("%6s %12s %12s %12s %8s\n", "batch", "first (ms)", "second (ms)", "steady (ms)", "ratio");
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         int n = sizes[k];
         if (n > max_batch) break;
-        double first = step(m, &kv, n, 0, pages, logits, &err), rest[5];
-        for (int r = 0; r < 5; r++) rest[r] = step(m, &kv, n, 1 + r, pages, logits, &err);
+        double first = step(m, &kv, n, 0, pages, logits, smp, tokens, &err), rest[5];
+        for (int r = 0; r < 5; r++) rest[r] = step(m, &kv, n, 1 + r, pages, logits, smp, tokens, &err);
         if (first < 0 || rest[4] < 0) goto fail;
         double second = rest[0];
         qsort(rest, 5, sizeof rest[0], cmp_double);

@@ -14,7 +14,7 @@
  *    to the weight's type first): the product runs the kernel for 1..64 rows
  *    (counted by cuda_ctx.wgmma_calls) and falls back to cuBLAS for 65 rows,
  *    K not a multiple of 8, KILN_CUDA_WGMMA=0, --deterministic and weights
- *    under the size threshold (KILN_CUDA_WGMMA_MIN_MB, default 100), each
+ *    under the size threshold (KILN_CUDA_WGMMA_MIN_MB, default 40), each
  *    result checked the same way.
  * Outputs are poisoned (NaN) first and the columns between N and the row
  * stride hold a sentinel that must survive: every element written, nothing
@@ -56,7 +56,7 @@
 static struct backend gpu;     /* KILN_CUDA_WGMMA=1, KILN_CUDA_WGMMA_MIN_MB=0: any weight size */
 static struct backend gpu_off; /* KILN_CUDA_WGMMA=0 */
 static struct backend gpu_det; /* --deterministic */
-static struct backend gpu_thr; /* KILN_CUDA_WGMMA=1, default weight-size threshold (100 MB) */
+static struct backend gpu_thr; /* KILN_CUDA_WGMMA=1, default weight-size threshold (40 MiB) */
 static int have_gpu;
 static uint64_t rng_state;
 

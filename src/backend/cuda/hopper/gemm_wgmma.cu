@@ -2,10 +2,10 @@
  * activation rows (batched decode: 1..64 rows), 16-bit weights W[N][K] and
  * activations X[M][K] in the weights' type (bf16 or f16), fp32 accumulation
  * and output (row stride ldy). Hopper only (sm_90a: wgmma, TMA, clusters).
- * On by default for weights of at least 100 MB (KILN_CUDA_WGMMA=0: off):
+ * On by default for weights of at least 40 MiB (KILN_CUDA_WGMMA=0: off):
  * faster than cuBLASLt product by product on the H100; under graphs the
- * 64-sequence Llama-3.1-8B decode step gains with the large products only
- * (q|k|v and o_proj, 50 and 34 MB, made the step slower; docs/cuda.md).
+ * 64-sequence Llama-3.1-8B decode step gains 4% with q|k|v, gate|up, down
+ * and lm_head on it, and loses with o_proj (32 MiB) too (docs/cuda.md).
  *
  * Why: at 16..64 rows the product is bound by reading W once (M·N·K·2 flops
  * against N·K·2 bytes: at most 64 flops a byte, the H100 has ~300), yet
@@ -59,10 +59,10 @@
  *    prologue overlaps this kernel's reduction) unless
  *    KILN_CUDA_WGMMA_TRIGGER=early (at the start, as the small kernels do:
  *    then chains of early launches land on SMs while this kernel streams).
- *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (100) MB: on
- *    smaller ones (Qwen3-0.6B's layers, Llama's q|k|v and o_proj) the
- *    fixed costs (launch, ramp, cluster reduction) lost to cuBLAS in the
- *    measurements under graphs.
+ *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (40) MiB: on
+ *    smaller ones (Qwen3-0.6B's layers, Llama's o_proj) the fixed costs
+ *    (launch, ramp, cluster reduction) lost to cuBLAS in the measurements
+ *    under graphs.
  * Requirements (cuda_wgmma_ok): K a multiple of 8 (TMA's 16-byte row
  * stride; a K tail inside the last 64 columns is zero-filled on both
  * operands), 16-byte aligned W and X and X's row stride a multiple of 8
@@ -393,7 +393,7 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     const char *mk = getenv("KILN_CUDA_WGMMA_MINK");
     st->min_steps = mk && atoi(mk) > 0 ? atoi(mk) : 8;
     const char *mb = getenv("KILN_CUDA_WGMMA_MIN_MB"), *tr = getenv("KILN_CUDA_WGMMA_TRIGGER");
-    st->min_bytes = (mb ? atol(mb) : 100) << 20;
+    st->min_bytes = (mb ? atol(mb) : 40) << 20;
     st->late_trigger = !(tr && !strcmp(tr, "early"));
     setup_kernel<128, false>(st, 0, c->n_sm);
     setup_kernel<128, true>(st, 0, c->n_sm);
