@@ -49,6 +49,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_prefill_tiles.cuh"
 #ifdef KILN_CUDA_HOPPER
 #include "backend/cuda/hopper/attn_prefill.h"
 #endif
@@ -563,41 +564,9 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
 
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int h = blockIdx.x, g = h / a.group;
-    /* Which (sequence, query tile) this CTA owns: the tiles of all
-     * sequences with more than one new token, in order, the last first
-     * (the longest rows start first). */
-    int target = (int)(gridDim.y - 1 - blockIdx.y);
-    if (tid == 0) found[0] = -1;
-    int before = 0;
-    for (int s0 = 0; s0 < a.n_seqs; s0 += FA_THREADS) {
-        int s = s0 + tid, cnt = 0;
-        if (s < a.n_seqs) {
-            int ql = a.q_start[s + 1] - a.q_start[s];
-            cnt = ql > 1 ? (ql + FA_BM - 1) / FA_BM : 0;
-        }
-        int x = cnt;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) sc_warp[warp] = x;
-        __syncthreads();
-        int pre = 0, total = 0;
-#pragma unroll
-        for (int w = 0; w < FA_WARPS; w++) {
-            pre += w < warp ? sc_warp[w] : 0;
-            total += sc_warp[w];
-        }
-        int incl = before + pre + x;
-        if (cnt > 0 && target >= incl - cnt && target < incl) found[0] = s, found[1] = target - (incl - cnt);
-        before += total;
-        __syncthreads();
-        if (found[0] >= 0) break;
-    }
-    if (found[0] < 0) return;
-    int s = found[0];
-    long r0 = a.q_start[s] + (long)found[1] * FA_BM;
+    int s, tile; /* which (sequence, query tile) this CTA owns */
+    if (!prefill_tile_of<FA_THREADS, FA_BM>(a.q_start, a.n_seqs, sc_warp, found, &s, &tile)) return;
+    long r0 = a.q_start[s] + (long)tile * FA_BM;
     int nrows = min(FA_BM, (int)(a.q_start[s + 1] - r0));
     if (tid == 0) pos_s[0] = a.positions[r0 + nrows - 1] + 1; /* rows are in position order */
     const int32_t *pages = a.kv_pages + a.kv_page_start[s];
