@@ -11,9 +11,10 @@
  *     cublasGemmEx (KILN_CUDA_LT=0) | cuBLASLt tuned (KILN_CUDA_LT_TUNE=1) |
  *     the small-M tensor-core kernel up to 64 rows (KILN_CUDA_SMALLM=1,
  *     cuda_gemm_small.cu; off by default) | its K split forced to 1, 2, 4
- *     (KILN_CUDA_SMALLM_S) | the wgmma kernel (hopper/gemm_wgmma.cu, off by
- *     default; KILN_CUDA_WGMMA=1) at BN = 128 or 256 (KILN_CUDA_WGMMA_BN);
- *     the cuBLAS variants set KILN_CUDA_WGMMA=0
+ *     (KILN_CUDA_SMALLM_S) | the wgmma kernel (hopper/gemm_wgmma.cu; the
+ *     default takes it for weights of 40 MiB or more, these variants for
+ *     every size: KILN_CUDA_WGMMA_MIN_MB=0) at BN = 128 or 256
+ *     (KILN_CUDA_WGMMA_BN); the cuBLAS variants set KILN_CUDA_WGMMA=0
  *
  *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm] [--wgmma]
  * --quick: the default variant only. Other devices: the default only.
@@ -71,8 +72,10 @@ static struct variant variants[] = {
     {"smallm S=4",
      {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "4"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 1, 0},
     {"cuBLASLt", {{"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 3, 0},
-    {"wgmma", {{"KILN_CUDA_WGMMA", "1"}}, 0, {0}, 2, 0}, /* BN = 128 */
-    {"wgmma BN=256", {{"KILN_CUDA_WGMMA", "1"}, {"KILN_CUDA_WGMMA_BN", "256"}}, 0, {0}, 2, 0},
+    /* any weight size: the default threshold (40 MiB) would hand o_proj to cuBLAS */
+    {"wgmma", {{"KILN_CUDA_WGMMA", "1"}, {"KILN_CUDA_WGMMA_MIN_MB", "0"}}, 0, {0}, 2, 0}, /* BN = 128 */
+    {"wgmma BN=256",
+     {{"KILN_CUDA_WGMMA", "1"}, {"KILN_CUDA_WGMMA_MIN_MB", "0"}, {"KILN_CUDA_WGMMA_BN", "256"}}, 0, {0}, 2, 0},
 };
 static const int n_variants = sizeof variants / sizeof variants[0];
 
