@@ -12,15 +12,9 @@
 #   bash dev/attention/gpu_decode.sh [budget-seconds]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/attn-out}; mkdir -p "$OUT"
-S=$OUT/summary.log; : >"$S"
+OUT=${OUT:-/tmp/attn-out}
 BUDGET=${1:-285}
-T0=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-eval "$(OUT=$OUT scripts/gpu-check.sh --env | grep '^export')"
+source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 
 say "build"
 make -C dev attention >"$OUT/lab_build.log" 2>&1 &

@@ -10,16 +10,9 @@
 #   [SKIP_BEFORE=1] bash dev/attention/gpu_session.sh [budget-seconds]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/attn-out}; mkdir -p "$OUT"
-S=$OUT/summary.log; : >"$S"
+OUT=${OUT:-/tmp/attn-out}
 BUDGET=${1:-340}
-T0=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-# kiln's Debian libraries: unpacked from .gpu-debs/ when missing (scripts/gpu-check.sh)
-eval "$(scripts/gpu-check.sh --env)"
+source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
 
 say "build"

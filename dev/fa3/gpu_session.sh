@@ -13,18 +13,10 @@
 #   cd tmp/fa3 && OUT=$OUT bash dev/fa3/gpu_session.sh 285
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/fa3-out}; mkdir -p "$OUT"
-S=$OUT/summary.log; : >"$S"
+OUT=${OUT:-/tmp/fa3-out}
 BUDGET=${1:-285}
 STAGES=${STAGES:-test sass attn fwd ctest}
-T0=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
-want() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
-lim() { local l=$1; [ "$l" -gt "$(left)" ] && l=$(left); [ "$l" -lt 1 ] && l=1; echo "$l"; }
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-eval "$(scripts/gpu-check.sh --env)"
+source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 say "build"
 targets="bench_attention test_attn_prefill bench_forward"
 want ctest && targets="$targets kiln test_cuda_ops test_cuda_graphs test_deterministic"
@@ -54,15 +46,6 @@ if want attn; then
   say "bench_attention rc=$?"
   cat "$OUT/bench_attention.log" | tee -a "$S"
 fi
-bench() { # label limit env args...
-  local label=$1 l=$2 envs=$3; shift 3
-  [ "$(left)" -gt 12 ] || { say "skip $label (time)"; return; }
-  echo "== $label [$envs]" >>"$OUT/bench.log"
-  env $envs timeout "$(lim $l)" $B/bench_forward --device cuda --load-format dummy "$@" >>"$OUT/bench.log" 2>&1
-  local rc=$?
-  say "$label rc=$rc: $(awk -v l="== $label [$envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" |
-      grep -E "^(prefill|decode)" | tr '\n' ' ')"
-}
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 if want fwd; then
   bench "llama default" 45 "KILN_CUDA_FA=auto" --model $L --prompt-len 512,8192 --decode 0

@@ -15,19 +15,11 @@
 #   (default: all but verify, which ctest covers)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/mmpath-out}; mkdir -p "$OUT"
-S=$OUT/summary.log; : >"$S"
+OUT=${OUT:-/tmp/mmpath-out}
 BUDGET=${1:-280}
 STAGES=${2:-"test ctest gemv llama qwen llama-b64 profile"}
-T0=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
-want() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 OLD="KILN_CUDA_PDL=0 KILN_CUDA_FUSE=0 KILN_CUDA_GEMV_KS=1 KILN_CUDA_LT=0"
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-# kiln's Debian libraries: unpacked from .gpu-debs/ when missing (scripts/gpu-check.sh)
-eval "$(scripts/gpu-check.sh --env)"
+source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
 
 say "build"
@@ -82,15 +74,8 @@ if want gemv; then
   grep -E "copy bandwidth|n=1 over" "$OUT/gemv.log" | tee -a "$S"
 fi
 
-bench() { # label limit env args...
-  local label=$1 lim=$2 envs=$3; shift 3
-  [ "$(left)" -gt 12 ] || { say "skip $label (time)"; return; }
-  [ "$lim" -gt "$(left)" ] && lim=$(left)
-  echo "== $label [$envs]" >>"$OUT/bench.log"
-  env $envs timeout "$lim" $B/bench_forward --device cuda --load-format dummy "$@" >>"$OUT/bench.log" 2>&1
-  local rc=$?
-  say "$label rc=$rc: $(awk -v l="== $label [$envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" |
-      grep -E "^(prefill|decode)" | sed -E 's/\(([0-9.]+ ms)[^)]*\)/(\1)/; s/, [0-9.]+ tok\/s per sequence//' | tr '\n' ' ')"
+bench_show() { # the ms per step, not the per-sequence rate
+  grep -E "^(prefill|decode)" | sed -E 's/\(([0-9.]+ ms)[^)]*\)/(\1)/; s/, [0-9.]+ tok\/s per sequence//' | tr '\n' ' '
 }
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 if want llama; then

@@ -12,15 +12,9 @@
 #   cd tmp/pdl && OUT=$OUT bash dev/pdl/gpu_session.sh 230
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/pdl-out}; mkdir -p "$OUT"
-S=$OUT/summary.log; : >"$S"
+OUT=${OUT:-/tmp/pdl-out}
 BUDGET=${1:-230}
-T0=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-eval "$(scripts/gpu-check.sh --env)"
+source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 say "build"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
@@ -36,16 +30,7 @@ timeout 40 $B/tests/test_cuda_pdl >"$OUT/test_pdl.log" 2>&1
 say "test_cuda_pdl rc=$?"
 grep -E "differ|non-finite|PASSED|FAILED|fail" "$OUT/test_pdl.log" | tee -a "$S"
 
-bench() { # label limit env args...
-  local label=$1 lim=$2 envs=$3; shift 3
-  [ "$(left)" -gt 8 ] || { say "skip $label (time)"; return; }
-  [ "$lim" -gt "$(left)" ] && lim=$(left)
-  echo "== $label [$envs]" >>"$OUT/bench.log"
-  env $envs timeout "$lim" $B/bench_forward --device cuda --load-format dummy "$@" >>"$OUT/bench.log" 2>&1
-  local rc=$?
-  say "$label rc=$rc: $(awk -v l="== $label [$envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" |
-      grep -E "^decode" | sed 's/ (.*//' | tr '\n' ' ')"
-}
+bench_show() { grep -E "^decode" | sed 's/ (.*//' | tr '\n' ' '; }
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 A="--prompt-len 128,4096 --decode 64 --repeat 3"
 bench "qwen3 b1 pdl" 20 "KILN_CUDA_PDL_ATTN=1" --model $Q $A

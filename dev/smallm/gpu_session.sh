@@ -10,15 +10,9 @@
 #   cd tmp/smallm && OUT=$OUT bash dev/smallm/gpu_session.sh 285
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/smallm-out}; mkdir -p "$OUT"
-S=$OUT/summary.log; : >"$S"
+OUT=${OUT:-/tmp/smallm-out}
 BUDGET=${1:-285}
-T0=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-eval "$(scripts/gpu-check.sh --env)"
+source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 say "build"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
@@ -35,16 +29,6 @@ say "ctest rc=$?"
 grep -E "smallm|tests passed|Test +#|FAIL|Failure|relative error|NaN|differ" "$OUT/tests.log" | grep -v "^ *[0-9]*: *matmul.*smallm" | tail -12 | tee -a "$S"
 grep -cE "matmul .*smallm" "$OUT/tests.log" | sed 's/^/smallm matmul cases run: /' | tee -a "$S"
 
-bench() { # label limit env args...
-  local label=$1 lim=$2 envs=$3; shift 3
-  [ "$(left)" -gt 12 ] || { say "skip $label (time)"; return; }
-  [ "$lim" -gt "$(left)" ] && lim=$(left)
-  echo "== $label [$envs]" >>"$OUT/bench.log"
-  env $envs timeout "$lim" $B/bench_forward --device cuda --load-format dummy "$@" >>"$OUT/bench.log" 2>&1
-  local rc=$?
-  say "$label rc=$rc: $(awk -v l="== $label [$envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" |
-      grep -E "^(prefill|decode)" | tr '\n' ' ')"
-}
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 bench "llama b64 smallm=1" 40 "KILN_CUDA_SMALLM=1" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
 bench "llama b64 smallm=0" 40 "KILN_CUDA_SMALLM=0" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2

@@ -15,17 +15,10 @@
 # per-op medians of Llama-3.1-8B's products at 64 rows, the kernel on and off).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/wgmma-out}; mkdir -p "$OUT"
-S=$OUT/summary.log; : >"$S"
+OUT=${OUT:-/tmp/wgmma-out}
 BUDGET=${1:-285}
 STAGES=${STAGES:-"test gemv llama64 ctest llama32 qwen64"}
-T0=$(date +%s)
-left() { echo $((BUDGET - ($(date +%s) - T0))); }
-say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
-want() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
-
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
-eval "$(scripts/gpu-check.sh --env)"
+source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 say "build"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
@@ -53,16 +46,6 @@ if want test; then
   grep -oE "rel err [0-9.e+-]+" "$OUT/wgmma_test.log" | sort -t' ' -k3 -g | tail -1 | sed 's/^/max /' | tee -a "$S"
 fi
 
-bench() { # label limit env args...
-  local label=$1 lim=$2 envs=$3; shift 3
-  [ "$(left)" -gt 12 ] || { say "skip $label (time)"; return; }
-  [ "$lim" -gt "$(left)" ] && lim=$(left)
-  echo "== $label [$envs]" >>"$OUT/bench.log"
-  env $envs timeout "$lim" $B/bench_forward --device cuda --load-format dummy "$@" >>"$OUT/bench.log" 2>&1
-  local rc=$?
-  say "$label rc=$rc: $(awk -v l="== $label [$envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" |
-      grep -E "^(prefill|decode)" | tr '\n' ' ')"
-}
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 
 if want gemv; then

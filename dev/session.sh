@@ -1,0 +1,37 @@
+# dev/session.sh — the common start of the GPU session scripts in dev/*/
+# (one lease of the device machine each: build, tests, benchmarks, under a
+# time budget). Sourced from the repository root after the script has set
+#   OUT     the log folder (summary.log is the short version)
+#   BUDGET  seconds the session may take
+#   STAGES  (optional) the stage names `want` accepts
+# It truncates summary.log, prints the GPU, and sets up kiln's Debian
+# libraries (scripts/gpu-check.sh --env: PKGCONF, PKG_CONFIG_LIBDIR,
+# LD_LIBRARY_PATH). B (the build folder, default build-gpu) is where
+# bench_forward lives.
+mkdir -p "$OUT"
+S=$OUT/summary.log; : >"$S"
+T0=$(date +%s)
+B=${B:-build-gpu}
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$S"; }
+want() { case " ${STAGES:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+# a time limit of at most what is left of the budget (at least 1 s)
+lim() { local l=$1; [ "$l" -gt "$(left)" ] && l=$(left); [ "$l" -lt 1 ] && l=1; echo "$l"; }
+
+# What `bench` prints of a run's output (stdin) on its summary line; a
+# script may redefine it.
+bench_show() { grep -E "^(prefill|decode)" | tr '\n' ' '; }
+# bench LABEL LIMIT "ENV=V ..." bench_forward-args...: one dummy-weight
+# bench_forward run on the GPU, its output appended to bench.log under
+# "== LABEL [ENV]", skipped when less than 12 s of the budget are left.
+bench() {
+  local label=$1 l=$2 envs=$3; shift 3
+  [ "$(left)" -gt 12 ] || { say "skip $label (time)"; return; }
+  echo "== $label [$envs]" >>"$OUT/bench.log"
+  env $envs timeout "$(lim "$l")" "$B/bench_forward" --device cuda --load-format dummy "$@" >>"$OUT/bench.log" 2>&1
+  local rc=$?
+  say "$label rc=$rc: $(awk -v l="== $label [$envs]" '$0==l{p=1;next} /^== /{p=0} p' "$OUT/bench.log" | bench_show)"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
+eval "$(scripts/gpu-check.sh --env)"
