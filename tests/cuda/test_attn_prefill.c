@@ -36,6 +36,7 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
+#include "cuda_test_rng.h"
 
 enum { D = 128, MAX_TOKENS = 2048, MAX_CONTEXT = 4096, MAX_HEADS = 32 };
 
@@ -44,15 +45,6 @@ static struct backend gpu_fa2;      /* KILN_CUDA_FA=fa2 */
 static struct backend gpu_fa3;      /* KILN_CUDA_FA=fa3 (Hopper builds on cc 9.0 only) */
 static struct backend gpu_fa3p;     /* KILN_CUDA_FA=fa3p (overlapped schedule) */
 static int have_gpu, have_fa3;
-static uint64_t rng_state;
-
-static uint64_t rng_next(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static float frand(void) { return (float)(rng_next() >> 40) / (float)(1ull << 24) * 2.0f - 1.0f; }
 
 static void *dev_from(const void *h, size_t bytes) {
     void *d = gpu.ops->alloc(gpu.ctx, bytes);
@@ -158,14 +150,14 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
     float *kh = xmalloc(nkv * 4), *vh = xmalloc(nkv * 4);
     uint16_t *kb = xmalloc(nkv * 2), *vb = xmalloc(nkv * 2);
     for (size_t i = 0; i < nkv; i++) {
-        kb[i] = f32_to_bf16(frand()), kh[i] = bf16_to_f32(kb[i]);
-        vb[i] = f32_to_bf16(frand()), vh[i] = bf16_to_f32(vb[i]);
+        kb[i] = f32_to_bf16(frand(1.0f)), kh[i] = bf16_to_f32(kb[i]);
+        vb[i] = f32_to_bf16(frand(1.0f)), vh[i] = bf16_to_f32(vb[i]);
     }
     void *kd = dev_from(kb, nkv * 2), *vd = dev_from(vb, nkv * 2);
     long ldq = (long)H * D + 4, ldo = (long)H * D + 2;
     size_t nq = (size_t)n_tokens * (size_t)ldq;
     float *qh = xmalloc(nq * 4);
-    for (size_t i = 0; i < nq; i++) qh[i] = frand();
+    for (size_t i = 0; i < nq; i++) qh[i] = frand(1.0f);
     float *qd = dev_from(qh, nq * 4);
     struct attn_params p = {.n_heads = H, .n_kv_heads = KVH, .dk = D, .dv = D, .k_stride = stride,
                             .v_stride = stride, .scale = 1.0f / sqrtf((float)D)};
@@ -243,10 +235,7 @@ static void test_prefill(void **state) {
 }
 
 int main(void) {
-    const char *seed = getenv("KILN_TEST_SEED");
-    rng_state = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
-    if (!rng_state) rng_state = 1;
-    printf("test_attn_prefill: KILN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+    rng_seed("test_attn_prefill");
     struct kiln_error err = {{0}};
     struct backend_options bo = {.n_threads = 0, .device = 0};
     if (backend_create(&cpu, "cpu", &bo, &err)) return 1;

@@ -44,6 +44,7 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
+#include "cuda_test_rng.h"
 
 enum { MAX_TOKENS = 512, MAX_CONTEXT = 4096, MAX_HEADS = 16 };
 
@@ -61,17 +62,6 @@ static struct backend gpu_tune;  /* KILN_CUDA_LT_TUNE=1: cuBLASLt algorithms tim
  * cuBLAS) */
 static struct backend gpu_sm, gpu_sm_s3, gpu_sm_off;
 static int have_gpu;
-static uint64_t rng_state;
-
-static uint64_t rng_next(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static float frand(float scale) {
-    return ((float)(rng_next() >> 40) / (float)(1ull << 24) * 2.0f - 1.0f) * scale;
-}
 static int irand(int n) { return (int)(rng_next() % (uint64_t)n); }
 
 static float *rand_floats(size_t n, float scale) {
@@ -1015,10 +1005,7 @@ static void test_moe_ffn(void **state) {
 }
 
 int main(void) {
-    const char *seed = getenv("KILN_TEST_SEED");
-    rng_state = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
-    if (!rng_state) rng_state = 1;
-    printf("test_cuda_ops: KILN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+    rng_seed("test_cuda_ops");
     struct kiln_error err = {{0}};
     struct backend_options bo = {.n_threads = 0, .device = 0};
     if (backend_create(&cpu, "cpu", &bo, &err)) return 1;

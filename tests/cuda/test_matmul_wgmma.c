@@ -48,6 +48,7 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
+#include "cuda_test_rng.h"
 
 #define TOL 5e-4
 #define SENTINEL 7777.0f
@@ -58,17 +59,6 @@ static struct backend gpu_off; /* KILN_CUDA_WGMMA=0 */
 static struct backend gpu_det; /* --deterministic */
 static struct backend gpu_thr; /* KILN_CUDA_WGMMA=1, default weight-size threshold (40 MiB) */
 static int have_gpu;
-static uint64_t rng_state;
-
-static uint64_t rng_next(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static float frand(float scale) {
-    return ((float)(rng_next() >> 40) / (float)(1ull << 24) * 2.0f - 1.0f) * scale;
-}
 
 static uint16_t to16(float v, enum dtype dt) {
     return dt == DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
@@ -257,10 +247,7 @@ static void test_routing(void **state) {
 }
 
 int main(void) {
-    const char *seed = getenv("KILN_TEST_SEED");
-    rng_state = seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
-    if (!rng_state) rng_state = 1;
-    printf("test_matmul_wgmma: KILN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+    rng_seed("test_matmul_wgmma");
     struct kiln_error err = {{0}};
     struct backend_options bo = {0};
     setenv("KILN_CUDA_GEMV_MAX_ROWS", "0", 1);
