@@ -231,7 +231,7 @@ static const char *impl_name(int i) {
 static void run(struct cuda_ctx *c, struct problem *P, int impl) {
     c->kv_bf16 = P->bf16;
     if (impl == I_DEC32 || impl == I_DEC64) {
-        ad_dispatch(c, P->dout, P->ldo, P->dq, P->ldq, P->dk, P->dv_, &P->p, &P->b,
+        ad_dispatch(c, P->dout, DTYPE_F32, P->ldo, P->dq, P->ldq, P->dk, P->dv_, &P->p, &P->b,
                     impl == I_DEC32 ? 32 : 64);
         return;
     }

@@ -72,6 +72,10 @@ static void mha_attend(const struct fwd *f, int l, const struct attn_mha *a, flo
     }
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = (int)KH, .dk = (int)hd,
                             .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale};
+    if (ops->attention_matmul) {
+        ops->attention_matmul(ctx, out, d, att, qw, q, L, kc, vc, &p, f->bb, &a->wo, a->bo, n);
+        return;
+    }
     ops->attention(ctx, att, qw, q, L, kc, vc, &p, f->bb);
     ops->matmul(ctx, out, d, att, qw, &a->wo, a->bo, n);
 }

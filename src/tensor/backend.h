@@ -240,6 +240,16 @@ struct backend_ops {
     void (*norm_swiglu_mlp)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                             const struct backend_weight *gate_up,
                             const struct backend_weight *down, float *gu, long ldgu, long n);
+    /* Attention and its output projection: att[n][ldatt] = attention(q,
+     * caches) as `attention` computes it, then y[n][wo.rows] (row stride
+     * ldy) = att · woᵀ (+ bias) as matmul (n = b->n_tokens). att is
+     * scratch: its contents afterwards are unspecified (the CUDA backend
+     * may hand the product a 16-bit copy made by the attention kernel
+     * instead). */
+    void (*attention_matmul)(void *ctx, float *y, long ldy, float *att, long ldatt,
+                             const float *q, long ldq, const void *k_cache, const void *v_cache,
+                             const struct attn_params *p, const struct backend_batch *b,
+                             const struct backend_weight *wo, const float *bias, long n);
 };
 
 /* Per-row parameters of backend_ops.sample (device memory). Greedy (the

@@ -16,6 +16,9 @@
  *    K not a multiple of 8, KILN_CUDA_WGMMA=0, --deterministic and weights
  *    under the size threshold (KILN_CUDA_WGMMA_MIN_MB, default 40), each
  *    result checked the same way.
+ *  - SwiGLU in the epilogue (cuda_wgmma_glu_run, gate|up of the decode
+ *    MLP): against silu(g)·u in double, bit for bit against the unfused
+ *    product + SwiGLU kernel, and the fused MLP op with it on and off.
  * Outputs are poisoned (NaN) first and the columns between N and the row
  * stride hold a sentinel that must survive: every element written, nothing
  * outside.
@@ -58,6 +61,7 @@ static struct backend gpu;     /* KILN_CUDA_WGMMA=1, KILN_CUDA_WGMMA_MIN_MB=0: a
 static struct backend gpu_off; /* KILN_CUDA_WGMMA=0 */
 static struct backend gpu_det; /* --deterministic */
 static struct backend gpu_thr; /* KILN_CUDA_WGMMA=1, default weight-size threshold (40 MiB) */
+static struct backend gpu_noglu; /* as gpu, KILN_CUDA_WGMMA_GLU=0 */
 static int have_gpu;
 
 static uint16_t to16(float v, enum dtype dt) {
@@ -199,6 +203,150 @@ static void test_kernel(void **state) {
     }
 }
 
+/* SwiGLU in the epilogue (cuda_wgmma_glu_run): y16[m][inter] (row stride
+ * ldy, sentinel columns past inter) = silu(x·gateᵀ)·(x·upᵀ) rounded to dt,
+ * for w = [gate; up]. Checked three ways: against silu(g)·u computed in
+ * double from the same 16-bit inputs (tolerance: the output's own rounding,
+ * 2^-9 relative for bf16 and 2^-12 for f16 per element, so 4e-3 / 6e-4 on
+ * the norm, plus the accumulation's 5e-4), bit for bit against the
+ * unfused path it replaces (cuda_wgmma_run's fp32 product with the same
+ * tile width and split, then cuda_silu16), and a graph replay bit for bit
+ * against the eager run. */
+struct gcase {
+    long m, inter, K, ldy; /* ldy: 0 = inter */
+    enum dtype dt;
+    int bn, splits;
+};
+
+static void check_glu(const struct gcase *t) {
+    struct cuda_ctx *c = gpu.ctx;
+    long m = t->m, I = t->inter, N = 2 * I, K = t->K, ldy = t->ldy ? t->ldy : I;
+    uint16_t *x = xmalloc((size_t)(m * K) * 2), *w = xmalloc((size_t)(N * K) * 2);
+    for (long i = 0; i < m * K; i++) x[i] = to16(frand(1.0f), t->dt);
+    for (long i = 0; i < N * K; i++) w[i] = to16(frand(0.05f), t->dt);
+    uint16_t *init = xmalloc((size_t)(m * ldy) * 2), *y = xmalloc((size_t)(m * ldy) * 2),
+             *y2 = xmalloc((size_t)(m * ldy) * 2), *yu = xmalloc((size_t)(m * ldy) * 2);
+    const uint16_t nan16 = t->dt == DTYPE_BF16 ? 0x7fc1 : 0x7e01, sent = to16(SENTINEL, t->dt);
+    for (long i = 0; i < m; i++)
+        for (long j = 0; j < ldy; j++) init[i * ldy + j] = j < I ? nan16 : sent;
+    void *dx = dev_from(x, (size_t)(m * K) * 2), *dw = dev_from(w, (size_t)(N * K) * 2);
+    void *dy = dev_from(init, (size_t)(m * ldy) * 2), *dy2 = dev_from(init, (size_t)(m * ldy) * 2);
+    void *dyu = dev_from(init, (size_t)(m * I) * 2); /* cuda_silu16 writes [m][inter] */
+    float *dgu = NULL;
+    assert_int_equal(cudaMalloc((void **)&dgu, (size_t)(m * N) * 4), cudaSuccess);
+    struct backend_weight bw = {dw, t->dt, N, K};
+    assert_true(cuda_wgmma_glu_ok(c, &bw, dx, K, dy, ldy, m));
+    cuda_wgmma_glu_run(c, dy, ldy, dx, K, &bw, m, t->bn, t->splits);
+    /* the unfused path: the fp32 product, then the SwiGLU kernel */
+    cuda_wgmma_run(c, dgu, N, dx, K, &bw, NULL, m, t->bn, t->splits);
+    cuda_silu16(c, dyu, t->dt, dgu, N, m, I);
+    assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    assert_int_equal(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cuda_wgmma_glu_run(c, dy2, ldy, dx, K, &bw, m, t->bn, t->splits);
+    assert_int_equal(cudaStreamEndCapture(c->stream, &g), cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(ge, c->stream), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
+    cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+    assert_int_equal(cudaMemcpy(y, dy, (size_t)(m * ldy) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(y2, dy2, (size_t)(m * ldy) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(yu, dyu, (size_t)(m * I) * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    double *ref = reference(x, K, w, NULL, m, N, K, t->dt); /* [m][gate | up] */
+    double num = 0, den = 0;
+    for (long i = 0; i < m; i++) {
+        for (long j = 0; j < I; j++) {
+            double gg = ref[i * N + j], u = ref[i * N + I + j], r = gg / (1 + exp(-gg)) * u;
+            double v = from16(y[i * ldy + j], t->dt);
+            if (isnan(v)) fail_msg("NaN at row %ld col %ld (unwritten?)", i, j);
+            num += (v - r) * (v - r), den += r * r;
+        }
+        for (long j = I; j < ldy; j++)
+            if (y[i * ldy + j] != sent) fail_msg("row %ld col %ld (padding) overwritten", i, j);
+    }
+    double e = sqrt(num / (den > 0 ? den : 1)), tol = (t->dt == DTYPE_BF16 ? 4e-3 : 6e-4) + TOL;
+    printf("  glu m=%-2ld inter=%-5ld K=%-5ld ldy=%-5ld %s bn=%d S=%d: rel err %.2e (tol %.1e)\n",
+           m, I, K, ldy, t->dt == DTYPE_BF16 ? "bf16" : "f16", t->bn, t->splits, e, tol);
+    assert_true(e < tol);
+    for (long i = 0; i < m; i++) /* the unfused path's bits */
+        assert_memory_equal(y + i * ldy, yu + i * I, (size_t)I * 2);
+    assert_memory_equal(y, y2, (size_t)(m * ldy) * 2); /* graph replay */
+    cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dy2), cudaFree(dyu), cudaFree(dgu);
+    free(x), free(w), free(init), free(y), free(y2), free(yu), free(ref);
+}
+
+static void test_glu(void **state) {
+    (void)state;
+    assert_true(have_gpu);
+    const enum dtype B = DTYPE_BF16, H = DTYPE_F16;
+    const struct gcase cases[] = {
+        /* m, inter, K, ldy, dtype, bn, splits */
+        {64, 1792, 4096, 0, B, 0, 0},    /* Llama-3.1-8B's shape, an eighth of its inter */
+        {1, 128, 64, 0, B, 128, 1},
+        {37, 384, 1000, 392, B, 128, 3}, /* K tail, padded rows */
+        {16, 512, 2048, 0, H, 256, 2},
+        {64, 256, 4096, 260, B, 256, 8},
+        {5, 640, 512, 0, H, 128, 5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_glu(&cases[i]);
+}
+
+/* The fused MLP op (norm, gate|up, SwiGLU, down) with the SwiGLU in the
+ * product's epilogue gives the bits of the same op with it off
+ * (KILN_CUDA_WGMMA_GLU=0: the SwiGLU kernel), and runs it there. */
+static void test_glu_mlp(void **state) {
+    (void)state;
+    assert_true(have_gpu);
+    const long d = 1024, inter = 2816;
+    const long ns[] = {1, 13, 64};
+    struct backend *bes[2] = {&gpu, &gpu_noglu};
+    uint16_t *wgu = xmalloc((size_t)(2 * inter * d) * 2), *wd = xmalloc((size_t)(d * inter) * 2);
+    for (long i = 0; i < 2 * inter * d; i++) wgu[i] = to16(frand(0.05f), DTYPE_BF16);
+    for (long i = 0; i < d * inter; i++) wd[i] = to16(frand(0.03f), DTYPE_BF16);
+    float *nw = xmalloc((size_t)d * 4);
+    for (long i = 0; i < d; i++) nw[i] = 1.0f + frand(0.2f);
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        long n = ns[k];
+        float *h = xmalloc((size_t)(n * d) * 4), *dl = xmalloc((size_t)(n * d) * 4);
+        for (long i = 0; i < n * d; i++) h[i] = frand(1.0f), dl[i] = frand(1.0f);
+        float *out[2];
+        long glu_calls[2];
+        for (int b = 0; b < 2; b++) {
+            struct backend *be = bes[b];
+            const struct backend_ops *ops = be->ops;
+            struct cuda_ctx *c = be->ctx;
+            struct backend_weight gu = {ops->weight_upload(be->ctx, wgu, (size_t)(2 * inter * d) * 2),
+                                        DTYPE_BF16, 2 * inter, d};
+            struct backend_weight dw = {ops->weight_upload(be->ctx, wd, (size_t)(d * inter) * 2),
+                                        DTYPE_BF16, d, inter};
+            float *dh = ops->alloc(be->ctx, (size_t)(n * d) * 4), *ddl = ops->alloc(be->ctx, (size_t)(n * d) * 4);
+            float *dx = ops->alloc(be->ctx, (size_t)(n * d) * 4), *dy = ops->alloc(be->ctx, (size_t)(n * d) * 4);
+            float *dgu = ops->alloc(be->ctx, (size_t)(n * 2 * inter) * 4), *dnw = ops->alloc(be->ctx, (size_t)d * 4);
+            ops->upload(be->ctx, dh, h, (size_t)(n * d) * 4);
+            ops->upload(be->ctx, ddl, dl, (size_t)(n * d) * 4);
+            ops->upload(be->ctx, dnw, nw, (size_t)d * 4);
+            struct backend_norm nm = {dh, ddl, dx, dnw, d, 1e-5f};
+            long calls = c->wgmma_calls;
+            ops->norm_swiglu_mlp(be->ctx, &nm, dy, d, &gu, &dw, dgu, 2 * inter, n);
+            out[b] = xmalloc((size_t)(n * d) * 4);
+            ops->download(be->ctx, out[b], dy, (size_t)(n * d) * 4);
+            ops->synchronize(be->ctx);
+            glu_calls[b] = c->wgmma_calls - calls;
+            ops->weight_release(be->ctx, gu.data), ops->weight_release(be->ctx, dw.data);
+            ops->free(be->ctx, dh), ops->free(be->ctx, ddl), ops->free(be->ctx, dx);
+            ops->free(be->ctx, dy), ops->free(be->ctx, dgu), ops->free(be->ctx, dnw);
+        }
+        printf("  mlp n=%-2ld d=%ld inter=%ld: wgmma calls %ld (glu) / %ld (off)\n", n, d, inter,
+               glu_calls[0], glu_calls[1]);
+        assert_int_equal(glu_calls[0], 2); /* gate|up with its SwiGLU, then down */
+        assert_int_equal(glu_calls[1], 2);
+        assert_memory_equal(out[0], out[1], (size_t)(n * d) * 4);
+        free(out[0]), free(out[1]), free(h), free(dl);
+    }
+    free(wgu), free(wd), free(nw);
+}
+
 /* Through ops->matmul (fp32 x, rounded to dt by the backend): whether the
  * kernel ran (`routed`) and the result against the rounded reference. */
 static void check_matmul(struct backend *be, long n, long N, long K, enum dtype dt, int routed) {
@@ -278,13 +426,16 @@ int main(void) {
         setenv("KILN_CUDA_WGMMA", "1", 1);
         struct backend_options bd = {.deterministic = 1};
         rc = rc || backend_create(&gpu_det, "cuda", &bd, &err);
+        setenv("KILN_CUDA_WGMMA_GLU", "0", 1);
+        rc = rc || backend_create(&gpu_noglu, "cuda", &bo, &err);
+        unsetenv("KILN_CUDA_WGMMA_GLU");
         unsetenv("KILN_CUDA_WGMMA_MIN_MB");
         if (rc || backend_create(&gpu_thr, "cuda", &bo, &err)) {
             fprintf(stderr, "cuda backend: %s\n", err.msg);
             return 1;
         }
-        struct backend *all[4] = {&gpu, &gpu_off, &gpu_det, &gpu_thr};
-        for (int i = 0; i < 4; i++)
+        struct backend *all[5] = {&gpu, &gpu_off, &gpu_det, &gpu_thr, &gpu_noglu};
+        for (int i = 0; i < 5; i++)
             if (all[i]->ops->reserve(all[i]->ctx, 128, 1024, 16, &err)) {
                 fprintf(stderr, "reserve: %s\n", err.msg);
                 return 1;
@@ -293,10 +444,12 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel),
         cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_glu),
+        cmocka_unit_test(test_glu_mlp),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu)
         backend_destroy(&gpu), backend_destroy(&gpu_off), backend_destroy(&gpu_det),
-            backend_destroy(&gpu_thr);
+            backend_destroy(&gpu_thr), backend_destroy(&gpu_noglu);
     return rc;
 }

@@ -31,14 +31,16 @@
  *  - Q·Kᵀ and P·V use `ldmatrix` fragments from rows padded by 16 bytes
  *    (conflict-free), as the prefill kernel does.
  *
- * Work decomposition and batch invariance. A CTA of 4 warps owns (row, KV
- * head, head block). The context is cut into chunks of 4·BN positions
- * (BN = AD_BN_D128 = 32 at head size 128, AD_BN_D64 = 64 at 64) aligned to
- * position 0 — a constant per head size, never derived from the batch, the
- * SM count or the split — and warp w takes positions [w·BN, (w+1)·BN) of
- * each chunk. A warp's tile state (max m, exp-sum l, acc[D] per head) is a
+ * Work decomposition and batch invariance. A CTA of W warps (4, or 2 for
+ * big batches: ad_warps_for) owns (row, KV head, head block). The context
+ * is cut into chunks of AD_TPC = 4 tiles of BN positions (BN = AD_BN_D128 =
+ * 32 at head size 128, AD_BN_D64 = 64 at 64) aligned to position 0 — a
+ * constant per head size, never derived from the batch, the warps, the SM
+ * count or the split — and warp w takes tiles w, w + W, … of each chunk
+ * (one after the other, the next tile's K and V loading while one
+ * computes). A tile state (max m, exp-sum l, acc[D] per head) is a
  * fixed function of the tile; the chunk state is the four tile states
- * folded in warp order (shared memory); the row's result is the chunk
+ * folded in tile order (shared memory); the row's result is the chunk
  * states folded in chunk order starting from the empty state, every fold
  * by ad_merge with its roundings spelled out (__fmaf_rn / __fmul_rn:
  * nothing for the compiler to contract differently in the two places it
@@ -73,8 +75,6 @@
 #include "backend/cuda/cuda_pdl.cuh"
 
 enum {
-    AD_WARPS = 4,
-    AD_THREADS = AD_WARPS * 32,
     AD_HB = 8, /* query heads per CTA: mma rows 0-7 (hi) and 8-15 (lo) */
     AD_COUNTERS = CUDA_ATTN_COUNTER_BYTES / 4,
     /* positions per warp per chunk (chunks of 4 × that): measured best in
@@ -82,10 +82,13 @@ enum {
      * 64, two CTAs per SM) */
     AD_BN_D128 = 32,
     AD_BN_D64 = 64,
+    AD_TPC = 4, /* tiles of BN positions per chunk, whatever the warps per CTA */
+    /* warps per CTA at head size 64 (head size 128: cuda_ctx.ad_warps) */
+    AD_W_D64 = 4,
 };
 
 struct ad_args {
-    float *out;
+    void *out; /* [rows][ldo] of the kernel's output type O (fp32, bf16 or f16) */
     long ldo;
     const float *q;
     long ldq;
@@ -98,25 +101,30 @@ struct ad_args {
     int max_chunks;     /* chunk states per (row, head) in `partial`; 0: no split */
     float *partial;     /* [rows][n_heads][max_chunks][D + 4]: acc[D], m, l */
     unsigned *counters; /* [rows · n_kv_heads · hblocks] arrivals, zero between launches */
+    int kv_evict_first; /* K/V loads marked L2 evict-first (read once a step; keeps what
+                           the L2 holds for the next kernel, e.g. prefetched weights) */
 };
 
-template <int D, int BN>
+template <int D, int BN, int W>
 struct ad_cfg {
+    static constexpr int THREADS = W * 32;
+    static constexpr int TPW = AD_TPC / W;           /* tiles of a chunk per warp */
     static constexpr int LDB = D + 8;                /* bf16 tile row stride (16-byte pad) */
     static constexpr int TILE = BN * LDB;            /* elements of one K or V tile */
-    static constexpr int CHUNK = AD_WARPS * BN;      /* positions per chunk */
+    static constexpr int CHUNK = AD_TPC * BN;        /* positions per chunk */
     static constexpr int LDF = D + 8;                /* fold buffer row stride (floats) */
     static constexpr int DS = D + 4;                 /* chunk state stride: acc[D], m, l, pad */
-    static constexpr int EPT = AD_HB * D / AD_THREADS; /* fold elements per thread (contiguous) */
+    static constexpr int EPT = AD_HB * D / THREADS;  /* fold elements per thread (contiguous) */
     static constexpr int TPH = D / EPT;              /* fold threads per head */
-    static constexpr size_t TILE_BYTES = (size_t)AD_WARPS * 2 * TILE * 2;
+    static constexpr size_t TILE_BYTES = (size_t)W * 2 * TILE * 2;
     static constexpr size_t SMEM =
-        TILE_BYTES + (size_t)AD_WARPS * AD_HB * LDF * 4 + (size_t)AD_WARPS * AD_HB * 8;
+        TILE_BYTES + (size_t)AD_TPC * AD_HB * LDF * 4 + (size_t)AD_TPC * AD_HB * 8;
     /* CTAs per SM the shared memory allows (228 KB per SM, 1 KB per CTA reserved) */
     static constexpr int MINB = (int)(228 * 1024 / (SMEM + 1024)) < 1   ? 1
                                 : (int)(228 * 1024 / (SMEM + 1024)) > 4 ? 4
                                                                         : (int)(228 * 1024 / (SMEM + 1024));
-    static_assert(EPT % 4 == 0 && TPH * AD_HB == AD_THREADS, "fold mapping");
+    static_assert(EPT % 4 == 0 && TPH * AD_HB == THREADS, "fold mapping");
+    static_assert(AD_TPC % W == 0, "whole tiles per warp");
     static_assert(BN % 32 == 0 && D % 16 == 0, "tile shape");
 };
 
@@ -128,6 +136,19 @@ static __device__ __forceinline__ uint32_t ad_smem_u32(const void *p) {
 static __device__ __forceinline__ void ad_cp_async16(void *dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ad_smem_u32(dst)), "l"(src),
                  "r"(valid ? 16 : 0));
+}
+/* the same with an L2 eviction policy (createpolicy) */
+static __device__ __forceinline__ void ad_cp_async16_hint(void *dst, const void *src, bool valid,
+                                                          uint64_t policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                     ad_smem_u32(dst)),
+                 "l"(src), "r"(valid ? 16 : 0), "l"(policy));
+}
+static __device__ __forceinline__ uint64_t ad_policy(bool evict_first) {
+    uint64_t p;
+    if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+    return p;
 }
 static __device__ __forceinline__ void ad_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -174,10 +195,10 @@ static __device__ __forceinline__ void ad_merge(float &m, float &l, float *o, fl
     m = mn;
 }
 
-template <int D, int BN>
-static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
+template <int D, int BN, int W, typename O>
+static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
     ad_kernel(const struct ad_args a) {
-    using C = ad_cfg<D, BN>;
+    using C = ad_cfg<D, BN, W>;
     constexpr int KS = D / 16;  /* k-steps of Q·Kᵀ */
     constexpr int NT = BN / 8;  /* 8-position column tiles of S */
     constexpr int DT = D / 8;   /* 8-dim column tiles of O */
@@ -185,8 +206,8 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     constexpr int EPT = C::EPT;
     extern __shared__ float4 ad_smem4[];
     __nv_bfloat16 *tiles = (__nv_bfloat16 *)ad_smem4;              /* [warp][K, V][BN][LDB] */
-    float *fold = (float *)((char *)ad_smem4 + C::TILE_BYTES);      /* [warp][AD_HB][LDF] */
-    float2 *ml = (float2 *)(fold + AD_WARPS * AD_HB * C::LDF);      /* [warp][AD_HB] (m, l) */
+    float *fold = (float *)((char *)ad_smem4 + C::TILE_BYTES);      /* [tile][AD_HB][LDF] */
+    float2 *ml = (float2 *)(fold + AD_TPC * AD_HB * C::LDF);        /* [tile][AD_HB] (m, l) */
     __shared__ int last_s;
     pdl_trigger();
 
@@ -215,6 +236,7 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     const int fh = tid / C::TPH, fd = (tid % C::TPH) * EPT; /* fold: head, first dim */
     const __nv_bfloat16 *kbase = a.k + (long)g * D, *vbase = a.v + (long)g * D;
     __nv_bfloat16 *kt = tiles + warp * 2 * C::TILE, *vt = kt + C::TILE;
+    const uint64_t kv_policy = ad_policy(a.kv_evict_first != 0);
 
     /* Slots of positions p0 + lane + 32·i (−1 past the end), looked up once
      * per tile and shuffled to the lanes that copy the row. */
@@ -235,10 +257,13 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
             int j = it * RPI + lane / C8, c8 = lane % C8;
             long long s = __shfl_sync(0xffffffffu, sl[it * RPI / 32], j & 31);
             bool valid = s >= 0;
-            ad_cp_async16(dst + j * C::LDB + c8 * 8, base + (valid ? s : 0) * stride + c8 * 8, valid);
+            ad_cp_async16_hint(dst + j * C::LDB + c8 * 8, base + (valid ? s : 0) * stride + c8 * 8,
+                               valid, kv_policy);
         }
     };
 
+    /* A warp's items: tiles warp, warp + W, … of chunks c, c + step, …
+     * (item j of a chunk: tile warp + j·W). */
     int c = blockIdx.y;
     long long sl[SR];
     const bool first = c * C::CHUNK + warp * BN < len;
@@ -271,85 +296,93 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     for (int e = 0; e < EPT; e++) ro[e] = 0.0f;
 
     for (; c < nch; c += step) {
-        const int p0 = c * C::CHUNK + warp * BN, cn = c + step;
-        const bool next = cn < nch && cn * C::CHUNK + warp * BN < len;
-        if (p0 < len) { /* this warp's tile of chunk c is not empty */
-            ad_wait<1>(); /* K landed (V may still be on its way) */
-            __syncwarp();
-            float sacc[NT][4];
+#pragma unroll 1
+        for (int j = 0; j < C::TPW; j++) {
+            /* item j: tile `tile` of chunk c; the next item (its K and V are
+             * loaded while this one computes): tile + W, or tile `warp` of the
+             * warp's next chunk. Positions only grow along the items, so past
+             * the first empty one all are empty. */
+            const int tile = warp + j * W, p0 = c * C::CHUNK + tile * BN;
+            const int cn = j + 1 < C::TPW ? c : c + step, tn = j + 1 < C::TPW ? tile + W : warp;
+            const bool next = cn < nch && cn * C::CHUNK + tn * BN < len;
+            if (p0 < len) { /* this tile of chunk c is not empty */
+                ad_wait<1>(); /* K landed (V may still be on its way) */
+                __syncwarp();
+                float sacc[NT][4];
 #pragma unroll
-            for (int i = 0; i < NT; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
+                for (int i = 0; i < NT; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++)
+                for (int ks = 0; ks < KS; ks++)
 #pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t b[4];
-                    int mi = lane >> 3;
-                    ad_ldsm_x4(b, kt + (np * 16 + (lane & 7) + (mi >> 1) * 8) * C::LDB + ks * 16 + (mi & 1) * 8);
-                    ad_mma(sacc[2 * np], qf[ks], b[0], b[1]);
-                    ad_mma(sacc[2 * np + 1], qf[ks], b[2], b[3]);
+                    for (int np = 0; np < NT / 2; np++) {
+                        uint32_t b[4];
+                        int mi = lane >> 3;
+                        ad_ldsm_x4(b, kt + (np * 16 + (lane & 7) + (mi >> 1) * 8) * C::LDB + ks * 16 + (mi & 1) * 8);
+                        ad_mma(sacc[2 * np], qf[ks], b[0], b[1]);
+                        ad_mma(sacc[2 * np + 1], qf[ks], b[2], b[3]);
+                    }
+                __syncwarp(); /* every lane is done with kt */
+                long long sn[SR];
+                if (next) {
+                    lookup(cn * C::CHUNK + tn * BN, sn);
+                    load(kt, kbase, a.k_stride, sn);
+                    ad_commit();
                 }
-            __syncwarp(); /* every lane is done with kt */
-            long long sn[SR];
-            if (next) {
-                lookup(cn * C::CHUNK + warp * BN, sn);
-                load(kt, kbase, a.k_stride, sn);
-                ad_commit();
-            }
-            /* the tile's softmax: s = hi + lo row halves, masked past the end */
-            float sv[NT][2], mx = -INFINITY;
+                /* the tile's softmax: s = hi + lo row halves, masked past the end */
+                float sv[NT][2], mx = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float s = __fadd_rn(sacc[nt][e], sacc[nt][e + 2]);
-                    sv[nt][e] = p0 + nt * 8 + 2 * tq + e < len ? s : -INFINITY;
-                    mx = fmaxf(mx, sv[nt][e]);
+                    for (int e = 0; e < 2; e++) {
+                        float s = __fadd_rn(sacc[nt][e], sacc[nt][e + 2]);
+                        sv[nt][e] = p0 + nt * 8 + 2 * tq + e < len ? s : -INFINITY;
+                        mx = fmaxf(mx, sv[nt][e]);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                float sum = 0.0f;
+                uint32_t pf[NT / 2][4]; /* P as A fragments: hi in rows 0-7, lo in rows 8-15 */
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    float e0 = exp2f(sv[nt][0] - mx), e1 = exp2f(sv[nt][1] - mx);
+                    sum = __fadd_rn(__fadd_rn(sum, e0), e1);
+                    ad_split2(e0, e1, &pf[nt >> 1][(nt & 1) * 2], &pf[nt >> 1][(nt & 1) * 2 + 1]);
                 }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float sum = 0.0f;
-            uint32_t pf[NT / 2][4]; /* P as A fragments: hi in rows 0-7, lo in rows 8-15 */
+                sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+                sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+                if (next) ad_wait<1>();
+                else ad_wait<0>();
+                __syncwarp(); /* V landed */
+                float oacc[DT][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                float e0 = exp2f(sv[nt][0] - mx), e1 = exp2f(sv[nt][1] - mx);
-                sum = __fadd_rn(__fadd_rn(sum, e0), e1);
-                ad_split2(e0, e1, &pf[nt >> 1][(nt & 1) * 2], &pf[nt >> 1][(nt & 1) * 2 + 1]);
-            }
-            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
-            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
-            if (next) ad_wait<1>();
-            else ad_wait<0>();
-            __syncwarp(); /* V landed */
-            float oacc[DT][4];
+                for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+                for (int kk = 0; kk < NT / 2; kk++)
 #pragma unroll
-            for (int kk = 0; kk < NT / 2; kk++)
-#pragma unroll
-                for (int dp = 0; dp < D / 16; dp++) {
-                    uint32_t b[4];
-                    int mi = lane >> 3;
-                    ad_ldsm_x4_t(b, vt + (kk * 16 + (lane & 7) + (mi & 1) * 8) * C::LDB + dp * 16 + (mi >> 1) * 8);
-                    ad_mma(oacc[2 * dp], pf[kk], b[0], b[1]);
-                    ad_mma(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
+                    for (int dp = 0; dp < D / 16; dp++) {
+                        uint32_t b[4];
+                        int mi = lane >> 3;
+                        ad_ldsm_x4_t(b, vt + (kk * 16 + (lane & 7) + (mi & 1) * 8) * C::LDB + dp * 16 + (mi >> 1) * 8);
+                        ad_mma(oacc[2 * dp], pf[kk], b[0], b[1]);
+                        ad_mma(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
+                    }
+                __syncwarp(); /* every lane is done with vt */
+                if (next) {
+                    load(vt, vbase, a.v_stride, sn);
+                    ad_commit();
                 }
-            __syncwarp(); /* every lane is done with vt */
-            if (next) {
-                load(vt, vbase, a.v_stride, sn);
-                ad_commit();
-            }
-            /* the tile state (head hr's acc = hi + lo rows) for the chunk fold */
-            float *fw = fold + (warp * AD_HB + hr) * C::LDF + 2 * tq;
+                /* the tile state (head hr's acc = hi + lo rows) for the chunk fold */
+                float *fw = fold + (tile * AD_HB + hr) * C::LDF + 2 * tq;
 #pragma unroll
-            for (int j = 0; j < DT; j++)
-                *(float2 *)(fw + 8 * j) =
-                    make_float2(__fadd_rn(oacc[j][0], oacc[j][2]), __fadd_rn(oacc[j][1], oacc[j][3]));
-            if (tq == 0) ml[warp * AD_HB + hr] = make_float2(mx, sum);
+                for (int j = 0; j < DT; j++)
+                    *(float2 *)(fw + 8 * j) =
+                        make_float2(__fadd_rn(oacc[j][0], oacc[j][2]), __fadd_rn(oacc[j][1], oacc[j][3]));
+                if (tq == 0) ml[tile * AD_HB + hr] = make_float2(mx, sum);
+            }
         }
         __syncthreads();
-        /* the chunk state: the warps' tile states folded in warp order
-         * (warp 0's tile is never empty) */
+        /* the chunk state: the tile states folded in tile order (tile 0 is
+         * never empty), whichever warps computed them */
         if (fh < nh) {
             float cm, cl, co[EPT], ow[EPT];
             {
@@ -360,7 +393,7 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
                 for (int e = 0; e < EPT; e += 4) *(float4 *)(co + e) = *(const float4 *)(f0 + e);
             }
 #pragma unroll
-            for (int w = 1; w < AD_WARPS; w++) {
+            for (int w = 1; w < AD_TPC; w++) {
                 if (c * C::CHUNK + w * BN < len) {
                     float2 sw = ml[w * AD_HB + fh];
                     const float *fwp = fold + (w * AD_HB + fh) * C::LDF + fd;
@@ -384,9 +417,9 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     auto write_out = [&]() {
         if (fh < nh) {
             float inv = 1.0f / rl;
-            float *o = a.out + t * a.ldo + (long)(h0 + fh) * D + fd;
+            O *o = (O *)a.out + t * a.ldo + (long)(h0 + fh) * D + fd;
 #pragma unroll
-            for (int e = 0; e < EPT; e++) o[e] = __fmul_rn(ro[e], inv);
+            for (int e = 0; e < EPT; e++) o[e] = O(__fmul_rn(ro[e], inv)); /* 16-bit: nearest */
         }
     };
     if (!split) {
@@ -418,7 +451,7 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
     const int nb = (int)(C::TILE_BYTES / 4 / (size_t)(nh * C::DS));
     for (int cb = 0; cb < nch; cb += nb) {
         const int n = min(nb, nch - cb), q4 = n * C::DS / 4; /* 16-byte pieces per head */
-        for (int i = tid; i < nh * q4; i += AD_THREADS) {
+        for (int i = tid; i < nh * q4; i += C::THREADS) {
             int h = i / q4, r = i % q4;
             const float *src =
                 a.partial + ((row * a.n_heads + h0 + h) * (long)a.max_chunks + cb) * C::DS + r * 4;
@@ -452,15 +485,16 @@ static __global__ void __launch_bounds__(AD_THREADS, (ad_cfg<D, BN>::MINB))
  * most its chunks at max_context, and what the scratch holds): one wave,
  * so that the slots that find no chunk at a shorter context are cheap and
  * no CTA waits for a second wave. Depends on rows and max_context only. */
-template <int D, int BN>
+template <int D, int BN, int W, typename O>
 static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
-    using C = ad_cfg<D, BN>;
+    using C = ad_cfg<D, BN, W>;
     long units = rows * a.n_kv_heads * (long)a.hblocks;
     CUDA_ASSERT(units < (1l << 31));
-    CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)C::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<D, BN, W, O>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
     int occ = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ad_kernel<D, BN>, AD_THREADS, C::SMEM));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ad_kernel<D, BN, W, O>, C::THREADS,
+                                                             C::SMEM));
     if (occ < 1) occ = 1;
     long wave = (long)occ * c->n_sm;
     long chunks = (c->max_context + C::CHUNK - 1) / C::CHUNK;
@@ -478,14 +512,41 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
         if (slots >= 2) a.max_chunks = (int)cap;
         else slots = 1;
     }
-    pdl_launch_on(c, pdl_attn(c), ad_kernel<D, BN>, dim3((unsigned)units, (unsigned)slots),
-                  dim3(AD_THREADS), C::SMEM, a);
+    pdl_launch_on(c, pdl_attn(c), ad_kernel<D, BN, W, O>, dim3((unsigned)units, (unsigned)slots),
+                  dim3(C::THREADS), C::SMEM, a);
 }
 
-/* bn: positions per warp per chunk (32 or 64; the lab compares both). */
-static void ad_dispatch(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
-                        const void *k_cache, const void *v_cache, const struct attn_params *p,
-                        const struct backend_batch *b, int bn) {
+/* Warps per CTA at head size 128: 4, unless the (row, KV head, head
+ * block) CTAs of 4 warps (2 an SM: 87 KB of shared memory each) would take
+ * more than one wave; then 2 (52 KB, 4 an SM), each warp taking two of a
+ * chunk's four tiles one after the other: Llama-3.1-8B's 64 sequences at
+ * context 128 then run in one wave (attention 24.5 → 17-19 µs a layer,
+ * docs/cuda.md). Small batches keep 4 warps: their few CTAs split the
+ * context over the GPU, and a CTA's one tile per warp is the shorter
+ * chain (batch 1, context 4096: 7-15% slower with 2). The chunks and their
+ * folds are the same either way, so the choice never changes a bit.
+ * KILN_CUDA_AD_W=2|4 forces it. */
+static int ad_warps_for(struct cuda_ctx *c, const struct ad_args &a, long rows) {
+    if (c->ad_warps == 2 || c->ad_warps == 4) return c->ad_warps;
+    static int occ4 = 0; /* CTAs of 4 warps an SM: shared memory bound, the same for every O */
+    if (!occ4) {
+        using C = ad_cfg<128, AD_BN_D128, 4>;
+        CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<128, AD_BN_D128, 4, float>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &occ4, ad_kernel<128, AD_BN_D128, 4, float>, C::THREADS, C::SMEM));
+        if (occ4 < 1) occ4 = 1;
+    }
+    long units = rows * a.n_kv_heads * (long)a.hblocks;
+    return units > (long)occ4 * c->n_sm ? 2 : 4;
+}
+
+/* bn: positions per warp per chunk (32 or 64; the lab compares both);
+ * odt: the output's type (DTYPE_F32, or DTYPE_BF16 / DTYPE_F16 for the
+ * 16-bit operand of the output projection, at the default bn). */
+static void ad_dispatch(struct cuda_ctx *c, void *out, enum dtype odt, long ldo, const float *q,
+                        long ldq, const void *k_cache, const void *v_cache,
+                        const struct attn_params *p, const struct backend_batch *b, int bn) {
     CUDA_ASSERT(p->dk == p->dv && (p->dk == 64 || p->dk == 128));
     CUDA_ASSERT(p->k_stride % 8 == 0 && p->v_stride % 8 == 0 && (uintptr_t)k_cache % 16 == 0 &&
                 (uintptr_t)v_cache % 16 == 0 && ldq % 2 == 0 && (uintptr_t)q % 8 == 0);
@@ -494,19 +555,40 @@ static void ad_dispatch(struct cuda_ctx *c, float *out, long ldo, const float *q
                         (const __nv_bfloat16 *)v_cache, p->k_stride, p->v_stride, p->n_heads,
                         p->n_kv_heads, group, (group + AD_HB - 1) / AD_HB,
                         p->scale * 1.4426950408889634f, b->page_size, b->positions, b->q_start,
-                        b->kv_page_start, b->kv_pages, 0, NULL, NULL};
+                        b->kv_page_start, b->kv_pages, 0, NULL, NULL, c->kv_evict_first};
     long rows = b->n_seqs;
+    const bool dflt = bn == (p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
+    CUDA_ASSERT(odt == DTYPE_F32 || odt == DTYPE_BF16 || odt == DTYPE_F16);
+    CUDA_ASSERT(dflt || odt == DTYPE_F32);
     if (p->dk == 64) {
-        if (bn == 64) ad_launch<64, 64>(c, a, rows);
-        else ad_launch<64, 32>(c, a, rows);
+        if (!dflt) ad_launch<64, 32, AD_W_D64, float>(c, a, rows);
+        else if (odt == DTYPE_F32) ad_launch<64, AD_BN_D64, AD_W_D64, float>(c, a, rows);
+        else if (odt == DTYPE_BF16) ad_launch<64, AD_BN_D64, AD_W_D64, __nv_bfloat16>(c, a, rows);
+        else ad_launch<64, AD_BN_D64, AD_W_D64, __half>(c, a, rows);
+    } else if (!dflt) {
+        ad_launch<128, 64, 4, float>(c, a, rows);
+    } else if (ad_warps_for(c, a, rows) == 4) {
+        if (odt == DTYPE_F32) ad_launch<128, AD_BN_D128, 4, float>(c, a, rows);
+        else if (odt == DTYPE_BF16) ad_launch<128, AD_BN_D128, 4, __nv_bfloat16>(c, a, rows);
+        else ad_launch<128, AD_BN_D128, 4, __half>(c, a, rows);
     } else {
-        if (bn == 64) ad_launch<128, 64>(c, a, rows);
-        else ad_launch<128, 32>(c, a, rows);
+        if (odt == DTYPE_F32) ad_launch<128, AD_BN_D128, 2, float>(c, a, rows);
+        else if (odt == DTYPE_BF16) ad_launch<128, AD_BN_D128, 2, __nv_bfloat16>(c, a, rows);
+        else ad_launch<128, AD_BN_D128, 2, __half>(c, a, rows);
     }
 }
 
 extern "C" void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
                                  const void *k_cache, const void *v_cache,
                                  const struct attn_params *p, const struct backend_batch *b) {
-    ad_dispatch(c, out, ldo, q, ldq, k_cache, v_cache, p, b, p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
+    ad_dispatch(c, out, DTYPE_F32, ldo, q, ldq, k_cache, v_cache, p, b,
+                p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
+}
+
+extern "C" void cuda_attn_decode16(struct cuda_ctx *c, void *out16, enum dtype dt, long ldo,
+                                   const float *q, long ldq, const void *k_cache,
+                                   const void *v_cache, const struct attn_params *p,
+                                   const struct backend_batch *b) {
+    ad_dispatch(c, out16, dt, ldo, q, ldq, k_cache, v_cache, p, b,
+                p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
 }

@@ -256,6 +256,7 @@ static const struct backend_ops cuda_ops = {
     .sample = cuda_op_sample,
     .norm_matmul = cuda_op_norm_matmul,
     .norm_swiglu_mlp = cuda_op_norm_swiglu_mlp,
+    .attention_matmul = cuda_op_attention_matmul,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
@@ -353,6 +354,9 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->pdl = prop.major >= 9 && !env_is("KILN_CUDA_PDL", "0");
     c->pdl_attn = c->pdl && !env_is("KILN_CUDA_PDL_ATTN", "0");
     c->fuse = !env_is("KILN_CUDA_FUSE", "0");
+    c->attn16 = !env_is("KILN_CUDA_ATTN16", "0");
+    c->kv_evict_first = !env_is("KILN_CUDA_KV_EVICT", "0");
+    c->ad_warps = env_is("KILN_CUDA_AD_W", "2") ? 2 : env_is("KILN_CUDA_AD_W", "4") ? 4 : 0;
     const char *ks = getenv("KILN_CUDA_GEMV_KS");
     c->gemv_ks = ks ? atoi(ks) : 0;
     c->use_lt = !env_is("KILN_CUDA_LT", "0");
@@ -399,6 +403,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     const char *wbn = getenv("KILN_CUDA_WGMMA_BN"), *wsp = getenv("KILN_CUDA_WGMMA_S");
     c->wgmma_bn = wbn ? atoi(wbn) : 0;
     c->wgmma_splits = wsp ? atoi(wsp) : 0;
+    c->wgmma_glu = !env_is("KILN_CUDA_WGMMA_GLU", "0");
 #endif
     be->ops = &cuda_ops;
     be->ctx = c;

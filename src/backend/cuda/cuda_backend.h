@@ -140,6 +140,8 @@ struct cuda_ctx {
     int wgmma_min_rows, wgmma_max_rows; /* KILN_CUDA_WGMMA_MIN / _MAX (max at most 64) */
     int wgmma_bn, wgmma_splits;  /* 0: by shape, else forced (KILN_CUDA_WGMMA_BN = 128 | 256,
                                     KILN_CUDA_WGMMA_S = 1..8), for measurements */
+    int wgmma_glu;               /* 1: gate|up on it writes silu(g)·u in 16 bits from its
+                                    epilogue, no SwiGLU kernel (KILN_CUDA_WGMMA_GLU=0: off) */
     long wgmma_calls;            /* products it ran (host count, for tests) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     /* 1 (with pdl): the decode step's other kernels use programmatic
@@ -147,6 +149,14 @@ struct cuda_ctx {
      * embedding, sampling (KILN_CUDA_PDL_ATTN=0 launches them the ordinary
      * way, as before, for comparisons; cuda_pdl.cuh) */
     int pdl_attn;
+    /* decode attention + output projection (cuda_op_attention_matmul) */
+    int attn16;                  /* 1: decode attention writes the projection's 16-bit
+                                    operand, no conversion pass (KILN_CUDA_ATTN16=0: off) */
+    int kv_evict_first;          /* 1: decode attention's K/V loads are L2 evict-first
+                                    (KILN_CUDA_KV_EVICT=0: normal) */
+    int ad_warps;                /* decode attention at head size 128: warps per CTA, 2 or 4
+                                    (chunks of 32 positions per warp); 0: by the batch
+                                    (KILN_CUDA_AD_W=2|4 forces) */
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
@@ -234,11 +244,22 @@ static inline size_t cuda_attn_states_bytes(const struct cuda_ctx *c) {
 void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
                       const void *k_cache, const void *v_cache, const struct attn_params *p,
                       const struct backend_batch *b);
+/* The same with the output rounded to dt (DTYPE_BF16 or DTYPE_F16) as the
+ * output projection's 16-bit operand: the bits of cuda_attn_decode then
+ * the conversion pass. */
+void cuda_attn_decode16(struct cuda_ctx *c, void *out16, enum dtype dt, long ldo, const float *q,
+                        long ldq, const void *k_cache, const void *v_cache,
+                        const struct attn_params *p, const struct backend_batch *b);
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
                         struct kiln_error *err);
 
-/* Fused norm + product operations (cuda_matmul.cu). */
+/* Fused operations (cuda_matmul.cu): norm + product, attention + output
+ * projection. */
+void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *att, long ldatt,
+                              const float *q, long ldq, const void *k_cache, const void *v_cache,
+                              const struct attn_params *p, const struct backend_batch *b,
+                              const struct backend_weight *wo, const float *bias, long n);
 void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                          const struct backend_weight *w, const float *bias, long n);
 void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y, long ldy,
@@ -303,6 +324,14 @@ void cuda_wgmma(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ld
                 const struct backend_weight *w, const float *bias, long n);
 void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                     const struct backend_weight *w, const float *bias, long n, int bn, int splits);
+/* SwiGLU in the product's epilogue: y16[n][inter] (16-bit, row stride
+ * ldy16) = silu(x16 · gateᵀ) · (x16 · upᵀ) for gate_up = [gate; up]
+ * (2·inter rows), the bits of cuda_wgmma then cuda_silu16. ok: it serves
+ * these operands (inter a multiple of 128 among others). */
+int cuda_wgmma_glu_ok(const struct cuda_ctx *c, const struct backend_weight *gate_up,
+                      const void *x16, long ldx, const void *y16, long ldy16, long n);
+void cuda_wgmma_glu_run(struct cuda_ctx *c, void *y16, long ldy16, const void *x16, long ldx,
+                        const struct backend_weight *gate_up, long n, int bn, int splits);
 /* The tile width and K split cuda_wgmma_run would use for a [N][K] weight
  * (bn, splits: 0 = by shape, else forced), written back. */
 void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *splits);

@@ -363,16 +363,63 @@ extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm
     /* batches: the norm and the SwiGLU kernels write the 16-bit operands */
     if (handoff16(c, nm, gate_up, n) && down->dtype == gate_up->dtype && !cuda_gemv_ok(c, down, n) &&
         down->rows <= INT32_MAX && inter <= INT32_MAX) {
-        long wmax = d > inter ? d : inter;
-        cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)wmax * 2);
-        cuda_add_rmsnorm16(c, nm, n, c->act16.p, gate_up->dtype);
-        product16(c, gu, ldgu, c->act16.p, d, gate_up, NULL, n, 0.0f);
-        cuda_silu16(c, c->act16.p, down->dtype, gu, ldgu, n, inter);
-        product16(c, y, ldy, c->act16.p, inter, down, NULL, n, 0.0f);
+        /* act16: the norm's output, then (SwiGLU in the product's
+         * epilogue, which writes while other CTAs still read the norm's
+         * output) g at n·d elements past it */
+        cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)(d + inter) * 2);
+        void *x16 = c->act16.p, *g16 = (char *)c->act16.p + (size_t)n * (size_t)d * 2;
+        cuda_add_rmsnorm16(c, nm, n, x16, gate_up->dtype);
+#ifdef KILN_CUDA_HOPPER
+        if (cuda_wgmma_glu_ok(c, gate_up, x16, d, g16, inter, n)) {
+            cuda_wgmma_glu_run(c, g16, inter, x16, d, gate_up, n, 0, 0);
+            product16(c, y, ldy, g16, inter, down, NULL, n, 0.0f);
+            return;
+        }
+#endif
+        product16(c, gu, ldgu, x16, d, gate_up, NULL, n, 0.0f);
+        cuda_silu16(c, x16, down->dtype, gu, ldgu, n, inter);
+        product16(c, y, ldy, x16, inter, down, NULL, n, 0.0f);
         return;
     }
     plain_norm(c, nm, n);
     cuda_op_matmul(ctx, gu, ldgu, nm->x, d, gate_up, NULL, n);
     cuda_op_silu_mul(ctx, gu, ldgu, gu, ldgu, gu + inter, ldgu, n, inter);
     cuda_op_matmul(ctx, y, ldy, gu, ldgu, down, NULL, n);
+}
+
+/* ---- attention + output projection ----------------------------------- */
+
+/* Whether cuda_op_attention sends every row of b to cuda_attn_decode (a
+ * batch of decode rows, its conditions) and the projection takes the
+ * 16-bit path: then the attention kernel can write the projection's
+ * operand itself, rounded as the conversion pass rounds (the same bits). */
+static int attn16_ok(const struct cuda_ctx *c, const float *q, long ldq, const void *kc,
+                     const void *vc, const struct attn_params *p, const struct backend_batch *b,
+                     const struct backend_weight *wo, long n) {
+    return c->attn16 && c->fuse && !c->deterministic && !c->split_act && c->kv_bf16 &&
+           c->attn_impl == CUDA_ATTN_AUTO && b->n_tokens == b->n_seqs && n == b->n_tokens &&
+           p->dk == p->dv && (p->dk == 64 || p->dk == 128) && ldq % 4 == 0 &&
+           p->k_stride % 8 == 0 && p->v_stride % 8 == 0 && (uintptr_t)q % 16 == 0 &&
+           (uintptr_t)kc % 16 == 0 && (uintptr_t)vc % 16 == 0 &&
+           (wo->dtype == DTYPE_BF16 || wo->dtype == DTYPE_F16) &&
+           wo->cols == (long)p->n_heads * p->dv && !cuda_gemv_ok(c, wo, n) && n <= INT32_MAX &&
+           wo->rows <= INT32_MAX && wo->cols <= INT32_MAX;
+}
+
+extern "C" void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *att, long ldatt,
+                                         const float *q, long ldq, const void *k_cache,
+                                         const void *v_cache, const struct attn_params *p,
+                                         const struct backend_batch *b,
+                                         const struct backend_weight *wo, const float *bias,
+                                         long n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (n <= 0) return;
+    if (!attn16_ok(c, q, ldq, k_cache, v_cache, p, b, wo, n)) {
+        cuda_op_attention(ctx, att, ldatt, q, ldq, k_cache, v_cache, p, b);
+        cuda_op_matmul(ctx, y, ldy, att, ldatt, wo, bias, n);
+        return;
+    }
+    cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)wo->cols * 2);
+    cuda_attn_decode16(c, c->act16.p, wo->dtype, wo->cols, q, ldq, k_cache, v_cache, p, b);
+    product16(c, y, ldy, c->act16.p, wo->cols, wo, bias, n, 0.0f);
 }

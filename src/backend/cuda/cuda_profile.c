@@ -330,6 +330,18 @@ static void w_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y
     end(ctx, s);
 }
 
+static void w_attention_matmul(void *ctx, float *y, long ldy, float *att, long ldatt,
+                               const float *q, long ldq, const void *kc, const void *vc,
+                               const struct attn_params *ap, const struct backend_batch *b,
+                               const struct backend_weight *wo, const float *bias, long n) {
+    char k[96];
+    snprintf(k, sizeof k, "attention_matmul tokens=%d seqs=%d %ldx%ld", b->n_tokens, b->n_seqs,
+             wo->rows, wo->cols);
+    int s = begin(ctx, k, 2.0 * (double)n * (double)wo->rows * (double)wo->cols, wbytes(wo));
+    P(ctx)->orig.attention_matmul(ctx, y, ldy, att, ldatt, q, ldq, kc, vc, ap, b, wo, bias, n);
+    end(ctx, s);
+}
+
 void cuda_profile_install(struct backend *be) {
     struct cuda_ctx *c = be->ctx;
     if (n_all == PROF_MAX) return;
@@ -366,6 +378,7 @@ void cuda_profile_install(struct backend *be) {
     WRAP(qk_rope_store);
     WRAP(norm_matmul);
     WRAP(norm_swiglu_mlp);
+    WRAP(attention_matmul);
 #undef WRAP
     c->prof = p;
     be->ops = &p->ops;

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# gpu_session.sh — the 64-sequence decode step (Llama-3.1-8B, Qwen3-0.6B) in
+# one lease: build, the kernel tests that the step's changes touch, decode
+# benchmarks of each knob against the default in alternating order, a
+# CUPTI trace of the default (dev/trace), then `ctest -L gpu` if the
+# budget allows. Logs in $OUT (summary.log is the short version).
+#
+#   OUT=$OUT bash dev/decode64/gpu_session.sh [BUDGET_S]
+# VARIANTS: "label|ENV=V ..." lines benchmarked beside the default.
+# STAGES: any of "tests bench trace ctest" (default: all).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/decode64-out}
+BUDGET=${1:-500}
+STAGES=${STAGES:-"tests bench trace ctest"}
+source dev/session.sh
+bench_show() {
+  grep -E "^decode" | sed -E 's/.*batch ([0-9]+) at context ([0-9]+): ([0-9.]+) tok\/s \(([0-9.]+) ms\/step.*/b\1 ctx\2: \3 tok\/s \4 ms;/' | tr '\n' ' '
+}
+L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
+VARIANTS=${VARIANTS:-"default|
+noL2PF|KILN_CUDA_L2PF=0
+noL2PF-noEvict|KILN_CUDA_L2PF=0 KILN_CUDA_KV_EVICT=0
+noL2PF-W2|KILN_CUDA_L2PF=0 KILN_CUDA_AD_W=2
+W2|KILN_CUDA_AD_W=2
+noL2PF-oWgmma|KILN_CUDA_L2PF=0 KILN_CUDA_WGMMA_MIN_MB=30"}
+# Qwen3-0.6B at 64 and both models at batch 1 (contexts 128 and 4096)
+QVARIANTS=${QVARIANTS:-"default|
+noL2PF|KILN_CUDA_L2PF=0
+noL2PF-W2|KILN_CUDA_L2PF=0 KILN_CUDA_AD_W=2"}
+B1VARIANTS=${B1VARIANTS:-"default|
+W2|KILN_CUDA_AD_W=2"}
+# test runs: "ENV=V ...|test" lines
+TESTS=${TESTS:-"|test_matmul_wgmma
+|test_cuda_ops
+|test_cuda_pdl
+|test_deterministic
+KILN_CUDA_AD_W=2|test_cuda_ops
+KILN_CUDA_AD_W=2|test_deterministic
+KILN_CUDA_AD_W=2|test_cuda_pdl"}
+TRACE_ENV=${TRACE_ENV:-}
+
+say "build"
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
+  ninja -C "$B" >>"$OUT/build.log" 2>&1 ||
+  { say "build FAILED"; grep -A12 -m3 error "$OUT/build.log" | head -50 | tee -a "$S"; exit 1; }
+say "build ok"
+
+if want tests; then
+  while IFS='|' read -r envs t; do
+    [ -n "$t" ] || continue
+    [ "$(left)" -gt 60 ] || break
+    log="$OUT/$t${envs:+-alt}.log"
+    (cd "$B/tests" && env $envs KILN_FIXTURES=$PWD/../../tests/fixtures timeout "$(lim 120)" ./$t) >"$log" 2>&1
+    say "$t [$envs] rc=$? $(grep -E 'PASSED|FAILED' "$log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED|Error|error:|fail' "$log" | head -5 | tee -a "$S"
+  done <<<"$TESTS"
+  grep -E '^  (glu|mlp)' "$OUT/test_matmul_wgmma.log" | tee -a "$S"
+fi
+
+if want bench; then
+  for round in 1 2; do
+    while IFS='|' read -r label envs; do
+      [ -n "$label" ] || continue
+      bench "L64 $label r$round" 90 "$envs" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
+    done <<<"$VARIANTS"
+  done
+  while IFS='|' read -r label envs; do
+    [ -n "$label" ] || continue
+    bench "Q64 $label" 60 "$envs" --model $Q --prompt-len 128 --decode 32 --batch 64 --repeat 2
+  done <<<"$QVARIANTS"
+  while IFS='|' read -r label envs; do
+    [ -n "$label" ] || continue
+    bench "L1 $label" 60 "$envs" --model $L --prompt-len 128,4096 --decode 64 --repeat 2
+    bench "Q1 $label" 60 "$envs" --model $Q --prompt-len 128,4096 --decode 64 --repeat 2
+  done <<<"$B1VARIANTS"
+fi
+
+if want trace && [ "$(left)" -gt 90 ]; then
+  # TRACE_CASES: dev/trace CASES lines ("name|ENV|bench_forward args")
+  CASES=${TRACE_CASES:-"llama64|$TRACE_ENV|--model $L --prompt-len 128 --decode 32 --batch 64 --repeat 1"} \
+    OUT=$OUT/trace REBUILD= B=$B bash dev/trace/gpu_session.sh "$(( $(left) - 30 ))" >/dev/null 2>&1
+  for f in "$OUT"/trace/*.summary.txt; do
+    [ -f "$f" ] || continue
+    n=$(basename "$f" .summary.txt)
+    cp "$f" "$OUT/trace-$n.txt"
+    say "trace $n"; head -24 "$f" | tee -a "$S"
+  done
+fi
+
+if want ctest && [ "$(left)" -gt 150 ]; then
+  say "ctest -L gpu"
+  KILN_TOKENIZERS=/nonexistent timeout "$(lim 400)" ctest --test-dir "$B" -L gpu --output-on-failure >"$OUT/ctest-gpu.log" 2>&1
+  say "ctest rc=$?"
+  grep -E 'tests passed|tests failed|Test +#' "$OUT/ctest-gpu.log" | tail -14 | tee -a "$S"
+fi
+say "done"
