@@ -61,10 +61,11 @@
  * Programmatic dependent launch (cuda_pdl.cuh; cuda_ctx.pdl_attn): the
  * kernel triggers its dependents first thing, then does everything that
  * needs only the batch metadata — the row's q_start / position (len, the
- * chunk count, split or not) and the page-table lookups of its first tile —
- * before pdl_wait; the K/V tiles (the cache row of this step's token is
- * written by the store kernel just before), q, the scratch states and the
- * arrival counters are touched only after it. A CTA with no work waits
+ * chunk count, split or not), the page-table lookups of its first tile and,
+ * when that tile ends before this step's token, its K/V copies — before
+ * pdl_wait; the tiles that hold this step's token (its cache row is written
+ * by the store kernel just before), q, the scratch states and the arrival
+ * counters are touched only after it. A CTA with no work waits
  * before returning (rule 1). The counters stay correct: every access to
  * them is after the wait, which returns only once every earlier kernel —
  * the previous layer's attention included — has completed.
@@ -268,8 +269,19 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
     long long sl[SR];
     const bool first = c * C::CHUNK + warp * BN < len;
     if (first) lookup(c * C::CHUNK + warp * BN, sl); /* page table: metadata, before the wait */
+    /* A first tile that ends before this step's token (position len − 1,
+     * which the kernel before writes) holds only K/V rows no kernel of this
+     * step writes: its copies go out before the wait, under the previous
+     * kernels' tails (cuda_pdl.cuh rule 2). */
+    const bool early = first && c * C::CHUNK + warp * BN + BN < len;
+    if (early) {
+        load(kt, kbase, a.k_stride, sl);
+        ad_commit();
+        load(vt, vbase, a.v_stride, sl);
+        ad_commit();
+    }
     pdl_wait(); /* q and the cache row of this step's token come from the kernels before */
-    if (first) {
+    if (first && !early) {
         load(kt, kbase, a.k_stride, sl);
         ad_commit();
         load(vt, vbase, a.v_stride, sl);

@@ -19,7 +19,9 @@
  *      rope table, and the step's batch metadata — positions, slots,
  *      q_start, page tables, sampling rows: model.c stage_batch uploads
  *      them with a copy, which waits for every earlier kernel to complete,
- *      and no kernel writes them), never through a cache that could keep
+ *      and no kernel writes them; the KV cache rows of positions before
+ *      this step's tokens, written by earlier steps), never through a
+ *      cache that could keep
  *      stale data of an input: the inputs
  *      are read with ordinary (coherent) loads after the wait, not with
  *      __ldg / ld.global.nc, whose data must stay unchanged for the whole
