@@ -533,7 +533,7 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
  * more than one wave; then 2 (52 KB, 4 an SM), each warp taking two of a
  * chunk's four tiles one after the other: Llama-3.1-8B's 64 sequences at
  * context 128 then run in one wave (attention 24.5 → 17-19 µs a layer,
- * docs/cuda.md). Small batches keep 4 warps: their few CTAs split the
+ * docs/cuda-decode.md). Small batches keep 4 warps: their few CTAs split the
  * context over the GPU, and a CTA's one tile per warp is the shorter
  * chain (batch 1, context 4096: 7-15% slower with 2). The chunks and their
  * folds are the same either way, so the choice never changes a bit.

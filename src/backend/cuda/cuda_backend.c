@@ -348,7 +348,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     } else if (kv && !strcmp(kv, "bf16")) {
         c->kv_bf16 = 1;
     }
-    /* The product path's knobs (docs/cuda.md, "Decode"): programmatic
+    /* The product path's knobs (docs/cuda-decode.md): programmatic
      * dependent launch (Hopper on), the fused norm / SwiGLU handoffs, the
      * GEMV's K split, cuBLASLt and its per-shape tuning. */
     c->pdl = prop.major >= 9 && !env_is("KILN_CUDA_PDL", "0");
@@ -361,7 +361,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->gemv_ks = ks ? atoi(ks) : 0;
     c->use_lt = !env_is("KILN_CUDA_LT", "0");
     c->lt_tune = env_is("KILN_CUDA_LT_TUNE", "1");
-    /* small-M tensor-core product (cuda_gemm_small.cu, docs/cuda.md): off
+    /* small-M tensor-core product (cuda_gemm_small.cu, docs/cuda-decode.md): off
      * by default until it has been measured on a GPU (KILN_CUDA_SMALLM=1) */
     c->smallm = env_is("KILN_CUDA_SMALLM", "1");
     const char *smx = getenv("KILN_CUDA_SMALLM_MAX");
@@ -391,7 +391,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     }
     cuda_matmul_init(c);
 #ifdef KILN_CUDA_HOPPER
-    /* small-M wgmma + TMA product (hopper/gemm_wgmma.cu, docs/cuda.md) for
+    /* small-M wgmma + TMA product (hopper/gemm_wgmma.cu, docs/cuda-decode.md) for
      * 1..64 rows on compute capability 9.0, weights of at least 40 MiB
      * (KILN_CUDA_WGMMA_MIN_MB): on by default there (Llama-3.1-8B's q|k|v,
      * gate|up, down and lm_head: the 64-sequence decode step 4% faster;

@@ -5,7 +5,7 @@
  *
  * Why: at 16..64 rows the product is still bound by reading W once, but
  * cuBLAS(Lt) picks tiles made for large M and reaches 46..83% of the
- * copy bandwidth on Llama-3.1-8B's shapes (docs/cuda.md, "Products").
+ * copy bandwidth on Llama-3.1-8B's shapes (docs/cuda-decode.md, "Products").
  *
  * Design (bandwidth first):
  *  - The weight is the mma's row operand: out^T[n][m] = W[n][:] · X[m][:],

@@ -220,7 +220,7 @@ static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
 /* The K split for a weight of rows × cols (for SwiGLU: the whole stacked
  * gate|up): 4 parts from 4096 columns on (each part ≥ 128 pieces, four
  * 16-byte loads per lane per row), else none. Measured on an H100
- * (bench_gemv, bench_forward; docs/cuda.md "Products"): 4 parts were the
+ * (bench_gemv, bench_forward; docs/cuda-decode.md "Products"): 4 parts were the
  * fastest for every Llama-3.1-8B shape (q|k|v 86 → 94% of the copy
  * bandwidth at n = 1, 70 → 86% at n = 2; gate|up, down and lm_head gained
  * 2-5%), while Qwen3-0.6B (rows of 1024 to 3072) decoded faster unsplit

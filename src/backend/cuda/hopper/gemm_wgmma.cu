@@ -5,12 +5,12 @@
  * On by default for weights of at least 40 MiB (KILN_CUDA_WGMMA=0: off):
  * faster than cuBLASLt product by product on the H100; under graphs the
  * 64-sequence Llama-3.1-8B decode step gains 4% with q|k|v, gate|up, down
- * and lm_head on it, and loses with o_proj (32 MiB) too (docs/cuda.md).
+ * and lm_head on it, and loses with o_proj (32 MiB) too (docs/cuda-decode.md).
  *
  * Why: at 16..64 rows the product is bound by reading W once (M·N·K·2 flops
  * against N·K·2 bytes: at most 64 flops a byte, the H100 has ~300), yet
  * cuBLAS(Lt) reaches 46..83% of the copy bandwidth on Llama-3.1-8B's shapes
- * (docs/cuda.md). The mma.sync kernel before this one (cuda_gemm_small.cu)
+ * (docs/cuda-decode.md). The mma.sync kernel before this one (cuda_gemm_small.cu)
  * re-read the activations from shared memory for every 16 weight rows and
  * ran short of bandwidth past 16 rows.
  *
@@ -33,7 +33,7 @@
  *    (BN = 128, two CTAs an SM) or 200 KB (BN = 256, one) per SM.
  *  - BN = 128 by default (two CTAs an SM; KILN_CUDA_WGMMA_BN=256 for the
  *    other): measured on the H100 it was as fast or faster on every
- *    Llama-3.1-8B shape but o_proj at 64 rows (docs/cuda.md).
+ *    Llama-3.1-8B shape but o_proj at 64 rows (docs/cuda-decode.md).
  *  - Grid (N tiles, S): K is split into S ranges of whole k-steps, S the
  *    largest (≤ 8) that keeps tiles × S CTAs resident at once (one wave, as
  *    cudaOccupancyMaxActiveClusters counts them: all CTAs share the memory
