@@ -89,6 +89,9 @@ static int64_t as_int(const struct jv *v) { return v->type == JV_BOOL ? v->u.b :
 
 static int repeat(struct jctx *ctx, const struct jv *seq, int64_t times, struct jv *out) {
     if (times < 0) times = 0;
+    /* an empty sequence repeated any number of times is empty (without
+     * looping `times` times: "" * 10**13 is instant in Python too) */
+    if (seq->type == JV_STR ? seq->u.s->len == 0 : seq->u.l->n == 0) times = 0;
     if (seq->type == JV_STR) {
         size_t len = seq->u.s->len;
         if (len && (uint64_t)times > ctx->lim.max_output / len) return jctx_check_len(ctx, ctx->lim.max_output + 1);

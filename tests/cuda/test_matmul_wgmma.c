@@ -347,6 +347,48 @@ static void test_glu_mlp(void **state) {
     free(wgu), free(wd), free(nw);
 }
 
+/* The output projection after the decode attention (cuda_wgmma_attn_out):
+ * runs from 16 MiB of weight (under cuda_wgmma's 40), planned on fewer
+ * clusters, against the double reference; returns 0 (and writes nothing)
+ * under 16 MiB. */
+static void test_attn_out(void **state) {
+    (void)state;
+    assert_true(have_gpu);
+    struct cuda_ctx *c = gpu_thr.ctx; /* the default thresholds */
+    const long shapes[][3] = {{64, 4096, 2048}, {29, 2048, 4096}, {64, 1024, 1024}}; /* m, N, K */
+    for (int t = 0; t < 3; t++) {
+        long m = shapes[t][0], N = shapes[t][1], K = shapes[t][2];
+        int runs = N * K * 2 >= (16l << 20);
+        uint16_t *x = xmalloc((size_t)(m * K) * 2), *w = xmalloc((size_t)(N * K) * 2);
+        for (long i = 0; i < m * K; i++) x[i] = to16(frand(1.0f), DTYPE_BF16);
+        for (long i = 0; i < N * K; i++) w[i] = to16(frand(0.05f), DTYPE_BF16);
+        float *y = xmalloc((size_t)(m * N) * 4);
+        for (long i = 0; i < m * N; i++) y[i] = NAN;
+        void *dx = dev_from(x, (size_t)(m * K) * 2), *dw = dev_from(w, (size_t)(N * K) * 2);
+        float *dy = dev_from(y, (size_t)(m * N) * 4);
+        struct backend_weight bw = {dw, DTYPE_BF16, N, K};
+        long calls = c->wgmma_calls;
+        int ran = cuda_wgmma_attn_out(c, dy, N, dx, K, &bw, NULL, m);
+        assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
+        assert_int_equal(ran, runs);
+        assert_int_equal(c->wgmma_calls, calls + runs);
+        assert_int_equal(cudaMemcpy(y, dy, (size_t)(m * N) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        if (runs) {
+            double *ref = reference(x, K, w, NULL, m, N, K, DTYPE_BF16);
+            double e = rel_err(y, ref, m, N, N);
+            printf("  attn_out m=%-2ld N=%-4ld K=%-4ld: rel err %.2e\n", m, N, K, e);
+            assert_true(e < TOL);
+            free(ref);
+        } else {
+            for (long i = 0; i < m * N; i++)
+                if (!isnan(y[i])) fail_msg("attn_out under 16 MiB wrote y[%ld]", i);
+            printf("  attn_out m=%-2ld N=%-4ld K=%-4ld: under 16 MiB, not run\n", m, N, K);
+        }
+        cudaFree(dx), cudaFree(dw), cudaFree(dy);
+        free(x), free(w), free(y);
+    }
+}
+
 /* Through ops->matmul (fp32 x, rounded to dt by the backend): whether the
  * kernel ran (`routed`) and the result against the rounded reference. */
 static void check_matmul(struct backend *be, long n, long N, long K, enum dtype dt, int routed) {
@@ -446,6 +488,7 @@ int main(void) {
         cmocka_unit_test(test_routing),
         cmocka_unit_test(test_glu),
         cmocka_unit_test(test_glu_mlp),
+        cmocka_unit_test(test_attn_out),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu)

@@ -138,8 +138,26 @@ static void test_limits(void **state) {
     strcat(nots, "1 }}");
     assert_null(render(nots, NULL, NULL, &err));
     assert_non_null(strstr(err.msg, "nested too deeply"));
+    /* an empty string or list repeated 10^13 times is empty at once, as in
+     * Python (the loop ran 10^13 empty iterations: a fuzz_template timeout) */
+    char *out = NULL;
+    static const char *const empty_rep[][2] = {
+        {"{{ '' * 10000000000000 }}|{{ 10000000000000 * '' }}|", "||"},
+        {"{{ ([] * 10000000000000)|length }}", "0"},
+        {"{{ 30 - 11101111211111 * \"\" }}", NULL}, /* int - str: a type error */
+    };
+    for (size_t i = 0; i < sizeof empty_rep / sizeof empty_rep[0]; i++) {
+        out = render(empty_rep[i][0], NULL, NULL, &err);
+        if (empty_rep[i][1]) {
+            assert_non_null(out);
+            assert_string_equal(out, empty_rep[i][1]);
+        } else {
+            assert_null(out);
+        }
+        free(out);
+    }
     /* namespaces holding themselves must not leak (LeakSanitizer checks) */
-    char *out = render("{% set ns = namespace() %}{% set ns.me = ns %}{% set ns.l = [ns, ns] %}ok", NULL, NULL, &err);
+    out = render("{% set ns = namespace() %}{% set ns.me = ns %}{% set ns.l = [ns, ns] %}ok", NULL, NULL, &err);
     assert_non_null(out);
     assert_string_equal(out, "ok");
     free(out);

@@ -324,6 +324,12 @@ void cuda_wgmma(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ld
                 const struct backend_weight *w, const float *bias, long n);
 void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                     const struct backend_weight *w, const float *bias, long n, int bn, int splits);
+/* The output projection after the decode attention (attention_matmul):
+ * runs it on the kernel from a smaller weight size than cuda_wgmma (16
+ * MiB) with a K split planned on 75% of the resident clusters; 0 when it
+ * does not apply (nothing run). */
+int cuda_wgmma_attn_out(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+                        const struct backend_weight *w, const float *bias, long n);
 /* SwiGLU in the product's epilogue: y16[n][inter] (16-bit, row stride
  * ldy16) = silu(x16 · gateᵀ) · (x16 · upᵀ) for gate_up = [gate; up]
  * (2·inter rows), the bits of cuda_wgmma then cuda_silu16. ok: it serves

@@ -421,5 +421,8 @@ extern "C" void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *a
     }
     cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)wo->cols * 2);
     cuda_attn_decode16(c, c->act16.p, wo->dtype, wo->cols, q, ldq, k_cache, v_cache, p, b);
+#ifdef KILN_CUDA_HOPPER
+    if (cuda_wgmma_attn_out(c, y, ldy, c->act16.p, wo->cols, wo, bias, n)) return;
+#endif
     product16(c, y, ldy, c->act16.p, wo->cols, wo, bias, n, 0.0f);
 }

@@ -67,9 +67,17 @@
  *    kernel to read (the same bits: the sums, then silu_mul_f32, then the
  *    rounding). Llama-3.1-8B at 64 sequences: the step 0.2 ms shorter.
  *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (40) MiB: on
- *    smaller ones (Qwen3-0.6B's layers, Llama's o_proj) the fixed costs
- *    (launch, ramp, cluster reduction) lost to cuBLAS in the measurements
- *    under graphs.
+ *    smaller ones (Qwen3-0.6B's layers) the fixed costs (launch, ramp,
+ *    cluster reduction) lost to cuBLAS in the measurements under graphs.
+ *    The output projection after the decode attention takes it from 16
+ *    MiB (cuda_wgmma_attn_out: Llama's o_proj, 32 MiB), since there it
+ *    lets the norm after it launch early.
+ *  - K splits are planned on 75% of the clusters an empty GPU holds
+ *    (KILN_CUDA_WGMMA_FILL): a product launched early under the previous
+ *    kernel finds SMs still taken, and a plan that needs every cluster
+ *    slot leaves its last clusters waiting for whole GPCs to drain.
+ *    Llama-3.1-8B at 64 sequences, o_proj on the kernel: 6.61-6.62 ms a
+ *    step at 75% against 6.78-6.80 at 100% (docs/cuda-decode.md).
  * Requirements (cuda_wgmma_ok): K a multiple of 8 (TMA's 16-byte row
  * stride; a K tail inside the last 64 columns is zero-filled on both
  * operands), 16-byte aligned W and X and X's row stride a multiple of 8
@@ -292,6 +300,12 @@ struct wg_state {
     int per_sm[2];                    /* resident CTAs an SM: BN = 128, 256 */
     int clusters[2][MAX_SPLIT + 1];   /* resident clusters of S CTAs */
     int min_steps;                    /* k-steps a split gets at least (KILN_CUDA_WGMMA_MINK) */
+    int fill;                         /* % of the resident clusters a plan may use
+                                         (KILN_CUDA_WGMMA_FILL, default 75) */
+    long oproj_bytes;                 /* the product after the decode attention takes the
+                                         kernel from this weight size (KILN_CUDA_WGMMA_OPROJ_MB,
+                                         16; 0: never) ... */
+    int fill_attn;                    /* ... planned on this % (KILN_CUDA_WGMMA_FILL_ATTN, 75) */
     long min_bytes;                   /* smaller weights take cuBLAS (KILN_CUDA_WGMMA_MIN_MB) */
     int late_trigger;                 /* PDL trigger after the main loop, not at the start
                                          (KILN_CUDA_WGMMA_TRIGGER=late | early) */
@@ -378,13 +392,14 @@ const CUtensorMap *act_map(struct wg_state *st, const void *x, long n, long cols
     return &e->map;
 }
 
-/* The K split for `tiles` N tiles: the largest S ≤ 8 whose tiles·S CTAs
- * are all resident at once and whose splits keep at least min_steps
- * k-steps each (each CTA pays a pipeline ramp and the cluster reduction). */
-int choose_splits(const struct wg_state *st, int bi, long tiles, int nk) {
+/* The K split for `tiles` N tiles: the largest S ≤ 8 whose `tiles`
+ * clusters of S CTAs take at most fill% of the clusters resident at once on
+ * an empty GPU and whose splits keep at least min_steps k-steps each (each
+ * CTA pays a pipeline ramp and the cluster reduction). */
+int choose_splits(const struct wg_state *st, int bi, long tiles, int nk, int fill) {
     int best = 1;
     for (int s = 2; s <= MAX_SPLIT && s * st->min_steps <= nk; s++)
-        if (tiles <= st->clusters[bi][s]) best = s;
+        if (tiles * 100 <= (long)st->clusters[bi][s] * fill) best = s;
     return best;
 }
 
@@ -434,6 +449,11 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     st->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
     const char *mk = getenv("KILN_CUDA_WGMMA_MINK");
     st->min_steps = mk && atoi(mk) > 0 ? atoi(mk) : 8;
+    const char *fl = getenv("KILN_CUDA_WGMMA_FILL");
+    st->fill = fl && atoi(fl) > 0 && atoi(fl) <= 100 ? atoi(fl) : 75;
+    const char *om = getenv("KILN_CUDA_WGMMA_OPROJ_MB"), *fa = getenv("KILN_CUDA_WGMMA_FILL_ATTN");
+    st->oproj_bytes = om ? atol(om) << 20 : 16l << 20;
+    st->fill_attn = fa && atoi(fa) > 0 && atoi(fa) <= 100 ? atoi(fa) : 75;
     const char *mb = getenv("KILN_CUDA_WGMMA_MIN_MB"), *tr = getenv("KILN_CUDA_WGMMA_TRIGGER");
     st->min_bytes = (mb ? atol(mb) : 40) << 20;
     st->late_trigger = !(tr && !strcmp(tr, "early"));
@@ -450,15 +470,45 @@ extern "C" void cuda_wgmma_release(struct cuda_ctx *c) {
     c->wgmma_state = NULL;
 }
 
-extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weight *w,
-                             const void *x16, long ldx, long n) {
+/* Everything cuda_wgmma_ok checks but the weight's size. */
+static int operands_ok(const struct cuda_ctx *c, const struct backend_weight *w, const void *x16,
+                       long ldx, long n) {
     const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
     return c->wgmma && st && !c->deterministic && !c->split_act &&
-           w->rows * w->cols * 2 >= st->min_bytes &&
            (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= c->wgmma_min_rows &&
            n <= c->wgmma_max_rows && n >= 1 && n <= BM && w->rows >= 1 && w->cols >= 8 &&
            w->cols % 8 == 0 && ldx % 8 == 0 && ldx >= w->cols && w->rows <= INT32_MAX &&
            w->cols <= INT32_MAX && ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)x16 & 15) == 0;
+}
+
+extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weight *w,
+                             const void *x16, long ldx, long n) {
+    const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
+    return operands_ok(c, w, x16, ldx, n) && w->rows * w->cols * 2 >= st->min_bytes;
+}
+
+/* The output projection right after the decode attention. On cuBLAS it
+ * cannot launch before the attention ends, and the norm after it cannot
+ * either; on this kernel both start early, but a plan that needs every
+ * resident cluster (Llama-3.1-8B's o_proj: 32 tiles × 7 = 32 clusters, as
+ * many as fit an empty GPU) waits for the attention's CTAs to leave whole
+ * GPCs: planned on 75% of the clusters it is 5 splits, and the 64-sequence
+ * step 6.80 → 6.61-6.62 ms (docs/cuda-decode.md). Returns 0 (nothing run)
+ * where it does not apply. */
+extern "C" int cuda_wgmma_attn_out(struct cuda_ctx *c, float *y, long ldy, const void *x16,
+                                   long ldx, const struct backend_weight *w, const float *bias,
+                                   long n) {
+    const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
+    if (!operands_ok(c, w, x16, ldx, n) || !st->oproj_bytes ||
+        w->rows * w->cols * 2 < st->oproj_bytes)
+        return 0;
+    int bn = c->wgmma_bn == 256 ? 256 : 128;
+    const int nk = (int)((w->cols + BK - 1) / BK);
+    int S = c->wgmma_splits > 0 ? c->wgmma_splits
+                                : choose_splits(st, bn == 256, (w->rows + bn - 1) / bn, nk,
+                                                st->fill_attn);
+    cuda_wgmma_run(c, y, ldy, x16, ldx, w, bias, n, bn, S);
+    return 1;
 }
 
 extern "C" void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *splits) {
@@ -469,7 +519,7 @@ extern "C" void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *b
     const long tiles = (N + *bn - 1) / *bn;
     int S = *splits > 0 ? *splits
           : c->wgmma_splits > 0 ? c->wgmma_splits
-                                : choose_splits(st, *bn == 256, tiles, nk);
+                                : choose_splits(st, *bn == 256, tiles, nk, st->fill);
     if (S > MAX_SPLIT) S = MAX_SPLIT;
     if (S > nk) S = nk;
     *splits = S;
