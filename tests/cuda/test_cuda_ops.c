@@ -937,6 +937,85 @@ static void test_attention_decode_invariance(void **state) {
     check_decode_invariance(24, 2, 128, 96); /* group 12: two head blocks */
 }
 
+/* attention_matmul (attention, then the output projection) on a batch of
+ * n decode rows (H = 16, 8 KV heads, head size 128, contexts of 1..1024,
+ * page size 16) against the CPU's attention + matmul (1e-2:
+ * bf16 product operands), and against the GPU's own attention + matmul:
+ * bit for bit where both take the same product (a 4 MiB weight: cuBLAS; at
+ * 16 MiB the fused op takes the wgmma kernel on Hopper, the plain matmul
+ * cuBLAS: 1e-5). Past the GEMV's rows the fused op hands the product the
+ * attention kernel's 16-bit output and leaves `att` unwritten (checked: the
+ * poison stays); at GEMV rows it runs the plain pair and writes it. */
+static void check_attention_matmul(long n, long orows) {
+    const int H = 16, KVH = 8, d = 128, ps = 16;
+    long stride = (long)KVH * d, ldq = (long)H * d + 4, qw = (long)H * d;
+    int32_t *pos = xmalloc((size_t)n * 4), *qs = xmalloc((size_t)(n + 1) * 4),
+            *pst = xmalloc((size_t)(n + 1) * 4);
+    int pg = 0;
+    for (long r = 0; r < n; r++) {
+        int len = 1 + irand(1024);
+        qs[r] = (int32_t)r, pos[r] = len - 1, pst[r] = pg;
+        pg += (len + ps - 1) / ps;
+    }
+    qs[n] = (int32_t)n, pst[n] = pg;
+    int32_t *pages = xmalloc((size_t)pg * 4);
+    for (int i = 0; i < pg; i++) pages[i] = pg - 1 - i; /* pages out of order */
+    struct pair kc = kv_rand(&gpu, (size_t)((long)pg * ps * stride), 1.0f, 1),
+                vc = kv_rand(&gpu, (size_t)((long)pg * ps * stride), 1.0f, 1);
+    struct pair pp = pair_from(pos, (size_t)n * 4), pq = pair_from(qs, (size_t)(n + 1) * 4),
+                pps = pair_from(pst, (size_t)(n + 1) * 4), ppg = pair_from(pages, (size_t)pg * 4);
+    struct wpair wo = weight_rand(DTYPE_BF16, orows, qw, 1.0f / sqrtf((float)qw));
+    struct pair q = pair_rand((size_t)(n * ldq), 1.0f), att = pair_poison((size_t)(n * qw)),
+                att2 = pair_poison((size_t)(n * qw)), y = pair_poison((size_t)(n * orows)),
+                y2 = pair_poison((size_t)(n * orows)), bias = pair_rand((size_t)orows, 0.5f);
+    struct attn_params p = {.n_heads = H, .n_kv_heads = KVH, .dk = d, .dv = d, .k_stride = stride,
+                            .v_stride = stride, .scale = 1.0f / sqrtf((float)d)};
+    struct backend_batch bc = {(int)n, (int)n, ps, pos, qs, pst, pages},
+                         bg = {(int)n, (int)n, ps, pp.d, pq.d, pps.d, ppg.d};
+    cpu.ops->attention(cpu.ctx, att.h, qw, q.h, ldq, kc.h, vc.h, &p, &bc);
+    cpu.ops->matmul(cpu.ctx, y.h, orows, att.h, qw, &wo.c, bias.h, n);
+    gpu.ops->attention_matmul(gpu.ctx, y.d, orows, att.d, qw, q.d, ldq, kc.d, vc.d, &p, &bg, &wo.g,
+                              bias.d, n);
+    gpu.ops->attention(gpu.ctx, att2.d, qw, q.d, ldq, kc.d, vc.d, &p, &bg);
+    gpu.ops->matmul(gpu.ctx, y2.d, orows, att2.d, qw, &wo.g, bias.d, n);
+    gpu.ops->synchronize(gpu.ctx);
+    const char *gm = getenv("KILN_CUDA_GEMV_MAX_ROWS"); /* the test backend's (main: 8) */
+    int gemv = n <= (gm ? atol(gm) : 8);
+    printf("  attention_matmul n=%ld o_proj %ldx%ld (%s)\n", n, orows, qw,
+           gemv ? "GEMV rows: the plain pair" : "16-bit handoff");
+    expect_close(&y, n, orows, orows, 1e-2);
+    float *a = fetch_pair(&gpu, &att);
+    size_t written = 0;
+    for (long i = 0; i < n * qw; i++) written += !isnan(a[i]);
+    free(a);
+    if (gemv) assert_int_equal(written, (size_t)(n * qw));
+    else assert_int_equal(written, 0);
+    if (gemv || (long)orows * qw * 2 < (16l << 20)) {
+        expect_same_bits(&gpu, &y, &y2, "attention_matmul");
+    } else { /* another product kernel on the same operands: the sums' order */
+        float *g = fetch_pair(&gpu, &y), *g2 = fetch_pair(&gpu, &y2);
+        double num = 0, den = 0;
+        for (long i = 0; i < n * orows; i++)
+            num += ((double)g[i] - g2[i]) * ((double)g[i] - g2[i]), den += (double)g2[i] * g2[i];
+        free(g), free(g2);
+        assert_true(sqrt(num / den) < 1e-5);
+    }
+    weight_free(&wo);
+    struct pair *all[] = {&kc, &vc, &pp, &pq, &pps, &ppg, &q, &att, &att2, &y, &y2, &bias};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pair_free(all[i]);
+    free(pos), free(qs), free(pst), free(pages);
+}
+
+static void test_attention_matmul(void **state) {
+    SKIP_WITHOUT_GPU();
+    if (backend_kv_dtype(&gpu) != DTYPE_BF16) fail_msg("the decode kernel needs the bf16 cache (KILN_CUDA_KV set?)");
+    check_attention_matmul(1, 1024);
+    check_attention_matmul(5, 1024);
+    check_attention_matmul(24, 1024);
+    check_attention_matmul(64, 1024);  /* 2-warp attention CTAs (one wave) */
+    check_attention_matmul(64, 4096);  /* 16 MiB: the wgmma kernel on Hopper */
+}
+
 static void check_route(enum moe_route_scoring sc, enum moe_route_method me, int E, int K,
                         int n_group, int topk_group, int with_bias, int renorm) {
     long n = 77;
@@ -1094,7 +1173,8 @@ int main(void) {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_smallm),
         cmocka_unit_test(test_attention),  cmocka_unit_test(test_attention_decode),
-        cmocka_unit_test(test_attention_decode_invariance), cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_attention_decode_invariance),
+        cmocka_unit_test(test_attention_matmul), cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_ffn),
         cmocka_unit_test(test_fused),      cmocka_unit_test(test_pdl_chain),
     };

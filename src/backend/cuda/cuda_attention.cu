@@ -888,6 +888,35 @@ static void attention_split(struct cuda_ctx *c, float *out, long ldo, const floa
     }
 }
 
+/* The routing of cuda_op_attention (past the scalar override): 16-byte
+ * loads of q, K and V rows and shapes the split kernel holds, else the
+ * scalar kernel ... */
+static bool vec_ok(const float *q, long ldq, const void *k_cache, const void *v_cache,
+                   const struct attn_params *p) {
+    size_t split_smem = ((size_t)8 * p->dk + (size_t)SPLIT_WARPS * 8 * p->dv + 8 * SPLIT_CHUNK) * 4;
+    return p->dk % 4 == 0 && p->dv % 4 == 0 && ldq % 4 == 0 && p->k_stride % 4 == 0 &&
+           p->v_stride % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)k_cache % 16 == 0 &&
+           (uintptr_t)v_cache % 16 == 0 && p->dv <= 1024 && split_smem <= 200 * 1024;
+}
+
+/* ... then tensor cores (prefill kernels for multi-token sequences, the
+ * decode kernel on the bf16 cache), else the split kernel for every row;
+ * bf16x2 mode (fp32-grade checks) keeps every row in fp32. */
+static bool tc_ok(const struct cuda_ctx *c, const void *out, long ldo,
+                  const struct attn_params *p) {
+    return p->dk == p->dv && (p->dk == 64 || p->dk == 128) && ldo % 2 == 0 &&
+           (uintptr_t)out % 8 == 0 && !c->split_act && c->attn_impl != CUDA_ATTN_SPLIT &&
+           (!c->kv_bf16 || (p->k_stride % 8 == 0 && p->v_stride % 8 == 0)); /* 16-byte cp.async */
+}
+
+extern "C" int cuda_attn_decode_all(const struct cuda_ctx *c, const void *out, long ldo,
+                                    const float *q, long ldq, const void *k_cache,
+                                    const void *v_cache, const struct attn_params *p,
+                                    const struct backend_batch *b) {
+    return c->attn_impl == CUDA_ATTN_AUTO && c->kv_bf16 && b->n_tokens == b->n_seqs &&
+           vec_ok(q, ldq, k_cache, v_cache, p) && tc_ok(c, out, ldo, p);
+}
+
 extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *q, long ldq,
                                   const void *k_cache, const void *v_cache,
                                   const struct attn_params *p, const struct backend_batch *b) {
@@ -899,19 +928,9 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     if (c->attn_impl == CUDA_ATTN_SCALAR)
         return attention_scalar(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
 
-    /* 16-byte loads of q, K and V rows */
-    bool vec = p->dk % 4 == 0 && p->dv % 4 == 0 && ldq % 4 == 0 && p->k_stride % 4 == 0 &&
-               p->v_stride % 4 == 0 && (uintptr_t)q % 16 == 0 && (uintptr_t)k_cache % 16 == 0 &&
-               (uintptr_t)v_cache % 16 == 0;
-    size_t split_smem = ((size_t)8 * p->dk + (size_t)SPLIT_WARPS * 8 * p->dv + 8 * SPLIT_CHUNK) * 4;
-    if (!vec || p->dv > 1024 || split_smem > 200 * 1024)
+    if (!vec_ok(q, ldq, k_cache, v_cache, p))
         return attention_scalar(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
-    /* tensor cores for the rows of multi-token sequences; bf16x2 mode
-     * (fp32-grade checks) keeps every row in fp32 */
-    bool tc = p->dk == p->dv && (p->dk == 64 || p->dk == 128) && ldo % 2 == 0 &&
-              (uintptr_t)out % 8 == 0 && !c->split_act && c->attn_impl != CUDA_ATTN_SPLIT &&
-              (!c->kv_bf16 || (p->k_stride % 8 == 0 && p->v_stride % 8 == 0)); /* 16-byte cp.async */
-    if (!tc) return attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 0);
+    if (!tc_ok(c, out, ldo, p)) return attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 0);
     if (b->n_tokens > b->n_seqs) {
         struct fa_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
                             p->n_heads, p->n_heads / p->n_kv_heads,

@@ -244,6 +244,12 @@ static inline size_t cuda_attn_states_bytes(const struct cuda_ctx *c) {
 void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
                       const void *k_cache, const void *v_cache, const struct attn_params *p,
                       const struct backend_batch *b);
+/* Whether cuda_op_attention (out, ldo: its output) sends every row of b
+ * to cuda_attn_decode: a batch of decode rows and the kernel's conditions
+ * (cuda_attention.cu keeps the routing in one place). */
+int cuda_attn_decode_all(const struct cuda_ctx *c, const void *out, long ldo, const float *q,
+                         long ldq, const void *k_cache, const void *v_cache,
+                         const struct attn_params *p, const struct backend_batch *b);
 /* The same with the output rounded to dt (DTYPE_BF16 or DTYPE_F16) as the
  * output projection's 16-bit operand: the bits of cuda_attn_decode then
  * the conversion pass. */
@@ -326,8 +332,7 @@ void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, lon
                     const struct backend_weight *w, const float *bias, long n, int bn, int splits);
 /* The output projection after the decode attention (attention_matmul):
  * runs it on the kernel from a smaller weight size than cuda_wgmma (16
- * MiB) with a K split planned on 75% of the resident clusters; 0 when it
- * does not apply (nothing run). */
+ * MiB, KILN_CUDA_WGMMA_OPROJ_MB); 0 when it does not apply (nothing run). */
 int cuda_wgmma_attn_out(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                         const struct backend_weight *w, const float *bias, long n);
 /* SwiGLU in the product's epilogue: y16[n][inter] (16-bit, row stride

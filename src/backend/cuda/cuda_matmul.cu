@@ -389,21 +389,21 @@ extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm
 
 /* ---- attention + output projection ----------------------------------- */
 
-/* Whether cuda_op_attention sends every row of b to cuda_attn_decode (a
- * batch of decode rows, its conditions) and the projection takes the
- * 16-bit path: then the attention kernel can write the projection's
- * operand itself, rounded as the conversion pass rounds (the same bits). */
+/* A batch of decode rows that cuda_op_attention sends to cuda_attn_decode
+ * (cuda_attn_decode_all, with the 16-bit operand as its output) and a
+ * projection on the 16-bit path: then the attention kernel can write the
+ * projection's operand itself, rounded as the conversion pass rounds (the
+ * same bits). */
 static int attn16_ok(const struct cuda_ctx *c, const float *q, long ldq, const void *kc,
                      const void *vc, const struct attn_params *p, const struct backend_batch *b,
                      const struct backend_weight *wo, long n) {
-    return c->attn16 && c->fuse && !c->deterministic && !c->split_act && c->kv_bf16 &&
-           c->attn_impl == CUDA_ATTN_AUTO && b->n_tokens == b->n_seqs && n == b->n_tokens &&
-           p->dk == p->dv && (p->dk == 64 || p->dk == 128) && ldq % 4 == 0 &&
-           p->k_stride % 8 == 0 && p->v_stride % 8 == 0 && (uintptr_t)q % 16 == 0 &&
-           (uintptr_t)kc % 16 == 0 && (uintptr_t)vc % 16 == 0 &&
-           (wo->dtype == DTYPE_BF16 || wo->dtype == DTYPE_F16) &&
-           wo->cols == (long)p->n_heads * p->dv && !cuda_gemv_ok(c, wo, n) && n <= INT32_MAX &&
-           wo->rows <= INT32_MAX && wo->cols <= INT32_MAX;
+    if (!(c->attn16 && c->fuse && !c->deterministic && n == b->n_tokens &&
+          (wo->dtype == DTYPE_BF16 || wo->dtype == DTYPE_F16) &&
+          wo->cols == (long)p->n_heads * p->dv && !cuda_gemv_ok(c, wo, n) && n <= INT32_MAX &&
+          wo->rows <= INT32_MAX && wo->cols <= INT32_MAX))
+        return 0;
+    /* act16 is a cudaMalloc block (256-byte aligned) once reserved below */
+    return cuda_attn_decode_all(c, c->act16.p, wo->cols, q, ldq, kc, vc, p, b);
 }
 
 extern "C" void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *att, long ldatt,

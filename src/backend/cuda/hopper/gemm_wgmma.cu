@@ -2,10 +2,12 @@
  * activation rows (batched decode: 1..64 rows), 16-bit weights W[N][K] and
  * activations X[M][K] in the weights' type (bf16 or f16), fp32 accumulation
  * and output (row stride ldy). Hopper only (sm_90a: wgmma, TMA, clusters).
- * On by default for weights of at least 40 MiB (KILN_CUDA_WGMMA=0: off):
- * faster than cuBLASLt product by product on the H100; under graphs the
- * 64-sequence Llama-3.1-8B decode step gains 4% with q|k|v, gate|up, down
- * and lm_head on it, and loses with o_proj (32 MiB) too (docs/cuda-decode.md).
+ * On by default for weights of at least 40 MiB, and for the output
+ * projection after the decode attention from 16 MiB (KILN_CUDA_WGMMA=0:
+ * off): faster than cuBLASLt product by product on the H100; under graphs
+ * the 64-sequence Llama-3.1-8B decode step gained 4% with q|k|v, gate|up,
+ * down and lm_head on it, and 2.8% more with o_proj too once the K splits
+ * were planned with headroom (docs/cuda-decode.md).
  *
  * Why: at 16..64 rows the product is bound by reading W once (M·N·K·2 flops
  * against N·K·2 bytes: at most 64 flops a byte, the H100 has ~300), yet
@@ -304,8 +306,7 @@ struct wg_state {
                                          (KILN_CUDA_WGMMA_FILL, default 75) */
     long oproj_bytes;                 /* the product after the decode attention takes the
                                          kernel from this weight size (KILN_CUDA_WGMMA_OPROJ_MB,
-                                         16; 0: never) ... */
-    int fill_attn;                    /* ... planned on this % (KILN_CUDA_WGMMA_FILL_ATTN, 75) */
+                                         16; 0: never) */
     long min_bytes;                   /* smaller weights take cuBLAS (KILN_CUDA_WGMMA_MIN_MB) */
     int late_trigger;                 /* PDL trigger after the main loop, not at the start
                                          (KILN_CUDA_WGMMA_TRIGGER=late | early) */
@@ -451,9 +452,8 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     st->min_steps = mk && atoi(mk) > 0 ? atoi(mk) : 8;
     const char *fl = getenv("KILN_CUDA_WGMMA_FILL");
     st->fill = fl && atoi(fl) > 0 && atoi(fl) <= 100 ? atoi(fl) : 75;
-    const char *om = getenv("KILN_CUDA_WGMMA_OPROJ_MB"), *fa = getenv("KILN_CUDA_WGMMA_FILL_ATTN");
+    const char *om = getenv("KILN_CUDA_WGMMA_OPROJ_MB");
     st->oproj_bytes = om ? atol(om) << 20 : 16l << 20;
-    st->fill_attn = fa && atoi(fa) > 0 && atoi(fa) <= 100 ? atoi(fa) : 75;
     const char *mb = getenv("KILN_CUDA_WGMMA_MIN_MB"), *tr = getenv("KILN_CUDA_WGMMA_TRIGGER");
     st->min_bytes = (mb ? atol(mb) : 40) << 20;
     st->late_trigger = !(tr && !strcmp(tr, "early"));
@@ -489,12 +489,11 @@ extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weig
 
 /* The output projection right after the decode attention. On cuBLAS it
  * cannot launch before the attention ends, and the norm after it cannot
- * either; on this kernel both start early, but a plan that needs every
- * resident cluster (Llama-3.1-8B's o_proj: 32 tiles × 7 = 32 clusters, as
- * many as fit an empty GPU) waits for the attention's CTAs to leave whole
- * GPCs: planned on 75% of the clusters it is 5 splits, and the 64-sequence
- * step 6.80 → 6.61-6.62 ms (docs/cuda-decode.md). Returns 0 (nothing run)
- * where it does not apply. */
+ * either; on this kernel both start early. With plans on every resident
+ * cluster (Llama-3.1-8B's o_proj: 32 tiles × 7) it waited for the
+ * attention's CTAs to leave whole GPCs and lost; with the plans at 75%
+ * (st->fill) the 64-sequence step went 6.80 → 6.61-6.62 ms
+ * (docs/cuda-decode.md). Returns 0 (nothing run) where it does not apply. */
 extern "C" int cuda_wgmma_attn_out(struct cuda_ctx *c, float *y, long ldy, const void *x16,
                                    long ldx, const struct backend_weight *w, const float *bias,
                                    long n) {
@@ -502,12 +501,7 @@ extern "C" int cuda_wgmma_attn_out(struct cuda_ctx *c, float *y, long ldy, const
     if (!operands_ok(c, w, x16, ldx, n) || !st->oproj_bytes ||
         w->rows * w->cols * 2 < st->oproj_bytes)
         return 0;
-    int bn = c->wgmma_bn == 256 ? 256 : 128;
-    const int nk = (int)((w->cols + BK - 1) / BK);
-    int S = c->wgmma_splits > 0 ? c->wgmma_splits
-                                : choose_splits(st, bn == 256, (w->rows + bn - 1) / bn, nk,
-                                                st->fill_attn);
-    cuda_wgmma_run(c, y, ldy, x16, ldx, w, bias, n, bn, S);
+    cuda_wgmma_run(c, y, ldy, x16, ldx, w, bias, n, 0, 0);
     return 1;
 }
 
