@@ -25,10 +25,10 @@ noL2PF-W2|KILN_CUDA_L2PF=0 KILN_CUDA_AD_W=2
 W2|KILN_CUDA_AD_W=2
 noL2PF-oWgmma|KILN_CUDA_L2PF=0 KILN_CUDA_WGMMA_MIN_MB=30"}
 # Qwen3-0.6B at 64 and both models at batch 1 (contexts 128 and 4096)
-QVARIANTS=${QVARIANTS:-"default|
+QVARIANTS=${QVARIANTS-"default|
 noL2PF|KILN_CUDA_L2PF=0
 noL2PF-W2|KILN_CUDA_L2PF=0 KILN_CUDA_AD_W=2"}
-B1VARIANTS=${B1VARIANTS:-"default|
+B1VARIANTS=${B1VARIANTS-"default|
 W2|KILN_CUDA_AD_W=2"}
 # test runs: "ENV=V ...|test" lines
 TESTS=${TESTS:-"|test_matmul_wgmma

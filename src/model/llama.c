@@ -41,7 +41,20 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
  * act.qkv holds q | k | v, so every later step reads them with row stride
  * L = qw + 2 kw. mha_attend takes it from there: q/k norms, rope, the
  * cache stores, attention and o_proj into out. */
-static void mha_attend(const struct fwd *f, int l, const struct attn_mha *a, float *out) {
+static struct backend_rope_store rope_args(const struct fwd *f, int l, const struct attn_mha *a) {
+    const struct model *m = f->m;
+    const struct model_config *c = &m->cfg;
+    return (struct backend_rope_store){
+        .n_heads = (int)c->n_heads, .n_kv_heads = (int)c->n_kv_heads, .head_dim = (int)c->head_dim,
+        .q_norm = a->q_norm, .k_norm = a->k_norm, .eps = (float)c->rms_norm_eps,
+        .rot_dim = m->rope_dim, .pos = f->pos, .cos_sin = m->rope_table,
+        .interleaved = c->rope.interleaved, .k_cache = f->kv->k[l], .v_cache = f->kv->v[l],
+        .kv_stride = (long)c->n_kv_heads * c->head_dim, .slots = f->slot};
+}
+
+/* roped: q|k|v went through norm_matmul_rope (rotated, K/V stored) */
+static void mha_attend(const struct fwd *f, int l, const struct attn_mha *a, float *out,
+                       int roped) {
     struct model *m = f->m;
     const struct model_config *c = &m->cfg;
     const struct backend_ops *ops = m->be->ops;
@@ -52,7 +65,9 @@ static void mha_attend(const struct fwd *f, int l, const struct attn_mha *a, flo
     void *kc = f->kv->k[l], *vc = f->kv->v[l];
     float eps = (float)c->rms_norm_eps;
 
-    if (ops->qk_rope_store) {
+    if (roped) {
+        /* done by norm_matmul_rope */
+    } else if (ops->qk_rope_store) {
         ops->qk_rope_store(ctx, q, k, v, L, n, (int)H, (int)KH, (int)hd, a->q_norm, a->k_norm, eps,
                            m->rope_dim, f->pos, m->rope_table, c->rope.interleaved, kc, vc, kw,
                            f->slot);
@@ -86,7 +101,7 @@ void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const flo
     long L = (long)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
     const struct backend_weight qkv_parts[3] = {a->wq, a->wk, a->wv};
     model_matmul_cat(m, m->act.qkv, L, x, c->hidden_size, &a->wqkv, qkv_parts, 3, a->bqkv, f->n);
-    mha_attend(f, l, a, out);
+    mha_attend(f, l, a, out, 0);
 }
 
 /* The layer's attention input norm (nm) and the q|k|v product in one
@@ -103,8 +118,14 @@ void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
     }
     const struct model_config *c = &m->cfg;
     long L = (long)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    if (ops->norm_matmul_rope) {
+        struct backend_rope_store r = rope_args(f, l, a);
+        ops->norm_matmul_rope(m->be->ctx, nm, m->act.qkv, L, &a->wqkv, a->bqkv, f->n, &r);
+        mha_attend(f, l, a, out, 1);
+        return;
+    }
     ops->norm_matmul(m->be->ctx, nm, m->act.qkv, L, &a->wqkv, a->bqkv, f->n);
-    mha_attend(f, l, a, out);
+    mha_attend(f, l, a, out, 0);
 }
 
 int dense_load(struct weight_source *ws, const char *prefix, long inter, struct mlp_dense *dm,

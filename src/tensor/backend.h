@@ -78,6 +78,20 @@ struct backend_norm {
     float eps;
 };
 
+/* The arguments of qk_rope_store, for norm_matmul_rope. */
+struct backend_rope_store {
+    int n_heads, n_kv_heads, head_dim;
+    const float *q_norm, *k_norm; /* NULL: no per-head norm */
+    float eps;
+    int rot_dim;
+    const int32_t *pos;
+    const float *cos_sin;
+    int interleaved;
+    void *k_cache, *v_cache;
+    long kv_stride;
+    const int32_t *slots;
+};
+
 struct backend_ops {
     const char *name;
     /* The backend computes on host weights in place (weight_upload returns
@@ -250,6 +264,16 @@ struct backend_ops {
                              const float *q, long ldq, const void *k_cache, const void *v_cache,
                              const struct attn_params *p, const struct backend_batch *b,
                              const struct backend_weight *wo, const float *bias, long n);
+    /* norm_matmul into stacked q|k|v rows (y[n] = q | k | v, row stride
+     * ldy), then qk_rope_store on them (q = y, k = y + n_heads·head_dim,
+     * v = k + n_kv_heads·head_dim, ld = ldy), in one call, so that the
+     * backend can rotate and store in the product's epilogue (CUDA: the
+     * wgmma kernel, head size 128, no q/k norm, bf16 cache). Afterwards y's
+     * q columns hold the rotated queries; its k and v columns are
+     * unspecified. NULL: the model runs the two. */
+    void (*norm_matmul_rope)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                             const struct backend_weight *w, const float *bias, long n,
+                             const struct backend_rope_store *r);
 };
 
 /* Per-row parameters of backend_ops.sample (device memory). Greedy (the

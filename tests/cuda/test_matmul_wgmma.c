@@ -19,6 +19,13 @@
  *  - SwiGLU in the epilogue (cuda_wgmma_glu_run, gate|up of the decode
  *    MLP): against silu(g)·u in double, bit for bit against the unfused
  *    product + SwiGLU kernel, and the fused MLP op with it on and off.
+ *  - rope and the K/V stores in the q|k|v product's epilogue
+ *    (norm_matmul_rope): against the same backend's norm_matmul +
+ *    qk_rope_store on the same inputs (queries within 1e-6, keys within
+ *    one bf16 rounding, values bit for bit, every other cache row
+ *    untouched), with and without a bias, scattered slots, graph replay,
+ *    and the cases that take the two ops instead (65 rows, q/k norms,
+ *    KILN_CUDA_WGMMA_ROPE=0).
  * Outputs are poisoned (NaN) first and the columns between N and the row
  * stride hold a sentinel that must survive: every element written, nothing
  * outside.
@@ -62,6 +69,7 @@ static struct backend gpu_off; /* KILN_CUDA_WGMMA=0 */
 static struct backend gpu_det; /* --deterministic */
 static struct backend gpu_thr; /* KILN_CUDA_WGMMA=1, default weight-size threshold (40 MiB) */
 static struct backend gpu_noglu; /* as gpu, KILN_CUDA_WGMMA_GLU=0 */
+static struct backend gpu_norope; /* as gpu, KILN_CUDA_WGMMA_ROPE=0 */
 static int have_gpu;
 
 static uint16_t to16(float v, enum dtype dt) {
@@ -347,6 +355,145 @@ static void test_glu_mlp(void **state) {
     free(wgu), free(wd), free(nw);
 }
 
+/* norm_matmul_rope (H query and KH key/value heads of 128, d = 1024)
+ * against norm_matmul + qk_rope_store on the same backend and inputs.
+ * `fused`: whether the epilogue path must run (cuda_ctx.rope_fused). */
+static void check_rope(struct backend *be, long n, int H, int KH, int bias, int qk_norm,
+                       int fused) {
+    const struct backend_ops *ops = be->ops;
+    struct cuda_ctx *c = be->ctx;
+    const long d = 1024, hd = 128, N = (long)(H + 2 * KH) * hd, kw = KH * hd, slots = 1024;
+    const int maxpos = 512;
+    uint16_t *w = xmalloc((size_t)(N * d) * 2);
+    for (long i = 0; i < N * d; i++) w[i] = to16(frand(1.0f / sqrtf((float)d)), DTYPE_BF16);
+    float *h = xmalloc((size_t)(n * d) * 4), *nw = xmalloc((size_t)d * 4), *b = xmalloc((size_t)N * 4),
+          *qn = xmalloc((size_t)hd * 4), *cs = xmalloc((size_t)maxpos * 64 * 2 * 4);
+    for (long i = 0; i < n * d; i++) h[i] = frand(2.0f);
+    for (long i = 0; i < d; i++) nw[i] = 1.0f + frand(0.3f);
+    for (long i = 0; i < N; i++) b[i] = frand(0.5f);
+    for (long i = 0; i < hd; i++) qn[i] = 1.0f + frand(0.3f);
+    for (int p = 0; p < maxpos; p++)
+        for (int i = 0; i < 64; i++) {
+            double th = p * pow(500000.0, -2.0 * i / 128.0);
+            cs[(p * 64 + i) * 2] = (float)cos(th), cs[(p * 64 + i) * 2 + 1] = (float)sin(th);
+        }
+    int32_t *pos = xmalloc((size_t)n * 4), *slot = xmalloc((size_t)n * 4);
+    for (long i = 0; i < n; i++) { /* distinct slots, out of order */
+        pos[i] = (int32_t)(rng_next() % maxpos);
+        slot[i] = (int32_t)((i * 389 + 17) % slots);
+    }
+    size_t cache_bytes = (size_t)(slots * kw) * 2;
+    uint16_t *poison = xmalloc(cache_bytes);
+    for (size_t i = 0; i < cache_bytes / 2; i++) poison[i] = 0x7fc1; /* a NaN pattern */
+    struct backend_weight bw = {ops->weight_upload(be->ctx, w, (size_t)(N * d) * 2), DTYPE_BF16, N, d};
+    float *dh = ops->alloc(be->ctx, (size_t)(n * d) * 4), *dnw = ops->alloc(be->ctx, (size_t)d * 4),
+          *db = ops->alloc(be->ctx, (size_t)N * 4), *dqn = ops->alloc(be->ctx, (size_t)hd * 4),
+          *dcs = ops->alloc(be->ctx, (size_t)maxpos * 64 * 2 * 4), *dx = ops->alloc(be->ctx, (size_t)(n * d) * 4);
+    int32_t *dpos = ops->alloc(be->ctx, (size_t)n * 4), *dslot = ops->alloc(be->ctx, (size_t)n * 4);
+    ops->upload(be->ctx, dh, h, (size_t)(n * d) * 4);
+    ops->upload(be->ctx, dnw, nw, (size_t)d * 4);
+    ops->upload(be->ctx, db, b, (size_t)N * 4);
+    ops->upload(be->ctx, dqn, qn, (size_t)hd * 4);
+    ops->upload(be->ctx, dcs, cs, (size_t)maxpos * 64 * 2 * 4);
+    ops->upload(be->ctx, dpos, pos, (size_t)n * 4);
+    ops->upload(be->ctx, dslot, slot, (size_t)n * 4);
+    float *y[3];
+    void *kc[3], *vc[3];
+    for (int k = 0; k < 3; k++) {
+        y[k] = ops->alloc(be->ctx, (size_t)(n * N) * 4);
+        kc[k] = ops->alloc(be->ctx, cache_bytes), vc[k] = ops->alloc(be->ctx, cache_bytes);
+        ops->upload(be->ctx, kc[k], poison, cache_bytes);
+        ops->upload(be->ctx, vc[k], poison, cache_bytes);
+    }
+    struct backend_norm nm = {.h = dh, .delta = NULL, .x = dx, .w = dnw, .dim = d, .eps = 1e-5f};
+    struct backend_rope_store r = {.n_heads = H, .n_kv_heads = KH, .head_dim = (int)hd,
+                                   .q_norm = qk_norm ? dqn : NULL, .k_norm = qk_norm ? dqn : NULL,
+                                   .eps = 1e-6f, .rot_dim = (int)hd, .pos = dpos, .cos_sin = dcs,
+                                   .interleaved = 0, .kv_stride = kw, .slots = dslot};
+    const float *bb = bias ? db : NULL;
+    /* 0: the fused op; 1: the two ops; 2: the fused op recorded and replayed */
+    long f0 = c->rope_fused;
+    r.k_cache = kc[0], r.v_cache = vc[0];
+    ops->norm_matmul_rope(be->ctx, &nm, y[0], N, &bw, bb, n, &r);
+    long ran = c->rope_fused - f0;
+    ops->norm_matmul(be->ctx, &nm, y[1], N, &bw, bb, n);
+    ops->qk_rope_store(be->ctx, y[1], y[1] + H * hd, y[1] + H * hd + kw, N, n, H, KH, (int)hd,
+                       r.q_norm, r.k_norm, r.eps, (int)hd, dpos, dcs, 0, kc[1], vc[1], kw, dslot);
+    r.k_cache = kc[2], r.v_cache = vc[2];
+    ops->graph_begin(be->ctx);
+    ops->norm_matmul_rope(be->ctx, &nm, y[2], N, &bw, bb, n, &r);
+    void *g = ops->graph_end(be->ctx);
+    assert_non_null(g);
+    assert_int_equal(ops->graph_launch(be->ctx, g), 0);
+    float *yh[3];
+    uint16_t *kh[3], *vh[3];
+    for (int k = 0; k < 3; k++) {
+        yh[k] = xmalloc((size_t)(n * N) * 4), kh[k] = xmalloc(cache_bytes), vh[k] = xmalloc(cache_bytes);
+        ops->download(be->ctx, yh[k], y[k], (size_t)(n * N) * 4);
+        ops->download(be->ctx, kh[k], kc[k], cache_bytes);
+        ops->download(be->ctx, vh[k], vc[k], cache_bytes);
+    }
+    ops->synchronize(be->ctx);
+    double num = 0, den = 0;
+    long kbad = 0, untouched = 0;
+    for (long i = 0; i < n; i++)
+        for (long j = 0; j < H * hd; j++) {
+            double a = yh[0][i * N + j], e = yh[1][i * N + j];
+            if (isnan(a)) fail_msg("q row %ld col %ld: NaN (unwritten?)", i, j);
+            num += (a - e) * (a - e), den += e * e;
+        }
+    for (long s2 = 0; s2 < slots; s2++) {
+        long row = -1;
+        for (long i = 0; i < n; i++)
+            if (slot[i] == s2) row = i;
+        for (long j = 0; j < kw; j++) {
+            uint16_t k0 = kh[0][s2 * kw + j], k1 = kh[1][s2 * kw + j];
+            uint16_t v0 = vh[0][s2 * kw + j], v1 = vh[1][s2 * kw + j];
+            if (row < 0) { /* not this batch's slot: the poison stays */
+                untouched += k0 == 0x7fc1 && v0 == 0x7fc1;
+                continue;
+            }
+            float a = bf16_to_f32(k0), e = bf16_to_f32(k1);
+            if (isnan(a) || fabsf(a - e) > fabsf(e) * (1.0f / 128.0f) + 1e-30f) kbad++;
+            if (v0 != v1) fail_msg("v cache slot %ld col %ld: %04x, the two ops %04x", s2, j, v0, v1);
+        }
+    }
+    double qe = sqrt(num / den);
+    printf("  rope n=%-2ld H=%d KH=%d bias=%d qk_norm=%d%s: %s, q rel diff %.2e, keys off by > 1 "
+           "bf16 ulp %ld\n", n, H, KH, bias, qk_norm, be == &gpu_norope ? " (KILN_CUDA_WGMMA_ROPE=0)" : "",
+           ran ? "epilogue" : "two ops", qe, kbad);
+    assert_int_equal(ran, fused);
+    assert_true(qe < 1e-6);
+    assert_int_equal(kbad, 0);
+    assert_int_equal(untouched, (slots - n) * kw);
+    assert_memory_equal(yh[0], yh[2], (size_t)(n * N) * 4); /* the graph: the same bits */
+    for (long i = 0; i < n; i++) {
+        assert_memory_equal(kh[0] + slot[i] * kw, kh[2] + slot[i] * kw, (size_t)kw * 2);
+        assert_memory_equal(vh[0] + slot[i] * kw, vh[2] + slot[i] * kw, (size_t)kw * 2);
+    }
+    ops->graph_destroy(be->ctx, g);
+    for (int k = 0; k < 3; k++) {
+        ops->free(be->ctx, y[k]), ops->free(be->ctx, kc[k]), ops->free(be->ctx, vc[k]);
+        free(yh[k]), free(kh[k]), free(vh[k]);
+    }
+    ops->weight_release(be->ctx, bw.data);
+    void *ds[] = {dh, dnw, db, dqn, dcs, dx, dpos, dslot};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) ops->free(be->ctx, ds[i]);
+    free(w), free(h), free(nw), free(b), free(qn), free(cs), free(pos), free(slot), free(poison);
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    assert_true(have_gpu);
+    check_rope(&gpu, 1, 8, 2, 0, 0, 1);
+    check_rope(&gpu, 13, 8, 2, 1, 0, 1);
+    check_rope(&gpu, 64, 32, 8, 0, 0, 1); /* Llama-3.1-8B's heads */
+    check_rope(&gpu, 64, 28, 4, 1, 0, 1); /* Qwen2-7B's, with its q|k|v bias */
+    check_rope(&gpu, 65, 8, 2, 1, 0, 0);  /* past 64 rows: cuBLAS, then qk_rope_store */
+    check_rope(&gpu, 16, 8, 2, 0, 1, 0);  /* q/k norms (Qwen3): the two ops */
+    check_rope(&gpu_norope, 16, 8, 2, 1, 0, 0);
+}
+
 /* The output projection after the decode attention (cuda_wgmma_attn_out):
  * runs from 16 MiB of weight (under cuda_wgmma's 40), planned on fewer
  * clusters, against the double reference; returns 0 (and writes nothing)
@@ -471,13 +618,16 @@ int main(void) {
         setenv("KILN_CUDA_WGMMA_GLU", "0", 1);
         rc = rc || backend_create(&gpu_noglu, "cuda", &bo, &err);
         unsetenv("KILN_CUDA_WGMMA_GLU");
+        setenv("KILN_CUDA_WGMMA_ROPE", "0", 1);
+        rc = rc || backend_create(&gpu_norope, "cuda", &bo, &err);
+        unsetenv("KILN_CUDA_WGMMA_ROPE");
         unsetenv("KILN_CUDA_WGMMA_MIN_MB");
         if (rc || backend_create(&gpu_thr, "cuda", &bo, &err)) {
             fprintf(stderr, "cuda backend: %s\n", err.msg);
             return 1;
         }
-        struct backend *all[5] = {&gpu, &gpu_off, &gpu_det, &gpu_thr, &gpu_noglu};
-        for (int i = 0; i < 5; i++)
+        struct backend *all[6] = {&gpu, &gpu_off, &gpu_det, &gpu_thr, &gpu_noglu, &gpu_norope};
+        for (int i = 0; i < 6; i++)
             if (all[i]->ops->reserve(all[i]->ctx, 128, 1024, 16, &err)) {
                 fprintf(stderr, "reserve: %s\n", err.msg);
                 return 1;
@@ -489,10 +639,11 @@ int main(void) {
         cmocka_unit_test(test_glu),
         cmocka_unit_test(test_glu_mlp),
         cmocka_unit_test(test_attn_out),
+        cmocka_unit_test(test_rope),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu)
         backend_destroy(&gpu), backend_destroy(&gpu_off), backend_destroy(&gpu_det),
-            backend_destroy(&gpu_thr), backend_destroy(&gpu_noglu);
+            backend_destroy(&gpu_thr), backend_destroy(&gpu_noglu), backend_destroy(&gpu_norope);
     return rc;
 }

@@ -255,6 +255,7 @@ static const struct backend_ops cuda_ops = {
     .weights_finish = cuda_weights_finish,
     .sample = cuda_op_sample,
     .norm_matmul = cuda_op_norm_matmul,
+    .norm_matmul_rope = cuda_op_norm_matmul_rope,
     .norm_swiglu_mlp = cuda_op_norm_swiglu_mlp,
     .attention_matmul = cuda_op_attention_matmul,
 };
@@ -405,6 +406,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->wgmma_bn = wbn ? atoi(wbn) : 0;
     c->wgmma_splits = wsp ? atoi(wsp) : 0;
     c->wgmma_glu = !env_is("KILN_CUDA_WGMMA_GLU", "0");
+    c->wgmma_rope = !env_is("KILN_CUDA_WGMMA_ROPE", "0");
 #endif
     be->ops = &cuda_ops;
     be->ctx = c;

@@ -142,6 +142,9 @@ struct cuda_ctx {
                                     KILN_CUDA_WGMMA_S = 1..8), for measurements */
     int wgmma_glu;               /* 1: gate|up on it writes silu(g)·u in 16 bits from its
                                     epilogue, no SwiGLU kernel (KILN_CUDA_WGMMA_GLU=0: off) */
+    int wgmma_rope;              /* 1: q|k|v on it rotates and stores K/V in its epilogue, no
+                                    qk_rope_store kernel (KILN_CUDA_WGMMA_ROPE=0: off) */
+    long rope_fused;             /* products that did (host count, for tests) */
     long wgmma_calls;            /* products it ran (host count, for tests) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     /* 1 (with pdl): the decode step's other kernels use programmatic
@@ -268,6 +271,9 @@ void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *att, long ld
                               const struct backend_weight *wo, const float *bias, long n);
 void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                          const struct backend_weight *w, const float *bias, long n);
+void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                              const struct backend_weight *w, const float *bias, long n,
+                              const struct backend_rope_store *r);
 void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                              const struct backend_weight *gate_up, const struct backend_weight *down,
                              float *gu, long ldgu, long n);
@@ -343,6 +349,18 @@ int cuda_wgmma_glu_ok(const struct cuda_ctx *c, const struct backend_weight *gat
                       const void *x16, long ldx, const void *y16, long ldy16, long n);
 void cuda_wgmma_glu_run(struct cuda_ctx *c, void *y16, long ldy16, const void *x16, long ldx,
                         const struct backend_weight *gate_up, long n, int bn, int splits);
+/* Rope and the KV-cache stores in the epilogue of the stacked q|k|v
+ * product (backend_ops.norm_matmul_rope): with 128-column tiles, tile t is
+ * query head t (t < n_heads, rotated, fp32 into y), key head t − n_heads
+ * (rotated, bf16 into k_cache at the row's slot) or value head (bf16 into
+ * v_cache). ok: head size = rot_dim = 128, half (not interleaved) rope, no
+ * q/k norm, the bf16 cache, w = the (n_heads + 2 n_kv_heads)·128 stacked
+ * rows, and what cuda_wgmma_ok asks. */
+int cuda_wgmma_rope_ok(const struct cuda_ctx *c, const struct backend_weight *w, const void *x16,
+                       long ldx, long n, const struct backend_rope_store *r);
+void cuda_wgmma_rope_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
+                         const struct backend_weight *w, const float *bias, long n,
+                         const struct backend_rope_store *r);
 /* The tile width and K split cuda_wgmma_run would use for a [N][K] weight
  * (bn, splits: 0 = by shape, else forced), written back. */
 void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *splits);

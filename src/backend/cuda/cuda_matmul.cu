@@ -343,6 +343,36 @@ extern "C" void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, fl
     product16(c, y, ldy, c->act16.p, nm->dim, w, bias, n, 0.0f);
 }
 
+/* The norm, the q|k|v product and, on the wgmma kernel, rope + the K/V
+ * stores in its epilogue (cuda_wgmma_rope_run): no qk_rope_store kernel
+ * between the product and the attention. Elsewhere the two ops. The
+ * rotation is qk_rope_store's arithmetic with the roundings spelled out
+ * (no contraction), so q and k may differ from its by an ulp. */
+extern "C" void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *nm, float *y,
+                                         long ldy, const struct backend_weight *w,
+                                         const float *bias, long n,
+                                         const struct backend_rope_store *r) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    if (n <= 0) return;
+#ifdef KILN_CUDA_HOPPER
+    if (handoff16(c, nm, w, n) && ldy % 4 == 0 && ((uintptr_t)y & 15) == 0 && w->cols == nm->dim) {
+        cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)nm->dim * 2);
+        if (cuda_wgmma_rope_ok(c, w, c->act16.p, nm->dim, n, r)) {
+            cuda_add_rmsnorm16(c, nm, n, c->act16.p, w->dtype);
+            cuda_wgmma_rope_run(c, y, ldy, c->act16.p, nm->dim, w, bias, n, r);
+            c->rope_fused++;
+            return;
+        }
+    }
+#endif
+    cuda_op_norm_matmul(ctx, nm, y, ldy, w, bias, n);
+    long qw = (long)r->n_heads * r->head_dim, kw = (long)r->n_kv_heads * r->head_dim;
+    cuda_op_qk_rope_store(ctx, y, y + qw, y + qw + kw, ldy, n, r->n_heads, r->n_kv_heads,
+                          r->head_dim, r->q_norm, r->k_norm, r->eps, r->rot_dim, r->pos,
+                          r->cos_sin, r->interleaved, r->k_cache, r->v_cache, r->kv_stride,
+                          r->slots);
+}
+
 extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y,
                                         long ldy, const struct backend_weight *gate_up,
                                         const struct backend_weight *down, float *gu, long ldgu,

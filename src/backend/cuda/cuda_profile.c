@@ -318,6 +318,17 @@ static void w_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, lo
     end(ctx, s);
 }
 
+static void w_norm_matmul_rope(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                               const struct backend_weight *w, const float *bias, long n,
+                               const struct backend_rope_store *r) {
+    char k[96];
+    snprintf(k, sizeof k, "norm_matmul_rope n=%ld %ldx%ld%s", n, w->rows, w->cols,
+             bias ? " +bias" : "");
+    int s = begin(ctx, k, 2.0 * (double)n * (double)w->rows * (double)w->cols, wbytes(w));
+    P(ctx)->orig.norm_matmul_rope(ctx, nm, y, ldy, w, bias, n, r);
+    end(ctx, s);
+}
+
 static void w_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                               const struct backend_weight *gu_w, const struct backend_weight *dw,
                               float *gu, long ldgu, long n) {
@@ -377,6 +388,7 @@ void cuda_profile_install(struct backend *be) {
     WRAP(graph_launch);
     WRAP(qk_rope_store);
     WRAP(norm_matmul);
+    WRAP(norm_matmul_rope);
     WRAP(norm_swiglu_mlp);
     WRAP(attention_matmul);
 #undef WRAP

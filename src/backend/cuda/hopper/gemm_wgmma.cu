@@ -119,6 +119,15 @@ template <int BN> struct cfg {
     static constexpr size_t SMEM = 1024 + BAR_OFF + 2 * STAGES * 8; /* +1024: alignment */
 };
 
+/* Rope + KV store in the epilogue (cuda_wgmma_rope_run; cos_sin NULL: off) */
+struct wg_rope {
+    const int32_t *pos, *slots;
+    const float *cos_sin; /* [position][64][2]: cos, sin of pair i of head size 128 */
+    __nv_bfloat16 *kc, *vc;
+    long kv_stride;
+    int nq, nk; /* query and key heads: tiles [0, nq), [nq, nq + nk), then value heads */
+};
+
 template <bool F16>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
     wgmma_ss<F16>(d, da, db, 1);
@@ -131,7 +140,7 @@ template <int BN, bool F16>
 __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1)
 wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
              float *y, long ldy, const float *bias, int M, int N, int nk, int S,
-             int late_trigger, void *y16, long ldy16, int glu) {
+             int late_trigger, void *y16, long ldy16, int glu, const struct wg_rope rp) {
     using C = cfg<BN>;
     extern __shared__ unsigned char smem_raw[];
     if (!late_trigger) pdl_trigger();
@@ -254,6 +263,63 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
         }
         return v;
     };
+    if (BN == 128 && rp.cos_sin) {
+        /* tile = one head of 128 columns (the sums + bias as the plain
+         * product's y). Query and key heads: the pairs (c, c + 64) rotated
+         * as qk_rope_store rotates them, queries into y, keys rounded to
+         * bf16 into the cache row of the token's slot; value heads into
+         * their cache row. */
+        const int tile = blockIdx.x;
+        auto biased = [&](int m, int c) {
+            float4 v = tile_sum(m, c);
+            if (bias) {
+                const int n = n0 + c;
+                v.x += bias[n], v.y += bias[n + 1], v.z += bias[n + 2], v.w += bias[n + 3];
+            }
+            return v;
+        };
+        auto put4 = [&](__nv_bfloat16 *dst, float4 v) {
+            alignas(8) __nv_bfloat16 b[4] = {__float2bfloat16_rn(v.x), __float2bfloat16_rn(v.y),
+                                             __float2bfloat16_rn(v.z), __float2bfloat16_rn(v.w)};
+            *(uint2 *)dst = *(const uint2 *)b;
+        };
+        if (tile >= rp.nq + rp.nk) {
+            __nv_bfloat16 *vh = rp.vc + (long)(tile - rp.nq - rp.nk) * 128;
+            for (int i = split * THREADS + tid; i < M * 32; i += S * THREADS) {
+                const int m = i / 32, c = (i % 32) * 4;
+                put4(vh + (long)rp.slots[m] * rp.kv_stride + c, biased(m, c));
+            }
+        } else {
+            for (int i = split * THREADS + tid; i < M * 16; i += S * THREADS) {
+                const int m = i / 16, c = (i % 16) * 4;
+                const float4 a = biased(m, c), b = biased(m, c + 64);
+                const float4 *cs = (const float4 *)(rp.cos_sin + ((long)rp.pos[m] * 64 + c) * 2);
+                const float4 cs0 = cs[0], cs1 = cs[1]; /* cos, sin of c, c+1; of c+2, c+3 */
+                const float x0[4] = {a.x, a.y, a.z, a.w}, x1[4] = {b.x, b.y, b.z, b.w};
+                const float co[4] = {cs0.x, cs0.z, cs1.x, cs1.z}, sn[4] = {cs0.y, cs0.w, cs1.y, cs1.w};
+                float o0[4], o1[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    o0[q] = __fsub_rn(__fmul_rn(x0[q], co[q]), __fmul_rn(x1[q], sn[q]));
+                    o1[q] = __fadd_rn(__fmul_rn(x1[q], co[q]), __fmul_rn(x0[q], sn[q]));
+                }
+                const float4 r0 = make_float4(o0[0], o0[1], o0[2], o0[3]),
+                             r1 = make_float4(o1[0], o1[1], o1[2], o1[3]);
+                if (tile < rp.nq) {
+                    float *yr = y + (long)m * ldy + n0 + c;
+                    *(float4 *)yr = r0;
+                    *(float4 *)(yr + 64) = r1;
+                } else {
+                    __nv_bfloat16 *kh = rp.kc + (long)rp.slots[m] * rp.kv_stride +
+                                        (long)(tile - rp.nq) * 128 + c;
+                    put4(kh, r0);
+                    put4(kh + 64, r1);
+                }
+            }
+        }
+        if (S > 1) cluster_sync();
+        return;
+    }
     if (glu) {
         /* silu(gate) · up of BN/2 columns, rounded to the 16-bit type:
          * the SwiGLU kernel's value (cuda_silu16) of the sums above */
@@ -407,7 +473,7 @@ int choose_splits(const struct wg_state *st, int bi, long tiles, int nk, int fil
 template <int BN, bool F16>
 void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, float *y, long ldy,
             const float *bias, int M, int N, int nk, int S, int late, void *y16, long ldy16,
-            int glu) {
+            int glu, const struct wg_rope &rp) {
     long tiles = glu ? glu / (BN / 2) : (N + BN - 1) / BN;
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3((unsigned)tiles, (unsigned)S);
@@ -427,7 +493,7 @@ void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, fl
     }
     lc.attrs = at, lc.numAttrs = (unsigned)na;
     CUDA_CHECK(cudaLaunchKernelEx(&lc, wgmma_kernel<BN, F16>, *tw, *tx, y, ldy, bias, M, N, nk, S,
-                                  late, y16, ldy16, glu));
+                                  late, y16, ldy16, glu, rp));
 }
 
 } // namespace
@@ -523,7 +589,8 @@ extern "C" void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *b
  * (2·inter rows) into y16 (16-bit, row stride ldy16). */
 static void wgmma_any(struct cuda_ctx *c, float *y, long ldy, void *y16, long ldy16, int glu,
                       const void *x16, long ldx, const struct backend_weight *w,
-                      const float *bias, long n, int bn, int splits) {
+                      const float *bias, long n, int bn, int splits,
+                      const struct wg_rope &rp = wg_rope{}) {
     struct wg_state *st = (struct wg_state *)c->wgmma_state;
     CUDA_ASSERT(st && n >= 1 && n <= BM);
     const long N = w->rows, K = w->cols;
@@ -535,11 +602,12 @@ static void wgmma_any(struct cuda_ctx *c, float *y, long ldy, void *y16, long ld
     const CUtensorMap *tx = act_map(st, x16, n, K, ldx, (int)w->dtype);
     const int f16 = w->dtype == DTYPE_F16, lt = st->late_trigger;
     if (bn == 256) {
-        if (f16) launch<256, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu);
-        else launch<256, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu);
+        CUDA_ASSERT(!rp.cos_sin);
+        if (f16) launch<256, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu, rp);
+        else launch<256, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu, rp);
     } else {
-        if (f16) launch<128, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu);
-        else launch<128, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu);
+        if (f16) launch<128, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu, rp);
+        else launch<128, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu, rp);
     }
     c->wgmma_calls++;
 }
@@ -567,4 +635,26 @@ extern "C" void cuda_wgmma_glu_run(struct cuda_ctx *c, void *y16, long ldy16, co
 extern "C" void cuda_wgmma(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                            const struct backend_weight *w, const float *bias, long n) {
     cuda_wgmma_run(c, y, ldy, x16, ldx, w, bias, n, 0, 0);
+}
+
+extern "C" int cuda_wgmma_rope_ok(const struct cuda_ctx *c, const struct backend_weight *w,
+                                  const void *x16, long ldx, long n,
+                                  const struct backend_rope_store *r) {
+    int bn = 0, S = 0;
+    if (!c->wgmma_rope || !c->kv_bf16 || !cuda_wgmma_ok(c, w, x16, ldx, n)) return 0;
+    cuda_wgmma_plan(c, w->rows, w->cols, &bn, &S);
+    uintptr_t a = (uintptr_t)r->cos_sin | (uintptr_t)r->k_cache | (uintptr_t)r->v_cache;
+    return bn == 128 && r->head_dim == 128 && r->rot_dim == 128 && !r->interleaved &&
+           !r->q_norm && !r->k_norm && r->n_heads >= 1 && r->n_kv_heads >= 1 &&
+           w->rows == (long)(r->n_heads + 2 * r->n_kv_heads) * 128 && r->kv_stride % 4 == 0 &&
+           a % 16 == 0 && r->pos && r->slots;
+}
+
+extern "C" void cuda_wgmma_rope_run(struct cuda_ctx *c, float *y, long ldy, const void *x16,
+                                    long ldx, const struct backend_weight *w, const float *bias,
+                                    long n, const struct backend_rope_store *r) {
+    CUDA_ASSERT(ldy % 4 == 0 && ((uintptr_t)y & 15) == 0);
+    struct wg_rope rp = {r->pos, r->slots, r->cos_sin, (__nv_bfloat16 *)r->k_cache,
+                         (__nv_bfloat16 *)r->v_cache, r->kv_stride, r->n_heads, r->n_kv_heads};
+    wgmma_any(c, y, ldy, NULL, 0, 0, x16, ldx, w, bias, n, 128, 0, rp);
 }
