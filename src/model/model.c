@@ -442,8 +442,17 @@ static void sample_tail(struct model *m, long np) {
     void *ctx = m->be->ctx;
     struct activations *a = &m->act;
     long d = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    float eps = (float)m->cfg.rms_norm_eps;
+    if (ops->norm_matmul && np <= a->logit_chunk) {
+        /* one product: the norm hands it its 16-bit operand */
+        struct backend_norm nm = {.h = a->h, .delta = a->delta, .x = a->xs, .w = m->final_norm,
+                                  .dim = d, .eps = eps};
+        ops->norm_matmul(ctx, &nm, a->logits, V, &m->lm_head, NULL, np);
+        ops->sample(ctx, a->stok, a->logits, V, np, V, a->srows, a->sadj);
+        return;
+    }
     /* h is rebuilt by the next step's embedding: normalise in place */
-    ops->add_rmsnorm(ctx, a->h, a->delta, a->xs, m->final_norm, np, d, (float)m->cfg.rms_norm_eps);
+    ops->add_rmsnorm(ctx, a->h, a->delta, a->xs, m->final_norm, np, d, eps);
     for (long r0 = 0; r0 < np; r0 += a->logit_chunk) {
         long r = np - r0 < a->logit_chunk ? np - r0 : a->logit_chunk;
         ops->matmul(ctx, a->logits, V, a->xs + r0 * d, d, &m->lm_head, NULL, r);

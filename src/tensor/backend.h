@@ -241,9 +241,11 @@ struct backend_ops {
      * named below compute (the CUDA backend: the same bits); NULL: the model
      * runs those ops (the CPU backend). */
 
-    /* nm->h += nm->delta (delta NULL: not); nm->x = rmsnorm(nm->h) * nm->w
-     * (as add_rmsnorm); then y[n][w.rows] (row stride ldy) = nm->x · wᵀ
-     * (+ bias), as matmul. nm->dim == w.cols. */
+    /* nm->h += nm->delta (delta NULL: not); x = rmsnorm(nm->h) * nm->w
+     * (as add_rmsnorm); then y[n][w.rows] (row stride ldy) = x · wᵀ
+     * (+ bias), as matmul. nm->dim == w.cols. nm->x is scratch for x: its
+     * contents afterwards are unspecified (the CUDA backend's 16-bit
+     * handoff does not write it). */
     void (*norm_matmul)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                         const struct backend_weight *w, const float *bias, long n);
     /* A SwiGLU MLP after its norm: the norm as in norm_matmul, then

@@ -588,11 +588,10 @@ static void check_fused_on(struct backend *be, long n, long d, long inter, long 
     be->ops->add_rmsnorm(be->ctx, h2.d, gd, xn2.d, lw.d, n, d, eps);
     be->ops->matmul(be->ctx, y2.d, qrows, xn2.d, d, &wq.g, bd, n);
     be->ops->synchronize(be->ctx);
+    /* nm.x is the fused ops' scratch (unwritten on the 16-bit handoff) */
     expect_close(&h, n, d, d, 1e-6);
-    expect_close(&xn, n, d, d, 1e-5);
     expect_close(&y, n, qrows, qrows, tol);
     expect_same_bits(be, &h, &h2, "norm_matmul h");
-    expect_same_bits(be, &xn, &xn2, "norm_matmul x");
     expect_same_bits(be, &y, &y2, "norm_matmul y");
     /* MLP: norm (delta always), gate|up, silu·u, down */
     cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, xn.h, lw.h, n, d, eps);
@@ -608,7 +607,6 @@ static void check_fused_on(struct backend *be, long n, long d, long inter, long 
     be->ops->matmul(be->ctx, o2.d, d, g2, 2 * inter, &wd.g, NULL, n);
     be->ops->synchronize(be->ctx);
     expect_close(&h, n, d, d, 1e-6);
-    expect_close(&xn, n, d, d, 1e-5);
     expect_close(&o, n, d, d, tol);
     expect_same_bits(be, &h, &h2, "norm_swiglu_mlp h");
     expect_same_bits(be, &o, &o2, "norm_swiglu_mlp y");

@@ -81,7 +81,8 @@ static __device__ __forceinline__ void put16(__nv_bfloat16 *p, long i, float v) 
 static __device__ __forceinline__ void put16(__half *p, long i, float v) { p[i] = __float2half_rn(v); }
 
 /* h[n][dim] += delta (DELTA); y[n][dim] = rmsnorm(h) * w; y may alias h.
- * O (bf16 / f16): also y16[n][dim] = y rounded to O. Without DELTA this is
+ * O (bf16 / f16): also y16[n][dim] = y rounded to O, and y may be NULL
+ * (not written: the 16-bit handoff's product reads y16 only). Without DELTA this is
  * rmsnorm_block_kernel's arithmetic exactly (the same per-thread partial
  * sums and block reduction). */
 template <typename O, bool DELTA>
@@ -109,7 +110,7 @@ static __global__ void add_rmsnorm_kernel(float *h, const float *delta, float *y
         float *yr = y + i * dim;
         for (long k = threadIdx.x; k < dim; k += blockDim.x) {
             float v = w[k] * (hr[k] * inv);
-            yr[k] = v;
+            if (y) yr[k] = v;
             put16(y16, i * dim + k, v);
         }
         __syncthreads();
@@ -177,7 +178,7 @@ static __global__ void __launch_bounds__(1024)
             if (k < d4) {
                 float4 o = make_float4(wv[j].x * (v[j].x * inv), wv[j].y * (v[j].y * inv),
                                        wv[j].z * (v[j].z * inv), wv[j].w * (v[j].w * inv));
-                yr[k] = o;
+                if (y) yr[k] = o;
                 put16(y16, i * dim + 4 * k, o.x);
                 put16(y16, i * dim + 4 * k + 1, o.y);
                 put16(y16, i * dim + 4 * k + 2, o.z);
@@ -226,20 +227,22 @@ extern "C" void cuda_op_add_rmsnorm(void *ctx, float *h, const float *delta, flo
                delta, y, w, n, dim, eps, (float *)NULL);
 }
 
+/* The 16-bit handoff: only x16 is written (not nm->x), by the kernel the
+ * plain op would choose for these operands (the same bits). */
 template <typename O>
 static void launch_norm16(const struct cuda_ctx *c, const struct backend_norm *nm, long n, O *x16) {
     if (norm_vec_ok(nm->h, nm->delta, nm->x, nm->w, nm->dim)) {
-        if (nm->delta) launch_norm_vec<O, true>(c, nm->h, nm->delta, nm->x, nm->w, n, nm->dim, nm->eps, x16);
-        else launch_norm_vec<O, false>(c, nm->h, nm->delta, nm->x, nm->w, n, nm->dim, nm->eps, x16);
+        if (nm->delta) launch_norm_vec<O, true>(c, nm->h, nm->delta, NULL, nm->w, n, nm->dim, nm->eps, x16);
+        else launch_norm_vec<O, false>(c, nm->h, nm->delta, NULL, nm->w, n, nm->dim, nm->eps, x16);
         return;
     }
     dim3 grid(grid_for(n, 1)), block(NORM_BLOCK);
     if (nm->delta)
-        pdl_launch(c, add_rmsnorm_kernel<O, true>, grid, block, 0, nm->h, nm->delta, nm->x, nm->w, n,
-                   nm->dim, nm->eps, x16);
+        pdl_launch(c, add_rmsnorm_kernel<O, true>, grid, block, 0, nm->h, nm->delta, (float *)NULL,
+                   nm->w, n, nm->dim, nm->eps, x16);
     else
-        pdl_launch(c, add_rmsnorm_kernel<O, false>, grid, block, 0, nm->h, nm->delta, nm->x, nm->w,
-                   n, nm->dim, nm->eps, x16);
+        pdl_launch(c, add_rmsnorm_kernel<O, false>, grid, block, 0, nm->h, nm->delta, (float *)NULL,
+                   nm->w, n, nm->dim, nm->eps, x16);
 }
 
 extern "C" int cuda_add_rmsnorm16_ok(const struct backend_norm *nm) {

@@ -57,10 +57,12 @@
  *    (weights are never written by kernels), the activations after it;
  *    the consumers wait there too (parked, not polling an mbarrier while
  *    the previous kernel runs), every thread before its global stores.
- *    The trigger for the next kernel comes after the main loop (its
- *    prologue overlaps this kernel's reduction) unless
- *    KILN_CUDA_WGMMA_TRIGGER=early (at the start, as the small kernels do:
- *    then chains of early launches land on SMs while this kernel streams).
+ *    The trigger for the next kernel comes first thing, as in the small
+ *    kernels (the next kernel's CTAs land on SMs while this one streams
+ *    and prefetch their weight tiles), or after the main loop with
+ *    KILN_CUDA_WGMMA_TRIGGER=late. Early measured the same as late until
+ *    the rope kernel left the step; since then 6.435-6.438 against
+ *    6.459-6.473 ms (Llama-3.1-8B, 64 sequences; docs/cuda-decode.md).
  *  - SwiGLU in the epilogue (cuda_wgmma_glu_run, the decode MLP's
  *    gate|up): a tile is BN/2 gate rows and the same BN/2 up rows (two TMA
  *    boxes into the one operand), so each thread holds g and u of the same
@@ -375,7 +377,7 @@ struct wg_state {
                                          16; 0: never) */
     long min_bytes;                   /* smaller weights take cuBLAS (KILN_CUDA_WGMMA_MIN_MB) */
     int late_trigger;                 /* PDL trigger after the main loop, not at the start
-                                         (KILN_CUDA_WGMMA_TRIGGER=late | early) */
+                                         (KILN_CUDA_WGMMA_TRIGGER=late; default early) */
     struct tmap_entry w[WMAP_SLOTS];  /* open addressing by pointer */
     int n_w;
     struct tmap_entry x[XMAP_SLOTS];  /* ring */
@@ -522,7 +524,7 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     st->oproj_bytes = om ? atol(om) << 20 : 16l << 20;
     const char *mb = getenv("KILN_CUDA_WGMMA_MIN_MB"), *tr = getenv("KILN_CUDA_WGMMA_TRIGGER");
     st->min_bytes = (mb ? atol(mb) : 40) << 20;
-    st->late_trigger = !(tr && !strcmp(tr, "early"));
+    st->late_trigger = tr && !strcmp(tr, "late");
     setup_kernel<128, false>(st, 0, c->n_sm);
     setup_kernel<128, true>(st, 0, c->n_sm);
     setup_kernel<256, false>(st, 1, c->n_sm);
