@@ -233,10 +233,13 @@ static void weight_free(struct wpair *w) {
 
 static void test_embed(void **state) {
     SKIP_WITHOUT_GPU();
+    /* 16-bit rows of whole 16-byte groups take the vector kernel (96,
+     * 4096), others (100) and fp32 the scalar one */
     enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
-    for (int t = 0; t < 3; t++) {
-        long V = 300, d = 96, n = 37;
-        struct wpair w = weight_rand(dts[t], V, d, 1.0f);
+    const long dims[] = {96, 4096, 100};
+    for (int t = 0; t < 9; t++) {
+        long V = 300, d = dims[t / 3], n = 37;
+        struct wpair w = weight_rand(dts[t % 3], V, d, 1.0f);
         int32_t ids[37];
         for (int i = 0; i < n; i++) ids[i] = irand((int)V);
         struct pair pid = pair_from(ids, sizeof ids), y = pair_poison((size_t)(n * d));

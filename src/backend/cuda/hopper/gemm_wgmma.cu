@@ -70,18 +70,27 @@
  *    product's operand — instead of 2·inter fp32 columns for a SwiGLU
  *    kernel to read (the same bits: the sums, then silu_mul_f32, then the
  *    rounding). Llama-3.1-8B at 64 sequences: the step 0.2 ms shorter.
+ *  - Rope and the K/V-cache stores in the epilogue of the stacked q|k|v
+ *    product (cuda_wgmma_rope_run, backend_ops.norm_matmul_rope): with
+ *    128-column tiles a tile is one head, so the pairs (c, c + 64) of
+ *    half-layout rope are in one thread's reach (as gate and up are for
+ *    the SwiGLU); queries go to y rotated, keys and values to their cache
+ *    rows in bf16. No qk_rope_store kernel between the product and the
+ *    attention: Llama-3.1-8B at 64 sequences 6.62-6.67 → 6.51 ms.
  *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (40) MiB: on
  *    smaller ones (Qwen3-0.6B's layers) the fixed costs (launch, ramp,
  *    cluster reduction) lost to cuBLAS in the measurements under graphs.
  *    The output projection after the decode attention takes it from 16
  *    MiB (cuda_wgmma_attn_out: Llama's o_proj, 32 MiB), since there it
  *    lets the norm after it launch early.
- *  - K splits are planned on 75% of the clusters an empty GPU holds
+ *  - K splits are planned on 85% of the clusters an empty GPU holds
  *    (KILN_CUDA_WGMMA_FILL): a product launched early under the previous
  *    kernel finds SMs still taken, and a plan that needs every cluster
  *    slot leaves its last clusters waiting for whole GPCs to drain.
- *    Llama-3.1-8B at 64 sequences, o_proj on the kernel: 6.61-6.62 ms a
- *    step at 75% against 6.78-6.80 at 100% (docs/cuda-decode.md).
+ *    Llama-3.1-8B at 64 sequences: 6.61-6.62 ms a step at 75% against
+ *    6.78-6.80 at 100% when the products triggered late; with the early
+ *    trigger and no rope kernel, 6.37-6.38 at 85% against 6.43-6.47 at 75%
+ *    and 6.59-6.60 at 60% (docs/cuda-decode.md).
  * Requirements (cuda_wgmma_ok): K a multiple of 8 (TMA's 16-byte row
  * stride; a K tail inside the last 64 columns is zero-filled on both
  * operands), 16-byte aligned W and X and X's row stride a multiple of 8
@@ -371,7 +380,7 @@ struct wg_state {
     int clusters[2][MAX_SPLIT + 1];   /* resident clusters of S CTAs */
     int min_steps;                    /* k-steps a split gets at least (KILN_CUDA_WGMMA_MINK) */
     int fill;                         /* % of the resident clusters a plan may use
-                                         (KILN_CUDA_WGMMA_FILL, default 75) */
+                                         (KILN_CUDA_WGMMA_FILL, default 85) */
     long oproj_bytes;                 /* the product after the decode attention takes the
                                          kernel from this weight size (KILN_CUDA_WGMMA_OPROJ_MB,
                                          16; 0: never) */
@@ -519,7 +528,7 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     const char *mk = getenv("KILN_CUDA_WGMMA_MINK");
     st->min_steps = mk && atoi(mk) > 0 ? atoi(mk) : 8;
     const char *fl = getenv("KILN_CUDA_WGMMA_FILL");
-    st->fill = fl && atoi(fl) > 0 && atoi(fl) <= 100 ? atoi(fl) : 75;
+    st->fill = fl && atoi(fl) > 0 && atoi(fl) <= 100 ? atoi(fl) : 85;
     const char *om = getenv("KILN_CUDA_WGMMA_OPROJ_MB");
     st->oproj_bytes = om ? atol(om) << 20 : 16l << 20;
     const char *mb = getenv("KILN_CUDA_WGMMA_MIN_MB"), *tr = getenv("KILN_CUDA_WGMMA_TRIGGER");
@@ -559,8 +568,8 @@ extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weig
  * cannot launch before the attention ends, and the norm after it cannot
  * either; on this kernel both start early. With plans on every resident
  * cluster (Llama-3.1-8B's o_proj: 32 tiles × 7) it waited for the
- * attention's CTAs to leave whole GPCs and lost; with the plans at 75%
- * (st->fill) the 64-sequence step went 6.80 → 6.61-6.62 ms
+ * attention's CTAs to leave whole GPCs and lost; with headroom in the
+ * plans (st->fill, then 75%) the 64-sequence step went 6.80 → 6.61-6.62 ms
  * (docs/cuda-decode.md). Returns 0 (nothing run) where it does not apply. */
 extern "C" int cuda_wgmma_attn_out(struct cuda_ctx *c, float *y, long ldy, const void *x16,
                                    long ldx, const struct backend_weight *w, const float *bias,
