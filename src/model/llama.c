@@ -37,10 +37,7 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
     return 0;
 }
 
-/* q, k and v come from one product with the stacked weight: row i of
- * act.qkv holds q | k | v, so every later step reads them with row stride
- * L = qw + 2 kw. mha_attend takes it from there: q/k norms, rope, the
- * cache stores, attention and o_proj into out. */
+/* qk_rope_store's arguments for layer l, for norm_matmul_rope */
 static struct backend_rope_store rope_args(const struct fwd *f, int l, const struct attn_mha *a) {
     const struct model *m = f->m;
     const struct model_config *c = &m->cfg;
@@ -52,7 +49,11 @@ static struct backend_rope_store rope_args(const struct fwd *f, int l, const str
         .kv_stride = (long)c->n_kv_heads * c->head_dim, .slots = f->slot};
 }
 
-/* roped: q|k|v went through norm_matmul_rope (rotated, K/V stored) */
+/* q, k and v come from one product with the stacked weight: row i of
+ * act.qkv holds q | k | v, so every later step reads them with row stride
+ * L = qw + 2 kw. mha_attend takes it from there: q/k norms, rope, the
+ * cache stores (unless `roped`: norm_matmul_rope did them), attention and
+ * o_proj into out. */
 static void mha_attend(const struct fwd *f, int l, const struct attn_mha *a, float *out,
                        int roped) {
     struct model *m = f->m;
