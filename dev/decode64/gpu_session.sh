@@ -19,15 +19,13 @@ bench_show() {
 }
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 VARIANTS=${VARIANTS:-"default|
-noL2PF|KILN_CUDA_L2PF=0
-noL2PF-noEvict|KILN_CUDA_L2PF=0 KILN_CUDA_KV_EVICT=0
-noL2PF-W2|KILN_CUDA_L2PF=0 KILN_CUDA_AD_W=2
-W2|KILN_CUDA_AD_W=2
-noL2PF-oWgmma|KILN_CUDA_L2PF=0 KILN_CUDA_WGMMA_MIN_MB=30"}
+late|KILN_CUDA_WGMMA_TRIGGER=late
+f75|KILN_CUDA_WGMMA_FILL=75
+norope|KILN_CUDA_WGMMA_ROPE=0
+W4|KILN_CUDA_AD_W=4"}
 # Qwen3-0.6B at 64 and both models at batch 1 (contexts 128 and 4096)
 QVARIANTS=${QVARIANTS-"default|
-noL2PF|KILN_CUDA_L2PF=0
-noL2PF-W2|KILN_CUDA_L2PF=0 KILN_CUDA_AD_W=2"}
+late|KILN_CUDA_WGMMA_TRIGGER=late"}
 B1VARIANTS=${B1VARIANTS-"default|
 W2|KILN_CUDA_AD_W=2"}
 # test runs: "ENV=V ...|test" lines

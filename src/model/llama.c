@@ -68,10 +68,11 @@ static void mha_attend(const struct fwd *f, int l, const struct attn_mha *a, flo
 
     if (roped) {
         /* done by norm_matmul_rope */
-    } else if (ops->qk_rope_store) {
-        ops->qk_rope_store(ctx, q, k, v, L, n, (int)H, (int)KH, (int)hd, a->q_norm, a->k_norm, eps,
-                           m->rope_dim, f->pos, m->rope_table, c->rope.interleaved, kc, vc, kw,
-                           f->slot);
+    } else if (ops->qk_rope_store) { /* the arguments norm_matmul_rope gets (rope_args) */
+        struct backend_rope_store r = rope_args(f, l, a);
+        ops->qk_rope_store(ctx, q, k, v, L, n, r.n_heads, r.n_kv_heads, r.head_dim, r.q_norm,
+                           r.k_norm, r.eps, r.rot_dim, r.pos, r.cos_sin, r.interleaved, r.k_cache,
+                           r.v_cache, r.kv_stride, r.slots);
     } else {
         if (a->q_norm) { /* head h of every row: rows of stride L */
             for (long h = 0; h < H; h++)

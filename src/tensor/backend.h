@@ -249,7 +249,7 @@ struct backend_ops {
     void (*norm_matmul)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                         const struct backend_weight *w, const float *bias, long n);
     /* A SwiGLU MLP after its norm: the norm as in norm_matmul, then
-     * gu[n][2 inter] (row stride ldgu) = nm->x · gate_upᵀ (gate rows first,
+     * gu[n][2 inter] (row stride ldgu) = x · gate_upᵀ (gate rows first,
      * inter = down.cols), g = silu(g) * u (as silu_mul into gu's first inter
      * columns), y[n][down.rows] (row stride ldy) = g · downᵀ. gu is scratch:
      * its contents afterwards are unspecified. */
