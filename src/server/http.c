@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -60,6 +61,7 @@ struct http_conn {
     int rejecting;     /* over the connection limit: answer 503 and close */
     int force_close;   /* the byte stream can no longer be trusted */
     int in_process;    /* inside conn_process (re-entrancy guard) */
+    int started_before_stop; /* the current request's bytes had arrived when listening stopped */
     void (*on_close)(void *);
     void *close_arg;
     struct http_conn *prev, *next;
@@ -76,6 +78,7 @@ struct http_server {
     int port;
     long responses[6]; /* by status class */
     struct event *accept_retry;
+    int stopped; /* no longer listening */
 };
 
 static void conn_process(struct http_conn *c);
@@ -133,6 +136,7 @@ static void request_reset(struct http_conn *c) {
     c->on_close = NULL;
     c->close_arg = NULL;
     c->stream_chunked = 0;
+    c->started_before_stop = 0;
 }
 
 static void conn_free(struct http_conn *c) {
@@ -670,16 +674,62 @@ fail:
     return -1;
 }
 
+/* Bytes of a request have reached us: parsed, buffered, or still in the
+ * kernel's receive queue. */
+static int request_begun(const struct http_conn *c) {
+    if (c->state == CONN_BODY) return 1;
+    if (c->state != CONN_HEADERS) return 0;
+    if (c->header_bytes || evbuffer_get_length(bufferevent_get_input(c->bev))) return 1;
+    int queued = 0;
+    return ioctl(bufferevent_getfd(c->bev), FIONREAD, &queued) == 0 && queued > 0;
+}
+
 void http_server_stop_listening(struct http_server *s) {
-    if (s && s->listener) {
+    if (!s) return;
+    if (s->listener) {
+        /* the connections the kernel completed but we had not accepted yet
+         * are clients that sent in time: take them in before closing */
+        evutil_socket_t lfd = evconnlistener_get_fd(s->listener);
+        for (int i = 0; i < 4096; i++) {
+            evutil_socket_t fd = accept(lfd, NULL, NULL);
+            if (fd < 0) break;
+            int rejecting = s->opt.max_connections > 0 && s->n_conns >= s->opt.max_connections;
+            if (rejecting && s->n_rejecting >= 64) evutil_closesocket(fd);
+            else http_server_adopt(s, fd, rejecting);
+        }
         evconnlistener_free(s->listener);
         s->listener = NULL;
+    }
+    if (s->stopped) return;
+    s->stopped = 1;
+    for (struct http_conn *c = s->conns; c; c = c->next)
+        if (!c->rejecting && request_begun(c)) c->started_before_stop = 1;
+}
+
+int http_request_started_before_stop(const struct http_request *r) {
+    return !r->conn->srv->stopped || r->conn->started_before_stop;
+}
+
+int http_server_requests_arriving(const struct http_server *s) {
+    int n = 0;
+    for (const struct http_conn *c = s->conns; c; c = c->next)
+        if (c->started_before_stop && (c->state == CONN_HEADERS || c->state == CONN_BODY)) n++;
+    return n;
+}
+
+void http_server_refuse_arriving(struct http_server *s) {
+    for (struct http_conn *c = s->conns, *next; c; c = next) {
+        next = c->next; /* answering may free nothing now, but stay safe */
+        if (!c->started_before_stop || (c->state != CONN_HEADERS && c->state != CONN_BODY)) continue;
+        c->started_before_stop = 0;
+        if (!c->have_request_line) c->req.minor_version = 1;
+        protocol_error(c, 503, "shutting_down", "the server is shutting down");
     }
 }
 
 void http_server_free(struct http_server *s) {
     if (!s) return;
-    http_server_stop_listening(s);
+    if (s->listener) evconnlistener_free(s->listener);
     while (s->conns) conn_free(s->conns);
     if (s->accept_retry) event_free(s->accept_retry);
     free(s);

@@ -63,8 +63,17 @@ int http_server_create(struct http_server **out, struct event_base *base,
 /* Serves a connected socket (tests, fuzzing, inherited sockets); it counts
  * towards the limit like an accepted one, `rejecting` answers it 503. */
 int http_server_adopt(struct http_server *s, int fd, int rejecting);
-/* Closes the listening socket; open connections go on. */
+/* Closes the listening socket; open connections go on. Connections the
+ * kernel had completed are accepted first. A request whose first bytes had
+ * arrived by then (buffered here or in the kernel) counts as started before
+ * the stop; later requests on open connections do not. */
 void http_server_stop_listening(struct http_server *s);
+/* 1 unless listening stopped before the request's first byte arrived. */
+int http_request_started_before_stop(const struct http_request *r);
+/* Requests started before the stop whose head or body is still arriving. */
+int http_server_requests_arriving(const struct http_server *s);
+/* Answers those 503 and closes their connections (the shutdown's grace is over). */
+void http_server_refuse_arriving(struct http_server *s);
 /* Closes every connection (close callbacks run) and frees the server. */
 void http_server_free(struct http_server *s);
 int http_server_port(const struct http_server *s);

@@ -250,7 +250,7 @@ static void handle(void *ctx, struct http_request *r) {
                      routes[i].method);
     }
     if (log_enabled(LOG_LEVEL_DEBUG)) log_debug("%s %s (%zu bytes)", r->method, r->path, r->body_len);
-    if (s->shutting_down) {
+    if (s->shutting_down && !http_request_started_before_stop(r)) {
         http_request_close_after(r);
         http_error_respond(r, 503, "shutting_down", NULL, "the server is shutting down");
         return;
@@ -293,12 +293,26 @@ static void on_flushed_check(evutil_socket_t fd, short what, void *arg) {
     else finish_when_flushed(s);
 }
 
-/* requests in flight: engine requests, and prompts being tokenized */
-static int in_flight(const struct server *s) { return s->hub.n_gens + tok_pool_jobs(s->tokpool); }
+/* requests in flight: engine requests, prompts being tokenized, and
+ * requests whose bytes were arriving when the signal came */
+static int in_flight(const struct server *s) {
+    return s->hub.n_gens + tok_pool_jobs(s->tokpool) + http_server_requests_arriving(s->http);
+}
 
-static void on_idle(void *arg) {
+static void maybe_finish(struct server *s) {
+    if (!s->shutting_down || s->finishing || in_flight(s)) return;
+    s->finishing = 1;
+    finish_when_flushed(s);
+}
+
+static void on_idle(void *arg) { maybe_finish(arg); }
+
+/* Requests still arriving or answered on the spot end without telling the
+ * hub or the pool: look again while shutting down. */
+static void on_shutdown_tick(evutil_socket_t fd, short what, void *arg) {
     struct server *s = arg;
-    if (s->shutting_down && !in_flight(s)) finish_when_flushed(s);
+    (void)fd, (void)what;
+    maybe_finish(s);
 }
 
 static void on_grace_over(evutil_socket_t fd, short what, void *arg) {
@@ -306,7 +320,9 @@ static void on_grace_over(evutil_socket_t fd, short what, void *arg) {
     (void)fd, (void)what;
     if (in_flight(s)) log_info("shutdown: aborting %d requests still in flight", in_flight(s));
     s->aborting = 1;
+    http_server_refuse_arriving(s->http);
     gen_hub_abort_all(&s->hub);
+    maybe_finish(s);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
@@ -315,7 +331,9 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     if (s->shutting_down) {
         log_info("second signal: aborting everything in flight");
         s->aborting = 1;
+        http_server_refuse_arriving(s->http);
         gen_hub_abort_all(&s->hub);
+        maybe_finish(s);
         return;
     }
     s->shutting_down = 1;
@@ -323,9 +341,12 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     log_info("%s: no longer accepting requests; %d in flight (up to %.1f s to finish)",
              sig == SIGINT ? "SIGINT" : "SIGTERM", in_flight(s), s->opt->shutdown_timeout_s);
     if (!in_flight(s)) {
-        finish_when_flushed(s);
+        maybe_finish(s);
         return;
     }
+    struct timeval tick = {0, 20000};
+    s->shutdown_tick = event_new(s->base, -1, EV_PERSIST, on_shutdown_tick, s);
+    if (s->shutdown_tick) event_add(s->shutdown_tick, &tick);
     struct timeval tv = {(time_t)s->opt->shutdown_timeout_s,
                          (suseconds_t)((s->opt->shutdown_timeout_s - (double)(time_t)s->opt->shutdown_timeout_s) * 1e6)};
     s->grace = evtimer_new(s->base, on_grace_over, s);
@@ -429,6 +450,7 @@ out:
     if (s->sigint) event_free(s->sigint);
     if (s->sigterm) event_free(s->sigterm);
     if (s->grace) event_free(s->grace);
+    if (s->shutdown_tick) event_free(s->shutdown_tick);
     if (s->have_chat) chat_template_free(&s->chat);
     if (s->base) event_base_free(s->base);
     free(s);

@@ -37,7 +37,8 @@ struct server {
     struct metrics metrics;
     int shutting_down;
     int aborting; /* shutdown's grace is over: what is left is aborted */
-    struct event *sigint, *sigterm, *grace;
+    struct event *sigint, *sigterm, *grace, *shutdown_tick;
+    int finishing; /* the last responses are being flushed before exit */
     uint64_t id_counter;
     int flush_checks;
 };

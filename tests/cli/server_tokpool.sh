@@ -6,9 +6,10 @@ source "$KILN_SRC/tests/server/serve.sh"
 m="$KILN_MODELS/stories260K"
 t="$KILN_SRC/tests/server/chatml.jinja"
 fail=0
-# P: everything through 2 workers (no inline fast path); I: all on the loop thread
+# P: everything through 2 workers (no inline fast path), and a grace long enough
+# for slow builds (ASan) to finish what the SIGTERM test sends; I: all on the loop thread
 serve_start P --model "$m" --skip-sampler-warmup --threads 1 --chat-template "$t" \
-    --tokenizer-workers 2 --tokenizer-inline-bytes 0
+    --tokenizer-workers 2 --tokenizer-inline-bytes 0 --shutdown-timeout 60
 serve_start I --model "$m" --skip-sampler-warmup --threads 1 --chat-template "$t" --tokenizer-workers 0
 serve_node tokpool.js "$URL_P" "$URL_I" "$PID_P" || fail=1
 serve_wait P || fail=1

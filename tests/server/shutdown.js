@@ -1,6 +1,7 @@
 // shutdown.js — SIGTERM while requests are in flight: every stream and
 // every waiting non-streamed request ends with a finish_reason, requests on
-// open connections get 503, new connections are refused.
+// open connections get 503, new connections are refused, a request still
+// arriving when the grace ends gets 503.
 // Usage: node shutdown.js URL PID (the server runs with --shutdown-timeout 0)
 'use strict';
 const net = require('net');
@@ -32,6 +33,18 @@ test('SIGTERM: in-flight requests finish with a reason, later ones get 503 or ar
   const plain = Array.from({ length: 3 }, (_, i) => post(url, '/v1/completions', { prompt: `The dog ${i}`, max_tokens: 450, ignore_eos: true }));
   while (started < 6) await sleep(10);
   await sleep(50);
+  // a request whose head and part of its body are in before the signal, and
+  // the rest never: it is waited for until the grace (0 s here) is over
+  const stalled = await new Promise((resolve, reject) => {
+    const s = net.connect(Number(u.port), u.hostname, () => {
+      s.write('POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"prompt":', () => resolve(s));
+    });
+    s.on('error', reject);
+  });
+  let stalledData = '';
+  stalled.setEncoding('latin1');
+  stalled.on('data', (c) => { stalledData += c; });
+  const stalledClosed = new Promise((resolve) => stalled.on('close', resolve));
   process.kill(pid, 'SIGTERM');
   const finishes = await Promise.all(streams);
   for (const f of finishes) assert.ok(f === 'abort' || f === 'length', `stream finish ${f}`);
@@ -40,6 +53,11 @@ test('SIGTERM: in-flight requests finish with a reason, later ones get 503 or ar
     assert.ok(r.status === 200 || r.status === 503, r.text);
     if (r.status === 200) assert.ok(['abort', 'length'].includes(r.json.choices[0].finish_reason), r.text);
   }
+  await stalledClosed;
+  const st = parseRaw(stalledData);
+  assert.ok(st, JSON.stringify(stalledData));
+  assert.strictEqual(st.status, 503, stalledData);
+  assert.strictEqual(st.json.error.code, 'shutting_down', stalledData);
   // the connection opened before: one more request gets 503 (or the connection is gone)
   sockData = '';
   await new Promise((resolve) => {
