@@ -127,6 +127,10 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
     return ops->reserve(m->be->ctx, T, m->max_context, c->n_heads, err);
 }
 
+/* The decode batch sizes graphs are recorded for: 1, 2, 4, 8, 12, then
+ * every multiple of 8 up to 256. */
+static int bucket_size(int i) { return i < 4 ? 1 << i : i == 4 ? 12 : 8 * (i - 3); }
+
 static void drop_graphs(struct model *m) {
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < MODEL_GRAPH_BUCKETS; i++) {
@@ -202,15 +206,25 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     m->defer_uploads = opt && opt->defer_weights && ops->weight_upload_later &&
                        ops->weights_finish && !ops->weights_in_place;
     if (load_weights(m, ws, err)) return -1;
-    /* Graphs need a step the backend can record: no host round trips (the
-     * MoE layers sort rows on the host) and a backend that records. */
+    /* Graphs need a step the backend can record: no host round trips and
+     * a backend that records. */
     const char *ge = getenv("KILN_GRAPHS");
     m->graphs_on = m->be->ops->graph_begin && !(opt && opt->no_graphs) && !(ge && !strcmp(ge, "0"));
     const char *gs = getenv("KILN_GPU_SAMPLE"), *gg = getenv("KILN_GRAPH_SAMPLE");
     m->sample_on = m->be->ops->sample && !(gs && !strcmp(gs, "0"));
     m->graph_sample_on = !(gg && !strcmp(gg, "0"));
-    for (int l = 0; l < c->n_layers; l++)
-        if (m->layers[l].mlp_kind == LAYER_MLP_MOE) m->graphs_on = 0;
+    /* MoE layers: only where the backend routes every decode bucket's rows
+     * on the device */
+    long biggest = 0;
+    for (int i = 0; i < MODEL_GRAPH_BUCKETS; i++)
+        if (bucket_size(i) <= m->max_seqs && bucket_size(i) <= m->max_batch_tokens) biggest = bucket_size(i);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer *L = &m->layers[l];
+        if (L->mlp_kind == LAYER_MLP_MOE &&
+            !(ops->moe_ffn_graphable &&
+              ops->moe_ffn_graphable(m->be->ctx, &L->moe.experts, L->moe.route.top_k, biggest)))
+            m->graphs_on = 0;
+    }
 
     m->rope_dim = is_mla(c) ? c->qk_rope_head_dim : c->head_dim;
     float *table = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));
@@ -319,11 +333,7 @@ static int check_batch(const struct model *m, const struct kv_pool *kv, const st
     return 0;
 }
 
-/* The decode batch sizes graphs are recorded for: 1, 2, 4, 8, 12, then
- * every multiple of 8 up to 256. Returns the index of the smallest that
- * holds n, or -1. */
-static int bucket_size(int i) { return i < 4 ? 1 << i : i == 4 ? 12 : 8 * (i - 3); }
-
+/* Returns the index of the smallest graph bucket that holds n, or -1. */
 static int bucket_for(const struct model *m, long n) {
     long cap = m->max_seqs < m->max_batch_tokens ? m->max_seqs : m->max_batch_tokens;
     for (int i = 0; i < MODEL_GRAPH_BUCKETS; i++) {

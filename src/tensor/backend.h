@@ -166,6 +166,10 @@ struct backend_ops {
     /* ---- Optional: NULL where a backend has no use for them; the model
      * then takes the plain path (malloc, eager operations, unfused ops). */
 
+    /* Whether moe_ffn of up to n tokens with these experts runs without
+     * the host (a step with it can be recorded as a graph). */
+    int (*moe_ffn_graphable)(void *ctx, const struct moe_experts *e, int top_k, long n);
+
     /* Host memory the device copies from without staging (CUDA: pinned).
      * An upload from it may still be in flight when `upload` returns: the
      * caller rewrites it only after a synchronize or download. */

@@ -44,13 +44,14 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
-#include "cuda_test_rng.h"
+#include "cuda_test_pairs.h"
 
 enum { MAX_TOKENS = 512, MAX_CONTEXT = 4096, MAX_HEADS = 16 };
 
-static struct backend cpu, gpu, gpu_split; /* gpu_split: KILN_CUDA_MATMUL=bf16x2 */
-static struct backend gpu_det;             /* backend_options.deterministic */
-static struct backend gpu_kvf32;           /* KILN_CUDA_KV=f32: the fp32 KV cache kernels */
+/* cpu, gpu: cuda_test_pairs.h */
+static struct backend gpu_split; /* KILN_CUDA_MATMUL=bf16x2 */
+static struct backend gpu_det;   /* backend_options.deterministic */
+static struct backend gpu_kvf32; /* KILN_CUDA_KV=f32: the fp32 KV cache kernels */
 /* the product path's switches (docs/cuda.md, "Decode"): */
 static struct backend gpu_nopdl; /* KILN_CUDA_PDL=0: ordinary launches, else as gpu */
 static struct backend gpu_old;   /* PDL, fusion, cuBLASLt off and GEMV K split 1: the old path */
@@ -61,83 +62,6 @@ static struct backend gpu_tune;  /* KILN_CUDA_LT_TUNE=1: cuBLASLt algorithms tim
  * by shape, forced to 3 (KILN_CUDA_SMALLM_S=3), and off (KILN_CUDA_SMALLM=0:
  * cuBLAS) */
 static struct backend gpu_sm, gpu_sm_s3, gpu_sm_off;
-static int have_gpu;
-static int irand(int n) { return (int)(rng_next() % (uint64_t)n); }
-
-static float *rand_floats(size_t n, float scale) {
-    float *v = xmalloc(n * 4 + 4);
-    for (size_t i = 0; i < n; i++) v[i] = frand(scale);
-    return v;
-}
-
-/* One buffer on both backends. The CPU copy is plain host memory. */
-struct pair {
-    float *h; /* host copy: CPU backend input/output */
-    void *d;  /* device copy */
-    size_t bytes;
-};
-
-static struct pair pair_from(const void *host, size_t bytes) {
-    struct pair p = {xmalloc(bytes + 4), gpu.ops->alloc(gpu.ctx, bytes), bytes};
-    assert_non_null(p.d);
-    memcpy(p.h, host, bytes);
-    gpu.ops->upload(gpu.ctx, p.d, host, bytes);
-    return p;
-}
-
-static struct pair pair_rand(size_t n, float scale) {
-    float *v = rand_floats(n, scale);
-    struct pair p = pair_from(v, n * 4);
-    free(v);
-    return p;
-}
-
-/* Output buffer, NaN on both sides. */
-static struct pair pair_poison(size_t n) {
-    float *v = xmalloc(n * 4 + 4);
-    for (size_t i = 0; i < n; i++) v[i] = NAN;
-    struct pair p = pair_from(v, n * 4);
-    free(v);
-    return p;
-}
-
-static void pair_free(struct pair *p) {
-    free(p->h);
-    gpu.ops->free(gpu.ctx, p->d);
-}
-
-/* ‖gpu − cpu‖ / ‖cpu‖ over the first n floats (compared with stride: rows
- * of `width` inside rows of `ld`, so padding that neither side writes is
- * skipped). NaN anywhere fails. */
-static double rel_err(const struct pair *p, long rows, long width, long ld) {
-    float *g = xmalloc(p->bytes + 4);
-    gpu.ops->download(gpu.ctx, g, p->d, p->bytes);
-    double num = 0, den = 0;
-    for (long r = 0; r < rows; r++)
-        for (long k = 0; k < width; k++) {
-            double a = g[r * ld + k], b = p->h[r * ld + k];
-            if (isnan(a) || isnan(b)) {
-                free(g);
-                fail_msg("NaN at row %ld col %ld (gpu %g cpu %g)", r, k, a, b);
-            }
-            num += (a - b) * (a - b);
-            den += b * b;
-        }
-    free(g);
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-#define expect_close(p, rows, width, ld, tol)                                            \
-    do {                                                                                 \
-        double e_ = rel_err((p), (rows), (width), (ld));                                 \
-        if (!(e_ <= (tol))) fail_msg("relative error %.3g above %.3g", e_, (double)(tol)); \
-        printf("  %-40s rel err %.3g (tol %.0e)\n", #p, e_, (double)(tol));             \
-    } while (0)
-
-#define SKIP_WITHOUT_GPU()  \
-    do {                    \
-        if (!have_gpu) fail_msg("no CUDA GPU: gpu-labelled tests run on the GPU machine (ctest -L gpu)"); \
-    } while (0)
 
 /* A KV cache on both backends: h holds fp32 for the CPU, d the same values
  * in the device backend's KV dtype (bf16 by default: rounded to nearest
@@ -203,31 +127,6 @@ static double vec_err(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* A weight on both backends. */
-struct wpair {
-    struct backend_weight c, g;
-    void *host;
-};
-
-static struct wpair weight_rand(enum dtype dt, long rows, long cols, float scale) {
-    size_t n = (size_t)rows * (size_t)cols, es = dtype_size(dt);
-    unsigned char *h = xaligned_alloc(n * es);
-    for (size_t i = 0; i < n; i++) {
-        float v = frand(scale);
-        if (dt == DTYPE_BF16) ((uint16_t *)h)[i] = f32_to_bf16(v);
-        else if (dt == DTYPE_F16) ((uint16_t *)h)[i] = f32_to_f16(v);
-        else ((float *)h)[i] = v;
-    }
-    struct wpair w = {{cpu.ops->weight_upload(cpu.ctx, h, n * es), dt, rows, cols},
-                      {gpu.ops->weight_upload(gpu.ctx, h, n * es), dt, rows, cols}, h};
-    assert_non_null(w.g.data);
-    return w;
-}
-
-static void weight_free(struct wpair *w) {
-    gpu.ops->weight_release(gpu.ctx, w->g.data);
-    free(w->host);
-}
 
 /* ---- tests --------------------------------------------------------------- */
 
@@ -1017,73 +916,6 @@ static void test_attention_matmul(void **state) {
     check_attention_matmul(64, 4096);  /* 16 MiB: the wgmma kernel on Hopper */
 }
 
-static void check_route(enum moe_route_scoring sc, enum moe_route_method me, int E, int K,
-                        int n_group, int topk_group, int with_bias, int renorm) {
-    long n = 77;
-    struct pair lg = pair_rand((size_t)(n * E), 3.0f), bias = pair_rand((size_t)E, 0.6f);
-    for (int e = 0; e < E; e++) bias.h[e] -= 0.4f; /* mostly negative: the 0.0 mask matters */
-    gpu.ops->upload(gpu.ctx, bias.d, bias.h, (size_t)E * 4);
-    struct pair w = pair_poison((size_t)(n * K));
-    int32_t *ci = xmalloc((size_t)(n * K) * 4), *gi = xmalloc((size_t)(n * K) * 4);
-    void *gid = gpu.ops->alloc(gpu.ctx, (size_t)(n * K) * 4);
-    struct moe_route_params p = {.n_experts = E, .top_k = K, .scoring = sc, .method = me,
-                                 .n_group = n_group, .topk_group = topk_group,
-                                 .renormalize = renorm, .scaling = 2.5f,
-                                 .scale_when_renormalized = 1};
-    cpu.ops->moe_route(cpu.ctx, ci, w.h, lg.h, with_bias ? bias.h : NULL, &p, n);
-    gpu.ops->moe_route(gpu.ctx, gid, w.d, lg.d, with_bias ? bias.d : NULL, &p, n);
-    gpu.ops->download(gpu.ctx, gi, gid, (size_t)(n * K) * 4);
-    printf("  route scoring=%d method=%d E=%d K=%d groups=%d/%d\n", sc, me, E, K, topk_group,
-           n_group);
-    assert_memory_equal(ci, gi, (size_t)(n * K) * 4);
-    expect_close(&w, n, K, K, 1e-5);
-    gpu.ops->free(gpu.ctx, gid);
-    free(ci), free(gi);
-    pair_free(&lg), pair_free(&bias), pair_free(&w);
-}
-
-static void test_moe_route(void **state) {
-    SKIP_WITHOUT_GPU();
-    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GREEDY, 60, 4, 1, 1, 0, 0);   /* qwen2-moe */
-    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GREEDY, 128, 8, 1, 1, 0, 1);  /* qwen3-moe */
-    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GROUP_LIMITED, 64, 6, 8, 3, 0, 0); /* deepseek-v2 */
-    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 256, 8, 8, 4, 1, 1); /* deepseek-v3 */
-    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 16, 4, 4, 2, 1, 1);
-}
-
-static void check_moe_ffn(long n, double tol) {
-    int E = 8, K = 2, H = 64, F = 48;
-    struct wpair gw[8], uw[8], dw[8];
-    struct backend_weight gc[8], gg[8], uc[8], ug[8], dc[8], dg[8];
-    for (int e = 0; e < E; e++) {
-        gw[e] = weight_rand(DTYPE_BF16, F, H, 0.125f), gc[e] = gw[e].c, gg[e] = gw[e].g;
-        uw[e] = weight_rand(DTYPE_BF16, F, H, 0.125f), uc[e] = uw[e].c, ug[e] = uw[e].g;
-        dw[e] = weight_rand(DTYPE_BF16, H, F, 0.15f), dc[e] = dw[e].c, dg[e] = dw[e].g;
-    }
-    struct moe_experts ec = {E, H, F, gc, uc, dc}, eg = {E, H, F, gg, ug, dg};
-    int32_t *ids = xmalloc((size_t)(n * K) * 4);
-    for (long t = 0; t < n; t++) {
-        ids[t * K] = irand(E);
-        do ids[t * K + 1] = irand(E);
-        while (ids[t * K + 1] == ids[t * K]);
-    }
-    struct pair pid = pair_from(ids, (size_t)(n * K) * 4), w = pair_rand((size_t)(n * K), 1.0f),
-                x = pair_rand((size_t)(n * H), 1.0f), y = pair_poison((size_t)(n * H));
-    cpu.ops->moe_ffn(cpu.ctx, y.h, x.h, (int32_t *)pid.h, w.h, K, &ec, n);
-    gpu.ops->moe_ffn(gpu.ctx, y.d, x.d, pid.d, w.d, K, &eg, n);
-    printf("  moe_ffn n=%ld\n", n);
-    expect_close(&y, n, H, H, tol);
-    for (int e = 0; e < E; e++) weight_free(&gw[e]), weight_free(&uw[e]), weight_free(&dw[e]);
-    free(ids);
-    pair_free(&pid), pair_free(&w), pair_free(&x), pair_free(&y);
-}
-
-static void test_moe_ffn(void **state) {
-    SKIP_WITHOUT_GPU();
-    check_moe_ffn(1, 1e-5);   /* every expert's rows go through the GEMV */
-    check_moe_ffn(100, 1e-2); /* ~25 rows per expert: cuBLAS, bf16 activations */
-}
-
 int main(void) {
     rng_seed("test_cuda_ops");
     struct kiln_error err = {{0}};
@@ -1175,8 +1007,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_smallm),
         cmocka_unit_test(test_attention),  cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_attention_decode_invariance),
-        cmocka_unit_test(test_attention_matmul), cmocka_unit_test(test_moe_route),
-        cmocka_unit_test(test_moe_ffn),
+        cmocka_unit_test(test_attention_matmul),
         cmocka_unit_test(test_fused),      cmocka_unit_test(test_pdl_chain),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -189,6 +189,7 @@ static void cuda_destroy(void *ctx) {
         (void)cudaStreamSynchronize(c->stream);
     }
     cuda_uploader_destroy(c);
+    cuda_moe_release(c);
     cuda_matmul_release(c);
 #ifdef KILN_CUDA_HOPPER
     cuda_wgmma_release(c);
@@ -241,6 +242,7 @@ static const struct backend_ops cuda_ops = {
     .attention = cuda_op_attention,
     .moe_route = cuda_op_moe_route,
     .moe_ffn = cuda_op_moe_ffn,
+    .moe_ffn_graphable = cuda_op_moe_ffn_graphable,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .graph_begin = cuda_graph_begin,
@@ -408,6 +410,13 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->wgmma_glu = !env_is("KILN_CUDA_WGMMA_GLU", "0");
     c->wgmma_rope = !env_is("KILN_CUDA_WGMMA_ROPE", "0");
 #endif
+    /* KILN_CUDA_MOE=device: MoE batches of up to 256 tokens (every decode
+     * graph bucket; KILN_CUDA_MOE_MAX sets the bound) sort their rows on
+     * the device and MoE models decode from graphs. Opt-in until it has
+     * run on a GPU (docs/cuda.md, "Mixture of experts"); by default every
+     * batch takes the host sort */
+    const char *mmax = getenv("KILN_CUDA_MOE_MAX");
+    c->moe_device_max = !env_is("KILN_CUDA_MOE", "device") ? 0 : mmax ? atoi(mmax) : 256;
     be->ops = &cuda_ops;
     be->ctx = c;
     if (env_is("KILN_CUDA_PROFILE", "1")) cuda_profile_install(be);

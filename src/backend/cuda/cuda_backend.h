@@ -96,6 +96,15 @@ struct cuda_ctx {
     int32_t *moe_host_ids;       /* [rows] routing ids copied back */
     int32_t *moe_host_list;      /* [rows] rows grouped by expert */
     size_t moe_host_rows;
+    /* MoE on the device (cuda_moe.cu): batches of up to moe_device_max
+     * tokens with 16-bit experts sort their rows by expert on the device
+     * and run grouped products, no host round trip (graph-capturable);
+     * larger ones (prefill) take the host sort and cuBLAS per expert.
+     * KILN_CUDA_MOE=device turns it on (0 otherwise: always the host
+     * path); KILN_CUDA_MOE_MAX: the bound */
+    int moe_device_max;
+    void *moe_tables;            /* per-layer device tables of expert weight pointers */
+    long moe_device_calls;       /* moe_ffn calls that took the device path (host count, for tests) */
     /* weight uploads: pinned staging, the loader thread (cuda_upload.c) */
     struct cuda_uploader *up;
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
@@ -203,6 +212,8 @@ void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *log
                        const float *bias, const struct moe_route_params *p, long n);
 void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                      int top_k, const struct moe_experts *e, long n);
+int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e, int top_k, long n);
+void cuda_moe_release(struct cuda_ctx *c);
 void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n,
                            int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
                            const float *k_norm, float eps, int rot_dim, const int32_t *pos,
@@ -320,6 +331,20 @@ int cuda_gemm_small_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                        long ldx, long n);
 void cuda_gemm_small(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                      const struct backend_weight *w, const float *bias, long n);
+/* Its grouped mode (the MoE experts): rows sorted by expert, `tiles`
+ * [max_tiles] of int4 (expert, first sorted row, rows <= tile_rows, -)
+ * with *n_tiles of them valid (both on the device); sorted row p reads x16
+ * row p, or row order[p] / top_k where order is not NULL. Without w_b,
+ * y (fp32, stride ldy) = x16 · w_a[expert]ᵀ, N = the weights' rows; with
+ * w_b (glu), y (16-bit, stride ldy) = silu(x16 · w_aᵀ) · (x16 · w_bᵀ),
+ * N = the inner size. w_a, w_b: device arrays of per-expert pointers. */
+int cuda_gemm_small_grouped_ok(long N, long K, int glu);
+void cuda_gemm_small_grouped(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *y, long ldy,
+                             const void *x16, long ldx, const int32_t *order, int top_k,
+                             const void *const *w_a, const void *const *w_b, const void *tiles,
+                             const int *n_tiles, long max_tiles, long N, long K);
+/* x16 [n][cols] = x in dt (16-bit), in the act16 scratch (cuda_matmul.cu) */
+void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt);
 
 /* The small-M wgmma + TMA product (hopper/gemm_wgmma.cu, built only with
  * KILN_CUDA_HOPPER): init returns 1 when the device is compute capability

@@ -36,7 +36,17 @@
  *    first STAGES-1 steps are issued before pdl_wait (weights are never
  *    written by kernels), the activations after it.
  * Requirements (cuda_gemm_small_ok): K % 64 == 0, 16-byte aligned W, X
- * and X's row stride; anything else takes cuBLAS. */
+ * and X's row stride; anything else takes cuBLAS.
+ *
+ * Grouped mode (cuda_gemm_small_grouped: the expert MLPs of a MoE layer,
+ * cuda_moe.cu): the rows come sorted by expert with a device tile list
+ * (expert, first row, rows) built on the device; CTA (x, t) runs N tile x
+ * of tile t with that expert's weight, and CTAs past the list's device
+ * count return at once, so the grid is sized by a bound and nothing goes
+ * through the host (graph-capturable). No K split. With `glu`, the CTA's
+ * 64 weight rows are 32 rows of the expert's gate and the same 32 of its
+ * up (warps 0-1 and 2-3), and the epilogue writes silu(g)·u in 16 bits:
+ * the down product's operand. */
 #include <math.h>
 #include <stdint.h>
 
@@ -95,13 +105,32 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
     return (uint32_t)(r * (BK * 2) + ((c ^ (r & 7)) << 4));
 }
 
+/* The grouped mode's arguments (see the top of the file). */
+struct grouped {
+    const void *const *w_a; /* [experts] weights (glu: the gates) */
+    const void *const *w_b; /* [experts] glu: the ups; else NULL */
+    const int4 *tiles;      /* (expert, first sorted row, rows, -) */
+    const int *n_tiles;     /* tiles in the list (device) */
+    const int32_t *order;   /* NULL: x holds the sorted rows; else sorted row p reads
+                               x row order[p] / top_k */
+    int top_k;
+};
+
+enum { MODE_DENSE = 0, MODE_GROUPED, MODE_GLU };
+
+__device__ __forceinline__ void store16(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store16(__half *p, float v) { *p = __float2half_rn(v); }
+
 /* MT: n8 tiles of activation rows (M <= 8·MT); MTE: MT rounded up to even
  * (ldmatrix.x4 reads two tiles at a time; the odd one's partner is loaded
- * too, clamped, and its products are skipped). */
-template <typename T, int MT>
+ * too, clamped, and its products are skipped). MODE: dense, grouped, or
+ * grouped with the SwiGLU epilogue (y is then T [rows][N] with N the
+ * experts' inner size). */
+template <typename T, int MT, int MODE>
 __global__ void __launch_bounds__(THREADS)
 gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long ldx,
-                  const T *__restrict__ w, const float *bias, int M, int N, int K, int S) {
+                  const T *__restrict__ w, const float *bias, int M, int N, int K, int S,
+                  struct grouped g) {
     constexpr int MTE = (MT + 1) & ~1;
     constexpr int A_ROWS = MTE * 8;
     constexpr uint32_t W_BYTES = BN * BK * 2, A_BYTES = A_ROWS * BK * 2;
@@ -109,7 +138,22 @@ gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long
     extern __shared__ __align__(128) unsigned char smem[];
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n0 = blockIdx.x * BN, split = blockIdx.y;
+    int n0 = blockIdx.x * BN, split = blockIdx.y;
+    const T *w_b = NULL;
+    int a_row0 = 0;
+    if (MODE != MODE_DENSE) {
+        /* the tile list is written by the kernel before: wait before reading it */
+        pdl_wait();
+        if ((int)blockIdx.y >= *g.n_tiles) return;
+        const int4 t = g.tiles[blockIdx.y];
+        w = (const T *)g.w_a[t.x];
+        if (MODE == MODE_GLU) w_b = (const T *)g.w_b[t.x], n0 = blockIdx.x * (BN / 2);
+        if (g.order) a_row0 = t.y;
+        else x += (long)t.y * ldx;
+        y = (float *)((char *)y + (long)t.y * ldy * (MODE == MODE_GLU ? sizeof(T) : sizeof(float)));
+        M = t.z;
+        split = 0;
+    }
     const int nk = K / BK;
     const int k0 = (int)((long)split * nk / S), k1 = (int)((long)(split + 1) * nk / S);
     const uint32_t sbase = smem_u32(smem);
@@ -119,19 +163,34 @@ gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long
 #pragma unroll
         for (int i = 0; i < BN * 8 / THREADS; i++) {
             int idx = tid + i * THREADS, r = idx >> 3, c = idx & 7;
-            int gr = min(n0 + r, N - 1);
-            cp_async16(dst + swz(r, c), w + (long)gr * K + (long)ks * BK + c * 8);
+            const T *src;
+            if (MODE == MODE_GLU) { /* rows 0-31: gate rows n0.., 32-63: up rows n0.. */
+                int gr = min(n0 + (r & (BN / 2 - 1)), N - 1);
+                src = (r < BN / 2 ? w : w_b) + (long)gr * K;
+            } else {
+                src = w + (long)min(n0 + r, N - 1) * K;
+            }
+            cp_async16(dst + swz(r, c), src + (long)ks * BK + c * 8);
         }
     };
+    /* this thread's activation rows (the same at every k-step); grouped
+     * with `order`: sorted row p is token order[p] / top_k of x */
+    constexpr int AI = (A_ROWS * 8 + THREADS - 1) / THREADS;
+    const T *arow[AI];
+#pragma unroll
+    for (int i = 0; i < AI; i++) {
+        int gr = min((tid + i * THREADS) >> 3, M - 1);
+        if (MODE != MODE_DENSE && g.order) arow[i] = x + (long)(g.order[a_row0 + gr] / g.top_k) * ldx;
+        else arow[i] = x + (long)gr * ldx;
+    }
     auto load_a = [&](int stage, int ks) {
         uint32_t dst = sbase + stage * STAGE_BYTES + W_BYTES;
 #pragma unroll
-        for (int i = 0; i < (A_ROWS * 8 + THREADS - 1) / THREADS; i++) {
+        for (int i = 0; i < AI; i++) {
             int idx = tid + i * THREADS;
             if (idx < A_ROWS * 8) {
                 int r = idx >> 3, c = idx & 7;
-                int gr = min(r, M - 1);
-                cp_async16(dst + swz(r, c), x + (long)gr * ldx + (long)ks * BK + c * 8);
+                cp_async16(dst + swz(r, c), arow[i] + (long)ks * BK + c * 8);
             }
         }
     };
@@ -184,6 +243,37 @@ gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long
 
     /* lane holds rows n = n0 + 16·warp + lane/4 (+8), activation rows
      * m = 8j + 2·(lane%4) (+1) */
+    if (MODE == MODE_GLU) {
+        /* warps 2-3 hold the ups of warps 0-1's gates: pass them over in
+         * shared memory (the ring is free now), then 0-1 write silu(g)·u */
+        float *xs = (float *)smem;
+        __syncthreads();
+        if (warp >= 2)
+#pragma unroll
+            for (int j = 0; j < MT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) xs[(((warp - 2) * MT + j) * 4 + q) * 32 + lane] = acc[j][q];
+        __syncthreads();
+        if (warp >= 2) return;
+        T *h = (T *)y;
+        const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            float u[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) u[q] = xs[((warp * MT + j) * 4 + q) * 32 + lane];
+            int m = j * 8 + 2 * (lane & 3);
+            if (m < M) {
+                if (nA < N) store16(h + (long)m * ldy + nA, silu_mul_f32(acc[j][0], u[0]));
+                if (nB < N) store16(h + (long)m * ldy + nB, silu_mul_f32(acc[j][2], u[2]));
+            }
+            if (m + 1 < M) {
+                if (nA < N) store16(h + (long)(m + 1) * ldy + nA, silu_mul_f32(acc[j][1], u[1]));
+                if (nB < N) store16(h + (long)(m + 1) * ldy + nB, silu_mul_f32(acc[j][3], u[3]));
+            }
+        }
+        return;
+    }
     const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
     float *out = S > 1 ? part + (long)split * M * N : y;
     const long ld = S > 1 ? (long)N : ldy;
@@ -225,14 +315,14 @@ template <typename T, int MT> constexpr size_t smem_bytes() {
 
 /* CTAs of the product kernel resident per SM, found once per variant
  * (also sets its shared-memory limit). */
-template <typename T, int MT> int setup() {
+template <typename T, int MT, int MODE = MODE_DENSE> int setup() {
     static int per_sm = 0;
     if (!per_sm) {
         size_t sm = smem_bytes<T, MT>();
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_small_kernel<T, MT>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_small_kernel<T, MT, MODE>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         int b = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemm_small_kernel<T, MT>,
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemm_small_kernel<T, MT, MODE>,
                                                                  THREADS, sm));
         per_sm = b > 0 ? b : 1;
     }
@@ -277,9 +367,9 @@ void launch(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
     int nk = (int)(K / BK);
     int S = choose_splits(c, tiles, nk, per_sm * c->n_sm, n, N);
     float *part = (float *)c->cublas_ws;
-    pdl_launch(c, gemm_small_kernel<T, MT>, dim3((unsigned)tiles, (unsigned)S), dim3(THREADS),
-               smem_bytes<T, MT>(), y, ldy, part, (const T *)x16, ldx, (const T *)w->data, bias,
-               (int)n, (int)N, (int)K, S);
+    pdl_launch(c, gemm_small_kernel<T, MT, MODE_DENSE>, dim3((unsigned)tiles, (unsigned)S),
+               dim3(THREADS), smem_bytes<T, MT>(), y, ldy, part, (const T *)x16, ldx,
+               (const T *)w->data, bias, (int)n, (int)N, (int)K, S, grouped{});
     if (S > 1) {
         long total = n * N;
         int blocks = (int)((total + 255) / 256);
@@ -304,7 +394,44 @@ void dispatch(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
     }
 }
 
+template <typename T, int MT>
+void launch_grouped(struct cuda_ctx *c, void *y, long ldy, const void *x16, long ldx,
+                    const struct grouped &g, long max_tiles, long N, long K) {
+    if (g.w_b) {
+        setup<T, MT, MODE_GLU>();
+        pdl_launch(c, gemm_small_kernel<T, MT, MODE_GLU>, dim3((unsigned)((N + BN / 2 - 1) / (BN / 2)), (unsigned)max_tiles),
+                   dim3(THREADS), smem_bytes<T, MT>(), (float *)y, ldy, (float *)NULL, (const T *)x16, ldx,
+                   (const T *)NULL, (const float *)NULL, 0, (int)N, (int)K, 1, g);
+    } else {
+        setup<T, MT, MODE_GROUPED>();
+        pdl_launch(c, gemm_small_kernel<T, MT, MODE_GROUPED>, dim3((unsigned)((N + BN - 1) / BN), (unsigned)max_tiles),
+                   dim3(THREADS), smem_bytes<T, MT>(), (float *)y, ldy, (float *)NULL, (const T *)x16, ldx,
+                   (const T *)NULL, (const float *)NULL, 0, (int)N, (int)K, 1, g);
+    }
+}
+
+template <typename T>
+void dispatch_grouped(struct cuda_ctx *c, int tile_rows, void *y, long ldy, const void *x16, long ldx,
+                      const struct grouped &g, long max_tiles, long N, long K) {
+    if (tile_rows <= 16) launch_grouped<T, 2>(c, y, ldy, x16, ldx, g, max_tiles, N, K);
+    else launch_grouped<T, 8>(c, y, ldy, x16, ldx, g, max_tiles, N, K);
+}
+
 } // namespace
+
+extern "C" int cuda_gemm_small_grouped_ok(long N, long K, int glu) {
+    return K % BK == 0 && N >= 1 && K <= INT32_MAX && N <= INT32_MAX && (!glu || N % 2 == 0);
+}
+
+extern "C" void cuda_gemm_small_grouped(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *y, long ldy,
+                                        const void *x16, long ldx, const int32_t *order, int top_k,
+                                        const void *const *w_a, const void *const *w_b, const void *tiles,
+                                        const int *n_tiles, long max_tiles, long N, long K) {
+    struct grouped g = {w_a, w_b, (const int4 *)tiles, n_tiles, order, top_k};
+    if (max_tiles <= 0) return;
+    if (dt == DTYPE_BF16) dispatch_grouped<__nv_bfloat16>(c, tile_rows, y, ldy, x16, ldx, g, max_tiles, N, K);
+    else dispatch_grouped<__half>(c, tile_rows, y, ldy, x16, ldx, g, max_tiles, N, K);
+}
 
 extern "C" int cuda_gemm_small_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                                   const void *x16, long ldx, long n) {

@@ -280,6 +280,10 @@ static void *to16(struct cuda_ctx *c, const float *x, long ldx, long n, long col
     return c->act16.p;
 }
 
+extern "C" void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt) {
+    return to16(c, x, ldx, n, cols, dt, 1);
+}
+
 extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
                                const struct backend_weight *w, const float *bias, long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;

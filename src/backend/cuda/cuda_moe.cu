@@ -7,16 +7,28 @@
  * its two best biased scores; experts of unchosen groups are masked to 0.0
  * (not -inf), so a negative biased score can lose to a masked expert.
  *
- * Expert MLPs (a simple first version): the routing ids come back to the
- * host (one stream sync per MoE layer), rows are grouped by expert, and
- * each expert with rows runs gate/up/down through cuda_op_matmul on its
- * contiguous block of gathered rows. A final kernel sums each token's k
+ * Expert MLPs, two paths; both end in a kernel that sums each token's k
  * expert outputs in the token's own top-k order, as the CPU does.
- * Grouped GEMMs without the host round trip come next (docs/cuda.md). */
+ *  - Device (batches of up to moe_device_max tokens, 16-bit experts: every
+ *    decode step): one CTA counts the n·k (token, j) rows per expert,
+ *    scans, scatters them into expert order and writes a list of tiles
+ *    (expert, first row, up to 16 or 64 rows); gate|up then runs as one
+ *    grouped product over the list with SwiGLU in its epilogue (16-bit
+ *    output, reading the tokens' 16-bit rows through the order, no
+ *    gather), and down as a second grouped product. Nothing comes back to
+ *    the host, so a decode step with MoE layers records as a graph. The
+ *    experts' weight pointers live in a device table per layer, built on
+ *    the layer's first call (never inside a recording: the first step of
+ *    every batch size runs eagerly).
+ *  - Host (larger batches: prefill): the routing ids come back to the host
+ *    (one stream sync per MoE layer), rows are grouped by expert, and each
+ *    expert with rows runs gate/up/down through cuda_op_matmul (cuBLAS) on
+ *    its contiguous block of gathered rows. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 
 enum { MOE_MAX_EXPERTS = 1024 };
 
@@ -137,6 +149,8 @@ static __global__ void moe_gather_kernel(float *__restrict__ xg, const float *__
 static __global__ void moe_combine_kernel(float *__restrict__ y, const float *__restrict__ out,
                                           const int32_t *__restrict__ where,
                                           const float *__restrict__ w, int top_k, long n, long H) {
+    pdl_trigger();
+    pdl_wait();
     for (long t = blockIdx.x; t < n; t += gridDim.x) {
         for (long d = threadIdx.x; d < H; d += blockDim.x) {
             float acc = 0.0f;
@@ -147,11 +161,198 @@ static __global__ void moe_combine_kernel(float *__restrict__ y, const float *__
     }
 }
 
+/* ---- device path ---------------------------------------------------------- */
+
+enum { ALIGN_THREADS = 1024 };
+
+/* Exclusive prefix sum of v over the block (ALIGN_THREADS threads); the
+ * total in *total. */
+static __device__ int block_exclusive_scan(int v, int *warp_sums, int *total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int t = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += t;
+    }
+    if (lane == 31) warp_sums[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+        int w = warp_sums[lane], wi = w;
+        for (int o = 1; o < 32; o <<= 1) {
+            int t = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += t;
+        }
+        warp_sums[lane] = wi - w;
+        if (lane == 31) warp_sums[32] = wi;
+    }
+    __syncthreads();
+    int r = inc - v + warp_sums[warp];
+    *total = warp_sums[32];
+    __syncthreads();
+    return r;
+}
+
+/* One CTA: rows r = t·k + j of ids grouped by expert. order[p] = the row at
+ * sorted position p, where[r] = its position; tiles[] = (expert, first
+ * position, rows <= bm, 0) for every expert's rows, *n_tiles of them. */
+static __global__ void __launch_bounds__(ALIGN_THREADS)
+moe_align_kernel(const int32_t *__restrict__ ids, int rows, int E, int bm, int32_t *__restrict__ order,
+                 int32_t *__restrict__ where, int4 *__restrict__ tiles, int *__restrict__ n_tiles) {
+    extern __shared__ float sh[]; /* as ints: cnt [E], warp sums [33] */
+    int *cnt = (int *)sh, *ws = cnt + E;
+    pdl_trigger();
+    pdl_wait();
+    const int tid = threadIdx.x;
+    for (int e = tid; e < E; e += ALIGN_THREADS) cnt[e] = 0;
+    __syncthreads();
+    for (int r = tid; r < rows; r += ALIGN_THREADS) atomicAdd(&cnt[ids[r]], 1);
+    __syncthreads();
+    /* E <= ALIGN_THREADS: thread e owns expert e */
+    int c = tid < E ? cnt[tid] : 0, total;
+    int start = block_exclusive_scan(c, ws, &total);
+    int tstart = block_exclusive_scan((c + bm - 1) / bm, ws, &total);
+    if (tid < E) {
+        for (int j = 0; j * bm < c; j++)
+            tiles[tstart + j] = make_int4(tid, start + j * bm, min(bm, c - j * bm), 0);
+        cnt[tid] = start; /* now the next free position of the expert */
+    }
+    if (tid == 0) *n_tiles = total;
+    __syncthreads();
+    for (int r = tid; r < rows; r += ALIGN_THREADS) {
+        int p = atomicAdd(&cnt[ids[r]], 1);
+        order[p] = r;
+        where[r] = p;
+    }
+}
+
+/* Device tables of the experts' weight pointers: [gate E][up E][down E],
+ * one per layer, found by comparing the pointers themselves (a host copy
+ * is kept), so that experts freed and others allocated at the same
+ * addresses never meet a stale table. */
+struct moe_table {
+    long n;            /* 3 E */
+    const void **host; /* [3 E] */
+    void **dev;        /* [3 E] */
+};
+struct moe_tables {
+    struct moe_table *t;
+    int n, cap;
+};
+
+static void moe_fill(const struct moe_experts *e, const void **h) {
+    long E = e->n_experts;
+    for (long i = 0; i < E; i++) h[i] = e->gate[i].data, h[E + i] = e->up[i].data, h[2 * E + i] = e->down[i].data;
+}
+
+static void *const *moe_table(struct cuda_ctx *c, const struct moe_experts *e) {
+    struct moe_tables *ts = (struct moe_tables *)c->moe_tables;
+    if (!ts) {
+        ts = (struct moe_tables *)calloc(1, sizeof *ts);
+        CUDA_ASSERT_MSG(ts, "out of host memory");
+        c->moe_tables = ts;
+    }
+    long n = 3L * e->n_experts, E = e->n_experts;
+    for (int i = 0; i < ts->n; i++) {
+        const struct moe_table *t = &ts->t[i];
+        if (t->n != n) continue;
+        long k = 0;
+        for (; k < E && t->host[k] == e->gate[k].data && t->host[E + k] == e->up[k].data &&
+               t->host[2 * E + k] == e->down[k].data;
+             k++) {
+        }
+        if (k == E) return t->dev;
+    }
+    cudaStreamCaptureStatus cs;
+    CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
+    CUDA_ASSERT_MSG(cs == cudaStreamCaptureStatusNone,
+                    "moe_ffn: a layer's first call is being recorded (run one step eagerly first)");
+    if (ts->n == ts->cap) {
+        ts->cap = ts->cap ? 2 * ts->cap : 64;
+        ts->t = (struct moe_table *)realloc(ts->t, (size_t)ts->cap * sizeof *ts->t);
+        CUDA_ASSERT_MSG(ts->t, "out of host memory");
+    }
+    const void **h = (const void **)malloc((size_t)n * sizeof *h);
+    CUDA_ASSERT_MSG(h, "out of host memory");
+    moe_fill(e, h);
+    void **d = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&d, (size_t)n * sizeof *d));
+    CUDA_CHECK(cudaMemcpyAsync(d, h, (size_t)n * sizeof *d, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    ts->t[ts->n++] = (struct moe_table){n, h, d};
+    return d;
+}
+
+extern "C" void cuda_moe_release(struct cuda_ctx *c) {
+    struct moe_tables *ts = (struct moe_tables *)c->moe_tables;
+    if (!ts) return;
+    for (int i = 0; i < ts->n; i++) (void)cudaFree(ts->t[i].dev), free(ts->t[i].host);
+    free(ts->t);
+    free(ts);
+    c->moe_tables = NULL;
+}
+
+/* The device path serves these experts for n tokens: 16-bit weights of
+ * one type, shapes the grouped product takes, aligned rows. */
+static int moe_device_ok(const struct cuda_ctx *c, const struct moe_experts *e, int top_k, long n) {
+    if (n < 1 || n > c->moe_device_max || c->deterministic || c->split_act) return 0;
+    /* the tile list is the products' grid y (at most 65535 CTAs) */
+    if (e->n_experts > ALIGN_THREADS || (long)n * top_k / 16 + e->n_experts > 65535) return 0;
+    if (!cuda_gemm_small_grouped_ok(e->inter, e->hidden, 1) || !cuda_gemm_small_grouped_ok(e->hidden, e->inter, 0) ||
+        e->hidden % 8 || e->inter % 8)
+        return 0;
+    enum dtype dt = e->gate[0].dtype;
+    if (dt != DTYPE_BF16 && dt != DTYPE_F16) return 0;
+    for (int i = 0; i < e->n_experts; i++) {
+        const struct backend_weight *w[3] = {&e->gate[i], &e->up[i], &e->down[i]};
+        for (int k = 0; k < 3; k++)
+            if (w[k]->dtype != dt || ((uintptr_t)w[k]->data & 15)) return 0;
+    }
+    return 1;
+}
+
+extern "C" int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e, int top_k, long n) {
+    return moe_device_ok((const struct cuda_ctx *)ctx, e, top_k, n);
+}
+
+static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const int32_t *ids,
+                           const float *weights, int top_k, const struct moe_experts *e, long n) {
+    long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
+    enum dtype dt = e->gate[0].dtype;
+    /* 16-row tiles while the average expert gets up to 16 rows (decode),
+     * else 64 */
+    int bm = rows <= 16 * E ? 16 : 64;
+    long max_tiles = (rows + bm - 1) / bm + (E < rows ? E : rows);
+    void *const *tab = moe_table(c, e);
+    /* scratch: h [rows][F] 16-bit, out [rows][H] fp32, order, where [rows], tiles, count */
+    size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
+    size_t bytes = h_bytes + (size_t)rows * H * 4 + (size_t)rows * 8 + (size_t)max_tiles * 16 + 16;
+    cuda_scratch_reserve(c, &c->moe_dev, bytes);
+    char *p = (char *)c->moe_dev.p;
+    void *h = p;
+    float *out = (float *)(p + h_bytes);
+    int4 *tiles = (int4 *)(out + rows * H);
+    int32_t *order = (int32_t *)(tiles + max_tiles), *where = order + rows;
+    int *n_tiles = (int *)(where + rows);
+    const void *x16 = cuda_act16(c, x, H, n, H, dt);
+    pdl_launch(c, moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), (size_t)(E + 33) * 4, ids, (int)rows, (int)E,
+               bm, order, where, tiles, n_tiles);
+    cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
+                            (const void *const *)(tab + E), tiles, n_tiles, max_tiles, F, H);
+    cuda_gemm_small_grouped(c, dt, bm, out, H, h, F, NULL, 1, (const void *const *)(tab + 2 * E), NULL, tiles,
+                            n_tiles, max_tiles, H, F);
+    pdl_launch(c, moe_combine_kernel, dim3(grid_for(n, 1)), dim3(256), 0, y, (const float *)out,
+               (const int32_t *)where, weights, top_k, n, H);
+    c->moe_device_calls++;
+}
+
+/* ---- host path -------------------------------------------------------------- */
+
 extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids,
                                 const float *weights, int top_k, const struct moe_experts *e,
                                 long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (n <= 0) return;
+    if (moe_device_ok(c, e, top_k, n)) return moe_ffn_device(c, y, x, ids, weights, top_k, e, n);
     long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
     /* device scratch: xg [rows][H], g, u [rows][F], out [rows][H], order, where [rows] */
     size_t fl = (size_t)rows * (size_t)(2 * H + 2 * F);

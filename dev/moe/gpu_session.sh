@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# gpu_session.sh — MoE on the GPU in one lease: build, the MoE and model
+# tests, then decode benchmarks of the MoE configs (KILN_CUDA_MOE=device,
+# the device path with graphs, against the default host sort and cuBLAS per
+# expert without graphs),
+# a dense check (Llama-3.1-8B at 64 sequences), and `ctest -L gpu` if the
+# budget allows. Logs in $OUT (summary.log is the short version).
+#
+#   OUT=$OUT bash dev/moe/gpu_session.sh [BUDGET_S]
+# STAGES: any of "tests bench ctest" (default: all). BENCH: "label|ENV=V ...|args" lines.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/moe-out}
+BUDGET=${1:-560}
+STAGES=${STAGES:-"tests bench ctest"}
+source dev/session.sh
+Q30=models/configs/qwen3-30b-a3b.json DS=models/configs/deepseek-v2-lite.json L=models/configs/llama-3.1-8b.json
+TESTS=${TESTS:-"test_cuda_moe test_model_cuda test_cuda_graphs"}
+D=KILN_CUDA_MOE=device
+BENCH=${BENCH:-"q30 b1|$D|--model $Q30 --prompt-len 128 --decode 32 --repeat 2
+q30 b1 host||--model $Q30 --prompt-len 128 --decode 32 --repeat 2
+q30 b64|$D|--model $Q30 --prompt-len 128 --decode 32 --batch 64 --repeat 2
+q30 b64 host||--model $Q30 --prompt-len 128 --decode 32 --batch 64 --repeat 2
+q30 b256|$D|--model $Q30 --prompt-len 128 --decode 16 --batch 256 --repeat 2
+ds b1|$D|--model $DS --prompt-len 128 --decode 32 --repeat 2
+ds b64|$D|--model $DS --prompt-len 128 --decode 32 --batch 64 --repeat 2
+ds b64 host||--model $DS --prompt-len 128 --decode 32 --batch 64 --repeat 2
+llama b64||--model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2"}
+
+say "build"
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
+  ninja -C "$B" >>"$OUT/build.log" 2>&1 ||
+  { say "build FAILED"; grep -A12 -m3 error "$OUT/build.log" | head -50 | tee -a "$S"; exit 1; }
+say "build ok"
+
+if want tests; then
+  for t in $TESTS; do
+    [ "$(left)" -gt 60 ] || break
+    (cd "$B/tests" && KILN_FIXTURES=$PWD/../../tests/fixtures timeout "$(lim 150)" ./$t) >"$OUT/$t.log" 2>&1
+    say "$t rc=$? $(grep -E 'PASSED|FAILED' "$OUT/$t.log" | tr '\n' ' ')"
+    grep -E '^  [a-z].*(path|range|differ)|^\[  FAILED|rel err|error|Error' "$OUT/$t.log" | head -40 | tee -a "$S"
+  done
+fi
+
+if want bench; then
+  while IFS='|' read -r label envs args; do
+    [ -n "$label" ] || continue
+    bench "$label" 150 "$envs" $args
+  done <<<"$BENCH"
+  grep -E '^device copy' "$OUT/bench.log" | head -2 | tee -a "$S"
+fi
+
+if want ctest && [ "$(left)" -gt 150 ]; then
+  say "ctest -L gpu"
+  KILN_TOKENIZERS=/nonexistent timeout "$(lim 400)" ctest --test-dir "$B" -L gpu --output-on-failure >"$OUT/ctest-gpu.log" 2>&1
+  say "ctest rc=$?"
+  grep -E 'tests passed|tests failed|Test +#' "$OUT/ctest-gpu.log" | tail -16 | tee -a "$S"
+fi
+say "done"

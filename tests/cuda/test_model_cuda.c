@@ -1,0 +1,318 @@
+/* test_model_cuda.c — whole decode steps of real-shaped dense models on the
+ * GPU against the CPU backend.
+ *
+ * The oracle models that `kiln verify --device cuda` checks have heads of
+ * 8–32, so the paths that only open at real shapes never run there: the
+ * q|k|v product with rope and the K/V stores in its epilogue (head size
+ * 128, no q/k norm, bf16 cache, 1..64 rows), the wgmma products with
+ * their K-split plans, the tensor-core decode attention, and the decode
+ * graphs recorded and replayed at those sizes. Here small models with
+ * head size 128 and dummy weights (the same values on both backends) run
+ * the same steps on the CPU (fp32) and on the GPU:
+ *
+ *   step 0: 64 prompts of 1..97 tokens, one prefill batch;
+ *   steps 1..4: 64 decode rows (eager, recorded, replayed, replayed);
+ *   steps 5..7: 37 decode rows (bucket 40: three padded rows), then 1.
+ *
+ * The token fed at each decode step is fixed in advance (not sampled), so
+ * both backends see the same inputs whatever their logits. Checked:
+ *   - every logit of every sequence at every step within 3% of the step's
+ *     largest |logit| (the CPU's), the bf16 budget of docs/cuda.md
+ *     ("Accuracy and tolerances"): bf16 activations and cache keep 8
+ *     significant bits, 2^-9 relative per element, and the oracle models
+ *     land at ~2% of their logit range through three layers; a wrong row,
+ *     head, position or page gives errors of the logits' own size;
+ *   - llama (llama3 rope scaling) and qwen2 (q|k|v bias) take the fused
+ *     epilogue (the rope_fused counter moves), qwen3 (q/k norm) and
+ *     KILN_CUDA_WGMMA_ROPE=0 do not;
+ *   - fused and unfused runs agree within 0.5% of the range (they differ
+ *     by one bf16 rounding of the keys).
+ *
+ * MoE (the device path, KILN_CUDA_MOE=device, whose decode steps record
+ * as graphs): qwen3_moe with every token taking all 8 experts against the
+ * CPU as above (no expert choice for a rounding to flip); and with top 4
+ * of 32, graphs against KILN_GRAPHS=0 bit for bit, and against the host
+ * path on at least 90% of the rows (a flipped choice moves a row by O(1)).
+ *
+ * Label gpu; fails without a GPU (run it with ctest -L gpu on the GPU machine). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "base/error.h"
+#include "base/mem.h"
+#include "cache/kv_pool.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "tensor/backend.h"
+
+enum { N_SEQS = 64, PAGE = 16, MAX_PROMPT = 97, MAX_CTX = 256, VOCAB = 512, STEPS = 8 };
+
+/* rows decoding at each step (step 0 is the prefill of all) */
+static const int step_rows[STEPS] = {N_SEQS, 64, 64, 64, 64, 37, 37, 1};
+
+#define COMMON                                                                                        \
+    "\"hidden_size\": 1024, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"head_dim\": 128," \
+    " \"intermediate_size\": 2816, \"num_hidden_layers\": 2, \"vocab_size\": 512,"                     \
+    " \"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false,"       \
+    " \"torch_dtype\": \"bfloat16\", \"bos_token_id\": 1, \"eos_token_id\": 2"
+
+struct shape {
+    const char *name, *config;
+    int fused; /* the q|k|v epilogue path must run */
+    int moe;   /* MoE layers: their device path must run */
+};
+
+static const struct shape shapes[] = {
+    {"llama", "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], " COMMON
+              ", \"rope_theta\": 500000, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
+              " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+              " \"original_max_position_embeddings\": 128}}",
+     1, 0},
+    {"qwen2", "{\"model_type\": \"qwen2\", \"architectures\": [\"Qwen2ForCausalLM\"], " COMMON
+              ", \"rope_theta\": 1000000}",
+     1, 0},
+    {"qwen3", "{\"model_type\": \"qwen3\", \"architectures\": [\"Qwen3ForCausalLM\"], " COMMON
+              ", \"rope_theta\": 1000000}",
+     0, 0},
+    /* every token takes all 8 experts: no choice for a rounding to flip
+     * (a flipped expert moves logits by O(1)), so the CPU comparison holds */
+    {"qwen3_moe (top 8 of 8)",
+     "{\"model_type\": \"qwen3_moe\", \"architectures\": [\"Qwen3MoeForCausalLM\"], " COMMON
+     ", \"rope_theta\": 1000000, \"num_experts\": 8, \"num_experts_per_tok\": 8,"
+     " \"moe_intermediate_size\": 256, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1}",
+     0, 1},
+    /* top 4 of 32: checked against itself without graphs, bit for bit */
+    {"qwen3_moe (top 4 of 32)",
+     "{\"model_type\": \"qwen3_moe\", \"architectures\": [\"Qwen3MoeForCausalLM\"], " COMMON
+     ", \"rope_theta\": 1000000, \"num_experts\": 32, \"num_experts_per_tok\": 4,"
+     " \"moe_intermediate_size\": 192, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1}",
+     0, 1},
+};
+
+static int have_gpu = -1;
+
+struct seq {
+    int prompt_len, len;
+    int32_t pages[MAX_CTX / PAGE];
+    int n_pages;
+    int32_t ids[MAX_PROMPT + STEPS];
+};
+
+/* What the CUDA backend counted during a run. */
+struct counts {
+    long fused; /* products through the rope epilogue */
+    long moe;   /* moe_ffn calls on the device path */
+};
+
+/* Runs the eight steps on `device` (with env_name=env_value set while the
+ * backend and model are made, where given) and stores every sequence's
+ * logits of every step at out[(step * N_SEQS + seq) * VOCAB] (rows that
+ * did not run stay 0). */
+static struct counts run(const char *device, const struct shape *sh, const struct seq *init, float *out,
+                         const char *env_name, const char *env_value) {
+    struct kiln_error err = {{0}};
+    struct backend be;
+    struct backend_options bo = {0};
+    char *saved = env_name && getenv(env_name) ? xstrdup(getenv(env_name)) : NULL;
+    if (env_name) setenv(env_name, env_value, 1);
+    if (backend_create(&be, device, &bo, &err)) fail_msg("%s: %s", device, err.msg);
+    struct model_config cfg;
+    if (model_config_parse(&cfg, sh->config, strlen(sh->config), sh->name, &err)) fail_msg("%s", err.msg);
+    struct model_options mo = {.load_format = "dummy", .max_batch_tokens = 8192, .max_seqs = N_SEQS,
+                               .max_context = MAX_CTX, .page_size = PAGE, .seed = 11};
+    struct model *m;
+    if (model_load_dummy(&m, &cfg, &be, &mo, &err)) fail_msg("%s: %s", sh->name, err.msg);
+    if (saved) setenv(env_name, saved, 1), free(saved);
+    else if (env_name) unsetenv(env_name);
+    struct kv_layer_layout layout[8];
+    int nl = model_kv_layout(m, layout, 8);
+    struct kv_pool kv;
+    if (kv_pool_init(&kv, &be, layout, nl, PAGE, N_SEQS * (MAX_CTX / PAGE), &err)) fail_msg("%s", err.msg);
+    kv_pool_scramble(&kv, 5);
+    struct cuda_ctx *c = strcmp(device, "cuda") ? NULL : (struct cuda_ctx *)be.ctx;
+    struct counts n0 = {c ? c->rope_fused : 0, c ? c->moe_device_calls : 0};
+
+    struct seq seqs[N_SEQS];
+    memcpy(seqs, init, sizeof seqs);
+    int32_t *ids = xmalloc(8192 * 4), *pos = xmalloc(8192 * 4), *slot = xmalloc(8192 * 4);
+    int32_t q_start[N_SEQS + 1], kv_len[N_SEQS], page_start[N_SEQS + 1], rows[N_SEQS];
+    int32_t *pages = xmalloc(N_SEQS * (MAX_CTX / PAGE) * 4);
+    float *logits = xmalloc((size_t)N_SEQS * VOCAB * 4);
+    for (int step = 0; step < STEPS; step++) {
+        int nt = 0, ns = 0, np = 0;
+        for (int i = 0; i < step_rows[step]; i++) {
+            struct seq *s = &seqs[i];
+            int new_tokens = step == 0 ? s->prompt_len : 1;
+            int need = (s->len + new_tokens + PAGE - 1) / PAGE;
+            if (need > s->n_pages) {
+                assert_int_equal(kv_pool_alloc(&kv, need - s->n_pages, s->pages + s->n_pages), 0);
+                s->n_pages = need;
+            }
+            q_start[ns] = nt;
+            page_start[ns] = np;
+            memcpy(pages + np, s->pages, (size_t)s->n_pages * 4);
+            np += s->n_pages;
+            for (int k = 0; k < new_tokens; k++) {
+                int p = s->len + k;
+                ids[nt] = s->ids[p];
+                pos[nt] = p;
+                slot[nt] = s->pages[p / PAGE] * PAGE + p % PAGE;
+                nt++;
+            }
+            s->len += new_tokens;
+            kv_len[ns] = s->len;
+            rows[ns] = nt - 1;
+            ns++;
+        }
+        q_start[ns] = nt;
+        page_start[ns] = np;
+        struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = nt, .input_ids = ids,
+                          .positions = pos, .out_slot = slot, .n_seqs = ns, .q_start = q_start,
+                          .kv_len = kv_len, .kv_page_start = page_start, .kv_pages = pages,
+                          .page_size = PAGE, .n_logit_rows = ns, .logit_rows = rows};
+        if (model_forward(m, &kv, &b, logits, &err)) fail_msg("%s %s step %d: %s", device, sh->name, step, err.msg);
+        memcpy(out + (size_t)step * N_SEQS * VOCAB, logits, (size_t)ns * VOCAB * 4);
+    }
+    struct counts n = {c ? c->rope_fused - n0.fused : 0, c ? c->moe_device_calls - n0.moe : 0};
+    for (int i = 0; i < N_SEQS; i++) kv_pool_release(&kv, seqs[i].pages, seqs[i].n_pages);
+    free(ids), free(pos), free(slot), free(pages), free(logits);
+    kv_pool_free(&kv);
+    model_free(m);
+    backend_destroy(&be);
+    return n;
+}
+
+/* Worst |a - ref| over the step's rows, relative to the step's max |ref|;
+ * the worst over all steps. */
+static double worst_rel(const float *a, const float *ref, int *at_step) {
+    double worst = 0;
+    for (int step = 0; step < STEPS; step++) {
+        size_t off = (size_t)step * N_SEQS * VOCAB, n = (size_t)step_rows[step] * VOCAB;
+        double mx = 0, range = 0;
+        for (size_t i = 0; i < n; i++) {
+            assert_true(isfinite(a[off + i]));
+            double d = fabs((double)a[off + i] - ref[off + i]);
+            if (d > mx) mx = d;
+            if (fabs(ref[off + i]) > range) range = fabs(ref[off + i]);
+        }
+        assert_true(range > 0);
+        if (mx / range > worst) worst = mx / range, *at_step = step;
+    }
+    return worst;
+}
+
+static void make_init(struct seq *init) {
+    memset(init, 0, N_SEQS * sizeof *init);
+    uint64_t st = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < N_SEQS; i++) {
+        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+        init[i].prompt_len = i % 11 == 0 ? 1 : 2 + (int)(st % (MAX_PROMPT - 1));
+        for (int k = 0; k < MAX_PROMPT + STEPS; k++) {
+            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+            init[i].ids[k] = (int32_t)(3 + st % (VOCAB - 3));
+        }
+    }
+}
+
+/* The GPU against the CPU, with the rope epilogue on and off. */
+static void check_shape(const struct shape *sh) {
+    struct seq init[N_SEQS];
+    make_init(init);
+    size_t n = (size_t)STEPS * N_SEQS * VOCAB;
+    float *cpu = xcalloc(n, 4), *fused = xcalloc(n, 4), *plain = xcalloc(n, 4);
+    run("cpu", sh, init, cpu, NULL, NULL);
+    struct counts c_on = run("cuda", sh, init, fused, NULL, NULL);
+    struct counts c_off = run("cuda", sh, init, plain, "KILN_CUDA_WGMMA_ROPE", "0");
+    int s1 = 0, s2 = 0, s3 = 0;
+    double e_fused = worst_rel(fused, cpu, &s1), e_plain = worst_rel(plain, cpu, &s2);
+    double e_pair = worst_rel(fused, plain, &s3);
+    printf("  %s: GPU vs CPU worst %.4f of the logit range (step %d), with KILN_CUDA_WGMMA_ROPE=0 %.4f "
+           "(step %d); fused vs not %.5f (step %d); products through the rope epilogue: %ld (knob off: "
+           "%ld); MoE calls on the device path: %ld\n",
+           sh->name, e_fused, s1, e_plain, s2, e_pair, s3, c_on.fused, c_off.fused, c_on.moe);
+    assert_true(e_fused < 0.03);
+    assert_true(e_plain < 0.03);
+    assert_true(e_pair < 0.005);
+    /* one q|k|v product a layer for each decode step the host runs (eager
+     * or recorded: steps 1, 2, 5, 6, 7; replays do not count) */
+    if (sh->fused) assert_true(c_on.fused >= 2 * 5);
+    else assert_int_equal(c_on.fused, 0);
+    assert_int_equal(c_off.fused, 0);
+    /* the decode steps the host runs, one call a layer (the prefill of
+     * every prompt, ~3,000 tokens, takes the host path) */
+    if (sh->moe) assert_true(c_on.moe >= 2 * 5);
+    free(cpu), free(fused), free(plain);
+}
+
+/* A MoE model whose experts are chosen (top 4 of 32) decoded from graphs
+ * and with KILN_GRAPHS=0: the same kernels on the same inputs, so the
+ * logits must match to the bit; and against the host path (KILN_CUDA_MOE=host,
+ * cuBLAS / GEMV per expert, no graphs) within the bf16 budget on the rows
+ * whose experts did not flip, which is nearly all of them. */
+static void check_moe_graphs(const struct shape *sh) {
+    struct seq init[N_SEQS];
+    make_init(init);
+    size_t n = (size_t)STEPS * N_SEQS * VOCAB;
+    float *graphs = xcalloc(n, 4), *eager = xcalloc(n, 4), *host = xcalloc(n, 4);
+    struct counts cg = run("cuda", sh, init, graphs, NULL, NULL);
+    struct counts ce = run("cuda", sh, init, eager, "KILN_GRAPHS", "0");
+    struct counts ch = run("cuda", sh, init, host, "KILN_CUDA_MOE", "host");
+    size_t n_diff = 0;
+    for (size_t i = 0; i < n; i++) n_diff += memcmp(&graphs[i], &eager[i], 4) != 0;
+    /* rows (one sequence at one step) within 3% of their own range */
+    int rows = 0, close = 0;
+    for (int step = 0; step < STEPS; step++)
+        for (int r = 0; r < step_rows[step]; r++) {
+            const float *a = host + ((size_t)step * N_SEQS + r) * VOCAB, *b = graphs + ((size_t)step * N_SEQS + r) * VOCAB;
+            double mx = 0, range = 0;
+            for (int v = 0; v < VOCAB; v++) {
+                mx = fmax(mx, fabs((double)a[v] - b[v]));
+                range = fmax(range, fabs((double)a[v]));
+            }
+            rows++;
+            close += mx <= 0.03 * range;
+        }
+    printf("  %s: graphs vs KILN_GRAPHS=0: %zu of %zu logits differ; device vs host path: %d of %d rows "
+           "within 3%% of their range; MoE calls on the device path: %ld / %ld / %ld\n",
+           sh->name, n_diff, n, close, rows, cg.moe, ce.moe, ch.moe);
+    assert_int_equal(n_diff, 0);
+    assert_true(close >= rows * 9 / 10);
+    /* with graphs, replays do not call: steps 1, 2, 5, 6, 7 a layer each;
+     * eager, all seven decode steps */
+    assert_true(cg.moe >= 2 * 5);
+    assert_true(ce.moe >= 2 * 7);
+    assert_int_equal(ch.moe, 0);
+    free(graphs), free(eager), free(host);
+}
+
+#define NEED_GPU() \
+    if (!have_gpu) fail_msg("no CUDA GPU: gpu-labelled tests run on the GPU machine (ctest -L gpu)")
+
+static void test_llama(void **state) { (void)state; NEED_GPU(); check_shape(&shapes[0]); }
+static void test_qwen2(void **state) { (void)state; NEED_GPU(); check_shape(&shapes[1]); }
+static void test_qwen3(void **state) { (void)state; NEED_GPU(); check_shape(&shapes[2]); }
+static void test_qwen3_moe_all(void **state) { (void)state; NEED_GPU(); check_shape(&shapes[3]); }
+static void test_qwen3_moe_graphs(void **state) { (void)state; NEED_GPU(); check_moe_graphs(&shapes[4]); }
+
+int main(void) {
+    struct kiln_error err = {{0}};
+    setenv("KILN_CUDA_MOE", "device", 1); /* the MoE device path is opt-in (cuda_backend.c) */
+    struct backend be;
+    struct backend_options bo = {0};
+    have_gpu = backend_create(&be, "cuda", &bo, &err) == 0;
+    if (have_gpu) backend_destroy(&be);
+    else printf("test_model_cuda: %s; the tests below fail\n", err.msg);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama), cmocka_unit_test(test_qwen2),
+                                       cmocka_unit_test(test_qwen3), cmocka_unit_test(test_qwen3_moe_all),
+                                       cmocka_unit_test(test_qwen3_moe_graphs)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
