@@ -39,6 +39,10 @@ static void usage(FILE *f) {
             "  --shutdown-timeout SEC      on SIGTERM, let requests finish this long (default 5)\n"
             "  --tokenizer-workers N       threads tokenizing prompts off the HTTP loop (default 1; 0: on it)\n"
             "  --tokenizer-inline-bytes N  bodies smaller than this tokenize on the loop (default 4096)\n"
+            "  --enable-trace              OpenTelemetry spans of every request (OTLP/HTTP JSON)\n"
+            "  --otlp-traces-endpoint URL  where they go (default http://127.0.0.1:4318/v1/traces;\n"
+            "                              implies --enable-trace)\n"
+            "  --otlp-export-interval MS   longest a span waits before it is sent (default 500)\n"
             "  --device auto|cpu|cuda       default auto: the GPU when one is found ($KILN_DEVICE)\n"
             "  --threads N --load-format auto|dummy\n"
             "  --deterministic             a request's results do not depend on the batch (GPU)\n");
@@ -68,6 +72,7 @@ int cmd_serve(int argc, char **argv) {
     engine_options_default(&eo);
     struct server_options so;
     server_options_default(&so);
+    int enable_trace = 0;
     for (int i = 1; i < argc; i++) {
         int r = model_args_parse(&ma, argc, argv, &i);
         if (r < 0) return 2;
@@ -96,6 +101,7 @@ int cmd_serve(int argc, char **argv) {
         STR_OPT("--api-key", so.api_key)
         STR_OPT("--served-model-name", so.served_model_name)
         STR_OPT("--chat-template", so.chat_template)
+        STR_OPT("--otlp-traces-endpoint", so.otlp_traces_endpoint)
         INT_OPT("--max-running-requests", 1, 1 << 16, eo.max_running_requests)
         INT_OPT("--max-queued-requests", 0, 1 << 30, eo.max_queued_requests)
         INT_OPT("--chunked-prefill-size", 1, 1 << 20, eo.chunked_prefill_size)
@@ -131,6 +137,18 @@ int cmd_serve(int argc, char **argv) {
             eo.skip_sampler_warmup = 1;
         } else if (!strcmp(o, "--skip-warmup")) {
             eo.skip_warmup = 1;
+        } else if (!strcmp(o, "--enable-trace")) {
+            enable_trace = 1;
+        } else if (!strcmp(o, "--otlp-export-interval")) {
+            char *end = NULL;
+            long ms = v ? strtol(v, &end, 10) : 0;
+            if (!v || end == v || *end || ms < 1 || ms > 600000) {
+                fprintf(stderr, "kiln serve: --otlp-export-interval: expected milliseconds in 1..600000, got '%s'\n",
+                        v ? v : "");
+                return 2;
+            }
+            so.otlp_export_interval_s = (double)ms / 1000.0;
+            i++;
         } else if (!strcmp(o, "--log-requests")) {
             eo.log_requests = so.log_requests = 1;
         } else if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
@@ -144,6 +162,7 @@ int cmd_serve(int argc, char **argv) {
 #undef INT_OPT
 #undef STR_OPT
     }
+    if (enable_trace && !so.otlp_traces_endpoint) so.otlp_traces_endpoint = "http://127.0.0.1:4318/v1/traces";
     if (!ma.model_dir) ma.model_dir = cli_default_model();
     eo.model_dir = so.model_dir = ma.model_dir;
     eo.device = ma.device;

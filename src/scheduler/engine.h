@@ -59,6 +59,14 @@ struct engine_event {
     /* score requests: probabilities/logits of the label tokens, on the final event */
     int n_scores;
     const float *scores;
+    /* the request's stages so far (time_now() seconds; 0: not reached) */
+    struct engine_timing {
+        double arrival;     /* engine_submit */
+        double admitted;    /* first taken into a batch (left the queue) */
+        double first_token; /* its first output token (prefill done) */
+        int prefill_chunks; /* prompt chunks run (retracted requests run theirs again) */
+        int retractions;    /* times it gave its KV back to make room */
+    } timing;
 };
 
 typedef void (*engine_callback)(void *user, const struct engine_event *ev);

@@ -139,6 +139,7 @@ void req_append_token(struct req *r, int32_t token, const int32_t *eos, int n_eo
                       int context_length, struct req_output *out) {
     memset(out, 0, sizeof *out);
     out->matched_stop_id = -1;
+    if (!r->n_output) r->t_first_token = time_now();
     r->emit_len = 0;
     if (r->emit) r->emit[0] = 0;
     if (r->n_tokens == r->cap_tokens) {

@@ -41,6 +41,9 @@ struct req {
     int abort_requested;
     uint64_t seed;
     double t_arrival;
+    double t_admitted;          /* first admission to the running batch (0 before) */
+    double t_first_token;       /* first output token appended (0 before) */
+    int n_prefill_chunks;       /* prompt chunks run, retracted re-runs included */
     struct sampler_state *sampler;
     struct kiln_detok_stream *detok;
     char *pending;              /* text held back while it may start a stop string */

@@ -143,7 +143,9 @@ static void send(struct engine *e, struct req *r, const int32_t *tok, const stru
         .text = o ? o->text : "", .text_len = o ? o->text_len : 0, .finish = fin, .error = error,
         .matched_stop = o ? o->matched_stop : NULL, .matched_stop_id = o ? o->matched_stop_id : -1,
         .prompt_tokens = r->n_prompt, .completion_tokens = r->n_output,
-        .cached_tokens = r->cached_tokens, .n_scores = n_scores, .scores = scores};
+        .cached_tokens = r->cached_tokens, .n_scores = n_scores, .scores = scores,
+        .timing = {.arrival = r->t_arrival, .admitted = r->t_admitted, .first_token = r->t_first_token,
+                   .prefill_chunks = r->n_prefill_chunks, .retractions = r->n_retracted}};
     if (r->in.callback) r->in.callback(r->in.user, &ev);
 }
 
@@ -292,6 +294,7 @@ struct plan {
 };
 
 static void plan_add(struct engine *e, struct plan *p, struct req *r, int from, int to) {
+    if (from < r->n_prompt) r->n_prefill_chunks++;
     e->b_reqs[p->n_seqs] = r;
     e->b_from[p->n_seqs] = from;
     e->b_to[p->n_seqs] = to;
@@ -524,7 +527,10 @@ void sched_step(struct engine *e) {
         r->n_pages = matched / ps;
         r->n_tree_tokens = r->n_computed = matched;
         r->lock_node = node;
-        if (!r->admitted_once) r->cached_tokens = matched < r->n_prompt ? matched : r->n_prompt;
+        if (!r->admitted_once) {
+            r->cached_tokens = matched < r->n_prompt ? matched : r->n_prompt;
+            r->t_admitted = time_now();
+        }
         r->admitted_once = 1;
         KILN_ASSERT(grow_pages(e, r, matched + take) == 0);
         plan_add(e, &p, r, matched, matched + take);

@@ -1,5 +1,6 @@
 /* gen.c — engine events to the loop thread (see gen.h). */
 #include "server/gen.h"
+#include "server/trace.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,7 @@ static void engine_cb(void *user, const struct engine_event *ev) {
     e->matched_stop = ev->matched_stop ? xstrdup(ev->matched_stop) : NULL;
     e->matched_stop_id = ev->matched_stop_id;
     e->prompt_tokens = ev->prompt_tokens;
+    e->timing = ev->timing;
     e->completion_tokens = ev->completion_tokens;
     e->cached_tokens = ev->cached_tokens;
     e->n_scores = ev->n_scores;
@@ -105,6 +107,7 @@ static void deliver(struct gen_hub *h, struct gen_msg *m) {
     }
     int final = m->ev.finish != ENGINE_FINISH_NONE;
     if (final && h->metrics) metrics_observe_e2e(h->metrics, now - g->t_start);
+    if (final && g->req && !g->failed) trace_req_engine(g->req->trace, s->index, &m->ev, now);
     if (g->req && !g->failed) g->ops->on_event(g, s->index, &m->ev);
     if (final) {
         s->final = 1;

@@ -50,6 +50,7 @@ struct gen_event {
     int prompt_tokens, completion_tokens, cached_tokens;
     int n_scores;
     float *scores;
+    struct engine_timing timing;
 };
 
 struct gen_ops {

@@ -64,6 +64,10 @@ struct http_conn {
     int started_before_stop; /* the current request's bytes had arrived when listening stopped */
     void (*on_close)(void *);
     void *close_arg;
+    void (*on_finish)(void *, int); /* http_request_on_finish */
+    void *finish_arg;
+    int status;         /* of the response being written */
+    char *extra_head;   /* http_request_add_header lines, CRLF-terminated */
     struct http_conn *prev, *next;
 };
 
@@ -119,8 +123,19 @@ const char *http_header_get(const struct http_request *r, const char *name) {
 
 /* ---- connection life --------------------------------------------------- */
 
+/* The request is over: tell whoever asked (status 0: no response went out). */
+static void finish_request(struct http_conn *c, int status) {
+    if (!c->on_finish) return;
+    void (*cb)(void *, int) = c->on_finish;
+    c->on_finish = NULL;
+    cb(c->finish_arg, status);
+}
+
 static void request_reset(struct http_conn *c) {
     struct http_request *r = &c->req;
+    finish_request(c, 0);
+    free(c->extra_head);
+    c->extra_head = NULL;
     for (int i = 0; i < r->n_headers; i++) free(r->headers[i].name), free(r->headers[i].value);
     free(r->headers);
     free(r->path);
@@ -179,12 +194,15 @@ static void write_head(struct http_conn *c, int status, const char *ctype, long 
     if (content_length >= 0) evbuffer_add_printf(out, "Content-Length: %ld\r\n", content_length);
     else if (c->stream_chunked) evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
     evbuffer_add_printf(out, "Connection: %s\r\n", c->keep_alive ? "keep-alive" : "close");
+    if (c->extra_head) evbuffer_add(out, c->extra_head, strlen(c->extra_head));
     if (extra) evbuffer_add(out, extra, strlen(extra));
+    c->status = status;
     evbuffer_add(out, "\r\n", 2);
 }
 
 /* After a complete response: next request, or close once written. */
 static void response_done(struct http_conn *c) {
+    finish_request(c, c->status);
     if (!c->keep_alive) {
         c->state = CONN_CLOSING;
         c->on_close = NULL;
@@ -247,6 +265,19 @@ void http_stream_end(struct http_request *r) {
 }
 
 void http_request_close_after(struct http_request *r) { r->conn->force_close = 1; }
+
+void http_request_on_finish(struct http_request *r, void (*cb)(void *, int), void *arg) {
+    r->conn->on_finish = cb;
+    r->conn->finish_arg = arg;
+}
+
+void http_request_add_header(struct http_request *r, const char *line) {
+    struct http_conn *c = r->conn;
+    size_t old = c->extra_head ? strlen(c->extra_head) : 0, n = strlen(line);
+    c->extra_head = xrealloc(c->extra_head, old + n + 3);
+    memcpy(c->extra_head + old, line, n);
+    memcpy(c->extra_head + old + n, "\r\n", 3);
+}
 
 void http_request_on_close(struct http_request *r, void (*cb)(void *), void *arg) {
     r->conn->on_close = cb;

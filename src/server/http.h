@@ -44,6 +44,7 @@ struct http_request {
     char *body; /* NUL-terminated for convenience; may contain NULs */
     size_t body_len;
     double t_start; /* monotonic seconds when the request line arrived */
+    void *trace;    /* the handler's per-request state for tracing (http.c never reads it) */
 };
 
 typedef void (*http_handler)(void *ctx, struct http_request *req);
@@ -63,6 +64,11 @@ int http_server_create(struct http_server **out, struct event_base *base,
 /* Serves a connected socket (tests, fuzzing, inherited sockets); it counts
  * towards the limit like an accepted one, `rejecting` answers it 503. */
 int http_server_adopt(struct http_server *s, int fd, int rejecting);
+/* cb(arg, status) once the request's response is complete (status: the
+ * HTTP status sent), or with status 0 when the connection goes first. */
+void http_request_on_finish(struct http_request *r, void (*cb)(void *arg, int status), void *arg);
+/* A header line ("Name: value", no CRLF) for the request's response. */
+void http_request_add_header(struct http_request *r, const char *line);
 /* Closes the listening socket; open connections go on. Connections the
  * kernel had completed are accepted first. A request whose first bytes had
  * arrived by then (buffered here or in the kernel) counts as started before

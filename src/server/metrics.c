@@ -1,5 +1,6 @@
 /* metrics.c — histograms and the Prometheus text format (see metrics.h). */
 #include "server/metrics.h"
+#include "server/trace.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -140,6 +141,13 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
         outf(&o, "kiln:http_responses_total{%s,code=\"%dxx\"} %ld\n", lb, c, m->http_requests[c]);
     metric(&o, "client_disconnects_total", "counter", "Requests aborted because the client went away.", lb,
            (double)m->aborted_by_client);
+    if (m->tracer) {
+        metric(&o, "trace_spans_exported_total", "counter", "Spans the OTLP collector accepted.", lb,
+               (double)tracer_exported(m->tracer));
+        metric(&o, "trace_spans_dropped_total", "counter",
+               "Spans dropped: export queue full or the collector unreachable or refusing.", lb,
+               (double)tracer_dropped(m->tracer));
+    }
     *len = o.len;
     return o.buf;
 }

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 struct engine;
+struct tracer;
 
 enum { METRICS_MAX_BUCKETS = 24 };
 
@@ -29,6 +30,7 @@ struct metrics {
     struct histogram tok_batch; /* jobs per tokenizer-pool batch */
     long http_requests[6]; /* by status class: [2] = 2xx ... [5] = 5xx */
     long aborted_by_client;
+    const struct tracer *tracer; /* NULL: tracing off */
 };
 
 void metrics_init(struct metrics *m);

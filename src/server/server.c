@@ -27,6 +27,7 @@
 #include "scheduler/engine.h"
 #include "server/http_error.h"
 #include "server/server_internal.h"
+#include "server/trace.h"
 #include "server/tokenize_pool.h"
 
 void server_options_default(struct server_options *o) {
@@ -156,9 +157,45 @@ json_t *server_token_text(struct server *s, int32_t prev, int32_t id) {
     return v;
 }
 
+/* A traced offload: the work's start and end (on whichever thread runs
+ * it) become the request's tokenize span. */
+struct offload {
+    tok_work_fn work;
+    tok_done_fn done;
+    tok_release_fn release;
+    void *arg;
+    double t0, t1;
+    int on_pool;
+};
+
+static void offload_work(void *a) {
+    struct offload *o = a;
+    o->t0 = time_now();
+    o->work(o->arg);
+    o->t1 = time_now();
+}
+
+static void offload_done(void *a, struct http_request *r) {
+    struct offload *o = a;
+    trace_req_tokenize(r->trace, o->t0, o->t1, o->on_pool, r->body_len);
+    o->done(o->arg, r);
+}
+
+static void offload_release(void *a) {
+    struct offload *o = a;
+    o->release(o->arg);
+    free(o);
+}
+
 void server_offload(struct server *s, struct http_request *r, tok_work_fn work, tok_done_fn done,
                     tok_release_fn release, void *arg) {
-    if (!s->tokpool || r->body_len < s->opt->tokenizer_inline_bytes) {
+    int on_pool = s->tokpool && r->body_len >= s->opt->tokenizer_inline_bytes;
+    if (r->trace) {
+        struct offload *o = xmalloc(sizeof *o);
+        *o = (struct offload){work, done, release, arg, 0, 0, on_pool};
+        work = offload_work, done = offload_done, release = offload_release, arg = o;
+    }
+    if (!on_pool) {
         work(arg);
         done(arg, r);
         release(arg);
@@ -235,6 +272,8 @@ static int authorized(const struct server *s, const struct http_request *r) {
     return http_secure_equal(h, strlen(h), key, strlen(key));
 }
 
+static void on_trace_finish(void *arg, int status) { trace_req_end(arg, status); }
+
 static void handle(void *ctx, struct http_request *r) {
     struct server *s = ctx;
     size_t plen = strlen(r->path);
@@ -250,6 +289,16 @@ static void handle(void *ctx, struct http_request *r) {
                      routes[i].method);
     }
     if (log_enabled(LOG_LEVEL_DEBUG)) log_debug("%s %s (%zu bytes)", r->method, r->path, r->body_len);
+    /* every request but the probes (health, metrics) is traced */
+    if (s->tracer && !(match && (match->fn == route_health || match->fn == route_metrics))) {
+        struct trace_req *tq = trace_req_begin(s->tracer, r);
+        r->trace = tq;
+        http_request_on_finish(r, on_trace_finish, tq);
+        char tp[56], line[72];
+        trace_req_traceparent(tq, tp);
+        snprintf(line, sizeof line, "traceparent: %s", tp);
+        http_request_add_header(r, line);
+    }
     if (s->shutting_down && !http_request_started_before_stop(r)) {
         http_request_close_after(r);
         http_error_respond(r, 503, "shutting_down", NULL, "the server is shutting down");
@@ -404,6 +453,12 @@ int server_run(struct engine *e, const struct server_options *o, struct kiln_err
         goto out;
     }
     load_chat_template(s);
+    if (o->otlp_traces_endpoint) {
+        struct tracer_options to = {.endpoint = o->otlp_traces_endpoint, .model_name = s->model_name,
+                                    .export_interval_s = o->otlp_export_interval_s};
+        if (tracer_create(&s->tracer, &to, err)) goto out;
+        s->metrics.tracer = s->tracer;
+    }
     if (gen_hub_init(&s->hub, s->base, e, &s->metrics, err)) goto out;
     s->hub.on_idle = on_idle;
     s->hub.idle_arg = s;
@@ -447,6 +502,8 @@ out:
     tok_pool_free(s->tokpool);
     engine_destroy(e);
     if (s->base) gen_hub_free(&s->hub);
+    /* after the connections: their last spans are queued; this sends them */
+    tracer_free(s->tracer);
     if (s->sigint) event_free(s->sigint);
     if (s->sigterm) event_free(s->sigterm);
     if (s->grace) event_free(s->grace);

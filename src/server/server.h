@@ -31,6 +31,10 @@ struct server_options {
     int log_requests;
     int tokenizer_workers;         /* threads tokenizing off the loop; 0 = on the loop (default 1) */
     size_t tokenizer_inline_bytes; /* bodies smaller than this tokenize inline (default 4096) */
+    /* OpenTelemetry (trace.h): spans of every request to this OTLP/HTTP
+     * endpoint; NULL: tracing off */
+    const char *otlp_traces_endpoint;
+    double otlp_export_interval_s; /* default 0.5 */
     /* called once listening, with the bound port (the CLI prints the URL) */
     void (*on_listening)(void *arg, const char *host, int port);
     void *on_listening_arg;

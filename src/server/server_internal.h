@@ -35,6 +35,7 @@ struct server {
     struct gen_hub hub;
     struct tok_pool *tokpool; /* NULL: tokenize on the loop thread */
     struct metrics metrics;
+    struct tracer *tracer; /* NULL: tracing off */
     int shutting_down;
     int aborting; /* shutdown's grace is over: what is left is aborted */
     struct event *sigint, *sigterm, *grace, *shutdown_tick;
