@@ -5,7 +5,8 @@
 # the fuzzer discovers goes to build-fuzz/corpus/<target>/ so the repository
 # stays clean; tests/fuzz/<target>.dict is used when present. Exits non-zero
 # if any target crashes, leaks, times out or runs out of memory; the input
-# that did it is left in build-fuzz/artifacts/.
+# that did it is left in build-fuzz/artifacts/. Targets run side by side,
+# one per core (KILN_FUZZ_JOBS).
 set -euo pipefail
 
 seconds=${1:-60}
@@ -27,25 +28,39 @@ fi
 ninja -C "$build" "${targets[@]}"
 
 mkdir -p "$build/artifacts"
+# one target per core at a time (KILN_FUZZ_JOBS overrides): each fuzzer is
+# single-threaded, so this divides the wall time without shortening any run
+jobs=${KILN_FUZZ_JOBS:-$(nproc)}
+run_target() {
+    local t=$1 work="$build/corpus/$1" seeds="$root/tests/fuzz/corpus/$1"
+    mkdir -p "$work"
+    local args=(-max_total_time="$seconds" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1
+                -artifact_prefix="$build/artifacts/$t-")
+    [ -f "$root/tests/fuzz/$t.dict" ] && args+=(-dict="$root/tests/fuzz/$t.dict")
+    local corpora=("$work")
+    [ -d "$seeds" ] && corpora+=("$seeds")
+    local bin="$build/tests/$t"
+    [ -x "$bin" ] || bin="$build/$t"
+    local rc=0
+    "$bin" "${args[@]}" "${corpora[@]}" 2>"$build/$t.log" || rc=$?
+    echo "$rc" >"$build/$t.status"
+}
+for t in "${targets[@]}"; do
+    rm -f "$build/$t.status"
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    echo "== $t: ${seconds}s"
+    run_target "$t" &
+done
+wait
 failed=()
 for t in "${targets[@]}"; do
-    work="$build/corpus/$t"
-    seeds="$root/tests/fuzz/corpus/$t"
-    mkdir -p "$work"
-    args=(-max_total_time="$seconds" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1
-          -artifact_prefix="$build/artifacts/$t-")
-    [ -f "$root/tests/fuzz/$t.dict" ] && args+=(-dict="$root/tests/fuzz/$t.dict")
-    corpora=("$work")
-    [ -d "$seeds" ] && corpora+=("$seeds")
-    bin="$build/tests/$t"
-    [ -x "$bin" ] || bin="$build/$t"
-    echo "== $t: ${seconds}s"
-    if ! "$bin" "${args[@]}" "${corpora[@]}" 2>"$build/$t.log"; then
+    if [ "$(cat "$build/$t.status" 2>/dev/null)" != 0 ]; then
+        echo "== $t FAILED" >&2
         tail -n 40 "$build/$t.log" >&2
         failed+=("$t")
         continue
     fi
-    grep -E "stat::number_of_executed_units|Done [0-9]+ runs" "$build/$t.log" | tail -n 2 || true
+    echo "== $t: $(grep -E "Done [0-9]+ runs" "$build/$t.log" | tail -n 1)"
 done
 
 if [ ${#failed[@]} -ne 0 ]; then

@@ -13,6 +13,7 @@ int cmd_chat_template(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_profile_report(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

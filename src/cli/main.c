@@ -18,6 +18,7 @@ static const struct subcommand subcommands[] = {
     {"chat-template", cmd_chat_template, "render a chat template for messages on stdin"},
     {"tokenize", cmd_tokenize, "text (JSON string per line) to token ids"},
     {"detokenize", cmd_detokenize, "token ids (JSON array per line) to text"},
+    {"profile-report", cmd_profile_report, "GPU time of traces by kernel category (HTML and CSV)"},
     {"help", NULL, "this list"},
 };
 
