@@ -35,3 +35,14 @@ bench() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$S"
 eval "$(scripts/gpu-check.sh --env)"
+
+# build [TARGETS...]: configures and builds kiln with CUDA in $B (all
+# targets when none are named); on failure prints the first errors and exits.
+build() {
+  say "build"
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
+    ninja -C "$B" "$@" >>"$OUT/build.log" 2>&1 ||
+    { say "build FAILED"; grep -A12 -m3 error "$OUT/build.log" | head -50 | tee -a "$S"; exit 1; }
+  say "build ok"
+}

@@ -38,12 +38,7 @@ KILN_CUDA_AD_W=2|test_deterministic
 KILN_CUDA_AD_W=2|test_cuda_pdl"}
 TRACE_ENV=${TRACE_ENV:-}
 
-say "build"
-cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
-  ninja -C "$B" >>"$OUT/build.log" 2>&1 ||
-  { say "build FAILED"; grep -A12 -m3 error "$OUT/build.log" | head -50 | tee -a "$S"; exit 1; }
-say "build ok"
+build
 
 if want tests; then
   while IFS='|' read -r envs t; do

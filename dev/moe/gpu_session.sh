@@ -27,12 +27,7 @@ ds b64|$D|--model $DS --prompt-len 128 --decode 32 --batch 64 --repeat 2
 ds b64 host||--model $DS --prompt-len 128 --decode 32 --batch 64 --repeat 2
 llama b64||--model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2"}
 
-say "build"
-cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
-  ninja -C "$B" >>"$OUT/build.log" 2>&1 ||
-  { say "build FAILED"; grep -A12 -m3 error "$OUT/build.log" | head -50 | tee -a "$S"; exit 1; }
-say "build ok"
+build
 
 if want tests; then
   for t in $TESTS; do

@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "tensor/backend.h"
+#include "step_batch.h"
 
 enum { N_OTHERS = 31, PAGE = 16, R_PROMPT = 600, R_DECODE = 4, MAX_CTX = 2048, VOCAB = 512 };
 
@@ -49,10 +50,9 @@ static const char *device = "cuda"; /* KILN_TEST_DEVICE=cpu runs the same check 
 
 struct seq {
     int prompt_len, start_step, decode_steps; /* prefill in start_step, then decode */
-    int len;                                   /* tokens with K/V so far */
     int32_t pages[MAX_CTX / PAGE];
-    int n_pages;
-    int32_t *ids;                              /* [prompt_len + decode_steps] */
+    struct sb_seq kv;                          /* K/V so far; kv.ids: [prompt_len + decode_steps] */
+    int32_t *ids;
 };
 
 struct rig {
@@ -87,51 +87,28 @@ static void rig_free(struct rig *r) {
  * each of its steps (prefill's last row, then every decode row). */
 static void run(struct rig *r, struct seq *seqs, int n, int steps, float *r_logits) {
     struct kiln_error err = {{0}};
-    int32_t *ids = xmalloc(4096 * 4), *pos = xmalloc(4096 * 4), *slot = xmalloc(4096 * 4);
-    int32_t q_start[33], kv_len[32], page_start[33], rows[32], *pages = xmalloc(32 * (MAX_CTX / PAGE) * 4);
+    struct step_batch sb;
+    sb_init(&sb, PAGE, 4096, 32, 32 * (MAX_CTX / PAGE));
     float *logits = xmalloc((size_t)32 * VOCAB * 4);
-    for (int i = 0; i < n; i++) seqs[i].len = 0, seqs[i].n_pages = 0;
+    for (int i = 0; i < n; i++) seqs[i].kv = (struct sb_seq){0, 0, seqs[i].pages, seqs[i].ids};
     for (int step = 0; step < steps; step++) {
-        int nt = 0, ns = 0, np = 0, r_row = -1;
+        int r_row = -1;
+        sb_begin(&sb);
         for (int i = 0; i < n; i++) {
             struct seq *s = &seqs[i];
             int first = s->start_step, last = s->start_step + s->decode_steps;
             if (step < first || step > last) continue;
-            int new_tokens = step == first ? s->prompt_len : 1;
-            int need = (s->len + new_tokens + PAGE - 1) / PAGE;
-            if (need > s->n_pages) {
-                assert_int_equal(kv_pool_alloc(&r->kv, need - s->n_pages, s->pages + s->n_pages), 0);
-                s->n_pages = need;
-            }
-            q_start[ns] = nt;
-            page_start[ns] = np;
-            memcpy(pages + np, s->pages, (size_t)s->n_pages * 4);
-            np += s->n_pages;
-            for (int k = 0; k < new_tokens; k++) {
-                int p = s->len + k;
-                ids[nt] = s->ids[p];
-                pos[nt] = p;
-                slot[nt] = s->pages[p / PAGE] * PAGE + p % PAGE;
-                nt++;
-            }
-            s->len += new_tokens;
-            kv_len[ns] = s->len;
-            rows[ns] = nt - 1;
-            if (i == 0) r_row = ns;
-            ns++;
+            int row = sb_add(&sb, &r->kv, &s->kv, step == first ? s->prompt_len : 1);
+            if (i == 0) r_row = row;
         }
-        q_start[ns] = nt;
-        page_start[ns] = np;
-        struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = nt, .input_ids = ids,
-                          .positions = pos, .out_slot = slot, .n_seqs = ns, .q_start = q_start,
-                          .kv_len = kv_len, .kv_page_start = page_start, .kv_pages = pages,
-                          .page_size = PAGE, .n_logit_rows = ns, .logit_rows = rows};
+        struct batch b = sb_batch(&sb);
         if (model_forward(r->m, &r->kv, &b, logits, &err)) fail_msg("forward: %s", err.msg);
         assert_true(r_row >= 0);
         memcpy(r_logits + (size_t)step * VOCAB, logits + (size_t)r_row * VOCAB, VOCAB * 4);
     }
-    for (int i = 0; i < n; i++) kv_pool_release(&r->kv, seqs[i].pages, seqs[i].n_pages);
-    free(ids), free(pos), free(slot), free(pages), free(logits);
+    for (int i = 0; i < n; i++) kv_pool_release(&r->kv, seqs[i].kv.pages, seqs[i].kv.n_pages);
+    sb_free(&sb);
+    free(logits);
 }
 
 static void make_seqs(struct seq *seqs) {

@@ -53,6 +53,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "tensor/backend.h"
+#include "step_batch.h"
 
 enum { N_SEQS = 64, PAGE = 16, MAX_PROMPT = 97, MAX_CTX = 256, VOCAB = 512, STEPS = 8 };
 
@@ -101,9 +102,8 @@ static const struct shape shapes[] = {
 static int have_gpu = -1;
 
 struct seq {
-    int prompt_len, len;
+    int prompt_len;
     int32_t pages[MAX_CTX / PAGE];
-    int n_pages;
     int32_t ids[MAX_PROMPT + STEPS];
 };
 
@@ -143,48 +143,22 @@ static struct counts run(const char *device, const struct shape *sh, const struc
 
     struct seq seqs[N_SEQS];
     memcpy(seqs, init, sizeof seqs);
-    int32_t *ids = xmalloc(8192 * 4), *pos = xmalloc(8192 * 4), *slot = xmalloc(8192 * 4);
-    int32_t q_start[N_SEQS + 1], kv_len[N_SEQS], page_start[N_SEQS + 1], rows[N_SEQS];
-    int32_t *pages = xmalloc(N_SEQS * (MAX_CTX / PAGE) * 4);
+    struct sb_seq kvs[N_SEQS];
+    for (int i = 0; i < N_SEQS; i++) kvs[i] = (struct sb_seq){0, 0, seqs[i].pages, seqs[i].ids};
+    struct step_batch sb;
+    sb_init(&sb, PAGE, 8192, N_SEQS, N_SEQS * (MAX_CTX / PAGE));
     float *logits = xmalloc((size_t)N_SEQS * VOCAB * 4);
     for (int step = 0; step < STEPS; step++) {
-        int nt = 0, ns = 0, np = 0;
-        for (int i = 0; i < step_rows[step]; i++) {
-            struct seq *s = &seqs[i];
-            int new_tokens = step == 0 ? s->prompt_len : 1;
-            int need = (s->len + new_tokens + PAGE - 1) / PAGE;
-            if (need > s->n_pages) {
-                assert_int_equal(kv_pool_alloc(&kv, need - s->n_pages, s->pages + s->n_pages), 0);
-                s->n_pages = need;
-            }
-            q_start[ns] = nt;
-            page_start[ns] = np;
-            memcpy(pages + np, s->pages, (size_t)s->n_pages * 4);
-            np += s->n_pages;
-            for (int k = 0; k < new_tokens; k++) {
-                int p = s->len + k;
-                ids[nt] = s->ids[p];
-                pos[nt] = p;
-                slot[nt] = s->pages[p / PAGE] * PAGE + p % PAGE;
-                nt++;
-            }
-            s->len += new_tokens;
-            kv_len[ns] = s->len;
-            rows[ns] = nt - 1;
-            ns++;
-        }
-        q_start[ns] = nt;
-        page_start[ns] = np;
-        struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = nt, .input_ids = ids,
-                          .positions = pos, .out_slot = slot, .n_seqs = ns, .q_start = q_start,
-                          .kv_len = kv_len, .kv_page_start = page_start, .kv_pages = pages,
-                          .page_size = PAGE, .n_logit_rows = ns, .logit_rows = rows};
+        sb_begin(&sb);
+        for (int i = 0; i < step_rows[step]; i++) sb_add(&sb, &kv, &kvs[i], step == 0 ? seqs[i].prompt_len : 1);
+        struct batch b = sb_batch(&sb);
         if (model_forward(m, &kv, &b, logits, &err)) fail_msg("%s %s step %d: %s", device, sh->name, step, err.msg);
-        memcpy(out + (size_t)step * N_SEQS * VOCAB, logits, (size_t)ns * VOCAB * 4);
+        memcpy(out + (size_t)step * N_SEQS * VOCAB, logits, (size_t)b.n_seqs * VOCAB * 4);
     }
     struct counts n = {c ? c->rope_fused - n0.fused : 0, c ? c->moe_device_calls - n0.moe : 0};
-    for (int i = 0; i < N_SEQS; i++) kv_pool_release(&kv, seqs[i].pages, seqs[i].n_pages);
-    free(ids), free(pos), free(slot), free(pages), free(logits);
+    for (int i = 0; i < N_SEQS; i++) kv_pool_release(&kv, kvs[i].pages, kvs[i].n_pages);
+    sb_free(&sb);
+    free(logits);
     kv_pool_free(&kv);
     model_free(m);
     backend_destroy(&be);
