@@ -32,6 +32,7 @@ void model_args_defaults(struct model_args *a) {
     a->threads = 0;
     a->page_size = 1;
     a->deterministic = 0;
+    a->no_shared_fusion = 0;
 }
 
 int cli_parse_int(const char *opt, const char *val, long lo, long hi, long *out) {
@@ -66,6 +67,10 @@ int model_args_parse(struct model_args *a, int argc, char **argv, int *i) {
     }
     if (!strcmp(o, "--deterministic")) {
         a->deterministic = 1;
+        return 1;
+    }
+    if (!strcmp(o, "--disable-shared-experts-fusion")) {
+        a->no_shared_fusion = 1;
         return 1;
     }
     if (!strcmp(o, "--threads")) {

@@ -17,6 +17,7 @@ struct model_args {
     int threads;             /* --threads N */
     int page_size;           /* --page-size N */
     int deterministic;       /* --deterministic: batch-invariant results (GPU) */
+    int no_shared_fusion;    /* --disable-shared-experts-fusion */
 };
 
 /* Default model folder: $KILN_MODEL, else models/stories260K of the source

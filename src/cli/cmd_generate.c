@@ -36,7 +36,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln generate [--model DIR] (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
                "                     [--ignore-eos]\n"
                "                     [--device auto|cpu|cuda] [--threads N] [--page-size N]\n"
-               "                     [--deterministic]\n");
+               "                     [--deterministic] [--disable-shared-experts-fusion]\n");
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -108,7 +108,8 @@ int cmd_generate(int argc, char **argv) {
     float *logits = NULL;
     struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic};
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
-    struct model_options mo = {.load_format = ma.load_format, .max_batch_tokens = n_prompt,
+    struct model_options mo = {.load_format = ma.load_format, .no_shared_expert_fusion = ma.no_shared_fusion,
+                               .max_batch_tokens = n_prompt,
                                .max_seqs = 1, .page_size = page_size};
     if (model_load(&m, ma.model_dir, &be, &mo, &err)) goto out;
     const struct model_config *cfg = model_config(m);

@@ -45,7 +45,8 @@ static void usage(FILE *f) {
             "  --otlp-export-interval MS   longest a span waits before it is sent (default 500)\n"
             "  --device auto|cpu|cuda       default auto: the GPU when one is found ($KILN_DEVICE)\n"
             "  --threads N --load-format auto|dummy\n"
-            "  --deterministic             a request's results do not depend on the batch (GPU)\n");
+            "  --deterministic             a request's results do not depend on the batch (GPU)\n"
+            "  --disable-shared-experts-fusion  DeepSeek: keep the shared expert a separate MLP\n");
 }
 
 struct listening_info {
@@ -169,6 +170,7 @@ int cmd_serve(int argc, char **argv) {
     eo.load_format = ma.load_format;
     eo.threads = ma.threads;
     eo.deterministic = ma.deterministic;
+    eo.no_shared_expert_fusion = ma.no_shared_fusion;
     eo.page_size = ma.page_size;
 
     struct kiln_error err = {{0}};

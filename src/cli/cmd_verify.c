@@ -224,7 +224,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kiln verify --model DIR --reference FILE [--page-size N] [--chunk N]\n"
             "                   [--tolerance X] [--device auto|cpu|cuda] [--threads N]\n"
-            "                   [--deterministic]\n");
+            "                   [--deterministic] [--disable-shared-experts-fusion]\n");
 }
 
 int cmd_verify(int argc, char **argv) {
@@ -284,7 +284,8 @@ int cmd_verify(int argc, char **argv) {
         pages += (v.seqs[i].len + v.page_size - 1) / v.page_size;
         v.seqs[i].pages = xmalloc((size_t)(v.seqs[i].len / v.page_size + 2) * 4);
     }
-    struct model_options mo = {.load_format = ma.load_format, .max_batch_tokens = total,
+    struct model_options mo = {.load_format = ma.load_format, .no_shared_expert_fusion = ma.no_shared_fusion,
+                               .max_batch_tokens = total,
                                .max_seqs = v.n_seqs, .page_size = v.page_size,
                                .max_context = longest > cfg.max_position_embeddings
                                                   ? longest : cfg.max_position_embeddings};

@@ -59,7 +59,8 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
     long inter = lmax(c->intermediate_size,
                       lmax(c->shared_expert_intermediate_size,
                            (long)c->moe_intermediate_size * lmax(c->n_shared_experts, 1)));
-    long E = lmax(c->n_experts, 1), K = lmax(c->n_experts_per_tok, 1);
+    /* K: routing slots a token, shared experts fused into the list included */
+    long E = lmax(c->n_experts, 1), K = lmax(c->n_experts_per_tok, 1) + lmax(c->n_shared_experts, 0);
     const struct backend_ops *ops = m->be->ops;
     /* Logits are downloaded 64 rows at a time; a backend that samples on
      * the device keeps a whole decode batch's rows (one lm_head product). */
@@ -198,6 +199,8 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     m->max_seqs = opt && opt->max_seqs > 0 ? opt->max_seqs : 256;
     if (m->max_seqs > m->max_batch_tokens) m->max_seqs = m->max_batch_tokens;
     m->max_context = opt && opt->max_context > 0 ? opt->max_context : c->max_position_embeddings;
+    const char *fs = getenv("KILN_SHARED_EXPERTS_FUSION");
+    m->fuse_shared = !(opt && opt->no_shared_expert_fusion) && !(fs && !strcmp(fs, "0"));
     m->page_size = opt && opt->page_size > 0 ? opt->page_size : 1;
     /* HF's DeepSeek models rotate interleaved pairs (V3 via rope_interleave,
      * V2 through its complex-number rotary). */

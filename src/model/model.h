@@ -31,6 +31,9 @@ struct model_options {
     int page_size;           /* KV page size the batches will use (default 1) */
     uint64_t seed;           /* dummy weights */
     int no_graphs;           /* 1: never replay decode steps from graphs (also KILN_GRAPHS=0) */
+    /* 1: DeepSeek's shared expert stays a separate MLP instead of joining
+     * the routed experts (moe.c; also KILN_SHARED_EXPERTS_FUSION=0) */
+    int no_shared_expert_fusion;
     /* 1: checkpoint weights may still be copying to the device when
      * model_load returns (backends with weight_upload_later); the model may
      * run (warm-up) but computes on partly loaded weights until

@@ -50,6 +50,7 @@ struct mlp_moe {
     struct moe_experts experts;
     struct moe_route_params route;
     int has_shared;
+    int shared_fused;                 /* the shared expert is expert E of `experts` (moe.c) */
     struct mlp_dense shared;          /* qwen2_moe shared expert / deepseek shared experts */
     struct backend_weight shared_gate; /* qwen2_moe [1][d]; data NULL when absent */
 };
@@ -130,6 +131,7 @@ struct model {
     struct activations act;
     /* graphs (backends with graph_begin; dense models only) */
     int graphs_on;
+    int fuse_shared;  /* shared-expert fusion allowed (model_options) */
     /* [0]: the layers only; [1]: layers + final norm, lm_head and sampling
      * of every (padded) row, for model_forward_sample steps */
     void *graphs[2][MODEL_GRAPH_BUCKETS];

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/error.h"
 #include "base/mem.h"
@@ -56,6 +57,29 @@ int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_e
         snprintf(name, sizeof name, "%s.shared_experts", prefix);
         if (dense_load(ws, name, (long)c->n_shared_experts * F, &moe->shared, err)) return -1;
         moe->has_shared = 1;
+        /* Shared-expert fusion (SEEDS 003): one shared expert has the routed
+         * experts' shape, so it joins their list as expert E, chosen by
+         * every token with weight 1 (the routed weights carry the scaling
+         * factor already): one expert MLP call computes both, and backends
+         * that group experts (the CUDA device path) run it in the same
+         * grouped products. Sums in the same order as the separate MLP
+         * plus the add, so results do not change. Several shared experts
+         * (DeepSeek-V2's two: one MLP of 2 x F whose down projection would
+         * have to be split by columns) stay separate. */
+        if (m->fuse_shared && c->n_shared_experts == 1) {
+            struct backend_weight *g = model_own(m, xcalloc((size_t)E + 1, sizeof *g));
+            struct backend_weight *u = model_own(m, xcalloc((size_t)E + 1, sizeof *u));
+            struct backend_weight *dn = model_own(m, xcalloc((size_t)E + 1, sizeof *dn));
+            memcpy(g, moe->gate, (size_t)E * sizeof *g);
+            memcpy(u, moe->up, (size_t)E * sizeof *u);
+            memcpy(dn, moe->down, (size_t)E * sizeof *dn);
+            g[E] = moe->shared.gate, u[E] = moe->shared.up, dn[E] = moe->shared.down;
+            moe->gate = g, moe->up = u, moe->down = dn;
+            moe->experts = (struct moe_experts){.n_experts = (int)E + 1, .hidden = (int)d, .inter = (int)F,
+                                                .gate = g, .up = u, .down = dn};
+            moe->route.n_fused = 1;
+            moe->shared_fused = 1;
+        }
     } else if (!deepseek && c->shared_expert_intermediate_size > 0) {
         snprintf(name, sizeof name, "%s.shared_expert", prefix);
         if (dense_load(ws, name, c->shared_expert_intermediate_size, &moe->shared, err)) return -1;
@@ -77,12 +101,12 @@ void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x,
     const struct backend_ops *ops = m->be->ops;
     void *ctx = m->be->ctx;
     long n = f->n, d = m->cfg.hidden_size, E = moe->route.n_experts;
-    int k = moe->route.top_k;
+    int k = moe->route.top_k + moe->route.n_fused;
     ops->matmul(ctx, m->act.router, E, x, d, &moe->router, NULL, n);
     ops->moe_route(ctx, m->act.moe_ids, m->act.moe_w, m->act.router, moe->correction_bias,
                    &moe->route, n);
     ops->moe_ffn(ctx, out, x, m->act.moe_ids, m->act.moe_w, k, &moe->experts, n);
-    if (!moe->has_shared) return;
+    if (!moe->has_shared || moe->shared_fused) return;
     dense_forward(f, &moe->shared, shared_inter(&m->cfg), x, m->act.shared);
     if (moe->shared_gate.data) {
         ops->matmul(ctx, m->act.gate1, 1, x, d, &moe->shared_gate, NULL, n);

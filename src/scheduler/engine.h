@@ -101,6 +101,7 @@ struct engine_options {
     const char *model_dir;
     const char *device;           /* cpu | cuda | auto */
     const char *load_format;      /* auto | dummy */
+    int no_shared_expert_fusion;  /* model_options.no_shared_expert_fusion */
     int threads;
     int page_size;                /* default 1 */
     int max_running_requests;     /* default 256 */

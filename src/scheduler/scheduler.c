@@ -625,6 +625,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     struct model_options mo = {.load_format = o->load_format, .max_batch_tokens = e->max_batch_tokens,
                                .max_seqs = e->max_seqs, .max_context = o->context_length,
                                .page_size = e->page_size,
+                               .no_shared_expert_fusion = o->no_shared_expert_fusion,
                                /* the checkpoint's copy overlaps the KV pool and the warm-up
                                 * (KILN_LOAD_OVERLAP=0: load first, for comparisons) */
                                .defer_weights = !o->skip_warmup && !(lo && !strcmp(lo, "0"))};

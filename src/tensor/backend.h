@@ -57,6 +57,11 @@ struct moe_route_params {
     int renormalize;        /* divide the chosen weights by their sum */
     float scaling;          /* routed_scaling_factor applied to the weights */
     int scale_when_renormalized; /* deepseek_v3 scales after renormalising; v2 scales only without it */
+    /* shared-expert fusion: after the top_k chosen experts, every row also
+     * lists experts n_experts .. n_experts + n_fused - 1 with weight 1 (the
+     * shared experts appended to the expert list); rows of ids and weights
+     * then hold top_k + n_fused entries */
+    int n_fused;
 };
 
 struct moe_experts {
@@ -157,6 +162,7 @@ struct backend_ops {
                       const struct backend_batch *b);
     /* Chooses top_k experts per row from router logits[n][n_experts]
      * (bias: correction bias or NULL). ids, weights: [n][top_k]. */
+    /* ids[n][top_k + n_fused], weights likewise, from logits[n][n_experts] */
     void (*moe_route)(void *ctx, int32_t *ids, float *weights, const float *logits,
                       const float *bias, const struct moe_route_params *p, long n);
     /* y[n][hidden] = sum_j weights[i][j] * expert_{ids[i][j]}(x[i]) */

@@ -3,7 +3,8 @@
  * KILN_TEST_SEED repeats a run).
  *
  * moe_route: the chosen ids must match the CPU's exactly (random logits
- * make exact ties unlikely), the weights within 1e-5 (fp32 on both sides).
+ * make exact ties unlikely), the weights within 1e-5 (fp32 on both sides);
+ * with a fused shared expert, every row ends with it at weight 1.
  *
  * moe_ffn has two paths (cuda_moe.cu):
  *   - the device path (KILN_CUDA_MOE=device, set here; up to 256 tokens, 16-bit
@@ -42,25 +43,31 @@
 #include "cuda_test_pairs.h"
 
 static void check_route(enum moe_route_scoring sc, enum moe_route_method me, int E, int K,
-                        int n_group, int topk_group, int with_bias, int renorm) {
+                        int n_group, int topk_group, int with_bias, int renorm, int n_fused) {
     long n = 77;
+    int W = K + n_fused; /* a row's slots: the chosen experts, then the fused shared ones */
     struct pair lg = pair_rand((size_t)(n * E), 3.0f), bias = pair_rand((size_t)E, 0.6f);
     for (int e = 0; e < E; e++) bias.h[e] -= 0.4f; /* mostly negative: the 0.0 mask matters */
     gpu.ops->upload(gpu.ctx, bias.d, bias.h, (size_t)E * 4);
-    struct pair w = pair_poison((size_t)(n * K));
-    int32_t *ci = xmalloc((size_t)(n * K) * 4), *gi = xmalloc((size_t)(n * K) * 4);
-    void *gid = gpu.ops->alloc(gpu.ctx, (size_t)(n * K) * 4);
+    struct pair w = pair_poison((size_t)(n * W));
+    int32_t *ci = xmalloc((size_t)(n * W) * 4), *gi = xmalloc((size_t)(n * W) * 4);
+    void *gid = gpu.ops->alloc(gpu.ctx, (size_t)(n * W) * 4);
     struct moe_route_params p = {.n_experts = E, .top_k = K, .scoring = sc, .method = me,
                                  .n_group = n_group, .topk_group = topk_group,
                                  .renormalize = renorm, .scaling = 2.5f,
-                                 .scale_when_renormalized = 1};
+                                 .scale_when_renormalized = 1, .n_fused = n_fused};
     cpu.ops->moe_route(cpu.ctx, ci, w.h, lg.h, with_bias ? bias.h : NULL, &p, n);
     gpu.ops->moe_route(gpu.ctx, gid, w.d, lg.d, with_bias ? bias.d : NULL, &p, n);
-    gpu.ops->download(gpu.ctx, gi, gid, (size_t)(n * K) * 4);
-    printf("  route scoring=%d method=%d E=%d K=%d groups=%d/%d\n", sc, me, E, K, topk_group,
-           n_group);
-    assert_memory_equal(ci, gi, (size_t)(n * K) * 4);
-    expect_close(&w, n, K, K, 1e-5);
+    gpu.ops->download(gpu.ctx, gi, gid, (size_t)(n * W) * 4);
+    printf("  route scoring=%d method=%d E=%d K=%d groups=%d/%d fused=%d\n", sc, me, E, K, topk_group,
+           n_group, n_fused);
+    assert_memory_equal(ci, gi, (size_t)(n * W) * 4);
+    for (long t = 0; t < n; t++)
+        for (int j = 0; j < n_fused; j++) {
+            assert_int_equal(ci[t * W + K + j], E + j);
+            assert_true(w.h[t * W + K + j] == 1.0f);
+        }
+    expect_close(&w, n, W, W, 1e-5);
     gpu.ops->free(gpu.ctx, gid);
     free(ci), free(gi);
     pair_free(&lg), pair_free(&bias), pair_free(&w);
@@ -68,11 +75,12 @@ static void check_route(enum moe_route_scoring sc, enum moe_route_method me, int
 
 static void test_moe_route(void **state) {
     SKIP_WITHOUT_GPU();
-    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GREEDY, 60, 4, 1, 1, 0, 0);   /* qwen2-moe */
-    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GREEDY, 128, 8, 1, 1, 0, 1);  /* qwen3-moe */
-    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GROUP_LIMITED, 64, 6, 8, 3, 0, 0); /* deepseek-v2 */
-    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 256, 8, 8, 4, 1, 1); /* deepseek-v3 */
-    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 16, 4, 4, 2, 1, 1);
+    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GREEDY, 60, 4, 1, 1, 0, 0, 0);   /* qwen2-moe */
+    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GREEDY, 128, 8, 1, 1, 0, 1, 0);  /* qwen3-moe */
+    check_route(MOE_ROUTE_SOFTMAX, MOE_ROUTE_GROUP_LIMITED, 64, 6, 8, 3, 0, 0, 0); /* deepseek-v2 */
+    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 256, 8, 8, 4, 1, 1, 0); /* deepseek-v3 */
+    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 256, 8, 8, 4, 1, 1, 1); /* + the fused shared expert */
+    check_route(MOE_ROUTE_SIGMOID, MOE_ROUTE_NOAUX_TC, 16, 4, 4, 2, 1, 1, 0);
 }
 
 /* Experts on both backends: E of each of gate [F][H], up [F][H], down [H][F]. */

@@ -33,7 +33,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "tensor/backend.h"
-#include "step_batch.h"
+#include "../step_batch.h"
 
 enum { N_OTHERS = 31, PAGE = 16, R_PROMPT = 600, R_DECODE = 4, MAX_CTX = 2048, VOCAB = 512 };
 

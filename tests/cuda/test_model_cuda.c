@@ -53,7 +53,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "tensor/backend.h"
-#include "step_batch.h"
+#include "../step_batch.h"
 
 enum { N_SEQS = 64, PAGE = 16, MAX_PROMPT = 97, MAX_CTX = 256, VOCAB = 512, STEPS = 8 };
 

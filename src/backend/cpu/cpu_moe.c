@@ -81,9 +81,12 @@ static void route_row(const float *logits, const float *bias, const struct moe_r
 
 void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits, const float *bias,
                    const struct moe_route_params *p, long n) {
-    KILN_ASSERT(p->n_experts <= MOE_MAX_EXPERTS && p->top_k <= p->n_experts);
-    for (long i = 0; i < n; i++)
-        route_row(logits + i * p->n_experts, bias, p, ids + i * p->top_k, weights + i * p->top_k);
+    KILN_ASSERT(p->n_experts <= MOE_MAX_EXPERTS && p->top_k <= p->n_experts && p->n_fused >= 0);
+    int w = p->top_k + p->n_fused;
+    for (long i = 0; i < n; i++) {
+        route_row(logits + i * p->n_experts, bias, p, ids + i * w, weights + i * w);
+        for (int j = 0; j < p->n_fused; j++) ids[i * w + p->top_k + j] = p->n_experts + j, weights[i * w + p->top_k + j] = 1.0f;
+    }
 }
 
 void cpu_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,

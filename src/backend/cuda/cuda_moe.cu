@@ -49,7 +49,7 @@ static __device__ int warp_argmax(const float *v, int n) {
     return bi;
 }
 
-/* ids[n][top_k], w[n][top_k] from logits[n][E]; one warp per row.
+/* ids[n][top_k (+ n_fused)], w likewise, from logits[n][E]; one warp per row.
  * shared: scores[E], choice[E], gscore[n_group]. */
 static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__restrict__ weights,
                                         const float *__restrict__ logits,
@@ -98,8 +98,8 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
                 if (gscore[e / per] != -INFINITY) choice[e] = 0.0f;
             __syncwarp();
         }
-        int32_t *out_ids = ids + i * p.top_k;
-        float *out_w = weights + i * p.top_k;
+        int32_t *out_ids = ids + i * (p.top_k + p.n_fused);
+        float *out_w = weights + i * (p.top_k + p.n_fused);
         for (int j = 0; j < p.top_k; j++) {
             int e = warp_argmax(choice, E);
             __syncwarp();
@@ -118,6 +118,7 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
             }
             if (!p.renormalize || p.scale_when_renormalized)
                 for (int j = 0; j < p.top_k; j++) out_w[j] *= p.scaling;
+            for (int j = 0; j < p.n_fused; j++) out_ids[p.top_k + j] = E + j, out_w[p.top_k + j] = 1.0f;
         }
         __syncwarp();
     }
@@ -125,7 +126,7 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
 
 extern "C" void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
                                   const float *bias, const struct moe_route_params *p, long n) {
-    CUDA_ASSERT(p->n_experts <= MOE_MAX_EXPERTS && p->top_k <= p->n_experts && p->top_k >= 1);
+    CUDA_ASSERT(p->n_experts <= MOE_MAX_EXPERTS && p->top_k <= p->n_experts && p->top_k >= 1 && p->n_fused >= 0);
     CUDA_ASSERT(p->method == MOE_ROUTE_GREEDY || p->n_group <= 1 ||
                 (p->n_experts % p->n_group == 0 && p->topk_group <= p->n_group));
     if (n <= 0) return;

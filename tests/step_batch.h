@@ -1,4 +1,4 @@
-/* step_batch.h — the GPU model tests' way of building one forward step:
+/* step_batch.h — the model tests' way of building one forward step:
  * sequences with KV pages from a pool, each adding its new tokens (a whole
  * prompt, or one decode token) to a ragged batch whose last row per
  * sequence wants logits. Included by one test file each (static
