@@ -353,7 +353,8 @@ static int post(const struct tracer *t, const char *body, size_t len, const char
     return status;
 }
 
-static void export_batch(struct tracer *t, json_t **spans, int n) {
+/* Returns 0 when the collector took the batch. */
+static int export_batch(struct tracer *t, json_t **spans, int n) {
     json_t *arr = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(arr, spans[i]);
     json_t *res_attrs = json_array();
@@ -378,6 +379,7 @@ static void export_batch(struct tracer *t, json_t **spans, int n) {
         if (status < 0) log_warn("tracing: %d spans dropped: %s (http://%s:%s%s)", n, why, t->host, t->port, t->path);
         else log_warn("tracing: %d spans dropped: the collector answered %d", n, status);
     }
+    return status >= 200 && status < 300 ? 0 : -1;
 }
 
 static void *exporter(void *arg) {
@@ -400,8 +402,15 @@ static void *exporter(void *arg) {
         memmove(t->queue, t->queue + n, sizeof *t->queue * (size_t)(t->n_queue - n));
         t->n_queue -= n;
         pthread_mutex_unlock(&t->mu);
-        if (n) export_batch(t, batch, n);
+        int failed = n && export_batch(t, batch, n);
         pthread_mutex_lock(&t->mu);
+        if (failed && t->stop) {
+            /* shutting down and the collector is failing: do not make the
+             * exit wait for a timeout per remaining batch */
+            for (int i = 0; i < t->n_queue; i++) json_decref(t->queue[i]);
+            t->dropped += t->n_queue;
+            t->n_queue = 0;
+        }
     }
     pthread_mutex_unlock(&t->mu);
     free(batch);
