@@ -223,9 +223,9 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
         if (bucket_size(i) <= m->max_seqs && bucket_size(i) <= m->max_batch_tokens) biggest = bucket_size(i);
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer *L = &m->layers[l];
+        int k = L->moe.route.top_k + L->moe.route.n_fused; /* the slots moe_forward passes */
         if (L->mlp_kind == LAYER_MLP_MOE &&
-            !(ops->moe_ffn_graphable &&
-              ops->moe_ffn_graphable(m->be->ctx, &L->moe.experts, L->moe.route.top_k, biggest)))
+            !(ops->moe_ffn_graphable && ops->moe_ffn_graphable(m->be->ctx, &L->moe.experts, k, biggest)))
             m->graphs_on = 0;
     }
 
