@@ -82,10 +82,5 @@ if want trace && [ "$(left)" -gt 90 ]; then
   done
 fi
 
-if want ctest && [ "$(left)" -gt 150 ]; then
-  say "ctest -L gpu"
-  KILN_TOKENIZERS=/nonexistent timeout "$(lim 400)" ctest --test-dir "$B" -L gpu --output-on-failure >"$OUT/ctest-gpu.log" 2>&1
-  say "ctest rc=$?"
-  grep -E 'tests passed|tests failed|Test +#' "$OUT/ctest-gpu.log" | tail -14 | tee -a "$S"
-fi
+want ctest && ctest_gpu 14
 say "done"

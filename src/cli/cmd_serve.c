@@ -11,6 +11,7 @@
 #include "cli/cli_common.h"
 #include "scheduler/engine.h"
 #include "server/server.h"
+#include "server/trace.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -164,6 +165,13 @@ int cmd_serve(int argc, char **argv) {
 #undef STR_OPT
     }
     if (enable_trace && !so.otlp_traces_endpoint) so.otlp_traces_endpoint = "http://127.0.0.1:4318/v1/traces";
+    if (so.otlp_traces_endpoint) { /* before a model that may take minutes to load */
+        struct kiln_error terr;
+        if (tracer_endpoint_check(so.otlp_traces_endpoint, &terr)) {
+            fprintf(stderr, "kiln serve: %s\n", terr.msg);
+            return 2;
+        }
+    }
     if (!ma.model_dir) ma.model_dir = cli_default_model();
     eo.model_dir = so.model_dir = ma.model_dir;
     eo.device = ma.device;

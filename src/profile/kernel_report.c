@@ -370,8 +370,14 @@ static int by_start(const void *a, const void *b) {
     return strcmp(x->name, y->name); /* identical intervals: a fixed order */
 }
 
-static int by_name(const void *a, const void *b) {
-    return strcmp((*(const struct kr_activity *const *)a)->name, (*(const struct kr_activity *const *)b)->name);
+/* an activity with its non-overlapped share */
+struct share {
+    const struct kr_activity *a;
+    double excl;
+};
+
+static int share_by_name(const void *a, const void *b) {
+    return strcmp(((const struct share *)a)->a->name, ((const struct share *)b)->a->name);
 }
 
 static int kernel_by_gpu(const void *a, const void *b) {
@@ -404,11 +410,10 @@ void kr_analyze(const struct kr_trace *t, const struct kr_rules *r, struct kr_re
         out->busy_ns += excl[i];
     }
     out->span_ns = last - first;
-    /* per kernel name: sort pointers by name, carrying the shares along */
-    struct { const struct kr_activity *a; double excl; } *pairs = xmalloc((size_t)t->n * sizeof *pairs);
-    for (long i = 0; i < t->n; i++) pairs[i].a = s[i], pairs[i].excl = excl[i];
-    /* by_name on the first member: the struct starts with the pointer */
-    qsort(pairs, (size_t)t->n, sizeof *pairs, by_name);
+    /* per kernel name: the shares sorted by name */
+    struct share *pairs = xmalloc((size_t)t->n * sizeof *pairs);
+    for (long i = 0; i < t->n; i++) pairs[i] = (struct share){s[i], excl[i]};
+    qsort(pairs, (size_t)t->n, sizeof *pairs, share_by_name);
     out->kernels = xmalloc((size_t)t->n * sizeof *out->kernels);
     for (long i = 0; i < t->n;) {
         long j = i;

@@ -451,6 +451,13 @@ static int parse_endpoint(struct tracer *t, const char *url, struct kiln_error *
     return 0;
 }
 
+int tracer_endpoint_check(const char *endpoint, struct kiln_error *err) {
+    struct tracer *t = xcalloc(1, sizeof *t);
+    int rc = parse_endpoint(t, endpoint, err);
+    free(t);
+    return rc;
+}
+
 int tracer_create(struct tracer **out, const struct tracer_options *o, struct kiln_error *err) {
     *out = NULL;
     struct tracer *t = xcalloc(1, sizeof *t);

@@ -34,6 +34,9 @@ struct tracer_options {
 };
 
 int tracer_create(struct tracer **out, const struct tracer_options *o, struct kiln_error *err);
+/* Whether tracer_create would take this endpoint (the CLI checks it before
+ * loading the model). */
+int tracer_endpoint_check(const char *endpoint, struct kiln_error *err);
 /* Sends what is queued (waits for the exporter; bounded by its timeouts). */
 void tracer_free(struct tracer *t);
 /* Spans the collector accepted, and spans dropped (queue full or export failed). */

@@ -314,7 +314,8 @@ test('bad tracing options: a clear error naming the option', async () => {
     [['--otlp-traces-endpoint', 'http://host:99999'], /--otlp-traces-endpoint.*port/],
     [['--otlp-export-interval', 'soon'], /--otlp-export-interval/]]) {
     const r = spawnSync(KILN, ['serve', '--model', MODEL, '--port', '0', '--skip-sampler-warmup', ...args], { encoding: 'utf8', timeout: 30000 });
-    assert.notStrictEqual(r.status, 0, `${args}: exit 0`);
+    assert.strictEqual(r.status, 2, `${args}: exit ${r.status}`);
+    assert.ok(!/listening/.test(r.stdout), 'checked before the server starts');
     assert.match(r.stderr + r.stdout, re);
   }
 });
