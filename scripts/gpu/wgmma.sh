@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gpu_session.sh — the small-M wgmma product (src/backend/cuda/hopper/
-# gemm_wgmma.cu) in one lease of the GPU machine, in priority order, each
+# wgmma.sh — the small-M wgmma product (src/backend/cuda/hopper/
+# gemm_wgmma.cu) in one run on a GPU machine, in priority order, each
 # stage under its own time limit: build, the SASS check (HGMMA / UTMALDG),
 # test_matmul_wgmma, bench_gemv --wgmma (cuBLASLt vs the kernel, % of the
 # copy bandwidth), Llama-3.1-8B decode at 64 sequences with KILN_CUDA_WGMMA=1
@@ -8,7 +8,7 @@
 # Qwen3-0.6B at 64 sequences (dummy weights). Logs go to $OUT; summary.log
 # is the short version. On the device machine:
 #
-#   cd tmp/wgmm && OUT=$OUT bash dev/wgmma/gpu_session.sh 285
+#   OUT=$OUT bash scripts/gpu/wgmma.sh 285
 # STAGES="test gemv llama64 trigger ctest llama32 qwen64 profile" selects
 # stages (default: all but trigger and profile; trigger: Llama b64 with the
 # PDL trigger at the kernel's start; profile: KILN_CUDA_PROFILE=1, eager,
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/wgmma-out}
 BUDGET=${1:-285}
 STAGES=${STAGES:-"test gemv llama64 ctest llama32 qwen64"}
-source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
+source scripts/gpu/common.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 say "build"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&

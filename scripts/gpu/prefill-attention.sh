@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gpu_session.sh — the wgmma prefill attention (src/backend/cuda/hopper/
-# attn_prefill.cu) in one lease of the GPU machine, in priority order, each
+# prefill-attention.sh — the wgmma prefill attention (src/backend/cuda/hopper/
+# attn_prefill.cu) in one run on a GPU machine, in priority order, each
 # stage under its own time limit: build; test_attn_prefill (every kernel
 # against the CPU, bitwise schedule / batch-invariance checks); the SASS of
 # the kernel (HGMMA count); bench_attention (one layer at Llama-3.1-8B's
@@ -10,13 +10,13 @@
 # -R 'ops|graphs|deterministic|verify'. Logs go to $OUT; summary.log is the
 # short version. STAGES (default "test sass attn fwd ctest") picks stages.
 #
-#   cd tmp/fa3 && OUT=$OUT bash dev/fa3/gpu_session.sh 285
+#   OUT=$OUT bash scripts/gpu/prefill-attention.sh 285
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/fa3-out}
 BUDGET=${1:-285}
 STAGES=${STAGES:-test sass attn fwd ctest}
-source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
+source scripts/gpu/common.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 say "build"
 targets="bench_attention test_attn_prefill bench_forward"
 want ctest && targets="$targets kiln test_cuda_ops test_cuda_graphs test_deterministic"

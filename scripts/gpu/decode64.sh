@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# gpu_session.sh — the 64-sequence decode step (Llama-3.1-8B, Qwen3-0.6B) in
-# one lease: build, the kernel tests that the step's changes touch, decode
+# decode64.sh — the 64-sequence decode step (Llama-3.1-8B, Qwen3-0.6B) in
+# one run: build, the kernel tests that the step's changes touch, decode
 # benchmarks of each knob against the default in alternating order, a
-# CUPTI trace of the default (dev/trace), then `ctest -L gpu` if the
+# CUPTI trace of the default (scripts/gpu/trace.sh), then `ctest -L gpu` if the
 # budget allows. Logs in $OUT (summary.log is the short version).
 #
-#   OUT=$OUT bash dev/decode64/gpu_session.sh [BUDGET_S]
+#   OUT=$OUT bash scripts/gpu/decode64.sh [BUDGET_S]
 # VARIANTS: "label|ENV=V ..." lines benchmarked beside the default.
 # STAGES: any of "tests bench trace ctest" (default: all).
 set -uo pipefail
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/decode64-out}
 BUDGET=${1:-500}
 STAGES=${STAGES:-"tests bench trace ctest"}
-source dev/session.sh
+source scripts/gpu/common.sh
 bench_show() {
   grep -E "^decode" | sed -E 's/.*batch ([0-9]+) at context ([0-9]+): ([0-9.]+) tok\/s \(([0-9.]+) ms\/step.*/b\1 ctx\2: \3 tok\/s \4 ms;/' | tr '\n' ' '
 }
@@ -71,9 +71,9 @@ if want bench; then
 fi
 
 if want trace && [ "$(left)" -gt 90 ]; then
-  # TRACE_CASES: dev/trace CASES lines ("name|ENV|bench_forward args")
+  # TRACE_CASES: scripts/gpu/trace.sh CASES lines ("name|ENV|bench_forward args")
   CASES=${TRACE_CASES:-"llama64|$TRACE_ENV|--model $L --prompt-len 128 --decode 32 --batch 64 --repeat 1"} \
-    OUT=$OUT/trace REBUILD= B=$B bash dev/trace/gpu_session.sh "$(( $(left) - 30 ))" >/dev/null 2>&1
+    OUT=$OUT/trace REBUILD= B=$B bash scripts/gpu/trace.sh "$(( $(left) - 30 ))" >/dev/null 2>&1
   for f in "$OUT"/trace/*.summary.txt; do
     [ -f "$f" ] || continue
     n=$(basename "$f" .summary.txt)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """summary.py TRACE.csv [--steps N] [--layer FIRST COUNT] — where the time of
-graph replays goes, from dev/trace/cupti_trace.c's records.
+graph replays goes, from scripts/gpu/cupti_trace.c's records.
 
 Kernels of one replay share the correlation id of its cudaGraphLaunch. The
 replays with the most kernels (the decode step's graph) are taken, the

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# gpu_session.sh — MoE on the GPU in one lease: build, the MoE and model
+# moe.sh — MoE on the GPU in one run: build, the MoE and model
 # tests, then decode benchmarks of the MoE configs (KILN_CUDA_MOE=device,
 # the device path with graphs, against the default host sort and cuBLAS per
 # expert without graphs),
 # a dense check (Llama-3.1-8B at 64 sequences), and `ctest -L gpu` if the
 # budget allows. Logs in $OUT (summary.log is the short version).
 #
-#   OUT=$OUT bash dev/moe/gpu_session.sh [BUDGET_S]
+#   OUT=$OUT bash scripts/gpu/moe.sh [BUDGET_S]
 # STAGES: any of "tests bench ctest" (default: all). BENCH: "label|ENV=V ...|args" lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/moe-out}
 BUDGET=${1:-560}
 STAGES=${STAGES:-"tests bench ctest"}
-source dev/session.sh
+source scripts/gpu/common.sh
 Q30=models/configs/qwen3-30b-a3b.json DS=models/configs/deepseek-v2-lite.json L=models/configs/llama-3.1-8b.json
 TESTS=${TESTS:-"test_cuda_moe test_model_cuda test_cuda_graphs"}
 D=KILN_CUDA_MOE=device

@@ -6,8 +6,8 @@
  * $KILN_TRACE_OUT (default trace.csv):
  *   kind,start_ns,end_ns,correlation,graph_id,grid,block,smem,regs,name
  * Kernels of one graph replay share the correlation id of its
- * cudaGraphLaunch. dev/trace/summary.py reads the file. Not part of kiln:
- * built on the GPU machine by dev/trace/gpu_session.sh against the CUPTI
+ * cudaGraphLaunch. scripts/gpu/trace_summary.py reads the file. Not part of kiln:
+ * built on the GPU machine by scripts/gpu/trace.sh against the CUPTI
  * that comes with the CUDA toolkit there. KERNEL_REC, MEMCPY_REC and
  * MEMSET_REC name the newest record structs of that CUPTI (the script
  * finds them). */

@@ -1,8 +1,8 @@
-# dev/session.sh — the common start of the GPU session scripts in dev/*/
-# (one lease of the device machine each: build, tests, benchmarks, under a
-# time budget). Sourced from the repository root after the script has set
+# scripts/gpu/common.sh — the common start of the GPU check scripts in
+# scripts/gpu/ (each one run on a GPU machine: build, tests, benchmarks,
+# under a time budget). Sourced from the repository root after the script has set
 #   OUT     the log folder (summary.log is the short version)
-#   BUDGET  seconds the session may take
+#   BUDGET  seconds the run may take
 #   STAGES  (optional) the stage names `want` accepts
 # It truncates summary.log, prints the GPU, and sets up kiln's Debian
 # libraries (scripts/gpu-check.sh --env: PKGCONF, PKG_CONFIG_LIBDIR,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gpu_session.sh — the product-path work (PDL, GEMV K split, fused norm /
-# SwiGLU handoffs, cuBLASLt) in one lease of the GPU machine, in priority
+# products.sh — the product-path work (PDL, GEMV K split, fused norm /
+# SwiGLU handoffs, cuBLASLt) in one run on a GPU machine, in priority
 # order, each stage under its own time limit: build, the op / graph /
 # deterministic tests, a short verify, bench_gemv (all variants), then
 # bench_forward on Qwen3-0.6B and Llama-3.1-8B (dummy weights), each
@@ -10,7 +10,7 @@
 # prefill of 512 and 16 eager decode steps). Logs go to $OUT; summary.log
 # is the short version.
 #
-#   bash dev/mmpath/gpu_session.sh [budget-seconds] [stages]
+#   bash scripts/gpu/products.sh [budget-seconds] [stages]
 #   stages: a word list of test verify ctest gemv llama qwen llama-b64 profile
 #   (default: all but verify, which ctest covers)
 set -uo pipefail
@@ -19,7 +19,7 @@ OUT=${OUT:-/tmp/mmpath-out}
 BUDGET=${1:-280}
 STAGES=${2:-"test ctest gemv llama qwen llama-b64 profile"}
 OLD="KILN_CUDA_PDL=0 KILN_CUDA_FUSE=0 KILN_CUDA_GEMV_KS=1 KILN_CUDA_LT=0"
-source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
+source scripts/gpu/common.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
 
 say "build"

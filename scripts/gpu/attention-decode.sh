@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_decode.sh — one lease of the GPU machine for the decode attention
+# attention-decode.sh — one run on a GPU machine for the decode attention
 # kernel (src/backend/cuda/cuda_attn_decode.cu), each stage under a time
 # guard, most important first: build (kiln targets and the lab in
 # parallel); the lab's validation and invariance checks beside the GPU
@@ -9,12 +9,12 @@
 # Llama-3.1-8B and Qwen3-0.6B shapes (dummy weights). Logs in $OUT,
 # summary.log last.
 #
-#   bash dev/attention/gpu_decode.sh [budget-seconds]
+#   bash scripts/gpu/attention-decode.sh [budget-seconds]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/attn-out}
 BUDGET=${1:-285}
-source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
+source scripts/gpu/common.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 
 say "build"
 make -C dev attention >"$OUT/lab_build.log" 2>&1 &

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# gpu_session.sh — everything the attention work needs from one lease of
-# the GPU machine, in priority order, each stage under its own time limit:
+# attention.sh — everything the attention work needs from one run on
+# a GPU machine, in priority order, each stage under its own time limit:
 # build (kiln + the lab), the attention lab (validation, batch invariance,
 # kernel benchmark vs measured limits), ctest -L gpu, then bench_forward
 # on Llama-3.1-8B and Qwen3-0.6B shapes (dummy weights): the new kernels,
 # the first scalar kernel (KILN_CUDA_ATTN=scalar) and --deterministic.
 # Logs go to $OUT (summary.log last).
 #
-#   [SKIP_BEFORE=1] bash dev/attention/gpu_session.sh [budget-seconds]
+#   [SKIP_BEFORE=1] bash scripts/gpu/attention.sh [budget-seconds]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/attn-out}
 BUDGET=${1:-340}
-source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
+source scripts/gpu/common.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 pc_args=(-DPKG_CONFIG_EXECUTABLE="$PKGCONF")
 
 say "build"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# gpu_session.sh — Nsight Compute on the small-M wgmma product at 64 rows,
+# ncu-wgmma.sh — Nsight Compute on the small-M wgmma product at 64 rows,
 # one launch per Llama-3.1-8B shape (bench_gemv --quick drives it), for
 # why the split-K shapes stream below the S = 1 one. Logs in $OUT.
-#   OUT=$OUT bash dev/ncu/gpu_session.sh [BUDGET_S]
+#   OUT=$OUT bash scripts/gpu/ncu-wgmma.sh [BUDGET_S]
 # SHAPES: "rows cols" lines; SECTIONS: ncu --section names.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ncu-out}
 BUDGET=${1:-300}
-source dev/session.sh
+source scripts/gpu/common.sh
 SHAPES=${SHAPES:-"6144 4096
 4096 14336
 4096 4096"}

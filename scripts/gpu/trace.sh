@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# gpu_session.sh — kernel timelines of decode steps under graphs (CUPTI,
-# dev/trace/cupti_trace.c) in one lease: build kiln's bench_forward, build
+# trace.sh — kernel timelines of decode steps under graphs (CUPTI,
+# scripts/gpu/cupti_trace.c) in one run: build kiln's bench_forward, build
 # the tracer against the machine's CUPTI, run each case untraced and traced,
-# and summarise the traces (dev/trace/summary.py). Logs in $OUT.
+# and summarise the traces (scripts/gpu/trace_summary.py). Logs in $OUT.
 #
-#   OUT=$OUT bash dev/trace/gpu_session.sh [BUDGET_S]
+#   OUT=$OUT bash scripts/gpu/trace.sh [BUDGET_S]
 # CASES: "name|ENV=V ...|bench_forward args" lines (default: Llama-3.1-8B
 # and Qwen3-0.6B at 64 sequences, context 128 + 32 steps).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/trace-out}
 BUDGET=${1:-300}
-source dev/session.sh
+source scripts/gpu/common.sh
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 CASES=${CASES:-"llama64||--model $L --prompt-len 128 --decode 32 --batch 64
 qwen64||--model $Q --prompt-len 128 --decode 32 --batch 64"}
@@ -32,7 +32,7 @@ CI=$(dirname "$(command -v nvcc)")/../include
 rec() { grep -ohE "CUpti_Activity$1[0-9]+" "$HD"/cupti_activity*.h | sort -V | tail -1; }
 say "cupti: $H $LIB $(rec Kernel) $(rec Memcpy) $(rec Memset)"
 gcc -O2 -shared -fPIC -I"$HD" -I"$CI" -DKERNEL_REC=$(rec Kernel) -DMEMCPY_REC=$(rec Memcpy) \
-  -DMEMSET_REC=$(rec Memset) dev/trace/cupti_trace.c -o "$OUT/libtrace.so" "$LIB" \
+  -DMEMSET_REC=$(rec Memset) scripts/gpu/cupti_trace.c -o "$OUT/libtrace.so" "$LIB" \
   -Wl,-rpath,"$(dirname "$LIB")" >"$OUT/tracer.log" 2>&1 || { say "tracer build FAILED"; head -30 "$OUT/tracer.log" | tee -a "$S"; exit 1; }
 
 while IFS='|' read -r name envs args; do
@@ -42,7 +42,7 @@ while IFS='|' read -r name envs args; do
   env $envs CUDA_INJECTION64_PATH="$OUT/libtrace.so" KILN_TRACE_OUT="/tmp/$name.csv" \
     timeout "$(lim 150)" "$B/bench_forward" --device cuda --load-format dummy $args >"$OUT/$name.traced.log" 2>&1
   say "$name traced rc=$?: $(grep -E '^decode' "$OUT/$name.traced.log" | tr '\n' ' ')"
-  python3 dev/trace/summary.py "/tmp/$name.csv" ${SUMMARY_ARGS:-} >"$OUT/$name.summary.txt" 2>&1
+  python3 scripts/gpu/trace_summary.py "/tmp/$name.csv" ${SUMMARY_ARGS:-} >"$OUT/$name.summary.txt" 2>&1
   head -40 "$OUT/$name.summary.txt" | tee -a "$S"
 done <<<"$CASES"
 say "done"

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# gpu_session.sh — programmatic dependent launch for the rope / KV store,
-# decode attention, embedding and sampling kernels (branch pdl), in one
-# lease of the GPU machine: build, the GPU tests (test_cuda_pdl: PDL on vs
+# pdl.sh — programmatic dependent launch for the rope / KV store,
+# decode attention, embedding and sampling kernels, in one
+# run of the GPU machine: build, the GPU tests (test_cuda_pdl: PDL on vs
 # KILN_CUDA_PDL_ATTN=0 vs KILN_CUDA_PDL=0 bit for bit; ops, graphs,
 # deterministic, generate), then bench_forward batch-1 decode at contexts
 # 128 and 4096 for Qwen3-0.6B and Llama-3.1-8B (dummy weights), default
-# against KILN_CUDA_PDL_ATTN=0 (the launches before) in the same lease, and
+# against KILN_CUDA_PDL_ATTN=0 (the launches before) in the same run, and
 # a KILN_CUDA_PROFILE=1 eager run of Qwen3 b1. Logs go to $OUT; summary.log
 # is the short version. On the device machine:
 #
-#   cd tmp/pdl && OUT=$OUT bash dev/pdl/gpu_session.sh 230
+#   OUT=$OUT bash scripts/gpu/pdl.sh 230
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/pdl-out}
 BUDGET=${1:-230}
-source dev/session.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
+source scripts/gpu/common.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
 say "build"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DPKG_CONFIG_EXECUTABLE=$PKGCONF >"$OUT/build.log" 2>&1 &&
