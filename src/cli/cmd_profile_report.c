@@ -15,7 +15,7 @@ static void usage(FILE *f) {
             "usage: kiln profile-report [options] TRACE[,LABEL[,ELAPSED_S]] ...\n"
             "\n"
             "TRACE: Nsight Systems' cuda_gpu_trace as CSV (nsys stats --report cuda_gpu_trace\n"
-            "--format csv), dev/trace/cupti_trace.c's records, or a Chrome trace JSON (PyTorch\n"
+            "--format csv), scripts/gpu/cupti_trace.c's records, or a Chrome trace JSON (PyTorch\n"
             "profiler). ELAPSED_S: the run's wall time; the GPU's idle time is reported beside it.\n"
             "\n"
             "  --rules FILE      kernel → category rules, {\"ENGINE\": {\"MODEL\": {\"regex\": \"category\"}}}\n"

@@ -63,7 +63,7 @@ size_t model_weight_bytes(const struct model *m);
 /* Fills layout[n_layers]; returns n_layers. */
 int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int max_layers);
 
-/* Start-up warm-up (SEEDS "kernel prewarm by bucket"): on a backend with
+/* Start-up warm-up (kernel prewarm by decode bucket): on a backend with
  * graphs, runs and records every decode bucket's graph and runs a prefill
  * at every power-of-two token count up to the reserved batch, each with
  * its largest shape, so no request pays a first-seen cost. Uses scratch

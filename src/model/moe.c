@@ -57,7 +57,7 @@ int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_e
         snprintf(name, sizeof name, "%s.shared_experts", prefix);
         if (dense_load(ws, name, (long)c->n_shared_experts * F, &moe->shared, err)) return -1;
         moe->has_shared = 1;
-        /* Shared-expert fusion (SEEDS 003): one shared expert has the routed
+        /* Shared-expert fusion: one shared expert has the routed
          * experts' shape, so it joins their list as expert E, chosen by
          * every token with weight 1 (the routed weights carry the scaling
          * factor already): one expert MLP call computes both, and backends

@@ -124,7 +124,7 @@ out:
     return rc;
 }
 
-/* dev/trace/cupti_trace.c: KIND,start,end,correlation,graph,grid,block,smem,regs,name */
+/* scripts/gpu/cupti_trace.c: KIND,start,end,correlation,graph,grid,block,smem,regs,name */
 static int parse_cupti(struct kr_trace *t, const char *data, size_t len, const char *what, struct kiln_error *err) {
     const char *p = data, *end = data + len;
     long line = 0;

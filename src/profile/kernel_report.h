@@ -1,5 +1,5 @@
 /* kernel_report.h — where a GPU trace's time goes, by kernel category
- * (SEEDS §4; `kiln profile-report`).
+ * (`kiln profile-report`).
  *
  * A trace is a list of GPU activities (kernels, copies, sets) with start
  * and end. Each activity's name is classified by the first matching rule
@@ -20,7 +20,7 @@
  *   - Nsight Systems' cuda_gpu_trace report as CSV
  *     (`nsys stats --report cuda_gpu_trace --format csv`): columns
  *     "Start (ns)", "Duration (ns)", "Name";
- *   - dev/trace/cupti_trace.c's records (K/M/S lines: start and end in ns);
+ *   - scripts/gpu/cupti_trace.c's records (K/M/S lines: start and end in ns);
  *   - Chrome trace JSON (PyTorch profiler, SGLang's /start_profile):
  *     complete events ("ph": "X", ts/dur in µs) of GPU categories (kernel,
  *     gpu_memcpy, gpu_memset).

@@ -149,7 +149,7 @@ int sampler_build_adjustments(const struct sampling_params *p, const struct samp
                               struct backend_sample_adj *out, int cap, int32_t *slot);
 
 /* Runs the sampler over representative batch sizes and configurations so
- * that the first real request pays no first-use cost (SEEDS: sampler
+ * that the first real request pays no first-use cost (the sampler
  * warm-up). Returns the seconds it took. */
 double sampler_warmup(int vocab, const int *batch_sizes, int n_batch_sizes);
 

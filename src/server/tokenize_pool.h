@@ -1,5 +1,5 @@
 /* tokenize_pool.h — tokenization and chat-template rendering off the event
- * loop thread (SEEDS §24, SGLang's AsyncDynamicBatchTokenizer).
+ * loop thread (a dynamic batch tokenizer like SGLang's AsyncDynamicBatchTokenizer).
  *
  * A route that needs token ids hands the work to the pool as a job: `work`
  * runs on a worker thread (tokenizer encode and chat render are thread-safe

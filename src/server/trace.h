@@ -1,4 +1,4 @@
-/* trace.h — OpenTelemetry tracing of requests (SEEDS §27): every HTTP
+/* trace.h — OpenTelemetry tracing of requests: every HTTP
  * request becomes a trace of spans — the request itself (SERVER span), its
  * tokenization (on the loop thread or a tokenizer worker), and for each
  * engine request its time in the queue, its prefill and its decode (stages

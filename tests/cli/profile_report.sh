@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kiln profile-report (SEEDS §4): three traces in the three formats with
+# kiln profile-report: three traces in the three formats with
 # hand-computed answers (overlaps credited once), the CSV and HTML files,
 # gputrc2graph-style rules, and clear errors for bad input.
 set -u

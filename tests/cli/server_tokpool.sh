@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tokenizer pool (SEEDS §24): a 2 MB prompt tokenized off the loop thread
+# The tokenizer pool: a 2 MB prompt tokenized off the loop thread
 # does not stall other streams; pool results equal inline ones; disconnects
 # and SIGTERM during tokenization are clean (tests/server/tokpool.js).
 source "$KILN_SRC/tests/server/serve.sh"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# OpenTelemetry tracing (SEEDS §27): spans of every request to an OTLP/HTTP
+# OpenTelemetry tracing: spans of every request to an OTLP/HTTP
 # collector, the caller's traceparent honoured, the OTLP JSON encoding of
 # the OpenTelemetry JS SDK, failures of the collector harmless, the last
 # spans sent at shutdown (tests/server/trace.js starts its own servers).

@@ -52,7 +52,7 @@ enum { MAX_TOKENS = 512, MAX_CONTEXT = 4096, MAX_HEADS = 16 };
 static struct backend gpu_split; /* KILN_CUDA_MATMUL=bf16x2 */
 static struct backend gpu_det;   /* backend_options.deterministic */
 static struct backend gpu_kvf32; /* KILN_CUDA_KV=f32: the fp32 KV cache kernels */
-/* the product path's switches (docs/cuda.md, "Decode"): */
+/* the product path's switches (docs/cuda-decode.md): */
 static struct backend gpu_nopdl; /* KILN_CUDA_PDL=0: ordinary launches, else as gpu */
 static struct backend gpu_old;   /* PDL, fusion, cuBLASLt off and GEMV K split 1: the old path */
 static struct backend gpu_ks4;   /* KILN_CUDA_GEMV_KS=4: every GEMV split over K in 4 */

@@ -1,7 +1,7 @@
 /* test_deterministic.c — --deterministic on the GPU: a request's logits are
  * bitwise identical whether it runs alone or among 31 other sequences of
  * other lengths, with prefill chunks and decode rows mixed in the same
- * steps (SEEDS §26, "deterministic inference").
+ * steps (deterministic, batch-invariant inference).
  *
  * A small qwen3-shaped model with dummy weights (head_dim 64, GQA 8/4, so
  * the tensor-core prefill and the split-KV decode kernels both run) goes

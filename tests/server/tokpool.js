@@ -1,4 +1,4 @@
-// tokpool.js — the tokenizer pool (SEEDS §24).
+// tokpool.js — the tokenizer pool.
 // Usage: node tokpool.js URL_POOL URL_INLINE PID_POOL
 //   URL_POOL: --tokenizer-workers 2 --tokenizer-inline-bytes 0 (every prompt on the pool)
 //   URL_INLINE: --tokenizer-workers 0 (every prompt on the loop thread)

@@ -1,4 +1,4 @@
-// trace.js — OpenTelemetry tracing of requests (SEEDS §27): kiln serve with
+// trace.js — OpenTelemetry tracing of requests: kiln serve with
 // --otlp-traces-endpoint sends OTLP/HTTP JSON spans to a collector; a
 // caller's W3C traceparent makes the request's spans part of its trace.
 // The reference is the OpenTelemetry JS SDK: its tracer makes the caller's

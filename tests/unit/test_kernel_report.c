@@ -189,7 +189,7 @@ static void test_readers(void **state) {
     parse_ok("Name,Duration (ns),Start (ns)\nk,5,7\n", &t);
     assert_true(t.n == 1 && t.a[0].start == 7 && t.a[0].end == 12);
     kr_trace_free(&t);
-    /* dev/trace/cupti_trace.c */
+    /* scripts/gpu/cupti_trace.c */
     parse_ok("K,1000,1500,7,3,132x1x1,128,49152,96,_Z11gemv_kernelPf\n"
              "M,1600,1700,8,0,4096,0,0,0,memcpy1\n"
              "S,1800,1810,9,0,64,0,0,0,memset\n",

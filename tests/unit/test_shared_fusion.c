@@ -1,4 +1,4 @@
-/* test_shared_fusion.c — shared-expert fusion (SEEDS 003, src/model/moe.c):
+/* test_shared_fusion.c — shared-expert fusion (src/model/moe.c):
  * DeepSeek's single shared expert joins the routed experts as expert E,
  * chosen by every token with weight 1. The oracle's deepseek_v3 model
  * (one shared expert) runs the same prefill and decode steps with fusion on

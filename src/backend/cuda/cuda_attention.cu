@@ -34,7 +34,7 @@
  *    chunk states go to scratch and split_combine_kernel merges them; with
  *    one slot the CTA merges them itself as it goes. Both run the same
  *    merge_state in the same order, so the result is bitwise the same either
- *    way: decode attention is batch-invariant (SEEDS §26).
+ *    way: decode attention is batch-invariant (the same bits in any batch).
  *
  *  - attention_kernel (the first version, scalar; one block per (token,
  *    head)) for KILN_CUDA_ATTN=scalar and for layouts the others cannot load
