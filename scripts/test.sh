@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+echo "== lint"
+scripts/lint.sh
 scripts/deps.sh
 if [ -x scripts/fetch-tokenizers.sh ]; then scripts/fetch-tokenizers.sh; fi
 
