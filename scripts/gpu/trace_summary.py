@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""summary.py TRACE.csv [--steps N] [--layer FIRST COUNT] — where the time of
+"""trace_summary.py TRACE.csv [--steps N] [--layer FIRST COUNT] — where the time of
 graph replays goes, from scripts/gpu/cupti_trace.c's records.
 
 Kernels of one replay share the correlation id of its cudaGraphLaunch. The

@@ -333,7 +333,8 @@ int jctx_check_len(struct jctx *ctx, size_t len);
 const struct jv *jargs_get(struct jargs *a, size_t i, const char *name);
 int jargs_check(struct jctx *ctx, struct jargs *a, size_t max_pos, const char *what);
 
-/* Filters, tests, methods and globals (jinja_filters.c, jinja_methods.c). */
+/* Filters, tests, methods and globals (jinja_filters.c, jinja_tests.c,
+ * jinja_strings.c, jinja_ops.c). */
 int jinja_filter_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, struct jv *out);
 int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, int *result);
 int jinja_test_exists(const char *name);

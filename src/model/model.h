@@ -8,7 +8,7 @@
  * from model_kv_layout, and returns fp32 logits of the requested rows.
  *
  * Only this folder knows architectures: a family file (llama.c,
- * qwen_moe.c, deepseek.c) provides loading and forward of its layers.
+ * deepseek.c; moe.c for the experts) provides loading and forward of its layers.
  */
 #ifndef KILN_MODEL_MODEL_H
 #define KILN_MODEL_MODEL_H

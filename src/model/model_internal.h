@@ -199,7 +199,7 @@ void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
 void dense_forward_norm(const struct fwd *f, const struct mlp_dense *d, long inter,
                         const struct backend_norm *nm, float *out);
 
-/* qwen_moe.c and deepseek.c */
+/* moe.c: MoE layers (qwen2_moe, qwen3_moe, deepseek_v2/v3) */
 int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err);
 void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x, float *out);
 int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err);

@@ -4,7 +4,7 @@
  * scans its own sequence's positions 0..pos in order: scores, then a max, an
  * exp-sum and the weighted sum of values, all in position order. That order
  * depends only on the row's own position, never on the batch or on how the
- * prompt was chunked, so results are batch-invariant (DESIGN.md, "On the
+ * prompt was chunked, so results are batch-invariant (docs/design.md, "On the
  * CPU"). */
 #include <math.h>
 

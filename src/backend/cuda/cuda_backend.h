@@ -145,7 +145,7 @@ struct cuda_ctx {
     int fa_hopper;
     /* small-M wgmma product (hopper/gemm_wgmma.cu; Hopper builds, cc 9.0) */
     int wgmma;                   /* 1: 16-bit products of wgmma_min_rows..wgmma_max_rows
-                                    rows use it (KILN_CUDA_WGMMA=1; default 0: cuBLAS) */
+                                    rows use it (default on Hopper; KILN_CUDA_WGMMA=0: cuBLAS) */
     int wgmma_min_rows, wgmma_max_rows; /* KILN_CUDA_WGMMA_MIN / _MAX (max at most 64) */
     int wgmma_bn, wgmma_splits;  /* 0: by shape, else forced (KILN_CUDA_WGMMA_BN = 128 | 256,
                                     KILN_CUDA_WGMMA_S = 1..8), for measurements */
