@@ -181,7 +181,7 @@ int cmd_serve(int argc, char **argv) {
     eo.no_shared_expert_fusion = ma.no_shared_fusion;
     eo.page_size = ma.page_size;
 
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct engine *e = NULL;
     if (engine_create(&e, &eo, &err)) {
         fprintf(stderr, "kiln serve: %s\n", err.msg);

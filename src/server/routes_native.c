@@ -93,7 +93,12 @@ static void on_done(struct gen *g) {
         for (int i = 0; i < total; i++) {
             struct gen_output *o = &st->out[i];
             if (o->finish != ENGINE_FINISH_STOP) {
-                http_error_respond(g->req, o->finish == ENGINE_FINISH_ABORT ? 503 : 500, "engine_error", NULL,
+                const char *code = "engine_error";
+                int status = o->finish == ENGINE_FINISH_ABORT ? 503
+                             : o->finish == ENGINE_FINISH_ERROR && o->error_code
+                                 ? server_error_status(o->error_code, &code)
+                                 : 500;
+                http_error_respond(g->req, status, code, NULL,
                                    "scoring item %d failed: %s", i, o->error ? o->error : engine_finish_name(o->finish));
                 json_decref(scores);
                 return;

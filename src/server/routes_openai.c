@@ -188,7 +188,9 @@ static void on_event(struct gen *g, int i, const struct gen_event *ev) {
     gen_output_add(&c->out, ev);
     if (!st->stream) return;
     if (ev->finish == ENGINE_FINISH_ERROR) {
-        char *err = http_error_json(500, "engine_error", NULL, ev->error ? ev->error : "generation failed");
+        const char *code;
+        int status = server_error_status(ev->error_code ? ev->error_code : KILN_ERR_INTERNAL, &code);
+        char *err = http_error_json(status, code, NULL, ev->error ? ev->error : "generation failed");
         sse_send_raw(g->req, err);
         free(err);
         return;
@@ -231,7 +233,10 @@ static void on_done(struct gen *g) {
     }
     for (int i = 0; i < total; i++)
         if (st->ch[i].out.finish == ENGINE_FINISH_ERROR) {
-            http_error_respond(g->req, 500, "engine_error", NULL, "generation failed: %s",
+            const char *code;
+            int status = server_error_status(st->ch[i].out.error_code ? st->ch[i].out.error_code : KILN_ERR_INTERNAL,
+                                             &code);
+            http_error_respond(g->req, status, code, NULL, "generation failed: %s",
                                st->ch[i].out.error ? st->ch[i].out.error : "unknown error");
             return;
         }

@@ -69,13 +69,34 @@ void server_reply_json(struct http_request *r, int status, json_t *v) {
     free(body);
 }
 
+int server_error_status(enum kiln_error_code code, const char **oai_code) {
+    const char *c;
+    int status;
+    switch (code) {
+    case KILN_ERR_NOT_FOUND: status = 404, c = "not_found"; break;
+    case KILN_ERR_UNSUPPORTED: status = 400, c = "unsupported"; break;
+    /* OpenAI's code for a prompt that does not fit */
+    case KILN_ERR_TOO_LARGE: status = 400, c = "context_length_exceeded"; break;
+    case KILN_ERR_OVERLOADED: status = 429, c = "queue_full"; break;
+    case KILN_ERR_UNAVAILABLE: status = 503, c = "shutting_down"; break;
+    case KILN_ERR_OUT_OF_MEMORY: status = 503, c = "out_of_memory"; break;
+    case KILN_ERR_IO:
+    case KILN_ERR_INTERNAL: status = 500, c = "internal_error"; break;
+    default: status = 400, c = "invalid_value"; break;
+    }
+    if (oai_code) *oai_code = c;
+    return status;
+}
+
 void server_reply_submit_error(struct http_request *r, const struct kiln_error *err) {
-    if (!strncmp(err->msg, "queue full", 10))
-        http_error_respond(r, 429, "queue_full", NULL, "%s; retry later", err->msg);
-    else if (!strncmp(err->msg, "shutting down", 13))
-        http_error_respond(r, 503, "shutting_down", NULL, "the server is shutting down");
+    const char *code;
+    int status = server_error_status(err->code, &code);
+    if (err->code == KILN_ERR_OVERLOADED)
+        http_error_respond(r, status, code, NULL, "%s; retry later", err->msg);
+    else if (err->code == KILN_ERR_UNAVAILABLE)
+        http_error_respond(r, status, code, NULL, "the server is shutting down");
     else
-        http_error_respond(r, 400, "invalid_value", NULL, "%s", err->msg);
+        http_error_respond(r, status, code, NULL, "%s", err->msg);
 }
 
 int server_check_model(struct server *s, const json_t *body, struct req_error *e) {
