@@ -154,7 +154,8 @@ static void load_sampling_defaults(struct engine *e) {
 
 /* SGLang's periodic lines, in its words (log scrapers and people used to
  * it read them): one per step that ran prompt tokens, one every
- * --decode-log-interval decode steps. #token and token usage count the KV
+ * --decode-log-interval decode steps (#running-req: the requests that
+ * decoded in it). #token and token usage count the KV
  * held by requests (the prefix cache's evictable pages count as free). */
 static void log_step(struct engine *e) {
     const struct sched_step_info *si = &e->step_info;
@@ -172,7 +173,7 @@ static void log_step(struct engine *e) {
     double now = time_now(), dt = now - e->log_t;
     log_info("Decode batch. #running-req: %d, #token: %ld, token usage: %.2f, gen throughput (token/s): %.2f, "
              "#queue-req: %d",
-             e->n_running, used * e->page_size, usage, dt > 0 ? (double)e->log_tokens / dt : 0.0, e->n_waiting);
+             si->decode_rows, used * e->page_size, usage, dt > 0 ? (double)e->log_tokens / dt : 0.0, e->n_waiting);
     e->log_tokens = 0;
     e->log_t = now;
 }
