@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
                            {"fa3 (wgmma)", "fa3", {0}, 0},
                            {"fa3p (wgmma, overlapped)", "fa3p", {0}, 0}};
     int n_v = 3;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend_options bo = {0};
     for (int v = 0; v < n_v; v++) {
         setenv("KILN_CUDA_FA", vs[v].fa, 1);

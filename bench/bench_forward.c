@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
                         "[--no-graphs] [--deterministic] [--logits] [--both] [--prefill-batch]\n");
         return 2;
     }
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be;
     struct backend_options bo = {.n_threads = threads, .deterministic = deterministic};
     if (backend_create(&be, device, &bo, &err)) goto fail;

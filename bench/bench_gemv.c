@@ -244,7 +244,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend_options bo = {0};
     if (strcmp(device, "cuda")) quick = 1;
     for (int v = 0; v < n_variants; v++) {

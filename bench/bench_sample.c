@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_sample: bad --vocab / --rows / --iters\n");
         return 2;
     }
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be;
     struct backend_options bo = {0};
     if (backend_create(&be, device, &bo, &err)) {

@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
                         "[--device cuda] [--no-warmup] [--max-batch N] [--logits]\n");
         return 2;
     }
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be;
     struct backend_options bo = {0};
     if (backend_create(&be, device, &bo, &err)) goto fail;

@@ -95,6 +95,14 @@ int kiln_tokenizer_is_special(const struct kiln_tokenizer *tok, int32_t id);
 int kiln_detok_stream_init(struct kiln_detok_stream **out, const struct kiln_tokenizer *tok,
                            int skip_special_tokens);
 void kiln_detok_stream_free(struct kiln_detok_stream *s);
+/* Feeds ids that come before the sequence (the prompt's last few, for a
+ * completion) as context: their text is not returned, but the ids after
+ * them decode as they do after that context — SentencePiece's leading
+ * space of the first output token survives instead of being stripped as
+ * the start of a text. Call before the first push. When the context would
+ * leave text held back (it ends inside a character), it is dropped and the
+ * stream starts fresh, as without context. */
+int kiln_detok_stream_prime(struct kiln_detok_stream *s, const int32_t *ids, size_t n);
 /* Feeds one id; `*text`/`*len` receive the newly final text (maybe empty),
  * valid UTF-8, valid until the next call on this stream. */
 int kiln_detok_stream_push(struct kiln_detok_stream *s, int32_t id, const char **text, size_t *len);

@@ -11,7 +11,25 @@ int kiln_errorf(struct kiln_error *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
+    err->code = KILN_ERR_BAD_INPUT;
     return -1;
+}
+
+int kiln_errorc(struct kiln_error *err, enum kiln_error_code code, const char *fmt, ...) {
+    if (!err) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    err->code = code;
+    return -1;
+}
+
+const char *kiln_error_code_name(enum kiln_error_code code) {
+    static const char *names[] = {"none",        "bad_input",   "not_found",     "unsupported",
+                                  "too_large",   "overloaded",  "unavailable",   "out_of_memory",
+                                  "io",          "internal"};
+    return (unsigned)code < sizeof names / sizeof names[0] ? names[code] : "unknown";
 }
 
 int kiln_error_prefix(struct kiln_error *err, const char *fmt, ...) {

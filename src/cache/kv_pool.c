@@ -49,7 +49,7 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_la
     return 0;
 oom:
     kv_pool_free(p);
-    return kiln_errorf(err, "out of device memory for a KV pool of %d pages of %d slots", n_pages,
+    return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for a KV pool of %d pages of %d slots", n_pages,
                        page_size);
 }
 

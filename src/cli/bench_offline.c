@@ -115,7 +115,7 @@ static void start(struct offline_loop *L, struct engine *e, int i, double now) {
         }
         q.callback = on_event;
         q.user = s;
-        struct kiln_error err = {{0}};
+        struct kiln_error err = {0};
         s->id = engine_submit(e, &q, &err);
         if (!s->id) {
             /* No event will come for this part: settle it here. */

@@ -76,7 +76,7 @@ static void slot_start(struct serving_loop *L, int i, double now) {
     const struct bench_options *o = run->opt;
     struct slot *s = &L->slots[i];
     struct bench_result *r = &run->results[i];
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     r->start = now;
     r->prompt_len = run->prompts[i].prompt_len;
     r->usage_output_len = r->usage_prompt_len = -1;

@@ -320,7 +320,7 @@ static int warmup(const struct bench_options *o, const struct bench_prompt *p0, 
     }
     struct bench_run run = {.opt = o, .prompts = ps, .output_lens = outs, .arrivals = arr, .n = n,
                             .model_name = model, .results = xcalloc((size_t)n, sizeof(struct bench_result))};
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     int rc = run_pass(&run, e, &err), ok = 0;
     for (int i = 0; i < n; i++) ok += run.results[i].success;
     if (rc) {
@@ -347,7 +347,7 @@ static int bench_main(int offline, int argc, char **argv) {
         free(o.score_label_ids);
         return rc < 0 ? 0 : rc;
     }
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct kiln_tokenizer *tok = NULL;
     struct engine *eng = NULL;
     struct bench_prompt *ps = NULL;

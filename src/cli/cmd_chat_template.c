@@ -68,7 +68,7 @@ int cmd_chat_template(int argc, char **argv) {
         return 2;
     }
 
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct chat_template ct = {0};
     json_t *input = NULL, *kwargs = NULL, *tools = NULL;
     char *text = NULL, *out = NULL;

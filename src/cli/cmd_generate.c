@@ -99,7 +99,7 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
 
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be = {0};
     struct model *m = NULL;
     struct kv_pool kv = {0};

@@ -66,7 +66,7 @@ int cmd_profile_report(int argc, char **argv) {
         free(inputs);
         return 2;
     }
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct kr_rules rules;
     struct kr_trace *traces = xcalloc((size_t)n_in, sizeof *traces);
     struct kr_report *reps = xcalloc((size_t)n_in, sizeof *reps);

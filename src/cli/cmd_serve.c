@@ -35,6 +35,10 @@ static void usage(FILE *f) {
             "  --skip-sampler-warmup       start faster\n"
             "  --skip-warmup               no GPU kernel/graph prewarm by bucket\n"
             "  --log-requests              log request bodies (prompts!)\n"
+            "  --decode-log-interval N     a 'Decode batch' log line every N decode steps (default 40; 0: none)\n"
+            "  --sampling-defaults model|openai  unset temperature/top_p/top_k/min_p/repetition_penalty\n"
+            "                              from generation_config.json (model, default) or OpenAI's\n"
+            "  --allowed-origins LIST      CORS: comma-separated origins, '*' any (default), '' none\n"
             "  --max-body-bytes N          larger request bodies get 413 (default 33554432)\n"
             "  --max-connections N         more connections get 503 (default 4096)\n"
             "  --shutdown-timeout SEC      on SIGTERM, let requests finish this long (default 5)\n"
@@ -104,6 +108,8 @@ int cmd_serve(int argc, char **argv) {
         STR_OPT("--served-model-name", so.served_model_name)
         STR_OPT("--chat-template", so.chat_template)
         STR_OPT("--otlp-traces-endpoint", so.otlp_traces_endpoint)
+        STR_OPT("--allowed-origins", so.allowed_origins)
+        INT_OPT("--decode-log-interval", 0, 1 << 30, eo.decode_log_interval)
         INT_OPT("--max-running-requests", 1, 1 << 16, eo.max_running_requests)
         INT_OPT("--max-queued-requests", 0, 1 << 30, eo.max_queued_requests)
         INT_OPT("--chunked-prefill-size", 1, 1 << 20, eo.chunked_prefill_size)
@@ -123,6 +129,14 @@ int cmd_serve(int argc, char **argv) {
                 return 2;
             }
             eo.mem_fraction_static = f;
+            i++;
+        } else if (!strcmp(o, "--sampling-defaults")) {
+            if (v && !strcmp(v, "model")) eo.sampling_defaults = ENGINE_SAMPLING_DEFAULTS_MODEL;
+            else if (v && !strcmp(v, "openai")) eo.sampling_defaults = ENGINE_SAMPLING_DEFAULTS_OPENAI;
+            else {
+                fprintf(stderr, "kiln serve: --sampling-defaults: expected model or openai\n");
+                return 2;
+            }
             i++;
         } else if (!strcmp(o, "--schedule-policy")) {
             if (v && !strcmp(v, "fcfs")) eo.policy = SCHEDULE_FCFS;
@@ -181,7 +195,7 @@ int cmd_serve(int argc, char **argv) {
     eo.no_shared_expert_fusion = ma.no_shared_fusion;
     eo.page_size = ma.page_size;
 
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct engine *e = NULL;
     if (engine_create(&e, &eo, &err)) {
         fprintf(stderr, "kiln serve: %s\n", err.msg);

@@ -258,7 +258,7 @@ int cmd_verify(int argc, char **argv) {
         fprintf(stderr, "kiln verify: --reference FILE is required\n");
         return 2;
     }
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be = {0};
     struct st_set ref = {0};
     struct verify v = {0};

@@ -54,7 +54,7 @@ int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_er
                        src + (size_t)((h * (nope + vd) + r) * kvr + j) * es, es);
         a->w_uk_t[h] = (struct backend_weight){.data = model_upload(m, t, (size_t)(kvr * nope) * es),
                                                .dtype = dt, .rows = kvr, .cols = nope};
-        if (!a->w_uk_t[h].data) return kiln_errorf(err, "out of device memory for MLA weights");
+        if (!a->w_uk_t[h].data) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for MLA weights");
         a->w_uv[h] = (struct backend_weight){
             .data = (const unsigned char *)a->wkv_b.data + (size_t)((h * (nope + vd) + nope) * kvr) * es,
             .dtype = dt, .rows = vd, .cols = kvr};

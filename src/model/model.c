@@ -70,7 +70,7 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
 #define ALLOC(field, count, type)                                                          \
     do {                                                                                   \
         a->field = m->be->ops->alloc(m->be->ctx, (size_t)(count) * sizeof(type));         \
-        if (!a->field) return kiln_errorf(err, "out of device memory for activations (%s)", #field); \
+        if (!a->field) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for activations (%s)", #field); \
     } while (0)
     ALLOC(h, T * d, float);
     ALLOC(xn, T * d, float);
@@ -233,7 +233,7 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     float *table = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));
     rope_table_build(&c->rope, m->rope_dim, m->max_context, c->max_position_embeddings, table);
     m->rope_table = model_upload(m, table, (size_t)m->max_context * (size_t)m->rope_dim * 4);
-    if (!m->rope_table) return kiln_errorf(err, "out of device memory for the rope table");
+    if (!m->rope_table) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the rope table");
     if (is_mla(c)) {
         double qh = c->qk_nope_head_dim + c->qk_rope_head_dim;
         m->attn_scale = (float)(1.0 / sqrt(qh) * rope_softmax_mscale(&c->rope));

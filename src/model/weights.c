@@ -129,14 +129,14 @@ int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
         size_t n = (size_t)rows * (size_t)cols, es = dtype_size(dt);
         bytes = n * es;
         unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-        if (!buf) return kiln_errorf(err, "out of memory for dummy tensor '%s' (%zu bytes)", name, bytes);
+        if (!buf) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for dummy tensor '%s' (%zu bytes)", name, bytes);
         model_own(m, buf);
         fill_dummy(ws, buf, n, cols, dt);
         host = buf;
     }
     ws->last_host = host; /* the mapping or a buffer the model owns */
     out->data = upload_stable(m, &host, &bytes, 1);
-    if (!out->data) return kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    if (!out->data) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
     out->dtype = dt;
     out->rows = rows;
     out->cols = cols;
@@ -183,7 +183,7 @@ int ws_vector(struct weight_source *ws, const char *name, long len, float fill, 
     float *v = model_own(m, xaligned_alloc((size_t)len * 4));
     if (vector_host(ws, name, len, fill, v, err)) return -1;
     *out = model_upload(m, v, (size_t)len * 4);
-    if (!*out) return kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    if (!*out) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
     m->weight_bytes += (size_t)len * 4;
     return 0;
 }
@@ -197,7 +197,7 @@ int ws_vector_cat(struct weight_source *ws, const char *const *names, const long
     for (int i = 0, off = 0; i < count; off += (int)lens[i], i++)
         if (vector_host(ws, names[i], lens[i], fill, v + off, err)) return -1;
     *out = model_upload(m, v, (size_t)total * 4);
-    if (!*out) return kiln_errorf(err, "out of device memory for tensor '%s'", names[0]);
+    if (!*out) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", names[0]);
     m->weight_bytes += (size_t)total * 4;
     return 0;
 }
@@ -215,7 +215,7 @@ static const void *upload_cat_direct(struct model *m, const struct st_tensor *co
         sizes[i] = (size_t)rows[i] * (size_t)cols * es;
     }
     const void *dev = upload_stable(m, hosts, sizes, count);
-    if (!dev) kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    if (!dev) kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
     return dev;
 }
 
@@ -229,7 +229,7 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
     for (int i = 0; i < count; i++) bytes += (size_t)rows[i] * (size_t)cols * es;
     unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!buf) {
-        kiln_errorf(err, "out of memory for tensor '%s' (%zu bytes)", name, bytes);
+        kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for tensor '%s' (%zu bytes)", name, bytes);
         return NULL;
     }
     size_t off = 0;
@@ -240,7 +240,7 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
         off += pb;
     }
     const void *dev = model_upload(m, buf, bytes);
-    if (!dev) kiln_errorf(err, "out of device memory for tensor '%s'", name);
+    if (!dev) kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
     /* A backend that copied (a GPU) no longer needs the host bytes; one
      * that uses them in place (the CPU) keeps them for the model's life. */
     if (dev == buf) model_own(m, buf);

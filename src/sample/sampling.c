@@ -44,6 +44,14 @@ void sampling_params_default(struct sampling_params *p) {
     p->repetition_penalty = 1.0f;
 }
 
+void sampling_params_take(struct sampling_params *to, const struct sampling_params *from, unsigned mask) {
+    if (mask & SAMPLING_FIELD_TEMPERATURE) to->temperature = from->temperature;
+    if (mask & SAMPLING_FIELD_TOP_P) to->top_p = from->top_p;
+    if (mask & SAMPLING_FIELD_TOP_K) to->top_k = from->top_k;
+    if (mask & SAMPLING_FIELD_MIN_P) to->min_p = from->min_p;
+    if (mask & SAMPLING_FIELD_REPETITION_PENALTY) to->repetition_penalty = from->repetition_penalty;
+}
+
 int sampling_params_validate(const struct sampling_params *p, int vocab, struct kiln_error *err) {
     /* Written as !(in range) so that NaN is rejected too. */
     if (!(p->temperature >= 0.0f && p->temperature <= 1e6f))
@@ -369,6 +377,17 @@ static double raw_logprobs(const float *l, int vocab, int n_top, struct sample_r
     out->n_top = k;
     for (int j = 0; j < k; j++) out->top_logprobs[j] = (float)((double)out->top_logprobs[j] - lse);
     return lse;
+}
+
+void sampler_logprob_of(const float *logits, int vocab, int32_t token, int n_top,
+                        struct sample_result *out) {
+    memset(out, 0, sizeof *out);
+    if (n_top < 0) n_top = 0;
+    if (n_top > SAMPLING_MAX_TOP_LOGPROBS) n_top = SAMPLING_MAX_TOP_LOGPROBS;
+    if (n_top > vocab) n_top = vocab;
+    double lse = raw_logprobs(logits, vocab, n_top, out);
+    out->token = token;
+    out->logprob = token >= 0 && token < vocab ? (float)((double)logits[token] - lse) : -INFINITY;
 }
 
 /* ---- bias and penalties -------------------------------------------------- */

@@ -86,6 +86,19 @@ struct sampling_params {
 };
 
 void sampling_params_default(struct sampling_params *p);
+
+/* The fields a model's generation_config.json may give defaults for, as
+ * bits of a mask (which ones a request left unset, which ones a model sets). */
+enum {
+    SAMPLING_FIELD_TEMPERATURE = 1u << 0,
+    SAMPLING_FIELD_TOP_P = 1u << 1,
+    SAMPLING_FIELD_TOP_K = 1u << 2,
+    SAMPLING_FIELD_MIN_P = 1u << 3,
+    SAMPLING_FIELD_REPETITION_PENALTY = 1u << 4,
+    SAMPLING_FIELD_ALL = (1u << 5) - 1,
+};
+/* Copies the fields in `mask` from `from` to `to`. */
+void sampling_params_take(struct sampling_params *to, const struct sampling_params *from, unsigned mask);
 /* Checks ranges a client can get wrong (temperature >= 0, top_p in (0, 1],
  * min_p in [0, 1], repetition_penalty > 0, frequency/presence in [-2, 2],
  * logit_bias ids in [0, vocab) with bias in [-100, 100], top_logprobs in
@@ -122,6 +135,13 @@ void sampler_process_logits(const struct sampling_params *p, const struct sample
  * 2 * vocab floats. */
 void sampler_sample(const struct sampling_params *p, struct sampler_state *s, float *logits,
                     int vocab, uint64_t step, float *scratch, struct sample_result *out);
+
+/* The raw logprob of `token` in logits[vocab] (log_softmax, nothing
+ * applied) and the n_top most likely tokens (capped at
+ * SAMPLING_MAX_TOP_LOGPROBS), as sampler_sample reports them: for prompt
+ * logprobs, where the token is given, not drawn. */
+void sampler_logprob_of(const float *logits, int vocab, int32_t token, int n_top,
+                        struct sample_result *out);
 
 /* Test hook: weights[vocab] = the weight (relative to the top token's 1)
  * of every token sampler_sample could draw from the already processed

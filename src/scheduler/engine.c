@@ -12,6 +12,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "cache/radix.h"
 #include "kiln/tokenizer.h"
 #include "scheduler/engine_internal.h"
 
@@ -28,6 +29,7 @@ void engine_options_default(struct engine_options *o) {
     o->max_running_requests = 256;
     o->chunked_prefill_size = 0; /* per device, in engine_create */
     o->policy = SCHEDULE_FCFS;
+    o->decode_log_interval = 40;
 }
 
 /* ---- queues (any thread) ------------------------------------------------ */
@@ -47,15 +49,20 @@ uint64_t engine_submit(struct engine *e, const struct engine_request *in, struct
     if (r.score) r.max_new_tokens = 0;
     if (r.max_new_tokens < 0) r.max_new_tokens = (int)(room - r.n_prompt);
     if (r.n_prompt >= e->context_length && !(r.score && r.n_prompt == e->context_length))
-        return kiln_errorf(err, "the prompt has %d tokens, the model's context length is %d",
+        return kiln_errorc(err, KILN_ERR_TOO_LARGE, "the prompt has %d tokens, the model's context length is %d",
                            r.n_prompt, e->context_length), 0;
     if ((long)r.n_prompt + r.max_new_tokens > e->context_length)
-        return kiln_errorf(err, "the prompt (%d tokens) plus max_tokens (%d) exceed the context "
+        return kiln_errorc(err, KILN_ERR_TOO_LARGE, "the prompt (%d tokens) plus max_tokens (%d) exceed the context "
                                 "length of %d", r.n_prompt, r.max_new_tokens, e->context_length), 0;
     if ((long)r.n_prompt + r.max_new_tokens + e->page_size > e->pool_tokens)
-        return kiln_errorf(err, "the prompt (%d tokens) plus max_tokens (%d) can never fit the KV "
+        return kiln_errorc(err, KILN_ERR_TOO_LARGE, "the prompt (%d tokens) plus max_tokens (%d) can never fit the KV "
                                 "cache of %ld tokens", r.n_prompt, r.max_new_tokens, e->pool_tokens), 0;
+    if (!r.score && e->opt.sampling_defaults == ENGINE_SAMPLING_DEFAULTS_MODEL)
+        sampling_params_take(&r.sampling, &e->sampling_defaults, r.sampling_unset & e->sampling_defaults_mask);
     if (!r.score && sampling_params_validate(&r.sampling, e->vocab, err)) return 0;
+    if (r.prompt_logprobs && r.prompt_logprob_start < 0)
+        return kiln_errorf(err, "the prompt logprobs' start position must be >= 0, got %d",
+                           r.prompt_logprob_start), 0;
     for (int i = 0; i < r.n_stop_ids; i++)
         if (r.stop_ids[i] < 0 || r.stop_ids[i] >= e->vocab)
             return kiln_errorf(err, "stop token id %d is outside the vocabulary of %d",
@@ -64,11 +71,11 @@ uint64_t engine_submit(struct engine *e, const struct engine_request *in, struct
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {
         pthread_mutex_unlock(&e->mu);
-        return kiln_errorf(err, "shutting down"), 0;
+        return kiln_errorc(err, KILN_ERR_UNAVAILABLE, "shutting down"), 0;
     }
     if (e->opt.max_queued_requests > 0 && e->n_inbox + e->stats.waiting >= e->opt.max_queued_requests) {
         pthread_mutex_unlock(&e->mu);
-        return kiln_errorf(err, "queue full: %d requests are waiting", e->opt.max_queued_requests), 0;
+        return kiln_errorc(err, KILN_ERR_OVERLOADED, "queue full: %d requests are waiting", e->opt.max_queued_requests), 0;
     }
     uint64_t id = ++e->next_id;
     if (!r.sampling.has_seed) {
@@ -111,8 +118,65 @@ const struct kiln_tokenizer *engine_tokenizer(const struct engine *e) { return e
 const char *engine_model_name(const struct engine *e) { return e->model_name; }
 int engine_context_length(const struct engine *e) { return e->context_length; }
 int engine_vocab_size(const struct engine *e) { return e->vocab; }
+const struct engine_options *engine_options(const struct engine *e) { return &e->opt; }
+
+unsigned engine_sampling_defaults(const struct engine *e, struct sampling_params *out) {
+    *out = e->sampling_defaults;
+    return e->sampling_defaults_mask;
+}
+
+/* The defaults generation_config.json gives (vLLM's and SGLang's set:
+ * temperature, top_p, top_k, min_p, repetition_penalty; do_sample is
+ * ignored as they ignore it). */
+static void load_sampling_defaults(struct engine *e) {
+    struct sampling_params *d = &e->sampling_defaults;
+    sampling_params_default(d);
+    e->sampling_defaults_mask = 0;
+    if (e->opt.sampling_defaults != ENGINE_SAMPLING_DEFAULTS_MODEL) return;
+    const struct generation_config *g = model_generation_config(e->model);
+    unsigned m = 0;
+    if (g->has_temperature) d->temperature = (float)g->temperature, m |= SAMPLING_FIELD_TEMPERATURE;
+    if (g->has_top_p) d->top_p = (float)g->top_p, m |= SAMPLING_FIELD_TOP_P;
+    if (g->has_top_k) d->top_k = g->top_k > 0 ? g->top_k : 0, m |= SAMPLING_FIELD_TOP_K;
+    if (g->has_min_p) d->min_p = (float)g->min_p, m |= SAMPLING_FIELD_MIN_P;
+    if (g->has_repetition_penalty)
+        d->repetition_penalty = (float)g->repetition_penalty, m |= SAMPLING_FIELD_REPETITION_PENALTY;
+    e->sampling_defaults_mask = m;
+    if (m)
+        log_info("sampling defaults from generation_config.json for requests that do not set them: "
+                 "temperature %g, top_p %g, top_k %d, min_p %g, repetition_penalty %g "
+                 "(--sampling-defaults openai ignores them)",
+                 (double)d->temperature, (double)d->top_p, d->top_k, (double)d->min_p,
+                 (double)d->repetition_penalty);
+}
 
 /* ---- the engine thread ------------------------------------------------- */
+
+/* SGLang's periodic lines, in its words (log scrapers and people used to
+ * it read them): one per step that ran prompt tokens, one every
+ * --decode-log-interval decode steps (#running-req: the requests that
+ * decoded in it). #token and token usage count the KV
+ * held by requests (the prefix cache's evictable pages count as free). */
+static void log_step(struct engine *e) {
+    const struct sched_step_info *si = &e->step_info;
+    long total = e->kv.n_pages;
+    long avail = kv_pool_available(&e->kv) + (e->radix ? radix_evictable_pages(e->radix) : 0);
+    long used = total - avail;
+    double usage = total > 0 ? (double)used / (double)total : 0;
+    if (si->prefill_seqs > 0)
+        log_info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
+                 "#running-req: %d, #queue-req: %d",
+                 si->prefill_seqs, si->prefill_tokens, si->cached_tokens, usage,
+                 e->n_running - si->prefill_seqs > 0 ? e->n_running - si->prefill_seqs : 0, e->n_waiting);
+    if (si->decode_rows == 0 || e->opt.decode_log_interval <= 0) return;
+    if (++e->decode_steps % e->opt.decode_log_interval) return;
+    double now = time_now(), dt = now - e->log_t;
+    log_info("Decode batch. #running-req: %d, #token: %ld, token usage: %.2f, gen throughput (token/s): %.2f, "
+             "#queue-req: %d",
+             si->decode_rows, used * e->page_size, usage, dt > 0 ? (double)e->log_tokens / dt : 0.0, e->n_waiting);
+    e->log_tokens = 0;
+    e->log_t = now;
+}
 
 static void *engine_main(void *arg) {
     struct engine *e = arg;
@@ -145,7 +209,10 @@ static void *engine_main(void *arg) {
             sched_publish_stats(e);
             return NULL;
         }
-        if (sched_has_work(e)) sched_step(e);
+        if (sched_has_work(e)) {
+            sched_step(e);
+            log_step(e);
+        }
         sched_publish_stats(e);
     }
 }
@@ -184,6 +251,8 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     if (sched_init(e, err)) goto fail;
     /* engine_stats must show the pool before the first request arrives */
     sched_publish_stats(e);
+    load_sampling_defaults(e);
+    e->log_t = time_now();
     const char *md = opt->model_dir;
     size_t ml = strlen(md);
     while (ml > 1 && md[ml - 1] == '/') ml--;
@@ -200,7 +269,7 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
                      model_sample_warmup(e->model));
     }
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
-        kiln_errorf(err, "cannot start the engine thread");
+        kiln_errorc(err, KILN_ERR_IO, "cannot start the engine thread");
         goto fail;
     }
     e->thread_started = 1;

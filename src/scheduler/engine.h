@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/error.h"
 #include "sample/sampling.h"
 
 struct kiln_error;
@@ -50,12 +51,20 @@ struct engine_event {
     size_t text_len;
     enum engine_finish finish;
     const char *error;        /* ENGINE_FINISH_ERROR: what went wrong */
+    enum kiln_error_code error_code; /* ENGINE_FINISH_ERROR: its kind (out_of_memory, internal, ...) */
     const char *matched_stop; /* the stop string that ended it, or NULL */
     int32_t matched_stop_id;  /* the stop token id that ended it, or -1 */
     /* usage, valid in every event */
     int prompt_tokens;
     int completion_tokens;
     int cached_tokens;        /* prompt tokens served from the prefix cache */
+    /* prompt logprobs (engine_request.prompt_logprobs): the logprobs of the
+     * prompt tokens at positions [prompt_logprob_pos, + n_prompt_logprobs),
+     * each given the tokens before it, in progress events (n_tokens 0) as
+     * the prefill computes them, in order, before the first output token */
+    int n_prompt_logprobs;
+    int prompt_logprob_pos;
+    const struct sample_result *prompt_logprobs;
     /* score requests: probabilities/logits of the label tokens, on the final event */
     int n_scores;
     const float *scores;
@@ -85,6 +94,15 @@ struct engine_request {
     int skip_special_tokens;  /* in the text of events (default 1) */
     int priority;             /* larger runs first when the policy is priority */
     const char *cache_salt;   /* prefix-cache isolation key (NULL = shared) */
+    /* the sampling fields (SAMPLING_FIELD_* bits) the client left unset:
+     * with engine_options.sampling_defaults MODEL they take the values of
+     * the model's generation_config.json where it has them */
+    unsigned sampling_unset;
+    /* prompt logprobs: the logprob of every prompt token from position
+     * prompt_logprob_start on (position 0 has none: it is given nothing),
+     * with sampling.top_logprobs alternatives; see engine_event */
+    int prompt_logprobs;
+    int prompt_logprob_start;
     /* score requests: prefill only, no sampling; report label probabilities
      * at the last prompt position */
     int score;
@@ -96,6 +114,11 @@ struct engine_request {
 };
 
 enum schedule_policy { SCHEDULE_FCFS = 0, SCHEDULE_LPM, SCHEDULE_PRIORITY };
+
+/* Where a request's unset sampling fields come from: the model's
+ * generation_config.json (SGLang's and vLLM's default), or the OpenAI
+ * defaults (temperature 1, no top_p / top_k / min_p, no penalty). */
+enum engine_sampling_defaults { ENGINE_SAMPLING_DEFAULTS_MODEL = 0, ENGINE_SAMPLING_DEFAULTS_OPENAI };
 
 struct engine_options {
     const char *model_dir;
@@ -117,6 +140,9 @@ struct engine_options {
     int skip_warmup;              /* no kernel/graph prewarm by bucket (GPU) */
     int log_requests;
     int deterministic;            /* batch-invariant results (backend_options.deterministic) */
+    enum engine_sampling_defaults sampling_defaults;
+    int decode_log_interval;      /* a "Decode batch" log line every N decode steps; 0 = none
+                                     (engine_options_default: 40, as SGLang) */
 };
 
 void engine_options_default(struct engine_options *o);
@@ -127,9 +153,10 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
 void engine_destroy(struct engine *e);
 
 /* Validates and enqueues. Returns the request id (> 0), or 0 with a message
- * in err (prompt too long for the context or the pool, queue full, ...);
- * then no event will ever be sent. err->msg starting with "queue full"
- * means 429; anything else is the client's error (400). */
+ * and a code in err; then no event will ever be sent. Codes:
+ * KILN_ERR_OVERLOADED (the queue is full: retry later), KILN_ERR_UNAVAILABLE
+ * (shutting down), KILN_ERR_TOO_LARGE (longer than the context or the KV
+ * cache), KILN_ERR_BAD_INPUT (anything else the client got wrong). */
 uint64_t engine_submit(struct engine *e, const struct engine_request *r, struct kiln_error *err);
 /* Asks for a request to end (client gone); its KV is freed at the next step
  * and it gets a final ENGINE_FINISH_ABORT event. Unknown ids are ignored. */
@@ -140,6 +167,12 @@ const struct kiln_tokenizer *engine_tokenizer(const struct engine *e);
 const char *engine_model_name(const struct engine *e);
 int engine_context_length(const struct engine *e);
 int engine_vocab_size(const struct engine *e);
+/* The sampling defaults requests get for their unset fields (the model's,
+ * or the OpenAI ones with ENGINE_SAMPLING_DEFAULTS_OPENAI), and which
+ * fields the model's generation_config.json set (SAMPLING_FIELD_* bits; 0
+ * with ENGINE_SAMPLING_DEFAULTS_OPENAI). */
+unsigned engine_sampling_defaults(const struct engine *e, struct sampling_params *out);
+const struct engine_options *engine_options(const struct engine *e);
 
 /* A snapshot of counters for /metrics (thread-safe). */
 struct engine_stats {

@@ -24,6 +24,9 @@ struct engine {
     char *model_name;
     int vocab, context_length, page_size;
     long pool_tokens;
+    /* requests' unset sampling fields come from here (engine_sampling_defaults) */
+    struct sampling_params sampling_defaults;
+    unsigned sampling_defaults_mask;
 
     pthread_t thread;
     int thread_started;
@@ -42,6 +45,17 @@ struct engine {
     struct req *running, *running_tail;
     int n_waiting, n_running;
     struct engine_stats counters;
+    /* what the last sched_step ran, for the periodic log lines */
+    struct sched_step_info {
+        int prefill_seqs;   /* requests with prompt tokens in the step */
+        int prefill_tokens; /* prompt tokens computed (new and continued chunks) */
+        int cached_tokens;  /* prompt tokens the admitted requests found in the cache */
+        int decode_rows;    /* requests that sampled a token */
+    } step_info;
+    enum kiln_error_code step_error; /* the kind of the last failed forward */
+    long decode_steps;
+    long log_tokens;        /* tokens generated since the last decode log line */
+    double log_t;           /* when that line was printed */
     /* step buffers, sized once */
     int max_batch_tokens, max_seqs;
     long pages_cap;
@@ -62,6 +76,10 @@ struct engine {
     int32_t *s_tokens;                 /* [max_seqs] */
     int32_t *s_mask;                   /* [s_mask_cap] one row's stop-mask ids */
     int s_mask_cap;
+    /* prompt logprob rows: logits (and s_want, s_rows) hold rows_cap rows
+     * (0: max_seqs), grown the first time a step has prompt rows */
+    int rows_cap;
+    struct sample_result *lp_buf;      /* [max prompt rows of a step] */
 };
 
 int sched_init(struct engine *e, struct kiln_error *err);

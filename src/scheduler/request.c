@@ -15,6 +15,8 @@
 #include "kiln/tokenizer.h"
 #include "sample/sampling.h"
 
+enum { DETOK_CONTEXT = 4 }; /* prompt tokens the output is decoded after */
+
 static void *dup_array(const void *src, size_t n, size_t size) {
     if (!n || !src) return NULL;
     void *p = xmalloc(n * size);
@@ -46,8 +48,21 @@ struct req *req_create(uint64_t id, const struct engine_request *in, int vocab,
     memcpy(r->tokens, in->prompt, (size_t)in->n_prompt * sizeof *r->tokens);
     r->n_tokens = r->n_prompt = in->n_prompt;
     r->max_new_tokens = in->max_new_tokens;
+    /* position 0 has no logprob (nothing comes before it) */
+    r->lp_next = in->n_prompt;
+    if (in->prompt_logprobs && !in->score)
+        r->lp_next = in->prompt_logprob_start < 1 ? 1
+                     : in->prompt_logprob_start < in->n_prompt ? in->prompt_logprob_start
+                                                               : in->n_prompt;
     if (!in->score) r->sampler = sampler_state_create(vocab, in->prompt, in->n_prompt);
-    if (tok && !in->score) kiln_detok_stream_init(&r->detok, tok, in->skip_special_tokens);
+    if (tok && !in->score) {
+        kiln_detok_stream_init(&r->detok, tok, in->skip_special_tokens);
+        /* the output continues the prompt: decoded after its last tokens,
+         * the first output token keeps its leading space as it would in
+         * the decode of prompt + output (what vLLM and SGLang return) */
+        int nc = in->n_prompt < DETOK_CONTEXT ? in->n_prompt : DETOK_CONTEXT;
+        kiln_detok_stream_prime(r->detok, in->prompt + in->n_prompt - nc, (size_t)nc);
+    }
     return r;
 }
 

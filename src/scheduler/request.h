@@ -44,6 +44,8 @@ struct req {
     double t_admitted;          /* first admission to the running batch (0 before) */
     double t_first_token;       /* first output token appended (0 before) */
     int n_prefill_chunks;       /* prompt chunks run, retracted re-runs included */
+    int lp_next;                /* prompt logprobs: the next prompt position whose logprob is
+                                   owed (n_prompt: none owed) */
     struct sampler_state *sampler;
     struct kiln_detok_stream *detok;
     char *pending;              /* text held back while it may start a stop string */

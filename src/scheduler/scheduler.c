@@ -29,7 +29,7 @@
 #include "scheduler/engine_internal.h"
 #include "tensor/backend.h"
 
-enum { RESERVE_CAP_TOKENS = 256 };
+enum { RESERVE_CAP_TOKENS = 256, PROMPT_LOGPROB_ROWS = 256 /* prompt logprob rows per step */ };
 
 /* ---- lists ---------------------------------------------------------------- */
 
@@ -141,6 +141,7 @@ static void send(struct engine *e, struct req *r, const int32_t *tok, const stru
     struct engine_event ev = {
         .request_id = r->id, .n_tokens = tok ? 1 : 0, .tokens = tok, .samples = s,
         .text = o ? o->text : "", .text_len = o ? o->text_len : 0, .finish = fin, .error = error,
+        .error_code = fin == ENGINE_FINISH_ERROR ? e->step_error : KILN_ERR_NONE,
         .matched_stop = o ? o->matched_stop : NULL, .matched_stop_id = o ? o->matched_stop_id : -1,
         .prompt_tokens = r->n_prompt, .completion_tokens = r->n_output,
         .cached_tokens = r->cached_tokens, .n_scores = n_scores, .scores = scores,
@@ -287,6 +288,59 @@ static void order_waiting(struct engine *e) {
     free(items);
 }
 
+/* ---- prompt logprobs -------------------------------------------------------
+ * Row q of a request's logits gives the logprob of prompt token q + 1. The
+ * rows still owed, [lp_next - 1, n_prompt - 1), are computed with the
+ * prompt: a cached prefix has no logits, so the prefix match stops before
+ * them (SGLang does the same), and a step takes at most PROMPT_LOGPROB_ROWS
+ * of them (the host logits buffer grows to hold them, once). */
+
+/* The owed rows among positions [from, to): their count, the first in *first. */
+static int lp_rows(const struct req *r, int from, int to, int *first) {
+    int lo = r->lp_next - 1 > from ? r->lp_next - 1 : from, hi = r->n_prompt - 1 < to ? r->n_prompt - 1 : to;
+    *first = lo;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* The longest chunk [from, from + take) whose owed rows fit in `left`. */
+static int lp_take(const struct req *r, int from, int take, int left) {
+    int first, n = lp_rows(r, from, from + take, &first);
+    return n <= left ? take : first + left - from;
+}
+
+static void ensure_rows(struct engine *e, int n) {
+    int cap = e->rows_cap ? e->rows_cap : e->max_seqs;
+    if (n <= cap) return;
+    cap = e->max_seqs + PROMPT_LOGPROB_ROWS;
+    KILN_ASSERT(n <= cap);
+    e->logits = xrealloc(e->logits, (size_t)cap * (size_t)e->vocab * sizeof *e->logits);
+    if (e->gpu_sample) {
+        e->s_want = xrealloc(e->s_want, (size_t)cap);
+        e->s_rows = xrealloc(e->s_rows, (size_t)cap * sizeof *e->s_rows);
+    }
+    e->rows_cap = cap;
+}
+
+/* The owed rows of r in this step's logits, from logit row *row on. */
+static void prompt_logprobs(struct engine *e, struct req *r, int from, int to, int *row, int *want_row) {
+    int first, n = lp_rows(r, from, to, &first);
+    if (!n) return;
+    if (!e->lp_buf) e->lp_buf = xmalloc(PROMPT_LOGPROB_ROWS * sizeof *e->lp_buf);
+    for (int k = 0; k < n; k++) {
+        int j = (*row)++;
+        const float *lg = e->logits + (size_t)(e->gpu_sample ? (*want_row)++ : j) * (size_t)e->vocab;
+        sampler_logprob_of(lg, e->vocab, r->tokens[first + k + 1], r->in.sampling.top_logprobs, &e->lp_buf[k]);
+    }
+    r->lp_next = first + n + 1;
+    struct engine_event ev = {
+        .request_id = r->id, .text = "", .matched_stop_id = -1, .prompt_tokens = r->n_prompt,
+        .cached_tokens = r->cached_tokens, .n_prompt_logprobs = n, .prompt_logprob_pos = first + 1,
+        .prompt_logprobs = e->lp_buf,
+        .timing = {.arrival = r->t_arrival, .admitted = r->t_admitted,
+                   .prefill_chunks = r->n_prefill_chunks, .retractions = r->n_retracted}};
+    if (r->in.callback) r->in.callback(r->in.user, &ev);
+}
+
 /* ---- the step ------------------------------------------------------------- */
 
 struct plan {
@@ -295,6 +349,8 @@ struct plan {
 
 static void plan_add(struct engine *e, struct plan *p, struct req *r, int from, int to) {
     if (from < r->n_prompt) r->n_prefill_chunks++;
+    if (from < r->n_prompt) e->step_info.prefill_seqs++, e->step_info.prefill_tokens += to - from;
+    else e->step_info.decode_rows++;
     e->b_reqs[p->n_seqs] = r;
     e->b_from[p->n_seqs] = from;
     e->b_to[p->n_seqs] = to;
@@ -353,6 +409,7 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
     for (int s = 0; s < p->n_seqs; s++) {
         struct req *r = e->b_reqs[s];
         int prefill = e->b_to[s] - e->b_from[s] > 1 || r->n_output == 0;
+        prompt_logprobs(e, r, e->b_from[s], e->b_to[s], &row, &want_row);
         r->n_computed = e->b_to[s];
         if (r->n_computed < r->n_tokens) { /* an intermediate prefill chunk */
             cache_unfinished(e, r);
@@ -384,6 +441,7 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             sampler_sample(&sp, r->sampler, lg, e->vocab, (uint64_t)r->n_output, e->scratch, &res);
         }
         struct req_output o;
+        e->log_tokens++;
         req_append_token(r, res.token, g->eos_token_ids, g->n_eos, e->context_length, &o);
         if (o.finish != ENGINE_FINISH_NONE) finish(e, r, o.finish, &o, &res.token, &res, NULL, NULL, 0);
         else send(e, r, &res.token, &res, &o, ENGINE_FINISH_NONE, NULL, NULL, 0);
@@ -405,8 +463,11 @@ static int run_batch(struct engine *e, const struct plan *p) {
             e->b_pos[t] = q;
             e->b_slot[t] = r->pages[q / e->page_size] * e->page_size + q % e->page_size;
         }
+        int first, n_lp = lp_rows(r, e->b_from[s], e->b_to[s], &first);
+        for (int k = 0; k < n_lp; k++) e->b_rows[n_rows++] = e->b_qstart[s] + first + k - e->b_from[s];
         if (e->b_to[s] == r->n_tokens) e->b_rows[n_rows++] = t - 1;
     }
+    ensure_rows(e, n_rows);
     e->b_qstart[p->n_seqs] = t;
     e->b_pagestart[p->n_seqs] = pg;
     struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = t, .input_ids = e->b_ids,
@@ -423,6 +484,11 @@ static int run_batch(struct engine *e, const struct plan *p) {
         int n_adj = 0, j = 0;
         for (int s = 0; s < p->n_seqs; s++) {
             struct req *r = e->b_reqs[s];
+            int first, n_lp = lp_rows(r, e->b_from[s], e->b_to[s], &first);
+            for (int k = 0; k < n_lp; k++, j++) { /* prompt logprob rows: logits to the host */
+                e->s_want[j] = 1;
+                memset(&e->s_rows[j], 0, sizeof e->s_rows[j]);
+            }
             if (e->b_to[s] != r->n_tokens) continue;
             const struct sampling_params *sp = &r->in.sampling;
             int want = r->in.score || sp->logprobs || sp->top_logprobs > 0;
@@ -449,6 +515,7 @@ static int run_batch(struct engine *e, const struct plan *p) {
     }
     if (rc) {
         log_error("forward failed: %s", err.msg);
+        e->step_error = err.code ? err.code : KILN_ERR_INTERNAL;
         for (int s = 0; s < p->n_seqs; s++) {
             struct req_output o = {.text = "", .matched_stop_id = -1};
             finish(e, e->b_reqs[s], ENGINE_FINISH_ERROR, &o, NULL, NULL, err.msg, NULL, 0);
@@ -461,6 +528,7 @@ static int run_batch(struct engine *e, const struct plan *p) {
 void sched_step(struct engine *e) {
     struct plan p = {0};
     int ps = e->page_size, budget = e->opt.chunked_prefill_size;
+    memset(&e->step_info, 0, sizeof e->step_info);
 
     /* 1. decode rows, retracting when their pages cannot be had */
     for (;;) {
@@ -476,10 +544,13 @@ void sched_step(struct engine *e) {
         plan_add(e, &p, r, r->n_computed, r->n_tokens);
     }
     /* 2. running requests still in prefill continue with their next chunk */
+    int lp_left = PROMPT_LOGPROB_ROWS;
     for (struct req *r = e->running; r && budget > 0; r = r->next) {
         int left = r->n_tokens - r->n_computed;
         if (left <= 1) continue; /* a decode row, planned above */
-        int take = left < budget ? left : budget;
+        int take = lp_take(r, r->n_computed, left < budget ? left : budget, lp_left);
+        if (take <= 0) continue;
+        lp_left -= lp_rows(r, r->n_computed, r->n_computed + take, &(int){0});
         if (grow_pages(e, r, r->n_computed + take)) continue;
         plan_add(e, &p, r, r->n_computed, r->n_computed + take);
         budget -= take;
@@ -499,9 +570,11 @@ void sched_step(struct engine *e) {
         if (deferred) continue; /* computed once by the first, shared next step */
         struct radix_node *node = NULL;
         int matched = 0;
-        if (e->radix)
-            matched = radix_match(e->radix, r->salt, r->tokens, r->n_tokens - 1, e->match_pages, &node);
-        int take = r->n_tokens - matched < budget ? r->n_tokens - matched : budget;
+        /* owed prompt logprob rows need their positions computed, not cached */
+        int lim = r->lp_next < r->n_prompt && r->lp_next - 1 < r->n_tokens - 1 ? r->lp_next - 1 : r->n_tokens - 1;
+        if (e->radix) matched = radix_match(e->radix, r->salt, r->tokens, lim, e->match_pages, &node);
+        int take = lp_take(r, matched, r->n_tokens - matched < budget ? r->n_tokens - matched : budget, lp_left);
+        if (take <= 0) break;
         int need = pages_for(e, matched + take) - matched / ps +
                    pages_for(e, remaining_reserve(r)) + reserve;
         /* the matched pages stop being evictable once locked */
@@ -534,6 +607,8 @@ void sched_step(struct engine *e) {
         r->admitted_once = 1;
         KILN_ASSERT(grow_pages(e, r, matched + take) == 0);
         plan_add(e, &p, r, matched, matched + take);
+        e->step_info.cached_tokens += matched;
+        lp_left -= lp_rows(r, matched, matched + take, &(int){0});
         budget -= take;
         reserve += pages_for(e, remaining_reserve(r));
     }
@@ -633,10 +708,10 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     if (e->be.ops->mem_info) e->be.ops->mem_info(e->be.ctx, &free_before, &total);
     double t0 = time_now();
     if (model_load(&e->model, o->model_dir, &e->be, &mo, err)) {
-        if (e->be.ops->mem_info && strstr(err->msg, "out of device memory")) {
+        if (e->be.ops->mem_info && err->code == KILN_ERR_OUT_OF_MEMORY) {
             char msg[sizeof err->msg];
             snprintf(msg, sizeof msg, "%s", err->msg);
-            return kiln_errorf(err, "the model does not fit: %s (the device has %.2f GiB, %.2f GiB "
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "the model does not fit: %s (the device has %.2f GiB, %.2f GiB "
                                     "were free before loading)",
                                msg, GIB(total), GIB(free_before));
         }
@@ -715,5 +790,5 @@ void sched_free(struct engine *e) {
         free(e->b_kvlen), free(e->b_pagestart), free(e->b_pages), free(e->b_reqs), free(e->b_from),
         free(e->b_to), free(e->logits), free(e->scratch), free(e->match_pages);
     free(e->s_want), free(e->s_rows), free(e->s_adj), free(e->s_slot), free(e->s_tokens),
-        free(e->s_mask);
+        free(e->s_mask), free(e->lp_buf);
 }

@@ -27,6 +27,7 @@ static void msg_free(struct gen_msg *m) {
     free(m->ev.error);
     free(m->ev.matched_stop);
     free(m->ev.scores);
+    free(m->ev.prompt_logprobs);
     free(m);
 }
 
@@ -52,6 +53,10 @@ static void engine_cb(void *user, const struct engine_event *ev) {
     e->text_len = ev->text ? ev->text_len : 0;
     e->finish = ev->finish;
     e->error = ev->error ? xstrdup(ev->error) : NULL;
+    e->error_code = ev->error_code;
+    e->n_prompt_logprobs = ev->n_prompt_logprobs;
+    e->prompt_logprob_pos = ev->prompt_logprob_pos;
+    e->prompt_logprobs = dup_bytes(ev->prompt_logprobs, (size_t)ev->n_prompt_logprobs * sizeof *ev->prompt_logprobs);
     e->matched_stop = ev->matched_stop ? xstrdup(ev->matched_stop) : NULL;
     e->matched_stop_id = ev->matched_stop_id;
     e->prompt_tokens = ev->prompt_tokens;
@@ -247,6 +252,16 @@ void gen_output_add(struct gen_output *o, const struct gen_event *ev) {
         }
         o->n_tokens += ev->n_tokens;
     }
+    if (ev->n_prompt_logprobs && ev->prompt_logprobs) {
+        if (!o->n_prompt_lp) o->prompt_lp_pos = ev->prompt_logprob_pos;
+        if (o->n_prompt_lp + ev->n_prompt_logprobs > o->cap_prompt_lp) {
+            o->cap_prompt_lp = (o->n_prompt_lp + ev->n_prompt_logprobs) * 2;
+            o->prompt_lp = xrealloc(o->prompt_lp, (size_t)o->cap_prompt_lp * sizeof *o->prompt_lp);
+        }
+        memcpy(o->prompt_lp + o->n_prompt_lp, ev->prompt_logprobs,
+               (size_t)ev->n_prompt_logprobs * sizeof *ev->prompt_logprobs);
+        o->n_prompt_lp += ev->n_prompt_logprobs;
+    }
     o->prompt_tokens = ev->prompt_tokens;
     o->completion_tokens = ev->completion_tokens;
     o->cached_tokens = ev->cached_tokens;
@@ -255,6 +270,7 @@ void gen_output_add(struct gen_output *o, const struct gen_event *ev) {
         o->matched_stop = ev->matched_stop ? xstrdup(ev->matched_stop) : NULL;
         o->matched_stop_id = ev->matched_stop_id;
         o->error = ev->error ? xstrdup(ev->error) : NULL;
+        o->error_code = ev->error_code;
         if (ev->n_scores) {
             o->scores = dup_bytes(ev->scores, (size_t)ev->n_scores * sizeof *ev->scores);
             o->n_scores = ev->n_scores;
@@ -269,5 +285,6 @@ void gen_output_free(struct gen_output *o) {
     free(o->matched_stop);
     free(o->error);
     free(o->scores);
+    free(o->prompt_lp);
     gen_output_init(o);
 }

@@ -45,9 +45,12 @@ struct gen_event {
     size_t text_len;
     enum engine_finish finish;
     char *error;
+    enum kiln_error_code error_code;
     char *matched_stop;
     int32_t matched_stop_id;
     int prompt_tokens, completion_tokens, cached_tokens;
+    int n_prompt_logprobs, prompt_logprob_pos;
+    struct sample_result *prompt_logprobs;
     int n_scores;
     float *scores;
     struct engine_timing timing;
@@ -109,7 +112,11 @@ struct gen_output {
     char *matched_stop;
     int32_t matched_stop_id;
     char *error;
+    enum kiln_error_code error_code;
     int prompt_tokens, completion_tokens, cached_tokens;
+    /* prompt logprobs of positions [prompt_lp_pos, + n_prompt_lp) */
+    struct sample_result *prompt_lp;
+    int n_prompt_lp, cap_prompt_lp, prompt_lp_pos;
     float *scores;
     int n_scores;
 };

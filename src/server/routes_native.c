@@ -22,6 +22,7 @@ struct native {
     struct server *s;
     int score;
     int stream, logprob, top_n;
+    long long logprob_start; /* -1: no prompt logprobs */
     int batch; /* answer a list */
     int n, n_prompts;
     struct prompt_list prompts;
@@ -47,6 +48,31 @@ static json_t *finish_json(const struct gen_output *o) {
     }
 }
 
+/* SGLang's input_token_logprobs / input_top_logprobs: prompt positions
+ * from logprob_start_len on, [logprob, id, null] each; position 0 has
+ * none (null, and null alternatives). */
+static void input_logprobs(struct native *st, int i, json_t *meta) {
+    const struct prompt *p = &st->prompts.v[i / st->n];
+    const struct gen_output *o = &st->out[i];
+    json_t *lps = json_array(), *tops = json_array();
+    for (long long k = st->logprob_start; k < p->n; k++) {
+        long long at = k - o->prompt_lp_pos;
+        const struct sample_result *r = k > 0 && at >= 0 && at < o->n_prompt_lp ? &o->prompt_lp[at] : NULL;
+        if (!r) {
+            json_array_append_new(lps, json_pack("[n,i,n]", p->ids[k]));
+            json_array_append_new(tops, json_null());
+            continue;
+        }
+        json_array_append_new(lps, json_pack("[f,i,n]", finite_lp(r->logprob), r->token));
+        json_t *top = json_array();
+        for (int t = 0; t < r->n_top && t < st->top_n; t++)
+            json_array_append_new(top, json_pack("[f,i,n]", finite_lp(r->top_logprobs[t]), r->top_ids[t]));
+        json_array_append_new(tops, top);
+    }
+    json_object_set_new(meta, "input_token_logprobs", lps);
+    json_object_set_new(meta, "input_top_logprobs", tops);
+}
+
 static json_t *generate_item(struct native *st, int i, double now, double t_start) {
     struct gen_output *o = &st->out[i];
     json_t *ids = json_array();
@@ -66,6 +92,7 @@ static json_t *generate_item(struct native *st, int i, double now, double t_star
         }
         json_object_set_new(meta, "output_token_logprobs", lps);
         json_object_set_new(meta, "output_top_logprobs", tops);
+        if (st->logprob_start >= 0) input_logprobs(st, i, meta);
     }
     json_t *item = json_pack("{s:o,s:o,s:o}", "text", server_json_text(o->text ? o->text : "", o->text_len),
                              "output_ids", ids, "meta_info", meta);
@@ -93,7 +120,12 @@ static void on_done(struct gen *g) {
         for (int i = 0; i < total; i++) {
             struct gen_output *o = &st->out[i];
             if (o->finish != ENGINE_FINISH_STOP) {
-                http_error_respond(g->req, o->finish == ENGINE_FINISH_ABORT ? 503 : 500, "engine_error", NULL,
+                const char *code = "engine_error";
+                int status = o->finish == ENGINE_FINISH_ABORT ? 503
+                             : o->finish == ENGINE_FINISH_ERROR && o->error_code
+                                 ? server_error_status(o->error_code, &code)
+                                 : 500;
+                http_error_respond(g->req, status, code, NULL,
                                    "scoring item %d failed: %s", i, o->error ? o->error : engine_finish_name(o->finish));
                 json_decref(scores);
                 return;
@@ -221,9 +253,17 @@ void route_generate(struct server *s, struct http_request *r) {
     json_t *empty = json_object();
     int rc = gen_params_parse(&gp, sp ? sp : empty, body, JR_NATIVE, s->vocab, &e);
     json_decref(empty);
+    st->logprob_start = -1;
     if (rc || jr_bool(body, "stream", &st->stream, &e) < 0 || jr_bool(body, "return_logprob", &st->logprob, &e) < 0 ||
-        jr_int(body, "top_logprobs_num", 0, SAMPLING_MAX_TOP_LOGPROBS, &top, &e) < 0)
+        jr_int(body, "top_logprobs_num", 0, SAMPLING_MAX_TOP_LOGPROBS, &top, &e) < 0 ||
+        jr_int(body, "logprob_start_len", -1, 1 << 30, &st->logprob_start, &e) < 0)
         goto bad;
+    gp.r.sampling_unset = server_sampling_unset(sp);
+    /* SGLang: -1 (the default) means output tokens only */
+    if (st->logprob && st->logprob_start >= 0) {
+        gp.r.prompt_logprobs = 1;
+        gp.r.prompt_logprob_start = (int)st->logprob_start;
+    }
     st->top_n = (int)top;
     st->n = gp.n;
     json_t *text = json_object_get(body, "text"), *ids = json_object_get(body, "input_ids");

@@ -103,6 +103,52 @@ static json_t *completion_logprobs(struct oai *st, int32_t prev, const struct sa
                      "text_offset", offs);
 }
 
+/* The echoed prompt's logprobs in the same shape: its first token has none
+ * (null), as OpenAI's legacy API and vLLM answer; the others come from the
+ * prefill (engine_request.prompt_logprobs). */
+static json_t *prompt_logprobs_json(struct oai *st, int i, size_t *offset) {
+    const struct prompt *p = &st->prompts.v[i / st->n];
+    const struct gen_output *o = &st->ch[i].out;
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int k = 0; k < p->n; k++) {
+        int32_t pv = k ? p->ids[k - 1] : -1;
+        json_t *t = server_token_text(st->s, pv, p->ids[k]);
+        json_array_append_new(offs, json_integer((json_int_t)*offset));
+        *offset += json_string_length(t);
+        json_array_append_new(tokens, t);
+        int at = k - o->prompt_lp_pos;
+        const struct sample_result *r = k > 0 && at >= 0 && at < o->n_prompt_lp ? &o->prompt_lp[at] : NULL;
+        if (!r) {
+            json_array_append_new(lps, json_null());
+            json_array_append_new(tops, json_null());
+            continue;
+        }
+        json_array_append_new(lps, json_real(finite_lp(r->logprob)));
+        json_t *top = json_object();
+        for (int j = 0; j < r->n_top && j < st->top_logprobs; j++) {
+            json_t *tt = server_token_text(st->s, pv, r->top_ids[j]);
+            json_object_set_new(top, json_string_value(tt), json_real(finite_lp(r->top_logprobs[j])));
+            json_decref(tt);
+        }
+        json_t *ct = server_token_text(st->s, pv, r->token);
+        if (!json_object_get(top, json_string_value(ct)))
+            json_object_set_new(top, json_string_value(ct), json_real(finite_lp(r->logprob)));
+        json_decref(ct);
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+/* a's arrays followed by b's (b consumed). */
+static json_t *logprobs_concat(json_t *a, json_t *b) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(a, key, v) json_array_extend(v, json_object_get(b, key));
+    json_decref(b);
+    return a;
+}
+
 /* The token before output token k of choice i (the prompt's last for k = 0). */
 static int32_t token_before(const struct oai *st, int i, int k) {
     if (k > 0) return st->ch[i].out.tokens[k - 1];
@@ -158,6 +204,23 @@ static void prompt_text(struct oai *st, int p, char **out, size_t *len) {
     }
 }
 
+/* The streamed echo of choice i's prompt; with logprobs it waits for the
+ * prompt's logprobs (all in before the first output token). */
+static void echo_chunk(struct oai *st, int i, struct http_request *r) {
+    char *t;
+    size_t n, off = 0;
+    prompt_text(st, i / st->n, &t, &n);
+    json_t *choice = json_pack("{s:i,s:o,s:n}", "index", i, "text", server_json_text(t, n), "finish_reason");
+    free(t);
+    json_object_set_new(choice, "logprobs", st->logprobs ? prompt_logprobs_json(st, i, &off) : json_null());
+    st->ch[i].offset = st->logprobs ? off : n;
+    sse_send_json(r, envelope(st, "text_completion", json_pack("[o]", choice)));
+}
+
+static int echo_waits_for_logprobs(const struct oai *st, int i) {
+    return st->echo && st->logprobs && st->prompts.v[i / st->n].n > 1;
+}
+
 static void stream_open(struct oai *st, struct http_request *r) {
     sse_begin(r);
     int total = st->n_prompts * st->n;
@@ -167,13 +230,8 @@ static void stream_open(struct oai *st, struct http_request *r) {
             choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", i, "delta", "role", "assistant", "content", "",
                                "logprobs", "finish_reason");
         } else if (st->echo) {
-            char *t;
-            size_t n;
-            prompt_text(st, i / st->n, &t, &n);
-            st->ch[i].offset = n;
-            choice = json_pack("{s:i,s:o,s:n,s:n}", "index", i, "text", server_json_text(t, n), "logprobs",
-                               "finish_reason");
-            free(t);
+            if (!echo_waits_for_logprobs(st, i)) echo_chunk(st, i, r);
+            continue;
         } else {
             continue;
         }
@@ -187,8 +245,13 @@ static void on_event(struct gen *g, int i, const struct gen_event *ev) {
     int final = ev->finish != ENGINE_FINISH_NONE;
     gen_output_add(&c->out, ev);
     if (!st->stream) return;
+    if (ev->n_prompt_logprobs && echo_waits_for_logprobs(st, i) &&
+        c->out.prompt_lp_pos + c->out.n_prompt_lp == st->prompts.v[i / st->n].n)
+        echo_chunk(st, i, g->req);
     if (ev->finish == ENGINE_FINISH_ERROR) {
-        char *err = http_error_json(500, "engine_error", NULL, ev->error ? ev->error : "generation failed");
+        const char *code;
+        int status = server_error_status(ev->error_code ? ev->error_code : KILN_ERR_INTERNAL, &code);
+        char *err = http_error_json(status, code, NULL, ev->error ? ev->error : "generation failed");
         sse_send_raw(g->req, err);
         free(err);
         return;
@@ -231,7 +294,10 @@ static void on_done(struct gen *g) {
     }
     for (int i = 0; i < total; i++)
         if (st->ch[i].out.finish == ENGINE_FINISH_ERROR) {
-            http_error_respond(g->req, 500, "engine_error", NULL, "generation failed: %s",
+            const char *code;
+            int status = server_error_status(st->ch[i].out.error_code ? st->ch[i].out.error_code : KILN_ERR_INTERNAL,
+                                             &code);
+            http_error_respond(g->req, status, code, NULL, "generation failed: %s",
                                st->ch[i].out.error ? st->ch[i].out.error : "unknown error");
             return;
         }
@@ -255,10 +321,16 @@ static void on_done(struct gen *g) {
             n += c->text_len;
             choice = json_pack("{s:i,s:o}", "index", i, "text", server_json_text(t, n));
             free(t);
-            json_object_set_new(choice, "logprobs",
-                                st->logprobs
-                                    ? completion_logprobs(st, token_before(st, i, 0), c->samples, c->n_samples, &off)
-                                    : json_null());
+            json_t *lp = NULL;
+            if (st->logprobs && st->echo) {
+                off = 0;
+                lp = prompt_logprobs_json(st, i, &off);
+            }
+            if (st->logprobs) {
+                json_t *gen = completion_logprobs(st, token_before(st, i, 0), c->samples, c->n_samples, &off);
+                lp = lp ? logprobs_concat(lp, gen) : gen;
+            }
+            json_object_set_new(choice, "logprobs", lp ? lp : json_null());
         }
         json_object_set_new(choice, "finish_reason", json_string(finish_reason(c->finish)));
         json_object_set_new(choice, "matched_stop", matched_stop_json(c));
@@ -309,6 +381,9 @@ static void oai_start(struct server *s, struct http_request *r, struct oai *st, 
         er.n_prompt = p->n;
         er.sampling.logprobs = st->logprobs;
         er.sampling.top_logprobs = st->top_logprobs;
+        /* echo + logprobs: the prompt's logprobs too (lm-eval's loglikelihood) */
+        er.prompt_logprobs = !st->chat && st->echo && st->logprobs;
+        er.prompt_logprob_start = 0;
         int j = i % st->n;
         /* n seeded choices must differ from each other, yet replay the same */
         if (j && er.sampling.has_seed) er.sampling.seed += (uint64_t)j * 0x9e3779b97f4a7c15ull;
@@ -409,11 +484,7 @@ void route_completions(struct server *s, struct http_request *r) {
         req_errorf(&e, 400, "unsupported", "best_of", "'best_of' larger than 'n' is not supported");
         goto bad;
     }
-    if (st->echo && st->logprobs) {
-        req_errorf(&e, 400, "unsupported", "echo", "'echo' together with 'logprobs' needs prompt logprobs, "
-                                                   "which this server does not compute");
-        goto bad;
-    }
+    gp.r.sampling_unset = server_sampling_unset(body);
     oai_offload(s, r, body, &gp, st, completions_work);
     return;
 bad:
@@ -548,6 +619,7 @@ void route_chat_completions(struct server *s, struct http_request *r) {
             goto bad;
         }
     }
+    gp.r.sampling_unset = server_sampling_unset(body);
     oai_offload(s, r, body, &gp, st, chat_work);
     return;
 bad:

@@ -1,11 +1,12 @@
-/* server.c — server_run: the event loop, routing, authentication, graceful
- * shutdown, and the helpers routes share (see server_internal.h).
+/* server.c — server_run: the event loop, routing, authentication, CORS,
+ * graceful shutdown, and the helpers routes share (see server_internal.h).
  *
  * Routes:
  *   GET  /health, /health_generate        open even with --api-key
- *   GET  /v1/models, /get_model_info, /metrics
+ *   GET  /v1/models, /v1/models/{id}, /get_model_info, /get_server_info, /metrics
  *   POST /v1/completions, /v1/chat/completions      routes_openai.c
  *   POST /generate, /tokenize, /detokenize, /v1/score  routes_native.c
+ *   OPTIONS (any path)                     CORS preflight
  */
 #include "server/server.h"
 
@@ -40,6 +41,7 @@ void server_options_default(struct server_options *o) {
     o->shutdown_timeout_s = 5;
     o->tokenizer_workers = 1;
     o->tokenizer_inline_bytes = 4096;
+    o->allowed_origins = "*";
 }
 
 /* ---- helpers for routes ------------------------------------------------------ */
@@ -69,13 +71,49 @@ void server_reply_json(struct http_request *r, int status, json_t *v) {
     free(body);
 }
 
+int server_error_status(enum kiln_error_code code, const char **oai_code) {
+    const char *c;
+    int status;
+    switch (code) {
+    case KILN_ERR_NOT_FOUND: status = 404, c = "not_found"; break;
+    case KILN_ERR_UNSUPPORTED: status = 400, c = "unsupported"; break;
+    /* OpenAI's code for a prompt that does not fit */
+    case KILN_ERR_TOO_LARGE: status = 400, c = "context_length_exceeded"; break;
+    case KILN_ERR_OVERLOADED: status = 429, c = "queue_full"; break;
+    case KILN_ERR_UNAVAILABLE: status = 503, c = "shutting_down"; break;
+    case KILN_ERR_OUT_OF_MEMORY: status = 503, c = "out_of_memory"; break;
+    case KILN_ERR_IO:
+    case KILN_ERR_INTERNAL: status = 500, c = "internal_error"; break;
+    default: status = 400, c = "invalid_value"; break;
+    }
+    if (oai_code) *oai_code = c;
+    return status;
+}
+
 void server_reply_submit_error(struct http_request *r, const struct kiln_error *err) {
-    if (!strncmp(err->msg, "queue full", 10))
-        http_error_respond(r, 429, "queue_full", NULL, "%s; retry later", err->msg);
-    else if (!strncmp(err->msg, "shutting down", 13))
-        http_error_respond(r, 503, "shutting_down", NULL, "the server is shutting down");
+    const char *code;
+    int status = server_error_status(err->code, &code);
+    if (err->code == KILN_ERR_OVERLOADED)
+        http_error_respond(r, status, code, NULL, "%s; retry later", err->msg);
+    else if (err->code == KILN_ERR_UNAVAILABLE)
+        http_error_respond(r, status, code, NULL, "the server is shutting down");
     else
-        http_error_respond(r, 400, "invalid_value", NULL, "%s", err->msg);
+        http_error_respond(r, status, code, NULL, "%s", err->msg);
+}
+
+unsigned server_sampling_unset(const json_t *o) {
+    static const struct {
+        const char *key;
+        unsigned bit;
+    } f[] = {{"temperature", SAMPLING_FIELD_TEMPERATURE}, {"top_p", SAMPLING_FIELD_TOP_P},
+             {"top_k", SAMPLING_FIELD_TOP_K}, {"min_p", SAMPLING_FIELD_MIN_P},
+             {"repetition_penalty", SAMPLING_FIELD_REPETITION_PENALTY}};
+    unsigned m = 0;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        json_t *v = o ? json_object_get(o, f[i].key) : NULL;
+        if (!v || json_is_null(v)) m |= f[i].bit;
+    }
+    return m;
 }
 
 int server_check_model(struct server *s, const json_t *body, struct req_error *e) {
@@ -217,12 +255,169 @@ void route_health(struct server *s, struct http_request *r) {
     http_respond(r, 200, "application/json", "{}", 2, NULL);
 }
 
+/* /health_generate: one greedy token through the engine (SGLang's check
+ * that the scheduler and the model still make progress, not only the HTTP
+ * loop). 200 once it is out; 503 when it fails or takes longer than
+ * HEALTH_TIMEOUT_S. */
+enum { HEALTH_TIMEOUT_S = 20 };
+
+struct health {
+    struct server *s;
+    struct gen *g;
+    struct event *timer;
+    struct gen_output out;
+};
+
+static void health_on_event(struct gen *g, int i, const struct gen_event *ev) {
+    struct health *h = g->state;
+    (void)i;
+    gen_output_add(&h->out, ev);
+}
+
+static void health_on_done(struct gen *g) {
+    struct health *h = g->state;
+    if (h->out.finish == ENGINE_FINISH_STOP || h->out.finish == ENGINE_FINISH_LENGTH)
+        http_respond(g->req, 200, "application/json", "{}", 2, NULL);
+    else
+        http_error_respond(g->req, 503, "unhealthy", NULL, "the health check generation ended with '%s'%s%s",
+                           engine_finish_name(h->out.finish), h->out.error ? ": " : "",
+                           h->out.error ? h->out.error : "");
+}
+
+static void health_on_free(struct gen *g) {
+    struct health *h = g->state;
+    if (h->timer) event_free(h->timer);
+    gen_output_free(&h->out);
+    free(h);
+}
+
+static const struct gen_ops health_ops = {health_on_event, health_on_done, health_on_free};
+
+static void health_timeout(evutil_socket_t fd, short what, void *arg) {
+    struct health *h = arg;
+    (void)fd, (void)what;
+    if (!h->g->req) return;
+    http_error_respond(h->g->req, 503, "unhealthy", NULL, "the health check generation took more than %d s",
+                       HEALTH_TIMEOUT_S);
+    gen_fail(h->g);
+}
+
+static void route_health_generate(struct server *s, struct http_request *r) {
+    struct health *h = xcalloc(1, sizeof *h);
+    h->s = s;
+    gen_output_init(&h->out);
+    int32_t bos = s->tok ? kiln_tokenizer_bos_id(s->tok) : -1;
+    int32_t prompt[1] = {bos >= 0 && bos < s->vocab ? bos : 0};
+    struct engine_request er = {.prompt = prompt, .n_prompt = 1, .max_new_tokens = 1, .ignore_eos = 1,
+                                .skip_special_tokens = 1};
+    sampling_params_default(&er.sampling);
+    er.sampling.temperature = 0;
+    h->g = gen_create(&s->hub, r, 1, &health_ops, h);
+    h->timer = evtimer_new(s->base, health_timeout, h);
+    struct timeval tv = {HEALTH_TIMEOUT_S, 0};
+    if (h->timer) evtimer_add(h->timer, &tv);
+    struct kiln_error err;
+    if (!gen_submit(h->g, 0, &er, 0, &err)) {
+        const char *code;
+        int status = server_error_status(err.code, &code);
+        http_error_respond(r, status >= 500 || status == 429 ? 503 : status, "unhealthy", NULL,
+                           "the health check generation was refused: %s", err.msg);
+        gen_fail(h->g);
+    }
+}
+
+static json_t *model_json(struct server *s) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:i}", "id", s->model_name, "object", "model", "created",
+                     (json_int_t)s->created, "owned_by", "kiln", "root",
+                     s->opt->model_dir ? s->opt->model_dir : s->model_name, "max_model_len", s->context_length);
+}
+
 void route_models(struct server *s, struct http_request *r) {
-    json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:s,s:i}", "id", s->model_name, "object", "model", "created",
-                          (json_int_t)s->created, "owned_by", "kiln", "root",
-                          s->opt->model_dir ? s->opt->model_dir : s->model_name, "max_model_len",
-                          s->context_length);
-    server_reply_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
+    server_reply_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(s)));
+}
+
+/* GET /v1/models/{id}: ids may hold '/' (ORG/NAME), so the rest of the path
+ * is the id. */
+static void route_model_get(struct server *s, struct http_request *r) {
+    const char *id = r->path + strlen("/v1/models/");
+    if (!strcmp(id, s->model_name)) {
+        server_reply_json(r, 200, model_json(s));
+        return;
+    }
+    http_error_respond(r, 404, "model_not_found", "model", "The model '%s' does not exist; this server serves '%s'",
+                       id, s->model_name);
+}
+
+static const char *policy_name(enum schedule_policy p) {
+    return p == SCHEDULE_LPM ? "lpm" : p == SCHEDULE_PRIORITY ? "priority" : "fcfs";
+}
+
+/* SGLang's /get_server_info: the effective configuration, with the names of
+ * the serve options (never the API key itself). */
+static void route_server_info(struct server *s, struct http_request *r) {
+    const struct server_options *o = s->opt;
+    const struct engine_options *eo = engine_options(s->engine);
+    struct engine_stats st;
+    engine_stats(s->engine, &st);
+    struct sampling_params d;
+    unsigned from_model = engine_sampling_defaults(s->engine, &d);
+    json_t *defaults = json_object();
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } fields[] = {{SAMPLING_FIELD_TEMPERATURE, "temperature"}, {SAMPLING_FIELD_TOP_P, "top_p"},
+                  {SAMPLING_FIELD_TOP_K, "top_k"}, {SAMPLING_FIELD_MIN_P, "min_p"},
+                  {SAMPLING_FIELD_REPETITION_PENALTY, "repetition_penalty"}};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        if (!(from_model & fields[i].bit)) continue;
+        double v = fields[i].bit == SAMPLING_FIELD_TEMPERATURE ? d.temperature
+                   : fields[i].bit == SAMPLING_FIELD_TOP_P     ? d.top_p
+                   : fields[i].bit == SAMPLING_FIELD_TOP_K     ? d.top_k
+                   : fields[i].bit == SAMPLING_FIELD_MIN_P     ? d.min_p
+                                                               : d.repetition_penalty;
+        json_object_set_new(defaults, fields[i].name,
+                            fields[i].bit == SAMPLING_FIELD_TOP_K ? json_integer(d.top_k) : json_real(v));
+    }
+    json_t *v = json_object();
+    json_object_set_new(v, "model_path", json_string(o->model_dir ? o->model_dir : s->model_name));
+    json_object_set_new(v, "tokenizer_path", json_string(o->model_dir ? o->model_dir : s->model_name));
+    json_object_set_new(v, "served_model_name", json_string(s->model_name));
+    json_object_set_new(v, "host", json_string(o->host ? o->host : ""));
+    json_object_set_new(v, "port", json_integer(http_server_port(s->http)));
+    json_object_set_new(v, "api_key", o->api_key && *o->api_key ? json_string("<set>") : json_null());
+    json_object_set_new(v, "chat_template", o->chat_template ? json_string(o->chat_template) : json_null());
+    json_object_set_new(v, "context_length", json_integer(s->context_length));
+    json_object_set_new(v, "vocab_size", json_integer(s->vocab));
+    json_object_set_new(v, "device", json_string(eo->device ? eo->device : ""));
+    json_object_set_new(v, "load_format", json_string(eo->load_format ? eo->load_format : "auto"));
+    json_object_set_new(v, "page_size", json_integer(st.page_size));
+    json_object_set_new(v, "max_total_tokens", json_integer((json_int_t)st.kv_pages_total * st.page_size));
+    json_object_set_new(v, "max_running_requests", json_integer(eo->max_running_requests));
+    json_object_set_new(v, "max_queued_requests", json_integer(eo->max_queued_requests));
+    json_object_set_new(v, "chunked_prefill_size", json_integer(eo->chunked_prefill_size));
+    json_object_set_new(v, "mem_fraction_static",
+                        eo->mem_fraction_static > 0 ? json_real(eo->mem_fraction_static) : json_null());
+    json_object_set_new(v, "schedule_policy", json_string(policy_name(eo->policy)));
+    json_object_set_new(v, "disable_radix_cache", json_boolean(eo->disable_radix_cache));
+    json_object_set_new(v, "deterministic", json_boolean(eo->deterministic));
+    json_object_set_new(v, "threads", json_integer(eo->threads));
+    json_object_set_new(v, "sampling_defaults",
+                        json_string(eo->sampling_defaults == ENGINE_SAMPLING_DEFAULTS_OPENAI ? "openai" : "model"));
+    json_object_set_new(v, "default_sampling_params", defaults);
+    json_object_set_new(v, "decode_log_interval", json_integer(eo->decode_log_interval));
+    json_object_set_new(v, "allowed_origins", json_string(o->allowed_origins ? o->allowed_origins : ""));
+    json_object_set_new(v, "max_body_bytes", json_integer((json_int_t)o->max_body_bytes));
+    json_object_set_new(v, "max_connections", json_integer(o->max_connections));
+    json_object_set_new(v, "idle_timeout", json_integer(o->idle_timeout_s));
+    json_object_set_new(v, "shutdown_timeout", json_real(o->shutdown_timeout_s));
+    json_object_set_new(v, "tokenizer_workers", json_integer(o->tokenizer_workers));
+    json_object_set_new(v, "tokenizer_inline_bytes", json_integer((json_int_t)o->tokenizer_inline_bytes));
+    json_object_set_new(v, "log_requests", json_boolean(o->log_requests));
+    json_object_set_new(v, "otlp_traces_endpoint",
+                        o->otlp_traces_endpoint ? json_string(o->otlp_traces_endpoint) : json_null());
+    json_object_set_new(v, "has_tokenizer", json_boolean(s->tok != NULL));
+    json_object_set_new(v, "has_chat_template", json_boolean(s->have_chat));
+    server_reply_json(r, 200, v);
 }
 
 void route_model_info(struct server *s, struct http_request *r) {
@@ -250,7 +445,8 @@ struct route {
 
 static const struct route routes[] = {
     {"/health", "GET", route_health, 1},
-    {"/health_generate", "GET", route_health, 1},
+    {"/health_generate", "GET", route_health_generate, 1},
+    {"/get_server_info", "GET", route_server_info, 0},
     {"/v1/models", "GET", route_models, 0},
     {"/get_model_info", "GET", route_model_info, 0},
     {"/metrics", "GET", route_metrics, 0},
@@ -274,12 +470,72 @@ static int authorized(const struct server *s, const struct http_request *r) {
 
 static void on_trace_finish(void *arg, int status) { trace_req_end(arg, status); }
 
+/* ---- CORS ------------------------------------------------------------------------ */
+
+/* A header value we may echo: printable ASCII, bounded. */
+static int echo_safe(const char *v, size_t max) {
+    size_t n = 0;
+    for (; v[n]; n++)
+        if (n >= max || v[n] < 0x20 || v[n] > 0x7e) return 0;
+    return n > 0;
+}
+
+/* --allowed-origins: a comma-separated list of origins, "*" for any, ""
+ * for none (no CORS headers at all). */
+static int origin_allowed(const struct server *s, const char *origin) {
+    const char *list = s->opt->allowed_origins;
+    if (!list || !echo_safe(origin, 512)) return 0;
+    size_t olen = strlen(origin);
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        const char *end = p;
+        while (*end && *end != ',') end++;
+        const char *e = end;
+        while (e > p && e[-1] == ' ') e--;
+        if ((e - p == 1 && *p == '*') || ((size_t)(e - p) == olen && !memcmp(p, origin, olen))) return 1;
+        p = end;
+    }
+    return 0;
+}
+
+/* Like SGLang's CORS middleware (Starlette's, allowing credentials, every
+ * method and header): the origin is echoed, never "*". Returns 1 when the
+ * request was a preflight and has been answered. Preflights are answered
+ * before authentication: browsers send no credentials on them. */
+static int handle_cors(struct server *s, struct http_request *r) {
+    const char *origin = http_header_get(r, "origin");
+    int preflight = !strcmp(r->method, "OPTIONS") && origin && http_header_get(r, "access-control-request-method");
+    if (!origin) return 0;
+    if (!origin_allowed(s, origin)) {
+        if (!preflight) return 0;
+        http_error_respond(r, 400, "cors_origin_not_allowed", NULL,
+                           "the origin is not allowed (--allowed-origins)");
+        return 1;
+    }
+    char line[640];
+    snprintf(line, sizeof line, "Access-Control-Allow-Origin: %s", origin);
+    http_request_add_header(r, line);
+    http_request_add_header(r, "Access-Control-Allow-Credentials: true");
+    http_request_add_header(r, "Vary: Origin");
+    if (!preflight) return 0;
+    http_request_add_header(r, "Access-Control-Allow-Methods: DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT");
+    const char *req_headers = http_header_get(r, "access-control-request-headers");
+    if (req_headers && echo_safe(req_headers, 512)) {
+        snprintf(line, sizeof line, "Access-Control-Allow-Headers: %s", req_headers);
+        http_request_add_header(r, line);
+    }
+    http_request_add_header(r, "Access-Control-Max-Age: 600");
+    http_respond(r, 200, "text/plain; charset=utf-8", "OK", 2, NULL);
+    return 1;
+}
+
 static void handle(void *ctx, struct http_request *r) {
     struct server *s = ctx;
     size_t plen = strlen(r->path);
     while (plen > 1 && r->path[plen - 1] == '/') r->path[--plen] = 0; /* "/v1/models/" is "/v1/models" */
     const struct route *match = NULL;
     char allow[64] = "";
+    static const struct route model_get = {"/v1/models/", "GET", route_model_get, 0};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(routes[i].path, r->path)) continue;
         if (!strcmp(routes[i].method, r->method))
@@ -287,6 +543,10 @@ static void handle(void *ctx, struct http_request *r) {
         else
             snprintf(allow + strlen(allow), sizeof allow - strlen(allow), "%s%s", allow[0] ? ", " : "",
                      routes[i].method);
+    }
+    if (!strncmp(r->path, model_get.path, strlen(model_get.path))) {
+        if (!strcmp(r->method, "GET")) match = &model_get;
+        else snprintf(allow, sizeof allow, "GET");
     }
     if (log_enabled(LOG_LEVEL_DEBUG)) log_debug("%s %s (%zu bytes)", r->method, r->path, r->body_len);
     /* every request but the probes (health, metrics) is traced */
@@ -299,6 +559,7 @@ static void handle(void *ctx, struct http_request *r) {
         snprintf(line, sizeof line, "traceparent: %s", tp);
         http_request_add_header(r, line);
     }
+    if (handle_cors(s, r)) return;
     if (s->shutting_down && !http_request_started_before_stop(r)) {
         http_request_close_after(r);
         http_error_respond(r, 503, "shutting_down", NULL, "the server is shutting down");

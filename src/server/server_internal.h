@@ -49,9 +49,17 @@ json_t *server_body(struct server *s, struct http_request *r);
 void server_reply_error(struct http_request *r, const struct req_error *e);
 /* Answers with v (consumed). */
 void server_reply_json(struct http_request *r, int status, json_t *v);
-/* Answers an engine_submit failure: 429 for a full queue, 503 while
- * shutting down, else 400. */
+/* The HTTP status and OpenAI error code for an error's kind: 429 for a
+ * full queue, 503 while shutting down or out of memory, 404 for what does
+ * not exist, 500 for internal faults, else 400 ("context_length_exceeded"
+ * for a prompt that does not fit). */
+int server_error_status(enum kiln_error_code code, const char **oai_code);
+/* Answers an engine_submit failure (server_error_status of its code). */
 void server_reply_submit_error(struct http_request *r, const struct kiln_error *err);
+/* The sampling fields (SAMPLING_FIELD_* bits) that `o` (the body, or
+ * /generate's sampling_params) leaves absent or null: they take the
+ * model's defaults (engine_request.sampling_unset). */
+unsigned server_sampling_unset(const json_t *o);
 /* 'model' must be absent or name this server's model. */
 int server_check_model(struct server *s, const json_t *body, struct req_error *e);
 /* A response id: prefix + 24 hex digits. */

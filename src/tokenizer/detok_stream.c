@@ -28,6 +28,28 @@ void kiln_detok_stream_free(struct kiln_detok_stream *s) {
     free(s);
 }
 
+/* Whether some stage holds text back that later ids can still change. */
+static int holds_text(const struct dec_run *r) {
+    for (size_t i = 0; i < r->n_stages; i++) {
+        const struct dec_stage *st = &r->stages[i];
+        if (st->bytes.len || st->held) return 1;
+        if (st->d->type == DECODER_TYPE_REPLACE && st->buf.len) return 1;
+    }
+    return 0;
+}
+
+int kiln_detok_stream_prime(struct kiln_detok_stream *s, const int32_t *ids, size_t n) {
+    const char *t;
+    size_t len;
+    for (size_t i = 0; i < n; i++) kiln_detok_stream_push(s, ids[i], &t, &len);
+    tok_buf_clear(&s->run.out);
+    if (holds_text(&s->run)) {
+        dec_run_free(&s->run);
+        dec_run_init(&s->run, s->tok->decoder);
+    }
+    return 0;
+}
+
 static void result(struct kiln_detok_stream *s, const char **text, size_t *len) {
     *text = s->run.out.data ? s->run.out.data : "";
     *len = s->run.out.len;

@@ -236,7 +236,7 @@ static void test_prefill(void **state) {
 
 int main(void) {
     rng_seed("test_attn_prefill");
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend_options bo = {.n_threads = 0, .device = 0};
     if (backend_create(&cpu, "cpu", &bo, &err)) return 1;
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;

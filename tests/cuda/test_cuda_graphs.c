@@ -37,7 +37,7 @@ static void run_arch(const char *arch, int page_size) {
     const char *fx = getenv("KILN_FIXTURES");
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/oracle/tiny-models/%s", fx ? fx : "tests/fixtures", arch);
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct model *ma, *mb;
     struct model_options oa = {.max_batch_tokens = MAX_SEQS * PROMPT, .max_seqs = MAX_SEQS,
                                .max_context = MAX_CTX, .page_size = page_size, .no_graphs = 1};
@@ -144,7 +144,7 @@ static void test_graphs(void **state) {
 }
 
 int main(void) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend_options bo = {.n_threads = 0, .device = 0};
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) printf("test_cuda_graphs: %s; the tests below fail\n", err.msg);

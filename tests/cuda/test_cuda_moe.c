@@ -189,7 +189,7 @@ static void test_moe_ffn_host(void **state) {
 
 int main(void) {
     rng_seed("test_cuda_moe");
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend_options bo = {0};
     if (backend_create(&cpu, "cpu", &bo, &err)) return 1;
     setenv("KILN_CUDA_MOE", "device", 1); /* opt-in (cuda_backend.c) */

@@ -918,7 +918,7 @@ static void test_attention_matmul(void **state) {
 
 int main(void) {
     rng_seed("test_cuda_ops");
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend_options bo = {.n_threads = 0, .device = 0};
     if (backend_create(&cpu, "cpu", &bo, &err)) return 1;
     /* The GEMV serves up to 2 rows by default (measured faster than cuBLAS

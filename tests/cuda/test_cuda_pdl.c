@@ -94,7 +94,7 @@ static int32_t token(int s, int p) { return (int32_t)(3 + ((unsigned)s * 7919u +
  * out gets every step's logits (or tokens, as floats) in order, *count
  * their number. */
 static void run(struct rig *r, int n, float *out, size_t *count) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     int32_t *ids = xmalloc(8192 * 4), *pos = xmalloc(8192 * 4), *slot = xmalloc(8192 * 4);
     int32_t q_start[MAX_N + 2], kv_len[MAX_N + 1], page_start[MAX_N + 2], rows[MAX_N + 1],
         tok[MAX_N + 1];
@@ -165,7 +165,7 @@ static void test_launch_modes(void **state) {
     static const char *const envs[3] = {NULL, "KILN_CUDA_PDL_ATTN", "KILN_CUDA_PDL"};
     static const char *const names[3] = {"all programmatic", "KILN_CUDA_PDL_ATTN=0", "KILN_CUDA_PDL=0"};
     struct rig rigs[3];
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     for (int k = 0; k < 3; k++)
         if (rig_init(&rigs[k], envs[k], &err)) fail_msg("set-up (%s): %s", names[k], err.msg);
     const int sizes[] = {1, 4, MAX_N};
@@ -199,7 +199,7 @@ static void test_launch_modes(void **state) {
 }
 
 int main(void) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be;
     struct backend_options bo = {0};
     have_gpu = backend_create(&be, "cuda", &bo, &err) == 0;

@@ -610,7 +610,7 @@ static void run_model(struct backend *be, const char *arch, int exact) {
     const char *fx = getenv("KILN_FIXTURES");
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/oracle/tiny-models/%s", fx ? fx : "tests/fixtures", arch);
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct model *ma, *mb;
     struct model_options o = {.max_batch_tokens = M_SEQS * M_PROMPT, .max_seqs = M_SEQS,
                               .max_context = M_CTX, .page_size = 1};
@@ -750,7 +750,7 @@ static void run_engine(int device_sampling, struct sink *out) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/stories260K", mdir ? mdir : "models");
     o.model_dir = dir, o.device = "cuda", o.deterministic = 1, o.max_running_requests = 8;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct engine *e;
     if (engine_create(&e, &o, &err)) fail_msg("engine: %s", err.msg);
     int32_t prompt[6] = {1, 403, 407, 261, 9, 27};
@@ -813,7 +813,7 @@ static void test_engine(void **state) {
 }
 
 int main(void) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend_options bo = {.n_threads = 0, .device = 0};
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     struct backend_options bd = {.device = 0, .deterministic = 1};

@@ -86,7 +86,7 @@ static void rig_free(struct rig *r) {
 /* Runs the steps of seqs[0..n) (seqs[0] is R) and stores R's logits of
  * each of its steps (prefill's last row, then every decode row). */
 static void run(struct rig *r, struct seq *seqs, int n, int steps, float *r_logits) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct step_batch sb;
     sb_init(&sb, PAGE, 4096, 32, 32 * (MAX_CTX / PAGE));
     float *logits = xmalloc((size_t)32 * VOCAB * 4);
@@ -146,7 +146,7 @@ static double compare(const float *a, const float *b, size_t n, size_t *n_diff) 
 }
 
 static void check_mode(int deterministic) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct rig r;
     if (rig_init(&r, deterministic, &err)) fail_msg("set-up: %s", err.msg);
     struct seq seqs[N_OTHERS + 1];
@@ -179,7 +179,7 @@ static void test_batch_invariance(void **state) {
 }
 
 int main(void) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be;
     struct backend_options bo = {0};
     if (getenv("KILN_TEST_DEVICE")) device = getenv("KILN_TEST_DEVICE");

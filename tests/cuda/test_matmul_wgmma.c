@@ -587,7 +587,7 @@ static void test_routing(void **state) {
 
 int main(void) {
     rng_seed("test_matmul_wgmma");
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend_options bo = {0};
     setenv("KILN_CUDA_GEMV_MAX_ROWS", "0", 1);
     setenv("KILN_CUDA_WGMMA", "1", 1);

@@ -119,7 +119,7 @@ struct counts {
  * did not run stay 0). */
 static struct counts run(const char *device, const struct shape *sh, const struct seq *init, float *out,
                          const char *env_name, const char *env_value) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be;
     struct backend_options bo = {0};
     char *saved = env_name && getenv(env_name) ? xstrdup(getenv(env_name)) : NULL;
@@ -278,7 +278,7 @@ static void test_qwen3_moe_all(void **state) { (void)state; NEED_GPU(); check_sh
 static void test_qwen3_moe_graphs(void **state) { (void)state; NEED_GPU(); check_moe_graphs(&shapes[4]); }
 
 int main(void) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     setenv("KILN_CUDA_MOE", "device", 1); /* the MoE device path is opt-in (cuda_backend.c) */
     struct backend be;
     struct backend_options bo = {0};

@@ -37,7 +37,7 @@ static void load_tiny(const char *arch, struct model_config *c) {
     char rel[160];
     snprintf(rel, sizeof rel, "oracle/tiny-models/%s/config.json", arch);
     char *p = env_path("KILN_FIXTURES", rel);
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     if (model_config_load(c, p, &err)) fail_msg("%s", err.msg);
     free(p);
 }
@@ -46,7 +46,7 @@ static void load_real(const char *name, struct model_config *c) {
     char rel[160];
     snprintf(rel, sizeof rel, "configs/%s", name);
     char *p = env_path("KILN_MODELS", rel);
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     if (model_config_load(c, p, &err)) fail_msg("%s", err.msg);
     free(p);
 }
@@ -365,7 +365,7 @@ static void test_rope_spellings(void **state) {
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         json_t *j = read_json(files[i][0], files[i][1]);
         struct model_config a, b;
-        struct kiln_error err = {{0}};
+        struct kiln_error err = {0};
         if (parse_json(j, &a, &err)) fail_msg("%s", err.msg);
         to_v5(j);
         if (parse_json(j, &b, &err)) fail_msg("%s (v5): %s", files[i][1], err.msg);
@@ -387,7 +387,7 @@ static void test_rope_spellings(void **state) {
 
 static void expect_error(json_t *j, const char *want) {
     struct model_config c;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     if (parse_json(j, &c, &err) == 0) fail_msg("parsed, expected an error with \"%s\"", want);
     assert_contains(err.msg, "config.json");
     assert_contains(err.msg, want);
@@ -483,7 +483,7 @@ static void test_errors(void **state) {
     expect_error(j, "field 'kv_lora_rank' is missing");
 
     struct model_config c;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     assert_int_equal(model_config_parse(&c, "{\"model_type\": ", 15, "config.json", &err), -1);
     assert_contains(err.msg, "config.json:1:");
     assert_contains(err.msg, "invalid JSON");
@@ -508,7 +508,7 @@ static void test_defaults(void **state) {
     json_object_del(j, "rope_scaling");
     json_object_del(j, "rope_theta");
     struct model_config c;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     if (parse_json(j, &c, &err)) fail_msg("%s", err.msg);
     assert_int_equal(c.n_kv_heads, 4);
     assert_int_equal(c.head_dim, 16);
@@ -584,7 +584,7 @@ static void test_generation_config(void **state) {
     (void)state;
     struct model_config c;
     struct generation_config g;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     load_real("../stories260K/config.json", &c);
     char *p = env_path("KILN_MODELS", "stories260K/generation_config.json");
     if (generation_config_load(&g, p, &c, &err)) fail_msg("%s", err.msg);

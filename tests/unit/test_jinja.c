@@ -49,7 +49,7 @@ static void test_cases(void **state) {
     (void)state;
     int failed = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        struct kiln_error err = {{0}};
+        struct kiln_error err = {0};
         char *out = render(cases[i].tmpl, cases[i].vars, NULL, &err);
         int ok = cases[i].expected ? out && !strcmp(out, cases[i].expected) : out == NULL;
         if (!ok) {
@@ -64,7 +64,7 @@ static void test_cases(void **state) {
 }
 
 static void expect_error(const char *tmpl, const char *want) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     char *out = render(tmpl, NULL, NULL, &err);
     if (out || !strstr(err.msg, want))
         fprintf(stderr, "template %s\n  want error containing: %s\n  got: %s\n", tmpl, want, out ? out : err.msg);
@@ -99,7 +99,7 @@ static void test_runtime_errors(void **state) {
     expect_error("{{ x|nosuch }}", "No filter named 'nosuch'.");
     expect_error("{{ 1 is nosuch }}", "No test named 'nosuch'.");
     /* raise_exception's message is reported as written, without a position */
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     assert_null(render("{{ raise_exception('exact') }}", NULL, NULL, &err));
     assert_string_equal(err.msg, "exact");
 }
@@ -116,7 +116,7 @@ static void test_limits(void **state) {
         "{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}",
     };
     for (size_t i = 0; i < sizeof hostile / sizeof hostile[0]; i++) {
-        struct kiln_error err = {{0}};
+        struct kiln_error err = {0};
         char *out = render(hostile[i], NULL, &lim, &err);
         if (out) fprintf(stderr, "hostile template %zu rendered %zu bytes\n", i, strlen(out));
         assert_null(out);
@@ -130,7 +130,7 @@ static void test_limits(void **state) {
     deep[n] = 0;
     char tmpl[4200];
     snprintf(tmpl, sizeof tmpl, "{{ %s }}", deep);
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     assert_null(render(tmpl, NULL, NULL, &err));
     assert_non_null(strstr(err.msg, "brackets nested too deeply"));
     char nots[8000] = "{{ ";
@@ -165,7 +165,7 @@ static void test_limits(void **state) {
 
 static void test_generation_tag(void **state) {
     (void)state;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     char *out = render("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% endif %}{% endfor %}",
                        NULL, NULL, &err);
     assert_non_null(out);

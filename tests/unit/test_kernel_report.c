@@ -155,13 +155,13 @@ static void test_default_rules(void **state) {
 }
 
 static void parse_ok(const char *text, struct kr_trace *t) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     memset(t, 0, sizeof *t);
     if (kr_trace_parse(t, text, strlen(text), "trace", &err)) fail_msg("%s", err.msg);
 }
 
 static void parse_bad(const char *text, const char *want) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct kr_trace t = {0};
     assert_int_not_equal(kr_trace_parse(&t, text, strlen(text), "trace.csv", &err), 0);
     if (!strstr(err.msg, want)) fail_msg("'%s' does not say '%s'", err.msg, want);

@@ -60,7 +60,7 @@ static void test_fixture_checkpoints(void **state) {
         snprintf(rel, sizeof rel, "oracle/tiny-models/%s", archs[i]);
         char *dir = fixture(rel);
         struct st_set s;
-        struct kiln_error err = {{0}};
+        struct kiln_error err = {0};
         if (st_open_dir(&s, dir, &err)) fail_msg("%s: %s", archs[i], err.msg);
         assert_int_equal(s.n_files, 1);
         assert_int_equal(s.n_tensors, arch_counts[i]);
@@ -87,7 +87,7 @@ static void test_fixture_checkpoints(void **state) {
     }
 
     struct st_set s;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     char *d = fixture("oracle/tiny-models/deepseek_v3");
     assert_int_equal(st_open_dir(&s, d, &err), 0);
     expect_shape(&s, "model.layers.1.self_attn.q_a_proj.weight", DTYPE_BF16, 2, 48, 64);
@@ -122,7 +122,7 @@ static void test_expect(void **state) {
     (void)state;
     char *d = fixture("oracle/tiny-models/llama");
     struct st_set s;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     assert_int_equal(st_open_dir(&s, d, &err), 0);
     const struct st_tensor *t = NULL;
     int64_t ok[2] = {32, 64}, any[2] = {-1, 64}, bad[2] = {64, 64};
@@ -162,7 +162,7 @@ static struct buf make_st(const char *header, size_t data_len) {
 static void expect_parse_error(const struct buf *b, const char *want1, const char *want2) {
     struct st_tensor *t = NULL;
     int n = -1;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     int rc = st_parse(b->p, b->n, "broken.safetensors", 0, &t, &n, &err);
     if (rc == 0) fail_msg("parse succeeded, expected an error with \"%s\"", want1);
     assert_null(t);
@@ -189,7 +189,7 @@ static void test_parse_ok(void **state) {
                            17);
     struct st_tensor *t = NULL;
     int n = 0;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     if (st_parse(b.p, b.n, "ok.safetensors", 3, &t, &n, &err)) fail_msg("%s", err.msg);
     assert_int_equal(n, 4);
     size_t hl = b.n - 8 - 17;
@@ -311,7 +311,7 @@ static void test_open_errors(void **state) {
     char *dir = tmp_dir();
     char *p = path_join(dir, "model.safetensors");
     struct st_set s;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
 
     /* a fixture cut short: the header claims more than the file holds */
     char *src = fixture("oracle/tiny-models/llama/model.safetensors");
@@ -416,7 +416,7 @@ static void test_sharded(void **state) {
     (void)state;
     char *src = fixture("oracle/tiny-models/qwen2_moe");
     struct st_set orig, s;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     assert_int_equal(st_open_dir(&orig, src, &err), 0);
     int n = orig.n_tensors, split = n / 2;
     int *order = xmalloc((size_t)n * sizeof *order);

@@ -637,7 +637,7 @@ static void test_warmup_changes_nothing(void **state) {
 static void test_validate(void **state) {
     (void)state;
     struct sampling_params p;
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     sampling_params_default(&p);
     assert_int_equal(sampling_params_validate(&p, 10, &err), 0);
     p.temperature = -1;

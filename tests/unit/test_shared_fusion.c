@@ -31,7 +31,7 @@ enum { PAGE = 4, N_SEQS = 3, MAX_CTX = 128, STEPS = 4 };
 /* Logits of N_SEQS sequences: a prefill step (prompts of 9, 17, 30
  * tokens), then STEPS - 1 decode steps; out[(step * N_SEQS + s) * V]. */
 static void run(const char *dir, int fuse, float *out, int *n_fused_layers, int *n_moe_layers) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct backend be;
     struct backend_options bo = {.n_threads = 1};
     assert_int_equal(backend_create(&be, "cpu", &bo, &err), 0);

@@ -325,7 +325,7 @@ static void test_post_processors(void **state) {
 }
 
 static void expect_error(const char *json, const char *want) {
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct kiln_tokenizer *tok = NULL;
     assert_int_equal(kiln_tokenizer_load_buffer(&tok, json, strlen(json), NULL, 0, &err), -1);
     assert_null(tok);

@@ -70,7 +70,7 @@ static int compare_ids(const char *name, size_t ci, const char *text, const char
 static void run_tokenizer(const char *name) {
     const char *dir = getenv("KILN_TOKENIZERS");
     char path[4096];
-    struct kiln_error err = {{0}};
+    struct kiln_error err = {0};
     struct kiln_tokenizer *tok;
     snprintf(path, sizeof path, "%s/%s/tokenizer.json", dir ? dir : ".cache/tokenizers", name);
     if (!file_exists(path)) {
