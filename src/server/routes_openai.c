@@ -291,9 +291,7 @@ static void oai_start(struct server *s, struct http_request *r, struct oai *st, 
     st->n = gp->n;
     st->n_prompts = st->prompts.n;
     int total = st->n_prompts * st->n;
-    if (total > 4096) {
-        http_error_respond(r, 400, "invalid_value", "n", "%d prompts x n=%d is more than 4096 choices", st->n_prompts,
-                           st->n);
+    if (server_refuse_fanout(s, r, total, "n")) {
         oai_free_unstarted(st);
         return;
     }
