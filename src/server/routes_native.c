@@ -27,6 +27,8 @@ struct native {
     struct prompt_list prompts;
     struct gen_output *out;
     char id[64];
+    double t_start, t_end; /* for e2e_latency */
+    char *reply;           /* the built answer */
 };
 
 static double finite_lp(float x) { return isfinite(x) ? (double)x : -9999.0; }
@@ -80,6 +82,37 @@ static void on_event(struct gen *g, int i, const struct gen_event *ev) {
     sse_send_json(g->req, generate_item(st, i, time_now(), g->t_start));
 }
 
+static void native_free(struct native *st) {
+    for (int i = 0; st->out && i < st->n_prompts * st->n; i++) gen_output_free(&st->out[i]);
+    free(st->out);
+    prompt_list_free(&st->prompts);
+    free(st->reply);
+    free(st);
+}
+
+/* The /generate answer; on the tokenizer pool when large (reads only st). */
+static void reply_work(void *arg) {
+    struct native *st = arg;
+    json_t *v;
+    if (!st->batch) {
+        v = generate_item(st, 0, st->t_end, st->t_start);
+    } else {
+        v = json_array();
+        for (int i = 0; i < st->n_prompts * st->n; i++)
+            json_array_append_new(v, generate_item(st, i, st->t_end, st->t_start));
+    }
+    st->reply = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+}
+
+static void reply_done(void *arg, struct http_request *r) {
+    struct native *st = arg;
+    if (!st->reply) http_error_respond(r, 500, "internal_error", NULL, "cannot encode the response");
+    else http_respond(r, 200, "application/json", st->reply, strlen(st->reply), NULL);
+}
+
+static void reply_release(void *arg) { native_free(arg); }
+
 static void on_done(struct gen *g) {
     struct native *st = g->state;
     int total = st->n_prompts * st->n;
@@ -109,22 +142,26 @@ static void on_done(struct gen *g) {
                                     "total_tokens", (json_int_t)prompt, "object", "scoring"));
         return;
     }
-    double now = time_now();
-    if (!st->batch) {
-        server_reply_json(g->req, 200, generate_item(st, 0, now, g->t_start));
-        return;
+    /* a batch with logprobs can be tens of MB: a large answer is built on
+     * the tokenizer pool, and the state goes with it */
+    st->t_start = g->t_start;
+    st->t_end = time_now();
+    g->state = NULL;
+    size_t cost = 0;
+    for (int i = 0; i < total; i++)
+        cost += st->out[i].text_len + (size_t)st->out[i].n_tokens * 8 +
+                (size_t)st->out[i].n_samples * (size_t)(st->top_n + 1) * 32;
+    if (st->s->tokpool && cost >= st->s->opt->tokenizer_inline_bytes) {
+        tok_pool_submit(st->s->tokpool, g->req, cost, reply_work, reply_done, reply_release, st);
+    } else {
+        reply_work(st);
+        reply_done(st, g->req);
+        reply_release(st);
     }
-    json_t *list = json_array();
-    for (int i = 0; i < total; i++) json_array_append_new(list, generate_item(st, i, now, g->t_start));
-    server_reply_json(g->req, 200, list);
 }
 
 static void on_free(struct gen *g) {
-    struct native *st = g->state;
-    for (int i = 0; st->out && i < st->n_prompts * st->n; i++) gen_output_free(&st->out[i]);
-    free(st->out);
-    prompt_list_free(&st->prompts);
-    free(st);
+    if (g->state) native_free(g->state); /* NULL: the answer being built owns it */
 }
 
 static const struct gen_ops native_ops = {on_event, on_done, on_free};
