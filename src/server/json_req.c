@@ -204,10 +204,10 @@ static int parse_logit_bias(struct gen_params *p, const json_t *o, int vocab, st
         }
         if (!digits)
             return req_errorf(e, 400, "invalid_value", "logit_bias",
-                              "'logit_bias' key '%.64s' is not a token id (decimal digits)", key);
+                              "'logit_bias' key '%s' is not a token id (decimal digits)", key);
         if (id >= vocab)
             return req_errorf(e, 400, "invalid_value", "logit_bias",
-                              "'logit_bias': token id %.64s is outside the vocabulary of %d", key, vocab);
+                              "'logit_bias': token id %s is outside the vocabulary of %d", key, vocab);
         if (!json_is_number(b))
             return req_errorf(e, 400, "invalid_type", "logit_bias", "'logit_bias'[\"%s\"] must be a number", key);
         double x = json_number_value(b);
