@@ -329,6 +329,8 @@ void http_stream_end(struct http_request *r) {
 
 void http_request_close_after(struct http_request *r) { r->conn->force_close = 1; }
 
+int http_request_cut(const struct http_request *r) { return r->conn->cut; }
+
 void http_request_on_finish(struct http_request *r, void (*cb)(void *, int), void *arg) {
     r->conn->on_finish = cb;
     r->conn->finish_arg = arg;

@@ -118,6 +118,11 @@ void http_stream_begin(struct http_request *r, int status, const char *content_t
 void http_stream_write(struct http_request *r, const char *data, size_t len);
 void http_stream_end(struct http_request *r);
 
+/* 1 once a stream was cut because its client stopped reading: writes are
+ * dropped and the close callback follows at the next turn of the loop, so
+ * a producer should stop building output for it now. */
+int http_request_cut(const struct http_request *r);
+
 /* The connection closes once this request's response is out. */
 void http_request_close_after(struct http_request *r);
 
