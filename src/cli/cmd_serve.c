@@ -41,6 +41,9 @@ static void usage(FILE *f) {
             "  --allowed-origins LIST      CORS: comma-separated origins, '*' any (default), '' none\n"
             "  --max-body-bytes N          larger request bodies get 413 (default 33554432)\n"
             "  --max-connections N         more connections get 503 (default 4096)\n"
+            "  --idle-timeout SEC          close keep-alive connections idle this long (default 60)\n"
+            "  --request-head-timeout SEC  408 unless a request's head is in this long after its first byte (default 30)\n"
+            "  --request-body-timeout SEC  408 unless the body is in this long after the head (default 300)\n"
             "  --shutdown-timeout SEC      on SIGTERM, let requests finish this long (default 5)\n"
             "  --tokenizer-workers N       threads tokenizing prompts off the HTTP loop (default 1; 0: on it)\n"
             "  --tokenizer-inline-bytes N  bodies smaller than this tokenize on the loop (default 4096)\n"
@@ -117,6 +120,9 @@ int cmd_serve(int argc, char **argv) {
         INT_OPT("--context-length", 1, 1 << 24, eo.context_length)
         INT_OPT("--max-body-bytes", 1024, 1L << 34, so.max_body_bytes)
         INT_OPT("--max-connections", 1, 1 << 20, so.max_connections)
+        INT_OPT("--idle-timeout", 0, 86400, so.idle_timeout_s)
+        INT_OPT("--request-head-timeout", 1, 86400, so.head_timeout_s)
+        INT_OPT("--request-body-timeout", 1, 86400, so.body_timeout_s)
         INT_OPT("--shutdown-timeout", 0, 86400, so.shutdown_timeout_s)
         INT_OPT("--tokenizer-workers", 0, 64, so.tokenizer_workers)
         INT_OPT("--tokenizer-inline-bytes", 0, 1L << 34, so.tokenizer_inline_bytes)
@@ -188,6 +194,7 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!ma.model_dir) ma.model_dir = cli_default_model();
     eo.model_dir = so.model_dir = ma.model_dir;
+    so.max_queued_requests = eo.max_queued_requests;
     eo.device = ma.device;
     eo.load_format = ma.load_format;
     eo.threads = ma.threads;

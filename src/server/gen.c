@@ -113,7 +113,9 @@ static void deliver(struct gen_hub *h, struct gen_msg *m) {
     int final = m->ev.finish != ENGINE_FINISH_NONE;
     if (final && h->metrics) metrics_observe_e2e(h->metrics, now - g->t_start);
     if (final && g->req && !g->failed) trace_req_engine(g->req->trace, s->index, &m->ev, now);
-    if (g->req && !g->failed) g->ops->on_event(g, s->index, &m->ev);
+    /* a cut stream (its client stopped reading) is closed at the next turn
+     * of the loop: building its chunks meanwhile would be wasted work */
+    if (g->req && !g->failed && !http_request_cut(g->req)) g->ops->on_event(g, s->index, &m->ev);
     if (final) {
         s->final = 1;
         g->n_live--;

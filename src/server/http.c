@@ -37,10 +37,12 @@ enum {
     CHUNK_LINE_MAX = 1024,
     /* a client that pipelines this much while we answer is not a client */
     PIPELINE_MAX = 1 << 20,
-    /* a client that stops reading while we stream to it is gone */
-    OUTPUT_MAX = 64 << 20,
+    CHUNK_DIGITS_MAX = 16, /* hex digits of a chunk size, leading zeros included */
     WRITE_TIMEOUT_S = 120,
+    HEAD_TIMEOUT_S = 30,
+    BODY_TIMEOUT_S = 300,
 };
+#define OUTPUT_MAX_DEFAULT ((size_t)8 << 20)
 
 enum conn_state { CONN_HEADERS, CONN_BODY, CONN_HANDLING, CONN_STREAMING, CONN_CLOSING };
 enum chunk_state { CHUNK_SIZE, CHUNK_DATA, CHUNK_DATA_CRLF, CHUNK_TRAILER };
@@ -62,6 +64,10 @@ struct http_conn {
     int force_close;   /* the byte stream can no longer be trusted */
     int in_process;    /* inside conn_process (re-entrancy guard) */
     int started_before_stop; /* the current request's bytes had arrived when listening stopped */
+    int head_started;  /* bytes of the next request have arrived: its head deadline runs */
+    int read_paused;   /* too much unsent output: the next request waits unread */
+    int cut;           /* a stream whose client stopped reading: closing at the next turn */
+    struct event *timer; /* the idle / head / body deadline, and the deferred close of a cut stream */
     void (*on_close)(void *);
     void *close_arg;
     void (*on_finish)(void *, int); /* http_request_on_finish */
@@ -81,6 +87,7 @@ struct http_server {
     int n_conns, n_rejecting;
     int port;
     long responses[6]; /* by status class */
+    long slow_clients; /* streams cut */
     struct event *accept_retry;
     int stopped; /* no longer listening */
 };
@@ -167,21 +174,58 @@ static void conn_free(struct http_conn *c) {
     if (c->rejecting) s->n_rejecting--;
     else s->n_conns--;
     bufferevent_free(c->bev);
+    if (c->timer) event_free(c->timer);
     request_reset(c);
     free(c);
 }
 
-static void set_read_timeout(struct http_conn *c, int on) {
-    struct timeval rt = {c->srv->opt.idle_timeout_s, 0}, wt = {WRITE_TIMEOUT_S, 0};
-    bufferevent_set_timeouts(c->bev, on && rt.tv_sec > 0 ? &rt : NULL, &wt);
+/* Deadlines are overall, not per read: bufferevent's read timeout restarts
+ * on every byte, so one byte every few seconds would hold a connection (and
+ * a --max-connections slot) forever. */
+static void arm_deadline(struct http_conn *c, int seconds) {
+    if (c->cut) return;
+    if (seconds <= 0) {
+        evtimer_del(c->timer);
+        return;
+    }
+    struct timeval tv = {seconds, 0};
+    evtimer_add(c->timer, &tv);
+}
+
+/* Waiting for the next request: the idle deadline, or the head's when
+ * its bytes are already here. */
+static void await_request(struct http_conn *c) {
+    c->head_started = evbuffer_get_length(bufferevent_get_input(c->bev)) > 0;
+    arm_deadline(c, c->head_started ? c->srv->opt.head_timeout_s : c->srv->opt.idle_timeout_s);
 }
 
 /* ---- writing ------------------------------------------------------------- */
 
+/* Whether a Connection header's token list (RFC 9110 §7.6.1: "a, b",
+ * any case, optional whitespace) holds `token`. */
+static int has_token(const char *h, const char *token) {
+    size_t tn = strlen(token);
+    while (h && *h) {
+        while (*h == ' ' || *h == '\t' || *h == ',') h++;
+        const char *start = h;
+        while (*h && *h != ',') h++;
+        const char *end = h;
+        while (end > start && (end[-1] == ' ' || end[-1] == '\t')) end--;
+        if ((size_t)(end - start) == tn && !strncasecmp(start, token, tn)) return 1;
+    }
+    return 0;
+}
+
 static int want_keep_alive(const struct http_conn *c) {
-    const char *h = http_header_get(&c->req, "connection");
-    if (c->req.minor_version == 0) return h && !strcasecmp(h, "keep-alive");
-    return !(h && !strcasecmp(h, "close"));
+    /* every Connection header counts (a list may be split across lines) */
+    int close = 0, keep = 0;
+    for (int i = 0; i < c->req.n_headers; i++) {
+        if (strcmp(c->req.headers[i].name, "connection")) continue;
+        close |= has_token(c->req.headers[i].value, "close");
+        keep |= has_token(c->req.headers[i].value, "keep-alive");
+    }
+    if (close) return 0;
+    return c->req.minor_version == 0 ? keep : 1;
 }
 
 static void write_head(struct http_conn *c, int status, const char *ctype, long content_length,
@@ -215,7 +259,7 @@ static void response_done(struct http_conn *c) {
     }
     request_reset(c);
     c->state = CONN_HEADERS;
-    set_read_timeout(c, 1);
+    await_request(c);
     bufferevent_enable(c->bev, EV_READ);
     if (!c->in_process && evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) conn_process(c);
 }
@@ -249,8 +293,22 @@ void http_stream_begin(struct http_request *r, int status, const char *ctype, co
 void http_stream_write(struct http_request *r, const char *data, size_t len) {
     struct http_conn *c = r->conn;
     KILN_ASSERT(c->state == CONN_STREAMING);
-    if (!len) return;
+    if (!len || c->cut) return;
     struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (evbuffer_get_length(out) + len > c->srv->opt.max_output_bytes) {
+        /* The client stopped reading: holding the rest of the stream would
+         * grow without bound. Cut it at the next turn of the loop (the
+         * caller may be in the middle of its own bookkeeping); the close
+         * callback then aborts the generation. */
+        c->cut = 1;
+        c->srv->slow_clients++;
+        log_warn("%s %s: the client stopped reading (%zu bytes unsent); closing the stream", c->req.method,
+                 c->req.path, evbuffer_get_length(out));
+        bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+        struct timeval now = {0, 0};
+        evtimer_add(c->timer, &now);
+        return;
+    }
     if (c->stream_chunked) evbuffer_add_printf(out, "%zx\r\n", len);
     evbuffer_add(out, data, len);
     if (c->stream_chunked) evbuffer_add(out, "\r\n", 2);
@@ -259,12 +317,19 @@ void http_stream_write(struct http_request *r, const char *data, size_t len) {
 void http_stream_end(struct http_request *r) {
     struct http_conn *c = r->conn;
     KILN_ASSERT(c->state == CONN_STREAMING);
+    if (c->cut) { /* the close is already on its way */
+        c->on_close = NULL;
+        finish_request(c, 0);
+        return;
+    }
     if (c->stream_chunked) evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
     c->on_close = NULL;
     response_done(c);
 }
 
 void http_request_close_after(struct http_request *r) { r->conn->force_close = 1; }
+
+int http_request_cut(const struct http_request *r) { return r->conn->cut; }
 
 void http_request_on_finish(struct http_request *r, void (*cb)(void *, int), void *arg) {
     r->conn->on_finish = cb;
@@ -414,6 +479,9 @@ static int begin_body(struct http_conn *c) {
         }
         c->content_length = (size_t)v;
     }
+    if ((c->chunked || c->content_length) && !c->rejecting && c->srv->opt.on_head &&
+        c->srv->opt.on_head(c->srv->ctx, r))
+        return -1; /* answered before the body: the connection closes */
     const char *expect = http_header_get(r, "expect");
     if (expect && !strcasecmp(expect, "100-continue") && r->minor_version >= 1 &&
         (c->chunked || c->content_length) && evbuffer_get_length(bufferevent_get_input(c->bev)) == 0)
@@ -422,6 +490,7 @@ static int begin_body(struct http_conn *c) {
     r->body = xmalloc(c->body_cap);
     r->body[0] = 0;
     c->state = CONN_BODY;
+    arm_deadline(c, c->srv->opt.body_timeout_s);
     return 0;
 bad_cl:
     protocol_error(c, 400, "bad_request", "invalid Content-Length '%s'", cl);
@@ -438,6 +507,32 @@ static void body_append(struct http_conn *c, struct evbuffer *in, size_t n) {
     evbuffer_remove(in, r->body + r->body_len, n);
     r->body_len += n;
     r->body[r->body_len] = 0;
+}
+
+int http_parse_chunk_size(const char *line, size_t n, unsigned long long *out) {
+    /* RFC 9112 §7.1: chunk-size = 1*HEXDIG, then nothing or BWS ";" chunk-ext.
+     * No sign, no "0x", no leading space: strtoull's leniency is a
+     * request-smuggling risk when a proxy in front reads the size otherwise. */
+    size_t i = 0;
+    unsigned long long v = 0;
+    for (; i < n; i++) {
+        int ch = (unsigned char)line[i], d;
+        if (ch >= '0' && ch <= '9') d = ch - '0';
+        else if (ch >= 'a' && ch <= 'f') d = ch - 'a' + 10;
+        else if (ch >= 'A' && ch <= 'F') d = ch - 'A' + 10;
+        else break;
+        if (i >= CHUNK_DIGITS_MAX) return -1;
+        v = v << 4 | (unsigned)d;
+    }
+    if (i == 0) return -1;
+    size_t j = i;
+    while (j < n && (line[j] == ' ' || line[j] == '\t')) j++;
+    if (j < n && line[j] != ';') return -1;
+    if (j == n && j != i) return -1; /* whitespace only before an extension */
+    for (; j < n; j++)
+        if (((unsigned char)line[j] < 0x20 && line[j] != '\t') || line[j] == 0x7f) return -1;
+    *out = v;
+    return 0;
 }
 
 /* Returns 1 when the body is complete, 0 when more is needed, -1 after an error reply. */
@@ -460,10 +555,8 @@ static int read_chunked(struct http_conn *c, struct evbuffer *in) {
             }
             c->header_bytes += n;
             if (c->chunk_state == CHUNK_SIZE) {
-                char *end;
-                errno = 0;
-                unsigned long long sz = strtoull(line, &end, 16);
-                int ok = end != line && !errno && (*end == 0 || *end == ';' || *end == ' ');
+                unsigned long long sz;
+                int ok = http_parse_chunk_size(line, n, &sz) == 0;
                 free(line);
                 if (!ok) {
                     protocol_error(c, 400, "bad_request", "malformed chunk size in chunked body");
@@ -509,8 +602,8 @@ static int read_chunked(struct http_conn *c, struct evbuffer *in) {
 
 static void dispatch(struct http_conn *c) {
     c->state = CONN_HANDLING;
-    /* no read timeout while we work, but reading stays on to see the client leave */
-    set_read_timeout(c, 0);
+    /* no deadline while we work, but reading stays on to see the client leave */
+    arm_deadline(c, 0);
     if (c->rejecting) {
         c->force_close = 1;
         http_error_respond(&c->req, 503, "too_many_connections", NULL,
@@ -526,6 +619,20 @@ static void conn_process(struct http_conn *c) {
     c->in_process = 1;
     for (;;) {
         if (c->state == CONN_HEADERS) {
+            if (!c->have_request_line && !c->header_bytes &&
+                evbuffer_get_length(bufferevent_get_output(c->bev)) > c->srv->opt.max_output_bytes) {
+                /* answers pile up unread (pipelining without reading): leave
+                 * the next request in the socket until they drain; the write
+                 * timeout ends a client that never reads */
+                c->read_paused = 1;
+                bufferevent_disable(c->bev, EV_READ);
+                arm_deadline(c, 0);
+                break;
+            }
+            if (!c->head_started && evbuffer_get_length(in)) {
+                c->head_started = 1;
+                arm_deadline(c, c->srv->opt.head_timeout_s);
+            }
             size_t n;
             char *line = evbuffer_readln(in, &n, EVBUFFER_EOL_CRLF);
             if (!line) {
@@ -538,7 +645,12 @@ static void conn_process(struct http_conn *c) {
             }
             c->header_bytes += n + 2;
             int rc = 0;
-            if (c->header_bytes > max_head) {
+            if (memchr(line, 0, n)) {
+                /* C strings would end at it: "Bearer key\0junk" would read as "Bearer key" */
+                if (!c->have_request_line) c->req.minor_version = 1;
+                protocol_error(c, 400, "bad_request", "a NUL byte in the request head");
+                rc = -1;
+            } else if (c->header_bytes > max_head) {
                 if (!c->have_request_line) c->req.minor_version = 1;
                 protocol_error(c, 431, "headers_too_large", "the request head exceeds %zu bytes", max_head);
                 rc = -1;
@@ -581,7 +693,32 @@ static void on_read(struct bufferevent *bev, void *arg) {
 
 static void on_write(struct bufferevent *bev, void *arg) {
     struct http_conn *c = arg;
-    if (c->state == CONN_CLOSING && evbuffer_get_length(bufferevent_get_output(bev)) == 0) conn_free(c);
+    size_t left = evbuffer_get_length(bufferevent_get_output(bev));
+    if (c->state == CONN_CLOSING && left == 0) {
+        conn_free(c);
+    } else if (c->read_paused && left <= c->srv->opt.max_output_bytes / 2) {
+        c->read_paused = 0;
+        bufferevent_enable(c->bev, EV_READ);
+        await_request(c);
+        if (!c->in_process) conn_process(c);
+    }
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg) {
+    struct http_conn *c = arg;
+    (void)fd, (void)what;
+    if (c->cut || (c->state == CONN_HEADERS && !c->head_started)) {
+        conn_free(c); /* a cut stream, or a keep-alive connection left idle */
+        return;
+    }
+    if (c->state == CONN_HEADERS) {
+        if (!c->have_request_line) c->req.minor_version = 1;
+        protocol_error(c, 408, "request_timeout", "the request head did not arrive within %d s",
+                       c->srv->opt.head_timeout_s);
+    } else if (c->state == CONN_BODY) {
+        protocol_error(c, 408, "request_timeout", "the request body did not arrive within %d s (%zu bytes came)",
+                       c->srv->opt.body_timeout_s, c->req.body_len);
+    }
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg) {
@@ -619,6 +756,12 @@ int http_server_adopt(struct http_server *s, int fd, int rejecting) {
         free(c);
         return -1;
     }
+    c->timer = evtimer_new(s->base, on_deadline, c);
+    if (!c->timer) {
+        bufferevent_free(c->bev);
+        free(c);
+        return -1;
+    }
     request_reset(c);
     c->state = CONN_HEADERS;
     c->next = s->conns;
@@ -627,7 +770,11 @@ int http_server_adopt(struct http_server *s, int fd, int rejecting) {
     if (rejecting) s->n_rejecting++;
     else s->n_conns++;
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
-    set_read_timeout(c, 1);
+    struct timeval wt = {WRITE_TIMEOUT_S, 0};
+    bufferevent_set_timeouts(c->bev, NULL, &wt);
+    /* on_write also runs when the output drains to half the bound (paused reading resumes) */
+    bufferevent_setwatermark(c->bev, EV_WRITE, s->opt.max_output_bytes / 2, 0);
+    await_request(c);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     return 0;
 }
@@ -668,6 +815,9 @@ int http_server_create(struct http_server **out, struct event_base *base, const 
     s->base = base;
     s->opt = *o;
     if (!s->opt.max_header_bytes) s->opt.max_header_bytes = 64 << 10;
+    if (!s->opt.head_timeout_s) s->opt.head_timeout_s = HEAD_TIMEOUT_S;
+    if (!s->opt.body_timeout_s) s->opt.body_timeout_s = BODY_TIMEOUT_S;
+    if (!s->opt.max_output_bytes) s->opt.max_output_bytes = OUTPUT_MAX_DEFAULT;
     s->handler = handler;
     s->ctx = ctx;
     if (o->port < 0) { /* no listener: connections come through http_server_adopt */
@@ -767,6 +917,7 @@ void http_server_free(struct http_server *s) {
 }
 
 int http_server_port(const struct http_server *s) { return s->port; }
+long http_server_slow_clients(const struct http_server *s) { return s->slow_clients; }
 int http_server_connections(const struct http_server *s) { return s->n_conns + s->n_rejecting; }
 
 void http_server_responses(const struct http_server *s, long out[6]) {

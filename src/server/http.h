@@ -3,8 +3,11 @@
  * It owns the listening socket, the connections and the parsing of requests
  * (request line, headers, Content-Length or chunked bodies), and enforces the
  * limits a public endpoint needs: header size, body size (413 before the body
- * is read), connection count (503 at accept), idle timeouts. Everything runs
- * on one event loop thread; no call here blocks.
+ * is read), connection count (503 at accept), deadlines for a request's head
+ * and body as a whole (a byte now and then does not extend them: 408), and
+ * the output each connection may hold unsent (reading pauses behind it; a
+ * stream to a client that stopped reading is cut). Everything runs on one
+ * event loop thread; no call here blocks.
  *
  * evhttp is not used because it answers limits and truncated bodies with its
  * own HTML pages, cannot bound connections in libevent 2.1, and reports a
@@ -55,7 +58,19 @@ struct http_server_options {
     size_t max_body_bytes; /* larger bodies get 413 */
     size_t max_header_bytes;
     int max_connections; /* more get 503 at accept; 0 = unbounded */
-    int idle_timeout_s;  /* keep-alive idle and slow headers/bodies */
+    int idle_timeout_s;  /* keep-alive: the wait for a request's first byte (0: none) */
+    int head_timeout_s;  /* the whole head, from its first byte (0: 30 s) */
+    int body_timeout_s;  /* the whole body, from the end of the head (0: 300 s) */
+    /* Unsent response bytes a connection may hold: over it, pipelined
+     * requests wait unread, and a stream is cut (the close callback runs, as
+     * when the client goes). A single complete response may exceed it.
+     * 0: 8 MiB. */
+    size_t max_output_bytes;
+    /* Called once the head of a request that announces a body is complete,
+     * before the body is read and before `100 Continue`: to refuse the
+     * request early (the API key), answer it and return nonzero; the
+     * connection then closes. NULL: no check. */
+    int (*on_head)(void *ctx, struct http_request *req);
 };
 
 int http_server_create(struct http_server **out, struct event_base *base,
@@ -86,6 +101,8 @@ int http_server_port(const struct http_server *s);
 int http_server_connections(const struct http_server *s);
 /* Connections with response bytes not yet written. */
 int http_server_pending_output(const struct http_server *s);
+/* Streams cut because their client stopped reading (see max_output_bytes). */
+long http_server_slow_clients(const struct http_server *s);
 /* Responses sent so far by status class: out[2] = 2xx ... out[5] = 5xx. */
 void http_server_responses(const struct http_server *s, long out[6]);
 
@@ -101,11 +118,20 @@ void http_stream_begin(struct http_request *r, int status, const char *content_t
 void http_stream_write(struct http_request *r, const char *data, size_t len);
 void http_stream_end(struct http_request *r);
 
+/* 1 once a stream was cut because its client stopped reading: writes are
+ * dropped and the close callback follows at the next turn of the loop, so
+ * a producer should stop building output for it now. */
+int http_request_cut(const struct http_request *r);
+
 /* The connection closes once this request's response is out. */
 void http_request_close_after(struct http_request *r);
 
 /* Called once if the connection ends before the response is complete. */
 void http_request_on_close(struct http_request *r, void (*cb)(void *arg), void *arg);
+
+/* A chunked body's size line (without CRLF): hex digits (at most 16) and an
+ * optional extension after ';'. 0 and the size, or -1 when malformed. */
+int http_parse_chunk_size(const char *line, size_t n, unsigned long long *out);
 
 /* Compares in time independent of where the strings differ. */
 int http_secure_equal(const char *a, size_t alen, const char *b, size_t blen);

@@ -10,6 +10,7 @@
 #include "base/mem.h"
 #include "kiln/tokenizer.h"
 #include "sample/sampling.h"
+#include "server/http_error.h"
 
 int req_errorf(struct req_error *e, int status, const char *code, const char *param, const char *fmt, ...) {
     e->status = status;
@@ -17,8 +18,9 @@ int req_errorf(struct req_error *e, int status, const char *code, const char *pa
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    int n = vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof e->msg) e->msg[http_error_utf8_cut(e->msg, sizeof e->msg - 1)] = 0;
     return -1;
 }
 
@@ -191,13 +193,21 @@ static int parse_logit_bias(struct gen_params *p, const json_t *o, int vocab, st
     const char *key;
     json_t *b;
     json_object_foreach(v, key, b) {
-        char *end;
-        long id = strtol(key, &end, 10);
-        if (!*key || *end)
-            return req_errorf(e, 400, "invalid_value", "logit_bias", "'logit_bias' key '%s' is not a token id", key);
-        if (id < 0 || id >= vocab)
+        /* decimal digits only: strtol would take " 5" and "+5", and
+         * saturate what is too large (misreporting the id) */
+        size_t klen = strlen(key);
+        int digits = klen > 0;
+        long long id = 0;
+        for (size_t k = 0; digits && k < klen; k++) {
+            if (key[k] < '0' || key[k] > '9') digits = 0;
+            else if (id <= vocab) id = id * 10 + (key[k] - '0');
+        }
+        if (!digits)
             return req_errorf(e, 400, "invalid_value", "logit_bias",
-                              "'logit_bias': token id %ld is outside the vocabulary of %d", id, vocab);
+                              "'logit_bias' key '%s' is not a token id (decimal digits)", key);
+        if (id >= vocab)
+            return req_errorf(e, 400, "invalid_value", "logit_bias",
+                              "'logit_bias': token id %s is outside the vocabulary of %d", key, vocab);
         if (!json_is_number(b))
             return req_errorf(e, 400, "invalid_type", "logit_bias", "'logit_bias'[\"%s\"] must be a number", key);
         double x = json_number_value(b);

@@ -141,6 +141,9 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
         outf(&o, "kiln:http_responses_total{%s,code=\"%dxx\"} %ld\n", lb, c, m->http_requests[c]);
     metric(&o, "client_disconnects_total", "counter", "Requests aborted because the client went away.", lb,
            (double)m->aborted_by_client);
+    metric(&o, "slow_client_aborts_total", "counter",
+           "Streams cut and their generation aborted because the client stopped reading.", lb,
+           (double)m->slow_clients);
     if (m->tracer) {
         metric(&o, "trace_spans_exported_total", "counter", "Spans the OTLP collector accepted.", lb,
                (double)tracer_exported(m->tracer));

@@ -30,6 +30,7 @@ struct metrics {
     struct histogram tok_batch; /* jobs per tokenizer-pool batch */
     long http_requests[6]; /* by status class: [2] = 2xx ... [5] = 5xx */
     long aborted_by_client;
+    long slow_clients; /* streams cut: the client stopped reading */
     const struct tracer *tracer; /* NULL: tracing off */
 };
 

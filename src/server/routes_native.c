@@ -28,6 +28,8 @@ struct native {
     struct prompt_list prompts;
     struct gen_output *out;
     char id[64];
+    double t_start, t_end; /* for e2e_latency */
+    char *reply;           /* the built answer */
 };
 
 static double finite_lp(float x) { return isfinite(x) ? (double)x : -9999.0; }
@@ -107,6 +109,37 @@ static void on_event(struct gen *g, int i, const struct gen_event *ev) {
     sse_send_json(g->req, generate_item(st, i, time_now(), g->t_start));
 }
 
+static void native_free(struct native *st) {
+    for (int i = 0; st->out && i < st->n_prompts * st->n; i++) gen_output_free(&st->out[i]);
+    free(st->out);
+    prompt_list_free(&st->prompts);
+    free(st->reply);
+    free(st);
+}
+
+/* The /generate answer; on the tokenizer pool when large (reads only st). */
+static void reply_work(void *arg) {
+    struct native *st = arg;
+    json_t *v;
+    if (!st->batch) {
+        v = generate_item(st, 0, st->t_end, st->t_start);
+    } else {
+        v = json_array();
+        for (int i = 0; i < st->n_prompts * st->n; i++)
+            json_array_append_new(v, generate_item(st, i, st->t_end, st->t_start));
+    }
+    st->reply = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+}
+
+static void reply_done(void *arg, struct http_request *r) {
+    struct native *st = arg;
+    if (!st->reply) http_error_respond(r, 500, "internal_error", NULL, "cannot encode the response");
+    else http_respond(r, 200, "application/json", st->reply, strlen(st->reply), NULL);
+}
+
+static void reply_release(void *arg) { native_free(arg); }
+
 static void on_done(struct gen *g) {
     struct native *st = g->state;
     int total = st->n_prompts * st->n;
@@ -141,22 +174,26 @@ static void on_done(struct gen *g) {
                                     "total_tokens", (json_int_t)prompt, "object", "scoring"));
         return;
     }
-    double now = time_now();
-    if (!st->batch) {
-        server_reply_json(g->req, 200, generate_item(st, 0, now, g->t_start));
-        return;
+    /* a batch with logprobs can be tens of MB: a large answer is built on
+     * the tokenizer pool, and the state goes with it */
+    st->t_start = g->t_start;
+    st->t_end = time_now();
+    g->state = NULL;
+    size_t cost = 0;
+    for (int i = 0; i < total; i++)
+        cost += st->out[i].text_len + (size_t)st->out[i].n_tokens * 8 +
+                (size_t)st->out[i].n_samples * (size_t)(st->top_n + 1) * 32;
+    if (st->s->tokpool && cost >= st->s->opt->tokenizer_inline_bytes) {
+        tok_pool_submit(st->s->tokpool, g->req, cost, reply_work, reply_done, reply_release, st);
+    } else {
+        reply_work(st);
+        reply_done(st, g->req);
+        reply_release(st);
     }
-    json_t *list = json_array();
-    for (int i = 0; i < total; i++) json_array_append_new(list, generate_item(st, i, now, g->t_start));
-    server_reply_json(g->req, 200, list);
 }
 
 static void on_free(struct gen *g) {
-    struct native *st = g->state;
-    for (int i = 0; st->out && i < st->n_prompts * st->n; i++) gen_output_free(&st->out[i]);
-    free(st->out);
-    prompt_list_free(&st->prompts);
-    free(st);
+    if (g->state) native_free(g->state); /* NULL: the answer being built owns it */
 }
 
 static const struct gen_ops native_ops = {on_event, on_done, on_free};
@@ -169,8 +206,7 @@ static void native_free_unstarted(struct native *st) {
 static void native_start(struct server *s, struct http_request *r, struct native *st, const struct engine_request *base) {
     st->n_prompts = st->prompts.n;
     int total = st->n_prompts * st->n;
-    if (total > 4096) {
-        http_error_respond(r, 400, "invalid_value", NULL, "more than 4096 requests in one call");
+    if (server_refuse_fanout(s, r, total, NULL)) {
         native_free_unstarted(st);
         return;
     }
@@ -553,53 +589,89 @@ void route_tokenize(struct server *s, struct http_request *r) {
     server_offload(s, r, tokenize_work, tokenize_done, tokenize_release, j);
 }
 
-void route_detokenize(struct server *s, struct http_request *r) {
-    json_t *body = server_body(s, r);
-    if (!body) return;
-    struct req_error e = {0};
+/* /detokenize's work, on the tokenizer pool or inline: the body (a copy, so
+ * that a client leaving cannot free it under the worker) to the JSON text of
+ * the answer. A long id list is parsed and decoded off the loop thread. */
+struct detok_job {
+    struct server *s;
+    char *body;
+    size_t body_len;
+    char *resp;
+    struct req_error e;
+    int rc;
+};
+
+static int detokenize_body(struct server *s, const char *text, size_t len, char **out, struct req_error *e) {
+    json_t *body = jr_parse_body(text, len, e);
+    if (!body) return -1;
     int skip = 0;
-    json_t *out = NULL;
-    if (!s->tok) {
-        req_errorf(&e, 400, "invalid_value", NULL, "this model has no tokenizer");
-        goto bad;
-    }
-    if (server_check_model(s, body, &e) || jr_bool(body, "skip_special_tokens", &skip, &e) < 0) goto bad;
+    json_t *texts = NULL;
+    if (server_check_model(s, body, e) || jr_bool(body, "skip_special_tokens", &skip, e) < 0) goto bad;
     json_t *toks = json_object_get(body, "tokens");
     if (!toks || json_is_null(toks)) {
-        req_errorf(&e, 400, "missing_field", "tokens", "'tokens' is required");
+        req_errorf(e, 400, "missing_field", "tokens", "'tokens' is required");
         goto bad;
     }
     int list = json_is_array(toks) && json_array_size(toks) && json_is_array(json_array_get(toks, 0));
     size_t n = list ? json_array_size(toks) : 1;
-    json_t *texts = json_array();
+    texts = json_array();
     for (size_t i = 0; i < n; i++) {
         int32_t *ids;
         int ni;
-        if (jr_ids(list ? json_array_get(toks, i) : toks, "tokens", s->vocab, &ids, &ni, &e)) {
-            json_decref(texts);
-            goto bad;
-        }
+        if (jr_ids(list ? json_array_get(toks, i) : toks, "tokens", s->vocab, &ids, &ni, e)) goto bad;
         char *t = NULL;
-        size_t len = 0;
+        size_t tlen = 0;
         struct kiln_error err;
-        int rc = kiln_tokenizer_decode(s->tok, ids, (size_t)ni, skip, &t, &len, &err);
+        int rc = kiln_tokenizer_decode(s->tok, ids, (size_t)ni, skip, &t, &tlen, &err);
         free(ids);
         if (rc) {
-            json_decref(texts);
-            req_errorf(&e, 400, "invalid_value", "tokens", "cannot detokenize: %s", err.msg);
+            req_errorf(e, 400, "invalid_value", "tokens", "cannot detokenize: %s", err.msg);
             goto bad;
         }
-        json_array_append_new(texts, server_json_text(t, len));
+        json_array_append_new(texts, server_json_text(t, tlen));
         free(t);
     }
     json_t *v = list ? json_incref(texts) : json_incref(json_array_get(texts, 0));
     json_decref(texts);
+    json_decref(body);
     /* SGLang answers "text", vLLM "prompt" */
-    out = json_pack("{s:O,s:o}", "text", v, "prompt", v);
-    json_decref(body);
-    server_reply_json(r, 200, out);
-    return;
+    *out = reply_text(json_pack("{s:O,s:o}", "text", v, "prompt", v));
+    return 0;
 bad:
+    json_decref(texts);
     json_decref(body);
-    server_reply_error(r, &e);
+    return -1;
+}
+
+static void detokenize_work(void *arg) {
+    struct detok_job *j = arg;
+    j->rc = detokenize_body(j->s, j->body, j->body_len, &j->resp, &j->e);
+}
+
+static void detokenize_done(void *arg, struct http_request *r) {
+    struct detok_job *j = arg;
+    if (j->rc) server_reply_error(r, &j->e);
+    else if (!j->resp) http_error_respond(r, 500, "internal_error", NULL, "cannot encode the response");
+    else http_respond(r, 200, "application/json", j->resp, strlen(j->resp), NULL);
+}
+
+static void detokenize_release(void *arg) {
+    struct detok_job *j = arg;
+    free(j->body);
+    free(j->resp);
+    free(j);
+}
+
+void route_detokenize(struct server *s, struct http_request *r) {
+    if (!s->tok) {
+        http_error_respond(r, 400, "invalid_value", NULL, "this model has no tokenizer");
+        return;
+    }
+    struct detok_job *j = xcalloc(1, sizeof *j);
+    j->s = s;
+    j->body = xmalloc(r->body_len + 1);
+    memcpy(j->body, r->body, r->body_len);
+    j->body[r->body_len] = 0;
+    j->body_len = r->body_len;
+    server_offload(s, r, detokenize_work, detokenize_done, detokenize_release, j);
 }

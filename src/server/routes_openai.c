@@ -38,6 +38,7 @@ struct oai {
     struct choice *ch;
     char id[64];
     long created;
+    char *reply; /* the built answer */
 };
 
 static const char *finish_reason(enum engine_finish f) {
@@ -280,27 +281,10 @@ static void on_event(struct gen *g, int i, const struct gen_event *ev) {
     sse_send_json(g->req, envelope(st, st->chat ? "chat.completion.chunk" : "text_completion", json_pack("[o]", choice)));
 }
 
-static void on_done(struct gen *g) {
-    struct oai *st = g->state;
+/* The complete (non-streamed) answer; on the tokenizer pool when large, so
+ * it reads only st and read-only server state. */
+static json_t *build_reply(struct oai *st) {
     int total = st->n_prompts * st->n;
-    if (st->stream) {
-        if (st->include_usage) {
-            json_t *u = envelope(st, st->chat ? "chat.completion.chunk" : "text_completion", json_array());
-            json_object_set_new(u, "usage", usage_json(st));
-            sse_send_json(g->req, u);
-        }
-        sse_end(g->req);
-        return;
-    }
-    for (int i = 0; i < total; i++)
-        if (st->ch[i].out.finish == ENGINE_FINISH_ERROR) {
-            const char *code;
-            int status = server_error_status(st->ch[i].out.error_code ? st->ch[i].out.error_code : KILN_ERR_INTERNAL,
-                                             &code);
-            http_error_respond(g->req, status, code, NULL, "generation failed: %s",
-                               st->ch[i].out.error ? st->ch[i].out.error : "unknown error");
-            return;
-        }
     json_t *choices = json_array();
     for (int i = 0; i < total; i++) {
         struct gen_output *c = &st->ch[i].out;
@@ -338,16 +322,78 @@ static void on_done(struct gen *g) {
     }
     json_t *resp = envelope(st, st->chat ? "chat.completion" : "text_completion", choices);
     json_object_set_new(resp, "usage", usage_json(st));
-    server_reply_json(g->req, 200, resp);
+    return resp;
 }
 
-static void on_free(struct gen *g) {
+/* Bytes the answer will take, about: logprobs dominate. */
+static size_t reply_cost(const struct oai *st) {
+    size_t cost = 0;
+    for (int i = 0; i < st->n_prompts * st->n; i++)
+        cost += st->ch[i].out.text_len + (size_t)st->ch[i].out.n_samples * (size_t)(st->top_logprobs + 1) * 48;
+    return cost;
+}
+
+static void reply_work(void *arg) {
+    struct oai *st = arg;
+    json_t *resp = build_reply(st);
+    st->reply = json_dumps(resp, JSON_COMPACT);
+    json_decref(resp);
+}
+
+static void reply_done(void *arg, struct http_request *r) {
+    struct oai *st = arg;
+    if (!st->reply) http_error_respond(r, 500, "internal_error", NULL, "cannot encode the response");
+    else http_respond(r, 200, "application/json", st->reply, strlen(st->reply), NULL);
+}
+
+static void oai_free(struct oai *st);
+static void reply_release(void *arg) { oai_free(arg); }
+
+static void on_done(struct gen *g) {
     struct oai *st = g->state;
+    int total = st->n_prompts * st->n;
+    if (st->stream) {
+        if (st->include_usage) {
+            json_t *u = envelope(st, st->chat ? "chat.completion.chunk" : "text_completion", json_array());
+            json_object_set_new(u, "usage", usage_json(st));
+            sse_send_json(g->req, u);
+        }
+        sse_end(g->req);
+        return;
+    }
+    for (int i = 0; i < total; i++)
+        if (st->ch[i].out.finish == ENGINE_FINISH_ERROR) {
+            const char *code;
+            int status = server_error_status(st->ch[i].out.error_code ? st->ch[i].out.error_code : KILN_ERR_INTERNAL,
+                                             &code);
+            http_error_respond(g->req, status, code, NULL, "generation failed: %s",
+                               st->ch[i].out.error ? st->ch[i].out.error : "unknown error");
+            return;
+        }
+    /* the answer can be tens of MB (n x prompts x tokens x top logprobs): a
+     * large one is built on the tokenizer pool, and the state goes with it */
+    g->state = NULL;
+    size_t cost = reply_cost(st);
+    if (st->s->tokpool && cost >= st->s->opt->tokenizer_inline_bytes) {
+        tok_pool_submit(st->s->tokpool, g->req, cost, reply_work, reply_done, reply_release, st);
+    } else {
+        reply_work(st);
+        reply_done(st, g->req);
+        reply_release(st);
+    }
+}
+
+static void oai_free(struct oai *st) {
     int total = st->n_prompts * st->n;
     for (int i = 0; st->ch && i < total; i++) gen_output_free(&st->ch[i].out);
     free(st->ch);
     prompt_list_free(&st->prompts);
+    free(st->reply);
     free(st);
+}
+
+static void on_free(struct gen *g) {
+    if (g->state) oai_free(g->state); /* NULL: the answer being built owns it */
 }
 
 static const struct gen_ops oai_ops = {on_event, on_done, on_free};
@@ -363,9 +409,7 @@ static void oai_start(struct server *s, struct http_request *r, struct oai *st, 
     st->n = gp->n;
     st->n_prompts = st->prompts.n;
     int total = st->n_prompts * st->n;
-    if (total > 4096) {
-        http_error_respond(r, 400, "invalid_value", "n", "%d prompts x n=%d is more than 4096 choices", st->n_prompts,
-                           st->n);
+    if (server_refuse_fanout(s, r, total, "n")) {
         oai_free_unstarted(st);
         return;
     }

@@ -38,6 +38,8 @@ void server_options_default(struct server_options *o) {
     o->max_body_bytes = 32u << 20;
     o->max_connections = 4096;
     o->idle_timeout_s = 60;
+    o->head_timeout_s = 30;
+    o->body_timeout_s = 300;
     o->shutdown_timeout_s = 5;
     o->tokenizer_workers = 1;
     o->tokenizer_inline_bytes = 4096;
@@ -114,6 +116,23 @@ unsigned server_sampling_unset(const json_t *o) {
         if (!v || json_is_null(v)) m |= f[i].bit;
     }
     return m;
+}
+
+int server_refuse_fanout(struct server *s, struct http_request *r, int total, const char *param) {
+    int maxq = s->opt->max_queued_requests;
+    if (total > 4096) {
+        http_error_respond(r, 400, "invalid_value", param, "%d requests (prompts x n) in one call is more than 4096",
+                           total);
+        return 1;
+    }
+    if (maxq > 0 && total > maxq) {
+        http_error_respond(r, 400, "invalid_value", param,
+                           "%d requests (prompts x n) in one call can never fit the queue of %d "
+                           "(--max-queued-requests)",
+                           total, maxq);
+        return 1;
+    }
+    return 0;
 }
 
 int server_check_model(struct server *s, const json_t *body, struct req_error *e) {
@@ -428,6 +447,7 @@ void route_model_info(struct server *s, struct http_request *r) {
 
 static void route_metrics(struct server *s, struct http_request *r) {
     http_server_responses(s->http, s->metrics.http_requests);
+    s->metrics.slow_clients = http_server_slow_clients(s->http);
     size_t n;
     char *text = metrics_render(&s->metrics, s->engine, s->model_name, &n);
     http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, n, NULL);
@@ -466,6 +486,22 @@ static int authorized(const struct server *s, const struct http_request *r) {
     h += 7;
     while (*h == ' ') h++;
     return http_secure_equal(h, strlen(h), key, strlen(key));
+}
+
+/* The API key, checked once the head is in: a client without it must not
+ * get to send (or make us read) a body of up to --max-body-bytes. */
+static int check_head(void *ctx, struct http_request *r) {
+    struct server *s = ctx;
+    size_t plen = strlen(r->path);
+    while (plen > 1 && r->path[plen - 1] == '/') plen--;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (strlen(routes[i].path) == plen && !strncmp(routes[i].path, r->path, plen) &&
+            !strcmp(routes[i].method, r->method) && routes[i].open)
+            return 0;
+    if (authorized(s, r)) return 0;
+    http_error_respond_headers(r, 401, "invalid_api_key", NULL, "WWW-Authenticate: Bearer\r\n",
+                               "missing or invalid API key: send 'Authorization: Bearer <key>'");
+    return 1;
 }
 
 static void on_trace_finish(void *arg, int status) { trace_req_end(arg, status); }
@@ -743,7 +779,9 @@ int server_run(struct engine *e, const struct server_options *o, struct kiln_err
         }
     }
     struct http_server_options ho = {.host = o->host, .port = o->port, .max_body_bytes = o->max_body_bytes,
-                                     .max_connections = max_conns, .idle_timeout_s = o->idle_timeout_s};
+                                     .max_connections = max_conns, .idle_timeout_s = o->idle_timeout_s,
+                                     .head_timeout_s = o->head_timeout_s, .body_timeout_s = o->body_timeout_s,
+                                     .on_head = check_head};
     if (http_server_create(&s->http, s->base, &ho, handle, s, err)) goto out;
     s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);

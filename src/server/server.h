@@ -27,7 +27,10 @@ struct server_options {
     const char *allowed_origins;   /* CORS: comma-separated origins, "*" any (default), "" none */
     size_t max_body_bytes;         /* default 32 MiB */
     int max_connections;           /* default 4096 */
-    int idle_timeout_s;            /* default 60 */
+    int idle_timeout_s;            /* keep-alive idle; default 60 */
+    int head_timeout_s;            /* a request's whole head; default 30 */
+    int body_timeout_s;            /* a request's whole body; default 300 */
+    int max_queued_requests;       /* the engine's (n x prompts above it: 400); 0 = unbounded */
     double shutdown_timeout_s;     /* default 5 */
     int log_requests;
     int tokenizer_workers;         /* threads tokenizing off the loop; 0 = on the loop (default 1) */

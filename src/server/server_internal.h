@@ -60,6 +60,10 @@ void server_reply_submit_error(struct http_request *r, const struct kiln_error *
  * /generate's sampling_params) leaves absent or null: they take the
  * model's defaults (engine_request.sampling_unset). */
 unsigned server_sampling_unset(const json_t *o);
+/* One HTTP request that needs `total` engine requests at once: answers 400
+ * and returns 1 when that many can never be queued (over 4096, or over
+ * --max-queued-requests, which a retry would not change). */
+int server_refuse_fanout(struct server *s, struct http_request *r, int total, const char *param);
 /* 'model' must be absent or name this server's model. */
 int server_check_model(struct server *s, const json_t *body, struct req_error *e);
 /* A response id: prefix + 24 hex digits. */

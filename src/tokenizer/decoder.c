@@ -147,7 +147,7 @@ void dec_run_reset(struct dec_run *r) {
         struct dec_stage *s = &r->stages[i];
         tok_buf_clear(&s->buf);
         tok_buf_clear(&s->bytes);
-        s->index = s->lead = s->held = 0;
+        s->index = s->lead = s->held = s->checked = 0;
         s->lead_done = s->open = s->invalid = 0;
     }
 }
@@ -246,31 +246,37 @@ static int byte_token(const char *s, size_t n) {
     return v;
 }
 
-/* State of a byte run: 1 valid, 0 a valid prefix so far, -1 invalid. */
-static int run_state(const struct tok_buf *b) {
-    const unsigned char *u = (const unsigned char *)b->data;
-    size_t i = 0;
-    while (i < b->len) {
+/* State of the byte run: 1 valid, 0 a valid prefix so far, -1 invalid.
+ * Only the bytes after the last whole character are looked at, so a run of
+ * n byte tokens costs O(n), not O(n^2). */
+static int run_state(struct dec_stage *st) {
+    const unsigned char *u = (const unsigned char *)st->bytes.data;
+    while (st->checked < st->bytes.len) {
         size_t el;
         int inc;
-        size_t k = utf8_next(u + i, b->len - i, &el, &inc);
+        size_t k = utf8_next(u + st->checked, st->bytes.len - st->checked, &el, &inc);
         if (!k) return inc ? 0 : -1;
-        i += k;
+        st->checked += k;
     }
     return 1;
+}
+
+static void run_clear(struct dec_stage *st) {
+    tok_buf_clear(&st->bytes);
+    st->checked = 0;
 }
 
 static void fallback_flush(struct dec_run *r, size_t i) {
     struct dec_stage *st = &r->stages[i];
     if (!st->invalid && st->bytes.len) {
-        if (run_state(&st->bytes) == 1) {
+        if (run_state(st) == 1) {
             emit_token(r, i + 1, st->bytes.data, st->bytes.len);
         } else {
             for (size_t k = 0; k < st->bytes.len; k++) emit_token(r, i + 1, REPLACEMENT_CHAR, 3);
         }
     }
     st->invalid = 0;
-    tok_buf_clear(&st->bytes);
+    run_clear(st);
 }
 
 static void fallback_token(struct dec_run *r, size_t i) {
@@ -288,9 +294,9 @@ static void fallback_token(struct dec_run *r, size_t i) {
     }
     char c = (char)b;
     tok_buf_append(&st->bytes, &c, 1);
-    if (run_state(&st->bytes) < 0) {
+    if (run_state(st) < 0) {
         for (size_t k = 0; k < st->bytes.len; k++) emit_token(r, i + 1, REPLACEMENT_CHAR, 3);
-        tok_buf_clear(&st->bytes);
+        run_clear(st);
         st->invalid = 1;
     }
 }

@@ -66,6 +66,7 @@ struct dec_stage {
     size_t index;         /* tokens seen (Metaspace, Join) */
     size_t lead;          /* Strip: leading chars removed so far */
     size_t held;          /* Strip: trailing chars held back */
+    size_t checked;       /* ByteFallback: bytes of the run known to be whole valid characters */
     int lead_done, open, invalid;
 };
 

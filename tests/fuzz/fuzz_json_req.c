@@ -1,7 +1,8 @@
 /* fuzz_json_req.c — arbitrary bytes as an API request body through the
  * validation the routes use (src/server/json_req.c): the body parse, the
  * sampling fields in all three dialects and the prompt forms (token ids; no
- * tokenizer). Anything accepted must be in range for the engine. */
+ * tokenizer). Anything accepted must be in range for the engine, and
+ * logit_bias keys must have been plain decimal token ids. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -33,8 +34,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int i = 0; i < p.r.n_stop_ids; i++) KILN_ASSERT(p.r.stop_ids[i] >= 0 && p.r.stop_ids[i] < VOCAB);
             for (int i = 0; i < p.r.sampling.n_logit_bias; i++)
                 KILN_ASSERT(p.r.sampling.logit_bias[i].id >= 0 && p.r.sampling.logit_bias[i].id < VOCAB);
+            /* logit_bias keys are decimal digits only (no sign, blank or prefix) */
+            const char *key;
+            json_t *bv;
+            json_t *lb = json_object_get(o, "logit_bias");
+            if (json_is_object(lb))
+                json_object_foreach(lb, key, bv) {
+                    KILN_ASSERT(*key);
+                    for (const char *c = key; *c; c++) KILN_ASSERT(*c >= '0' && *c <= '9');
+                }
         } else {
             KILN_ASSERT(e.msg[0]);
+            /* the body was valid UTF-8, so is the message quoting it, cut or not */
+            json_t *m = json_string(e.msg);
+            KILN_ASSERT(m);
+            json_decref(m);
         }
         gen_params_free(&p);
     }
