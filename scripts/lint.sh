@@ -10,7 +10,7 @@
 # Checks:
 #   diary      docs/ and the READMEs are product documentation: no accounts of
 #              past work (sessions, leases, branches as history, "we tried")
-#   refs       docs, READMEs and sources are self-contained: no "SEEDS" / "§"
+#   refs       docs, READMEs and sources are self-contained: no "SEEDS" / "§" (RFC sections excepted)
 #              references to planning documents, no ../shared paths
 #   links      markdown links and `repo/paths` in backticks name files that
 #              exist in the repository
@@ -65,7 +65,7 @@ scan() { # [-i] pattern files...
 check_refs() {
   local out
   # shellcheck disable=SC2086
-  out=$( { scan 'SEEDS\b|§|\bseeds/|\b[Ss]eeds? 0[0-9]{2}\b' $DOCS $SOURCES
+  out=$( { scan 'SEEDS\b|(?<!RFC \d{4} )(?<!RFC \d{3} )§|\bseeds/|\b[Ss]eeds? 0[0-9]{2}\b' $DOCS $SOURCES
            scan '\.\./shared\b' $DOCS $SOURCES; } | grep -v '^scripts/lint\.sh:' | sort -u)
   [ -z "$out" ] && return
   sed 's/^/lint[refs]: /; s/$/ (describe the capability; name files in the repository only)/' <<<"$out" >&2
