@@ -107,8 +107,8 @@ int knob_is_set(enum knob_id id);
 
 const char *knob_name(enum knob_id id);
 
-/* Writes "KILN_A=x KILN_B=y" (the knobs set in the environment, table
- * order) into buf; returns the number of knobs listed. */
+/* Writes "KILN_LOG=debug KILN_CUDA_PDL=0" (the knobs set in the
+ * environment, table order; cut to size) into buf; returns the number of knobs listed. */
 int knob_describe_set(char *buf, size_t size);
 
 /* Logs the knobs set in the environment as one INFO line (nothing when

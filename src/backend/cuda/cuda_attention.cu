@@ -944,7 +944,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
                                           p->v_stride, a.n_heads, a.group, a.scale_log2,
                                           b->n_seqs, b->page_size, b->positions, b->q_start,
                                           b->kv_page_start, b->kv_pages};
-            cuda_hopper_attn_prefill(&ha, b->n_tokens, c->fa_hopper == 2, c->stream);
+            cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
         } else
 #endif
         if (c->kv_bf16) {
