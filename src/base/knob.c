@@ -70,7 +70,7 @@ static const struct knob_def table[KNOB_COUNT] = {
                                 "the checkpoint's copy to the GPU overlaps the KV pool and warm-up "
                                 "(0: load first)")},
     [KNOB_CUDA_ATTN] = {"KILN_CUDA_ATTN",
-                        ENUM(KNOB_DEBUG, "auto", WORDS("auto", "scalar", "split", "split-decode"),
+                        ENUM(KNOB_DEBUG, "auto", WORDS("auto", "scalar", "split"),
                              "force one GPU attention kernel family (auto: by shape and cache type)")},
     [KNOB_CUDA_FA] = {"KILN_CUDA_FA",
                       ENUM(KNOB_DEBUG, "auto", WORDS("auto", "fa2", "fa3"),
@@ -174,6 +174,7 @@ static int g_parsed;
 static int g_status;
 static struct kiln_error g_err;
 static struct knob_val g_val[KNOB_COUNT];
+static struct knob_val g_def[KNOB_COUNT]; /* the defaults, parsed */
 
 static int word_index(const struct knob_def *k, const char *text) {
     for (int i = 0; k->words[i]; i++)
@@ -255,7 +256,7 @@ static void parse_all(void) {
         /* the default goes through the same parser: a bad table is a bug */
         struct knob_val d = {0};
         KILN_ASSERT_MSG(k->type == KNOB_STRING || parse_value(k, k->def, &d, NULL) == 0, k->name);
-        g_val[id] = d;
+        g_val[id] = g_def[id] = d;
         const char *e = getenv(k->name);
         if (!e || !*e) continue;
         struct knob_val v = {0};
@@ -319,12 +320,24 @@ const char *knob_name(enum knob_id id) {
     return table[id].name;
 }
 
+/* 1 when knob id is set to something else than its default. */
+static int differs(int id) {
+    pthread_mutex_lock(&g_lock);
+    if (!g_parsed) parse_all();
+    const struct knob_val *v = &g_val[id], *d = &g_def[id];
+    int diff = v->set && (table[id].type == KNOB_STRING ? strcmp(v->s, table[id].def) != 0
+                          : table[id].type == KNOB_FLOAT ? v->f != d->f
+                                                         : v->i != d->i);
+    pthread_mutex_unlock(&g_lock);
+    return diff;
+}
+
 int knob_describe_set(char *buf, size_t size) {
     size_t n = 0;
     int count = 0;
     if (size) buf[0] = 0;
     for (int id = 0; id < KNOB_COUNT; id++) {
-        if (!knob_is_set((enum knob_id)id)) continue;
+        if (!differs(id)) continue;
         const struct knob_def *k = &table[id];
         char val[64];
         const char *text = val;
@@ -344,7 +357,7 @@ int knob_describe_set(char *buf, size_t size) {
 
 void knob_log_set(void) {
     char line[1536];
-    if (knob_describe_set(line, sizeof line) > 0) log_info("knobs set: %s", line);
+    if (knob_describe_set(line, sizeof line) > 0) log_info("knobs not at their defaults: %s", line);
 }
 
 static const char *type_name(enum knob_type t) {
@@ -368,9 +381,9 @@ void knob_print_markdown(FILE *f) {
                "are parsed once, at start-up: a value that does not parse, is out of\n"
                "range or is not one of the allowed words stops the command (exit status\n"
                "2) with a message naming the variable; an empty value counts as unset.\n"
-               "`kiln serve`, `generate`, `verify` and `bench` log the variables that are\n"
-               "set in one INFO line at start-up. Booleans take 1, 0, true, false, on,\n"
-               "off, yes or no.\n");
+               "`kiln serve`, `generate`, `verify` and `bench` log the variables set to\n"
+               "other values than their defaults in one INFO line at start-up; `kiln\n"
+               "knobs` lists them. Booleans take 1, 0, true, false, on, off, yes or no.\n");
     for (int cls = KNOB_PUBLIC; cls <= KNOB_TEST; cls++) {
         fprintf(f, "\n%s\n| Variable | Type | Values | Default | Meaning |\n|---|---|---|---|---|\n",
                 heads[cls]);

@@ -107,12 +107,12 @@ int knob_is_set(enum knob_id id);
 
 const char *knob_name(enum knob_id id);
 
-/* Writes "KILN_LOG=debug KILN_CUDA_PDL=0" (the knobs set in the
- * environment, table order; cut to size) into buf; returns the number of knobs listed. */
+/* Writes "KILN_LOG=debug KILN_CUDA_PDL=0": the knobs the environment
+ * sets to other values than their defaults, in table order, cut to size;
+ * returns how many there are. */
 int knob_describe_set(char *buf, size_t size);
 
-/* Logs the knobs set in the environment as one INFO line (nothing when
- * none is set). */
+/* Logs knob_describe_set's list as one INFO line (none: nothing). */
 void knob_log_set(void);
 
 /* The table as a Markdown page (docs/knobs.md), or as one name a line. */

@@ -8,7 +8,8 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln knobs [--markdown | --names]\n\n"
-               "Checks the KILN_* environment variables and prints those that are set.\n"
+               "Checks the KILN_* environment variables and prints those set to other\n"
+               "values than their defaults.\n"
                "  --markdown  the table of every variable (docs/knobs.md)\n"
                "  --names     every variable's name, one a line\n");
 }
@@ -35,7 +36,7 @@ int cmd_knobs(int argc, char **argv) {
         return 2;
     }
     char line[4096];
-    if (knob_describe_set(line, sizeof line) == 0) printf("no KILN_* variable is set\n");
+    if (knob_describe_set(line, sizeof line) == 0) printf("every knob is at its default\n");
     else
         for (char *p = strtok(line, " "); p; p = strtok(NULL, " ")) printf("%s\n", p);
     return 0;

@@ -3,8 +3,8 @@
 # every KILN_* name in src/ and bench/ is a knob of the table, a macro the
 # sources or CMakeLists.txt define, or a header guard; only knob.c reads
 # KILN_* variables from the environment; a bad value stops a command with
-# exit status 2 and a message naming it; the knobs set are logged at
-# start-up; --device auto says why it took the CPU.
+# exit status 2 and a message naming it; the knobs not at their defaults
+# are logged at start-up; --device auto says why it took the CPU.
 set -u
 KILN="${KILN:?KILN must point at the kiln binary}"
 SRC="${KILN_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}"
@@ -58,11 +58,13 @@ out=$(KILN_CUDA_GEMV_MAX_ROWS=99 "$KILN" generate --model "$M" --ids 1 --max-tok
 [[ $rc == 2 && $out == *"KILN_CUDA_GEMV_MAX_ROWS='99': expected an integer from 0 to 8"* ]] &&
     ok "out-of-range integer, exit 2" || fail "KILN_CUDA_GEMV_MAX_ROWS=99: rc=$rc, stderr: $out"
 
-# 4. the knobs set are one INFO line at start-up; kiln knobs lists them
-out=$(KILN_CUDA_PDL=off KILN_LOG=info "$KILN" generate --model "$M" --ids 1 --max-tokens 1 2>&1 >/dev/null)
-grep -qE 'INFO\] knobs set: .*KILN_CUDA_PDL=0' <<<"$out" && ok "start-up line lists the knobs set" ||
-    fail "no 'knobs set' line with KILN_CUDA_PDL=0 in: $out"
-[[ $(env -i PATH="$PATH" "$KILN" knobs) == "no KILN_* variable is set" ]] && ok "kiln knobs, none set" ||
+# 4. the knobs not at their defaults are one INFO line at start-up; kiln
+# knobs lists them
+out=$(KILN_CUDA_PDL=off KILN_CUDA_FUSE=1 KILN_LOG=info "$KILN" generate --model "$M" --ids 1 --max-tokens 1 2>&1 >/dev/null)
+line=$(grep -E 'INFO\] knobs not at their defaults: ' <<<"$out")
+[[ $(wc -l <<<"$line") == 1 && $line == *KILN_CUDA_PDL=0* && $line != *KILN_CUDA_FUSE* && $line != *KILN_LOG* ]] &&
+    ok "start-up line lists the knobs not at their defaults" || fail "start-up line: $out"
+[[ $(env -i PATH="$PATH" "$KILN" knobs) == "every knob is at its default" ]] && ok "kiln knobs, none set" ||
     fail "kiln knobs with a clean environment: $(env -i PATH="$PATH" "$KILN" knobs)"
 [[ $(env -i PATH="$PATH" KILN_CUDA_KV=f32 KILN_LOG=warn "$KILN" knobs) == $'KILN_LOG=warn\nKILN_CUDA_KV=f32' ]] &&
     ok "kiln knobs lists the knobs set" || fail "kiln knobs: $(env -i KILN_CUDA_KV=f32 KILN_LOG=warn "$KILN" knobs)"

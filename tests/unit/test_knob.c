@@ -3,7 +3,7 @@
  * (not a number, trailing junk, out of range, overflow, a word not in the
  * list, a bad boolean, non-finite floats), defaults when unset or empty,
  * the first bad knob in table order being the one reported, and the
- * start-up line of the knobs that are set. */
+ * start-up line of the knobs not at their defaults. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -153,6 +153,7 @@ static void test_first_error_and_set_line(void **state) {
     unsetenv("KILN_CUDA_PDL");
     setenv("KILN_CUDA_KV", "bf16", 1);
     setenv("KILN_CUDA_GEMV_MAX_ROWS", "4", 1);
+    setenv("KILN_CUDA_PDL", "on", 1); /* its default: not listed */
     assert_int_equal(knob_reload(&err), 0);
     char line[256];
     assert_int_equal(knob_describe_set(line, sizeof line), 2);

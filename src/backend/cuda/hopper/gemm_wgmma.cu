@@ -541,8 +541,8 @@ static int operands_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                        long ldx, long n) {
     const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
     return c->wgmma && st && !c->deterministic && !c->split_act &&
-           (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= 1 && n <= BM && w->rows >= 1 && w->cols >= 8 &&
-           w->cols % 8 == 0 && ldx % 8 == 0 && ldx >= w->cols && w->rows <= INT32_MAX &&
+           (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= 1 && n <= BM && w->rows >= 1 &&
+           w->cols >= 8 && w->cols % 8 == 0 && ldx % 8 == 0 && ldx >= w->cols && w->rows <= INT32_MAX &&
            w->cols <= INT32_MAX && ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)x16 & 15) == 0;
 }
 
