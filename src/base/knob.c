@@ -147,12 +147,13 @@ static const struct knob_def table[KNOB_COUNT] = {
                             BOOL(KNOB_TEST, "0",
                                  "fuzz_tokenizer_encode: every input must round-trip exactly")},
     [KNOB_BENCH_ONLY] = {"KILN_BENCH_ONLY",
-                         BOOL(KNOB_TEST, "0", "scripts/gpu-check.sh: the benchmarks alone")},
+                         STR(KNOB_TEST, "", "scripts/gpu-check.sh: any value runs the benchmarks alone")},
     [KNOB_GPU_BUILD] = {"KILN_GPU_BUILD",
                         STR(KNOB_TEST, "build-gpu", "scripts/gpu-check.sh: the build folder")},
     [KNOB_GPU_FORCE_DEBS] = {"KILN_GPU_FORCE_DEBS",
-                             BOOL(KNOB_TEST, "0",
-                                  "scripts/gpu-check.sh: install the build's packages even when found")},
+                             STR(KNOB_TEST, "",
+                                 "scripts/gpu-check.sh: any value installs the build's packages even "
+                                 "when found")},
     [KNOB_CTEST_TIMEOUT] = {"KILN_CTEST_TIMEOUT",
                             INT(KNOB_TEST, "200", 1, INT_MAX,
                                 "scripts/gpu-check.sh: seconds for the GPU tests")},
@@ -395,8 +396,13 @@ void knob_print_markdown(FILE *f) {
             else if (k->type == KNOB_FLOAT) snprintf(values, sizeof values, "%g .. %g", k->flo, k->fhi);
             else if (k->type == KNOB_BOOL) snprintf(values, sizeof values, "0, 1");
             else if (k->type == KNOB_ENUM) list_words(k, values, sizeof values);
-            fprintf(f, "| `%s` | %s | %s | %s%s%s | %s |\n", k->name, type_name(k->type), values,
-                    *k->def ? "`" : "", *k->def ? k->def : "(none)", *k->def ? "`" : "", k->doc);
+            fprintf(f, "| `%s` | %s | %s | %s%s%s | ", k->name, type_name(k->type), values,
+                    *k->def ? "`" : "", *k->def ? k->def : "(none)", *k->def ? "`" : "");
+            for (const char *p = k->doc; *p; p++) { /* a | would end the cell */
+                if (*p == '|') fputc('\\', f);
+                fputc(*p, f);
+            }
+            fprintf(f, " |\n");
         }
     }
 }
