@@ -8,31 +8,25 @@
  * switch set, all reading the same weight copies):
  *   n = 1, 2 (the GEMV): default | KILN_CUDA_PDL=0 | KILN_CUDA_GEMV_KS=1, 2, 4
  *   n ≥ 4 (bf16 activations): cuBLASLt default heuristic (the default) |
- *     cublasGemmEx (KILN_CUDA_LT=0) | cuBLASLt tuned (KILN_CUDA_LT_TUNE=1) |
- *     the small-M tensor-core kernel up to 64 rows (KILN_CUDA_SMALLM=1,
- *     cuda_gemm_small.cu; off by default) | its K split forced to 1, 2, 4
- *     (KILN_CUDA_SMALLM_S) | the wgmma kernel (hopper/gemm_wgmma.cu; the
- *     default takes it for weights of 40 MiB or more, these variants for
- *     every size: KILN_CUDA_WGMMA_MIN_MB=0) at BN = 128 or 256
- *     (KILN_CUDA_WGMMA_BN); the cuBLAS variants set KILN_CUDA_WGMMA=0
+ *     cublasGemmEx (KILN_CUDA_LT=0) | the wgmma kernel (hopper/gemm_wgmma.cu;
+ *     the default takes it for weights of 40 MiB or more, this variant for
+ *     every size: KILN_CUDA_WGMMA_MIN_MB=0); the cuBLAS variants set
+ *     KILN_CUDA_WGMMA=0
  *
- *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm] [--wgmma]
+ *   bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--wgmma]
  * --quick: the default variant only. Other devices: the default only.
- * --smallm: n = 8, 16, 32, 64 (or --n), the four layer shapes, the
- *   default, cuBLASLt (KILN_CUDA_WGMMA=0), the small-M kernel and its split forced to 1 and 4
- *   only, shorter loops
- *   (3 rounds of ≥ 0.5 GB).
  * --wgmma: n = 8, 16, 32, 64 (or --n), the five shapes (lm_head too),
- *   cuBLASLt against the wgmma kernel (BN = 128, BN = 256), the
- *   same short loops; then the kernel alone ("kernel*": by shape, else
- *   BN and the K split forced), without the conversion pass, timed over
- *   graph replays (time_wgmma_kernel).
+ *   cuBLASLt against the wgmma kernel, shorter loops (3 rounds of ≥ 0.5
+ *   GB); then the kernel alone ("kernel*": by shape, else BN and the K
+ *   split forced), without the conversion pass, timed over graph replays
+ *   (time_wgmma_kernel).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "bench_util.h"
 #include "tensor/backend.h"
@@ -43,15 +37,15 @@
 
 enum { ROUNDS = 5, MAX_VARIANTS = 16 };
 
-static double round_bytes = 6e9; /* --smallm: 5e8, 3 rounds, ≥ 3 reps */
-static int min_reps = 50, rounds = ROUNDS, only; /* only: 1 --smallm, 2 --wgmma */
+static double round_bytes = 6e9; /* --wgmma: 5e8, 3 rounds, ≥ 3 reps */
+static int min_reps = 50, rounds = ROUNDS, only; /* only: 2 --wgmma */
 
 struct variant {
     const char *name;
     const char *env[3][2]; /* variable, value */
     int gemv;              /* 1: for n ≤ 2, 0: for n ≥ 4, 2: both */
     struct backend be;
-    int sets;              /* bit 0: one of --smallm's variants, bit 1: of --wgmma's */
+    int sets;              /* bit 1: one of --wgmma's variants */
     int ok;
 };
 
@@ -63,19 +57,9 @@ static struct variant variants[] = {
     {"KS=4", {{"KILN_CUDA_GEMV_KS", "4"}}, 1, {0}, 0, 0},
     {"old (no PDL, KS=1)", {{"KILN_CUDA_PDL", "0"}, {"KILN_CUDA_GEMV_KS", "1"}}, 1, {0}, 0, 0},
     {"GemmEx", {{"KILN_CUDA_LT", "0"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 0, 0},
-    {"Lt tuned", {{"KILN_CUDA_LT_TUNE", "1"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 0, 0},
-    {"smallm (SMALLM=1)", {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 1, 0},
-    {"smallm S=1",
-     {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "1"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 1, 0},
-    {"smallm S=2",
-     {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "2"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 0, 0},
-    {"smallm S=4",
-     {{"KILN_CUDA_SMALLM", "1"}, {"KILN_CUDA_SMALLM_S", "4"}, {"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 1, 0},
     {"cuBLASLt", {{"KILN_CUDA_WGMMA", "0"}}, 0, {0}, 3, 0},
     /* any weight size: the default threshold (40 MiB) would hand o_proj to cuBLAS */
-    {"wgmma", {{"KILN_CUDA_WGMMA", "1"}, {"KILN_CUDA_WGMMA_MIN_MB", "0"}}, 0, {0}, 2, 0}, /* BN = 128 */
-    {"wgmma BN=256",
-     {{"KILN_CUDA_WGMMA", "1"}, {"KILN_CUDA_WGMMA_MIN_MB", "0"}, {"KILN_CUDA_WGMMA_BN", "256"}}, 0, {0}, 2, 0},
+    {"wgmma", {{"KILN_CUDA_WGMMA", "1"}, {"KILN_CUDA_WGMMA_MIN_MB", "0"}}, 0, {0}, 2, 0},
 };
 static const int n_variants = sizeof variants / sizeof variants[0];
 
@@ -237,10 +221,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--cols")) cols = atol(v), i++;
         else if (!strcmp(a, "--n")) n = atol(v), i++;
         else if (!strcmp(a, "--quick")) quick = 1;
-        else if (!strcmp(a, "--smallm")) only = 1, round_bytes = 5e8, min_reps = 3, rounds = 3;
         else if (!strcmp(a, "--wgmma")) only = 2, round_bytes = 5e8, min_reps = 3, rounds = 3;
         else {
-            fprintf(stderr, "usage: bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--smallm] [--wgmma]\n");
+            fprintf(stderr, "usage: bench_gemv [--device cuda] [--rows N --cols N] [--n N] [--quick] [--wgmma]\n");
             return 2;
         }
     }
@@ -251,9 +234,11 @@ int main(int argc, char **argv) {
         struct variant *va = &variants[v];
         if ((quick && v) || (only && !(va->sets & only))) continue;
         for (int e = 0; e < 3 && va->env[e][0]; e++) setenv(va->env[e][0], va->env[e][1], 1);
+        knob_reload(NULL); /* knobs are read once; each variant is its own setting */
         int rc = backend_create(&va->be, device, &bo, &err) ||
                  va->be.ops->reserve(va->be.ctx, 512, 4096, 64, &err);
         for (int e = 0; e < 3 && va->env[e][0]; e++) unsetenv(va->env[e][0]);
+        knob_reload(NULL);
         if (rc) {
             fprintf(stderr, "bench_gemv (%s): %s\n", va->name, err.msg);
             if (v == 0) return 1;
@@ -273,7 +258,7 @@ int main(int argc, char **argv) {
     if (only) ns[0] = 8, ns[1] = 16, ns[2] = 32, ns[3] = 64, n_ns = 4;
     if (n) ns[0] = n, n_ns = 1;
     double sum = 0, bytes = 0;
-    for (int s = 0; s < (only == 1 ? 4 : 5); s++) {
+    for (int s = 0; s < 5; s++) {
         if (rows && (rows != shapes[s][0] || cols != shapes[s][1])) continue;
         double g = run_shape(base, shapes[s][0], shapes[s][1], ns, n_ns, bw, quick);
         double b = (double)shapes[s][0] * shapes[s][1] * 2;

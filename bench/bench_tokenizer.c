@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "kiln/tokenizer.h"
 
@@ -116,8 +117,13 @@ int main(int argc, char **argv) {
         names[n_names++] = "qwen3";
         names[n_names++] = "llama3";
     }
-    const char *fixtures = getenv("KILN_FIXTURES") ? getenv("KILN_FIXTURES") : "tests/fixtures";
-    const char *toks = getenv("KILN_TOKENIZERS") ? getenv("KILN_TOKENIZERS") : ".cache/tokenizers";
+    struct kiln_error kerr;
+    if (knob_init(&kerr)) {
+        fprintf(stderr, "bench_tokenizer: %s\n", kerr.msg);
+        return 2;
+    }
+    const char *fixtures = knob_str(KNOB_FIXTURES);
+    const char *toks = knob_str(KNOB_TOKENIZERS);
     struct corpus c = {0};
     struct kiln_error err;
     if (corpus_in) {

@@ -1,5 +1,7 @@
 #include "base/log.h"
 
+#include "base/knob.h"
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -8,7 +10,7 @@
 #include <time.h>
 
 /* The one process-wide setting in kiln: a log level is a property of the
- * process (its stderr), not of an engine. -1 = not read from KILN_LOG yet. */
+ * process (its stderr), not of an engine. -1 = not read from the knob KILN_LOG yet. */
 static _Atomic int g_level = -1;
 
 void log_set_level(enum log_level level) { atomic_store(&g_level, (int)level); }
@@ -16,13 +18,7 @@ void log_set_level(enum log_level level) { atomic_store(&g_level, (int)level); }
 static int current_level(void) {
     int l = atomic_load(&g_level);
     if (l >= 0) return l;
-    const char *e = getenv("KILN_LOG");
-    l = LOG_LEVEL_INFO;
-    if (e) {
-        if (!strcmp(e, "error")) l = LOG_LEVEL_ERROR;
-        else if (!strcmp(e, "warn")) l = LOG_LEVEL_WARN;
-        else if (!strcmp(e, "debug")) l = LOG_LEVEL_DEBUG;
-    }
+    l = knob_enum(KNOB_LOG); /* its words are in enum log_level's order */
     atomic_store(&g_level, l);
     return l;
 }

@@ -1,7 +1,7 @@
 /* log.h — leveled logging to stderr.
  *
- * The level comes from the environment variable KILN_LOG (error, warn, info,
- * debug; default info) the first time a message is logged, or from
+ * The level comes from the knob KILN_LOG (error, warn, info, debug;
+ * default info; base/knob.h) the first time a message is logged, or from
  * log_set_level(). Lines carry a wall-clock timestamp. Prompts and other user
  * data are never logged here unless the caller was asked to (--log-requests).
  */

@@ -17,5 +17,6 @@ int cmd_profile_report(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_knobs(int argc, char **argv);
 
 #endif

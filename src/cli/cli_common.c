@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/file.h"
+#include "base/knob.h"
 #include "base/mem.h"
 
 #ifndef KILN_SOURCE_DIR
@@ -13,8 +14,8 @@
 #endif
 
 const char *cli_default_model(void) {
-    const char *e = getenv("KILN_MODEL");
-    if (e && *e) return e;
+    const char *e = knob_str(KNOB_MODEL);
+    if (*e) return e;
     static const char *candidates[] = {KILN_SOURCE_DIR "/models/stories260K", "models/stories260K"};
     for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
         char *p = path_join(candidates[i], "config.json");

@@ -2,6 +2,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/error.h"
+#include "base/knob.h"
+#include "base/log.h"
 #include "cli/cli.h"
 
 struct subcommand {
@@ -19,6 +22,7 @@ static const struct subcommand subcommands[] = {
     {"tokenize", cmd_tokenize, "text (JSON string per line) to token ids"},
     {"detokenize", cmd_detokenize, "token ids (JSON array per line) to text"},
     {"profile-report", cmd_profile_report, "GPU time of traces by kernel category (HTML and CSV)"},
+    {"knobs", cmd_knobs, "the KILN_* environment variables (--markdown: all of them)"},
     {"help", NULL, "this list"},
 };
 
@@ -38,8 +42,20 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        if (subcommands[i].fn && !strcmp(argv[1], subcommands[i].name)) return subcommands[i].fn(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++) {
+        if (!subcommands[i].fn || strcmp(argv[1], subcommands[i].name)) continue;
+        /* a bad KILN_* value stops every command before it starts (kiln
+         * knobs reports it itself, and prints the table regardless) */
+        struct kiln_error err;
+        if (subcommands[i].fn != cmd_knobs && knob_init(&err)) {
+            fprintf(stderr, "kiln: %s\n", err.msg);
+            return 2;
+        }
+        static const char *const logs[] = {"serve", "generate", "verify", "bench"};
+        for (size_t j = 0; j < sizeof logs / sizeof logs[0]; j++)
+            if (!strcmp(argv[1], logs[j])) knob_log_set();
+        return subcommands[i].fn(argc - 1, argv + 1);
+    }
     fprintf(stderr, "kiln: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

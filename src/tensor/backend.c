@@ -6,6 +6,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
+#include "base/knob.h"
+#include "base/log.h"
 
 #ifdef KILN_HAVE_CUDA
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
@@ -13,18 +15,22 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
 #endif
 
 const char *backend_default_name(void) {
-    const char *d = getenv("KILN_DEVICE");
-    return d && *d ? d : "auto";
+    return knob_str(KNOB_DEVICE);
 }
 
 int backend_create(struct backend *be, const char *name, const struct backend_options *opt,
                    struct kiln_error *err) {
     be->ops = NULL;
     be->ctx = NULL;
+    /* the backends read knobs: a bad one fails here, named, not later */
+    if (knob_init(err)) return -1;
     if (!name || !strcmp(name, "auto")) {
 #ifdef KILN_HAVE_CUDA
-        struct kiln_error ignored;
-        if (cuda_backend_create(be, opt, &ignored) == 0) return 0;
+        struct kiln_error why;
+        if (cuda_backend_create(be, opt, &why) == 0) return 0;
+        log_info("device auto: %s; using the CPU", why.msg);
+#else
+        log_info("device auto: this kiln was built without CUDA; using the CPU");
 #endif
         return cpu_backend_create(be, opt, err);
     }

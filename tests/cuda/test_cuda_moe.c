@@ -37,6 +37,7 @@
 #include <cmocka.h>
 
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
@@ -193,6 +194,7 @@ int main(void) {
     struct backend_options bo = {0};
     if (backend_create(&cpu, "cpu", &bo, &err)) return 1;
     setenv("KILN_CUDA_MOE", "device", 1); /* opt-in (cuda_backend.c) */
+    knob_reload(NULL);
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) printf("test_cuda_moe: %s; the tests below fail\n", err.msg);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_route), cmocka_unit_test(test_moe_ffn_device),

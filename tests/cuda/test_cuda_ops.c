@@ -41,6 +41,7 @@
 #include <cmocka.h>
 
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
@@ -56,12 +57,6 @@ static struct backend gpu_kvf32; /* KILN_CUDA_KV=f32: the fp32 KV cache kernels 
 static struct backend gpu_nopdl; /* KILN_CUDA_PDL=0: ordinary launches, else as gpu */
 static struct backend gpu_old;   /* PDL, fusion, cuBLASLt off and GEMV K split 1: the old path */
 static struct backend gpu_ks4;   /* KILN_CUDA_GEMV_KS=4: every GEMV split over K in 4 */
-static struct backend gpu_tune;  /* KILN_CUDA_LT_TUNE=1: cuBLASLt algorithms timed per shape */
-/* the small-M tensor-core product (cuda_gemm_small.cu, KILN_CUDA_SMALLM=1)
- * with the default GEMV cut-over (2 rows): it serves 3..64 rows; K split
- * by shape, forced to 3 (KILN_CUDA_SMALLM_S=3), and off (KILN_CUDA_SMALLM=0:
- * cuBLAS) */
-static struct backend gpu_sm, gpu_sm_s3, gpu_sm_off;
 
 /* A KV cache on both backends: h holds fp32 for the CPU, d the same values
  * in the device backend's KV dtype (bf16 by default: rounded to nearest
@@ -346,9 +341,7 @@ static void check_matmul_on(struct backend *be, enum dtype dt, long n, long rows
     be->ops->matmul(be->ctx, y.d, ldy, x.d, ldx, &w.g, bias ? b.d : NULL, n);
     be->ops->synchronize(be->ctx);
     printf("  matmul %s n=%ld %ldx%ld bias=%d strided=%d%s\n", dtype_name(dt), n, rows, cols, bias,
-           strided, be == &gpu_split ? " bf16x2" : be == &gpu_det ? " deterministic"
-                     : be == &gpu_sm ? " smallm" : be == &gpu_sm_s3 ? " smallm S=3"
-                     : be == &gpu_sm_off ? " smallm off" : "");
+           strided, be == &gpu_split ? " bf16x2" : be == &gpu_det ? " deterministic" : "");
     expect_close(&y, n, rows, ldy, tol);
     pair_free(&x), pair_free(&y), pair_free(&b), weight_free(&w);
 }
@@ -399,43 +392,10 @@ static void test_matmul(void **state) {
     check_matmul_on(&gpu_ks4, DTYPE_BF16, 2, 4099, 2056, 0, 1, 1e-5);
     check_matmul_on(&gpu_ks4, DTYPE_F16, 8, 300, 64, 1, 0, 1e-5);
     check_matmul_on(&gpu_ks4, DTYPE_BF16, 5, 2050, 4104, 1, 1, 1e-5);
-    /* cublasGemmEx + bias kernel (KILN_CUDA_LT=0), and tuned cuBLASLt plans */
+    /* cublasGemmEx + bias kernel (KILN_CUDA_LT=0) */
     check_matmul_on(&gpu_old, DTYPE_BF16, 37, 1000, 512, 1, 0, 1e-2);
     check_matmul_on(&gpu_old, DTYPE_F16, 64, 256, 384, 1, 1, 3e-3);
     check_matmul_on(&gpu_old, DTYPE_BF16, 2, 8191, 1000, 1, 0, 1e-5);
-    check_matmul_on(&gpu_tune, DTYPE_BF16, 37, 1000, 512, 1, 0, 1e-2);
-    check_matmul_on(&gpu_tune, DTYPE_BF16, 130, 96, 200, 0, 1, 1e-2);
-    check_matmul_on(&gpu_tune, DTYPE_F16, 64, 256, 384, 1, 1, 3e-3);
-}
-
-/* The small-M product against the CPU: activations rounded to the
- * weights' 16-bit type and fp32 sums, as cuBLAS (same tolerances: 1e-2
- * bf16, 3e-3 f16; any indexing, fragment-layout or split bug gives errors
- * near 1). Odd M and every n8 tile count 1..8, N not a multiple of the 64
- * weight rows of a CTA, K of 1..64 k-steps, with and without bias,
- * strided x and y; the forced split of 3 gives uneven K ranges (and is
- * capped at the k-step count for K = 64, 128). */
-static void test_matmul_smallm(void **state) {
-    SKIP_WITHOUT_GPU();
-    static const long ms[] = {3, 5, 8, 9, 13, 16, 17, 24, 31, 32, 33, 40, 47, 48, 55, 63, 64};
-    static const long shapes[][2] = {{1000, 512}, {70, 1024}, {4099, 256}, {200, 64},
-                                     {257, 4096}, {1, 128}, {6144, 128}};
-    int nm = (int)(sizeof ms / sizeof ms[0]), ns = (int)(sizeof shapes / sizeof shapes[0]);
-    struct backend *bes[] = {&gpu_sm, &gpu_sm_s3};
-    for (int b = 0; b < 2; b++)
-        for (int i = 0; i < nm; i++) {
-            const long *sh = shapes[(i + b) % ns];
-            check_matmul_on(bes[b], DTYPE_BF16, ms[i], sh[0], sh[1], (i + b) & 1, (i >> 1) & 1, 1e-2);
-        }
-    for (int i = 0; i < nm; i += 3)
-        check_matmul_on(&gpu_sm, DTYPE_F16, ms[i], shapes[i % ns][0], shapes[i % ns][1], i & 1, 1,
-                        3e-3);
-    check_matmul_on(&gpu_sm_s3, DTYPE_F16, 29, 333, 192, 1, 1, 3e-3);
-    /* K not a multiple of 64: cuBLAS takes it */
-    check_matmul_on(&gpu_sm, DTYPE_BF16, 20, 300, 200, 1, 1, 1e-2);
-    /* above 64 rows: cuBLAS; and the switch off */
-    check_matmul_on(&gpu_sm, DTYPE_BF16, 65, 300, 256, 1, 0, 1e-2);
-    check_matmul_on(&gpu_sm_off, DTYPE_BF16, 33, 300, 256, 1, 1, 1e-2);
 }
 
 static float *fetch_pair(const struct backend *be, const struct pair *p) {
@@ -535,7 +495,6 @@ static void test_fused(void **state) {
     check_fused_on(&gpu_nopdl, 37, 640, 704, 1000, 1, 1, 1e-2);
     check_fused_on(&gpu_old, 1, 640, 704, 1000, 1, 1, 1e-5);
     check_fused_on(&gpu_old, 37, 640, 704, 1000, 1, 1, 1e-2);
-    check_fused_on(&gpu_tune, 37, 640, 704, 1000, 1, 1, 1e-2);
     /* deterministic: the plain sequence with cuda_matmul_det (bf16 operands) */
     check_fused_on(&gpu_det, 1, 640, 704, 1000, 1, 1, 1e-2);
     check_fused_on(&gpu_det, 37, 640, 704, 1000, 1, 1, 1e-2);
@@ -924,66 +883,50 @@ int main(void) {
     /* The GEMV serves up to 2 rows by default (measured faster than cuBLAS
      * only there); these tests exercise it up to 8 rows, its design limit. */
     setenv("KILN_CUDA_GEMV_MAX_ROWS", "8", 0);
+    knob_reload(NULL); /* knobs are read once; this test compares settings */
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) {
         printf("test_cuda_ops: %s; the tests below fail\n", err.msg);
     } else {
         setenv("KILN_CUDA_MATMUL", "bf16x2", 1);
+        knob_reload(NULL);
         if (backend_create(&gpu_split, "cuda", &bo, &err)) {
             fprintf(stderr, "cuda backend (bf16x2): %s\n", err.msg);
             return 1;
         }
         unsetenv("KILN_CUDA_MATMUL");
         setenv("KILN_CUDA_KV", "f32", 1);
+        knob_reload(NULL);
         if (backend_create(&gpu_kvf32, "cuda", &bo, &err)) {
             fprintf(stderr, "cuda backend (fp32 KV): %s\n", err.msg);
             return 1;
         }
         unsetenv("KILN_CUDA_KV");
+        knob_reload(NULL);
         struct backend_options bd = {.deterministic = 1};
         if (backend_create(&gpu_det, "cuda", &bd, &err)) {
             fprintf(stderr, "cuda backend (deterministic): %s\n", err.msg);
             return 1;
         }
         /* the product path's switches, one backend each */
-        static const char *const vars[4][4] = {
+        static const char *const vars[3][4] = {
             {"KILN_CUDA_PDL", NULL},
             {"KILN_CUDA_PDL", "KILN_CUDA_FUSE", "KILN_CUDA_LT", NULL},
             {NULL},
-            {NULL},
         };
-        struct backend *vb[4] = {&gpu_nopdl, &gpu_old, &gpu_ks4, &gpu_tune};
-        for (int i = 0; i < 4; i++) {
+        struct backend *vb[3] = {&gpu_nopdl, &gpu_old, &gpu_ks4};
+        for (int i = 0; i < 3; i++) {
             for (int j = 0; vars[i][j]; j++) setenv(vars[i][j], "0", 1);
             if (i == 1) setenv("KILN_CUDA_GEMV_KS", "1", 1);
             if (i == 2) setenv("KILN_CUDA_GEMV_KS", "4", 1);
-            if (i == 3) setenv("KILN_CUDA_LT_TUNE", "1", 1);
+            knob_reload(NULL);
             int rc = backend_create(vb[i], "cuda", &bo, &err);
             for (int j = 0; vars[i][j]; j++) unsetenv(vars[i][j]);
             unsetenv("KILN_CUDA_GEMV_KS");
-            unsetenv("KILN_CUDA_LT_TUNE");
+            knob_reload(NULL);
             if (rc) {
                 fprintf(stderr, "cuda backend (variant %d): %s\n", i, err.msg);
                 return 1;
-            }
-        }
-        {
-            struct backend *sb[3] = {&gpu_sm, &gpu_sm_s3, &gpu_sm_off};
-            for (int i = 0; i < 3; i++) {
-                setenv("KILN_CUDA_GEMV_MAX_ROWS", "2", 1);
-                setenv("KILN_CUDA_SMALLM", i == 2 ? "0" : "1", 1);
-                if (i == 1) setenv("KILN_CUDA_SMALLM_S", "3", 1);
-                setenv("KILN_CUDA_WGMMA", "0", 1); /* it would take these rows first */
-                int rc = backend_create(sb[i], "cuda", &bo, &err) ||
-                         sb[i]->ops->reserve(sb[i]->ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err);
-                unsetenv("KILN_CUDA_WGMMA");
-                unsetenv("KILN_CUDA_SMALLM_S");
-                unsetenv("KILN_CUDA_SMALLM");
-                setenv("KILN_CUDA_GEMV_MAX_ROWS", "8", 1);
-                if (rc) {
-                    fprintf(stderr, "cuda backend (small-M variant %d): %s\n", i, err.msg);
-                    return 1;
-                }
             }
         }
         if (cpu.ops->reserve(cpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
@@ -993,8 +936,7 @@ int main(void) {
             gpu_kvf32.ops->reserve(gpu_kvf32.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu_nopdl.ops->reserve(gpu_nopdl.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu_old.ops->reserve(gpu_old.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
-            gpu_ks4.ops->reserve(gpu_ks4.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
-            gpu_tune.ops->reserve(gpu_tune.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
+            gpu_ks4.ops->reserve(gpu_ks4.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
             fprintf(stderr, "reserve: %s\n", err.msg);
             return 1;
         }
@@ -1004,7 +946,6 @@ int main(void) {
         cmocka_unit_test(test_add_rmsnorm), cmocka_unit_test(test_rope),
         cmocka_unit_test(test_qk_rope_store),
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_matmul_smallm),
         cmocka_unit_test(test_attention),  cmocka_unit_test(test_attention_decode),
         cmocka_unit_test(test_attention_decode_invariance),
         cmocka_unit_test(test_attention_matmul),
@@ -1014,8 +955,7 @@ int main(void) {
     if (have_gpu)
         backend_destroy(&gpu), backend_destroy(&gpu_split), backend_destroy(&gpu_det),
             backend_destroy(&gpu_kvf32), backend_destroy(&gpu_nopdl), backend_destroy(&gpu_old),
-            backend_destroy(&gpu_ks4), backend_destroy(&gpu_tune), backend_destroy(&gpu_sm),
-            backend_destroy(&gpu_sm_s3), backend_destroy(&gpu_sm_off);
+            backend_destroy(&gpu_ks4);
     backend_destroy(&cpu);
     return rc;
 }

@@ -47,6 +47,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "model/model.h"
 #include "sample/sampling.h"
@@ -744,6 +745,7 @@ enum { E_REQS = 6 };
 /* Runs the request set on an engine; ids per request into out. */
 static void run_engine(int device_sampling, struct sink *out) {
     setenv("KILN_GPU_SAMPLE", device_sampling ? "1" : "0", 1);
+    knob_reload(NULL); /* knobs are read once; this test compares settings */
     struct engine_options o;
     engine_options_default(&o);
     const char *mdir = getenv("KILN_MODELS");
@@ -787,6 +789,7 @@ static void run_engine(int device_sampling, struct sink *out) {
     }
     engine_destroy(e);
     unsetenv("KILN_GPU_SAMPLE");
+    knob_reload(NULL);
 }
 
 static void test_engine(void **state) {

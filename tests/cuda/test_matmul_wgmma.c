@@ -55,6 +55,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
@@ -592,6 +593,7 @@ int main(void) {
     setenv("KILN_CUDA_GEMV_MAX_ROWS", "0", 1);
     setenv("KILN_CUDA_WGMMA", "1", 1);
     setenv("KILN_CUDA_WGMMA_MIN_MB", "0", 1);
+    knob_reload(NULL); /* knobs are read once; this test compares settings */
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) {
         printf("test_matmul_wgmma: %s; the tests below fail\n", err.msg);
@@ -613,17 +615,22 @@ int main(void) {
     }
     if (have_gpu) {
         setenv("KILN_CUDA_WGMMA", "0", 1);
+        knob_reload(NULL);
         int rc = backend_create(&gpu_off, "cuda", &bo, &err);
         setenv("KILN_CUDA_WGMMA", "1", 1);
+        knob_reload(NULL);
         struct backend_options bd = {.deterministic = 1};
         rc = rc || backend_create(&gpu_det, "cuda", &bd, &err);
         setenv("KILN_CUDA_WGMMA_GLU", "0", 1);
+        knob_reload(NULL);
         rc = rc || backend_create(&gpu_noglu, "cuda", &bo, &err);
         unsetenv("KILN_CUDA_WGMMA_GLU");
         setenv("KILN_CUDA_WGMMA_ROPE", "0", 1);
+        knob_reload(NULL);
         rc = rc || backend_create(&gpu_norope, "cuda", &bo, &err);
         unsetenv("KILN_CUDA_WGMMA_ROPE");
         unsetenv("KILN_CUDA_WGMMA_MIN_MB");
+        knob_reload(NULL);
         if (rc || backend_create(&gpu_thr, "cuda", &bo, &err)) {
             fprintf(stderr, "cuda backend: %s\n", err.msg);
             return 1;

@@ -48,6 +48,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "cache/kv_pool.h"
 #include "model/config.h"
@@ -124,6 +125,7 @@ static struct counts run(const char *device, const struct shape *sh, const struc
     struct backend_options bo = {0};
     char *saved = env_name && getenv(env_name) ? xstrdup(getenv(env_name)) : NULL;
     if (env_name) setenv(env_name, env_value, 1);
+    knob_reload(NULL); /* knobs are read once; this test compares settings */
     if (backend_create(&be, device, &bo, &err)) fail_msg("%s: %s", device, err.msg);
     struct model_config cfg;
     if (model_config_parse(&cfg, sh->config, strlen(sh->config), sh->name, &err)) fail_msg("%s", err.msg);
@@ -133,6 +135,7 @@ static struct counts run(const char *device, const struct shape *sh, const struc
     if (model_load_dummy(&m, &cfg, &be, &mo, &err)) fail_msg("%s: %s", sh->name, err.msg);
     if (saved) setenv(env_name, saved, 1), free(saved);
     else if (env_name) unsetenv(env_name);
+    knob_reload(NULL);
     struct kv_layer_layout layout[8];
     int nl = model_kv_layout(m, layout, 8);
     struct kv_pool kv;
@@ -280,6 +283,7 @@ static void test_qwen3_moe_graphs(void **state) { (void)state; NEED_GPU(); check
 int main(void) {
     struct kiln_error err = {0};
     setenv("KILN_CUDA_MOE", "device", 1); /* the MoE device path is opt-in (cuda_backend.c) */
+    knob_reload(NULL);
     struct backend be;
     struct backend_options bo = {0};
     have_gpu = backend_create(&be, "cuda", &bo, &err) == 0;

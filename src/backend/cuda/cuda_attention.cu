@@ -21,7 +21,7 @@
  *
  *  - split_kernel (fp32, CUDA cores) for decode rows (sequences with one new
  *    token) that cuda_attn_decode.cu does not take (fp32 cache, MLA, other
- *    head sizes, KILN_CUDA_ATTN=split-decode) and, as the generic fallback, for every row when the tensor-core
+ *    head sizes) and, as the generic fallback, for every row when the tensor-core
  *    kernel does not apply (MLA dk 576 / dv 512, odd head sizes, the bf16x2
  *    accuracy mode). One CTA per (row, KV head, block of NH query heads of
  *    that KV head's group, slot): K/V rows are read once for all NH heads.
@@ -944,7 +944,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
                                           p->v_stride, a.n_heads, a.group, a.scale_log2,
                                           b->n_seqs, b->page_size, b->positions, b->q_start,
                                           b->kv_page_start, b->kv_pages};
-            cuda_hopper_attn_prefill(&ha, b->n_tokens, c->fa_hopper == 2, c->stream);
+            cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
         } else
 #endif
         if (c->kv_bf16) {

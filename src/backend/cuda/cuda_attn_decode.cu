@@ -58,7 +58,7 @@
  * (dev/attention checks this bitwise; test_deterministic end to end).
  * Rows whose chunks do not fit in the scratch run unsplit.
  *
- * Programmatic dependent launch (cuda_pdl.cuh; cuda_ctx.pdl_attn): the
+ * Programmatic dependent launch (cuda_pdl.cuh): the
  * kernel triggers its dependents first thing, then does everything that
  * needs only the batch metadata — the row's q_start / position (len, the
  * chunk count, split or not), the page-table lookups of its first tile and,
@@ -102,8 +102,6 @@ struct ad_args {
     int max_chunks;     /* chunk states per (row, head) in `partial`; 0: no split */
     float *partial;     /* [rows][n_heads][max_chunks][D + 4]: acc[D], m, l */
     unsigned *counters; /* [rows · n_kv_heads · hblocks] arrivals, zero between launches */
-    int kv_evict_first; /* K/V loads marked L2 evict-first (read once a step; keeps what
-                           the L2 holds for the next kernel, e.g. prefetched weights) */
 };
 
 template <int D, int BN, int W>
@@ -145,10 +143,12 @@ static __device__ __forceinline__ void ad_cp_async16_hint(void *dst, const void 
                      ad_smem_u32(dst)),
                  "l"(src), "r"(valid ? 16 : 0), "l"(policy));
 }
-static __device__ __forceinline__ uint64_t ad_policy(bool evict_first) {
+/* K/V loads are marked L2 evict-first: read once a step, they should not
+ * push out what the L2 holds for the next kernel (activations, weight
+ * tiles); docs/cuda-decode.md. */
+static __device__ __forceinline__ uint64_t ad_policy(void) {
     uint64_t p;
-    if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
 static __device__ __forceinline__ void ad_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
@@ -237,7 +237,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
     const int fh = tid / C::TPH, fd = (tid % C::TPH) * EPT; /* fold: head, first dim */
     const __nv_bfloat16 *kbase = a.k + (long)g * D, *vbase = a.v + (long)g * D;
     __nv_bfloat16 *kt = tiles + warp * 2 * C::TILE, *vt = kt + C::TILE;
-    const uint64_t kv_policy = ad_policy(a.kv_evict_first != 0);
+    const uint64_t kv_policy = ad_policy();
 
     /* Slots of positions p0 + lane + 32·i (−1 past the end), looked up once
      * per tile and shuffled to the lanes that copy the row. */
@@ -524,7 +524,7 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
         if (slots >= 2) a.max_chunks = (int)cap;
         else slots = 1;
     }
-    pdl_launch_on(c, pdl_attn(c), ad_kernel<D, BN, W, O>, dim3((unsigned)units, (unsigned)slots),
+    pdl_launch(c, ad_kernel<D, BN, W, O>, dim3((unsigned)units, (unsigned)slots),
                   dim3(C::THREADS), C::SMEM, a);
 }
 
@@ -540,17 +540,17 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
  * KILN_CUDA_AD_W=2|4 forces it. */
 static int ad_warps_for(struct cuda_ctx *c, const struct ad_args &a, long rows) {
     if (c->ad_warps == 2 || c->ad_warps == 4) return c->ad_warps;
-    static int occ4 = 0; /* CTAs of 4 warps an SM: shared memory bound, the same for every O */
-    if (!occ4) {
+    if (!c->ad_occ4) { /* shared memory bound, the same for every O */
         using C = ad_cfg<128, AD_BN_D128, 4>;
+        int occ = 0;
         CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<128, AD_BN_D128, 4, float>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &occ4, ad_kernel<128, AD_BN_D128, 4, float>, C::THREADS, C::SMEM));
-        if (occ4 < 1) occ4 = 1;
+            &occ, ad_kernel<128, AD_BN_D128, 4, float>, C::THREADS, C::SMEM));
+        c->ad_occ4 = occ < 1 ? 1 : occ;
     }
     long units = rows * a.n_kv_heads * (long)a.hblocks;
-    return units > (long)occ4 * c->n_sm ? 2 : 4;
+    return units > (long)c->ad_occ4 * c->n_sm ? 2 : 4;
 }
 
 /* bn: positions per warp per chunk (32 or 64; the lab compares both);
@@ -567,7 +567,7 @@ static void ad_dispatch(struct cuda_ctx *c, void *out, enum dtype odt, long ldo,
                         (const __nv_bfloat16 *)v_cache, p->k_stride, p->v_stride, p->n_heads,
                         p->n_kv_heads, group, (group + AD_HB - 1) / AD_HB,
                         p->scale * 1.4426950408889634f, b->page_size, b->positions, b->q_start,
-                        b->kv_page_start, b->kv_pages, 0, NULL, NULL, c->kv_evict_first};
+                        b->kv_page_start, b->kv_pages, 0, NULL, NULL};
     long rows = b->n_seqs;
     const bool dflt = bn == (p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
     CUDA_ASSERT(odt == DTYPE_F32 || odt == DTYPE_BF16 || odt == DTYPE_F16);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 
 enum { CUBLAS_WORKSPACE_BYTES = 32 << 20 }; /* what cuBLAS recommends for Hopper */
@@ -202,11 +203,6 @@ static void cuda_destroy(void *ctx) {
     free(c);
 }
 
-static int env_is(const char *name, const char *value) {
-    const char *v = getenv(name);
-    return v && !strcmp(v, value);
-}
-
 static enum dtype cuda_kv_dtype(void *ctx) {
     return ((struct cuda_ctx *)ctx)->kv_bf16 ? DTYPE_BF16 : DTYPE_F32;
 }
@@ -308,90 +304,44 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     /* Plain fp32 products stay fp32 (no TF32): the F32-weight path is the
      * accurate one. */
     CUBLAS_CHECK(cublasSetMathMode(c->cublas, CUBLAS_DEFAULT_MATH));
-    /* Two knobs read once here (docs/cuda.md): KILN_CUDA_MATMUL=bf16x2 for
-     * fp32-grade products, KILN_CUDA_GEMV_MAX_ROWS for the GEMV cut-over. */
-    /* The GEMV wins only up to 2 rows: on an H100 a decode step of 4 or 8
-     * rows took 8.99 / 13.63 ms through it against 7.32 / 7.55 ms through
-     * cuBLAS (Llama-3.1-8B; Qwen3-0.6B 1.95 / 3.04 against 1.70 / 1.84;
-     * bench_warmup, docs/cuda.md). */
-    c->gemv_max_rows = 2;
-    const char *g = getenv("KILN_CUDA_GEMV_MAX_ROWS");
-    if (g) c->gemv_max_rows = atoi(g);
-    c->gemv_rows_per_warp = 4; /* KILN_CUDA_GEMV_R: 1, 2 or 4, for tuning */
-    const char *gr = getenv("KILN_CUDA_GEMV_R");
-    if (gr && (atoi(gr) == 1 || atoi(gr) == 2)) c->gemv_rows_per_warp = atoi(gr);
-    const char *mm = getenv("KILN_CUDA_MATMUL");
-    if (mm && !strcmp(mm, "bf16x2")) {
-        c->split_act = 1;
-    } else if (mm && *mm && strcmp(mm, "bf16")) {
-        kiln_errorf(err, "KILN_CUDA_MATMUL='%s': expected bf16 or bf16x2", mm);
-        goto fail;
-    }
-    const char *at = getenv("KILN_CUDA_ATTN");
-    if (at && !strcmp(at, "scalar")) {
-        c->attn_impl = CUDA_ATTN_SCALAR;
-    } else if (at && !strcmp(at, "split")) {
-        c->attn_impl = CUDA_ATTN_SPLIT;
-    } else if (at && !strcmp(at, "split-decode")) {
-        c->attn_impl = CUDA_ATTN_SPLIT_DECODE;
-    } else if (at && *at && strcmp(at, "auto")) {
-        kiln_errorf(err, "KILN_CUDA_ATTN='%s': expected auto, scalar, split or split-decode", at);
-        goto fail;
-    }
+    /* The knobs (base/knob.h, docs/knobs.md) are read here, once per
+     * backend, into the context; kernels never read the environment. */
+    /* The GEMV wins only up to 2 rows (the knob's default): on an H100 a
+     * decode step of 4 or 8 rows took 8.99 / 13.63 ms through it against
+     * 7.32 / 7.55 ms through cuBLAS (Llama-3.1-8B; Qwen3-0.6B 1.95 / 3.04
+     * against 1.70 / 1.84; bench_warmup, docs/cuda.md). */
+    c->gemv_max_rows = (int)knob_int(KNOB_CUDA_GEMV_MAX_ROWS);
+    c->split_act = knob_enum(KNOB_CUDA_MATMUL) == 1; /* bf16x2 */
+    static const int attn_impls[] = {CUDA_ATTN_AUTO, CUDA_ATTN_SCALAR, CUDA_ATTN_SPLIT};
+    c->attn_impl = attn_impls[knob_enum(KNOB_CUDA_ATTN)];
     c->deterministic = opt ? opt->deterministic : 0;
     /* KV element type: bf16 halves the cache's bytes (decode reads all of
      * it every step); fp32 for the fp32-grade bf16x2 mode or on request. */
-    const char *kv = getenv("KILN_CUDA_KV");
-    c->kv_bf16 = !c->split_act;
-    if (kv && !strcmp(kv, "f32")) {
-        c->kv_bf16 = 0;
-    } else if (kv && *kv && strcmp(kv, "bf16")) {
-        kiln_errorf(err, "KILN_CUDA_KV='%s': expected bf16 or f32", kv);
-        goto fail;
-    } else if (kv && !strcmp(kv, "bf16")) {
-        c->kv_bf16 = 1;
-    }
+    int kv = knob_enum(KNOB_CUDA_KV); /* auto, bf16, f32 */
+    c->kv_bf16 = kv == 0 ? !c->split_act : kv == 1;
     /* The product path's knobs (docs/cuda-decode.md): programmatic
      * dependent launch (Hopper on), the fused norm / SwiGLU handoffs, the
-     * GEMV's K split, cuBLASLt and its per-shape tuning. */
-    c->pdl = prop.major >= 9 && !env_is("KILN_CUDA_PDL", "0");
-    c->pdl_attn = c->pdl && !env_is("KILN_CUDA_PDL_ATTN", "0");
-    c->fuse = !env_is("KILN_CUDA_FUSE", "0");
-    c->attn16 = !env_is("KILN_CUDA_ATTN16", "0");
-    c->kv_evict_first = !env_is("KILN_CUDA_KV_EVICT", "0");
-    c->ad_warps = env_is("KILN_CUDA_AD_W", "2") ? 2 : env_is("KILN_CUDA_AD_W", "4") ? 4 : 0;
-    const char *ks = getenv("KILN_CUDA_GEMV_KS");
-    c->gemv_ks = ks ? atoi(ks) : 0;
-    c->use_lt = !env_is("KILN_CUDA_LT", "0");
-    c->lt_tune = env_is("KILN_CUDA_LT_TUNE", "1");
-    /* small-M tensor-core product (cuda_gemm_small.cu, docs/cuda-decode.md): off
-     * by default until it has been measured on a GPU (KILN_CUDA_SMALLM=1) */
-    c->smallm = env_is("KILN_CUDA_SMALLM", "1");
-    const char *smx = getenv("KILN_CUDA_SMALLM_MAX");
-    c->smallm_max_rows = smx ? atoi(smx) : 64;
-    const char *sms = getenv("KILN_CUDA_SMALLM_S");
-    c->smallm_splits = sms ? atoi(sms) : 0;
+     * GEMV's K split, cuBLASLt. */
+    c->pdl = prop.major >= 9 && knob_bool(KNOB_CUDA_PDL);
+    c->fuse = knob_bool(KNOB_CUDA_FUSE);
+    static const int gemv_ks[] = {0, 1, 2, 4}, ad_warps[] = {0, 2, 4};
+    c->gemv_ks = gemv_ks[knob_enum(KNOB_CUDA_GEMV_KS)];
+    c->ad_warps = ad_warps[knob_enum(KNOB_CUDA_AD_W)];
+    c->use_lt = knob_bool(KNOB_CUDA_LT);
+    c->upload_delay_ms = knob_int(KNOB_CUDA_UPLOAD_DELAY_MS);
     /* prefill attention kernel (KILN_CUDA_FA, docs/cuda.md): the wgmma one
      * on Hopper (sm_90a code runs on compute capability 9.0 only) */
-    const char *fa = getenv("KILN_CUDA_FA");
 #ifdef KILN_CUDA_HOPPER
     int hopper = prop.major == 9 && prop.minor == 0;
 #else
     int hopper = 0;
 #endif
-    c->fa_hopper = hopper;
-    if (fa && !strcmp(fa, "fa2")) {
-        c->fa_hopper = 0;
-    } else if (fa && (!strcmp(fa, "fa3") || !strcmp(fa, "fa3p"))) {
-        if (!hopper) {
-            kiln_errorf(err, "KILN_CUDA_FA=%s: needs an sm_90a build on a compute capability 9.0 GPU", fa);
-            goto fail;
-        }
-        c->fa_hopper = strcmp(fa, "fa3") ? 2 : 1;
-    } else if (fa && *fa && strcmp(fa, "auto")) {
-        kiln_errorf(err, "KILN_CUDA_FA='%s': expected auto, fa2, fa3 or fa3p", fa);
+    int fa = knob_enum(KNOB_CUDA_FA); /* auto, fa2, fa3 */
+    if (fa == 2 && !hopper) {
+        kiln_errorf(err, "KILN_CUDA_FA=fa3: needs an sm_90a build on a compute capability 9.0 GPU");
         goto fail;
     }
+    c->fa_hopper = fa == 0 ? hopper : fa == 2;
     cuda_matmul_init(c);
 #ifdef KILN_CUDA_HOPPER
     /* small-M wgmma + TMA product (hopper/gemm_wgmma.cu, docs/cuda-decode.md) for
@@ -400,26 +350,20 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
      * attention from 16 MiB: on by default there (Llama-3.1-8B at 64
      * sequences: 6.6 ms a step against 7.2 with it off); KILN_CUDA_WGMMA=0
      * turns it off */
-    c->wgmma = !env_is("KILN_CUDA_WGMMA", "0") && cuda_wgmma_init(c);
-    const char *wmin = getenv("KILN_CUDA_WGMMA_MIN"), *wmax = getenv("KILN_CUDA_WGMMA_MAX");
-    c->wgmma_min_rows = wmin ? atoi(wmin) : 1;
-    c->wgmma_max_rows = wmax ? atoi(wmax) : 64;
-    const char *wbn = getenv("KILN_CUDA_WGMMA_BN"), *wsp = getenv("KILN_CUDA_WGMMA_S");
-    c->wgmma_bn = wbn ? atoi(wbn) : 0;
-    c->wgmma_splits = wsp ? atoi(wsp) : 0;
-    c->wgmma_glu = !env_is("KILN_CUDA_WGMMA_GLU", "0");
-    c->wgmma_rope = !env_is("KILN_CUDA_WGMMA_ROPE", "0");
+    c->wgmma_min_bytes = knob_int(KNOB_CUDA_WGMMA_MIN_MB) << 20;
+    c->wgmma = knob_bool(KNOB_CUDA_WGMMA) && cuda_wgmma_init(c);
+    c->wgmma_glu = knob_bool(KNOB_CUDA_WGMMA_GLU);
+    c->wgmma_rope = knob_bool(KNOB_CUDA_WGMMA_ROPE);
 #endif
     /* KILN_CUDA_MOE=device: MoE batches of up to 256 tokens (every decode
      * graph bucket; KILN_CUDA_MOE_MAX sets the bound) sort their rows on
      * the device and MoE models decode from graphs. Opt-in until it has
      * run on a GPU (docs/cuda.md, "Mixture of experts"); by default every
      * batch takes the host sort */
-    const char *mmax = getenv("KILN_CUDA_MOE_MAX");
-    c->moe_device_max = !env_is("KILN_CUDA_MOE", "device") ? 0 : mmax ? atoi(mmax) : 256;
+    c->moe_device_max = knob_enum(KNOB_CUDA_MOE) == 1 ? (int)knob_int(KNOB_CUDA_MOE_MAX) : 0;
     be->ops = &cuda_ops;
     be->ctx = c;
-    if (env_is("KILN_CUDA_PROFILE", "1")) cuda_profile_install(be);
+    if (knob_bool(KNOB_CUDA_PROFILE)) cuda_profile_install(be);
     return 0;
 fail:
     cuda_destroy(c);

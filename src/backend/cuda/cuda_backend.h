@@ -21,8 +21,9 @@
  *   cuda_attn_decode.cu decode attention on the bf16 cache (tensor cores, fixed chunks)
  *   cuda_matmul_det.cu  row-invariant matmul for --deterministic
  *   cuda_moe.cu         expert routing and the expert MLPs
+ *   cuda_gemm_small.cu  the experts' grouped products on the device (mma.sync)
  *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
- *   hopper/gemm_wgmma.cu small-M product on wgmma + TMA (sm_90a; from 40 MiB of weight)
+ *   hopper/gemm_wgmma.cu small-M product on wgmma + TMA (sm_90a, cc 9.0)
  *
  * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
  * failure there is a broken invariant (bad launch, device fault) and aborts
@@ -107,8 +108,8 @@ struct cuda_ctx {
     long moe_device_calls;       /* moe_ffn calls that took the device path (host count, for tests) */
     /* weight uploads: pinned staging, the loader thread (cuda_upload.c) */
     struct cuda_uploader *up;
+    long upload_delay_ms;        /* test hook: a slow disk (KILN_CUDA_UPLOAD_DELAY_MS) */
     int gemv_max_rows;           /* matmuls of at most this many rows use the GEMV */
-    int gemv_rows_per_warp;      /* at most 1, 2 or 4 output rows per GEMV warp */
     int split_act;               /* 1: activations as bf16 hi + lo (two products) */
     /* graphs: scratch_gen counts moves of scratch memory (a graph captured
      * before a move points at freed memory and is stale); capturing is set
@@ -128,27 +129,18 @@ struct cuda_ctx {
                                     they run the plain sequence) */
     int gemv_ks;                 /* GEMV K split: 0 = by shape, or 1, 2, 4 (KILN_CUDA_GEMV_KS) */
     int use_lt;                  /* 1: 16-bit products through cuBLASLt (KILN_CUDA_LT=0: GemmEx) */
-    int lt_tune;                 /* 1: time cuBLASLt's candidates per shape (KILN_CUDA_LT_TUNE) */
     void *lt;                    /* cuBLASLt handle and plan cache (cuda_matmul.cu) */
     size_t cublas_ws_bytes;      /* size of cublas_ws */
     void *prof;                  /* per-operation timing (KILN_CUDA_PROFILE=1, cuda_profile.c) */
-    /* small-M tensor-core product (cuda_gemm_small.cu) */
-    int smallm;                  /* 1: 16-bit products of gemv_max_rows < n <= smallm_max_rows
-                                    rows use it (KILN_CUDA_SMALLM=1; default 0: cuBLAS) */
-    int smallm_max_rows;         /* at most 64 (KILN_CUDA_SMALLM_MAX) */
-    int smallm_splits;           /* 0: K split by shape, else forced (KILN_CUDA_SMALLM_S) */
     /* prefill attention on head size 128 and the bf16 cache: 0 the
      * FlashAttention-2-style kernel (cuda_attention.cu), 1 the wgmma kernel
-     * (hopper/attn_prefill.cu, default on compute capability 9.0 when built),
-     * 2 the same with the softmax / P·V overlap, measured slower
-     * (KILN_CUDA_FA=fa2|fa3|fa3p) */
+     * (hopper/attn_prefill.cu, default on compute capability 9.0 when built;
+     * KILN_CUDA_FA=fa2|fa3) */
     int fa_hopper;
     /* small-M wgmma product (hopper/gemm_wgmma.cu; Hopper builds, cc 9.0) */
-    int wgmma;                   /* 1: 16-bit products of wgmma_min_rows..wgmma_max_rows
-                                    rows use it (default on Hopper; KILN_CUDA_WGMMA=0: cuBLAS) */
-    int wgmma_min_rows, wgmma_max_rows; /* KILN_CUDA_WGMMA_MIN / _MAX (max at most 64) */
-    int wgmma_bn, wgmma_splits;  /* 0: by shape, else forced (KILN_CUDA_WGMMA_BN = 128 | 256,
-                                    KILN_CUDA_WGMMA_S = 1..8), for measurements */
+    int wgmma;                   /* 1: 16-bit products of 1..64 rows use it
+                                    (KILN_CUDA_WGMMA=0: cuBLAS) */
+    long wgmma_min_bytes;        /* smaller weights take cuBLAS (KILN_CUDA_WGMMA_MIN_MB) */
     int wgmma_glu;               /* 1: gate|up on it writes silu(g)·u in 16 bits from its
                                     epilogue, no SwiGLU kernel (KILN_CUDA_WGMMA_GLU=0: off) */
     int wgmma_rope;              /* 1: q|k|v on it rotates and stores K/V in its epilogue, no
@@ -156,19 +148,11 @@ struct cuda_ctx {
     long rope_fused;             /* products that did (host count, for tests) */
     long wgmma_calls;            /* products it ran (host count, for tests) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
-    /* 1 (with pdl): the decode step's other kernels use programmatic
-     * dependent launch too — q/k norm + rope + KV store, decode attention,
-     * embedding, sampling (KILN_CUDA_PDL_ATTN=0 launches them the ordinary
-     * way, as before, for comparisons; cuda_pdl.cuh) */
-    int pdl_attn;
-    /* decode attention + output projection (cuda_op_attention_matmul) */
-    int attn16;                  /* 1: decode attention writes the projection's 16-bit
-                                    operand, no conversion pass (KILN_CUDA_ATTN16=0: off) */
-    int kv_evict_first;          /* 1: decode attention's K/V loads are L2 evict-first
-                                    (KILN_CUDA_KV_EVICT=0: normal) */
     int ad_warps;                /* decode attention at head size 128: warps per CTA, 2 or 4
                                     (chunks of 32 positions per warp); 0: by the batch
                                     (KILN_CUDA_AD_W=2|4 forces) */
+    int ad_occ4;                 /* CTAs of its 4-warp kernel an SM (0: not asked yet) */
+    unsigned gemm_small_ready;   /* MoE product variants whose smem limit is set (cuda_gemm_small.cu) */
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
@@ -176,8 +160,6 @@ enum cuda_attn_impl {
     CUDA_ATTN_AUTO = 0, /* tensor-core prefill; decode: cuda_attn_decode on bf16, else split-KV */
     CUDA_ATTN_SCALAR,   /* the first kernel: one block per (token, head) */
     CUDA_ATTN_SPLIT,    /* the fp32 split-KV kernel for every row */
-    CUDA_ATTN_SPLIT_DECODE, /* tensor-core prefill, the fp32 split-KV kernel for decode rows
-                               (the decode path before cuda_attn_decode.cu; for comparisons) */
 };
 
 /* Makes sure s holds at least bytes (stream-ordered; contents are lost). */
@@ -324,14 +306,7 @@ const void *cuda_weight_upload_later(void *ctx, const void *const *hosts, const 
 void cuda_weights_finish(void *ctx);
 void cuda_uploader_destroy(struct cuda_ctx *c);
 
-/* The small-M tensor-core product (cuda_gemm_small.cu): whether it
- * serves w for n rows of x16 (row stride ldx, w's 16-bit type), and
- * y[n][w.rows] (stride ldy) = x16 · wᵀ (+ bias). */
-int cuda_gemm_small_ok(const struct cuda_ctx *c, const struct backend_weight *w, const void *x16,
-                       long ldx, long n);
-void cuda_gemm_small(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
-                     const struct backend_weight *w, const float *bias, long n);
-/* Its grouped mode (the MoE experts): rows sorted by expert, `tiles`
+/* The MoE experts' products (cuda_gemm_small.cu): rows sorted by expert, `tiles`
  * [max_tiles] of int4 (expert, first sorted row, rows <= tile_rows, -)
  * with *n_tiles of them valid (both on the device); sorted row p reads x16
  * row p, or row order[p] / top_k where order is not NULL. Without w_b,
@@ -363,7 +338,7 @@ void cuda_wgmma_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, lon
                     const struct backend_weight *w, const float *bias, long n, int bn, int splits);
 /* The output projection after the decode attention (attention_matmul):
  * runs it on the kernel from a smaller weight size than cuda_wgmma (16
- * MiB, KILN_CUDA_WGMMA_OPROJ_MB); 0 when it does not apply (nothing run). */
+ * MiB); 0 when it does not apply (nothing run). */
 int cuda_wgmma_attn_out(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                         const struct backend_weight *w, const float *bias, long n);
 /* SwiGLU in the product's epilogue: y16[n][inter] (16-bit, row stride

@@ -1,6 +1,6 @@
 /* cuda_embed.cu — embedding lookup: each block copies one token's row of
- * the table, widened to fp32 (exact). Programmatic dependent launch with
- * cuda_ctx.pdl_attn (cuda_pdl.cuh): it follows the step's upload (a copy,
+ * the table, widened to fp32 (exact). Programmatic dependent launch
+ * (cuda_pdl.cuh): it follows the step's upload (a copy,
  * so it starts as before), but triggers early, so the first norm's launch
  * overlaps it. */
 #include "backend/cuda/cuda_pdl.cuh"
@@ -64,10 +64,10 @@ extern "C" void cuda_op_embed(void *ctx, float *y, const struct backend_weight *
         ((uintptr_t)y & 15) == 0) {
         int threads = (int)((table->cols / 8 + 31) / 32 * 32);
         if (threads > 1024) threads = 1024;
-        pdl_launch_on(c, pdl_attn(c), embed_kernel<true>, dim3(grid_for(n, 1)), dim3(threads), 0, y,
+        pdl_launch(c, embed_kernel<true>, dim3(grid_for(n, 1)), dim3(threads), 0, y,
                       (const void *)table->data, (int)table->dtype, table->rows, table->cols, ids, n);
         return;
     }
-    pdl_launch_on(c, pdl_attn(c), embed_kernel<false>, dim3(grid_for(n, 1)), dim3(256), 0, y,
+    pdl_launch(c, embed_kernel<false>, dim3(grid_for(n, 1)), dim3(256), 0, y,
                   (const void *)table->data, (int)table->dtype, table->rows, table->cols, ids, n);
 }

@@ -1,11 +1,12 @@
-/* cuda_gemm_small.cu — y[m][n] = x16[m][:] · w[n][:] (+ bias[n]) for a
- * few activation rows (batched decode, 3..64 rows), 16-bit weights W[N][K]
- * and 16-bit activations X[M][K] (bf16 or f16, the weights' type), fp32
- * accumulation and output (row stride ldy).
+/* cuda_gemm_small.cu — the expert products of a MoE layer on the device
+ * (cuda_moe.cu): y[m][n] = x16[m][:] · w_e[n][:] for each expert e's rows,
+ * 16-bit weights W_e[N][K] and activations (bf16 or f16, the weights'
+ * type), fp32 accumulation.
  *
- * Why: at 16..64 rows the product is still bound by reading W once, but
- * cuBLAS(Lt) picks tiles made for large M and reaches 46..83% of the
- * copy bandwidth on Llama-3.1-8B's shapes (docs/cuda-decode.md, "Products").
+ * Why: a decode step gives each expert a few rows, where the product is
+ * bound by reading W_e once; one launch covers every expert, with the
+ * rows' grouping built on the device, so nothing goes through the host
+ * (graph-capturable).
  *
  * Design (bandwidth first):
  *  - The weight is the mma's row operand: out^T[n][m] = W[n][:] · X[m][:],
@@ -24,31 +25,22 @@
  *  - Rows past M (activations) or past N (weights) are loaded clamped to
  *    the last valid row (valid memory, no branch in the copy) and their
  *    results are never stored.
- *  - Grid (N tiles, S): when N / 64 tiles would leave the SMs short, K is
- *    split into S contiguous ranges of whole k-steps (S chosen from the
- *    shape on the host: a wave count × steps cost plus the partials'
- *    traffic). Each split writes fp32 partials [S][M][N] into the cuBLAS
- *    workspace (stream-ordered, so never in use by cuBLAS meanwhile) and a
- *    second kernel adds them in split order plus the bias: the result does
- *    not depend on scheduling. With S = 1 the product kernel stores y (and
- *    the bias) itself.
+ *  - The rows come sorted by expert with a device tile list (expert, first
+ *    row, rows) built on the device; CTA (x, t) runs N tile x of tile t
+ *    with that expert's weight, and CTAs past the list's device count
+ *    return at once, so the grid is sized by a bound. No K split.
+ *  - With `glu`, the CTA's 64 weight rows are 32 rows of the expert's gate
+ *    and the same 32 of its up (warps 0-1 and 2-3), and the epilogue writes
+ *    silu(g)·u in 16 bits: the down product's operand.
  *  - Programmatic dependent launch (cuda_pdl.cuh): the weight tiles of the
  *    first STAGES-1 steps are issued before pdl_wait (weights are never
  *    written by kernels), the activations after it.
- * Requirements (cuda_gemm_small_ok): K % 64 == 0, 16-byte aligned W, X
- * and X's row stride; anything else takes cuBLAS.
- *
- * Grouped mode (cuda_gemm_small_grouped: the expert MLPs of a MoE layer,
- * cuda_moe.cu): the rows come sorted by expert with a device tile list
- * (expert, first row, rows) built on the device; CTA (x, t) runs N tile x
- * of tile t with that expert's weight, and CTAs past the list's device
- * count return at once, so the grid is sized by a bound and nothing goes
- * through the host (graph-capturable). No K split. With `glu`, the CTA's
- * 64 weight rows are 32 rows of the expert's gate and the same 32 of its
- * up (warps 0-1 and 2-3), and the epilogue writes silu(g)·u in 16 bits:
- * the down product's operand. */
+ * Requirements (cuda_gemm_small_grouped_ok): K % 64 == 0, 16-byte aligned
+ * weights, activations and row stride. */
 #include <math.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "backend/cuda/cuda_pdl.cuh"
 
@@ -59,7 +51,6 @@ constexpr int BN = 16 * WARPS; /* weight rows per CTA */
 constexpr int BK = 64;         /* columns per k-step: 128-byte smem rows */
 constexpr int STAGES = 4;
 constexpr int THREADS = 32 * WARPS;
-constexpr int MAX_M = 64;
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -116,20 +107,19 @@ struct grouped {
     int top_k;
 };
 
-enum { MODE_DENSE = 0, MODE_GROUPED, MODE_GLU };
+enum { MODE_GROUPED, MODE_GLU };
 
 __device__ __forceinline__ void store16(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store16(__half *p, float v) { *p = __float2half_rn(v); }
 
 /* MT: n8 tiles of activation rows (M <= 8·MT); MTE: MT rounded up to even
  * (ldmatrix.x4 reads two tiles at a time; the odd one's partner is loaded
- * too, clamped, and its products are skipped). MODE: dense, grouped, or
- * grouped with the SwiGLU epilogue (y is then T [rows][N] with N the
- * experts' inner size). */
+ * too, clamped, and its products are skipped). MODE: grouped (y fp32), or
+ * with the SwiGLU epilogue (y is then T [rows][N] with N the experts'
+ * inner size). */
 template <typename T, int MT, int MODE>
 __global__ void __launch_bounds__(THREADS)
-gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long ldx,
-                  const T *__restrict__ w, const float *bias, int M, int N, int K, int S,
+gemm_small_kernel(float *y, long ldy, const T *__restrict__ x, long ldx, int N, int K,
                   struct grouped g) {
     constexpr int MTE = (MT + 1) & ~1;
     constexpr int A_ROWS = MTE * 8;
@@ -138,24 +128,20 @@ gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long
     extern __shared__ __align__(128) unsigned char smem[];
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int n0 = blockIdx.x * BN, split = blockIdx.y;
+    int n0 = blockIdx.x * BN;
     const T *w_b = NULL;
     int a_row0 = 0;
-    if (MODE != MODE_DENSE) {
-        /* the tile list is written by the kernel before: wait before reading it */
-        pdl_wait();
-        if ((int)blockIdx.y >= *g.n_tiles) return;
-        const int4 t = g.tiles[blockIdx.y];
-        w = (const T *)g.w_a[t.x];
-        if (MODE == MODE_GLU) w_b = (const T *)g.w_b[t.x], n0 = blockIdx.x * (BN / 2);
-        if (g.order) a_row0 = t.y;
-        else x += (long)t.y * ldx;
-        y = (float *)((char *)y + (long)t.y * ldy * (MODE == MODE_GLU ? sizeof(T) : sizeof(float)));
-        M = t.z;
-        split = 0;
-    }
-    const int nk = K / BK;
-    const int k0 = (int)((long)split * nk / S), k1 = (int)((long)(split + 1) * nk / S);
+    /* the tile list is written by the kernel before: wait before reading it */
+    pdl_wait();
+    if ((int)blockIdx.y >= *g.n_tiles) return;
+    const int4 t = g.tiles[blockIdx.y];
+    const T *w = (const T *)g.w_a[t.x];
+    if (MODE == MODE_GLU) w_b = (const T *)g.w_b[t.x], n0 = blockIdx.x * (BN / 2);
+    if (g.order) a_row0 = t.y;
+    else x += (long)t.y * ldx;
+    y = (float *)((char *)y + (long)t.y * ldy * (MODE == MODE_GLU ? sizeof(T) : sizeof(float)));
+    const int M = t.z;
+    const int k0 = 0, k1 = K / BK;
     const uint32_t sbase = smem_u32(smem);
 
     auto load_w = [&](int stage, int ks) {
@@ -180,7 +166,7 @@ gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long
 #pragma unroll
     for (int i = 0; i < AI; i++) {
         int gr = min((tid + i * THREADS) >> 3, M - 1);
-        if (MODE != MODE_DENSE && g.order) arow[i] = x + (long)(g.order[a_row0 + gr] / g.top_k) * ldx;
+        if (g.order) arow[i] = x + (long)(g.order[a_row0 + gr] / g.top_k) * ldx;
         else arow[i] = x + (long)gr * ldx;
     }
     auto load_a = [&](int stage, int ks) {
@@ -275,37 +261,18 @@ gemm_small_kernel(float *y, long ldy, float *part, const T *__restrict__ x, long
         return;
     }
     const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
-    float *out = S > 1 ? part + (long)split * M * N : y;
-    const long ld = S > 1 ? (long)N : ldy;
-    const float bA = (S == 1 && bias && nA < N) ? bias[nA] : 0.0f;
-    const float bB = (S == 1 && bias && nB < N) ? bias[nB] : 0.0f;
+    /* + 0.0f turns a -0 sum into +0, as the products have always stored */
 #pragma unroll
     for (int j = 0; j < MT; j++) {
         int m = j * 8 + 2 * (lane & 3);
         if (m < M) {
-            if (nA < N) out[(long)m * ld + nA] = acc[j][0] + bA;
-            if (nB < N) out[(long)m * ld + nB] = acc[j][2] + bB;
+            if (nA < N) y[(long)m * ldy + nA] = acc[j][0] + 0.0f;
+            if (nB < N) y[(long)m * ldy + nB] = acc[j][2] + 0.0f;
         }
         if (m + 1 < M) {
-            if (nA < N) out[(long)(m + 1) * ld + nA] = acc[j][1] + bA;
-            if (nB < N) out[(long)(m + 1) * ld + nB] = acc[j][3] + bB;
+            if (nA < N) y[(long)(m + 1) * ldy + nA] = acc[j][1] + 0.0f;
+            if (nB < N) y[(long)(m + 1) * ldy + nB] = acc[j][3] + 0.0f;
         }
-    }
-}
-
-/* y[m][n] = Σ_s part[s][m][n] (s in order) + bias[n] */
-__global__ void gemm_small_reduce(float *y, long ldy, const float *part, const float *bias, int M,
-                                  int N, int S) {
-    pdl_trigger();
-    pdl_wait();
-    long total = (long)M * N;
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long)gridDim.x * blockDim.x) {
-        long m = i / N, n = i % N;
-        float s = part[i];
-        for (int k = 1; k < S; k++) s += part[(long)k * total + i];
-        if (bias) s += bias[n];
-        y[m * ldy + n] = s;
     }
 }
 
@@ -313,100 +280,29 @@ template <typename T, int MT> constexpr size_t smem_bytes() {
     return (size_t)STAGES * (BN * BK * 2 + ((MT + 1) & ~1) * 8 * BK * 2);
 }
 
-/* CTAs of the product kernel resident per SM, found once per variant
- * (also sets its shared-memory limit). */
-template <typename T, int MT, int MODE = MODE_DENSE> int setup() {
-    static int per_sm = 0;
-    if (!per_sm) {
-        size_t sm = smem_bytes<T, MT>();
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_small_kernel<T, MT, MODE>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        int b = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemm_small_kernel<T, MT, MODE>,
-                                                                 THREADS, sm));
-        per_sm = b > 0 ? b : 1;
-    }
-    return per_sm;
-}
-
-/* K split: the S in 1..8 with the least estimated cost, in units of one
- * CTA k-step at full occupancy: waves × steps per split (a last partial
- * wave counts at least half: its CTAs share the bandwidth a full wave
- * would, but run at fewer bytes in flight), plus the partials' write and
- * read (1.5·S·M·N·4 bytes: they mostly stay in L2) over a wave's bytes.
- * KILN_CUDA_SMALLM_S forces S (for measurements). */
-int choose_splits(const struct cuda_ctx *c, long tiles, int nk, int slots, long M, long N) {
-    if (c->smallm_splits > 0) {
-        int s = c->smallm_splits < nk ? c->smallm_splits : nk;
-        while (s > 1 && (size_t)s * M * N * 4 > c->cublas_ws_bytes) s--;
-        return s;
-    }
-    int best = 1;
-    double best_cost = 1e30;
-    for (int s = 1; s <= 8 && s <= nk; s++) {
-        if (s > 1 && (size_t)s * M * N * 4 > c->cublas_ws_bytes) break;
-        double q = (double)(tiles * s) / slots, waves;
-        if (q <= 1.0) waves = 1.0;
-        else {
-            double f = q - floor(q);
-            waves = floor(q) + (f > 0 ? fmax(f, 0.5) : 0.0);
-        }
-        double cost = waves * (double)((nk + s - 1) / s);
-        if (s > 1) cost += 1.5 * s * M * N * 4 / ((double)BN * BK * 2 * slots);
-        if (cost < best_cost - 1e-9) best_cost = cost, best = s;
-    }
-    return best;
-}
-
-template <typename T, int MT>
-void launch(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
-            const struct backend_weight *w, const float *bias, long n) {
-    int per_sm = setup<T, MT>();
-    long N = w->rows, K = w->cols;
-    long tiles = (N + BN - 1) / BN;
-    int nk = (int)(K / BK);
-    int S = choose_splits(c, tiles, nk, per_sm * c->n_sm, n, N);
-    float *part = (float *)c->cublas_ws;
-    pdl_launch(c, gemm_small_kernel<T, MT, MODE_DENSE>, dim3((unsigned)tiles, (unsigned)S),
-               dim3(THREADS), smem_bytes<T, MT>(), y, ldy, part, (const T *)x16, ldx,
-               (const T *)w->data, bias, (int)n, (int)N, (int)K, S, grouped{});
-    if (S > 1) {
-        long total = n * N;
-        int blocks = (int)((total + 255) / 256);
-        if (blocks > 4 * c->n_sm) blocks = 4 * c->n_sm;
-        pdl_launch(c, gemm_small_reduce, dim3(blocks), dim3(256), 0, y, ldy, (const float *)part,
-                   bias, (int)n, (int)N, S);
-    }
-}
-
-template <typename T>
-void dispatch(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
-              const struct backend_weight *w, const float *bias, long n) {
-    switch ((n + 7) / 8) {
-    case 1: return launch<T, 1>(c, y, ldy, x16, ldx, w, bias, n);
-    case 2: return launch<T, 2>(c, y, ldy, x16, ldx, w, bias, n);
-    case 3: return launch<T, 3>(c, y, ldy, x16, ldx, w, bias, n);
-    case 4: return launch<T, 4>(c, y, ldy, x16, ldx, w, bias, n);
-    case 5: return launch<T, 5>(c, y, ldy, x16, ldx, w, bias, n);
-    case 6: return launch<T, 6>(c, y, ldy, x16, ldx, w, bias, n);
-    case 7: return launch<T, 7>(c, y, ldy, x16, ldx, w, bias, n);
-    default: return launch<T, 8>(c, y, ldy, x16, ldx, w, bias, n);
-    }
+/* Sets the kernel variant's shared-memory limit, once per variant and
+ * device (the attribute is per device: a bit of cuda_ctx.gemm_small_ready). */
+template <typename T, int MT, int MODE> void setup(struct cuda_ctx *c) {
+    const unsigned bit = 1u << ((std::is_same<T, __half>::value ? 4 : 0) + (MT == 2 ? 0 : 2) + MODE);
+    if (c->gemm_small_ready & bit) return;
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_small_kernel<T, MT, MODE>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes<T, MT>()));
+    c->gemm_small_ready |= bit;
 }
 
 template <typename T, int MT>
 void launch_grouped(struct cuda_ctx *c, void *y, long ldy, const void *x16, long ldx,
                     const struct grouped &g, long max_tiles, long N, long K) {
     if (g.w_b) {
-        setup<T, MT, MODE_GLU>();
+        setup<T, MT, MODE_GLU>(c);
         pdl_launch(c, gemm_small_kernel<T, MT, MODE_GLU>, dim3((unsigned)((N + BN / 2 - 1) / (BN / 2)), (unsigned)max_tiles),
-                   dim3(THREADS), smem_bytes<T, MT>(), (float *)y, ldy, (float *)NULL, (const T *)x16, ldx,
-                   (const T *)NULL, (const float *)NULL, 0, (int)N, (int)K, 1, g);
+                   dim3(THREADS), smem_bytes<T, MT>(), (float *)y, ldy, (const T *)x16, ldx, (int)N,
+                   (int)K, g);
     } else {
-        setup<T, MT, MODE_GROUPED>();
+        setup<T, MT, MODE_GROUPED>(c);
         pdl_launch(c, gemm_small_kernel<T, MT, MODE_GROUPED>, dim3((unsigned)((N + BN - 1) / BN), (unsigned)max_tiles),
-                   dim3(THREADS), smem_bytes<T, MT>(), (float *)y, ldy, (float *)NULL, (const T *)x16, ldx,
-                   (const T *)NULL, (const float *)NULL, 0, (int)N, (int)K, 1, g);
+                   dim3(THREADS), smem_bytes<T, MT>(), (float *)y, ldy, (const T *)x16, ldx, (int)N,
+                   (int)K, g);
     }
 }
 
@@ -431,18 +327,4 @@ extern "C" void cuda_gemm_small_grouped(struct cuda_ctx *c, enum dtype dt, int t
     if (max_tiles <= 0) return;
     if (dt == DTYPE_BF16) dispatch_grouped<__nv_bfloat16>(c, tile_rows, y, ldy, x16, ldx, g, max_tiles, N, K);
     else dispatch_grouped<__half>(c, tile_rows, y, ldy, x16, ldx, g, max_tiles, N, K);
-}
-
-extern "C" int cuda_gemm_small_ok(const struct cuda_ctx *c, const struct backend_weight *w,
-                                  const void *x16, long ldx, long n) {
-    return c->smallm && (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= 1 &&
-           n <= MAX_M && n <= c->smallm_max_rows && w->cols % BK == 0 && w->rows >= 1 &&
-           w->rows <= INT32_MAX && w->cols <= INT32_MAX && ldx % 8 == 0 &&
-           ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)x16 & 15) == 0;
-}
-
-extern "C" void cuda_gemm_small(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
-                                const struct backend_weight *w, const float *bias, long n) {
-    if (w->dtype == DTYPE_BF16) dispatch<__nv_bfloat16>(c, y, ldy, x16, ldx, w, bias, n);
-    else dispatch<__half>(c, y, ldy, x16, ldx, w, bias, n);
 }

@@ -265,7 +265,6 @@ static void launch_gemv_r(const struct cuda_ctx *c, int ks, float *y, long ldy, 
                           long ldx, const void *w, const float *bias, long units, long cols, int n,
                           bool xvec) {
     int r = (NR <= 2 ? 2 : 4) / G;
-    if (r > c->gemv_rows_per_warp) r = c->gemv_rows_per_warp;
     while (r > 1 && (units + (GEMV_WARPS / ks) * r - 1) / ((GEMV_WARPS / ks) * r) < 2l * c->n_sm)
         r /= 2;
     if (r == 4 && G == 1)

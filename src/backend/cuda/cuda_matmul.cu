@@ -11,9 +11,7 @@
  *    norm_swiglu_mlp: the norm for gate|up, the SwiGLU kernel for down),
  *    else from a conversion pass (to16). The product goes through
  *    cuBLASLt (cached plan per shape; the bias in its epilogue), or
- *    cublasGemmEx + a bias kernel with KILN_CUDA_LT=0. KILN_CUDA_LT_TUNE=1
- *    times up to 8 of cuBLASLt's candidate algorithms on the first eager
- *    call of each shape and keeps the fastest. F32 weights take a plain
+ *    cublasGemmEx + a bias kernel with KILN_CUDA_LT=0. F32 weights take a plain
  *    fp32 GEMM (no TF32).
  *  - KILN_CUDA_MATMUL=bf16x2 (struct cuda_ctx.split_act): the activations
  *    are split into hi = bf16(x) and lo = bf16(x − hi), and y = W·hi + W·lo
@@ -39,7 +37,7 @@
 
 #include "backend/cuda/cuda_pdl.cuh"
 
-enum { LT_PLANS = 256, LT_CANDIDATES = 8, LT_TUNE_REPS = 3 };
+enum { LT_PLANS = 256 };
 
 /* A cuBLASLt product shape with its descriptors and chosen algorithm. The
  * key holds every argument the heuristic sees, the pointers' alignments
@@ -99,9 +97,7 @@ static cublasStatus_t lt_run(struct cuda_ctx *c, struct lt_state *s, const struc
                           c->cublas_ws, c->cublas_ws_bytes, c->stream);
 }
 
-/* The plan for this product: found, or made (and, with lt_tune outside
- * graph capture, tuned on these very operands; y is overwritten, and the
- * caller runs the product afterwards anyway). NULL when the cache is full. */
+/* The plan for this product: found, or made. NULL when the cache is full. */
 static struct lt_plan *lt_plan_get(struct cuda_ctx *c, float *y, long ldy, const void *x16,
                                    long ldb, const struct backend_weight *w, const float *bias,
                                    long n, float beta) {
@@ -143,11 +139,13 @@ static struct lt_plan *lt_plan_get(struct cuda_ctx *c, float *y, long ldy, const
     size_t ws = c->cublas_ws_bytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
+    /* the heuristic's first algorithm: timing candidates on the operands
+     * (which stay in L2) picked slower ones for some shapes
+     * (docs/cuda-decode.md) */
+    cublasLtMatmulHeuristicResult_t res[1];
     int cnt = 0;
-    int tune = c->lt_tune && !c->capturing && !beta1;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s->h, p->desc, p->a, p->b, p->d, p->d, pref,
-                                                       tune ? LT_CANDIDATES : 1, res, &cnt);
+                                                       1, res, &cnt);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || cnt < 1) {
         p->ok = 0;
@@ -155,29 +153,6 @@ static struct lt_plan *lt_plan_get(struct cuda_ctx *c, float *y, long ldy, const
     }
     p->ok = 1;
     p->algo = res[0].algo;
-    if (tune && cnt > 1) {
-        cudaEvent_t e0, e1;
-        CUDA_CHECK(cudaEventCreate(&e0));
-        CUDA_CHECK(cudaEventCreate(&e1));
-        float best = 1e30f;
-        for (int i = 0; i < cnt; i++) {
-            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-            if (lt_run(c, s, p, &res[i].algo, y, x16, w->data, beta) != CUBLAS_STATUS_SUCCESS) {
-                (void)cudaGetLastError();
-                continue;
-            }
-            CUDA_CHECK(cudaEventRecord(e0, c->stream));
-            for (int r = 0; r < LT_TUNE_REPS; r++)
-                CUBLAS_CHECK(lt_run(c, s, p, &res[i].algo, y, x16, w->data, beta));
-            CUDA_CHECK(cudaEventRecord(e1, c->stream));
-            CUDA_CHECK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            if (ms < best) best = ms, p->algo = res[i].algo;
-        }
-        CUDA_CHECK(cudaEventDestroy(e0));
-        CUDA_CHECK(cudaEventDestroy(e1));
-    }
     return p;
 }
 
@@ -191,8 +166,6 @@ static void product16(struct cuda_ctx *c, float *y, long ldy, const void *x16, l
     if (beta == 0.0f && cuda_wgmma_ok(c, w, x16, ldb, n))
         return cuda_wgmma(c, y, ldy, x16, ldb, w, bias, n);
 #endif
-    if (beta == 0.0f && !c->split_act && cuda_gemm_small_ok(c, w, x16, ldb, n))
-        return cuda_gemm_small(c, y, ldy, x16, ldb, w, bias, n);
     if (c->lt) {
         struct lt_plan *p = lt_plan_get(c, y, ldy, x16, ldb, w, bias, n, beta);
         if (p && p->ok) {
@@ -431,7 +404,7 @@ extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm
 static int attn16_ok(const struct cuda_ctx *c, const float *q, long ldq, const void *kc,
                      const void *vc, const struct attn_params *p, const struct backend_batch *b,
                      const struct backend_weight *wo, long n) {
-    if (!(c->attn16 && c->fuse && !c->deterministic && n == b->n_tokens &&
+    if (!(c->fuse && !c->deterministic && n == b->n_tokens &&
           (wo->dtype == DTYPE_BF16 || wo->dtype == DTYPE_F16) &&
           wo->cols == (long)p->n_heads * p->dv && !cuda_gemv_ok(c, wo, n) && n <= INT32_MAX &&
           wo->rows <= INT32_MAX && wo->cols <= INT32_MAX))

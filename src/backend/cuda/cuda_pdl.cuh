@@ -34,11 +34,7 @@
  * full completion of whatever precedes them, as always; pdl_wait and
  * pdl_trigger are no-ops in a kernel launched without the attribute.
  * `cuda_ctx.pdl` (KILN_CUDA_PDL=0 clears it; pre-Hopper devices never set
- * it) chooses between the two launches; the kernels of the decode step
- * outside the products and norms (cuda_rope.cu, cuda_attn_decode.cu,
- * cuda_embed.cu, cuda_sample.cu) also need `cuda_ctx.pdl_attn`
- * (KILN_CUDA_PDL_ATTN=0 clears it: their launches as before, for
- * comparisons in one run) and launch through pdl_launch_on. Stream capture turns the attribute
+ * it) chooses between the two launches. Stream capture turns the attribute
  * into programmatic edges of the graph, so replays overlap the same way. */
 #ifndef KILN_BACKEND_CUDA_PDL_CUH
 #define KILN_BACKEND_CUDA_PDL_CUH
@@ -84,8 +80,6 @@ static void pdl_launch(const struct cuda_ctx *c, void (*kernel)(Exp...), dim3 gr
     pdl_launch_on(c, c->pdl != 0, kernel, grid, block, smem, std::forward<Act>(args)...);
 }
 
-/* The kernels of the decode step outside the products and norms. */
-static inline bool pdl_attn(const struct cuda_ctx *c) { return c->pdl && c->pdl_attn; }
 
 /* silu(g) * u with every rounding spelled out, so that the kernels that
  * compute it (silu_mul, the SwiGLU GEMV epilogue, the 16-bit SwiGLU

@@ -8,8 +8,7 @@
  * row into the cache slot the scheduler chose, in the cache's element type
  * (bf16 by default: rounded to nearest even; fp32 with KILN_CUDA_KV=f32).
  *
- * All three use programmatic dependent launch (cuda_pdl.cuh) when
- * cuda_ctx.pdl_attn: rope and the KV store wait first thing; the fused
+ * All three use programmatic dependent launch (cuda_pdl.cuh): rope and the KV store wait first thing; the fused
  * kernel loads its row's position, cache slot and rope factors (batch
  * metadata and the rope table: nothing a kernel writes) before waiting,
  * so the only loads after the wait are q / k / v themselves. Those inputs
@@ -48,7 +47,7 @@ extern "C" void cuda_op_rope(void *ctx, float *x, long ldx, long n, int n_heads,
     long total = n * n_heads * (rot_dim / 2);
     if (total <= 0) return;
     const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
-    pdl_launch_on(c, pdl_attn(c), rope_kernel, dim3(grid_for(total, 256)), dim3(256), 0, x, ldx, n,
+    pdl_launch(c, rope_kernel, dim3(grid_for(total, 256)), dim3(256), 0, x, ldx, n,
                   n_heads, head_stride, rot_dim / 2, pos, cos_sin, interleaved);
 }
 
@@ -73,10 +72,10 @@ extern "C" void cuda_op_kv_store(void *ctx, void *cache, long stride, const floa
     const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
     dim3 grid(grid_for(n, 1)), block(128);
     if (c->kv_bf16)
-        pdl_launch_on(c, pdl_attn(c), kv_store_kernel<__nv_bfloat16>, grid, block, 0,
+        pdl_launch(c, kv_store_kernel<__nv_bfloat16>, grid, block, 0,
                       (__nv_bfloat16 *)cache, stride, src, ld, width, slots, n);
     else
-        pdl_launch_on(c, pdl_attn(c), kv_store_kernel<float>, grid, block, 0, (float *)cache,
+        pdl_launch(c, kv_store_kernel<float>, grid, block, 0, (float *)cache,
                       stride, src, ld, width, slots, n);
 }
 
@@ -193,12 +192,12 @@ extern "C" void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float
     const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
     dim3 grid(grid_for(items, QKR_WARPS)), block(QKR_WARPS * 32);
     if (c->kv_bf16)
-        pdl_launch_on(c, pdl_attn(c), qk_rope_store_kernel<__nv_bfloat16>, grid, block, 0, q, k, v,
+        pdl_launch(c, qk_rope_store_kernel<__nv_bfloat16>, grid, block, 0, q, k, v,
                       ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
                       cos_sin, interleaved, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,
                       kv_stride, slots);
     else
-        pdl_launch_on(c, pdl_attn(c), qk_rope_store_kernel<float>, grid, block, 0, q, k, v, ld, n,
+        pdl_launch(c, qk_rope_store_kernel<float>, grid, block, 0, q, k, v, ld, n,
                       n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
                       cos_sin, interleaved, (float *)k_cache, (float *)v_cache, kv_stride, slots);
 }

@@ -782,14 +782,13 @@ static void sample_run(void *ctx, int32_t *tokens, float *logits, long ld, long 
     }
     bool vec = ld % 4 == 0 && ((uintptr_t)logits & 15) == 0;
     struct sample_partial *part = (struct sample_partial *)c->sample_part.p;
-    /* programmatic dependent launch with cuda_ctx.pdl_attn (cuda_pdl.cuh):
-     * argmax overlaps the lm_head's tail, the row kernel argmax's */
-    bool pdl = pdl_attn(c);
-    pdl_launch_on(c, pdl, argmax_kernel, dim3((unsigned)nsplit, (unsigned)n), dim3(A_THREADS), 0,
-                  logits, ld, vocab, chunk, vec, rows, adj, part);
-    pdl_launch_on(c, pdl, row_kernel, dim3((unsigned)n), dim3(B_THREADS), sizeof(row_smem), tokens,
-                  (const float *)logits, ld, vocab, vec, rows, (const struct sample_partial *)part,
-                  nsplit, kept);
+    /* programmatic dependent launch (cuda_pdl.cuh): argmax overlaps the
+     * lm_head's tail, the row kernel argmax's */
+    pdl_launch(c, argmax_kernel, dim3((unsigned)nsplit, (unsigned)n), dim3(A_THREADS), 0, logits,
+               ld, vocab, chunk, vec, rows, adj, part);
+    pdl_launch(c, row_kernel, dim3((unsigned)n), dim3(B_THREADS), sizeof(row_smem), tokens,
+               (const float *)logits, ld, vocab, vec, rows, (const struct sample_partial *)part,
+               nsplit, kept);
 }
 
 extern "C" void cuda_op_sample(void *ctx, int32_t *tokens, float *logits, long ld, long n, long vocab,

@@ -131,8 +131,7 @@ static void *loader_main(void *arg) {
     CUDA_CHECK(cudaSetDevice(c->device));
     /* test hook: a slow disk, so that tests can see the copies outlast
      * the warm-up (tests/cuda/serve_cuda.sh) */
-    const char *d = getenv("KILN_CUDA_UPLOAD_DELAY_MS");
-    long delay_ms = d ? atol(d) : 0;
+    long delay_ms = c->upload_delay_ms; /* KILN_CUDA_UPLOAD_DELAY_MS */
     for (;;) {
         pthread_mutex_lock(&u->qlock);
         while (u->q_next == u->q_n && !u->closing) pthread_cond_wait(&u->qcv, &u->qlock);

@@ -45,21 +45,13 @@
  * fragment for positions 16kk .. 16kk + 15 is packed from S's column
  * groups 2kk and 2kk + 1 without any data movement (as in FlashAttention-2).
  *
- * Two schedules (template PIPE), bitwise the same result:
- *   PIPE = 0: S_j, wait, softmax_j, O·corr_j, O += P_j·V_j, wait (2 stages).
- *   PIPE = 1: the two products of a warpgroup overlap its softmax: in
- *     iteration j, S_j and O += P_{j−1}·V_{j−1} are issued together; the
- *     softmax of S_j runs while the P·V product is still in flight; then
- *     O·corr_j. O sees the same operations in the same order as with
- *     PIPE = 0 (…, + P_{j−1}V_{j−1}, · corr_j, + P_jV_j, …). V_{j−1} is
- *     read one iteration later, so three stages.
- * In both, one __syncthreads per tile: after it, every thread has finished
- * the tile whose stage the next copy overwrites. Measured on an H100 (one
- * layer of Llama-3.1-8B at 8192 tokens, bench_attention): PIPE = 0 1.38 ms
- * (397 TFLOP/s), PIPE = 1 1.46 ms (377): the two warpgroups of a CTA
- * already overlap each other's softmax and products, and the overlapped
- * schedule pays a third stage and more register traffic. So PIPE = 0 is
- * the default (KILN_CUDA_FA=fa3), PIPE = 1 stays selectable (fa3p).
+ * Schedule: S_j, wait, softmax_j, O·corr_j, O += P_j·V_j, wait (2 stages),
+ * one __syncthreads per tile: after it, every thread has finished the tile
+ * whose stage the next copy overwrites. FA3's intra-warpgroup overlap
+ * (S_j and P_{j−1}·V_{j−1} in flight together, 3 stages) measured slower
+ * on an H100 (one layer of Llama-3.1-8B at 8192 tokens, bench_attention:
+ * 1.46 ms against 1.38): the two warpgroups of a CTA already overlap each
+ * other's softmax and products.
  *
  * Batch invariance (as fa_prefill_kernel): KV tiles are aligned to
  * absolute position 0, a row's arithmetic uses only its own q, positions
@@ -200,10 +192,9 @@ static __device__ __forceinline__ void ha_pack(uint32_t (&p)[8][4], const float 
     }
 }
 
-template <bool PIPE>
 static __global__ void __launch_bounds__(HA_THREADS, 1)
     hopper_attn_kernel(const __grid_constant__ struct hopper_attn_args a) {
-    constexpr int STAGES = PIPE ? 3 : 2;
+    constexpr int STAGES = 2;
     extern __shared__ uint8_t ha_smem[];
     __shared__ int sc_warp[HA_WARPS], found[2], pos_s[1];
     /* swizzle atoms must be 1024-byte aligned (the descriptors' base offset is 0) */
@@ -284,85 +275,28 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     const int col0 = 2 * (lane & 3);
     uint32_t p[8][4];
 
-    if constexpr (!PIPE) {
-        for (int kt = 0; kt < n_tiles; kt++) {
-            cp_async_wait_all();
-            fence_proxy_async();
-            __syncthreads(); /* tile kt (and Q) landed; everyone is done with tile kt - 1 */
-            if (kt + 1 < n_tiles) {
-                load_tile((kt + 1) % STAGES, kt + 1);
-                cp_async_commit();
-            }
-            int st = kt % STAGES;
-            wgmma_fence();
-            ha_qk(sacc, dq, desc_k(st));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(sacc);
-            ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, kt * HA_BN + HA_BN - 1 > wmin,
-                       kt * HA_BN + col0, pa, pb, scale);
-            ha_pack(p, sacc);
-#pragma unroll
-            for (int i = 0; i < 64; i++) oacc[i] *= (i & 2) ? corr_b : corr_a;
-            fence_regs(oacc);
-            wgmma_fence();
-            ha_pv(oacc, p, desc_v(st));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(oacc);
-        }
-    } else {
+    for (int kt = 0; kt < n_tiles; kt++) {
         cp_async_wait_all();
         fence_proxy_async();
-        __syncthreads();
-        if (1 < n_tiles) {
-            load_tile(1, 1);
+        __syncthreads(); /* tile kt (and Q) landed; everyone is done with tile kt - 1 */
+        if (kt + 1 < n_tiles) {
+            load_tile((kt + 1) % STAGES, kt + 1);
             cp_async_commit();
         }
+        int st = kt % STAGES;
         wgmma_fence();
-        ha_qk(sacc, dq, desc_k(0));
+        ha_qk(sacc, dq, desc_k(st));
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sacc);
-        /* corr_a/b (0: m was -inf) scale the zero O in the next iteration */
-        ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, HA_BN - 1 > wmin, col0, pa, pb, scale);
+        ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, kt * HA_BN + HA_BN - 1 > wmin,
+                   kt * HA_BN + col0, pa, pb, scale);
         ha_pack(p, sacc);
-        for (int kt = 1; kt < n_tiles; kt++) {
-            cp_async_wait_all();
-            fence_proxy_async();
-            __syncthreads(); /* tile kt landed; everyone is done with tile kt - 2 (P·V waited in kt - 1) */
-            if (kt + 1 < n_tiles) {
-                load_tile((kt + 1) % STAGES, kt + 1);
-                cp_async_commit();
-            }
-            const uint64_t dk = desc_k(kt % STAGES), dv = desc_v((kt - 1) % STAGES);
-            wgmma_fence();
-            ha_qk(sacc, dq, dk);
-            wgmma_commit();
-            /* O·corr_{kt-1} while S_kt runs (O is no operand of it), then
-             * O += P_{kt-1}·V_{kt-1} */
-#pragma unroll
-            for (int i = 0; i < 64; i++) oacc[i] *= (i & 2) ? corr_b : corr_a;
-            fence_regs(oacc); /* the products happen here, before the wgmma fence */
-            wgmma_fence();
-            ha_pv(oacc, p, dv);
-            wgmma_commit();
-            wgmma_wait<1>(); /* S_kt done, P_{kt-1}·V_{kt-1} may still run */
-            fence_regs(sacc);
-            /* in place on S (done); P stays fp32 until P_{kt-1}·V_{kt-1} has
-             * finished reading the bf16 fragments (FlashAttention-3 order) */
-            ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, kt * HA_BN + HA_BN - 1 > wmin,
-                       kt * HA_BN + col0, pa, pb, scale);
-            fence_regs(sacc); /* the softmax happens here, before the wait */
-            wgmma_wait<0>();
-            fence_regs(oacc);
-            ha_pack(p, sacc);
-        }
 #pragma unroll
         for (int i = 0; i < 64; i++) oacc[i] *= (i & 2) ? corr_b : corr_a;
         fence_regs(oacc);
         wgmma_fence();
-        ha_pv(oacc, p, desc_v((n_tiles - 1) % STAGES));
+        ha_pv(oacc, p, desc_v(st));
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(oacc);
@@ -382,17 +316,16 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     }
 }
 
-template <bool PIPE>
 static void ha_launch(const struct hopper_attn_args *a, unsigned tiles, cudaStream_t stream) {
-    size_t smem = ha_smem_bytes(PIPE ? 3 : 2);
-    CUDA_CHECK(cudaFuncSetAttribute(hopper_attn_kernel<PIPE>,
+    size_t smem = ha_smem_bytes(2);
+    CUDA_CHECK(cudaFuncSetAttribute(hopper_attn_kernel,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)a->n_heads, tiles);
-    hopper_attn_kernel<PIPE><<<grid, HA_THREADS, smem, stream>>>(*a);
+    hopper_attn_kernel<<<grid, HA_THREADS, smem, stream>>>(*a);
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n_tokens, int pipelined,
+extern "C" void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n_tokens,
                                          cudaStream_t stream) {
     /* Query tiles over the sequences with more than one new token: at most
      * ⌈T/BM⌉ + S and at most 2(T−S)/BM + (T−S) + 1 (fa_prefill_kernel's
@@ -402,6 +335,5 @@ extern "C" void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n
     long tiles = bound1 < bound2 ? bound1 : bound2;
     CUDA_ASSERT(tiles <= 65535);
     if (tiles <= 0) return;
-    if (pipelined) ha_launch<true>(a, (unsigned)tiles, stream);
-    else ha_launch<false>(a, (unsigned)tiles, stream);
+    ha_launch(a, (unsigned)tiles, stream);
 }

@@ -35,12 +35,8 @@ struct hopper_attn_args {
 };
 
 /* Launches the kernel on stream for a batch of n_tokens rows in n_seqs
- * sequences. pipelined: 1 overlaps the softmax of KV tile j with the P·V
- * product of tile j−1 (three shared-memory stages), 0 runs each tile's two
- * products back to back (two stages; faster on an H100, the default).
- * Both give bitwise the same result. */
-void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n_tokens, int pipelined,
-                              cudaStream_t stream);
+ * sequences. */
+void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n_tokens, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -12,9 +12,9 @@
  * Why: at 16..64 rows the product is bound by reading W once (M·N·K·2 flops
  * against N·K·2 bytes: at most 64 flops a byte, the H100 has ~300), yet
  * cuBLAS(Lt) reaches 46..83% of the copy bandwidth on Llama-3.1-8B's shapes
- * (docs/cuda-decode.md). The mma.sync kernel before this one (cuda_gemm_small.cu)
- * re-read the activations from shared memory for every 16 weight rows and
- * ran short of bandwidth past 16 rows.
+ * (docs/cuda-decode.md). An mma.sync kernel (the one cuda_gemm_small.cu
+ * keeps for the MoE experts) re-read the activations from shared memory
+ * for every 16 weight rows and ran short of bandwidth past 16 rows.
  *
  * Design:
  *  - wgmma m64n128k16 with the ACTIVATIONS as operand A (64 rows, M padded
@@ -33,8 +33,8 @@
  *    consumers wait for every stage's wgmmas before releasing it (no
  *    overlap needed) and the point is only to keep the ring full: 96 KB
  *    (BN = 128, two CTAs an SM) or 200 KB (BN = 256, one) per SM.
- *  - BN = 128 by default (two CTAs an SM; KILN_CUDA_WGMMA_BN=256 for the
- *    other): measured on the H100 it was as fast or faster on every
+ *  - BN = 128 by default (two CTAs an SM; cuda_wgmma_run takes 256 for
+ *    measurements): measured on the H100 it was as fast or faster on every
  *    Llama-3.1-8B shape but o_proj at 64 rows (docs/cuda-decode.md).
  *  - Grid (N tiles, S): K is split into S ranges of whole k-steps, S the
  *    largest (≤ 8) that keeps tiles × S CTAs resident at once (one wave, as
@@ -59,10 +59,9 @@
  *    the previous kernel runs), every thread before its global stores.
  *    The trigger for the next kernel comes first thing, as in the small
  *    kernels (the next kernel's CTAs land on SMs while this one streams
- *    and prefetch their weight tiles), or after the main loop with
- *    KILN_CUDA_WGMMA_TRIGGER=late. Early measured the same as late until
- *    the rope kernel left the step; since then 6.435-6.438 against
- *    6.459-6.473 ms (Llama-3.1-8B, 64 sequences; docs/cuda-decode.md).
+ *    and prefetch their weight tiles). After the main loop measured the
+ *    same until the rope kernel left the step; since then 6.459-6.473
+ *    against 6.435-6.438 ms (Llama-3.1-8B, 64 sequences; docs/cuda-decode.md).
  *  - SwiGLU in the epilogue (cuda_wgmma_glu_run, the decode MLP's
  *    gate|up): a tile is BN/2 gate rows and the same BN/2 up rows (two TMA
  *    boxes into the one operand), so each thread holds g and u of the same
@@ -84,7 +83,7 @@
  *    MiB (cuda_wgmma_attn_out: Llama's o_proj, 32 MiB), since there it
  *    lets the norm after it launch early.
  *  - K splits are planned on 85% of the clusters an empty GPU holds
- *    (KILN_CUDA_WGMMA_FILL): a product launched early under the previous
+ *    (WG_FILL): a product launched early under the previous
  *    kernel finds SMs still taken, and a plan that needs every cluster
  *    slot leaves its last clusters waiting for whole GPCs to drain.
  *    Llama-3.1-8B at 64 sequences: 6.61-6.62 ms a step at 75% against
@@ -115,6 +114,13 @@ constexpr int BM = 64;        /* activation rows: wgmma's M */
 constexpr int CONSUMERS = 128; /* one warpgroup: warps 0..3 */
 constexpr int THREADS = CONSUMERS + 32; /* + the producer warp (warp 4) */
 constexpr int MAX_SPLIT = 8;  /* portable cluster size */
+/* Split plans (docs/cuda-decode.md, measured on an H100 at 64 decode
+ * rows): each split keeps at least WG_MIN_STEPS k-steps; a plan takes at
+ * most WG_FILL% of the clusters resident on an empty GPU (the headroom lets
+ * products launched early start at once); the output projection after the
+ * decode attention takes the kernel from WG_OPROJ_BYTES of weight. */
+constexpr int WG_MIN_STEPS = 8, WG_FILL = 85;
+constexpr long WG_OPROJ_BYTES = 16l << 20;
 
 template <int BN> struct cfg {
     static constexpr int NB = BN / 128;                 /* n128 wgmmas per k16 */
@@ -151,10 +157,12 @@ template <int BN, bool F16>
 __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1)
 wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
              float *y, long ldy, const float *bias, int M, int N, int nk, int S,
-             int late_trigger, void *y16, long ldy16, int glu, const struct wg_rope rp) {
+             void *y16, long ldy16, int glu, const struct wg_rope rp) {
     using C = cfg<BN>;
     extern __shared__ unsigned char smem_raw[];
-    if (!late_trigger) pdl_trigger();
+    /* the dependents may launch first thing: measured 0.02-0.04 ms a
+     * decode step better than after the main loop (docs/cuda-decode.md) */
+    pdl_trigger();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     /* glu: the tile is BN/2 gate rows from n0 and the same up rows from
      * glu + n0 (glu = inter: W is [gate; up]) */
@@ -236,7 +244,6 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
     }
     /* every stage consumed: the ring's memory is free for the partial tile */
     __syncthreads();
-    if (late_trigger) pdl_trigger(); /* the next kernel may start during the epilogue */
     if (warp < CONSUMERS / 32) {
         const int r = 16 * warp + (lane >> 2), c = 2 * (lane & 3);
 #pragma unroll
@@ -378,15 +385,6 @@ struct wg_state {
     PFN_cuTensorMapEncodeTiled_v12000 encode;
     int per_sm[2];                    /* resident CTAs an SM: BN = 128, 256 */
     int clusters[2][MAX_SPLIT + 1];   /* resident clusters of S CTAs */
-    int min_steps;                    /* k-steps a split gets at least (KILN_CUDA_WGMMA_MINK) */
-    int fill;                         /* % of the resident clusters a plan may use
-                                         (KILN_CUDA_WGMMA_FILL, default 85) */
-    long oproj_bytes;                 /* the product after the decode attention takes the
-                                         kernel from this weight size (KILN_CUDA_WGMMA_OPROJ_MB,
-                                         16; 0: never) */
-    long min_bytes;                   /* smaller weights take cuBLAS (KILN_CUDA_WGMMA_MIN_MB) */
-    int late_trigger;                 /* PDL trigger after the main loop, not at the start
-                                         (KILN_CUDA_WGMMA_TRIGGER=late; default early) */
     struct tmap_entry w[WMAP_SLOTS];  /* open addressing by pointer */
     int n_w;
     struct tmap_entry x[XMAP_SLOTS];  /* ring */
@@ -471,19 +469,19 @@ const CUtensorMap *act_map(struct wg_state *st, const void *x, long n, long cols
 }
 
 /* The K split for `tiles` N tiles: the largest S ≤ 8 whose `tiles`
- * clusters of S CTAs take at most fill% of the clusters resident at once on
- * an empty GPU and whose splits keep at least min_steps k-steps each (each
- * CTA pays a pipeline ramp and the cluster reduction). */
-int choose_splits(const struct wg_state *st, int bi, long tiles, int nk, int fill) {
+ * clusters of S CTAs take at most WG_FILL% of the clusters resident at once
+ * on an empty GPU and whose splits keep at least WG_MIN_STEPS k-steps each
+ * (each CTA pays a pipeline ramp and the cluster reduction). */
+int choose_splits(const struct wg_state *st, int bi, long tiles, int nk) {
     int best = 1;
-    for (int s = 2; s <= MAX_SPLIT && s * st->min_steps <= nk; s++)
-        if (tiles * 100 <= (long)st->clusters[bi][s] * fill) best = s;
+    for (int s = 2; s <= MAX_SPLIT && s * WG_MIN_STEPS <= nk; s++)
+        if (tiles * 100 <= (long)st->clusters[bi][s] * WG_FILL) best = s;
     return best;
 }
 
 template <int BN, bool F16>
 void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, float *y, long ldy,
-            const float *bias, int M, int N, int nk, int S, int late, void *y16, long ldy16,
+            const float *bias, int M, int N, int nk, int S, void *y16, long ldy16,
             int glu, const struct wg_rope &rp) {
     long tiles = glu ? glu / (BN / 2) : (N + BN - 1) / BN;
     cudaLaunchConfig_t lc = {};
@@ -504,7 +502,7 @@ void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, fl
     }
     lc.attrs = at, lc.numAttrs = (unsigned)na;
     CUDA_CHECK(cudaLaunchKernelEx(&lc, wgmma_kernel<BN, F16>, *tw, *tx, y, ldy, bias, M, N, nk, S,
-                                  late, y16, ldy16, glu, rp));
+                                  y16, ldy16, glu, rp));
 }
 
 } // namespace
@@ -525,15 +523,6 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     struct wg_state *st = (struct wg_state *)calloc(1, sizeof *st);
     CUDA_ASSERT(st);
     st->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    const char *mk = getenv("KILN_CUDA_WGMMA_MINK");
-    st->min_steps = mk && atoi(mk) > 0 ? atoi(mk) : 8;
-    const char *fl = getenv("KILN_CUDA_WGMMA_FILL");
-    st->fill = fl && atoi(fl) > 0 && atoi(fl) <= 100 ? atoi(fl) : 85;
-    const char *om = getenv("KILN_CUDA_WGMMA_OPROJ_MB");
-    st->oproj_bytes = om ? atol(om) << 20 : 16l << 20;
-    const char *mb = getenv("KILN_CUDA_WGMMA_MIN_MB"), *tr = getenv("KILN_CUDA_WGMMA_TRIGGER");
-    st->min_bytes = (mb ? atol(mb) : 40) << 20;
-    st->late_trigger = tr && !strcmp(tr, "late");
     setup_kernel<128, false>(st, 0, c->n_sm);
     setup_kernel<128, true>(st, 0, c->n_sm);
     setup_kernel<256, false>(st, 1, c->n_sm);
@@ -552,16 +541,14 @@ static int operands_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                        long ldx, long n) {
     const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
     return c->wgmma && st && !c->deterministic && !c->split_act &&
-           (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= c->wgmma_min_rows &&
-           n <= c->wgmma_max_rows && n >= 1 && n <= BM && w->rows >= 1 && w->cols >= 8 &&
-           w->cols % 8 == 0 && ldx % 8 == 0 && ldx >= w->cols && w->rows <= INT32_MAX &&
+           (w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16) && n >= 1 && n <= BM && w->rows >= 1 &&
+           w->cols >= 8 && w->cols % 8 == 0 && ldx % 8 == 0 && ldx >= w->cols && w->rows <= INT32_MAX &&
            w->cols <= INT32_MAX && ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)x16 & 15) == 0;
 }
 
 extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                              const void *x16, long ldx, long n) {
-    const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
-    return operands_ok(c, w, x16, ldx, n) && w->rows * w->cols * 2 >= st->min_bytes;
+    return operands_ok(c, w, x16, ldx, n) && w->rows * w->cols * 2 >= c->wgmma_min_bytes;
 }
 
 /* The output projection right after the decode attention. On cuBLAS it
@@ -569,15 +556,12 @@ extern "C" int cuda_wgmma_ok(const struct cuda_ctx *c, const struct backend_weig
  * either; on this kernel both start early. With plans on every resident
  * cluster (Llama-3.1-8B's o_proj: 32 tiles × 7) it waited for the
  * attention's CTAs to leave whole GPCs and lost; with headroom in the
- * plans (st->fill, then 75%) the 64-sequence step went 6.80 → 6.61-6.62 ms
+ * plans (WG_FILL, then 75%) the 64-sequence step went 6.80 → 6.61-6.62 ms
  * (docs/cuda-decode.md). Returns 0 (nothing run) where it does not apply. */
 extern "C" int cuda_wgmma_attn_out(struct cuda_ctx *c, float *y, long ldy, const void *x16,
                                    long ldx, const struct backend_weight *w, const float *bias,
                                    long n) {
-    const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
-    if (!operands_ok(c, w, x16, ldx, n) || !st->oproj_bytes ||
-        w->rows * w->cols * 2 < st->oproj_bytes)
-        return 0;
+    if (!operands_ok(c, w, x16, ldx, n) || w->rows * w->cols * 2 < WG_OPROJ_BYTES) return 0;
     cuda_wgmma_run(c, y, ldy, x16, ldx, w, bias, n, 0, 0);
     return 1;
 }
@@ -586,11 +570,9 @@ extern "C" void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *b
     const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
     CUDA_ASSERT(st);
     const int nk = (int)((K + BK - 1) / BK);
-    if (*bn != 128 && *bn != 256) *bn = c->wgmma_bn == 256 ? 256 : 128;
+    if (*bn != 128 && *bn != 256) *bn = 128;
     const long tiles = (N + *bn - 1) / *bn;
-    int S = *splits > 0 ? *splits
-          : c->wgmma_splits > 0 ? c->wgmma_splits
-                                : choose_splits(st, *bn == 256, tiles, nk, st->fill);
+    int S = *splits > 0 ? *splits : choose_splits(st, *bn == 256, tiles, nk);
     if (S > MAX_SPLIT) S = MAX_SPLIT;
     if (S > nk) S = nk;
     *splits = S;
@@ -611,14 +593,14 @@ static void wgmma_any(struct cuda_ctx *c, float *y, long ldy, void *y16, long ld
     CUtensorMap tmp;
     const CUtensorMap *tw = weight_map(st, w, glu ? bn / 2 : bn, &tmp);
     const CUtensorMap *tx = act_map(st, x16, n, K, ldx, (int)w->dtype);
-    const int f16 = w->dtype == DTYPE_F16, lt = st->late_trigger;
+    const int f16 = w->dtype == DTYPE_F16;
     if (bn == 256) {
         CUDA_ASSERT(!rp.cos_sin);
-        if (f16) launch<256, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu, rp);
-        else launch<256, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu, rp);
+        if (f16) launch<256, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
+        else launch<256, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
     } else {
-        if (f16) launch<128, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu, rp);
-        else launch<128, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, lt, y16, ldy16, glu, rp);
+        if (f16) launch<128, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
+        else launch<128, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
     }
     c->wgmma_calls++;
 }
