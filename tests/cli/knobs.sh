@@ -28,6 +28,9 @@ grep -rhoE '#\s*define\s+KILN_[A-Z0-9_]+' "$SRC/src" "$SRC/bench" "$SRC/include"
     grep -oE 'KILN_[A-Z0-9_]+' >>"$tmp/allowed"
 grep -hoE '(PUBLIC|PRIVATE|INTERFACE) KILN_[A-Z0-9_]+=|option\(KILN_[A-Z0-9_]+|set\(KILN_[A-Z0-9_]+ ' \
     "$SRC/CMakeLists.txt" | grep -oE 'KILN_[A-Z0-9_]+' >>"$tmp/allowed"
+# enumerators (error codes and the like): a line of an enum body naming one
+grep -rhoE '^\s+KILN_[A-Z0-9_]+\s*(=[^,]*)?,' "$SRC/src" "$SRC/include" --include='*.h' |
+    grep -oE 'KILN_[A-Z0-9_]+' >>"$tmp/allowed"
 sort -u -o "$tmp/allowed" "$tmp/allowed"
 grep -rnoE 'KILN_[A-Z0-9_]+' "$SRC/src" "$SRC/bench" --include='*.c' --include='*.h' --include='*.cu' \
     --include='*.cuh' --include='*.py' --include='*.sh' |
