@@ -82,41 +82,15 @@ struct activations {
     float *gate1;             /* [T][1] */
     int32_t *moe_ids;         /* [T][top_k] */
     float *moe_w;             /* [T][top_k] */
-    float *logits;            /* [logit_chunk][vocab] */
     float *xs;                /* [T][d] rows that need logits */
-    /* Batch metadata: views into one device buffer `stage`, filled by one
-     * upload from `stage_host` (pinned where the backend has host_alloc) at
-     * fixed offsets, so graphs can capture the pointers. */
-    int32_t *ids, *pos, *slot, *q_start, *page_start, *pages, *rows;
-    int32_t *stage, *stage_host;
-    long stage_pages_off;     /* ints before the page list */
-    int stage_pinned;         /* stage_host came from host_alloc */
-    int stage_busy;           /* an upload from stage_host may still be in flight */
-    long pages_cap;
-    int logit_chunk;
-    /* device sampling (backends with `sample`): row parameters are a view
-     * into `stage` (uploaded with the batch), adjustments their own pinned
-     * buffer, token ids come back through stok_host */
-    struct backend_sample_row *srows;   /* [max_seqs] (stage view) */
-    long stage_srows_off;               /* ints before srows in stage */
-    struct backend_sample_adj *sadj, *sadj_host; /* [adj_cap] device, pinned host */
-    int sadj_pinned;
-    int adj_cap;
-    int32_t *stok, *stok_host;          /* [max_seqs] device, host (pinned when possible) */
-    int stok_pinned;
-    int32_t *perm;                      /* [T] host: logit rows, want_logits first */
 };
-
-/* Decode batches (one token per sequence) are padded up to one of these
- * sizes and replayed from a graph recorded once per size. */
-enum { MODEL_GRAPH_BUCKETS = 36 };
 
 struct model {
     struct model_config cfg;
     struct generation_config gen;
     struct backend *be;
     struct st_set st;
-    int max_batch_tokens, max_seqs, max_context, page_size;
+    int max_batch_tokens, max_seqs, max_context;
     size_t weight_bytes;
     int defer_uploads;   /* model_options.defer_weights and the backend can */
     int weights_pending; /* copies queued by weight_upload_later not yet waited for */
@@ -129,16 +103,7 @@ struct model {
     float attn_scale;
 
     struct activations act;
-    /* graphs (backends with graph_begin; dense models only) */
-    int graphs_on;
     int fuse_shared;  /* shared-expert fusion allowed (model_options) */
-    /* [0]: the layers only; [1]: layers + final norm, lm_head and sampling
-     * of every (padded) row, for model_forward_sample steps */
-    void *graphs[2][MODEL_GRAPH_BUCKETS];
-    unsigned char graph_warm[2][MODEL_GRAPH_BUCKETS]; /* ran eagerly once at this size */
-    int sample_on;                   /* backend samples (and KILN_GPU_SAMPLE != 0) */
-    int graph_sample_on;             /* graphs [1] allowed (KILN_GRAPH_SAMPLE != 0) */
-    uint64_t graph_kv_sig;           /* the KV buffers the graphs were recorded with */
     void **owned; /* host buffers to free: converted vectors, dummy weights */
     int n_owned, cap_owned;
     const void **uploaded; /* device buffers from weight_upload / alloc to release */

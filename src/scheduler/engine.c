@@ -197,7 +197,7 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
         log_info("sampler warm-up: batch sizes 0..256, greedy + 5 random configurations, %.3f s", s);
         if (e->gpu_sample)
             log_info("device sampler warm-up: the same configurations on the device, %.3f s",
-                     model_sample_warmup(e->model));
+                     runner_sample_warmup(e->runner));
     }
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
         kiln_errorf(err, "cannot start the engine thread");
