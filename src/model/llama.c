@@ -1,11 +1,73 @@
-/* llama.c — the llama-like family: multi-head attention with GQA (Llama,
- * Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm) and the SwiGLU MLP.
- * The Qwen MoE models reuse this attention. */
+/* llama.c — the llama-like family (llama, qwen2, qwen3): multi-head
+ * attention with GQA (Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm)
+ * and the SwiGLU MLP. The Qwen MoE family reuses this attention and MLP. */
 #include <math.h>
 #include <stdio.h>
 
 #include "base/error.h"
 #include "model/model_internal.h"
+
+int mha_check(const struct model_config *c, const char *file, struct kiln_error *err) {
+    if (c->n_heads % c->n_kv_heads)
+        return kiln_errorf(err,
+                           "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads "
+                           "(%d)",
+                           file, c->n_heads, c->n_kv_heads);
+    return family_check_common(c, file, err);
+}
+
+struct kv_layer_layout mha_kv_layout(const struct model_config *c, int layer) {
+    (void)layer;
+    long w = (long)c->n_kv_heads * c->head_dim;
+    return (struct kv_layer_layout){.k_width = w, .v_width = w, .v_in_k = 0};
+}
+
+void mha_act_widths(const struct model_config *c, struct act_widths *w) {
+    w->q = (long)c->n_heads * c->head_dim;
+    w->k = w->v = (long)c->n_kv_heads * c->head_dim;
+    w->att = w->q;
+    w->stacked_qkv = 1;
+}
+
+int mha_rope_dim(const struct model_config *c) { return c->head_dim; }
+double mha_attn_scale(const struct model_config *c) { return 1.0 / sqrt((double)c->head_dim); }
+
+static int llama_load_layer(struct weight_source *ws, int l, struct layer *L, struct kiln_error *err) {
+    char name[64];
+    snprintf(name, sizeof name, "model.layers.%d.mlp", l);
+    L->attn_kind = LAYER_ATTN_MHA;
+    L->mlp_kind = LAYER_MLP_DENSE;
+    return mha_load(ws, l, &L->mha, err) ||
+           dense_load(ws, name, ws->m->cfg.intermediate_size, &L->dense, err);
+}
+
+/* The layer's norms travel with the products that read them (norm_matmul,
+ * norm_swiglu_mlp) where the backend fuses them. */
+static void llama_forward_layer(const struct fwd *f, int l, const struct layer *L) {
+    struct activations *a = &f->m->act;
+    struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
+    mha_forward_norm(f, l, &L->mha, &nm, a->delta);
+    nm.delta = a->delta;
+    nm.w = L->ln_mlp;
+    dense_forward_norm(f, &L->dense, f->m->cfg.intermediate_size, &nm, a->delta);
+}
+
+static int dense_only(const struct model_config *c, int layer) {
+    (void)c, (void)layer;
+    return 0;
+}
+
+const struct model_family family_llama = {
+    .name = "llama-like",
+    .check_config = mha_check,
+    .kv_layout = mha_kv_layout,
+    .act_widths = mha_act_widths,
+    .rope_dim = mha_rope_dim,
+    .attn_scale = mha_attn_scale,
+    .layer_is_moe = dense_only,
+    .load_layer = llama_load_layer,
+    .forward_layer = llama_forward_layer,
+};
 
 int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_error *err) {
     const struct model_config *c = &ws->m->cfg;

@@ -1,7 +1,7 @@
 /* model.c — loading a checkpoint into per-layer weights, reserving the
- * activations, and the forward pass skeleton shared by every architecture
- * (embedding, the residual stream, final norm and logits). The family
- * files provide each layer's attention and MLP. */
+ * activations, and what every architecture shares around its layers: the
+ * embedding, the residual stream, the final norm and the lm_head. The
+ * model's family (struct model_family) loads and runs each layer. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,20 +21,10 @@ size_t model_weight_bytes(const struct model *m) { return m->weight_bytes; }
 int model_max_seqs(const struct model *m) { return m->max_seqs; }
 struct backend *model_backend(const struct model *m) { return m->be; }
 
-static int is_mla(const struct model_config *c) { return c->kv_lora_rank > 0; }
-
 int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int max_layers) {
     const struct model_config *c = &m->cfg;
     KILN_ASSERT(max_layers >= c->n_layers);
-    for (int l = 0; l < c->n_layers; l++) {
-        if (is_mla(c)) {
-            layout[l] = (struct kv_layer_layout){.k_width = c->kv_lora_rank + c->qk_rope_head_dim,
-                                                 .v_width = c->kv_lora_rank, .v_in_k = 1};
-        } else {
-            long w = (long)c->n_kv_heads * c->head_dim;
-            layout[l] = (struct kv_layer_layout){.k_width = w, .v_width = w, .v_in_k = 0};
-        }
-    }
+    for (int l = 0; l < c->n_layers; l++) layout[l] = m->fam->kv_layout(c, l);
     return c->n_layers;
 }
 
@@ -43,21 +33,9 @@ static long lmax(long a, long b) { return a > b ? a : b; }
 static int reserve_activations(struct model *m, struct kiln_error *err) {
     const struct model_config *c = &m->cfg;
     struct activations *a = &m->act;
-    long T = m->max_batch_tokens, d = c->hidden_size, H = c->n_heads;
-    long q_w, k_w, v_w, att_w, q2_w = 0, o_w = 0;
-    if (is_mla(c)) {
-        long qh = c->qk_nope_head_dim + c->qk_rope_head_dim, lw = c->kv_lora_rank + c->qk_rope_head_dim;
-        q_w = H * qh;
-        k_w = lw;
-        v_w = lmax(c->q_lora_rank, 1); /* q_lora scratch */
-        q2_w = H * lw;
-        att_w = H * c->kv_lora_rank;
-        o_w = H * c->v_head_dim;
-    } else {
-        q_w = H * c->head_dim;
-        k_w = v_w = (long)c->n_kv_heads * c->head_dim;
-        att_w = q_w;
-    }
+    long T = m->max_batch_tokens, d = c->hidden_size;
+    struct act_widths w = {0};
+    m->fam->act_widths(c, &w);
     long inter = lmax(c->intermediate_size,
                       lmax(c->shared_expert_intermediate_size,
                            (long)c->moe_intermediate_size * lmax(c->n_shared_experts, 1)));
@@ -71,13 +49,13 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
     ALLOC(h, T * d, float);
     ALLOC(xn, T * d, float);
     ALLOC(delta, T * d, float);
-    ALLOC(q, T * q_w, float);
-    ALLOC(k, T * k_w, float);
-    ALLOC(v, T * v_w, float);
-    if (q2_w) ALLOC(q2, T * q2_w, float);
-    if (o_w) ALLOC(o, T * o_w, float);
-    ALLOC(att, T * att_w, float);
-    if (!is_mla(c)) ALLOC(qkv, T * (q_w + 2 * k_w), float);
+    ALLOC(q, T * w.q, float);
+    ALLOC(k, T * w.k, float);
+    ALLOC(v, T * w.v, float);
+    if (w.q2) ALLOC(q2, T * w.q2, float);
+    if (w.o) ALLOC(o, T * w.o, float);
+    ALLOC(att, T * w.att, float);
+    if (w.stacked_qkv) ALLOC(qkv, T * (w.q + 2 * w.k), float);
     ALLOC(g, T * 2 * inter, float);
     ALLOC(u, T * inter, float);
     ALLOC(shared, T * d, float);
@@ -117,49 +95,31 @@ static int load_weights(struct model *m, struct weight_source *ws, struct kiln_e
         if (ws_vector(ws, name, d, 1.0f, &L->ln_attn, err)) return -1;
         snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
         if (ws_vector(ws, name, d, 1.0f, &L->ln_mlp, err)) return -1;
-        L->attn_kind = is_mla(c) ? LAYER_ATTN_MLA : LAYER_ATTN_MHA;
-        if (L->attn_kind == LAYER_ATTN_MLA ? mla_load(ws, l, &L->mla, err)
-                                           : mha_load(ws, l, &L->mha, err))
-            return -1;
-        L->mlp_kind = model_config_layer_is_moe(c, l) ? LAYER_MLP_MOE : LAYER_MLP_DENSE;
-        if (L->mlp_kind == LAYER_MLP_MOE) {
-            if (moe_load(ws, l, &L->moe, err)) return -1;
-        } else {
-            snprintf(name, sizeof name, "model.layers.%d.mlp", l);
-            if (dense_load(ws, name, c->intermediate_size, &L->dense, err)) return -1;
-        }
+        if (m->fam->load_layer(ws, l, L, err)) return -1;
     }
     return 0;
 }
 
 static int finish_load(struct model *m, struct weight_source *ws, const struct model_options *opt,
                        struct kiln_error *err) {
-    struct model_config *c = &m->cfg;
+    const struct model_config *c = &m->cfg;
     m->max_batch_tokens = opt && opt->max_batch_tokens > 0 ? opt->max_batch_tokens : 2048;
     m->max_seqs = opt && opt->max_seqs > 0 ? opt->max_seqs : 256;
     if (m->max_seqs > m->max_batch_tokens) m->max_seqs = m->max_batch_tokens;
     m->max_context = opt && opt->max_context > 0 ? opt->max_context : c->max_position_embeddings;
     const char *fs = getenv("KILN_SHARED_EXPERTS_FUSION");
     m->fuse_shared = !(opt && opt->no_shared_expert_fusion) && !(fs && !strcmp(fs, "0"));
-    /* HF's DeepSeek models rotate interleaved pairs (V3 via rope_interleave,
-     * V2 through its complex-number rotary). */
-    if (c->arch == ARCH_DEEPSEEK_V2) c->rope.interleaved = 1;
     const struct backend_ops *ops = m->be->ops;
     m->defer_uploads = opt && opt->defer_weights && ops->weight_upload_later &&
                        ops->weights_finish && !ops->weights_in_place;
     if (load_weights(m, ws, err)) return -1;
 
-    m->rope_dim = is_mla(c) ? c->qk_rope_head_dim : c->head_dim;
+    m->rope_dim = m->fam->rope_dim(c);
     float *table = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));
     rope_table_build(&c->rope, m->rope_dim, m->max_context, c->max_position_embeddings, table);
     m->rope_table = model_upload(m, table, (size_t)m->max_context * (size_t)m->rope_dim * 4);
     if (!m->rope_table) return kiln_errorf(err, "out of device memory for the rope table");
-    if (is_mla(c)) {
-        double qh = c->qk_nope_head_dim + c->qk_rope_head_dim;
-        m->attn_scale = (float)(1.0 / sqrt(qh) * rope_softmax_mscale(&c->rope));
-    } else {
-        m->attn_scale = (float)(1.0 / sqrt((double)c->head_dim));
-    }
+    m->attn_scale = (float)m->fam->attn_scale(c);
     return reserve_activations(m, err);
 }
 
@@ -168,6 +128,7 @@ int model_load_dummy(struct model **out, const struct model_config *cfg, struct 
     struct model *m = xcalloc(1, sizeof *m);
     *out = NULL;
     m->cfg = *cfg;
+    m->fam = model_family_of(cfg);
     m->be = be;
     m->gen.bos_token_id = cfg->bos_token_id;
     m->gen.n_eos = cfg->n_eos;
@@ -205,6 +166,7 @@ int model_load(struct model **out, const char *dir, struct backend *be,
 
     struct model *m = xcalloc(1, sizeof *m);
     m->cfg = cfg;
+    m->fam = model_family_of(&cfg);
     m->be = be;
     char *gen_path = path_join(dir, "generation_config.json");
     rc = generation_config_load(&m->gen, gen_path, &cfg, err);
@@ -250,32 +212,16 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
     const struct backend_ops *ops = m->be->ops;
     void *ctx = m->be->ctx;
     struct activations *a = &m->act;
-    long d = c->hidden_size;
-    float eps = (float)c->rms_norm_eps;
     long n = s->bb->n_tokens;
     struct fwd f = {.m = m, .kv = kv, .bb = s->bb, .n = n, .pos = s->bb->positions, .slot = s->slot};
     ops->embed(ctx, a->h, &m->embed, s->ids, n);
-    for (int l = 0; l < c->n_layers; l++) {
-        const struct layer *L = &m->layers[l];
-        /* h += delta (the last sublayer's output); xn = rmsnorm(h): by the
-         * model for MLA and MoE, with the following product(s) otherwise */
-        struct backend_norm nm = {.h = a->h, .delta = l ? a->delta : NULL, .x = a->xn,
-                                  .w = L->ln_attn, .dim = d, .eps = eps};
-        if (L->attn_kind == LAYER_ATTN_MLA) {
-            ops->add_rmsnorm(ctx, a->h, nm.delta, a->xn, L->ln_attn, n, d, eps);
-            mla_forward(&f, l, &L->mla, a->xn, a->delta);
-        } else {
-            mha_forward_norm(&f, l, &L->mha, &nm, a->delta);
-        }
-        nm.delta = a->delta;
-        nm.w = L->ln_mlp;
-        if (L->mlp_kind == LAYER_MLP_MOE) {
-            ops->add_rmsnorm(ctx, a->h, a->delta, a->xn, L->ln_mlp, n, d, eps);
-            moe_forward(&f, &L->moe, a->xn, a->delta);
-        } else {
-            dense_forward_norm(&f, &L->dense, c->intermediate_size, &nm, a->delta);
-        }
-    }
+    for (int l = 0; l < c->n_layers; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
+}
+
+struct backend_norm layer_norm_in(const struct fwd *f, int l, const float *w) {
+    const struct model *m = f->m;
+    return (struct backend_norm){.h = m->act.h, .delta = l ? m->act.delta : NULL, .x = m->act.xn,
+                                 .w = w, .dim = m->cfg.hidden_size, .eps = (float)m->cfg.rms_norm_eps};
 }
 
 void model_final_norm(struct model *m, const int32_t *rows, long n) {
