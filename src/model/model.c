@@ -248,12 +248,7 @@ void model_lm_head(struct model *m, float *logits, long r0, long r) {
 void model_norm_lm_head(struct model *m, float *logits, long n) {
     const struct backend_ops *ops = m->be->ops;
     struct activations *a = &m->act;
-    if (!ops->norm_matmul) {
-        model_final_norm(m, NULL, n);
-        model_lm_head(m, logits, 0, n);
-        return;
-    }
-    /* one product: the norm hands it its 16-bit operand */
+    /* one product: a fusing backend's norm hands it its 16-bit operand */
     struct backend_norm nm = {.h = a->h, .delta = a->delta, .x = a->xs, .w = m->final_norm,
                               .dim = m->cfg.hidden_size, .eps = (float)m->cfg.rms_norm_eps};
     ops->norm_matmul(m->be->ctx, &nm, logits, m->cfg.vocab_size, &m->lm_head, NULL, n);

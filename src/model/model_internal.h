@@ -208,13 +208,12 @@ void mha_act_widths(const struct model_config *c, struct act_widths *w);
 int mha_rope_dim(const struct model_config *c);
 double mha_attn_scale(const struct model_config *c);
 int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_error *err);
-void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const float *x, float *out);
 int dense_load(struct weight_source *ws, const char *prefix, long inter, struct mlp_dense *d,
                struct kiln_error *err);
 void dense_forward(const struct fwd *f, const struct mlp_dense *d, long inter, const float *x,
                    float *out);
-/* The same with the layer's add_rmsnorm in front, fused where the backend can
- * (norm_matmul, norm_swiglu_mlp). */
+/* The layer's add_rmsnorm in front of its attention / MLP, with the
+ * products in layer-level backend operations (the backend fuses inside). */
 void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
                       const struct backend_norm *nm, float *out);
 void dense_forward_norm(const struct fwd *f, const struct mlp_dense *d, long inter,
