@@ -10,8 +10,8 @@
  *
  * Decode steps end the way a serving step does: on a backend that samples
  * on the device (CUDA), every row is sampled greedily there and only the
- * token ids come back (model_forward_sample); --logits downloads every
- * row's logits instead (model_forward, what a step cost before device
+ * token ids come back (runner_forward_sample); --logits downloads every
+ * row's logits instead (runner_forward, what a step cost before device
  * sampling). The line "sampling:" says which ran; --both times both in the
  * same run (device sampling first, then the logits download, after each
  * prefill), one decode line each. --prefill-batch prefills the N sequences
@@ -30,6 +30,7 @@
 #include "base/mem.h"
 #include "bench_util.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "tensor/backend.h"
 
 struct seqs {
@@ -39,7 +40,7 @@ struct seqs {
 };
 
 /* Prefill of sequence s: tokens 0..n-1 */
-static int prefill(struct model *m, struct kv_pool *kv, const struct seqs *q, int s,
+static int prefill(struct runner *run, const struct seqs *q, int s,
                    const int32_t *ids, int n, float *logits, struct kiln_error *err) {
     int32_t *pos = xmalloc((size_t)n * 4), *slot = xmalloc((size_t)n * 4);
     const int32_t *pg = q->pages + (size_t)s * q->ctx;
@@ -49,7 +50,7 @@ static int prefill(struct model *m, struct kv_pool *kv, const struct seqs *q, in
                       .positions = pos, .out_slot = slot, .n_seqs = 1, .q_start = q_start,
                       .kv_len = &kv_len, .kv_page_start = page_start, .kv_pages = pg,
                       .page_size = 1, .n_logit_rows = 1, .logit_rows = &row};
-    int rc = model_forward(m, kv, &b, logits, err);
+    int rc = runner_forward(run, &b, logits, err);
     free(pos);
     free(slot);
     return rc;
@@ -58,7 +59,7 @@ static int prefill(struct model *m, struct kv_pool *kv, const struct seqs *q, in
 /* Prefill of every sequence in one batch (as llama-batched-bench's prompt
  * phase, and as the engine's chunked prefill takes short prompts): tokens
  * 0..n-1 of each, one logit row per sequence. */
-static int prefill_all(struct model *m, struct kv_pool *kv, const struct seqs *q,
+static int prefill_all(struct runner *run, const struct seqs *q,
                        const int32_t *ids, int n, float *logits, struct kiln_error *err) {
     int S = q->n;
     long T = (long)S * n;
@@ -81,7 +82,7 @@ static int prefill_all(struct model *m, struct kv_pool *kv, const struct seqs *q
                       .positions = pos, .out_slot = slot, .n_seqs = S, .q_start = q_start,
                       .kv_len = kv_len, .kv_page_start = q->page_start, .kv_pages = q->pages,
                       .page_size = 1, .n_logit_rows = S, .logit_rows = rows};
-    int rc = model_forward(m, kv, &b, logits, err);
+    int rc = runner_forward(run, &b, logits, err);
     free(pos);
     free(slot);
     free(tok);
@@ -93,8 +94,8 @@ static int prefill_all(struct model *m, struct kv_pool *kv, const struct seqs *q
 
 /* One decode step of all sequences at position p; with smp, greedy on the
  * device (token ids to tokens). */
-static int decode(struct model *m, struct kv_pool *kv, const struct seqs *q, const int32_t *ids,
-                  int p, int32_t *scratch, float *logits, const struct model_sampling *smp,
+static int decode(struct runner *run, const struct seqs *q, const int32_t *ids,
+                  int p, int32_t *scratch, float *logits, const struct runner_sampling *smp,
                   int32_t *tokens, struct kiln_error *err) {
     int n = q->n;
     int32_t *pos = scratch, *slot = pos + n, *q_start = slot + n, *kv_len = q_start + n + 1,
@@ -111,8 +112,8 @@ static int decode(struct model *m, struct kv_pool *kv, const struct seqs *q, con
                       .positions = pos, .out_slot = slot, .n_seqs = n, .q_start = q_start,
                       .kv_len = kv_len, .kv_page_start = q->page_start, .kv_pages = q->pages,
                       .page_size = 1, .n_logit_rows = n, .logit_rows = rows};
-    if (smp) return model_forward_sample(m, kv, &b, smp, tokens, logits, err);
-    return model_forward(m, kv, &b, logits, err);
+    if (smp) return runner_forward_sample(run, &b, smp, tokens, logits, err);
+    return runner_forward(run, &b, logits, err);
 }
 
 int main(int argc, char **argv) {
@@ -166,21 +167,22 @@ int main(int argc, char **argv) {
     struct model_options mo = {.load_format = format,
                                .max_batch_tokens = prefill_batch ? prompt_len * batch
                                                    : prompt_len > batch ? prompt_len : batch,
-                               .max_seqs = batch, .max_context = ctx, .page_size = 1,
-                               .no_graphs = no_graphs};
+                               .max_seqs = batch, .max_context = ctx};
     double t0 = time_now();
     if (model_load(&m, model_dir, &be, &mo, &err)) goto fail;
     double t_load = time_now() - t0;
     const struct model_config *c = model_config(m);
     struct kv_layer_layout layout[512];
     int nl = model_kv_layout(m, layout, 512);
-    struct kv_pool kv;
     /* every sequence's pages, and one spare for the padding rows of graphs */
-    if (kv_pool_init(&kv, &be, layout, nl, 1, batch * ctx + 1, &err)) goto fail;
+    struct runner_options ro = {.page_size = 1, .kv_tokens = (long)batch * ctx + 1, .no_graphs = no_graphs};
+    struct runner *run;
+    if (runner_create(&run, m, &ro, &err)) goto fail;
+    struct kv_pool *kv = runner_kv(run);
     struct seqs q = {.n = batch, .ctx = ctx, .pages = xmalloc((size_t)batch * ctx * 4),
                      .page_start = xmalloc((size_t)(batch + 1) * 4)};
     for (int s = 0; s < batch; s++) {
-        if (kv_pool_alloc(&kv, ctx, q.pages + (size_t)s * ctx)) {
+        if (kv_pool_alloc(kv, ctx, q.pages + (size_t)s * ctx)) {
             kiln_errorf(&err, "KV pool too small");
             goto fail;
         }
@@ -193,8 +195,8 @@ int main(int argc, char **argv) {
     /* greedy rows sampled on the device, when the backend can */
     int32_t *tokens = xmalloc((size_t)batch * 4);
     struct backend_sample_row *srows = xcalloc((size_t)batch, sizeof *srows);
-    struct model_sampling smp_greedy = {.rows = srows};
-    const struct model_sampling *smp = !want_logits && model_can_sample(m) ? &smp_greedy : NULL;
+    struct runner_sampling smp_greedy = {.rows = srows};
+    const struct runner_sampling *smp = !want_logits && runner_can_sample(run) ? &smp_greedy : NULL;
     int n_modes = both && smp ? 2 : 1;
     /* The backend's own copy is a fair ceiling for a GPU; on the CPU it is
      * one thread's memcpy, no limit for two threads streaming weights, so
@@ -203,12 +205,12 @@ int main(int argc, char **argv) {
     double host_bw = be.ops->weights_in_place ? host_read_bandwidth(threads) : 0.0;
     double gb = (double)model_weight_bytes(m) / 1e9, kv_slot = 0;
     for (int l = 0; l < nl; l++)
-        kv_slot += (double)dtype_size(kv.dtype) *
+        kv_slot += (double)dtype_size(kv->dtype) *
                    (double)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width));
     printf("model: %s (%s, %d layers, hidden %d, vocab %d), %.3f GB of weights, loaded in %.2f s\n",
            model_dir, model_arch_name(c->arch), c->n_layers, c->hidden_size, c->vocab_size, gb, t_load);
     printf("device: %s, threads: %d, batch: %d, graphs: %s, KV cache: %s, best of %d%s\n", device,
-           threads, batch, no_graphs ? "off" : "on", dtype_name(kv.dtype), repeat,
+           threads, batch, no_graphs ? "off" : "on", dtype_name(kv->dtype), repeat,
            deterministic ? ", deterministic" : "");
     printf("sampling: %s\n", n_modes == 2 ? "both: greedy on the device (token ids downloaded), "
                                             "then every row's logits downloaded"
@@ -229,20 +231,20 @@ int main(int argc, char **argv) {
         for (int r = 0; r < repeat; r++) {
             t0 = time_now();
             if (prefill_batch) {
-                if (prefill_all(m, &kv, &q, ids, pl, logits, &err)) goto fail;
+                if (prefill_all(run, &q, ids, pl, logits, &err)) goto fail;
             } else {
                 for (int s = 0; s < batch; s++)
-                    if (prefill(m, &kv, &q, s, ids + s % 7, pl, logits, &err)) goto fail;
+                    if (prefill(run, &q, s, ids + s % 7, pl, logits, &err)) goto fail;
             }
             double t1 = time_now();
             if (t1 - t0 < best_pp) best_pp = t1 - t0;
             /* mode 0: as chosen; mode 1 (--both): the logits download too,
              * over the same positions (the decode rewrites the same K/V) */
             for (int mode = 0; mode < n_modes; mode++) {
-                const struct model_sampling *sm = mode ? NULL : smp;
+                const struct runner_sampling *sm = mode ? NULL : smp;
                 t1 = time_now();
                 for (int i = 0; i < n_decode; i++)
-                    if (decode(m, &kv, &q, ids + pl + i % batch, pl + i, scratch, logits, sm, tokens,
+                    if (decode(run, &q, ids + pl + i % batch, pl + i, scratch, logits, sm, tokens,
                                &err))
                         goto fail;
                 double t2 = time_now();

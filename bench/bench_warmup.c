@@ -1,9 +1,9 @@
 /* bench_warmup.c — does start-up warm-up leave no first-seen cost? Loads a
- * model, runs model_warmup (unless --no-warmup), then for each decode
+ * model, runs runner_warmup (unless --no-warmup), then for each decode
  * bucket times the first step at that batch size against the median of
  * the next five: the issue's bar is "within 10% of the steady state".
  * Steps end as serving steps do: sampled greedily on the device with only
- * the token ids copied back (model_forward_sample), where the backend
+ * the token ids copied back (runner_forward_sample), where the backend
  * samples; --logits downloads every row's logits instead (megabytes into
  * pageable memory per step, whose copy time varies by tens of percent from
  * step to step and hides the step itself).
@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "tensor/backend.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -27,8 +28,8 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* One decode step of n sequences, sequence s at position `pos` on page s. */
-static double step(struct model *m, struct kv_pool *kv, int n, int pos, const int32_t *pages,
-                   float *logits, const struct model_sampling *smp, int32_t *tokens,
+static double step(struct runner *run, struct kv_pool *kv, int n, int pos, const int32_t *pages,
+                   float *logits, const struct runner_sampling *smp, int32_t *tokens,
                    struct kiln_error *err) {
     int32_t *buf = xmalloc((size_t)n * 9 * 4 + 8);
     int32_t *ids = buf, *p = ids + n, *slot = p + n, *rows = slot + n, *qs = rows + n,
@@ -51,8 +52,8 @@ static double step(struct model *m, struct kv_pool *kv, int n, int pos, const in
                       .n_logit_rows = n, .logit_rows = rows};
     double t0 = time_now();
     /* both wait for the step: the token ids or the logits come back */
-    int rc = smp ? model_forward_sample(m, kv, &b, smp, tokens, logits, err)
-                 : model_forward(m, kv, &b, logits, err);
+    int rc = smp ? runner_forward_sample(run, &b, smp, tokens, logits, err)
+                 : runner_forward(run, &b, logits, err);
     double t = time_now() - t0;
     free(buf);
     return rc ? -1 : t;
@@ -86,17 +87,17 @@ int main(int argc, char **argv) {
     struct model *m;
     /* page size 64: each sequence owns one page, positions 0..63 */
     struct model_options mo = {.load_format = format, .max_batch_tokens = 2048,
-                               .max_seqs = max_batch, .max_context = 4096, .page_size = 64};
+                               .max_seqs = max_batch, .max_context = 4096};
     if (model_load(&m, model_dir, &be, &mo, &err)) goto fail;
-    struct kv_layer_layout layout[512];
-    int nl = model_kv_layout(m, layout, 512);
-    struct kv_pool kv;
-    if (kv_pool_init(&kv, &be, layout, nl, 64, max_batch + 4096 / 64 + 2, &err)) goto fail;
+    struct runner_options ro = {.page_size = 64, .kv_tokens = (long)(max_batch + 4096 / 64 + 2) * 64};
+    struct runner *run;
+    if (runner_create(&run, m, &ro, &err)) goto fail;
+    struct kv_pool *kv = runner_kv(run);
     double t0 = time_now();
-    if (warm && model_warmup(m, &kv, &err)) goto fail;
+    if (warm && runner_warmup(run, &err)) goto fail;
     printf("warm-up: %.2f s (%s)\n", time_now() - t0, warm ? "on" : "off");
     int32_t *pages = xmalloc((size_t)max_batch * 4);
-    if (kv_pool_alloc(&kv, max_batch, pages)) {
+    if (kv_pool_alloc(kv, max_batch, pages)) {
         kiln_errorf(&err, "KV pool too small");
         goto fail;
     }
@@ -107,8 +108,8 @@ int main(int argc, char **argv) {
     memset(logits, 0, lbytes);
     int32_t *tokens = xmalloc((size_t)max_batch * 4);
     struct backend_sample_row *srows = xcalloc((size_t)max_batch, sizeof *srows); /* greedy */
-    struct model_sampling greedy = {.rows = srows};
-    const struct model_sampling *smp = !want_logits && model_can_sample(m) ? &greedy : NULL;
+    struct runner_sampling greedy = {.rows = srows};
+    const struct runner_sampling *smp = !want_logits && runner_can_sample(run) ? &greedy : NULL;
     printf("steps end with: %s\n", smp ? "greedy sampling on the device, token ids downloaded"
                                         : "every row's logits downloaded");
     int sizes[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
@@ -116,8 +117,8 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         int n = sizes[k];
         if (n > max_batch) break;
-        double first = step(m, &kv, n, 0, pages, logits, smp, tokens, &err), rest[5];
-        for (int r = 0; r < 5; r++) rest[r] = step(m, &kv, n, 1 + r, pages, logits, smp, tokens, &err);
+        double first = step(run, kv, n, 0, pages, logits, smp, tokens, &err), rest[5];
+        for (int r = 0; r < 5; r++) rest[r] = step(run, kv, n, 1 + r, pages, logits, smp, tokens, &err);
         if (first < 0 || rest[4] < 0) goto fail;
         double second = rest[0];
         qsort(rest, 5, sizeof rest[0], cmp_double);

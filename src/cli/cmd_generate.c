@@ -16,6 +16,7 @@
 #include "cli/cli_common.h"
 #include "kiln/tokenizer.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "tensor/backend.h"
 
 /* First index of the largest logit (ties go to the lower id). */
@@ -102,7 +103,7 @@ int cmd_generate(int argc, char **argv) {
     struct kiln_error err = {0};
     struct backend be = {0};
     struct model *m = NULL;
-    struct kv_pool kv = {0};
+    struct runner *run = NULL;
     int rc = 1, page_size = ma.page_size;
     int32_t *seq = NULL, *pages = NULL, *rows = NULL, *pos = NULL, *slot = NULL;
     float *logits = NULL;
@@ -110,7 +111,7 @@ int cmd_generate(int argc, char **argv) {
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
     struct model_options mo = {.load_format = ma.load_format, .no_shared_expert_fusion = ma.no_shared_fusion,
                                .max_batch_tokens = n_prompt,
-                               .max_seqs = 1, .page_size = page_size};
+                               .max_seqs = 1};
     if (model_load(&m, ma.model_dir, &be, &mo, &err)) goto out;
     const struct model_config *cfg = model_config(m);
     int ctx = model_max_context(m);
@@ -124,12 +125,11 @@ int cmd_generate(int argc, char **argv) {
         kiln_errorf(&err, "the prompt of %d tokens exceeds the context of %d", n_prompt, ctx);
         goto out;
     }
-    struct kv_layer_layout layout[512];
-    int nl = model_kv_layout(m, layout, 512);
     int n_pages = (ctx + page_size - 1) / page_size;
-    if (kv_pool_init(&kv, &be, layout, nl, page_size, n_pages, &err)) goto out;
+    struct runner_options ro = {.page_size = page_size, .kv_tokens = (long)n_pages * page_size};
+    if (runner_create(&run, m, &ro, &err)) goto out;
     pages = xmalloc((size_t)n_pages * 4);
-    KILN_ASSERT(kv_pool_alloc(&kv, n_pages, pages) == 0);
+    KILN_ASSERT(kv_pool_alloc(runner_kv(run), n_pages, pages) == 0);
     seq = xmalloc((size_t)(n_prompt + max_tokens + 1) * 4);
     memcpy(seq, prompt, (size_t)n_prompt * 4);
     pos = xmalloc((size_t)n_prompt * 4);
@@ -149,14 +149,14 @@ int cmd_generate(int argc, char **argv) {
                           .kv_page_start = page_start, .kv_pages = pages, .page_size = page_size,
                           .n_logit_rows = 1, .logit_rows = &row};
         int next;
-        if (model_can_sample(m)) { /* greedy on the device: only the id comes back */
+        if (runner_can_sample(run)) { /* greedy on the device: only the id comes back */
             struct backend_sample_row greedy = {0};
-            struct model_sampling smp = {.rows = &greedy};
+            struct runner_sampling smp = {.rows = &greedy};
             int32_t t;
-            if (model_forward_sample(m, &kv, &b, &smp, &t, logits, &err)) goto out;
+            if (runner_forward_sample(run, &b, &smp, &t, logits, &err)) goto out;
             next = t;
         } else {
-            if (model_forward(m, &kv, &b, logits, &err)) goto out;
+            if (runner_forward(run, &b, logits, &err)) goto out;
             next = argmax(logits, cfg->vocab_size);
         }
         done = len;
@@ -177,7 +177,7 @@ int cmd_generate(int argc, char **argv) {
 out:
     if (rc) fprintf(stderr, "kiln generate: %s\n", err.msg);
     free(prompt), free(seq), free(pages), free(rows), free(pos), free(slot), free(logits);
-    kv_pool_free(&kv);
+    runner_free(run);
     model_free(m);
     backend_destroy(&be);
     kiln_tokenizer_free(tok);

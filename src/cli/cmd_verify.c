@@ -20,6 +20,7 @@
 #include "cli/cli.h"
 #include "cli/cli_common.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "model/safetensors.h"
 
 struct ref_seq {
@@ -32,7 +33,8 @@ struct ref_seq {
 
 struct verify {
     struct model *m;
-    struct kv_pool kv;
+    struct runner *r;
+    struct kv_pool *kv;
     int vocab, page_size;
     struct ref_seq *seqs;
     int n_seqs;
@@ -46,13 +48,13 @@ struct verify {
 static int ensure_pages(struct verify *v, struct ref_seq *s, int len) {
     int need = (len + v->page_size - 1) / v->page_size;
     if (need <= s->n_pages) return 0;
-    if (kv_pool_alloc(&v->kv, need - s->n_pages, s->pages + s->n_pages)) return -1;
+    if (kv_pool_alloc(v->kv, need - s->n_pages, s->pages + s->n_pages)) return -1;
     s->n_pages = need;
     return 0;
 }
 
 static void release_pages(struct verify *v, struct ref_seq *s) {
-    kv_pool_release(&v->kv, s->pages, s->n_pages);
+    kv_pool_release(v->kv, s->pages, s->n_pages);
     s->n_pages = 0;
 }
 
@@ -93,7 +95,7 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
                       .kv_page_start = page_start, .kv_pages = pages, .page_size = v->page_size,
                       .n_logit_rows = n, .logit_rows = rows};
     float *logits = xmalloc((size_t)n * (size_t)v->vocab * 4);
-    int rc = model_forward(v->m, &v->kv, &b, logits, err);
+    int rc = runner_forward(v->r, &b, logits, err);
     if (rc == 0) {
         t = 0;
         for (int i = 0; i < k; i++) {
@@ -286,14 +288,15 @@ int cmd_verify(int argc, char **argv) {
     }
     struct model_options mo = {.load_format = ma.load_format, .no_shared_expert_fusion = ma.no_shared_fusion,
                                .max_batch_tokens = total,
-                               .max_seqs = v.n_seqs, .page_size = v.page_size,
+                               .max_seqs = v.n_seqs,
                                .max_context = longest > cfg.max_position_embeddings
                                                   ? longest : cfg.max_position_embeddings};
     if (model_load(&v.m, ma.model_dir, &be, &mo, &err)) goto out;
-    struct kv_layer_layout layout[512];
-    int nl = model_kv_layout(v.m, layout, 512);
-    if (kv_pool_init(&v.kv, &be, layout, nl, v.page_size, pages + v.n_seqs, &err)) goto out;
-    kv_pool_scramble(&v.kv, 12345);
+    struct runner_options ro = {.page_size = v.page_size,
+                                .kv_tokens = (long)(pages + v.n_seqs) * v.page_size};
+    if (runner_create(&v.r, v.m, &ro, &err)) goto out;
+    v.kv = runner_kv(v.r);
+    kv_pool_scramble(v.kv, 12345);
 
     if (verify_prefill(&v, &err) || verify_decode(&v, &err) || verify_mixed(&v, (int)chunk, &err))
         goto out;
@@ -305,7 +308,7 @@ int cmd_verify(int argc, char **argv) {
     }
 out:
     if (rc && err.msg[0]) fprintf(stderr, "kiln verify: %s\n", err.msg);
-    kv_pool_free(&v.kv);
+    runner_free(v.r);
     model_free(v.m);
     for (int i = 0; i < v.n_seqs; i++) free(v.seqs[i].pages);
     free(v.seqs);

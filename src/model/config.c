@@ -10,30 +10,35 @@
 #include "base/error.h"
 #include "base/json_util.h"
 #include "base/file.h"
+#include "model/model_internal.h"
 
 /* Per-architecture facts and the transformers defaults that differ between
- * them. One row per model_type; everything else is shared code. */
-enum arch_family { FAMILY_DENSE = 0, FAMILY_QWEN_MOE, FAMILY_DEEPSEEK };
-
+ * them. One row per model_type, naming its family (model_internal.h);
+ * everything else is shared code. */
 struct arch_desc {
     const char *name;
     enum model_arch arch;
-    enum arch_family family;
+    const struct model_family *family;
     int default_max_positions;
     int qk_norm;       /* qwen3: RMSNorm on each q and k head */
     int default_head_dim; /* 0 = hidden / heads */
+    int slide_switch;  /* sliding_window applies only with use_sliding_window (qwen) */
 };
 
 static const struct arch_desc arch_table[ARCH_COUNT] = {
-    {"llama", ARCH_LLAMA, FAMILY_DENSE, 2048, 0, 0},
-    {"qwen2", ARCH_QWEN2, FAMILY_DENSE, 32768, 0, 0},
+    {"llama", ARCH_LLAMA, &family_llama, 2048, 0, 0, 0},
+    {"qwen2", ARCH_QWEN2, &family_llama, 32768, 0, 0, 1},
     /* Qwen3Config declares head_dim = 128 rather than deriving it. */
-    {"qwen3", ARCH_QWEN3, FAMILY_DENSE, 32768, 1, 128},
-    {"qwen2_moe", ARCH_QWEN2_MOE, FAMILY_QWEN_MOE, 32768, 0, 0},
-    {"qwen3_moe", ARCH_QWEN3_MOE, FAMILY_QWEN_MOE, 32768, 1, 0},
-    {"deepseek_v2", ARCH_DEEPSEEK_V2, FAMILY_DEEPSEEK, 2048, 0, 0},
-    {"deepseek_v3", ARCH_DEEPSEEK_V3, FAMILY_DEEPSEEK, 4096, 0, 0},
+    {"qwen3", ARCH_QWEN3, &family_llama, 32768, 1, 128, 1},
+    {"qwen2_moe", ARCH_QWEN2_MOE, &family_qwen_moe, 32768, 0, 0, 1},
+    {"qwen3_moe", ARCH_QWEN3_MOE, &family_qwen_moe, 32768, 1, 0, 1},
+    {"deepseek_v2", ARCH_DEEPSEEK_V2, &family_deepseek, 2048, 0, 0, 0},
+    {"deepseek_v3", ARCH_DEEPSEEK_V3, &family_deepseek, 4096, 0, 0, 0},
 };
+
+const struct model_family *model_family_of(const struct model_config *c) {
+    return arch_table[c->arch].family;
+}
 
 const char *model_arch_name(enum model_arch arch) {
     if ((int)arch < 0 || arch >= ARCH_COUNT) return "unknown";
@@ -389,6 +394,65 @@ static int parse_deepseek(struct model_config *c, const struct jr *r) {
     return 0;
 }
 
+/* ---- variants -------------------------------------------------------------- */
+
+/* The activation, partial rotary and sliding-window fields. The window is
+ * in use when some layer slides over fewer positions than the context:
+ * with qwen's switch only under use_sliding_window true (transformers
+ * drops the window otherwise), on the layers at or past max_window_layers
+ * or those layer_types names; without a switch, on every layer whenever a
+ * window is given. */
+static int parse_variants(struct model_config *c, const struct jr *r, const struct arch_desc *a) {
+    const char *act = NULL, *key = field(r, "hidden_activation") ? "hidden_activation" : "hidden_act";
+    if (rd_str(r, key, &act)) return -1;
+    snprintf(c->hidden_act, sizeof c->hidden_act, "%s", act ? act : "silu");
+    snprintf(c->hidden_act_key, sizeof c->hidden_act_key, "%s", key);
+    if (rd_bool(r, "mlp_bias", 0, &c->mlp_bias) ||
+        rd_pos_double(r, "partial_rotary_factor", 0, 1.0, &c->partial_rotary_factor))
+        return -1;
+    int window = 0, use = !a->slide_switch, max_window_layers = 0, sliding_layers = 0;
+    if (rd_int(r, "sliding_window", 0, 0, 0, &window) ||
+        (a->slide_switch && (rd_bool(r, "use_sliding_window", 0, &use) ||
+                             rd_int(r, "max_window_layers", 0, 28, 0, &max_window_layers))))
+        return -1;
+    const json_t *lt = field(r, "layer_types");
+    if (lt) {
+        if (!json_is_array(lt)) return type_error(r, "layer_types", "a list of strings", lt);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            const json_t *e = json_array_get(lt, i);
+            if (!json_is_string(e))
+                return kiln_errorf(r->err, "%s: field 'layer_types[%zu]' must be a string", r->file, i);
+            if (!strcmp(json_string_value(e), "sliding_attention")) sliding_layers++;
+            else if (strcmp(json_string_value(e), "full_attention"))
+                return kiln_errorf(r->err, "%s: field 'layer_types[%zu]' is '%.32s': only "
+                                           "full_attention is supported",
+                                   r->file, i, json_string_value(e));
+        }
+    } else {
+        sliding_layers = c->n_layers - max_window_layers;
+    }
+    if (use && window > 0 && window < c->max_position_embeddings && sliding_layers > 0)
+        c->sliding_window = window;
+    return 0;
+}
+
+int family_check_common(const struct model_config *c, const char *file, struct kiln_error *err) {
+    if (strcmp(c->hidden_act, "silu"))
+        return kiln_errorf(err, "%s: %s '%.32s' is not supported (only silu)", file, c->hidden_act_key,
+                           c->hidden_act);
+    if (c->mlp_bias) return kiln_errorf(err, "%s: mlp_bias true is not supported", file);
+    if (c->partial_rotary_factor != 1.0)
+        return kiln_errorf(err, "%s: partial_rotary_factor %g is not supported (the whole head is "
+                                "rotated)",
+                           file, c->partial_rotary_factor);
+    if (c->sliding_window > 0)
+        return kiln_errorf(err, "%s: sliding_window %d is in use (some layers would attend to fewer "
+                                "positions than the context of %d): sliding-window attention is not "
+                                "supported",
+                           file, c->sliding_window, c->max_position_embeddings);
+    return 0;
+}
+
 /* ---- the whole config ------------------------------------------------------ */
 
 static int parse_config(struct model_config *c, const json_t *root, const char *file,
@@ -429,11 +493,6 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
         rd_pos_double(&r, "rms_norm_eps", 0, 1e-6, &c->rms_norm_eps) ||
         rd_bool(&r, "tie_word_embeddings", 0, &c->tie_word_embeddings))
         return -1;
-    if (c->n_heads % c->n_kv_heads)
-        return kiln_errorf(err,
-                           "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads "
-                           "(%d)",
-                           file, c->n_heads, c->n_kv_heads);
     int derived = a->default_head_dim ? a->default_head_dim : c->hidden_size / c->n_heads;
     if (rd_int(&r, "head_dim", 0, derived, 1, &c->head_dim)) return -1;
     if (c->head_dim == 0)
@@ -457,23 +516,14 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
     }
     c->qk_norm = a->qk_norm;
 
-    /* Variants the forward pass does not implement are refused here rather
-     * than silently computed wrong. */
-    const char *act;
-    int flag = 0;
-    if (rd_str(&r, "hidden_act", &act)) return -1;
-    if (act && strcmp(act, "silu"))
-        return kiln_errorf(err, "%s: hidden_act '%.32s' is not supported (only silu)", file, act);
-    if (rd_bool(&r, "mlp_bias", 0, &flag)) return -1;
-    if (flag) return kiln_errorf(err, "%s: mlp_bias true is not supported", file);
-    if (rd_bool(&r, "use_sliding_window", 0, &flag)) return -1;
-    if (flag) return kiln_errorf(err, "%s: use_sliding_window true is not supported", file);
-
+    /* Variants a family may not implement: read here, judged by the
+     * family's check_config. */
+    if (parse_variants(c, &r, a)) return -1;
     if (parse_rope(c, &r, a)) return -1;
 
     c->routed_scaling_factor = 1.0;
-    if (a->family == FAMILY_QWEN_MOE && parse_qwen_moe(c, &r)) return -1;
-    if (a->family == FAMILY_DEEPSEEK && parse_deepseek(c, &r)) return -1;
+    if (a->family == &family_qwen_moe && parse_qwen_moe(c, &r)) return -1;
+    if (a->family == &family_deepseek && parse_deepseek(c, &r)) return -1;
     if (c->n_experts && c->n_experts_per_tok > c->n_experts)
         return kiln_errorf(err, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
                            file, c->n_experts_per_tok, c->n_experts);
@@ -482,7 +532,7 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
     if (rd_bos(&r, &c->bos_token_id) ||
         rd_token_ids(&r, "eos_token_id", c->eos_token_ids, &c->n_eos, &present))
         return -1;
-    return 0;
+    return a->family->check_config(c, file, err);
 }
 
 int model_config_parse(struct model_config *cfg, const char *text, size_t len, const char *file,
@@ -590,14 +640,5 @@ int generation_config_load(struct generation_config *gc, const char *path,
 
 int model_config_layer_is_moe(const struct model_config *cfg, int layer) {
     if (layer < 0 || layer >= cfg->n_layers || cfg->n_experts <= 0) return 0;
-    switch (arch_table[cfg->arch].family) {
-    case FAMILY_QWEN_MOE:
-        for (int i = 0; i < cfg->n_mlp_only_layers; i++)
-            if (cfg->mlp_only_layers[i] == layer) return 0;
-        return (layer + 1) % cfg->decoder_sparse_step == 0;
-    case FAMILY_DEEPSEEK:
-        return layer >= cfg->first_k_dense_replace && layer % cfg->moe_layer_freq == 0;
-    case FAMILY_DENSE: break;
-    }
-    return 0;
+    return model_family_of(cfg)->layer_is_moe(cfg, layer);
 }

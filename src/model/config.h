@@ -79,6 +79,14 @@ struct model_config {
     int qk_norm;                 /* per-head RMSNorm on q and k (qwen3, qwen3_moe) */
     struct rope_config rope;
 
+    /* Read so that a family can refuse what it does not implement
+     * (model_family.check_config). */
+    char hidden_act[32];          /* hidden_act (or Gemma's hidden_activation); "silu" when absent */
+    char hidden_act_key[24];      /* the field it came from */
+    double partial_rotary_factor; /* share of head_dim rotated; 1 when absent */
+    int sliding_window;           /* window some layer slides over; 0: every layer attends fully */
+    int mlp_bias;                 /* mlp_bias true */
+
     /* Mixture of experts (0 experts = dense everywhere). */
     int n_experts;
     int n_experts_per_tok;

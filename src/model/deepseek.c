@@ -9,6 +9,7 @@
  * and reads far less KV. Rope uses the interleaved pair layout; the pairing
  * permutes q and k identically, so scores match the reference.
  * The MoE MLP of these models is in moe.c. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,7 @@
 #include "base/mem.h"
 #include "model/model_internal.h"
 
-int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err) {
+static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err) {
     struct model *m = ws->m;
     const struct model_config *c = &m->cfg;
     long d = c->hidden_size, H = c->n_heads, nope = c->qk_nope_head_dim,
@@ -62,7 +63,7 @@ int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_er
     return 0;
 }
 
-void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, const float *x, float *out) {
+static void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, const float *x, float *out) {
     struct model *m = f->m;
     const struct model_config *c = &m->cfg;
     const struct backend_ops *ops = m->be->ops;
@@ -98,3 +99,77 @@ void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, const flo
         ops->matmul(ctx, o + h * vd, H * vd, att + h * kvr, H * kvr, &a->w_uv[h], NULL, n);
     ops->matmul(ctx, out, d, o, H * vd, &a->wo, NULL, n);
 }
+
+/* MLA has no key/value heads: num_key_value_heads is not used (transformers
+ * accepts any value), so it is not checked against num_attention_heads. */
+static int deepseek_check(const struct model_config *c, const char *file, struct kiln_error *err) {
+    if (c->attention_bias)
+        return kiln_errorf(err, "%s: attention_bias true is not supported for %s (no q_a/kv_a/o "
+                                "projection biases)",
+                           file, model_arch_name(c->arch));
+    return family_check_common(c, file, err);
+}
+
+static struct kv_layer_layout deepseek_kv_layout(const struct model_config *c, int layer) {
+    (void)layer;
+    return (struct kv_layer_layout){.k_width = c->kv_lora_rank + c->qk_rope_head_dim,
+                                    .v_width = c->kv_lora_rank, .v_in_k = 1};
+}
+
+static void deepseek_act_widths(const struct model_config *c, struct act_widths *w) {
+    long H = c->n_heads, qh = c->qk_nope_head_dim + c->qk_rope_head_dim,
+         lw = c->kv_lora_rank + c->qk_rope_head_dim;
+    w->q = H * qh;
+    w->k = lw;
+    w->v = c->q_lora_rank > 1 ? c->q_lora_rank : 1; /* q_lora scratch */
+    w->q2 = H * lw;
+    w->att = H * c->kv_lora_rank;
+    w->o = H * c->v_head_dim;
+}
+
+static int deepseek_rope_dim(const struct model_config *c) { return c->qk_rope_head_dim; }
+
+static double deepseek_attn_scale(const struct model_config *c) {
+    double qh = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    return 1.0 / sqrt(qh) * rope_softmax_mscale(&c->rope);
+}
+
+static int deepseek_layer_is_moe(const struct model_config *c, int layer) {
+    return layer >= c->first_k_dense_replace && layer % c->moe_layer_freq == 0;
+}
+
+static int deepseek_load_layer(struct weight_source *ws, int l, struct layer *L,
+                               struct kiln_error *err) {
+    const struct model_config *c = &ws->m->cfg;
+    /* V3 scales the routed weights whether or not it renormalised them; V2
+     * only when it did not. */
+    const struct moe_kind kind = {.scaling = (float)c->routed_scaling_factor,
+                                  .scale_when_renormalized = c->arch == ARCH_DEEPSEEK_V3,
+                                  .shared_summed = 1};
+    L->attn_kind = LAYER_ATTN_MLA;
+    return mla_load(ws, l, &L->mla, err) || mlp_load(ws, l, &kind, L, err);
+}
+
+/* MLA reads its normed input several times: the norm runs on its own. */
+static void deepseek_forward_layer(const struct fwd *f, int l, const struct layer *L) {
+    struct model *m = f->m;
+    struct activations *a = &m->act;
+    struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
+    m->be->ops->add_rmsnorm(m->be->ctx, nm.h, nm.delta, nm.x, nm.w, f->n, nm.dim, nm.eps);
+    mla_forward(f, l, &L->mla, a->xn, a->delta);
+    nm.delta = a->delta;
+    nm.w = L->ln_mlp;
+    mlp_forward_norm(f, L, &nm, a->delta);
+}
+
+const struct model_family family_deepseek = {
+    .name = "deepseek",
+    .check_config = deepseek_check,
+    .kv_layout = deepseek_kv_layout,
+    .act_widths = deepseek_act_widths,
+    .rope_dim = deepseek_rope_dim,
+    .attn_scale = deepseek_attn_scale,
+    .layer_is_moe = deepseek_layer_is_moe,
+    .load_layer = deepseek_load_layer,
+    .forward_layer = deepseek_forward_layer,
+};

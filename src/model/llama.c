@@ -1,11 +1,73 @@
-/* llama.c — the llama-like family: multi-head attention with GQA (Llama,
- * Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm) and the SwiGLU MLP.
- * The Qwen MoE models reuse this attention. */
+/* llama.c — the llama-like family (llama, qwen2, qwen3): multi-head
+ * attention with GQA (Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm)
+ * and the SwiGLU MLP. The Qwen MoE family reuses this attention and MLP. */
 #include <math.h>
 #include <stdio.h>
 
 #include "base/error.h"
 #include "model/model_internal.h"
+
+int mha_check(const struct model_config *c, const char *file, struct kiln_error *err) {
+    if (c->n_heads % c->n_kv_heads)
+        return kiln_errorf(err,
+                           "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads "
+                           "(%d)",
+                           file, c->n_heads, c->n_kv_heads);
+    return family_check_common(c, file, err);
+}
+
+struct kv_layer_layout mha_kv_layout(const struct model_config *c, int layer) {
+    (void)layer;
+    long w = (long)c->n_kv_heads * c->head_dim;
+    return (struct kv_layer_layout){.k_width = w, .v_width = w, .v_in_k = 0};
+}
+
+void mha_act_widths(const struct model_config *c, struct act_widths *w) {
+    w->q = (long)c->n_heads * c->head_dim;
+    w->k = w->v = (long)c->n_kv_heads * c->head_dim;
+    w->att = w->q;
+    w->stacked_qkv = 1;
+}
+
+int mha_rope_dim(const struct model_config *c) { return c->head_dim; }
+double mha_attn_scale(const struct model_config *c) { return 1.0 / sqrt((double)c->head_dim); }
+
+static int llama_load_layer(struct weight_source *ws, int l, struct layer *L, struct kiln_error *err) {
+    char name[64];
+    snprintf(name, sizeof name, "model.layers.%d.mlp", l);
+    L->attn_kind = LAYER_ATTN_MHA;
+    L->mlp_kind = LAYER_MLP_DENSE;
+    return mha_load(ws, l, &L->mha, err) ||
+           dense_load(ws, name, ws->m->cfg.intermediate_size, &L->dense, err);
+}
+
+/* The layer's norms travel with the products that read them (norm_matmul,
+ * norm_swiglu_mlp) where the backend fuses them. */
+static void llama_forward_layer(const struct fwd *f, int l, const struct layer *L) {
+    struct activations *a = &f->m->act;
+    struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
+    mha_forward_norm(f, l, &L->mha, &nm, a->delta);
+    nm.delta = a->delta;
+    nm.w = L->ln_mlp;
+    dense_forward_norm(f, &L->dense, f->m->cfg.intermediate_size, &nm, a->delta);
+}
+
+static int dense_only(const struct model_config *c, int layer) {
+    (void)c, (void)layer;
+    return 0;
+}
+
+const struct model_family family_llama = {
+    .name = "llama-like",
+    .check_config = mha_check,
+    .kv_layout = mha_kv_layout,
+    .act_widths = mha_act_widths,
+    .rope_dim = mha_rope_dim,
+    .attn_scale = mha_attn_scale,
+    .layer_is_moe = dense_only,
+    .load_layer = llama_load_layer,
+    .forward_layer = llama_forward_layer,
+};
 
 int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_error *err) {
     const struct model_config *c = &ws->m->cfg;
@@ -37,7 +99,7 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
     return 0;
 }
 
-/* qk_rope_store's arguments for layer l, for norm_matmul_rope */
+/* qk_rope_store's arguments for layer l */
 static struct backend_rope_store rope_args(const struct fwd *f, int l, const struct attn_mha *a) {
     const struct model *m = f->m;
     const struct model_config *c = &m->cfg;
@@ -49,85 +111,26 @@ static struct backend_rope_store rope_args(const struct fwd *f, int l, const str
         .kv_stride = (long)c->n_kv_heads * c->head_dim, .slots = f->slot};
 }
 
-/* q, k and v come from one product with the stacked weight: row i of
- * act.qkv holds q | k | v, so every later step reads them with row stride
- * L = qw + 2 kw. mha_attend takes it from there: q/k norms, rope, the
- * cache stores (unless `roped`: norm_matmul_rope did them), attention and
- * o_proj into out. */
-static void mha_attend(const struct fwd *f, int l, const struct attn_mha *a, float *out,
-                       int roped) {
+/* The layer's attention input norm (nm), the q|k|v product with the
+ * stacked weight (row i of act.qkv holds q | k | v, row stride
+ * L = qw + 2 kw), q/k norms, rope and the cache stores in one backend call;
+ * then attention and o_proj into out in another. */
+void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
+                      const struct backend_norm *nm, float *out) {
     struct model *m = f->m;
     const struct model_config *c = &m->cfg;
     const struct backend_ops *ops = m->be->ops;
     void *ctx = m->be->ctx;
     long n = f->n, d = c->hidden_size, hd = c->head_dim, H = c->n_heads, KH = c->n_kv_heads;
     long qw = H * hd, kw = KH * hd, L = qw + 2 * kw;
-    float *q = m->act.qkv, *k = q + qw, *v = k + kw, *att = m->act.att;
-    void *kc = f->kv->k[l], *vc = f->kv->v[l];
-    float eps = (float)c->rms_norm_eps;
-
-    if (roped) {
-        /* done by norm_matmul_rope */
-    } else if (ops->qk_rope_store) { /* the arguments norm_matmul_rope gets (rope_args) */
-        struct backend_rope_store r = rope_args(f, l, a);
-        ops->qk_rope_store(ctx, q, k, v, L, n, r.n_heads, r.n_kv_heads, r.head_dim, r.q_norm,
-                           r.k_norm, r.eps, r.rot_dim, r.pos, r.cos_sin, r.interleaved, r.k_cache,
-                           r.v_cache, r.kv_stride, r.slots);
-    } else {
-        if (a->q_norm) { /* head h of every row: rows of stride L */
-            for (long h = 0; h < H; h++)
-                ops->rmsnorm(ctx, q + h * hd, L, q + h * hd, L, a->q_norm, n, hd, eps);
-            for (long h = 0; h < KH; h++)
-                ops->rmsnorm(ctx, k + h * hd, L, k + h * hd, L, a->k_norm, n, hd, eps);
-        }
-        ops->rope(ctx, q, L, n, (int)H, hd, m->rope_dim, f->pos, m->rope_table,
-                  c->rope.interleaved);
-        ops->rope(ctx, k, L, n, (int)KH, hd, m->rope_dim, f->pos, m->rope_table,
-                  c->rope.interleaved);
-        ops->kv_store(ctx, kc, kw, k, L, kw, f->slot, n);
-        ops->kv_store(ctx, vc, kw, v, L, kw, f->slot, n);
-    }
+    const struct backend_weight parts[3] = {a->wq, a->wk, a->wv};
+    const struct backend_stack w = {.cat = a->wqkv, .parts = parts, .count = 3};
+    struct backend_rope_store r = rope_args(f, l, a);
+    ops->norm_matmul_rope(ctx, nm, m->act.qkv, L, &w, a->bqkv, n, &r);
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = (int)KH, .dk = (int)hd,
                             .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale};
-    if (ops->attention_matmul) {
-        ops->attention_matmul(ctx, out, d, att, qw, q, L, kc, vc, &p, f->bb, &a->wo, a->bo, n);
-        return;
-    }
-    ops->attention(ctx, att, qw, q, L, kc, vc, &p, f->bb);
-    ops->matmul(ctx, out, d, att, qw, &a->wo, a->bo, n);
-}
-
-void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const float *x, float *out) {
-    struct model *m = f->m;
-    const struct model_config *c = &m->cfg;
-    long L = (long)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
-    const struct backend_weight qkv_parts[3] = {a->wq, a->wk, a->wv};
-    model_matmul_cat(m, m->act.qkv, L, x, c->hidden_size, &a->wqkv, qkv_parts, 3, a->bqkv, f->n);
-    mha_attend(f, l, a, out, 0);
-}
-
-/* The layer's attention input norm (nm) and the q|k|v product in one
- * backend call where the backend fuses them (norm_matmul: the norm hands
- * the product its 16-bit operand) and the weights are stacked. */
-void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
-                      const struct backend_norm *nm, float *out) {
-    struct model *m = f->m;
-    const struct backend_ops *ops = m->be->ops;
-    if (!ops->norm_matmul || !a->wqkv.data) {
-        ops->add_rmsnorm(m->be->ctx, nm->h, nm->delta, nm->x, nm->w, f->n, nm->dim, nm->eps);
-        mha_forward(f, l, a, nm->x, out);
-        return;
-    }
-    const struct model_config *c = &m->cfg;
-    long L = (long)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
-    if (ops->norm_matmul_rope) {
-        struct backend_rope_store r = rope_args(f, l, a);
-        ops->norm_matmul_rope(m->be->ctx, nm, m->act.qkv, L, &a->wqkv, a->bqkv, f->n, &r);
-        mha_attend(f, l, a, out, 1);
-        return;
-    }
-    ops->norm_matmul(m->be->ctx, nm, m->act.qkv, L, &a->wqkv, a->bqkv, f->n);
-    mha_attend(f, l, a, out, 0);
+    ops->attention_matmul(ctx, out, d, m->act.att, qw, m->act.qkv, L, r.k_cache, r.v_cache, &p,
+                          f->bb, &a->wo, a->bo, n);
 }
 
 int dense_load(struct weight_source *ws, const char *prefix, long inter, struct mlp_dense *dm,
@@ -166,18 +169,12 @@ void dense_forward(const struct fwd *f, const struct mlp_dense *dm, long inter, 
 }
 
 /* The MLP's input norm (nm) and the whole SwiGLU MLP in one backend call
- * where the backend has it (norm_swiglu_mlp: silu(g)·u fused into the
- * gate|up product at decode, 16-bit handoffs for batches) and gate|up is
- * stacked; else add_rmsnorm and dense_forward. */
+ * (norm_swiglu_mlp). */
 void dense_forward_norm(const struct fwd *f, const struct mlp_dense *dm, long inter,
                         const struct backend_norm *nm, float *out) {
     struct model *m = f->m;
-    const struct backend_ops *ops = m->be->ops;
-    if (!ops->norm_swiglu_mlp || !dm->gate_up.data) {
-        ops->add_rmsnorm(m->be->ctx, nm->h, nm->delta, nm->x, nm->w, f->n, nm->dim, nm->eps);
-        dense_forward(f, dm, inter, nm->x, out);
-        return;
-    }
-    ops->norm_swiglu_mlp(m->be->ctx, nm, out, m->cfg.hidden_size, &dm->gate_up, &dm->down, m->act.g,
-                         2 * inter, f->n);
+    const struct backend_weight parts[2] = {dm->gate, dm->up};
+    const struct backend_stack gu = {.cat = dm->gate_up, .parts = parts, .count = 2};
+    m->be->ops->norm_swiglu_mlp(m->be->ctx, nm, out, m->cfg.hidden_size, &gu, &dm->down, m->act.g,
+                                2 * inter, f->n);
 }

@@ -3,9 +3,12 @@
  * model_load reads config.json, generation_config.json and the safetensors
  * weights of a checkpoint folder (or builds random weights from config.json
  * alone with load_format "dummy"), places the weights on a backend, and
- * reserves the activations for the largest batch up front. model_forward
- * runs one ragged batch (model/batch.h) against a KV pool whose layout came
- * from model_kv_layout, and returns fp32 logits of the requested rows.
+ * reserves the activations for the largest batch up front.
+ * model_forward_layers runs the layers over a batch already staged on the
+ * device (struct model_step; src/runner stages batches and drives steps)
+ * against a KV pool whose layout came from model_kv_layout, leaving the
+ * residual stream for the head: model_final_norm and model_lm_head turn
+ * rows of it into logits on the device.
  *
  * Only this folder knows architectures: a family file (llama.c,
  * deepseek.c; moe.c for the experts) provides loading and forward of its layers.
@@ -28,9 +31,7 @@ struct model_options {
     int max_batch_tokens;    /* largest n_tokens of a batch (default 2048) */
     int max_seqs;            /* largest n_seqs of a batch (default 256) */
     int max_context;         /* longest sequence (default: max_position_embeddings) */
-    int page_size;           /* KV page size the batches will use (default 1) */
     uint64_t seed;           /* dummy weights */
-    int no_graphs;           /* 1: never replay decode steps from graphs (also KILN_GRAPHS=0) */
     /* 1: DeepSeek's shared expert stays a separate MLP instead of joining
      * the routed experts (moe.c; also KILN_SHARED_EXPERTS_FUSION=0) */
     int no_shared_expert_fusion;
@@ -60,56 +61,38 @@ int model_max_batch_tokens(const struct model *m);
 /* Bytes of weights read by one forward (for bandwidth figures). */
 size_t model_weight_bytes(const struct model *m);
 
+int model_max_seqs(const struct model *m);
+struct backend *model_backend(const struct model *m);
+
 /* Fills layout[n_layers]; returns n_layers. */
 int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int max_layers);
 
-/* Start-up warm-up (kernel prewarm by decode bucket): on a backend with
- * graphs, runs and records every decode bucket's graph and runs a prefill
- * at every power-of-two token count up to the reserved batch, each with
- * its largest shape, so no request pays a first-seen cost. Uses scratch
- * KV pages and returns them; call before the first request. Logs what was
- * warmed and how long it took. A backend without graphs (the CPU) has
- * nothing to warm and returns at once. */
-int model_warmup(struct model *m, struct kv_pool *kv, struct kiln_error *err);
-
-/* Runs the batch; writes logits[n_logit_rows][vocab] (host memory). */
-int model_forward(struct model *m, struct kv_pool *kv, const struct batch *b, float *logits,
-                  struct kiln_error *err);
-
-/* ---- sampling on the device (backends with backend_ops.sample) ----------
- *
- * model_forward_sample runs the batch like model_forward, but samples the
- * logit rows on the device and copies back only their token ids; rows
- * marked want_logits (scores, logprobs: what the CPU sampler must see)
- * have their logits downloaded instead, and only those. Row j of the
- * batch's logit rows gets tokens[j] (rows not wanting logits), or its
- * logits at logits[k][vocab] where k counts the want_logits rows before it.
- * rows[j].adj_start / n_adj index `adj` (entries of want_logits rows are
- * ignored); at most model_sample_capacity(m, ...) entries per batch. The
- * parameters travel with the batch's staging upload (one pinned copy; a
- * second only when there are adjustments), and decode steps whose rows all
- * sample on the device replay a graph that includes the final norm, the
- * lm_head and the sampling kernels (KILN_GRAPH_SAMPLE=0: graphs cover the
- * layers only, as for model_forward). */
-struct backend_sample_row;
-struct backend_sample_adj;
-struct model_sampling {
-    const unsigned char *want_logits;       /* [n_logit_rows]; NULL: none */
-    const struct backend_sample_row *rows;  /* [n_logit_rows] */
-    const struct backend_sample_adj *adj;   /* [n_adj] */
-    int n_adj;
+/* A batch staged on the device: its metadata (bb: positions, q_start, KV
+ * page lists) and the token ids and KV out slots of its bb->n_tokens rows,
+ * all device memory. */
+struct backend_batch;
+struct model_step {
+    const struct backend_batch *bb;
+    const int32_t *ids;  /* [n_tokens] */
+    const int32_t *slot; /* [n_tokens] */
 };
 
-/* 1 when the backend samples on the device and KILN_GPU_SAMPLE is not 0. */
-int model_can_sample(const struct model *m);
-/* Most adjustment entries one batch may carry; most rows it may sample. */
-int model_sample_adj_capacity(const struct model *m);
-int model_forward_sample(struct model *m, struct kv_pool *kv, const struct batch *b,
-                         const struct model_sampling *s, int32_t *tokens, float *logits,
-                         struct kiln_error *err);
-/* Runs the device sampler over representative batch sizes and
- * configurations (first-use costs out of the way); returns seconds, 0
- * where the model does not sample on the device. */
-double model_sample_warmup(struct model *m);
+/* Embedding and every layer: the residual stream after the last layer is
+ * left for the head (below); the new tokens' K/V are in kv. Enqueued on the
+ * backend; nothing waits for the host, so it can be recorded in a graph
+ * where model_graphable says so. */
+void model_forward_layers(struct model *m, struct kv_pool *kv, const struct model_step *s);
+/* 1 when model_forward_layers of up to n rows runs without the host (MoE
+ * layers whose routing the backend keeps on the device). */
+int model_graphable(const struct model *m, long n);
+
+/* The head, after model_forward_layers. model_final_norm applies the final
+ * norm to n rows of the residual stream: rows (device [n]) picks them,
+ * NULL takes rows 0..n-1 in place. model_lm_head writes
+ * logits[r][vocab] (device) for normed rows r0..r0+r. model_norm_lm_head
+ * is both for rows 0..n-1 in one backend call. */
+void model_final_norm(struct model *m, const int32_t *rows, long n);
+void model_lm_head(struct model *m, float *logits, long r0, long r);
+void model_norm_lm_head(struct model *m, float *logits, long n);
 
 #endif

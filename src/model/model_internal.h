@@ -53,6 +53,18 @@ struct mlp_moe {
     int shared_fused;                 /* the shared expert is expert E of `experts` (moe.c) */
     struct mlp_dense shared;          /* qwen2_moe shared expert / deepseek shared experts */
     struct backend_weight shared_gate; /* qwen2_moe [1][d]; data NULL when absent */
+    long shared_inter;                /* the shared MLP's intermediate size */
+};
+
+/* What differs between the families' MoE blocks (moe_load). */
+struct moe_kind {
+    int renormalize_single;      /* renormalise the chosen weights with top_k 1 too */
+    float scaling;               /* routed_scaling_factor applied to the weights */
+    int scale_when_renormalized; /* scale after renormalising too (else only without it) */
+    /* 1: the shared experts are one unscaled MLP of n_shared_experts x
+     * moe_intermediate_size (DeepSeek); 0: one shared expert of
+     * shared_expert_intermediate_size behind a sigmoid gate (Qwen2-MoE) */
+    int shared_summed;
 };
 
 enum layer_attn { LAYER_ATTN_MHA = 0, LAYER_ATTN_MLA };
@@ -82,41 +94,16 @@ struct activations {
     float *gate1;             /* [T][1] */
     int32_t *moe_ids;         /* [T][top_k] */
     float *moe_w;             /* [T][top_k] */
-    float *logits;            /* [logit_chunk][vocab] */
     float *xs;                /* [T][d] rows that need logits */
-    /* Batch metadata: views into one device buffer `stage`, filled by one
-     * upload from `stage_host` (pinned where the backend has host_alloc) at
-     * fixed offsets, so graphs can capture the pointers. */
-    int32_t *ids, *pos, *slot, *q_start, *page_start, *pages, *rows;
-    int32_t *stage, *stage_host;
-    long stage_pages_off;     /* ints before the page list */
-    int stage_pinned;         /* stage_host came from host_alloc */
-    int stage_busy;           /* an upload from stage_host may still be in flight */
-    long pages_cap;
-    int logit_chunk;
-    /* device sampling (backends with `sample`): row parameters are a view
-     * into `stage` (uploaded with the batch), adjustments their own pinned
-     * buffer, token ids come back through stok_host */
-    struct backend_sample_row *srows;   /* [max_seqs] (stage view) */
-    long stage_srows_off;               /* ints before srows in stage */
-    struct backend_sample_adj *sadj, *sadj_host; /* [adj_cap] device, pinned host */
-    int sadj_pinned;
-    int adj_cap;
-    int32_t *stok, *stok_host;          /* [max_seqs] device, host (pinned when possible) */
-    int stok_pinned;
-    int32_t *perm;                      /* [T] host: logit rows, want_logits first */
 };
-
-/* Decode batches (one token per sequence) are padded up to one of these
- * sizes and replayed from a graph recorded once per size. */
-enum { MODEL_GRAPH_BUCKETS = 36 };
 
 struct model {
     struct model_config cfg;
+    const struct model_family *fam;
     struct generation_config gen;
     struct backend *be;
     struct st_set st;
-    int max_batch_tokens, max_seqs, max_context, page_size;
+    int max_batch_tokens, max_seqs, max_context;
     size_t weight_bytes;
     int defer_uploads;   /* model_options.defer_weights and the backend can */
     int weights_pending; /* copies queued by weight_upload_later not yet waited for */
@@ -129,16 +116,7 @@ struct model {
     float attn_scale;
 
     struct activations act;
-    /* graphs (backends with graph_begin; dense models only) */
-    int graphs_on;
     int fuse_shared;  /* shared-expert fusion allowed (model_options) */
-    /* [0]: the layers only; [1]: layers + final norm, lm_head and sampling
-     * of every (padded) row, for model_forward_sample steps */
-    void *graphs[2][MODEL_GRAPH_BUCKETS];
-    unsigned char graph_warm[2][MODEL_GRAPH_BUCKETS]; /* ran eagerly once at this size */
-    int sample_on;                   /* backend samples (and KILN_GPU_SAMPLE != 0) */
-    int graph_sample_on;             /* graphs [1] allowed (KILN_GRAPH_SAMPLE != 0) */
-    uint64_t graph_kv_sig;           /* the KV buffers the graphs were recorded with */
     void **owned; /* host buffers to free: converted vectors, dummy weights */
     int n_owned, cap_owned;
     const void **uploaded; /* device buffers from weight_upload / alloc to release */
@@ -154,6 +132,44 @@ struct fwd {
     const int32_t *pos;          /* device positions */
     const int32_t *slot;         /* device out slots */
 };
+
+/* Widths (floats per token row) of the attention activations a family uses. */
+struct act_widths {
+    long q, k, v, att, q2, o; /* q2, o: 0 when unused */
+    int stacked_qkv;          /* act.qkv: q | k | v of a row (q + 2 k wide) */
+};
+
+/* An architecture family: what its layers hold and how they run. Each
+ * family file (llama.c, qwen_moe.c, deepseek.c) defines one; config.c's
+ * table names the family of each model_type. */
+struct model_family {
+    const char *name;
+    /* Refuses what the family does not implement in a parsed config, with
+     * a message naming the file and the field. */
+    int (*check_config)(const struct model_config *c, const char *file, struct kiln_error *err);
+    /* The KV cache row layer l keeps per token. */
+    struct kv_layer_layout (*kv_layout)(const struct model_config *c, int layer);
+    void (*act_widths)(const struct model_config *c, struct act_widths *w);
+    int (*rope_dim)(const struct model_config *c);
+    double (*attn_scale)(const struct model_config *c);
+    /* Whether layer l's MLP is a mixture of experts. */
+    int (*layer_is_moe)(const struct model_config *c, int layer);
+    /* Layer l's attention and MLP weights (its two norms are loaded by
+     * model.c), then its forward: the residual stream h += delta of the
+     * previous sublayer (none before layer 0), and delta = this layer's
+     * attention, then MLP, output. */
+    int (*load_layer)(struct weight_source *ws, int l, struct layer *L, struct kiln_error *err);
+    void (*forward_layer)(const struct fwd *f, int l, const struct layer *L);
+};
+
+extern const struct model_family family_llama, family_qwen_moe, family_deepseek;
+const struct model_family *model_family_of(const struct model_config *c);
+/* config.c: the refusals every family shares (activation, partial rotary,
+ * sliding windows). */
+int family_check_common(const struct model_config *c, const char *file, struct kiln_error *err);
+
+/* The residual add + norm in front of layer l's attention (w = its norm). */
+struct backend_norm layer_norm_in(const struct fwd *f, int l, const float *w);
 
 /* weights.c */
 int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
@@ -185,24 +201,33 @@ void rope_table_build(const struct rope_config *rc, int dim, int max_pos,
                       int max_position_embeddings, float *out);
 double rope_softmax_mscale(const struct rope_config *rc);
 
-/* llama.c */
+/* llama.c: multi-head attention, shared with qwen_moe.c */
+int mha_check(const struct model_config *c, const char *file, struct kiln_error *err);
+struct kv_layer_layout mha_kv_layout(const struct model_config *c, int layer);
+void mha_act_widths(const struct model_config *c, struct act_widths *w);
+int mha_rope_dim(const struct model_config *c);
+double mha_attn_scale(const struct model_config *c);
 int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_error *err);
-void mha_forward(const struct fwd *f, int l, const struct attn_mha *a, const float *x, float *out);
 int dense_load(struct weight_source *ws, const char *prefix, long inter, struct mlp_dense *d,
                struct kiln_error *err);
 void dense_forward(const struct fwd *f, const struct mlp_dense *d, long inter, const float *x,
                    float *out);
-/* The same with the layer's add_rmsnorm in front, fused where the backend can
- * (norm_matmul, norm_swiglu_mlp). */
+/* The layer's add_rmsnorm in front of its attention / MLP, with the
+ * products in layer-level backend operations (the backend fuses inside). */
 void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
                       const struct backend_norm *nm, float *out);
 void dense_forward_norm(const struct fwd *f, const struct mlp_dense *d, long inter,
                         const struct backend_norm *nm, float *out);
 
-/* moe.c: MoE layers (qwen2_moe, qwen3_moe, deepseek_v2/v3) */
-int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err);
+/* moe.c: the MoE MLP of qwen_moe.c and deepseek.c */
+int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct mlp_moe *moe,
+             struct kiln_error *err);
 void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x, float *out);
-int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err);
-void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, const float *x, float *out);
+/* Layer l's MLP (MoE or dense) after its norm nm, into out. */
+void mlp_forward_norm(const struct fwd *f, const struct layer *L, const struct backend_norm *nm,
+                      float *out);
+/* Layer l's MLP weights: MoE where the family says so, else dense. */
+int mlp_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct layer *L,
+             struct kiln_error *err);
 
 #endif

@@ -14,11 +14,11 @@
 #include "base/mem.h"
 #include "model/model_internal.h"
 
-int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err) {
+int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct mlp_moe *moe,
+             struct kiln_error *err) {
     struct model *m = ws->m;
     const struct model_config *c = &m->cfg;
     long d = c->hidden_size, E = c->n_experts, F = c->moe_intermediate_size;
-    int deepseek = c->arch == ARCH_DEEPSEEK_V2 || c->arch == ARCH_DEEPSEEK_V3;
     char name[256], prefix[128];
     snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", l);
     snprintf(name, sizeof name, "%s.gate.weight", prefix);
@@ -49,13 +49,14 @@ int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_e
                                                              : MOE_ROUTE_GREEDY,
         .n_group = c->n_group > 0 ? c->n_group : 1,
         .topk_group = c->topk_group > 0 ? c->topk_group : 1,
-        .renormalize = c->norm_topk_prob && (!deepseek || c->n_experts_per_tok > 1),
-        .scaling = deepseek ? (float)c->routed_scaling_factor : 1.0f,
-        .scale_when_renormalized = c->arch == ARCH_DEEPSEEK_V3,
+        .renormalize = c->norm_topk_prob && (kind->renormalize_single || c->n_experts_per_tok > 1),
+        .scaling = kind->scaling,
+        .scale_when_renormalized = kind->scale_when_renormalized,
     };
-    if (deepseek && c->n_shared_experts > 0) {
+    if (kind->shared_summed && c->n_shared_experts > 0) {
         snprintf(name, sizeof name, "%s.shared_experts", prefix);
-        if (dense_load(ws, name, (long)c->n_shared_experts * F, &moe->shared, err)) return -1;
+        moe->shared_inter = (long)c->n_shared_experts * F;
+        if (dense_load(ws, name, moe->shared_inter, &moe->shared, err)) return -1;
         moe->has_shared = 1;
         /* Shared-expert fusion: one shared expert has the routed
          * experts' shape, so it joins their list as expert E, chosen by
@@ -80,9 +81,10 @@ int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_e
             moe->route.n_fused = 1;
             moe->shared_fused = 1;
         }
-    } else if (!deepseek && c->shared_expert_intermediate_size > 0) {
+    } else if (!kind->shared_summed && c->shared_expert_intermediate_size > 0) {
         snprintf(name, sizeof name, "%s.shared_expert", prefix);
-        if (dense_load(ws, name, c->shared_expert_intermediate_size, &moe->shared, err)) return -1;
+        moe->shared_inter = c->shared_expert_intermediate_size;
+        if (dense_load(ws, name, moe->shared_inter, &moe->shared, err)) return -1;
         snprintf(name, sizeof name, "%s.shared_expert_gate.weight", prefix);
         if (ws_matrix(ws, name, 1, d, &moe->shared_gate, err)) return -1;
         moe->has_shared = 1;
@@ -90,10 +92,27 @@ int moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_e
     return 0;
 }
 
-static long shared_inter(const struct model_config *c) {
-    if (c->arch == ARCH_DEEPSEEK_V2 || c->arch == ARCH_DEEPSEEK_V3)
-        return (long)c->n_shared_experts * c->moe_intermediate_size;
-    return c->shared_expert_intermediate_size;
+int mlp_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct layer *L,
+             struct kiln_error *err) {
+    const struct model_config *c = &ws->m->cfg;
+    L->mlp_kind = model_config_layer_is_moe(c, l) ? LAYER_MLP_MOE : LAYER_MLP_DENSE;
+    if (L->mlp_kind == LAYER_MLP_MOE) return moe_load(ws, l, kind, &L->moe, err);
+    char name[64];
+    snprintf(name, sizeof name, "model.layers.%d.mlp", l);
+    return dense_load(ws, name, c->intermediate_size, &L->dense, err);
+}
+
+/* The MoE path normalises on its own (its products read xn several
+ * times); a dense MLP takes the norm along (norm_swiglu_mlp). */
+void mlp_forward_norm(const struct fwd *f, const struct layer *L, const struct backend_norm *nm,
+                      float *out) {
+    struct model *m = f->m;
+    if (L->mlp_kind == LAYER_MLP_MOE) {
+        m->be->ops->add_rmsnorm(m->be->ctx, nm->h, nm->delta, nm->x, nm->w, f->n, nm->dim, nm->eps);
+        moe_forward(f, &L->moe, nm->x, out);
+    } else {
+        dense_forward_norm(f, &L->dense, m->cfg.intermediate_size, nm, out);
+    }
 }
 
 void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x, float *out) {
@@ -107,7 +126,7 @@ void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x,
                    &moe->route, n);
     ops->moe_ffn(ctx, out, x, m->act.moe_ids, m->act.moe_w, k, &moe->experts, n);
     if (!moe->has_shared || moe->shared_fused) return;
-    dense_forward(f, &moe->shared, shared_inter(&m->cfg), x, m->act.shared);
+    dense_forward(f, &moe->shared, moe->shared_inter, x, m->act.shared);
     if (moe->shared_gate.data) {
         ops->matmul(ctx, m->act.gate1, 1, x, d, &moe->shared_gate, NULL, n);
         ops->gated_add(ctx, out, m->act.shared, m->act.gate1, 1, n, d);

@@ -159,8 +159,8 @@ static void load_sampling_defaults(struct engine *e) {
  * held by requests (the prefix cache's evictable pages count as free). */
 static void log_step(struct engine *e) {
     const struct sched_step_info *si = &e->step_info;
-    long total = e->kv.n_pages;
-    long avail = kv_pool_available(&e->kv) + (e->radix ? radix_evictable_pages(e->radix) : 0);
+    long total = e->kv->n_pages;
+    long avail = kv_pool_available(e->kv) + (e->radix ? radix_evictable_pages(e->radix) : 0);
     long used = total - avail;
     double usage = total > 0 ? (double)used / (double)total : 0;
     if (si->prefill_seqs > 0)
@@ -266,7 +266,7 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
         log_info("sampler warm-up: batch sizes 0..256, greedy + 5 random configurations, %.3f s", s);
         if (e->gpu_sample)
             log_info("device sampler warm-up: the same configurations on the device, %.3f s",
-                     model_sample_warmup(e->model));
+                     runner_sample_warmup(e->runner));
     }
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
         kiln_errorc(err, KILN_ERR_IO, "cannot start the engine thread");

@@ -8,6 +8,7 @@
 
 #include "cache/kv_pool.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "scheduler/engine.h"
 #include "scheduler/request.h"
 #include "tensor/backend.h"
@@ -17,8 +18,9 @@ struct radix_tree;
 struct engine {
     struct engine_options opt;
     struct backend be;
-    struct model *model;
-    struct kv_pool kv;
+    struct runner *runner; /* the model's forward steps, the KV pool */
+    struct model *model;   /* runner_model(runner) */
+    struct kv_pool *kv;    /* runner_kv(runner) */
     struct radix_tree *radix; /* NULL with --disable-radix-cache */
     struct kiln_tokenizer *tok;
     char *model_name;
@@ -65,7 +67,7 @@ struct engine {
     float *logits;  /* [max_seqs][vocab] */
     float *scratch; /* [2 * vocab] */
     int32_t *match_pages;
-    /* sampling on the device (model_can_sample): per logit row of a step,
+    /* sampling on the device (runner_can_sample): per logit row of a step,
      * whether it needs its logits on the host (scores, logprobs) instead */
     int gpu_sample;
     unsigned char *s_want;             /* [max_seqs] */

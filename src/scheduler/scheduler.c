@@ -78,12 +78,12 @@ static void release_kv(struct engine *e, struct req *r) {
             struct radix_node *node;
             int dup = radix_insert(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
             if (dup > r->n_tree_tokens)
-                kv_pool_release(&e->kv, r->pages + keep, dup / ps - keep);
+                kv_pool_release(e->kv, r->pages + keep, dup / ps - keep);
             keep = aligned / ps;
         }
         if (r->lock_node) radix_unlock(e->radix, r->lock_node);
     }
-    kv_pool_release(&e->kv, r->pages + keep, r->n_pages - keep);
+    kv_pool_release(e->kv, r->pages + keep, r->n_pages - keep);
     r->n_pages = 0;
     r->n_tree_tokens = 0;
     r->lock_node = NULL;
@@ -98,7 +98,7 @@ static void cache_unfinished(struct engine *e, struct req *r) {
     struct radix_node *node;
     int dup = radix_insert(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
     int keep = r->n_tree_tokens / ps;
-    if (dup > r->n_tree_tokens) kv_pool_release(&e->kv, r->pages + keep, dup / ps - keep);
+    if (dup > r->n_tree_tokens) kv_pool_release(e->kv, r->pages + keep, dup / ps - keep);
     /* the tree's pages replace the duplicates we just freed */
     int got = radix_match(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
     KILN_ASSERT(got == aligned);
@@ -109,14 +109,14 @@ static void cache_unfinished(struct engine *e, struct req *r) {
 }
 
 static int available_pages(const struct engine *e) {
-    return kv_pool_available(&e->kv) + (e->radix ? radix_evictable_pages(e->radix) : 0);
+    return kv_pool_available(e->kv) + (e->radix ? radix_evictable_pages(e->radix) : 0);
 }
 
 /* Makes `n` pages free in the pool, evicting cached prefixes if needed. */
 static int make_free(struct engine *e, int n) {
-    int missing = n - kv_pool_available(&e->kv);
+    int missing = n - kv_pool_available(e->kv);
     if (missing > 0 && e->radix) radix_evict(e->radix, missing);
-    return kv_pool_available(&e->kv) >= n ? 0 : -1;
+    return kv_pool_available(e->kv) >= n ? 0 : -1;
 }
 
 /* Gives request r pages for positions [0, len). */
@@ -128,7 +128,7 @@ static int grow_pages(struct engine *e, struct req *r, int len) {
         r->cap_pages = (r->n_pages + need) * 2;
         r->pages = xrealloc(r->pages, (size_t)r->cap_pages * sizeof *r->pages);
     }
-    KILN_ASSERT(kv_pool_alloc(&e->kv, need, r->pages + r->n_pages) == 0);
+    KILN_ASSERT(kv_pool_alloc(e->kv, need, r->pages + r->n_pages) == 0);
     r->n_pages += need;
     return 0;
 }
@@ -507,11 +507,11 @@ static int run_batch(struct engine *e, const struct plan *p) {
             }
             e->s_want[j++] = (unsigned char)want;
         }
-        struct model_sampling smp = {.want_logits = e->s_want, .rows = e->s_rows, .adj = e->s_adj,
-                                     .n_adj = n_adj};
-        rc = model_forward_sample(e->model, &e->kv, &b, &smp, e->s_tokens, e->logits, &err);
+        struct runner_sampling smp = {.want_logits = e->s_want, .rows = e->s_rows, .adj = e->s_adj,
+                                      .n_adj = n_adj};
+        rc = runner_forward_sample(e->runner, &b, &smp, e->s_tokens, e->logits, &err);
     } else {
-        rc = model_forward(e->model, &e->kv, &b, e->logits, &err);
+        rc = runner_forward(e->runner, &b, e->logits, &err);
     }
     if (rc) {
         log_error("forward failed: %s", err.msg);
@@ -627,8 +627,8 @@ void sched_publish_stats(struct engine *e) {
     struct engine_stats s = e->counters;
     s.running = e->n_running;
     s.waiting = e->n_waiting;
-    s.kv_pages_total = e->kv.n_pages;
-    s.kv_pages_free = kv_pool_available(&e->kv);
+    s.kv_pages_total = e->kv->n_pages;
+    s.kv_pages_free = kv_pool_available(e->kv);
     s.kv_pages_cached = e->radix ? radix_total_pages(e->radix) : 0;
     s.page_size = e->page_size;
     pthread_mutex_lock(&e->mu);
@@ -636,116 +636,25 @@ void sched_publish_stats(struct engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
-#define GIB(x) ((double)(x) / 1073741824.0)
-
-/* The KV pool's size in tokens. With --max-total-tokens: that. On a device
- * that reports its memory (the GPU) the memory plan, SGLang's: weights and
- * the activations reserved for the largest batch are in place by now; the
- * pool takes what is free minus (1 - mem_fraction_static) of the device,
- * which stays for graphs, library workspaces and scratch that grows during
- * warm-up. Elsewhere (the CPU): up to 2 GiB. Either way no more than every
- * running request at full context needs. */
-static int plan_kv_tokens(struct engine *e, size_t per_token, size_t free_before, long *out,
-                          struct kiln_error *err) {
-    const struct engine_options *o = &e->opt;
-    long most = (long)e->context_length * o->max_running_requests;
-    if (o->max_total_tokens > 0) {
-        *out = o->max_total_tokens;
-        return 0;
-    }
-    const struct backend_ops *ops = e->be.ops;
-    if (!ops->mem_info) {
-        long tokens = (long)((2ull << 30) / per_token);
-        *out = tokens < most ? tokens : most;
-        return 0;
-    }
-    double frac = o->mem_fraction_static > 0 ? o->mem_fraction_static : 0.88;
-    size_t free_now, total;
-    ops->mem_info(e->be.ctx, &free_now, &total);
-    double keep = (1.0 - frac) * (double)total;
-    double kv_bytes = (double)free_now - keep;
-    size_t weights = model_weight_bytes(e->model);
-    double others = (double)free_before - (double)free_now - (double)weights;
-    /* a request needs at least its first prefill chunk and one more token */
-    long need = (o->chunked_prefill_size < e->context_length ? o->chunked_prefill_size
-                                                             : e->context_length) + 1;
-    if (kv_bytes < (double)need * (double)per_token)
-        return kiln_errorf(err,
-                           "not enough device memory for the KV cache: the device has %.2f GiB, "
-                           "weights take %.2f GiB and activations %.2f GiB, %.2f GiB are free; "
-                           "--mem-fraction-static %.2f keeps %.2f GiB back, leaving %.2f GiB where "
-                           "at least %.3f GiB (%ld tokens of %zu bytes) are needed; raise "
-                           "--mem-fraction-static, lower --chunked-prefill-size / "
-                           "--max-running-requests, or use a larger device",
-                           GIB(total), GIB(weights), GIB(others > 0 ? others : 0), GIB(free_now),
-                           frac, GIB(keep), GIB(kv_bytes > 0 ? kv_bytes : 0),
-                           GIB((double)need * (double)per_token), need, per_token);
-    long tokens = (long)(kv_bytes / (double)per_token);
-    if (tokens > most) tokens = most;
-    log_info("memory plan: device %.2f GiB; weights %.2f GiB, activations and scratch %.2f GiB; "
-             "KV cache %.2f GiB (%ld tokens, --mem-fraction-static %.2f); %.2f GiB left for "
-             "graphs and workspaces",
-             GIB(total), GIB(weights), GIB(others > 0 ? others : 0),
-             GIB((double)tokens * (double)per_token), tokens, frac,
-             GIB((double)free_now - (double)tokens * (double)per_token));
-    *out = tokens;
-    return 0;
-}
-
 int sched_init(struct engine *e, struct kiln_error *err) {
     const struct engine_options *o = &e->opt;
     e->max_seqs = o->max_running_requests;
     e->max_batch_tokens = o->chunked_prefill_size + o->max_running_requests;
-    const char *lo = getenv("KILN_LOAD_OVERLAP");
     struct model_options mo = {.load_format = o->load_format, .max_batch_tokens = e->max_batch_tokens,
                                .max_seqs = e->max_seqs, .max_context = o->context_length,
-                               .page_size = e->page_size,
-                               .no_shared_expert_fusion = o->no_shared_expert_fusion,
-                               /* the checkpoint's copy overlaps the KV pool and the warm-up
-                                * (KILN_LOAD_OVERLAP=0: load first, for comparisons) */
-                               .defer_weights = !o->skip_warmup && !(lo && !strcmp(lo, "0"))};
-    size_t free_before = 0, total = 0;
-    if (e->be.ops->mem_info) e->be.ops->mem_info(e->be.ctx, &free_before, &total);
-    double t0 = time_now();
-    if (model_load(&e->model, o->model_dir, &e->be, &mo, err)) {
-        if (e->be.ops->mem_info && err->code == KILN_ERR_OUT_OF_MEMORY) {
-            char msg[sizeof err->msg];
-            snprintf(msg, sizeof msg, "%s", err->msg);
-            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "the model does not fit: %s (the device has %.2f GiB, %.2f GiB "
-                                    "were free before loading)",
-                               msg, GIB(total), GIB(free_before));
-        }
-        return -1;
-    }
-    double t_load = time_now() - t0, t_load0 = t0;
-    const struct model_config *c = model_config(e->model);
-    e->vocab = c->vocab_size;
+                               .no_shared_expert_fusion = o->no_shared_expert_fusion};
+    struct runner_options ro = {.page_size = e->page_size, .kv_tokens = o->max_total_tokens,
+                                .mem_fraction_static = o->mem_fraction_static,
+                                .max_running_requests = o->max_running_requests,
+                                .chunked_prefill_size = o->chunked_prefill_size,
+                                .skip_warmup = o->skip_warmup};
+    if (runner_load(&e->runner, &e->be, o->model_dir, &mo, &ro, err)) return -1;
+    e->model = runner_model(e->runner);
+    e->kv = runner_kv(e->runner);
+    e->vocab = model_config(e->model)->vocab_size;
     e->context_length = model_max_context(e->model);
-    log_info("load: %.2f GiB of weights and the activations for %d-token batches %s in %.2f s",
-             GIB(model_weight_bytes(e->model)), e->max_batch_tokens,
-             model_weights_pending(e->model) ? "allocated, their copy started" : "loaded", t_load);
-    struct kv_layer_layout layout[512];
-    int nl = model_kv_layout(e->model, layout, 512);
-    size_t per_token = kv_pool_page_bytes(layout, nl, 1, backend_kv_dtype(&e->be));
-    long tokens = 0;
-    if (plan_kv_tokens(e, per_token, free_before, &tokens, err)) return -1;
-    int n_pages = (int)((tokens + e->page_size - 1) / e->page_size);
-    t0 = time_now();
-    if (kv_pool_init(&e->kv, &e->be, layout, nl, e->page_size, n_pages, err)) return -1;
-    double t_kv = time_now() - t0;
-    e->pool_tokens = (long)n_pages * e->page_size;
-    t0 = time_now();
-    if (!o->skip_warmup && model_warmup(e->model, &e->kv, err)) return -1;
-    double t_warm = time_now() - t0;
-    t0 = time_now();
-    model_weights_ready(e->model); /* before any request: the copies are done */
-    double t_wait = time_now() - t0, t_weights = time_now() - t_load0;
-    log_info("start-up: load %.2f s, KV pool %.2f s, warm-up and graphs %.2f s; weights on the "
-             "device %.2f s after loading began (%.2f GB/s; %.2f s waited after the warm-up)",
-             t_load, t_kv, t_warm, t_weights,
-             (double)model_weight_bytes(e->model) / 1e9 / (t_weights > 0 ? t_weights : 1e-9),
-             t_wait);
-    if (!o->disable_radix_cache) e->radix = radix_create(e->page_size, release_pages, &e->kv);
+    e->pool_tokens = (long)e->kv->n_pages * e->page_size;
+    if (!o->disable_radix_cache) e->radix = radix_create(e->page_size, release_pages, e->kv);
     e->pages_cap = (long)e->max_seqs * (e->context_length / e->page_size + 2);
     int T = e->max_batch_tokens, S = e->max_seqs;
     e->b_ids = xmalloc((size_t)T * 4);
@@ -763,29 +672,26 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->logits = xmalloc((size_t)S * (size_t)e->vocab * 4);
     memset(e->logits, 0, (size_t)S * (size_t)e->vocab * 4);
     e->scratch = xmalloc((size_t)e->vocab * 2 * 4);
-    if ((e->gpu_sample = model_can_sample(e->model))) {
+    if ((e->gpu_sample = runner_can_sample(e->runner))) {
         e->s_want = xcalloc((size_t)S, 1);
         e->s_rows = xcalloc((size_t)S, sizeof *e->s_rows);
-        e->s_adj_cap = model_sample_adj_capacity(e->model);
+        e->s_adj_cap = runner_sample_adj_capacity(e->runner);
         e->s_adj = xmalloc((size_t)e->s_adj_cap * sizeof *e->s_adj);
         e->s_slot = xmalloc((size_t)e->vocab * sizeof *e->s_slot);
         for (int i = 0; i < e->vocab; i++) e->s_slot[i] = -1;
         e->s_tokens = xcalloc((size_t)S, sizeof *e->s_tokens);
     }
     e->match_pages = xmalloc((size_t)(e->context_length / e->page_size + 2) * 4);
-    log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%s, %.1f MiB, page size %d)",
-             o->model_dir, model_arch_name(c->arch), c->n_layers, e->context_length, e->pool_tokens,
-             dtype_name(e->kv.dtype), (double)per_token * (double)e->pool_tokens / 1048576.0,
-             e->page_size);
     return 0;
 }
 
 void sched_free(struct engine *e) {
     radix_destroy(e->radix);
     e->radix = NULL;
-    kv_pool_free(&e->kv);
-    model_free(e->model);
+    runner_free(e->runner);
+    e->runner = NULL;
     e->model = NULL;
+    e->kv = NULL;
     free(e->b_ids), free(e->b_pos), free(e->b_slot), free(e->b_rows), free(e->b_qstart),
         free(e->b_kvlen), free(e->b_pagestart), free(e->b_pages), free(e->b_reqs), free(e->b_from),
         free(e->b_to), free(e->logits), free(e->scratch), free(e->match_pages);

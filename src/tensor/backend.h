@@ -83,7 +83,18 @@ struct backend_norm {
     float eps;
 };
 
-/* The arguments of qk_rope_store, for norm_matmul_rope. */
+/* A stacked weight: `count` parts (q|k|v, gate|up) one under the other,
+ * read by one product. Backends that copy weights to a device get `cat`,
+ * one matrix; in-place backends (weights_in_place: the CPU) keep the parts
+ * where they lie (cat.data NULL) and run them one by one into the same
+ * output columns. */
+struct backend_stack {
+    struct backend_weight cat;
+    const struct backend_weight *parts;
+    int count;
+};
+
+/* The arguments of qk_rope_store and norm_matmul_rope. */
 struct backend_rope_store {
     int n_heads, n_kv_heads, head_dim;
     const float *q_norm, *k_norm; /* NULL: no per-head norm */
@@ -169,6 +180,57 @@ struct backend_ops {
     void (*moe_ffn)(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                     int top_k, const struct moe_experts *e, long n);
 
+    /* ---- Layer-level operations: each computes what the primitives named
+     * in its comment compute, in that order (the CUDA backend: the same
+     * bits). A backend fuses inside where it can (CUDA: the norm hands the
+     * products a 16-bit copy of the activations, silu(g)·u in the gate|up
+     * product's epilogue, rope and the K/V stores in the q|k|v product's
+     * epilogue) and runs the primitives where it cannot; a backend without
+     * fusions composes them with tensor/backend_compose.h. */
+
+    /* Attention input preparation for ordinary multi-head attention: for
+     * each row i of n, the r->n_heads query heads at q + i*ld and the
+     * r->n_kv_heads key heads at k + i*ld (head h at h*head_dim) are
+     * RMS-normalised per head (q_norm / k_norm [head_dim]; NULL: not) and
+     * rotated in place (as `rope`), then the key row and the value row
+     * (v + i*ld, n_kv_heads*head_dim floats) are stored to k_cache /
+     * v_cache at slot slots[i] (row stride kv_stride, as `kv_store`). */
+    void (*qk_rope_store)(void *ctx, float *q, float *k, const float *v, long ld, long n,
+                          const struct backend_rope_store *r);
+    /* nm->h += nm->delta (delta NULL: not); x = rmsnorm(nm->h) * nm->w
+     * (as add_rmsnorm); then y[n][w.rows] (row stride ldy) = x · wᵀ
+     * (+ bias), as matmul. nm->dim == w.cols. nm->x is scratch for x: its
+     * contents afterwards are unspecified (the CUDA backend's 16-bit
+     * handoff does not write it). */
+    void (*norm_matmul)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                        const struct backend_weight *w, const float *bias, long n);
+    /* norm_matmul into stacked q|k|v rows (y[n] = q | k | v, row stride
+     * ldy; the product by stack w), then qk_rope_store on them (q = y,
+     * k = y + n_heads·head_dim, v = k + n_kv_heads·head_dim, ld = ldy).
+     * Afterwards y's q columns hold the rotated queries; its k and v
+     * columns are unspecified. */
+    void (*norm_matmul_rope)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                             const struct backend_stack *w, const float *bias, long n,
+                             const struct backend_rope_store *r);
+    /* A SwiGLU MLP after its norm: the norm as in norm_matmul, then
+     * gu[n][2 inter] (row stride ldgu) = x · gate_upᵀ (gate rows first,
+     * inter = down.cols), g = silu(g) * u (as silu_mul into gu's first inter
+     * columns), y[n][down.rows] (row stride ldy) = g · downᵀ. gu is scratch:
+     * its contents afterwards are unspecified. */
+    void (*norm_swiglu_mlp)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                            const struct backend_stack *gate_up,
+                            const struct backend_weight *down, float *gu, long ldgu, long n);
+    /* Attention and its output projection: att[n][ldatt] = attention(q,
+     * caches) as `attention` computes it, then y[n][wo.rows] (row stride
+     * ldy) = att · woᵀ (+ bias) as matmul (n = b->n_tokens). att is
+     * scratch: its contents afterwards are unspecified (the CUDA backend
+     * may hand the product a 16-bit copy made by the attention kernel
+     * instead). */
+    void (*attention_matmul)(void *ctx, float *y, long ldy, float *att, long ldatt,
+                             const float *q, long ldq, const void *k_cache, const void *v_cache,
+                             const struct attn_params *p, const struct backend_batch *b,
+                             const struct backend_weight *wo, const float *bias, long n);
+
     /* ---- Optional: NULL where a backend has no use for them; the model
      * then takes the plain path (malloc, eager operations, unfused ops). */
 
@@ -193,19 +255,6 @@ struct backend_ops {
     void *(*graph_end)(void *ctx);
     int (*graph_launch)(void *ctx, void *graph);
     void (*graph_destroy)(void *ctx, void *graph);
-
-    /* Attention input preparation for ordinary multi-head attention, fused:
-     * for each row i of n, the n_heads query heads at q + i*ld and the
-     * n_kv_heads key heads at k + i*ld (head h at h*head_dim) are
-     * RMS-normalised per head (q_norm / k_norm [head_dim]; NULL: not) and
-     * rotated in place (as `rope`), then the key row and the value row
-     * (v + i*ld, n_kv_heads*head_dim floats) are stored to k_cache / v_cache
-     * at slot slots[i] (row stride kv_stride, as `kv_store`). */
-    void (*qk_rope_store)(void *ctx, float *q, float *k, const float *v, long ld, long n,
-                          int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
-                          const float *k_norm, float eps, int rot_dim, const int32_t *pos,
-                          const float *cos_sin, int interleaved, void *k_cache, void *v_cache,
-                          long kv_stride, const int32_t *slots);
 
     /* The element type of the KV cache the backend reads and writes
      * (kv_store, qk_rope_store, attention): NULL means DTYPE_F32. Fixed for
@@ -243,49 +292,6 @@ struct backend_ops {
                                        int count);
     void (*weights_finish)(void *ctx);
 
-    /* Fused products: a residual add + RMSNorm and the product(s) that read
-     * its output, in one call, so that the backend can hand the products a
-     * 16-bit copy of the activations made by the norm (or the SwiGLU) kernel
-     * instead of converting them in a pass of their own, and can fuse
-     * silu(g)·u into the gate|up product. Each computes what the plain ops
-     * named below compute (the CUDA backend: the same bits); NULL: the model
-     * runs those ops (the CPU backend). */
-
-    /* nm->h += nm->delta (delta NULL: not); x = rmsnorm(nm->h) * nm->w
-     * (as add_rmsnorm); then y[n][w.rows] (row stride ldy) = x · wᵀ
-     * (+ bias), as matmul. nm->dim == w.cols. nm->x is scratch for x: its
-     * contents afterwards are unspecified (the CUDA backend's 16-bit
-     * handoff does not write it). */
-    void (*norm_matmul)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
-                        const struct backend_weight *w, const float *bias, long n);
-    /* A SwiGLU MLP after its norm: the norm as in norm_matmul, then
-     * gu[n][2 inter] (row stride ldgu) = x · gate_upᵀ (gate rows first,
-     * inter = down.cols), g = silu(g) * u (as silu_mul into gu's first inter
-     * columns), y[n][down.rows] (row stride ldy) = g · downᵀ. gu is scratch:
-     * its contents afterwards are unspecified. */
-    void (*norm_swiglu_mlp)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
-                            const struct backend_weight *gate_up,
-                            const struct backend_weight *down, float *gu, long ldgu, long n);
-    /* Attention and its output projection: att[n][ldatt] = attention(q,
-     * caches) as `attention` computes it, then y[n][wo.rows] (row stride
-     * ldy) = att · woᵀ (+ bias) as matmul (n = b->n_tokens). att is
-     * scratch: its contents afterwards are unspecified (the CUDA backend
-     * may hand the product a 16-bit copy made by the attention kernel
-     * instead). */
-    void (*attention_matmul)(void *ctx, float *y, long ldy, float *att, long ldatt,
-                             const float *q, long ldq, const void *k_cache, const void *v_cache,
-                             const struct attn_params *p, const struct backend_batch *b,
-                             const struct backend_weight *wo, const float *bias, long n);
-    /* norm_matmul into stacked q|k|v rows (y[n] = q | k | v, row stride
-     * ldy), then qk_rope_store on them (q = y, k = y + n_heads·head_dim,
-     * v = k + n_kv_heads·head_dim, ld = ldy), in one call, so that the
-     * backend can rotate and store in the product's epilogue (CUDA: the
-     * wgmma kernel, head size 128, no q/k norm, bf16 cache). Afterwards y's
-     * q columns hold the rotated queries; its k and v columns are
-     * unspecified. NULL: the model runs the two. */
-    void (*norm_matmul_rope)(void *ctx, const struct backend_norm *nm, float *y, long ldy,
-                             const struct backend_weight *w, const float *bias, long n,
-                             const struct backend_rope_store *r);
 };
 
 /* Per-row parameters of backend_ops.sample (device memory). Greedy (the

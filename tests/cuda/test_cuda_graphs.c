@@ -26,6 +26,7 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "tensor/backend.h"
 
 static struct backend gpu;
@@ -39,29 +40,29 @@ static void run_arch(const char *arch, int page_size) {
     snprintf(dir, sizeof dir, "%s/oracle/tiny-models/%s", fx ? fx : "tests/fixtures", arch);
     struct kiln_error err = {0};
     struct model *ma, *mb;
-    struct model_options oa = {.max_batch_tokens = MAX_SEQS * PROMPT, .max_seqs = MAX_SEQS,
-                               .max_context = MAX_CTX, .page_size = page_size, .no_graphs = 1};
-    struct model_options ob = oa;
-    ob.no_graphs = 0;
-    if (model_load(&ma, dir, &gpu, &oa, &err) || model_load(&mb, dir, &gpu, &ob, &err))
+    struct model_options o = {.max_batch_tokens = MAX_SEQS * PROMPT, .max_seqs = MAX_SEQS,
+                              .max_context = MAX_CTX};
+    if (model_load(&ma, dir, &gpu, &o, &err) || model_load(&mb, dir, &gpu, &o, &err))
         fail_msg("%s: %s", dir, err.msg);
     const struct model_config *c = model_config(ma);
     long V = c->vocab_size;
-    struct kv_layer_layout layout[64];
-    int nl = model_kv_layout(ma, layout, 64);
     int ppseq = MAX_CTX / page_size;
     const int sizes[] = {1, 3, 8, 13};
     for (int si = 0; si < 4; si++) {
         int N = sizes[si];
-        struct kv_pool ka, kb;
-        if (kv_pool_init(&ka, &gpu, layout, nl, page_size, N * ppseq + 1, &err) ||
-            kv_pool_init(&kb, &gpu, layout, nl, page_size, N * ppseq + 1, &err))
-            fail_msg("kv pool: %s", err.msg);
+        struct runner *ra, *rb;
+        struct runner_options roa = {.page_size = page_size, .kv_tokens = (long)(N * ppseq + 1) * page_size,
+                                     .no_graphs = 1};
+        struct runner_options rob = roa;
+        rob.no_graphs = 0;
+        if (runner_create(&ra, ma, &roa, &err) || runner_create(&rb, mb, &rob, &err))
+            fail_msg("runner: %s", err.msg);
+        struct kv_pool *ka = runner_kv(ra), *kb = runner_kv(rb);
         int32_t *pa = xmalloc((size_t)N * ppseq * 4), *pb = xmalloc((size_t)N * ppseq * 4);
         int32_t ps[MAX_SEQS + 1];
         for (int s = 0; s < N; s++) {
-            assert_int_equal(kv_pool_alloc(&ka, ppseq, pa + s * ppseq), 0);
-            assert_int_equal(kv_pool_alloc(&kb, ppseq, pb + s * ppseq), 0);
+            assert_int_equal(kv_pool_alloc(ka, ppseq, pa + s * ppseq), 0);
+            assert_int_equal(kv_pool_alloc(kb, ppseq, pb + s * ppseq), 0);
             ps[s] = s * ppseq;
         }
         ps[N] = N * ppseq;
@@ -87,9 +88,9 @@ static void run_arch(const char *arch, int page_size) {
                           .positions = pos, .out_slot = sa, .n_seqs = N, .q_start = qs,
                           .kv_len = kl, .kv_page_start = ps, .kv_pages = pa,
                           .page_size = page_size, .n_logit_rows = N, .logit_rows = rows};
-        assert_int_equal(model_forward(ma, &ka, &b, la, &err), 0);
+        assert_int_equal(runner_forward(ra, &b, la, &err), 0);
         b.out_slot = sb, b.kv_pages = pb;
-        assert_int_equal(model_forward(mb, &kb, &b, lb, &err), 0);
+        assert_int_equal(runner_forward(rb, &b, lb, &err), 0);
         for (int step = 0; step < STEPS; step++) {
             int p = PROMPT + step;
             for (int s = 0; s < N; s++) {
@@ -107,9 +108,9 @@ static void run_arch(const char *arch, int page_size) {
                               .kv_len = kl, .kv_page_start = ps, .kv_pages = pa,
                               .page_size = page_size, .n_logit_rows = N, .logit_rows = rows};
             for (long i = 0; i < N * V; i++) la[i] = lb[i] = NAN;
-            assert_int_equal(model_forward(ma, &ka, &d, la, &err), 0);
+            assert_int_equal(runner_forward(ra, &d, la, &err), 0);
             d.out_slot = sb, d.kv_pages = pb;
-            assert_int_equal(model_forward(mb, &kb, &d, lb, &err), 0);
+            assert_int_equal(runner_forward(rb, &d, lb, &err), 0);
             double maxd = 0, maxv = 0;
             long differ = 0;
             for (long i = 0; i < N * V; i++) {
@@ -126,8 +127,8 @@ static void run_arch(const char *arch, int page_size) {
             if (N <= 8 && differ) fail_msg("graph replay differs from eager execution");
             if (maxd > 1e-6 * maxv) fail_msg("graph replay differs by %.3g", maxd);
         }
-        kv_pool_free(&ka);
-        kv_pool_free(&kb);
+        runner_free(ra);
+        runner_free(rb);
         free(pa), free(pb), free(la), free(lb);
     }
     model_free(ma);

@@ -243,9 +243,12 @@ static void test_qk_rope_store(void **state) {
         cpu.ops->kv_store(cpu.ctx, kc.h, kw, k, ld, kw, (int32_t *)ps.h, n);
         cpu.ops->kv_store(cpu.ctx, vc.h, kw, v, ld, kw, (int32_t *)ps.h, n);
         float *qd = x.d;
-        gpu.ops->qk_rope_store(gpu.ctx, qd, qd + qw, qd + qw + kw, ld, n, (int)H, (int)KH, (int)hd,
-                               norm ? qn.d : NULL, norm ? kn.d : NULL, 1e-6f, (int)rot, pp.d, pc.d,
-                               inter, kc.d, vc.d, kw, ps.d);
+        struct backend_rope_store r = {.n_heads = (int)H, .n_kv_heads = (int)KH, .head_dim = (int)hd,
+                                       .q_norm = norm ? qn.d : NULL, .k_norm = norm ? kn.d : NULL,
+                                       .eps = 1e-6f, .rot_dim = (int)rot, .pos = pp.d, .cos_sin = pc.d,
+                                       .interleaved = inter, .k_cache = kc.d, .v_cache = vc.d,
+                                       .kv_stride = kw, .slots = ps.d};
+        gpu.ops->qk_rope_store(gpu.ctx, qd, qd + qw, qd + qw + kw, ld, n, &r);
         printf("  qk_rope_store norm=%d interleaved=%d rot=%ld\n", norm, inter, rot);
         expect_close(&x, n, qw + 2 * kw, ld, 1e-5);
         /* only the written slots: the rest stay NaN on both sides. The GPU
@@ -461,7 +464,8 @@ static void check_fused_on(struct backend *be, long n, long d, long inter, long 
     cpu.ops->silu_mul(cpu.ctx, gu.h, 2 * inter, gu.h, 2 * inter, gu.h + inter, 2 * inter, n, inter);
     cpu.ops->matmul(cpu.ctx, o.h, d, gu.h, 2 * inter, &wd.c, NULL, n);
     struct backend_norm nm2 = {.h = h.d, .delta = dl.d, .x = xn.d, .w = lw.d, .dim = d, .eps = eps};
-    be->ops->norm_swiglu_mlp(be->ctx, &nm2, o.d, d, &wgu.g, &wd.g, gu.d, 2 * inter, n);
+    be->ops->norm_swiglu_mlp(be->ctx, &nm2, o.d, d, &(struct backend_stack){.cat = wgu.g}, &wd.g, gu.d,
+                             2 * inter, n);
     be->ops->add_rmsnorm(be->ctx, h2.d, dl.d, xn2.d, lw.d, n, d, eps);
     float *g2 = gu2.d;
     be->ops->matmul(be->ctx, g2, 2 * inter, xn2.d, d, &wgu.g, NULL, n);
@@ -537,7 +541,8 @@ static void run_chain(struct backend *be, const struct chain_w *w, int cpu_side,
         be->ops->matmul(be->ctx, delta->d, d, q->d, qr, &w->o.g, NULL, n);
         nm.delta = delta->d;
         nm.w = w->ln2.d;
-        be->ops->norm_swiglu_mlp(be->ctx, &nm, delta->d, d, &w->gu.g, &w->dn.g, gu->d, 2 * inter, n);
+        be->ops->norm_swiglu_mlp(be->ctx, &nm, delta->d, d, &(struct backend_stack){.cat = w->gu.g},
+                                 &w->dn.g, gu->d, 2 * inter, n);
     }
     if (cpu_side) cpu.ops->add_rmsnorm(cpu.ctx, h->h, delta->h, xn->h, w->ln1.h, n, d, eps);
     else be->ops->add_rmsnorm(be->ctx, h->d, delta->d, xn->d, w->ln1.d, n, d, eps);

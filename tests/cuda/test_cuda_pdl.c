@@ -8,8 +8,8 @@
  * comparison is bitwise. Two rigs (backend, qwen3-shaped model with the
  * same dummy weights, KV pool) run the same steps: a prefill of N
  * sequences, then decode steps — eager, recorded, replayed from graphs —
- * alternating logits downloads (model_forward: the layers' graph) and
- * device greedy sampling (model_forward_sample: the graph with the lm_head
+ * alternating logits downloads (runner_forward: the layers' graph) and
+ * device greedy sampling (runner_forward_sample: the graph with the lm_head
  * and the sampling kernels), then one mixed step (a new prompt beside
  * decode rows: the prefill attention kernel launched before the decode
  * one). Head size 128, GQA 16/8, so decode rows take cuda_attn_decode.cu:
@@ -36,6 +36,7 @@
 #include "cache/kv_pool.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "tensor/backend.h"
 
 enum { PAGE = 16, MAX_CTX = 1024, MAX_SEQS = 48, VOCAB = 4096, DECODE = 6, MAX_N = 40 };
@@ -53,7 +54,8 @@ static int have_gpu;
 struct rig {
     struct backend be;
     struct model *m;
-    struct kv_pool kv;
+    struct runner *run;
+    struct kv_pool *kv;
 };
 
 /* env: the variable that picks the launch mode (NULL: default) */
@@ -69,19 +71,18 @@ static int rig_init(struct rig *r, const char *env, struct kiln_error *err) {
     struct model_config cfg;
     if (model_config_parse(&cfg, CONFIG, strlen(CONFIG), "test config", err)) return -1;
     struct model_options mo = {.load_format = "dummy", .max_batch_tokens = 8192,
-                               .max_seqs = MAX_SEQS, .max_context = MAX_CTX, .page_size = PAGE,
+                               .max_seqs = MAX_SEQS, .max_context = MAX_CTX,
                                .seed = 11};
     if (model_load_dummy(&r->m, &cfg, &r->be, &mo, err)) return -1;
-    struct kv_layer_layout layout[16];
-    int nl = model_kv_layout(r->m, layout, 16);
-    if (kv_pool_init(&r->kv, &r->be, layout, nl, PAGE, (MAX_N + 1) * (MAX_CTX / PAGE) + 4, err))
-        return -1;
-    kv_pool_scramble(&r->kv, 5); /* same seed in every rig: the same pages */
+    struct runner_options ro = {.page_size = PAGE, .kv_tokens = (long)((MAX_N + 1) * (MAX_CTX / PAGE) + 4) * PAGE};
+    if (runner_create(&r->run, r->m, &ro, err)) return -1;
+    r->kv = runner_kv(r->run);
+    kv_pool_scramble(r->kv, 5); /* same seed in every rig: the same pages */
     return 0;
 }
 
 static void rig_free(struct rig *r) {
-    kv_pool_free(&r->kv);
+    runner_free(r->run);
     model_free(r->m);
     backend_destroy(&r->be);
 }
@@ -105,7 +106,7 @@ static void run(struct rig *r, int n, float *out, size_t *count) {
     float *logits = xmalloc((size_t)(MAX_N + 1) * VOCAB * 4);
     struct backend_sample_row srow[MAX_N + 1];
     memset(srow, 0, sizeof srow); /* temperature 0: greedy */
-    struct model_sampling smp = {.rows = srow};
+    struct runner_sampling smp = {.rows = srow};
     size_t at = 0;
     for (int s = 0; s <= n; s++) len[s] = 0, npg[s] = 0;
     for (int step = 0; step < DECODE + 2; step++) {
@@ -117,7 +118,7 @@ static void run(struct rig *r, int n, float *out, size_t *count) {
             int add = step == 0 || (mixed && s == n) ? prompt_len(n, s) : 1;
             int need = (len[s] + add + PAGE - 1) / PAGE;
             if (need > npg[s]) {
-                assert_int_equal(kv_pool_alloc(&r->kv, need - npg[s], seq_pages[s] + npg[s]), 0);
+                assert_int_equal(kv_pool_alloc(r->kv, need - npg[s], seq_pages[s] + npg[s]), 0);
                 npg[s] = need;
             }
             q_start[ns] = nt;
@@ -144,18 +145,18 @@ static void run(struct rig *r, int n, float *out, size_t *count) {
                           .q_start = q_start, .kv_len = kv_len, .kv_page_start = page_start,
                           .kv_pages = pages, .page_size = PAGE, .n_logit_rows = ns,
                           .logit_rows = rows};
-        if (decode && step % 2 == 0 && model_can_sample(r->m)) {
-            if (model_forward_sample(r->m, &r->kv, &b, &smp, tok, NULL, &err))
+        if (decode && step % 2 == 0 && runner_can_sample(r->run)) {
+            if (runner_forward_sample(r->run, &b, &smp, tok, NULL, &err))
                 fail_msg("forward_sample: %s", err.msg);
             for (int j = 0; j < ns; j++) out[at++] = (float)tok[j];
         } else {
             for (long i = 0; i < (long)ns * VOCAB; i++) logits[i] = NAN;
-            if (model_forward(r->m, &r->kv, &b, logits, &err)) fail_msg("forward: %s", err.msg);
+            if (runner_forward(r->run, &b, logits, &err)) fail_msg("forward: %s", err.msg);
             memcpy(out + at, logits, (size_t)ns * VOCAB * 4);
             at += (size_t)ns * VOCAB;
         }
     }
-    for (int s = 0; s <= n; s++) kv_pool_release(&r->kv, seq_pages[s], npg[s]);
+    for (int s = 0; s <= n; s++) kv_pool_release(r->kv, seq_pages[s], npg[s]);
     *count = at;
     free(ids), free(pos), free(slot), free(pages), free(logits);
 }

@@ -24,8 +24,8 @@
  *    p-value is below 1e-4 (Wilson-Hilferty quantile);
  *  - batch invariance: each of 64 rows (own parameters, adjustments) gives
  *    the same token alone and inside batches of 2..64 at any position;
- *  - the model: model_forward_sample (greedy, graphs with the sampling
- *    tail, eager, mixed with want_logits rows) against model_forward + the
+ *  - the model: runner_forward_sample (greedy, graphs with the sampling
+ *    tail, eager, mixed with want_logits rows) against runner_forward + the
  *    host argmax on a tiny oracle model, bitwise on a --deterministic
  *    backend;
  *  - the engine: penalties, logit_bias, min_new_tokens masks and a logprobs
@@ -50,6 +50,7 @@
 #include "base/knob.h"
 #include "base/mem.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "sample/sampling.h"
 #include "scheduler/engine.h"
 #include "tensor/backend.h"
@@ -604,8 +605,8 @@ static int argmax_first(const float *l, long V) {
 
 enum { M_SEQS = 16, M_CTX = 64, M_PROMPT = 5, M_STEPS = 4 };
 
-/* Greedy decode steps through model_forward_sample on model mb against
- * model_forward on ma (same weights, both on backend be); rows j % 4 == 3
+/* Greedy decode steps through runner_forward_sample on model mb against
+ * runner_forward on ma (same weights, both on backend be); rows j % 4 == 3
  * of the mixed sizes want logits. exact: tokens and logits bitwise. */
 static void run_model(struct backend *be, const char *arch, int exact) {
     const char *fx = getenv("KILN_FIXTURES");
@@ -614,25 +615,24 @@ static void run_model(struct backend *be, const char *arch, int exact) {
     struct kiln_error err = {0};
     struct model *ma, *mb;
     struct model_options o = {.max_batch_tokens = M_SEQS * M_PROMPT, .max_seqs = M_SEQS,
-                              .max_context = M_CTX, .page_size = 1};
+                              .max_context = M_CTX};
     if (model_load(&ma, dir, be, &o, &err) || model_load(&mb, dir, be, &o, &err))
         fail_msg("%s: %s", dir, err.msg);
-    assert_true(model_can_sample(mb));
     long V = model_config(ma)->vocab_size;
-    struct kv_layer_layout layout[64];
-    int nl = model_kv_layout(ma, layout, 64);
     const int sizes[] = {1, 3, 8, 13};
     for (int si = 0; si < 4; si++) {
         int N = sizes[si];
         for (int mixed = 0; mixed < 2; mixed++) {
-            struct kv_pool ka, kb;
-            if (kv_pool_init(&ka, be, layout, nl, 1, N * M_CTX + 1, &err) ||
-                kv_pool_init(&kb, be, layout, nl, 1, N * M_CTX + 1, &err))
-                fail_msg("kv pool: %s", err.msg);
+            struct runner *ra, *rb;
+            struct runner_options ro = {.page_size = 1, .kv_tokens = N * M_CTX + 1};
+            if (runner_create(&ra, ma, &ro, &err) || runner_create(&rb, mb, &ro, &err))
+                fail_msg("runner: %s", err.msg);
+            assert_true(runner_can_sample(rb));
+            struct kv_pool *ka = runner_kv(ra), *kb = runner_kv(rb);
             int32_t pa[M_SEQS * M_CTX], pb[M_SEQS * M_CTX], ps[M_SEQS + 1];
             for (int s = 0; s < N; s++) {
-                assert_int_equal(kv_pool_alloc(&ka, M_CTX, pa + s * M_CTX), 0);
-                assert_int_equal(kv_pool_alloc(&kb, M_CTX, pb + s * M_CTX), 0);
+                assert_int_equal(kv_pool_alloc(ka, M_CTX, pa + s * M_CTX), 0);
+                assert_int_equal(kv_pool_alloc(kb, M_CTX, pb + s * M_CTX), 0);
                 ps[s] = s * M_CTX;
             }
             ps[N] = N * M_CTX;
@@ -643,7 +643,7 @@ static void run_model(struct backend *be, const char *arch, int exact) {
             unsigned char want[M_SEQS];
             memset(sr, 0, sizeof sr);
             for (int s = 0; s < N; s++) want[s] = mixed && s % 4 == 3;
-            struct model_sampling smp = {.want_logits = want, .rows = sr};
+            struct runner_sampling smp = {.want_logits = want, .rows = sr};
             int T = N * M_PROMPT;
             for (int s = 0; s < N; s++) {
                 qs[s] = s * M_PROMPT, kl[s] = M_PROMPT, rows[s] = s * M_PROMPT + M_PROMPT - 1;
@@ -675,9 +675,9 @@ static void run_model(struct backend *be, const char *arch, int exact) {
                                        .page_size = 1, .n_logit_rows = N, .logit_rows = rows};
                 }
                 for (long i = 0; i < N * V; i++) la[i] = lb[i] = NAN;
-                assert_int_equal(model_forward(ma, &ka, &b, la, &err), 0);
+                assert_int_equal(runner_forward(ra, &b, la, &err), 0);
                 b.out_slot = sb, b.kv_pages = pb;
-                if (model_forward_sample(mb, &kb, &b, &smp, tok, lb, &err)) fail_msg("%s", err.msg);
+                if (runner_forward_sample(rb, &b, &smp, tok, lb, &err)) fail_msg("%s", err.msg);
                 int k = 0, flips = 0;
                 for (int s = 0; s < N; s++) {
                     const float *ref = la + (long)s * V;
@@ -705,7 +705,7 @@ static void run_model(struct backend *be, const char *arch, int exact) {
                        exact ? " (deterministic)" : "", N, mixed ? " (every 4th wants logits)" : "", step,
                        N - k, flips ? " (near ties accepted)" : "");
             }
-            kv_pool_free(&ka), kv_pool_free(&kb);
+            runner_free(ra), runner_free(rb);
             free(la), free(lb);
         }
     }

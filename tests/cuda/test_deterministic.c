@@ -5,7 +5,7 @@
  *
  * A small qwen3-shaped model with dummy weights (head_dim 64, GQA 8/4, so
  * the tensor-core prefill and the split-KV decode kernels both run) goes
- * through model_forward on the CUDA backend created with
+ * through runner_forward on the CUDA backend created with
  * backend_options.deterministic. Request R: a 600-token prompt (several
  * query tiles, three 256-position decode chunks), then 4 decode steps.
  * Run 1: R alone. Run 2: the same steps of R inside batches of 32
@@ -32,6 +32,7 @@
 #include "cache/kv_pool.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "runner/runner.h"
 #include "tensor/backend.h"
 #include "../step_batch.h"
 
@@ -58,7 +59,8 @@ struct seq {
 struct rig {
     struct backend be;
     struct model *m;
-    struct kv_pool kv;
+    struct runner *run;
+    struct kv_pool *kv;
 };
 
 static int rig_init(struct rig *r, int deterministic, struct kiln_error *err) {
@@ -68,17 +70,17 @@ static int rig_init(struct rig *r, int deterministic, struct kiln_error *err) {
     struct model_config cfg;
     if (model_config_parse(&cfg, CONFIG, strlen(CONFIG), "test config", err)) return -1;
     struct model_options mo = {.load_format = "dummy", .max_batch_tokens = 4096, .max_seqs = 32,
-                               .max_context = MAX_CTX, .page_size = PAGE, .seed = 7};
+                               .max_context = MAX_CTX, .seed = 7};
     if (model_load_dummy(&r->m, &cfg, &r->be, &mo, err)) return -1;
-    struct kv_layer_layout layout[16];
-    int nl = model_kv_layout(r->m, layout, 16);
-    if (kv_pool_init(&r->kv, &r->be, layout, nl, PAGE, 32 * (MAX_CTX / PAGE), err)) return -1;
-    kv_pool_scramble(&r->kv, deterministic ? 99 : 98);
+    struct runner_options ro = {.page_size = PAGE, .kv_tokens = (long)(32 * (MAX_CTX / PAGE)) * PAGE};
+    if (runner_create(&r->run, r->m, &ro, err)) return -1;
+    r->kv = runner_kv(r->run);
+    kv_pool_scramble(r->kv, deterministic ? 99 : 98);
     return 0;
 }
 
 static void rig_free(struct rig *r) {
-    kv_pool_free(&r->kv);
+    runner_free(r->run);
     model_free(r->m);
     backend_destroy(&r->be);
 }
@@ -98,15 +100,15 @@ static void run(struct rig *r, struct seq *seqs, int n, int steps, float *r_logi
             struct seq *s = &seqs[i];
             int first = s->start_step, last = s->start_step + s->decode_steps;
             if (step < first || step > last) continue;
-            int row = sb_add(&sb, &r->kv, &s->kv, step == first ? s->prompt_len : 1);
+            int row = sb_add(&sb, r->kv, &s->kv, step == first ? s->prompt_len : 1);
             if (i == 0) r_row = row;
         }
         struct batch b = sb_batch(&sb);
-        if (model_forward(r->m, &r->kv, &b, logits, &err)) fail_msg("forward: %s", err.msg);
+        if (runner_forward(r->run, &b, logits, &err)) fail_msg("forward: %s", err.msg);
         assert_true(r_row >= 0);
         memcpy(r_logits + (size_t)step * VOCAB, logits + (size_t)r_row * VOCAB, VOCAB * 4);
     }
-    for (int i = 0; i < n; i++) kv_pool_release(&r->kv, seqs[i].kv.pages, seqs[i].kv.n_pages);
+    for (int i = 0; i < n; i++) kv_pool_release(r->kv, seqs[i].kv.pages, seqs[i].kv.n_pages);
     sb_free(&sb);
     free(logits);
 }

@@ -337,7 +337,8 @@ static void test_glu_mlp(void **state) {
             ops->upload(be->ctx, dnw, nw, (size_t)d * 4);
             struct backend_norm nm = {dh, ddl, dx, dnw, d, 1e-5f};
             long calls = c->wgmma_calls;
-            ops->norm_swiglu_mlp(be->ctx, &nm, dy, d, &gu, &dw, dgu, 2 * inter, n);
+            ops->norm_swiglu_mlp(be->ctx, &nm, dy, d, &(struct backend_stack){.cat = gu}, &dw, dgu,
+                                 2 * inter, n);
             out[b] = xmalloc((size_t)(n * d) * 4);
             ops->download(be->ctx, out[b], dy, (size_t)(n * d) * 4);
             ops->synchronize(be->ctx);
@@ -415,14 +416,15 @@ static void check_rope(struct backend *be, long n, int H, int KH, int bias, int 
     /* 0: the fused op; 1: the two ops; 2: the fused op recorded and replayed */
     long f0 = c->rope_fused;
     r.k_cache = kc[0], r.v_cache = vc[0];
-    ops->norm_matmul_rope(be->ctx, &nm, y[0], N, &bw, bb, n, &r);
+    ops->norm_matmul_rope(be->ctx, &nm, y[0], N, &(struct backend_stack){.cat = bw}, bb, n, &r);
     long ran = c->rope_fused - f0;
     ops->norm_matmul(be->ctx, &nm, y[1], N, &bw, bb, n);
-    ops->qk_rope_store(be->ctx, y[1], y[1] + H * hd, y[1] + H * hd + kw, N, n, H, KH, (int)hd,
-                       r.q_norm, r.k_norm, r.eps, (int)hd, dpos, dcs, 0, kc[1], vc[1], kw, dslot);
+    struct backend_rope_store r1 = r;
+    r1.k_cache = kc[1], r1.v_cache = vc[1];
+    ops->qk_rope_store(be->ctx, y[1], y[1] + H * hd, y[1] + H * hd + kw, N, n, &r1);
     r.k_cache = kc[2], r.v_cache = vc[2];
     ops->graph_begin(be->ctx);
-    ops->norm_matmul_rope(be->ctx, &nm, y[2], N, &bw, bb, n, &r);
+    ops->norm_matmul_rope(be->ctx, &nm, y[2], N, &(struct backend_stack){.cat = bw}, bb, n, &r);
     void *g = ops->graph_end(be->ctx);
     assert_non_null(g);
     assert_int_equal(ops->graph_launch(be->ctx, g), 0);

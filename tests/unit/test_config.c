@@ -493,6 +493,108 @@ static void test_errors(void **state) {
     assert_contains(err.msg, "/nonexistent/config.json");
 }
 
+static void expect_ok(json_t *j, struct model_config *c) {
+    struct kiln_error err = {0};
+    if (parse_json(j, c, &err)) fail_msg("expected to parse: %s", err.msg);
+    json_decref(j);
+}
+
+/* Fields a family does not implement are refused naming the file and the
+ * field; what transformers accepts and ignores stays accepted. */
+static void test_family_refusals(void **state) {
+    (void)state;
+    struct model_config c, ref;
+    /* MLA has no key/value heads: num_key_value_heads is not checked */
+    expect_ok(tiny("deepseek_v3"), &ref);
+    json_t *j = tiny("deepseek_v3");
+    json_object_set_new(j, "num_key_value_heads", json_integer(3));
+    expect_ok(j, &c);
+    assert_int_equal(c.n_heads, 4);
+    assert_int_equal(c.kv_lora_rank, ref.kv_lora_rank);
+    assert_int_equal(c.head_dim, ref.head_dim);
+    j = tiny("deepseek_v2");
+    json_object_set_new(j, "num_key_value_heads", json_integer(3));
+    expect_ok(j, &c);
+    j = tiny("deepseek_v3");
+    json_object_set_new(j, "attention_bias", json_true());
+    expect_error(j, "config.json: attention_bias true is not supported for deepseek_v3");
+
+    /* qwen: the window slides only with use_sliding_window and layers at or
+     * past max_window_layers (the fixtures' layer_types, written by
+     * transformers, would name them instead) */
+    j = tiny("qwen2");
+    json_object_set_new(j, "sliding_window", json_integer(64));
+    expect_ok(j, &c);
+    assert_int_equal(c.sliding_window, 0);
+    j = tiny("qwen2");
+    json_object_set_new(j, "sliding_window", json_integer(64));
+    json_object_set_new(j, "use_sliding_window", json_true());
+    json_object_del(j, "layer_types");
+    json_object_set_new(j, "max_window_layers", json_integer(3));
+    expect_ok(j, &c);
+    j = tiny("qwen2");
+    json_object_set_new(j, "sliding_window", json_integer(64));
+    json_object_set_new(j, "use_sliding_window", json_true());
+    json_object_del(j, "layer_types");
+    json_object_set_new(j, "max_window_layers", json_integer(1));
+    expect_error(j, "config.json: sliding_window 64 is in use");
+    j = tiny("qwen3_moe");
+    json_object_set_new(j, "sliding_window", json_integer(64));
+    json_object_set_new(j, "use_sliding_window", json_true());
+    json_object_del(j, "layer_types");
+    json_object_set_new(j, "max_window_layers", json_integer(0));
+    expect_error(j, "config.json: sliding_window 64 is in use");
+    /* a window as long as the context never slides */
+    j = tiny("qwen2");
+    json_object_set_new(j, "sliding_window", json_integer(512));
+    json_object_set_new(j, "use_sliding_window", json_true());
+    json_object_del(j, "layer_types");
+    json_object_set_new(j, "max_window_layers", json_integer(0));
+    expect_ok(j, &c);
+    /* without a switch (Mistral-style), a given window slides */
+    j = tiny("llama");
+    json_object_set_new(j, "sliding_window", json_integer(128));
+    expect_error(j, "config.json: sliding_window 128 is in use");
+    j = tiny("llama");
+    json_object_set_new(j, "sliding_window", json_null());
+    expect_ok(j, &c);
+    /* layer_types names the sliding layers itself (under the switch) */
+    j = tiny("qwen3");
+    json_object_set_new(j, "sliding_window", json_integer(64));
+    json_object_set_new(j, "use_sliding_window", json_true());
+    json_object_set_new(j, "layer_types",
+                        json_pack("[s, s, s]", "full_attention", "sliding_attention", "full_attention"));
+    expect_error(j, "config.json: sliding_window 64 is in use");
+    j = tiny("qwen3");
+    json_object_set_new(j, "sliding_window", json_integer(64));
+    json_object_set_new(j, "use_sliding_window", json_true());
+    json_object_set_new(j, "layer_types",
+                        json_pack("[s, s, s]", "full_attention", "full_attention", "full_attention"));
+    expect_ok(j, &c);
+    j = tiny("qwen3");
+    json_object_set_new(j, "sliding_window", json_integer(64));
+    json_object_set_new(j, "layer_types",
+                        json_pack("[s, s, s]", "sliding_attention", "sliding_attention", "full_attention"));
+    expect_ok(j, &c);
+    j = tiny("qwen3");
+    json_object_set_new(j, "layer_types", json_pack("[s]", "chunked_attention"));
+    expect_error(j, "config.json: field 'layer_types[0]' is 'chunked_attention'");
+
+    /* Gemma's spelling of the activation */
+    j = tiny("llama");
+    json_object_set_new(j, "hidden_activation", json_string("gelu_pytorch_tanh"));
+    expect_error(j, "config.json: hidden_activation 'gelu_pytorch_tanh' is not supported (only silu)");
+    j = tiny("qwen2_moe");
+    json_object_set_new(j, "hidden_act", json_string("gelu"));
+    expect_error(j, "config.json: hidden_act 'gelu' is not supported (only silu)");
+    j = tiny("llama");
+    json_object_set_new(j, "partial_rotary_factor", json_real(0.5));
+    expect_error(j, "config.json: partial_rotary_factor 0.5 is not supported");
+    j = tiny("deepseek_v2");
+    json_object_set_new(j, "mlp_bias", json_true());
+    expect_error(j, "config.json: mlp_bias true is not supported");
+}
+
 static void test_defaults(void **state) {
     (void)state;
     /* absent fields take transformers' defaults */
@@ -643,7 +745,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_dense),     cmocka_unit_test(test_tiny_moe),
         cmocka_unit_test(test_real_configs),   cmocka_unit_test(test_rope_spellings),
         cmocka_unit_test(test_errors),         cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_generation_config),
+        cmocka_unit_test(test_generation_config), cmocka_unit_test(test_family_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

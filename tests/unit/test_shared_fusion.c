@@ -23,6 +23,7 @@
 #include "cache/kv_pool.h"
 #include "model/model.h"
 #include "model/model_internal.h"
+#include "runner/runner.h"
 #include "tensor/backend.h"
 #include "../step_batch.h"
 
@@ -36,7 +37,7 @@ static void run(const char *dir, int fuse, float *out, int *n_fused_layers, int 
     struct backend_options bo = {.n_threads = 1};
     assert_int_equal(backend_create(&be, "cpu", &bo, &err), 0);
     struct model_options mo = {.max_batch_tokens = 256, .max_seqs = N_SEQS, .max_context = MAX_CTX,
-                               .page_size = PAGE, .no_shared_expert_fusion = !fuse};
+                               .no_shared_expert_fusion = !fuse};
     struct model *m;
     if (model_load(&m, dir, &be, &mo, &err)) fail_msg("%s", err.msg);
     *n_fused_layers = *n_moe_layers = 0;
@@ -46,10 +47,10 @@ static void run(const char *dir, int fuse, float *out, int *n_fused_layers, int 
         *n_fused_layers += m->layers[l].moe.shared_fused;
     }
     int V = m->cfg.vocab_size;
-    struct kv_layer_layout layout[64];
-    int nl = model_kv_layout(m, layout, 64);
-    struct kv_pool kv;
-    if (kv_pool_init(&kv, &be, layout, nl, PAGE, N_SEQS * MAX_CTX / PAGE, &err)) fail_msg("%s", err.msg);
+    struct runner_options ro = {.page_size = PAGE, .kv_tokens = N_SEQS * MAX_CTX};
+    struct runner *r;
+    if (runner_create(&r, m, &ro, &err)) fail_msg("%s", err.msg);
+    struct kv_pool *kv = runner_kv(r);
     static const int prompt[N_SEQS] = {9, 17, 30};
     int32_t pages[N_SEQS][MAX_CTX / PAGE], ids[N_SEQS][64];
     struct sb_seq seqs[N_SEQS];
@@ -61,13 +62,13 @@ static void run(const char *dir, int fuse, float *out, int *n_fused_layers, int 
     sb_init(&sb, PAGE, 256, N_SEQS, N_SEQS * MAX_CTX / PAGE);
     for (int step = 0; step < STEPS; step++) {
         sb_begin(&sb);
-        for (int s = 0; s < N_SEQS; s++) sb_add(&sb, &kv, &seqs[s], step == 0 ? prompt[s] : 1);
+        for (int s = 0; s < N_SEQS; s++) sb_add(&sb, kv, &seqs[s], step == 0 ? prompt[s] : 1);
         struct batch b = sb_batch(&sb);
-        if (model_forward(m, &kv, &b, out + (size_t)step * N_SEQS * V, &err)) fail_msg("%s", err.msg);
+        if (runner_forward(r, &b, out + (size_t)step * N_SEQS * V, &err)) fail_msg("%s", err.msg);
     }
-    for (int s = 0; s < N_SEQS; s++) kv_pool_release(&kv, seqs[s].pages, seqs[s].n_pages);
+    for (int s = 0; s < N_SEQS; s++) kv_pool_release(kv, seqs[s].pages, seqs[s].n_pages);
     sb_free(&sb);
-    kv_pool_free(&kv);
+    runner_free(r);
     model_free(m);
     backend_destroy(&be);
 }

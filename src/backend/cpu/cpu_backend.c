@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "base/threadpool.h"
+#include "tensor/backend_compose.h"
 
 /* Large buffers (the KV pool) come straight from mmap: zero pages cost
  * nothing until touched, so a generous pool does not inflate resident
@@ -248,6 +249,39 @@ void cpu_matmul_op(void *ctx, float *y, long ldy, const float *x, long ldx,
     cpu_matmul(c->tp, y, ldy, x, ldx, w->data, w->dtype, bias, n, w->rows, w->cols);
 }
 
+/* The layer-level operations: no fusions here, the primitives in turn. */
+static const struct backend_ops cpu_ops;
+
+static void cpu_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n,
+                              const struct backend_rope_store *r) {
+    compose_qk_rope_store(&cpu_ops, ctx, q, k, v, ld, n, r);
+}
+
+static void cpu_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                            const struct backend_weight *w, const float *bias, long n) {
+    compose_norm_matmul(&cpu_ops, ctx, nm, y, ldy, w, bias, n);
+}
+
+static void cpu_norm_matmul_rope(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                                 const struct backend_stack *w, const float *bias, long n,
+                                 const struct backend_rope_store *r) {
+    compose_norm_matmul_rope(&cpu_ops, ctx, nm, y, ldy, w, bias, n, r);
+}
+
+static void cpu_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y, long ldy,
+                                const struct backend_stack *gate_up,
+                                const struct backend_weight *down, float *gu, long ldgu, long n) {
+    compose_norm_swiglu_mlp(&cpu_ops, ctx, nm, y, ldy, gate_up, down, gu, ldgu, n);
+}
+
+static void cpu_attention_matmul(void *ctx, float *y, long ldy, float *att, long ldatt,
+                                 const float *q, long ldq, const void *k_cache, const void *v_cache,
+                                 const struct attn_params *p, const struct backend_batch *b,
+                                 const struct backend_weight *wo, const float *bias, long n) {
+    compose_attention_matmul(&cpu_ops, ctx, y, ldy, att, ldatt, q, ldq, k_cache, v_cache, p, b, wo,
+                             bias, n);
+}
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .weights_in_place = 1,
@@ -274,6 +308,11 @@ static const struct backend_ops cpu_ops = {
     .attention = cpu_attention,
     .moe_route = cpu_moe_route,
     .moe_ffn = cpu_moe_ffn,
+    .qk_rope_store = cpu_qk_rope_store,
+    .norm_matmul = cpu_norm_matmul,
+    .norm_matmul_rope = cpu_norm_matmul_rope,
+    .norm_swiglu_mlp = cpu_norm_swiglu_mlp,
+    .attention_matmul = cpu_attention_matmul,
 };
 
 int cpu_backend_create(struct backend *be, const struct backend_options *opt,

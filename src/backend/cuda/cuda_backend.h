@@ -197,10 +197,7 @@ void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, co
 int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e, int top_k, long n);
 void cuda_moe_release(struct cuda_ctx *c);
 void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n,
-                           int n_heads, int n_kv_heads, int head_dim, const float *q_norm,
-                           const float *k_norm, float eps, int rot_dim, const int32_t *pos,
-                           const float *cos_sin, int interleaved, void *k_cache, void *v_cache,
-                           long kv_stride, const int32_t *slots);
+                           const struct backend_rope_store *r);
 
 /* y[n][w.rows] = x · wᵀ (+ bias) with every output's reduction order fixed
  * by cols alone, never by n: a row's result does not depend on the batch. */
@@ -265,10 +262,10 @@ void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *att, long ld
 void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                          const struct backend_weight *w, const float *bias, long n);
 void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *nm, float *y, long ldy,
-                              const struct backend_weight *w, const float *bias, long n,
+                              const struct backend_stack *w, const float *bias, long n,
                               const struct backend_rope_store *r);
 void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y, long ldy,
-                             const struct backend_weight *gate_up, const struct backend_weight *down,
+                             const struct backend_stack *gate_up, const struct backend_weight *down,
                              float *gu, long ldgu, long n);
 /* The product path's internals. */
 void cuda_matmul_init(struct cuda_ctx *c);    /* cuBLASLt handle when use_lt */

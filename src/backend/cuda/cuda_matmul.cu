@@ -326,11 +326,12 @@ extern "C" void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, fl
  * rotation is qk_rope_store's arithmetic with the roundings spelled out
  * (no contraction), so q and k may differ from its by an ulp. */
 extern "C" void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *nm, float *y,
-                                         long ldy, const struct backend_weight *w,
+                                         long ldy, const struct backend_stack *stack,
                                          const float *bias, long n,
                                          const struct backend_rope_store *r) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (n <= 0) return;
+    const struct backend_weight *w = &stack->cat; /* weights are always stacked here */
 #ifdef KILN_CUDA_HOPPER
     if (handoff16(c, nm, w, n) && ldy % 4 == 0 && ((uintptr_t)y & 15) == 0 && w->cols == nm->dim) {
         cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)nm->dim * 2);
@@ -344,18 +345,16 @@ extern "C" void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *n
 #endif
     cuda_op_norm_matmul(ctx, nm, y, ldy, w, bias, n);
     long qw = (long)r->n_heads * r->head_dim, kw = (long)r->n_kv_heads * r->head_dim;
-    cuda_op_qk_rope_store(ctx, y, y + qw, y + qw + kw, ldy, n, r->n_heads, r->n_kv_heads,
-                          r->head_dim, r->q_norm, r->k_norm, r->eps, r->rot_dim, r->pos,
-                          r->cos_sin, r->interleaved, r->k_cache, r->v_cache, r->kv_stride,
-                          r->slots);
+    cuda_op_qk_rope_store(ctx, y, y + qw, y + qw + kw, ldy, n, r);
 }
 
 extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y,
-                                        long ldy, const struct backend_weight *gate_up,
+                                        long ldy, const struct backend_stack *stack,
                                         const struct backend_weight *down, float *gu, long ldgu,
                                         long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (n <= 0) return;
+    const struct backend_weight *gate_up = &stack->cat; /* weights are always stacked here */
     long inter = down->cols, d = nm->dim;
     CUDA_ASSERT(gate_up->rows == 2 * inter && gate_up->cols == d && ldgu >= 2 * inter &&
                 ldy >= down->rows);

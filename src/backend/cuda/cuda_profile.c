@@ -297,15 +297,12 @@ static int w_graph_launch(void *ctx, void *g) {
     return rc;
 }
 
-static void w_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n, int nh,
-                            int nkv, int hd, const float *qn, const float *kn, float eps, int rot,
-                            const int32_t *pos, const float *cs, int il, void *kc, void *vc,
-                            long kvs, const int32_t *slots) {
+static void w_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n,
+                            const struct backend_rope_store *r) {
     char key[96];
     snprintf(key, sizeof key, "qk_rope_store n=%ld", n);
     int s = begin(ctx, key, 0, 0);
-    P(ctx)->orig.qk_rope_store(ctx, q, k, v, ld, n, nh, nkv, hd, qn, kn, eps, rot, pos, cs, il, kc,
-                               vc, kvs, slots);
+    P(ctx)->orig.qk_rope_store(ctx, q, k, v, ld, n, r);
     end(ctx, s);
 }
 
@@ -319,25 +316,27 @@ static void w_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, lo
 }
 
 static void w_norm_matmul_rope(void *ctx, const struct backend_norm *nm, float *y, long ldy,
-                               const struct backend_weight *w, const float *bias, long n,
+                               const struct backend_stack *ws, const float *bias, long n,
                                const struct backend_rope_store *r) {
+    const struct backend_weight *w = &ws->cat;
     char k[96];
     snprintf(k, sizeof k, "norm_matmul_rope n=%ld %ldx%ld%s", n, w->rows, w->cols,
              bias ? " +bias" : "");
     int s = begin(ctx, k, 2.0 * (double)n * (double)w->rows * (double)w->cols, wbytes(w));
-    P(ctx)->orig.norm_matmul_rope(ctx, nm, y, ldy, w, bias, n, r);
+    P(ctx)->orig.norm_matmul_rope(ctx, nm, y, ldy, ws, bias, n, r);
     end(ctx, s);
 }
 
 static void w_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y, long ldy,
-                              const struct backend_weight *gu_w, const struct backend_weight *dw,
+                              const struct backend_stack *gu_s, const struct backend_weight *dw,
                               float *gu, long ldgu, long n) {
+    const struct backend_weight *gu_w = &gu_s->cat;
     char k[96];
     snprintf(k, sizeof k, "norm_swiglu_mlp n=%ld %ldx%ld+%ldx%ld", n, gu_w->rows, gu_w->cols,
              dw->rows, dw->cols);
     double fl = 2.0 * (double)n * ((double)gu_w->rows * gu_w->cols + (double)dw->rows * dw->cols);
     int s = begin(ctx, k, fl, wbytes(gu_w) + wbytes(dw));
-    P(ctx)->orig.norm_swiglu_mlp(ctx, nm, y, ldy, gu_w, dw, gu, ldgu, n);
+    P(ctx)->orig.norm_swiglu_mlp(ctx, nm, y, ldy, gu_s, dw, gu, ldgu, n);
     end(ctx, s);
 }
 

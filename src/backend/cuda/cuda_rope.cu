@@ -180,11 +180,14 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
 }
 
 extern "C" void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld,
-                                      long n, int n_heads, int n_kv_heads, int head_dim,
-                                      const float *q_norm, const float *k_norm, float eps,
-                                      int rot_dim, const int32_t *pos, const float *cos_sin,
-                                      int interleaved, void *k_cache, void *v_cache,
-                                      long kv_stride, const int32_t *slots) {
+                                      long n, const struct backend_rope_store *r) {
+    int n_heads = r->n_heads, n_kv_heads = r->n_kv_heads, head_dim = r->head_dim;
+    const float *q_norm = r->q_norm, *k_norm = r->k_norm, *cos_sin = r->cos_sin;
+    float eps = r->eps;
+    int rot_dim = r->rot_dim, interleaved = r->interleaved;
+    const int32_t *pos = r->pos, *slots = r->slots;
+    void *k_cache = r->k_cache, *v_cache = r->v_cache;
+    long kv_stride = r->kv_stride;
     long items = n * (long)(n_heads + 2 * n_kv_heads);
     if (items <= 0) return;
     CUDA_ASSERT_MSG(head_dim <= QKR_MAX_HEAD && rot_dim <= head_dim,

@@ -1,0 +1,263 @@
+/* runner.c — a runner's set-up: the staging and sampling buffers, the
+ * memory plan, the KV pool, and the start-up sequence of runner_load. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/knob.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "runner/runner_internal.h"
+
+struct model *runner_model(const struct runner *r) { return r->m; }
+struct kv_pool *runner_kv(struct runner *r) { return &r->kv; }
+int runner_can_sample(const struct runner *r) { return r->sample_on; }
+int runner_sample_adj_capacity(const struct runner *r) { return r->adj_cap; }
+
+/* The staging buffer, the logits of one chunk and the device sampler's
+ * buffers, for the model's largest batch. */
+static int reserve_buffers(struct runner *r, struct kiln_error *err) {
+    const struct backend_ops *ops = r->be->ops;
+    void *ctx = r->be->ctx;
+    long T = r->max_batch_tokens, S = r->max_seqs;
+    /* Logits are downloaded 64 rows at a time; a backend that samples on
+     * the device keeps a whole decode batch's rows (one lm_head product). */
+    long chunk = ops->sample && S > 64 ? S : 64;
+    r->logit_chunk = (int)(T < chunk ? T : chunk);
+    r->pages_cap = S * (r->max_context / r->page_size + 2);
+#define ALLOC(field, count, type)                                                           \
+    do {                                                                                    \
+        r->field = ops->alloc(ctx, (size_t)(count) * sizeof(type));                         \
+        if (!r->field)                                                                     \
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for activations (%s)", #field); \
+    } while (0)
+    ALLOC(logits, (long)r->logit_chunk * r->vocab, float);
+    /* batch metadata: [ids|pos|slot|rows: T each][q_start|page_start: S+1 each]
+     * [sampling row parameters: S, 8-byte aligned][pages] */
+    long srow_ints = (long)(sizeof(struct backend_sample_row) / 4);
+    r->stage_srows_off = (4 * T + 2 * (S + 1) + 1) & ~1L;
+    r->stage_pages_off = r->stage_srows_off + (ops->sample ? S * srow_ints : 0);
+    long stage_ints = r->stage_pages_off + r->pages_cap;
+    ALLOC(stage, stage_ints, int32_t);
+    if (ops->sample) {
+        r->adj_cap = (int)(S * 512 > 8192 ? S * 512 : 8192);
+        ALLOC(sadj, r->adj_cap, struct backend_sample_adj);
+        ALLOC(stok, S, int32_t);
+    }
+#undef ALLOC
+    r->ids = r->stage;
+    r->pos = r->ids + T;
+    r->slot = r->pos + T;
+    r->rows = r->slot + T;
+    r->q_start = r->rows + T;
+    r->page_start = r->q_start + S + 1;
+    r->pages = r->stage + r->stage_pages_off;
+    r->srows = (struct backend_sample_row *)(r->stage + r->stage_srows_off);
+    if (ops->host_alloc && (r->stage_host = ops->host_alloc(ctx, (size_t)stage_ints * 4)))
+        r->stage_pinned = 1;
+    else
+        r->stage_host = xmalloc((size_t)stage_ints * 4);
+    r->perm = xmalloc((size_t)T * sizeof *r->perm);
+    if (ops->sample) {
+        size_t ab = (size_t)r->adj_cap * sizeof *r->sadj_host;
+        if (ops->host_alloc && (r->sadj_host = ops->host_alloc(ctx, ab))) r->sadj_pinned = 1;
+        else r->sadj_host = xmalloc(ab);
+        if (ops->host_alloc && (r->stok_host = ops->host_alloc(ctx, (size_t)S * 4))) r->stok_pinned = 1;
+        else r->stok_host = xmalloc((size_t)S * 4);
+    }
+    return 0;
+}
+
+static void free_buffers(struct runner *r) {
+    const struct backend_ops *ops = r->be->ops;
+    runner_drop_graphs(r);
+    void *bufs[] = {r->logits, r->stage, r->sadj, r->stok};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) ops->free(r->be->ctx, bufs[i]);
+    void *host[] = {r->stage_host, r->sadj_host, r->stok_host};
+    int pinned[] = {r->stage_pinned, r->sadj_pinned, r->stok_pinned};
+    for (int i = 0; i < 3; i++) {
+        if (pinned[i]) ops->host_free(r->be->ctx, host[i]);
+        else free(host[i]);
+    }
+    free(r->perm);
+}
+
+#define GIB(x) ((double)(x) / 1073741824.0)
+
+/* The KV pool's size in tokens. Given: that. On a device that reports its
+ * memory (the GPU) the memory plan, SGLang's: weights and the activations
+ * reserved for the largest batch are in place by now; the pool takes what
+ * is free minus (1 - mem_fraction_static) of the device, which stays for
+ * graphs, library workspaces and scratch that grows during warm-up.
+ * Elsewhere (the CPU): up to 2 GiB. Either way no more than every running
+ * request at full context needs. free_before: device memory free before
+ * the model loaded. */
+static int plan_kv_tokens(const struct runner *r, const struct runner_options *o, size_t per_token,
+                          size_t free_before, long *out, struct kiln_error *err) {
+    if (o->kv_tokens > 0) {
+        *out = o->kv_tokens;
+        return 0;
+    }
+    long most = (long)r->max_context * (o->max_running_requests > 0 ? o->max_running_requests : 1);
+    const struct backend_ops *ops = r->be->ops;
+    if (!ops->mem_info) {
+        long tokens = (long)((2ull << 30) / per_token);
+        *out = tokens < most ? tokens : most;
+        return 0;
+    }
+    double frac = o->mem_fraction_static > 0 ? o->mem_fraction_static : 0.88;
+    size_t free_now, total;
+    ops->mem_info(r->be->ctx, &free_now, &total);
+    double keep = (1.0 - frac) * (double)total;
+    double kv_bytes = (double)free_now - keep;
+    size_t weights = model_weight_bytes(r->m);
+    double others = (double)free_before - (double)free_now - (double)weights;
+    /* a request needs at least its first prefill chunk and one more token */
+    long need = (o->chunked_prefill_size < r->max_context ? o->chunked_prefill_size : r->max_context) + 1;
+    if (kv_bytes < (double)need * (double)per_token)
+        return kiln_errorf(err,
+                           "not enough device memory for the KV cache: the device has %.2f GiB, "
+                           "weights take %.2f GiB and activations %.2f GiB, %.2f GiB are free; "
+                           "--mem-fraction-static %.2f keeps %.2f GiB back, leaving %.2f GiB where "
+                           "at least %.3f GiB (%ld tokens of %zu bytes) are needed; raise "
+                           "--mem-fraction-static, lower --chunked-prefill-size / "
+                           "--max-running-requests, or use a larger device",
+                           GIB(total), GIB(weights), GIB(others > 0 ? others : 0), GIB(free_now),
+                           frac, GIB(keep), GIB(kv_bytes > 0 ? kv_bytes : 0),
+                           GIB((double)need * (double)per_token), need, per_token);
+    long tokens = (long)(kv_bytes / (double)per_token);
+    if (tokens > most) tokens = most;
+    log_info("memory plan: device %.2f GiB; weights %.2f GiB, activations and scratch %.2f GiB; "
+             "KV cache %.2f GiB (%ld tokens, --mem-fraction-static %.2f); %.2f GiB left for "
+             "graphs and workspaces",
+             GIB(total), GIB(weights), GIB(others > 0 ? others : 0),
+             GIB((double)tokens * (double)per_token), tokens, frac,
+             GIB((double)free_now - (double)tokens * (double)per_token));
+    *out = tokens;
+    return 0;
+}
+
+static int init(struct runner *r, struct model *m, const struct runner_options *o,
+                struct kiln_error *err) {
+    r->m = m;
+    r->be = model_backend(m);
+    r->kv.scratch_page = -1;
+    r->max_batch_tokens = model_max_batch_tokens(m);
+    r->max_seqs = model_max_seqs(m);
+    r->max_context = model_max_context(m);
+    r->page_size = o && o->page_size > 0 ? o->page_size : 1;
+    r->vocab = model_config(m)->vocab_size;
+    r->hidden = model_config(m)->hidden_size;
+    const struct backend_ops *ops = r->be->ops;
+    /* Graphs need a step the backend can record: no host round trips and
+     * a backend that records. */
+    r->graphs_on = ops->graph_begin && !(o && o->no_graphs) && knob_bool(KNOB_GRAPHS);
+    r->sample_on = ops->sample && knob_bool(KNOB_GPU_SAMPLE);
+    r->graph_sample_on = knob_bool(KNOB_GRAPH_SAMPLE);
+    /* the layers must run without the host for every decode bucket's rows */
+    long biggest = 0;
+    for (int i = 0; i < RUNNER_GRAPH_BUCKETS; i++)
+        if (runner_bucket_size(i) <= r->max_seqs && runner_bucket_size(i) <= r->max_batch_tokens)
+            biggest = runner_bucket_size(i);
+    if (r->graphs_on && !model_graphable(m, biggest)) r->graphs_on = 0;
+    return reserve_buffers(r, err);
+}
+
+static int create_pool(struct runner *r, const struct runner_options *o, size_t free_before,
+                       struct kiln_error *err) {
+    struct model *m = r->m;
+    struct kv_layer_layout layout[512];
+    int nl = model_kv_layout(m, layout, 512);
+    size_t per_token = kv_pool_page_bytes(layout, nl, 1, backend_kv_dtype(r->be));
+    static const struct runner_options none = {0};
+    long tokens = 0;
+    if (plan_kv_tokens(r, o ? o : &none, per_token, free_before, &tokens, err)) return -1;
+    int n_pages = (int)((tokens + r->page_size - 1) / r->page_size);
+    return kv_pool_init(&r->kv, r->be, layout, nl, r->page_size, n_pages, err);
+}
+
+int runner_create(struct runner **out, struct model *m, const struct runner_options *ro,
+                  struct kiln_error *err) {
+    struct runner *r = xcalloc(1, sizeof *r);
+    *out = NULL;
+    size_t free_now = 0, total = 0;
+    const struct backend *be = model_backend(m);
+    if (be->ops->mem_info) be->ops->mem_info(be->ctx, &free_now, &total);
+    if (init(r, m, ro, err) || create_pool(r, ro, free_now + model_weight_bytes(m), err)) {
+        runner_free(r);
+        return -1;
+    }
+    *out = r;
+    return 0;
+}
+
+int runner_load(struct runner **out, struct backend *be, const char *model_dir,
+                const struct model_options *mo_in, const struct runner_options *ro,
+                struct kiln_error *err) {
+    *out = NULL;
+    struct model_options mo = mo_in ? *mo_in : (struct model_options){0};
+    /* the checkpoint's copy overlaps the KV pool and the warm-up
+     * (KILN_LOAD_OVERLAP=0: load first, for comparisons) */
+    mo.defer_weights = !ro->skip_warmup && knob_bool(KNOB_LOAD_OVERLAP);
+    size_t free_before = 0, total = 0;
+    if (be->ops->mem_info) be->ops->mem_info(be->ctx, &free_before, &total);
+    double t0 = time_now();
+    struct model *m;
+    if (model_load(&m, model_dir, be, &mo, err)) {
+        if (be->ops->mem_info && err->code == KILN_ERR_OUT_OF_MEMORY) {
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "the model does not fit: %s (the device has %.2f GiB, %.2f GiB "
+                                    "were free before loading)",
+                               msg, GIB(total), GIB(free_before));
+        }
+        return -1;
+    }
+    struct runner *r = xcalloc(1, sizeof *r);
+    r->own_model = 1;
+    double t_load = time_now() - t0, t_load0 = t0;
+    if (init(r, m, ro, err)) goto fail;
+    log_info("load: %.2f GiB of weights and the activations for %d-token batches %s in %.2f s",
+             GIB(model_weight_bytes(m)), r->max_batch_tokens,
+             model_weights_pending(m) ? "allocated, their copy started" : "loaded", t_load);
+    /* the runner's buffers count as activations in the plan, as the model's */
+    t0 = time_now();
+    if (create_pool(r, ro, free_before, err)) goto fail;
+    double t_kv = time_now() - t0;
+    t0 = time_now();
+    if (!ro->skip_warmup && runner_warmup(r, err)) goto fail;
+    double t_warm = time_now() - t0;
+    t0 = time_now();
+    model_weights_ready(m); /* before any request: the copies are done */
+    double t_wait = time_now() - t0, t_weights = time_now() - t_load0;
+    log_info("start-up: load %.2f s, KV pool %.2f s, warm-up and graphs %.2f s; weights on the "
+             "device %.2f s after loading began (%.2f GB/s; %.2f s waited after the warm-up)",
+             t_load, t_kv, t_warm, t_weights,
+             (double)model_weight_bytes(m) / 1e9 / (t_weights > 0 ? t_weights : 1e-9), t_wait);
+    const struct model_config *c = model_config(m);
+    long pool_tokens = (long)r->kv.n_pages * r->page_size;
+    size_t per_token = kv_pool_page_bytes(r->kv.layout, r->kv.n_layers, 1, r->kv.dtype);
+    log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%s, %.1f MiB, page size %d)",
+             model_dir, model_arch_name(c->arch), c->n_layers, r->max_context, pool_tokens,
+             dtype_name(r->kv.dtype), (double)per_token * (double)pool_tokens / 1048576.0,
+             r->page_size);
+    *out = r;
+    return 0;
+fail:
+    if (!r->m) model_free(m);
+    runner_free(r);
+    return -1;
+}
+
+void runner_free(struct runner *r) {
+    if (!r) return;
+    if (r->m) {
+        model_weights_ready(r->m); /* no copy may still be writing what is released */
+        free_buffers(r);
+        kv_pool_free(&r->kv);
+        if (r->own_model) model_free(r->m);
+    }
+    free(r);
+}

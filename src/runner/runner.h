@@ -1,0 +1,113 @@
+/* runner.h — runs forward steps of a model on its backend: the layer
+ * between the scheduler (which requests make a step) and the model
+ * (weights and the layers' forward).
+ *
+ * How a request becomes a forward: the scheduler picks the requests of a
+ * step and lays each one's new tokens out as rows of a Batch
+ * (model/batch.h: token ids, positions, KV slots and page lists, the rows
+ * that want logits), host arrays it owns. runner_forward stages the batch:
+ * it packs those arrays into one pinned buffer and uploads them in one
+ * copy, padding a decode batch to the next graph bucket. The model then
+ * runs its layers over the staged device batch (model_forward_layers),
+ * eagerly or by replaying the graph recorded for that bucket, and the
+ * runner finishes with the tail: final norm and lm_head of the wanted rows,
+ * their logits downloaded to the host, or (runner_forward_sample) their
+ * tokens sampled on the device and only the ids copied back.
+ *
+ * The runner owns the KV pool (sized by the memory plan or given), the
+ * staging buffers, the decode graphs and the start-up warm-up. One runner
+ * drives one model against one KV pool from one thread.
+ */
+#ifndef KILN_RUNNER_RUNNER_H
+#define KILN_RUNNER_RUNNER_H
+
+#include <stdint.h>
+
+#include "cache/kv_pool.h"
+#include "model/batch.h"
+#include "model/model.h"
+
+struct backend;
+struct kiln_error;
+struct runner;
+
+struct runner_options {
+    int page_size;              /* KV page size of every batch (default 1) */
+    long kv_tokens;             /* KV pool size in tokens; 0: the memory plan */
+    /* The memory plan (kv_tokens 0): on a device that reports its memory,
+     * the pool takes what is free minus (1 - mem_fraction_static) of the
+     * device (default 0.88); elsewhere up to 2 GiB. Never more than
+     * max_running_requests sequences of full context need; refused when
+     * not even one chunk of chunked_prefill_size tokens fits. */
+    double mem_fraction_static;
+    int max_running_requests;
+    int chunked_prefill_size;
+    int no_graphs;              /* 1: never replay decode steps from graphs (also KILN_GRAPHS=0) */
+    int skip_warmup;            /* runner_load: no warm-up (and no overlapped weight copy) */
+};
+
+/* Loads the model of a checkpoint folder (model_load with *mo; the
+ * weights' copy overlaps the KV pool and the warm-up unless
+ * KILN_LOAD_OVERLAP=0), plans memory, creates the KV pool, warms up and
+ * waits for the weights, logging what each took. The runner owns the
+ * model. */
+int runner_load(struct runner **out, struct backend *be, const char *model_dir,
+                const struct model_options *mo, const struct runner_options *ro,
+                struct kiln_error *err);
+/* A runner for an already loaded model, which it borrows (free it after
+ * the runner): creates the KV pool; no warm-up. */
+int runner_create(struct runner **out, struct model *m, const struct runner_options *ro,
+                  struct kiln_error *err);
+void runner_free(struct runner *r);
+
+struct model *runner_model(const struct runner *r);
+struct kv_pool *runner_kv(struct runner *r);
+
+/* Start-up warm-up (kernel prewarm by bucket): on a backend with graphs,
+ * runs and records every decode bucket's graph and runs a prefill at every
+ * power-of-two token count up to the reserved batch, each with its largest
+ * shape, so no request pays a first-seen cost. Uses scratch KV pages and
+ * returns them; call before the first request. Logs what was warmed and
+ * how long it took. A backend without graphs (the CPU) has nothing to warm
+ * and returns at once. */
+int runner_warmup(struct runner *r, struct kiln_error *err);
+
+/* Runs the batch; writes logits[n_logit_rows][vocab] (host memory). */
+int runner_forward(struct runner *r, const struct batch *b, float *logits, struct kiln_error *err);
+
+/* ---- sampling on the device (backends with backend_ops.sample) ----------
+ *
+ * runner_forward_sample runs the batch like runner_forward, but samples the
+ * logit rows on the device and copies back only their token ids; rows
+ * marked want_logits (scores, logprobs: what the CPU sampler must see)
+ * have their logits downloaded instead, and only those. Row j of the
+ * batch's logit rows gets tokens[j] (rows not wanting logits), or its
+ * logits at logits[k][vocab] where k counts the want_logits rows before it.
+ * rows[j].adj_start / n_adj index `adj` (entries of want_logits rows are
+ * ignored); at most runner_sample_adj_capacity entries per batch. The
+ * parameters travel with the batch's staging upload (one pinned copy; a
+ * second only when there are adjustments), and decode steps whose rows all
+ * sample on the device replay a graph that includes the final norm, the
+ * lm_head and the sampling kernels (KILN_GRAPH_SAMPLE=0: graphs cover the
+ * layers only, as for runner_forward). */
+struct backend_sample_row;
+struct backend_sample_adj;
+struct runner_sampling {
+    const unsigned char *want_logits;       /* [n_logit_rows]; NULL: none */
+    const struct backend_sample_row *rows;  /* [n_logit_rows] */
+    const struct backend_sample_adj *adj;   /* [n_adj] */
+    int n_adj;
+};
+
+/* 1 when the backend samples on the device and KILN_GPU_SAMPLE is not 0. */
+int runner_can_sample(const struct runner *r);
+/* Most adjustment entries one batch may carry. */
+int runner_sample_adj_capacity(const struct runner *r);
+int runner_forward_sample(struct runner *r, const struct batch *b, const struct runner_sampling *s,
+                          int32_t *tokens, float *logits, struct kiln_error *err);
+/* Runs the device sampler over representative batch sizes and
+ * configurations (first-use costs out of the way); returns seconds, 0
+ * where the runner does not sample on the device. */
+double runner_sample_warmup(struct runner *r);
+
+#endif

@@ -1,0 +1,61 @@
+/* runner_internal.h — the runner's state, shared by runner.c (set-up, the
+ * memory plan, the KV pool), runner_step.c (staging, graphs, the tail) and
+ * runner_warmup.c. Not for use outside src/runner/. */
+#ifndef KILN_RUNNER_RUNNER_INTERNAL_H
+#define KILN_RUNNER_RUNNER_INTERNAL_H
+
+#include "runner/runner.h"
+#include "tensor/backend.h"
+
+/* Decode batches (one token per sequence) are padded up to one of these
+ * sizes and replayed from a graph recorded once per size. */
+enum { RUNNER_GRAPH_BUCKETS = 36 };
+
+struct runner {
+    struct model *m;
+    int own_model;
+    struct backend *be;
+    struct kv_pool kv;
+    int max_batch_tokens, max_seqs, max_context, page_size;
+    long vocab, hidden;
+
+    /* Batch metadata: views into one device buffer `stage`, filled by one
+     * upload from `stage_host` (pinned where the backend has host_alloc) at
+     * fixed offsets, so graphs can capture the pointers. */
+    int32_t *ids, *pos, *slot, *q_start, *page_start, *pages, *rows;
+    int32_t *stage, *stage_host;
+    long stage_pages_off;     /* ints before the page list */
+    int stage_pinned;         /* stage_host came from host_alloc */
+    int stage_busy;           /* an upload from stage_host may still be in flight */
+    long pages_cap;
+    float *logits;            /* [logit_chunk][vocab] device */
+    int logit_chunk;
+    /* device sampling (backends with `sample`): row parameters are a view
+     * into `stage` (uploaded with the batch), adjustments their own pinned
+     * buffer, token ids come back through stok_host */
+    struct backend_sample_row *srows;   /* [max_seqs] (stage view) */
+    long stage_srows_off;               /* ints before srows in stage */
+    struct backend_sample_adj *sadj, *sadj_host; /* [adj_cap] device, pinned host */
+    int sadj_pinned;
+    int adj_cap;
+    int32_t *stok, *stok_host;          /* [max_seqs] device, host (pinned when possible) */
+    int stok_pinned;
+    int32_t *perm;                      /* [T] host: logit rows, want_logits first */
+
+    /* graphs (backends with graph_begin; models whose layers can be recorded) */
+    int graphs_on;
+    /* [0]: the layers only; [1]: layers + final norm, lm_head and sampling
+     * of every (padded) row, for runner_forward_sample steps */
+    void *graphs[2][RUNNER_GRAPH_BUCKETS];
+    unsigned char graph_warm[2][RUNNER_GRAPH_BUCKETS]; /* ran eagerly once at this size */
+    int sample_on;                   /* backend samples (and KILN_GPU_SAMPLE != 0) */
+    int graph_sample_on;             /* graphs [1] allowed (KILN_GRAPH_SAMPLE != 0) */
+};
+
+/* runner_step.c */
+int runner_bucket_size(int i);
+/* The index of the smallest graph bucket that holds n, or -1. */
+int runner_bucket_for(const struct runner *r, long n);
+void runner_drop_graphs(struct runner *r);
+
+#endif

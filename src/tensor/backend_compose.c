@@ -1,0 +1,69 @@
+/* backend_compose.c — layer-level operations from primitives (see
+ * backend_compose.h). */
+#include "tensor/backend_compose.h"
+
+void compose_matmul_stack(const struct backend_ops *ops, void *ctx, float *y, long ldy,
+                          const float *x, long ldx, const struct backend_stack *w,
+                          const float *bias, long n) {
+    if (w->cat.data) {
+        ops->matmul(ctx, y, ldy, x, ldx, &w->cat, bias, n);
+        return;
+    }
+    long off = 0;
+    for (int i = 0; i < w->count; i++) {
+        ops->matmul(ctx, y + off, ldy, x, ldx, &w->parts[i], bias ? bias + off : NULL, n);
+        off += w->parts[i].rows;
+    }
+}
+
+void compose_qk_rope_store(const struct backend_ops *ops, void *ctx, float *q, float *k,
+                           const float *v, long ld, long n, const struct backend_rope_store *r) {
+    long hd = r->head_dim, kw = (long)r->n_kv_heads * hd;
+    if (r->q_norm) { /* head h of every row: rows of stride ld */
+        for (long h = 0; h < r->n_heads; h++)
+            ops->rmsnorm(ctx, q + h * hd, ld, q + h * hd, ld, r->q_norm, n, hd, r->eps);
+        for (long h = 0; h < r->n_kv_heads; h++)
+            ops->rmsnorm(ctx, k + h * hd, ld, k + h * hd, ld, r->k_norm, n, hd, r->eps);
+    }
+    ops->rope(ctx, q, ld, n, r->n_heads, hd, r->rot_dim, r->pos, r->cos_sin, r->interleaved);
+    ops->rope(ctx, k, ld, n, r->n_kv_heads, hd, r->rot_dim, r->pos, r->cos_sin, r->interleaved);
+    ops->kv_store(ctx, r->k_cache, r->kv_stride, k, ld, kw, r->slots, n);
+    ops->kv_store(ctx, r->v_cache, r->kv_stride, v, ld, kw, r->slots, n);
+}
+
+void compose_norm_matmul(const struct backend_ops *ops, void *ctx, const struct backend_norm *nm,
+                         float *y, long ldy, const struct backend_weight *w, const float *bias,
+                         long n) {
+    ops->add_rmsnorm(ctx, nm->h, nm->delta, nm->x, nm->w, n, nm->dim, nm->eps);
+    ops->matmul(ctx, y, ldy, nm->x, nm->dim, w, bias, n);
+}
+
+void compose_norm_matmul_rope(const struct backend_ops *ops, void *ctx,
+                              const struct backend_norm *nm, float *y, long ldy,
+                              const struct backend_stack *w, const float *bias, long n,
+                              const struct backend_rope_store *r) {
+    ops->add_rmsnorm(ctx, nm->h, nm->delta, nm->x, nm->w, n, nm->dim, nm->eps);
+    compose_matmul_stack(ops, ctx, y, ldy, nm->x, nm->dim, w, bias, n);
+    long qw = (long)r->n_heads * r->head_dim, kw = (long)r->n_kv_heads * r->head_dim;
+    ops->qk_rope_store(ctx, y, y + qw, y + qw + kw, ldy, n, r);
+}
+
+void compose_norm_swiglu_mlp(const struct backend_ops *ops, void *ctx,
+                             const struct backend_norm *nm, float *y, long ldy,
+                             const struct backend_stack *gate_up, const struct backend_weight *down,
+                             float *gu, long ldgu, long n) {
+    long inter = down->cols;
+    ops->add_rmsnorm(ctx, nm->h, nm->delta, nm->x, nm->w, n, nm->dim, nm->eps);
+    compose_matmul_stack(ops, ctx, gu, ldgu, nm->x, nm->dim, gate_up, NULL, n);
+    ops->silu_mul(ctx, gu, ldgu, gu, ldgu, gu + inter, ldgu, n, inter);
+    ops->matmul(ctx, y, ldy, gu, ldgu, down, NULL, n);
+}
+
+void compose_attention_matmul(const struct backend_ops *ops, void *ctx, float *y, long ldy,
+                              float *att, long ldatt, const float *q, long ldq,
+                              const void *k_cache, const void *v_cache,
+                              const struct attn_params *p, const struct backend_batch *b,
+                              const struct backend_weight *wo, const float *bias, long n) {
+    ops->attention(ctx, att, ldatt, q, ldq, k_cache, v_cache, p, b);
+    ops->matmul(ctx, y, ldy, att, ldatt, wo, bias, n);
+}
