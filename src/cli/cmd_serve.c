@@ -49,9 +49,10 @@ static int check_chat_template(const char *path) {
     struct kiln_error err = {{0}};
     char *src = NULL;
     struct chat_template ct;
-    int rc = file_read_all(path, &src, NULL, &err);
-    if (rc == 0 && (rc = chat_template_init(&ct, src, NULL, NULL, &err)) == 0) chat_template_free(&ct);
-    if (rc) fprintf(stderr, "kiln serve: --chat-template %s: %s\n", path, err.msg);
+    int rc = file_read_all(path, &src, NULL, &err); /* its message names the file */
+    if (rc) fprintf(stderr, "kiln serve: --chat-template: %s\n", err.msg);
+    else if ((rc = chat_template_init(&ct, src, NULL, NULL, &err)) == 0) chat_template_free(&ct);
+    else fprintf(stderr, "kiln serve: --chat-template %s: %s\n", path, err.msg);
     free(src);
     return rc;
 }
@@ -98,7 +99,7 @@ int cmd_serve(int argc, char **argv) {
                     "prefill tokens per step (default 8192 GPU, 512 CPU)"),
         CLI_OPT_INT("--max-total-tokens", &eo.max_total_tokens, 1, 2147483647LL, "N",
                     "KV cache size in tokens (default from memory)"),
-        CLI_OPT_DOUBLE("--mem-fraction-static", &eo.mem_fraction_static, 1e-9, 1, "F",
+        CLI_OPT_DOUBLE("--mem-fraction-static", &eo.mem_fraction_static, 0.01, 1, "F",
                        "GPU: share of memory for weights + KV cache (default 0.88)"),
         CLI_OPT_INT("--context-length", &eo.context_length, 1, 1 << 24, "N", "cap the model's context length"),
         CLI_OPT_CHOICE("--schedule-policy", &policy, "fcfs|lpm|priority", "(default fcfs)"),
