@@ -1,5 +1,14 @@
 #include "base/json_util.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "base/mem.h"
+
 const char *json_kind(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "object";
@@ -12,4 +21,100 @@ const char *json_kind(const json_t *v) {
     case JSON_NULL: return "null";
     }
     return "value";
+}
+
+/* An integer literal (optional '-', digits only) that int64 cannot hold. */
+static int int_overflows(const char *s, size_t n) {
+    size_t digits = n - (s[0] == '-');
+    if (digits < 19) return 0;
+    if (digits > 20) return 1;
+    char buf[24];
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    errno = 0;
+    (void)strtoll(buf, NULL, 10);
+    return errno == ERANGE;
+}
+
+/* Copies text with ".0" after every integer literal outside int64, outside
+ * strings; *at receives the offsets in the copy where each ".0" went. */
+static char *mark_big_ints(const char *text, size_t len, size_t *out_len, size_t **at, size_t *n_at) {
+    size_t cap = len + 64, n = 0, cap_at = 8;
+    char *out = xmalloc(cap);
+    *at = xmalloc(cap_at * sizeof **at);
+    *n_at = 0;
+    int in_str = 0;
+    for (size_t i = 0; i < len;) {
+        char c = text[i];
+        if (in_str || c == '"' || !(c == '-' || (c >= '0' && c <= '9'))) {
+            if (in_str && c == '\\' && i + 1 < len) { /* the escaped char cannot end the string */
+                if (n + 2 > cap) out = xrealloc(out, cap *= 2);
+                out[n++] = text[i++];
+            } else if (c == '"') {
+                in_str = !in_str;
+            }
+            if (n + 1 > cap) out = xrealloc(out, cap *= 2);
+            out[n++] = text[i++];
+            continue;
+        }
+        size_t j = i + 1;
+        int is_int = 1;
+        while (j < len && ((text[j] >= '0' && text[j] <= '9') || strchr("+-.eE", text[j]))) {
+            if (strchr(".eE", text[j])) is_int = 0;
+            j++;
+        }
+        int big = is_int && j - i > 1 && int_overflows(text + i, j - i);
+        if (n + (j - i) + 2 > cap) out = xrealloc(out, cap = 2 * cap + (j - i) + 2);
+        memcpy(out + n, text + i, j - i);
+        n += j - i;
+        if (big) {
+            if (*n_at == cap_at) *at = xrealloc(*at, (cap_at *= 2) * sizeof **at);
+            (*at)[(*n_at)++] = n;
+            out[n++] = '.';
+            out[n++] = '0';
+        }
+        i = j;
+    }
+    *out_len = n;
+    return out;
+}
+
+json_t *json_load_checkpoint(const char *text, size_t len, size_t flags, json_error_t *je) {
+    json_t *root = json_loadb(text, len, flags, je);
+    if (root || json_error_code(je) != json_error_numeric_overflow) return root;
+    size_t n, *at, n_at;
+    char *copy = mark_big_ints(text, len, &n, &at, &n_at);
+    root = json_loadb(copy, n, flags, je);
+    if (!root && je->position >= 0) { /* point into the text as given */
+        size_t pos = (size_t)je->position, before = 0, same_line = 0;
+        const char *nl = memrchr(copy, '\n', pos);
+        size_t line_start = nl ? (size_t)(nl - copy) + 1 : 0;
+        for (size_t k = 0; k < n_at && at[k] < pos; k++) {
+            before++;
+            same_line += at[k] >= line_start;
+        }
+        je->position -= (int)(2 * before);
+        je->column -= (int)(2 * same_line);
+    }
+    free(copy);
+    free(at);
+    return root;
+}
+
+json_t *json_load_checkpoint_file(const char *path, size_t flags, json_error_t *je) {
+    char *text;
+    size_t len;
+    struct kiln_error err;
+    if (file_read_all(path, &text, &len, &err)) {
+        memset(je, 0, sizeof *je);
+        je->line = je->column = je->position = -1;
+        size_t n = strlen(path) < sizeof je->source - 1 ? strlen(path) : sizeof je->source - 1;
+        memcpy(je->source, path, n); /* jansson's source field is short: cut, as it does */
+        n = strlen(err.msg) < sizeof je->text - 1 ? strlen(err.msg) : sizeof je->text - 1;
+        memcpy(je->text, err.msg, n);
+        return NULL;
+    }
+    json_t *root = json_load_checkpoint(text, len, flags, je);
+    free(text);
+    return root;
 }

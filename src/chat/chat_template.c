@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/json_util.h"
 #include "base/mem.h"
 #include "chat/jinja.h"
 
@@ -66,7 +67,7 @@ int chat_template_load(struct chat_template *ct, const char *dir, struct kiln_er
     int rc = -1;
     if (file_exists(cfg_path)) {
         json_error_t je;
-        cfg = json_load_file(cfg_path, 0, &je);
+        cfg = json_load_checkpoint_file(cfg_path, 0, &je);
         if (!cfg) {
             kiln_errorf(err, "%s:%d:%d: %s", cfg_path, je.line, je.column, je.text);
             goto done;
@@ -80,7 +81,7 @@ int chat_template_load(struct chat_template *ct, const char *dir, struct kiln_er
         source = jinja_text;
     } else if (!source && file_exists(json_path)) {
         json_error_t je;
-        tj = json_load_file(json_path, 0, &je);
+        tj = json_load_checkpoint_file(json_path, 0, &je);
         if (!tj) {
             kiln_errorf(err, "%s:%d:%d: %s", json_path, je.line, je.column, je.text);
             goto done;

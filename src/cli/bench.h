@@ -44,6 +44,7 @@ struct bench_options {
     enum bench_api api;
     const char *model;        /* "model" field; NULL = ask /v1/models */
     const char *tokenizer;    /* folder with tokenizer.json */
+    char *tokenizer_owned;    /* tokenizer when it was found in the Hugging Face cache */
     struct model_args engine; /* offline: the engine's model options */
     double mem_fraction_static; /* offline: GPU memory plan (0 = the engine's default) */
     /* dataset */

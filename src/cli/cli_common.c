@@ -1,10 +1,13 @@
 #include "cli/cli_common.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "base/error.h"
 #include "base/file.h"
 #include "base/knob.h"
 #include "base/mem.h"
@@ -27,65 +30,180 @@ const char *cli_default_model(void) {
 }
 
 void model_args_defaults(struct model_args *a) {
-    a->model_dir = NULL;
+    memset(a, 0, sizeof *a);
     a->device = backend_default_name();
     a->load_format = "auto";
-    a->threads = 0;
     a->page_size = 1;
-    a->deterministic = 0;
-    a->no_shared_fusion = 0;
+}
+
+size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *out) {
+    const struct cli_opt model = {.name = "--model", .alias = "--model-path", .type = CLI_STR, .dst = &a->model,
+                                  .meta = "MODEL",
+                                  .help = "model folder, or a Hugging Face id in the local cache (ORG/NAME);\n"
+                                          "also the first positional argument (default: the bundled model)"};
+    const struct cli_opt t[] = {
+        CLI_OPT_STR("--device", &a->device, "auto|cpu|cuda", "default auto: the GPU when one is found ($KILN_DEVICE)"),
+        CLI_OPT_STR("--load-format", &a->load_format, "auto|dummy", "dummy: random weights, no safetensors read"),
+        CLI_OPT_INT("--threads", &a->threads, 1, 1024, "N", "CPU threads (default: the cores)"),
+        CLI_OPT_INT("--page-size", &a->page_size, 1, 4096, "N", "tokens per KV page (default 1)"),
+        CLI_OPT_FLAG("--deterministic", &a->deterministic, "a request's results do not depend on the batch (GPU)"),
+        CLI_OPT_FLAG("--disable-shared-experts-fusion", &a->no_shared_fusion,
+                     "DeepSeek: keep the shared expert a separate MLP"),
+    };
+    size_t n = 0;
+    if (with_model) out[n++] = model;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) out[n++] = t[i];
+    KILN_ASSERT(n <= MODEL_ARGS_MAX_OPTS);
+    return n;
+}
+
+int model_args_finish(struct model_args *a, const char *cmd, const char *positional) {
+    if (positional) {
+        if (a->model && strcmp(a->model, positional)) {
+            fprintf(stderr, "kiln %s: the model is given twice: '%s' and --model '%s'\n", cmd, positional, a->model);
+            return 2;
+        }
+        a->model = positional;
+    }
+    if (!a->model) {
+        a->model_dir = cli_default_model();
+        return 0;
+    }
+    char msg[1024];
+    int is_id;
+    if (cli_resolve_model(a->model, &a->model_dir, &a->owned, &is_id, msg, sizeof msg)) {
+        fprintf(stderr, "kiln %s: %s\n", cmd, msg);
+        return 1;
+    }
+    a->hf_id = is_id ? a->model : NULL;
+    return 0;
+}
+
+void model_args_free(struct model_args *a) {
+    free(a->owned);
+    a->owned = NULL;
+}
+
+/* huggingface_hub's repo id: NAME or ORG/NAME of [A-Za-z0-9_.-], no part
+ * starting or ending with '-' or '.', no "--" or "..", at most 96 chars. */
+static int is_hf_id(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 96 || strstr(s, "--") || strstr(s, "..")) return 0;
+    int slashes = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '/') {
+            slashes++;
+            continue;
+        }
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("_.-", c)))
+            return 0;
+        int edge = i == 0 || s[i - 1] == '/' || i + 1 == n || s[i + 1] == '/';
+        if (edge && (c == '-' || c == '.')) return 0;
+    }
+    return slashes <= 1 && s[0] != '/' && s[n - 1] != '/';
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The hub cache folder, as huggingface_hub finds it. */
+static char *hub_cache_dir(void) {
+    const char *e = getenv("HF_HUB_CACHE");
+    if (e && *e) return xstrdup(e);
+    e = getenv("HF_HOME");
+    if (e && *e) return path_join(e, "hub");
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char *base = xdg && *xdg ? xstrdup(xdg) : home && *home ? path_join(home, ".cache") : xstrdup(".cache");
+    char *hf = path_join(base, "huggingface"), *hub = path_join(hf, "hub");
+    free(base);
+    free(hf);
+    return hub;
+}
+
+/* The snapshot refs/main names; else the only one. */
+static char *pick_snapshot(const char *repo, const char *id, char *msg, size_t msg_size) {
+    char *refs = path_join(repo, "refs/main"), *snaps = path_join(repo, "snapshots"), *text = NULL, *out = NULL;
+    struct kiln_error err;
+    if (file_exists(refs) && file_read_all(refs, &text, NULL, &err) == 0) {
+        size_t n = strcspn(text, " \t\r\n");
+        text[n] = 0;
+        if (n == 0 || strchr(text, '/') || !strcmp(text, "..")) {
+            snprintf(msg, msg_size, "%s: expected a commit hash", refs);
+        } else {
+            out = path_join(snaps, text);
+            if (!is_dir(out)) {
+                snprintf(msg, msg_size, "%s names the snapshot %s, which is not in %s (an interrupted download?)",
+                         refs, text, snaps);
+                free(out);
+                out = NULL;
+            }
+        }
+    } else {
+        DIR *d = opendir(snaps);
+        int n = 0;
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+            if (de->d_name[0] == '.') continue;
+            if (n++ == 0) out = path_join(snaps, de->d_name);
+        }
+        if (d) closedir(d);
+        if (n != 1) {
+            if (n == 0) snprintf(msg, msg_size, "'%s' has no snapshot in %s (an interrupted download?)", id, snaps);
+            else snprintf(msg, msg_size, "'%s' has %d snapshots in %s and no refs/main to choose one: give the folder", id, n, snaps);
+            free(out);
+            out = NULL;
+        }
+    }
+    free(refs);
+    free(snaps);
+    free(text);
+    return out;
+}
+
+int cli_resolve_model(const char *arg, const char **out, char **owned, int *is_id, char *msg, size_t msg_size) {
+    struct stat st;
+    *out = arg;
+    *owned = NULL;
+    *is_id = 0;
+    if (stat(arg, &st) == 0 || !is_hf_id(arg)) return 0;
+    char *hub = hub_cache_dir();
+    size_t n = strlen(arg);
+    char *name = xmalloc(n + 16), *q = name;
+    q += sprintf(q, "models--");
+    for (const char *p = arg; *p; p++) {
+        if (*p == '/') q += sprintf(q, "--");
+        else *q++ = *p;
+    }
+    *q = 0;
+    char *repo = path_join(hub, name);
+    int rc = -1;
+    if (!is_dir(repo)) {
+        snprintf(msg, msg_size,
+                 "'%s' is neither a folder nor a model in the Hugging Face cache (no %s); kiln does not download: "
+                 "fetch it first, e.g. `huggingface-cli download %s`, or set HF_HOME / HF_HUB_CACHE",
+                 arg, repo, arg);
+    } else if ((*owned = pick_snapshot(repo, arg, msg, msg_size))) {
+        *out = *owned;
+        *is_id = 1;
+        rc = 0;
+    }
+    free(hub);
+    free(name);
+    free(repo);
+    return rc;
 }
 
 int cli_parse_int(const char *opt, const char *val, long lo, long hi, long *out) {
+    long long x;
     if (!val) {
         fprintf(stderr, "kiln: %s needs a value\n", opt);
         return -1;
     }
-    char *end;
-    errno = 0;
-    long v = strtol(val, &end, 10);
-    if (errno || end == val || *end || v < lo || v > hi) {
-        fprintf(stderr, "kiln: %s: expected an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, val);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-int model_args_parse(struct model_args *a, int argc, char **argv, int *i) {
-    const char *o = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    long x;
-    if (!strcmp(o, "--model") || !strcmp(o, "--device") || !strcmp(o, "--load-format")) {
-        if (!v) {
-            fprintf(stderr, "kiln: %s needs a value\n", o);
-            return -1;
-        }
-        if (!strcmp(o, "--model")) a->model_dir = v;
-        else if (!strcmp(o, "--device")) a->device = v;
-        else a->load_format = v;
-        (*i)++;
-        return 1;
-    }
-    if (!strcmp(o, "--deterministic")) {
-        a->deterministic = 1;
-        return 1;
-    }
-    if (!strcmp(o, "--disable-shared-experts-fusion")) {
-        a->no_shared_fusion = 1;
-        return 1;
-    }
-    if (!strcmp(o, "--threads")) {
-        if (cli_parse_int(o, v, 1, 1024, &x)) return -1;
-        a->threads = (int)x;
-        (*i)++;
-        return 1;
-    }
-    if (!strcmp(o, "--page-size")) {
-        if (cli_parse_int(o, v, 1, 4096, &x)) return -1;
-        a->page_size = (int)x;
-        (*i)++;
-        return 1;
-    }
+    if (cli_parse_integer(opt, val, lo, hi, &x)) return -1;
+    *out = (long)x;
     return 0;
 }
 

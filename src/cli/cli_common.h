@@ -1,35 +1,58 @@
-/* cli_common.h — option parsing and model set-up shared by subcommands. */
+/* cli_common.h — what the model-running subcommands share: the model
+ * options (one table for serve, generate, verify and bench offline), and
+ * finding the model folder: a path, or a Hugging Face id already in the
+ * local Hugging Face cache (never downloaded). */
 #ifndef KILN_CLI_COMMON_H
 #define KILN_CLI_COMMON_H
 
 #include <stdint.h>
 
+#include "cli/options.h"
 #include "tensor/backend.h"
-
-struct model;
-struct kiln_error;
 
 /* Options every model-running command accepts. */
 struct model_args {
-    const char *model_dir;   /* --model DIR (default: the bundled model) */
+    const char *model;       /* --model / --model-path / the positional MODEL, as given */
+    const char *model_dir;   /* the folder (or config.json) to load: set by model_args_finish */
+    const char *hf_id;       /* the Hugging Face id `model` named, or NULL */
     const char *device;      /* --device cpu|cuda|auto */
     const char *load_format; /* --load-format auto|dummy */
     int threads;             /* --threads N */
     int page_size;           /* --page-size N */
     int deterministic;       /* --deterministic: batch-invariant results (GPU) */
     int no_shared_fusion;    /* --disable-shared-experts-fusion */
+    char *owned;             /* model_dir when it was built here */
 };
+
+#define MODEL_ARGS_MAX_OPTS 8
+
+void model_args_defaults(struct model_args *a);
+/* Writes the model options into out[MODEL_ARGS_MAX_OPTS] and returns how
+ * many; with_model 0 leaves out --model (bench offline names the model its
+ * own way). */
+size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *out);
+/* After parsing: takes the positional model (NULL: none), refuses a model
+ * given twice (exit 2), resolves it (exit 1 when it is neither a path nor
+ * in the Hugging Face cache) and defaults to cli_default_model(). Returns
+ * 0 or the exit code, after printing the reason as "kiln CMD: ...". */
+int model_args_finish(struct model_args *a, const char *cmd, const char *positional);
+void model_args_free(struct model_args *a);
 
 /* Default model folder: $KILN_MODEL, else models/stories260K of the source
  * tree this binary was built from, else ./models/stories260K. */
 const char *cli_default_model(void);
 
-/* Consumes argv[*i] (and its value) when it is one of the model options;
- * returns 1 if consumed, 0 if not, -1 on a bad value (message printed). */
-int model_args_parse(struct model_args *a, int argc, char **argv, int *i);
-void model_args_defaults(struct model_args *a);
+/* A model or tokenizer argument: an existing path is returned as is (in
+ * *out, NULL in *owned); a Hugging Face id ("ORG/NAME" or "NAME") that is no
+ * path is looked up in the local cache: $HF_HUB_CACHE, else $HF_HOME/hub,
+ * HF_HOME defaulting to $XDG_CACHE_HOME/huggingface or
+ * ~/.cache/huggingface; the snapshot is the one refs/main names (or the
+ * only one). *owned is the path to free. Returns 0, or -1 with the reason
+ * in msg (naming the folders looked at); anything else that is no path is
+ * returned as is, for the loader to report. */
+int cli_resolve_model(const char *arg, const char **out, char **owned, int *is_hf_id, char *msg, size_t msg_size);
 
-/* Parses a positive int option value; prints an error naming the option. */
+/* Parses an int option value; prints an error naming the option. */
 int cli_parse_int(const char *opt, const char *val, long lo, long hi, long *out);
 /* Comma-separated token ids. Returns count or -1. Caller frees *out. */
 int cli_parse_ids(const char *s, int32_t **out);

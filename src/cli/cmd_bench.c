@@ -24,15 +24,6 @@
 #include "kiln/tokenizer.h"
 #include "scheduler/engine.h"
 
-enum opt_kind { OPT_INT, OPT_DOUBLE, OPT_STR, OPT_FLAG, OPT_U64, OPT_IDS };
-
-struct opt_spec {
-    const char *name;
-    enum opt_kind kind;
-    void *dst;
-    double lo, hi;
-};
-
 /* Backend names: ours, and bench_serving's for the same protocols. */
 static int parse_backend(const char *b, enum bench_api *api) {
     static const struct {
@@ -63,73 +54,6 @@ static int parse_dataset(const char *d, enum bench_dataset_kind *k) {
     return 0;
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kiln bench serving --base-url http://HOST:PORT [options]\n"
-            "       kiln bench offline [--model DIR] [--load-format dummy] [options]\n"
-            "\n"
-            "target:   --base-url URL | --host H --port P   --backend kiln|openai|openai-chat\n"
-            "          (also sglang, sglang-oai, sglang-oai-chat, vllm, vllm-chat)   --model NAME\n"
-            "          --tokenizer DIR (default: the bundled model)\n"
-            "          offline: --model DIR --device --load-format --threads --page-size\n"
-            "                   --deterministic --mem-fraction-static F\n"
-            "dataset:  --dataset-name random|sharegpt|shared-prefix|score   --num-prompts N (1000)\n"
-            "          --random-input-len N (1024) --random-output-len N (1024) --random-range-ratio R (0)\n"
-            "          --dataset-path FILE --sharegpt-output-len N --sharegpt-context-len N\n"
-            "          --gsp-num-groups N (64) --gsp-prompts-per-group N (16) --gsp-system-prompt-len N (2048)\n"
-            "          --gsp-question-len N (128) --gsp-output-len N (256)\n"
-            "          --score-query-len N (128) --score-item-len N (32) --score-num-items N (8)\n"
-            "          --score-label-token-ids 1,2,3 (default: the first 4 ordinary ids)\n"
-            "traffic:  --request-rate R|inf (inf) --max-concurrency N --seed N (1) --warmup-requests N (1)\n"
-            "          --timeout SECONDS (300, per request) --disable-stream --disable-ignore-eos\n"
-            "          --extra-request-body JSON\n"
-            "output:   --output-file FILE (append one JSON line) --output-details --disable-tqdm\n");
-}
-
-static int set_opt(const struct opt_spec *s, const char *v) {
-    char *end;
-    errno = 0;
-    switch (s->kind) {
-    case OPT_FLAG: *(int *)s->dst = 1; return 0;
-    case OPT_STR: *(const char **)s->dst = v; return 0;
-    case OPT_INT: {
-        long x = strtol(v, &end, 10);
-        if (errno || end == v || *end || x < s->lo || x > s->hi) break;
-        *(int *)s->dst = (int)x;
-        return 0;
-    }
-    case OPT_U64: {
-        unsigned long long x = strtoull(v, &end, 10);
-        if (errno || end == v || *end) break;
-        *(uint64_t *)s->dst = x;
-        return 0;
-    }
-    case OPT_DOUBLE: {
-        double x = strtod(v, &end);
-        if (errno || end == v || *end || !(x >= s->lo && x <= s->hi)) break;
-        *(double *)s->dst = x;
-        return 0;
-    }
-    case OPT_IDS: return 0; /* handled by the caller */
-    }
-    fprintf(stderr, "kiln bench: %s: bad value '%s'\n", s->name, v);
-    return -1;
-}
-
-/* Exact name, or the one option it is an unambiguous prefix of. */
-static const struct opt_spec *find_opt(const struct opt_spec *t, size_t n, const char *arg) {
-    const struct opt_spec *hit = NULL;
-    size_t len = strlen(arg);
-    for (size_t i = 0; i < n; i++) {
-        if (!strcmp(t[i].name, arg)) return &t[i];
-        if (!strncmp(t[i].name, arg, len)) {
-            if (hit) return NULL;
-            hit = &t[i];
-        }
-    }
-    return hit;
-}
-
 static void options_default(struct bench_options *o) {
     memset(o, 0, sizeof *o);
     model_args_defaults(&o->engine);
@@ -152,80 +76,86 @@ static void options_default(struct bench_options *o) {
     o->timeout_s = 300;
 }
 
+/* The command's table; offline adds the engine's options. */
+static int parse_table(struct bench_options *o, int offline, int argc, char **argv, const char **host_arg,
+                       const char **port_arg, const char **rate, const char **labels) {
+    const struct cli_opt target[] = {
+        CLI_OPT_STR("--base-url", &o->base_url, "URL", "serving: the server (default http://127.0.0.1:30000)"),
+        CLI_OPT_STR("--host", host_arg, "HOST", "serving: the server's host, with --port P"),
+        CLI_OPT_STR("--port", port_arg, "P", "serving: the server's port"),
+        CLI_OPT_STR("--backend", &o->backend, "NAME",
+                    "kiln|openai|openai-chat (also sglang, sglang-oai, sglang-oai-chat, vllm,\n"
+                    "vllm-chat, lmdeploy, lmdeploy-chat; default kiln)"),
+        CLI_OPT_STR("--model", &o->model, "NAME",
+                    "serving: the request's model (default: /v1/models asked);\n"
+                    "offline: the model folder or Hugging Face id (default: the bundled model)"),
+        CLI_OPT_STR("--tokenizer", &o->tokenizer, "DIR", "tokenizer folder (default: the model's)"),
+    };
+    const struct cli_opt dataset[] = {
+        CLI_OPT_STR("--dataset-name", &o->dataset_name, "random|sharegpt|shared-prefix|score", "(default random)"),
+        CLI_OPT_STR("--dataset-path", &o->dataset_path, "FILE", "ShareGPT JSON"),
+        CLI_OPT_INT("--num-prompts", &o->num_prompts, 1, 1e8, "N", "(default 1000)"),
+        CLI_OPT_INT("--random-input-len", &o->random_input_len, 1, 1e8, "N", "(default 1024)"),
+        CLI_OPT_INT("--random-output-len", &o->random_output_len, 1, 1e8, "N", "(default 1024)"),
+        CLI_OPT_DOUBLE("--random-range-ratio", &o->random_range_ratio, 0, 1, "R", "(default 0)"),
+        CLI_OPT_INT("--sharegpt-output-len", &o->sharegpt_output_len, 4, 1e8, "N", "(default: the completion's)"),
+        CLI_OPT_INT("--sharegpt-context-len", &o->sharegpt_context_len, 1, 1e9, "N", "(default: no limit)"),
+        CLI_OPT_INT("--gsp-num-groups", &o->gsp_num_groups, 1, 1e6, "N", "(default 64)"),
+        CLI_OPT_INT("--gsp-prompts-per-group", &o->gsp_prompts_per_group, 1, 1e6, "N", "(default 16)"),
+        CLI_OPT_INT("--gsp-system-prompt-len", &o->gsp_system_prompt_len, 0, 1e8, "N", "(default 2048)"),
+        CLI_OPT_INT("--gsp-question-len", &o->gsp_question_len, 0, 1e8, "N", "(default 128)"),
+        CLI_OPT_INT("--gsp-output-len", &o->gsp_output_len, 1, 1e8, "N", "(default 256)"),
+        CLI_OPT_INT("--score-query-len", &o->score_query_len, 0, 1e8, "N", "(default 128)"),
+        CLI_OPT_INT("--score-item-len", &o->score_item_len, 1, 1e8, "N", "(default 32)"),
+        CLI_OPT_INT("--score-num-items", &o->score_num_items, 1, 1e6, "N", "(default 8)"),
+        CLI_OPT_STR("--score-label-token-ids", labels, "1,2,3", "(default: the first 4 ordinary ids)"),
+    };
+    const struct cli_opt traffic[] = {
+        CLI_OPT_STR("--request-rate", rate, "R|inf", "requests per second, Poisson arrivals (default inf)"),
+        CLI_OPT_INT("--max-concurrency", &o->max_concurrency, 1, 1e7, "N", "requests in flight at most"),
+        CLI_OPT_U64("--seed", &o->seed, "N", "(default 1)"),
+        CLI_OPT_INT("--warmup-requests", &o->warmup_requests, 0, 1e6, "N", "(default 1)"),
+        CLI_OPT_DOUBLE("--timeout", &o->timeout_s, 0.001, 1e7, "SECONDS", "per request (default 300)"),
+        CLI_OPT_FLAG("--disable-stream", &o->disable_stream, "one JSON answer per request"),
+        CLI_OPT_FLAG("--disable-ignore-eos", &o->disable_ignore_eos, "stop at end-of-sequence tokens"),
+        CLI_OPT_STR("--extra-request-body", &o->extra_request_body, "JSON", "merged into each request"),
+    };
+    const struct cli_opt output[] = {
+        CLI_OPT_STR("--output-file", &o->output_file, "FILE", "append one JSON line"),
+        CLI_OPT_FLAG("--output-details", &o->output_details, "per-request figures in that line"),
+        CLI_OPT_FLAG("--disable-tqdm", &o->disable_tqdm, "no progress bar"),
+    };
+    const struct cli_opt mem[] = {
+        CLI_OPT_DOUBLE("--mem-fraction-static", &o->mem_fraction_static, 0.01, 1, "F",
+                       "GPU: share of memory for weights + KV cache"),
+    };
+    struct cli_opt engine[MODEL_ARGS_MAX_OPTS];
+    const struct cli_group groups[] = {
+        {"target", target, sizeof target / sizeof target[0]},
+        {"dataset", dataset, sizeof dataset / sizeof dataset[0]},
+        {"traffic", traffic, sizeof traffic / sizeof traffic[0]},
+        {"output", output, sizeof output / sizeof output[0]},
+        {"offline: the engine", engine, model_args_options(&o->engine, 0, engine)},
+        {NULL, mem, 1},
+    };
+    const struct cli_command cmd = {
+        .name = "bench", .usage = "serving --base-url http://HOST:PORT [options]\n"
+                                  "       kiln bench offline [--model DIR] [options]",
+        .about = "serving sends the workload to a running server over HTTP (kiln, SGLang, vLLM, ...);\n"
+                 "offline creates the engine in this process and submits the same workload directly.\n"
+                 "Options have bench_serving's names; --opt=value and unambiguous prefixes work.",
+        .groups = groups, .n_groups = sizeof groups / sizeof groups[0] - (offline ? 0 : 2), .max_positional = 0};
+    int n_pos;
+    return cli_parse(&cmd, argc, argv, NULL, &n_pos);
+}
+
 /* Returns 0, or the exit code (2 usage error, -1 --help). */
 static int parse_args(struct bench_options *o, int offline, int argc, char **argv) {
     const char *host = "127.0.0.1", *rate = NULL, *labels = NULL;
     int port = 30000, have_host = 0;
     const char *host_arg = NULL, *port_arg = NULL;
-    const struct opt_spec t[] = {
-        {"--base-url", OPT_STR, &o->base_url, 0, 0},
-        {"--host", OPT_STR, &host_arg, 0, 0},
-        {"--port", OPT_STR, &port_arg, 0, 0},
-        {"--backend", OPT_STR, &o->backend, 0, 0},
-        {"--model", OPT_STR, &o->model, 0, 0},
-        {"--tokenizer", OPT_STR, &o->tokenizer, 0, 0},
-        {"--dataset-name", OPT_STR, &o->dataset_name, 0, 0},
-        {"--dataset-path", OPT_STR, &o->dataset_path, 0, 0},
-        {"--num-prompts", OPT_INT, &o->num_prompts, 1, 1e8},
-        {"--random-input-len", OPT_INT, &o->random_input_len, 1, 1e8},
-        {"--random-output-len", OPT_INT, &o->random_output_len, 1, 1e8},
-        {"--random-range-ratio", OPT_DOUBLE, &o->random_range_ratio, 0, 1},
-        {"--sharegpt-output-len", OPT_INT, &o->sharegpt_output_len, 4, 1e8},
-        {"--sharegpt-context-len", OPT_INT, &o->sharegpt_context_len, 1, 1e9},
-        {"--gsp-num-groups", OPT_INT, &o->gsp_num_groups, 1, 1e6},
-        {"--gsp-prompts-per-group", OPT_INT, &o->gsp_prompts_per_group, 1, 1e6},
-        {"--gsp-system-prompt-len", OPT_INT, &o->gsp_system_prompt_len, 0, 1e8},
-        {"--gsp-question-len", OPT_INT, &o->gsp_question_len, 0, 1e8},
-        {"--gsp-output-len", OPT_INT, &o->gsp_output_len, 1, 1e8},
-        {"--score-query-len", OPT_INT, &o->score_query_len, 0, 1e8},
-        {"--score-item-len", OPT_INT, &o->score_item_len, 1, 1e8},
-        {"--score-num-items", OPT_INT, &o->score_num_items, 1, 1e6},
-        {"--score-label-token-ids", OPT_STR, &labels, 0, 0},
-        {"--request-rate", OPT_STR, &rate, 0, 0},
-        {"--max-concurrency", OPT_INT, &o->max_concurrency, 1, 1e7},
-        {"--seed", OPT_U64, &o->seed, 0, 0},
-        {"--warmup-requests", OPT_INT, &o->warmup_requests, 0, 1e6},
-        {"--timeout", OPT_DOUBLE, &o->timeout_s, 0.001, 1e7},
-        {"--mem-fraction-static", OPT_DOUBLE, &o->mem_fraction_static, 0.01, 1},
-        {"--disable-stream", OPT_FLAG, &o->disable_stream, 0, 0},
-        {"--disable-ignore-eos", OPT_FLAG, &o->disable_ignore_eos, 0, 0},
-        {"--extra-request-body", OPT_STR, &o->extra_request_body, 0, 0},
-        {"--output-file", OPT_STR, &o->output_file, 0, 0},
-        {"--output-details", OPT_FLAG, &o->output_details, 0, 0},
-        {"--disable-tqdm", OPT_FLAG, &o->disable_tqdm, 0, 0},
-    };
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return -1;
-        }
-        if (offline && strcmp(argv[i], "--model")) {
-            int r = model_args_parse(&o->engine, argc, argv, &i);
-            if (r < 0) return 2;
-            if (r > 0) continue;
-        }
-        /* --opt=value as argparse allows */
-        char name[64];
-        const char *eq = strchr(argv[i], '='), *val = NULL;
-        size_t nl = eq ? (size_t)(eq - argv[i]) : strlen(argv[i]);
-        if (nl >= sizeof name) nl = sizeof name - 1;
-        memcpy(name, argv[i], nl);
-        name[nl] = 0;
-        const struct opt_spec *s = strncmp(name, "--", 2) ? NULL : find_opt(t, sizeof t / sizeof t[0], name);
-        if (!s) {
-            fprintf(stderr, "kiln bench: unknown or ambiguous option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-        if (s->kind != OPT_FLAG) {
-            val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!val) {
-                fprintf(stderr, "kiln bench: %s needs a value\n", s->name);
-                return 2;
-            }
-        }
-        if (set_opt(s, val)) return 2;
-    }
+    int rc = parse_table(o, offline, argc, argv, &host_arg, &port_arg, &rate, &labels);
+    if (rc) return rc == 1 ? -1 : rc;
     if (host_arg) {
         host = host_arg;
         have_host = 1;
@@ -269,8 +199,17 @@ static int parse_args(struct bench_options *o, int offline, int argc, char **arg
             return 2;
         }
     }
+    if (o->tokenizer) {
+        char msg[1024];
+        int is_id;
+        if (cli_resolve_model(o->tokenizer, &o->tokenizer, &o->tokenizer_owned, &is_id, msg, sizeof msg)) {
+            fprintf(stderr, "kiln bench: --tokenizer: %s\n", msg);
+            return 1;
+        }
+    }
     if (offline) {
-        o->engine.model_dir = o->model ? o->model : cli_default_model();
+        o->engine.model = o->model;
+        if ((rc = model_args_finish(&o->engine, "bench", NULL))) return rc;
         if (!strcmp(o->backend, "kiln")) o->backend = "kiln-offline";
     }
     return 0;
@@ -345,6 +284,8 @@ static int bench_main(int offline, int argc, char **argv) {
     int rc = parse_args(&o, offline, argc, argv);
     if (rc) {
         free(o.score_label_ids);
+        model_args_free(&o.engine);
+    free(o.tokenizer_owned);
         return rc < 0 ? 0 : rc;
     }
     struct kiln_error err = {0};
@@ -394,6 +335,7 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.threads = o.engine.threads;
         eo.deterministic = o.engine.deterministic;
         eo.page_size = o.engine.page_size;
+        eo.no_shared_expert_fusion = o.engine.no_shared_fusion;
         eo.mem_fraction_static = o.mem_fraction_static;
         if (engine_create(&eng, &eo, &err)) {
             fprintf(stderr, "kiln bench: engine: %s\n", err.msg);
@@ -438,6 +380,8 @@ done:
     free(arrivals);
     free(model_name);
     free(o.score_label_ids);
+    model_args_free(&o.engine);
+    free(o.tokenizer_owned);
     kiln_tokenizer_free(tok);
     return rc;
 }
@@ -445,10 +389,10 @@ done:
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "serving")) return bench_main(0, argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "offline")) return bench_main(1, argc - 1, argv + 1);
-    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        usage(stdout);
-        return 0;
-    }
-    usage(stderr);
-    return 2;
+    char *help[] = {"bench", "--help"};
+    int help_asked = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
+    if (!help_asked) fprintf(stderr, "kiln bench: expected 'serving' or 'offline'%s%s%s\n", argc >= 2 ? ", got '" : "",
+                             argc >= 2 ? argv[1] : "", argc >= 2 ? "'" : "");
+    else bench_main(1, 2, help); /* the usage of both, the engine's options included */
+    return help_asked ? 0 : 2;
 }

@@ -11,21 +11,7 @@
 #include "base/file.h"
 #include "chat/chat_template.h"
 #include "cli/cli.h"
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kiln chat-template (--tokenizer DIR | --template FILE) [options] < messages.json\n"
-            "\n"
-            "Reads a JSON array of messages (or an object {\"messages\": [...], \"tools\": [...]})\n"
-            "on stdin and prints the rendered prompt, with no newline added.\n"
-            "\n"
-            "  --tokenizer DIR          model or tokenizer folder (tokenizer_config.json / chat_template.jinja)\n"
-            "  --template FILE          render this template file instead (bos/eos from --tokenizer if given)\n"
-            "  --bos TEXT, --eos TEXT   set bos_token / eos_token\n"
-            "  --no-generation-prompt   add_generation_prompt=False (default True)\n"
-            "  --tools JSON             tool schemas (a JSON array)\n"
-            "  --kwargs JSON            extra template variables, e.g. '{\"enable_thinking\": false}'\n");
-}
+#include "cli/cli_common.h"
 
 static json_t *parse_json_arg(const char *opt, const char *text, struct kiln_error *err) {
     json_error_t je;
@@ -36,36 +22,39 @@ static json_t *parse_json_arg(const char *opt, const char *text, struct kiln_err
 
 int cmd_chat_template(int argc, char **argv) {
     const char *dir = NULL, *template_file = NULL, *bos = NULL, *eos = NULL, *kwargs_text = NULL, *tools_text = NULL;
-    int gen = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int has_value = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--no-generation-prompt")) {
-            gen = 0;
-        } else if (!strcmp(a, "--tokenizer") && has_value) {
-            dir = argv[++i];
-        } else if (!strcmp(a, "--template") && has_value) {
-            template_file = argv[++i];
-        } else if (!strcmp(a, "--bos") && has_value) {
-            bos = argv[++i];
-        } else if (!strcmp(a, "--eos") && has_value) {
-            eos = argv[++i];
-        } else if (!strcmp(a, "--kwargs") && has_value) {
-            kwargs_text = argv[++i];
-        } else if (!strcmp(a, "--tools") && has_value) {
-            tools_text = argv[++i];
-        } else {
-            fprintf(stderr, "kiln chat-template: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    int no_gen = 0;
+    const struct cli_opt opts[] = {
+        CLI_OPT_STR("--tokenizer", &dir, "DIR",
+                    "model or tokenizer folder (tokenizer_config.json / chat_template.jinja),\n"
+                    "or a Hugging Face id in the local cache"),
+        CLI_OPT_STR("--template", &template_file, "FILE", "render this template file instead (bos/eos from --tokenizer if given)"),
+        CLI_OPT_STR("--bos", &bos, "TEXT", "set bos_token"),
+        CLI_OPT_STR("--eos", &eos, "TEXT", "set eos_token"),
+        CLI_OPT_FLAG("--no-generation-prompt", &no_gen, "add_generation_prompt=False (default True)"),
+        CLI_OPT_STR("--tools", &tools_text, "JSON", "tool schemas (a JSON array)"),
+        CLI_OPT_STR("--kwargs", &kwargs_text, "JSON", "extra template variables, e.g. '{\"enable_thinking\": false}'"),
+    };
+    const struct cli_group groups[] = {{NULL, opts, sizeof opts / sizeof opts[0]}};
+    const struct cli_command cmd = {
+        .name = "chat-template", .usage = "(--tokenizer DIR | --template FILE) [options] < messages.json",
+        .about = "Reads a JSON array of messages (or an object {\"messages\": [...], \"tools\": [...]})\n"
+                 "on stdin and prints the rendered prompt, with no newline added.",
+        .groups = groups, .n_groups = 1, .max_positional = 0};
+    int n_pos, prc = cli_parse(&cmd, argc, argv, NULL, &n_pos);
+    if (prc) return prc == 1 ? 0 : prc;
+    int gen = !no_gen;
     if (!dir && !template_file) {
-        usage(stderr);
+        fprintf(stderr, "kiln chat-template: give --tokenizer DIR or --template FILE (see --help)\n");
         return 2;
+    }
+    char *dir_owned = NULL;
+    if (dir) {
+        char msg[1024];
+        int is_id;
+        if (cli_resolve_model(dir, &dir, &dir_owned, &is_id, msg, sizeof msg)) {
+            fprintf(stderr, "kiln chat-template: --tokenizer: %s\n", msg);
+            return 1;
+        }
     }
 
     struct kiln_error err = {0};
@@ -133,5 +122,6 @@ done:
     json_decref(kwargs);
     json_decref(tools);
     chat_template_free(&ct);
+    free(dir_owned);
     return rc;
 }

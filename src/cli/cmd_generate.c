@@ -33,47 +33,35 @@ static int is_eos(const struct generation_config *g, int id) {
     return 0;
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: kiln generate [--model DIR] (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
-               "                     [--ignore-eos]\n"
-               "                     [--device auto|cpu|cuda] [--threads N] [--page-size N]\n"
-               "                     [--deterministic] [--disable-shared-experts-fusion]\n");
-}
-
 int cmd_generate(int argc, char **argv) {
     struct model_args ma;
     model_args_defaults(&ma);
     const char *ids_arg = NULL, *prompt_text = NULL;
-    long max_tokens = 32;
-    int ignore_eos = 0;
-    for (int i = 1; i < argc; i++) {
-        int r = model_args_parse(&ma, argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) continue;
-        if (!strcmp(argv[i], "--ids") && i + 1 < argc) {
-            ids_arg = argv[++i];
-        } else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) {
-            prompt_text = argv[++i];
-        } else if (!strcmp(argv[i], "--max-tokens")) {
-            if (cli_parse_int("--max-tokens", i + 1 < argc ? argv[i + 1] : NULL, 0, 1 << 24, &max_tokens))
-                return 2;
-            i++;
-        } else if (!strcmp(argv[i], "--ignore-eos")) {
-            ignore_eos = 1;
-        } else if (!strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "kiln generate: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!ma.model_dir) ma.model_dir = cli_default_model();
+    int max_tokens = 32, ignore_eos = 0;
+    const struct cli_opt opts[] = {
+        CLI_OPT_STR("--ids", &ids_arg, "1,2,3", "the prompt as token ids"),
+        CLI_OPT_STR("--prompt", &prompt_text, "TEXT", "the prompt as text (the model's tokenizer encodes it)"),
+        CLI_OPT_INT("--max-tokens", &max_tokens, 0, 1 << 24, "N", "tokens to generate at most (default 32)"),
+        CLI_OPT_FLAG("--ignore-eos", &ignore_eos, "go on after an end-of-sequence token"),
+    };
+    struct cli_opt model_opts[MODEL_ARGS_MAX_OPTS];
+    const struct cli_group groups[] = {
+        {NULL, opts, sizeof opts / sizeof opts[0]},
+        {"model", model_opts, model_args_options(&ma, 1, model_opts)},
+    };
+    const struct cli_command cmd = {
+        .name = "generate", .usage = "[MODEL] (--ids 1,2,3 | --prompt TEXT) [options]",
+        .about = "Greedy decoding of one sequence. Prints the generated ids, comma-separated, on one line;\n"
+                 "with --prompt also the prompt and the generated text after it.",
+        .groups = groups, .n_groups = sizeof groups / sizeof groups[0], .max_positional = 1};
+    const char *positional[2];
+    int n_pos, prc = cli_parse(&cmd, argc, argv, positional, &n_pos);
+    if (prc) return prc == 1 ? 0 : prc;
     if (!ids_arg == !prompt_text) {
         fprintf(stderr, "kiln generate: give exactly one of --ids and --prompt\n");
         return 2;
     }
+    if ((prc = model_args_finish(&ma, "generate", n_pos ? positional[0] : NULL))) return prc;
     int32_t *prompt = NULL;
     struct kiln_tokenizer *tok = NULL;
     int n_prompt;
@@ -84,6 +72,7 @@ int cmd_generate(int argc, char **argv) {
             kiln_tokenizer_encode(tok, prompt_text, strlen(prompt_text), 1, &ids, &terr)) {
             fprintf(stderr, "kiln generate: %s\n", terr.msg);
             kiln_tokenizer_free(tok);
+            model_args_free(&ma);
             return 1;
         }
         n_prompt = (int)ids.n;
@@ -97,6 +86,7 @@ int cmd_generate(int argc, char **argv) {
         if (n_prompt == 0) fprintf(stderr, "kiln generate: the prompt is empty\n");
         free(prompt);
         kiln_tokenizer_free(tok);
+        model_args_free(&ma);
         return 2;
     }
 
@@ -181,5 +171,6 @@ out:
     model_free(m);
     backend_destroy(&be);
     kiln_tokenizer_free(tok);
+    model_args_free(&ma);
     return rc;
 }

@@ -8,61 +8,37 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "cli/cli.h"
+#include "cli/options.h"
 #include "profile/kernel_report.h"
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kiln profile-report [options] TRACE[,LABEL[,ELAPSED_S]] ...\n"
-            "\n"
-            "TRACE: Nsight Systems' cuda_gpu_trace as CSV (nsys stats --report cuda_gpu_trace\n"
-            "--format csv), scripts/gpu/cupti_trace.c's records, or a Chrome trace JSON (PyTorch\n"
-            "profiler). ELAPSED_S: the run's wall time; the GPU's idle time is reported beside it.\n"
-            "\n"
-            "  --rules FILE      kernel → category rules, {\"ENGINE\": {\"MODEL\": {\"regex\": \"category\"}}}\n"
-            "                    (SGLang gputrc2graph's layout; default: built-in rules for kiln and\n"
-            "                    the common libraries)\n"
-            "  --engine NAME     the rules' engine (default kiln)\n"
-            "  --model NAME      the rules' model (default default)\n"
-            "  --title TEXT      the page's title (default \"GPU kernel time\")\n"
-            "  --out PREFIX      writes PREFIX.html and PREFIX.csv (default result)\n");
-}
 
 int cmd_profile_report(int argc, char **argv) {
     const char *rules_path = NULL, *engine = "kiln", *model = "default", *title = "GPU kernel time", *out = "result";
-    char **inputs = xcalloc((size_t)argc, sizeof *inputs);
-    int n_in = 0, rc = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        const char **dst = !strcmp(o, "--rules")    ? &rules_path
-                           : !strcmp(o, "--engine") ? &engine
-                           : !strcmp(o, "--model")  ? &model
-                           : !strcmp(o, "--title")  ? &title
-                           : !strcmp(o, "--out")    ? &out
-                                                    : NULL;
-        if (dst) {
-            if (!v) {
-                fprintf(stderr, "kiln profile-report: %s needs a value\n", o);
-                free(inputs);
-                return 2;
-            }
-            *dst = v;
-            i++;
-        } else if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            usage(stdout);
-            free(inputs);
-            return 0;
-        } else if (o[0] == '-' && o[1]) {
-            fprintf(stderr, "kiln profile-report: unknown option '%s'\n", o);
-            usage(stderr);
-            free(inputs);
-            return 2;
-        } else {
-            inputs[n_in++] = argv[i];
-        }
+    const struct cli_opt opts[] = {
+        CLI_OPT_STR("--rules", &rules_path, "FILE",
+                    "kernel → category rules, {\"ENGINE\": {\"MODEL\": {\"regex\": \"category\"}}}\n"
+                    "(SGLang gputrc2graph's layout; default: built-in rules for kiln and\n"
+                    "the common libraries)"),
+        CLI_OPT_STR("--engine", &engine, "NAME", "the rules' engine (default kiln)"),
+        CLI_OPT_STR("--model", &model, "NAME", "the rules' model (default default)"),
+        CLI_OPT_STR("--title", &title, "TEXT", "the page's title (default \"GPU kernel time\")"),
+        CLI_OPT_STR("--out", &out, "PREFIX", "writes PREFIX.html and PREFIX.csv (default result)"),
+    };
+    const struct cli_group groups[] = {{NULL, opts, sizeof opts / sizeof opts[0]}};
+    const struct cli_command cmd = {
+        .name = "profile-report", .usage = "[options] TRACE[,LABEL[,ELAPSED_S]] ...",
+        .about = "TRACE: Nsight Systems' cuda_gpu_trace as CSV (nsys stats --report cuda_gpu_trace\n"
+                 "--format csv), scripts/gpu/cupti_trace.c's records, or a Chrome trace JSON (PyTorch\n"
+                 "profiler). ELAPSED_S: the run's wall time; the GPU's idle time is reported beside it.",
+        .groups = groups, .n_groups = 1, .max_positional = -1};
+    const char **inputs = xcalloc((size_t)argc + 1, sizeof *inputs);
+    int n_in, rc = cli_parse(&cmd, argc, argv, inputs, &n_in);
+    if (rc) {
+        free(inputs);
+        return rc == 1 ? 0 : rc;
     }
+    rc = 1;
     if (!n_in) {
-        fprintf(stderr, "kiln profile-report: no trace given\n");
-        usage(stderr);
+        fprintf(stderr, "kiln profile-report: no trace given (see --help)\n");
         free(inputs);
         return 2;
     }

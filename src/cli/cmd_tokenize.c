@@ -11,45 +11,45 @@
 
 #include "base/error.h"
 #include "cli/cli.h"
+#include "cli/cli_common.h"
 #include "kiln/tokenizer.h"
 
 struct tok_args {
     const char *dir;
     int flag;
+    char *owned; /* dir when found in the Hugging Face cache */
 };
 
-static int parse_args(int argc, char **argv, const char *flag, struct tok_args *a, const char *usage) {
+static int parse_args(int argc, char **argv, const char *flag, const char *flag_help, struct tok_args *a,
+                      const char *usage, const char *about) {
     memset(a, 0, sizeof *a);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) {
-            a->dir = argv[++i];
-        } else if (!strcmp(argv[i], flag)) {
-            a->flag = 1;
-        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("%s", usage);
-            return 1;
-        } else {
-            fprintf(stderr, "kiln %s: unknown argument '%s'\n%s", argv[0], argv[i], usage);
-            return 2;
-        }
-    }
+    const struct cli_opt opts[] = {
+        CLI_OPT_STR("--tokenizer", &a->dir, "DIR", "folder with tokenizer.json, or a Hugging Face id in the local cache"),
+        {.name = flag, .type = CLI_FLAG, .dst = &a->flag, .help = flag_help},
+    };
+    const struct cli_group groups[] = {{NULL, opts, 2}};
+    const struct cli_command cmd = {.name = argv[0], .usage = usage, .about = about, .groups = groups, .n_groups = 1,
+                                    .max_positional = 0};
+    int n_pos, rc = cli_parse(&cmd, argc, argv, NULL, &n_pos);
+    if (rc) return rc;
     if (!a->dir) {
-        fprintf(stderr, "kiln %s: --tokenizer DIR is required\n%s", argv[0], usage);
+        fprintf(stderr, "kiln %s: --tokenizer DIR is required (see --help)\n", argv[0]);
+        return 2;
+    }
+    char msg[1024];
+    int is_id;
+    if (cli_resolve_model(a->dir, &a->dir, &a->owned, &is_id, msg, sizeof msg)) {
+        fprintf(stderr, "kiln %s: --tokenizer: %s\n", argv[0], msg);
         return 2;
     }
     return 0;
 }
 
-static const char tokenize_usage[] =
-    "usage: kiln tokenize --tokenizer DIR [--add-special]\n"
-    "  Reads one JSON string per line on stdin and writes one JSON array of\n"
-    "  token ids per line. --add-special adds the tokenizer's special tokens\n"
-    "  (its post-processor, e.g. BOS).\n";
+static const char tokenize_about[] =
+    "Reads one JSON string per line on stdin and writes one JSON array of token ids per line.";
 
-static const char detokenize_usage[] =
-    "usage: kiln detokenize --tokenizer DIR [--skip-special]\n"
-    "  Reads one JSON array of token ids per line on stdin and writes one\n"
-    "  JSON string per line. --skip-special drops special tokens.\n";
+static const char detokenize_about[] =
+    "Reads one JSON array of token ids per line on stdin and writes one JSON string per line.";
 
 /* Reads stdin line by line, calling fn on each parsed JSON value. */
 static int each_line(const char *cmd, struct kiln_tokenizer *tok, int flag,
@@ -134,24 +134,30 @@ static int detokenize_one(struct kiln_tokenizer *tok, int skip_special, json_t *
     return 0;
 }
 
-static int run(int argc, char **argv, const char *flag, const char *usage,
+static int run(int argc, char **argv, const char *flag, const char *flag_help, const char *usage, const char *about,
                int (*fn)(struct kiln_tokenizer *, int, json_t *, size_t, const char *)) {
     struct tok_args a;
     struct kiln_error err;
     struct kiln_tokenizer *tok;
-    int rc = parse_args(argc, argv, flag, &a, usage);
+    int rc = parse_args(argc, argv, flag, flag_help, &a, usage, about);
     if (rc) return rc == 1 ? 0 : rc;
     if (kiln_tokenizer_load(&tok, a.dir, &err)) {
         fprintf(stderr, "kiln %s: %s\n", argv[0], err.msg);
+        free(a.owned);
         return 1;
     }
     rc = each_line(argv[0], tok, a.flag, fn);
     kiln_tokenizer_free(tok);
+    free(a.owned);
     return rc;
 }
 
-int cmd_tokenize(int argc, char **argv) { return run(argc, argv, "--add-special", tokenize_usage, tokenize_one); }
+int cmd_tokenize(int argc, char **argv) {
+    return run(argc, argv, "--add-special", "add the tokenizer's special tokens (its post-processor, e.g. BOS)",
+               "--tokenizer DIR [--add-special]", tokenize_about, tokenize_one);
+}
 
 int cmd_detokenize(int argc, char **argv) {
-    return run(argc, argv, "--skip-special", detokenize_usage, detokenize_one);
+    return run(argc, argv, "--skip-special", "drop special tokens", "--tokenizer DIR [--skip-special]",
+               detokenize_about, detokenize_one);
 }

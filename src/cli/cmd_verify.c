@@ -222,44 +222,35 @@ static int load_reference(struct verify *v, struct st_set *ref, const char *path
     return 0;
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kiln verify --model DIR --reference FILE [--page-size N] [--chunk N]\n"
-            "                   [--tolerance X] [--device auto|cpu|cuda] [--threads N]\n"
-            "                   [--deterministic] [--disable-shared-experts-fusion]\n");
-}
-
 int cmd_verify(int argc, char **argv) {
     struct model_args ma;
     model_args_defaults(&ma);
     const char *ref_path = NULL;
-    long chunk = 3;
+    int chunk = 3;
     double tol = 1e-3;
-    for (int i = 1; i < argc; i++) {
-        int r = model_args_parse(&ma, argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) continue;
-        if (!strcmp(argv[i], "--reference") && i + 1 < argc) {
-            ref_path = argv[++i];
-        } else if (!strcmp(argv[i], "--chunk")) {
-            if (cli_parse_int("--chunk", i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 20, &chunk)) return 2;
-            i++;
-        } else if (!strcmp(argv[i], "--tolerance") && i + 1 < argc) {
-            tol = atof(argv[++i]);
-        } else if (!strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "kiln verify: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!ma.model_dir) ma.model_dir = cli_default_model();
+    const struct cli_opt opts[] = {
+        CLI_OPT_STR("--reference", &ref_path, "FILE", "p<i>.ids and p<i>.logits tensors (safetensors); required"),
+        CLI_OPT_INT("--chunk", &chunk, 1, 1 << 20, "N", "prefill tokens per step in the mixed mode (default 3)"),
+        CLI_OPT_DOUBLE("--tolerance", &tol, 0, 1e30, "X", "largest absolute logit error accepted (default 1e-3)"),
+    };
+    struct cli_opt model_opts[MODEL_ARGS_MAX_OPTS];
+    const struct cli_group groups[] = {
+        {NULL, opts, sizeof opts / sizeof opts[0]},
+        {"model", model_opts, model_args_options(&ma, 1, model_opts)},
+    };
+    const struct cli_command cmd = {
+        .name = "verify", .usage = "[MODEL] --reference FILE [options]",
+        .about = "Checks the forward pass against reference logits: each sequence as one prefill, as a\n"
+                 "prefill and then one token per step, and all of them mixed in chunked batches.",
+        .groups = groups, .n_groups = sizeof groups / sizeof groups[0], .max_positional = 1};
+    const char *positional[2];
+    int n_pos, prc = cli_parse(&cmd, argc, argv, positional, &n_pos);
+    if (prc) return prc == 1 ? 0 : prc;
     if (!ref_path) {
         fprintf(stderr, "kiln verify: --reference FILE is required\n");
         return 2;
     }
+    if ((prc = model_args_finish(&ma, "verify", n_pos ? positional[0] : NULL))) return prc;
     struct kiln_error err = {0};
     struct backend be = {0};
     struct st_set ref = {0};
@@ -298,7 +289,7 @@ int cmd_verify(int argc, char **argv) {
     v.kv = runner_kv(v.r);
     kv_pool_scramble(v.kv, 12345);
 
-    if (verify_prefill(&v, &err) || verify_decode(&v, &err) || verify_mixed(&v, (int)chunk, &err))
+    if (verify_prefill(&v, &err) || verify_decode(&v, &err) || verify_mixed(&v, chunk, &err))
         goto out;
     printf("max_abs_err=%.3g rows=%ld\n", v.max_err, v.rows);
     if (v.max_err <= tol) {
@@ -314,5 +305,6 @@ out:
     free(v.seqs);
     st_close(&ref);
     backend_destroy(&be);
+    model_args_free(&ma);
     return rc;
 }

@@ -196,7 +196,7 @@ static int rd_bos(const struct jr *r, int *bos) {
 
 static json_t *load_json(const char *text, size_t len, const char *file, struct kiln_error *err) {
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_load_checkpoint(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         kiln_errorf(err, "%s:%d:%d: invalid JSON: %s", file, jerr.line, jerr.column, jerr.text);
         return NULL;

@@ -184,7 +184,7 @@ int st_parse(const unsigned char *data, size_t size, const char *file_name, int 
 
     json_error_t jerr;
     /* Duplicate keys would otherwise silently keep the last entry. */
-    root = json_loadb((const char *)data + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    root = json_load_checkpoint((const char *)data + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         if (json_error_code(&jerr) == json_error_duplicate_key)
             kiln_errorf(err, "%s: header line %d column %d: duplicate tensor name (%s)", file_name,
@@ -365,7 +365,7 @@ static int open_index(struct st_set *s, const char *dir, const char *index_path,
 
     if (file_read_all(index_path, &text, &len, err)) goto fail;
     json_error_t jerr;
-    root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    root = json_load_checkpoint(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         kiln_errorf(err, "%s: line %d column %d: %s", index_path, jerr.line, jerr.column, jerr.text);
         goto fail;

@@ -824,6 +824,16 @@ int http_server_create(struct http_server **out, struct event_base *base, const 
         *out = s;
         return 0;
     }
+    if (o->listen_fd > 0) { /* bound and listening already: backlog 0 */
+        evutil_make_socket_nonblocking(o->listen_fd);
+        s->listener = evconnlistener_new(base, on_accept, s, LEV_OPT_CLOSE_ON_FREE, 0, o->listen_fd);
+        if (!s->listener) {
+            kiln_errorf(err, "cannot serve the listening socket: %s", strerror(errno));
+            evutil_closesocket(o->listen_fd);
+            goto fail;
+        }
+        goto listening;
+    }
     struct sockaddr_storage ss;
     int sl = sizeof ss;
     char spec[300];
@@ -842,6 +852,7 @@ int http_server_create(struct http_server **out, struct event_base *base, const 
         kiln_errorf(err, "cannot listen on %s: %s", spec, strerror(errno));
         goto fail;
     }
+listening:
     evconnlistener_set_error_cb(s->listener, on_accept_error);
     struct sockaddr_storage bound;
     socklen_t bl = sizeof bound;

@@ -55,6 +55,7 @@ typedef void (*http_handler)(void *ctx, struct http_request *req);
 struct http_server_options {
     const char *host;
     int port;              /* 0 picks a free port (see http_server_port); < 0: no listener */
+    int listen_fd;         /* > 0: a bound, listening socket to serve instead (taken over) */
     size_t max_body_bytes; /* larger bodies get 413 */
     size_t max_header_bytes;
     int max_connections; /* more get 503 at accept; 0 = unbounded */

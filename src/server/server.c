@@ -778,10 +778,10 @@ int server_run(struct engine *e, const struct server_options *o, struct kiln_err
                      (unsigned long long)rl.rlim_cur);
         }
     }
-    struct http_server_options ho = {.host = o->host, .port = o->port, .max_body_bytes = o->max_body_bytes,
-                                     .max_connections = max_conns, .idle_timeout_s = o->idle_timeout_s,
-                                     .head_timeout_s = o->head_timeout_s, .body_timeout_s = o->body_timeout_s,
-                                     .on_head = check_head};
+    struct http_server_options ho = {.host = o->host, .port = o->port, .listen_fd = o->listen_fd,
+                                     .max_body_bytes = o->max_body_bytes, .max_connections = max_conns,
+                                     .idle_timeout_s = o->idle_timeout_s, .head_timeout_s = o->head_timeout_s,
+                                     .body_timeout_s = o->body_timeout_s, .on_head = check_head};
     if (http_server_create(&s->http, s->base, &ho, handle, s, err)) goto out;
     s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);

@@ -20,6 +20,8 @@ struct kiln_error;
 struct server_options {
     const char *host;              /* default 127.0.0.1 */
     int port;                      /* default 30000; 0 = any free port */
+    int listen_fd;                 /* > 0: a socket already listening (bound by the caller before the
+                                      model loaded); server_run takes it over, host and port only name it */
     const char *api_key;           /* NULL: no authentication */
     const char *served_model_name; /* NULL: the model folder's name */
     const char *model_dir;         /* for the chat template */

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/json_util.h"
 #include "base/mem.h"
 #include "tokenizer/tok_json.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -76,8 +77,7 @@ static int config_token(struct kiln_tokenizer *t, json_t *cfg, const char *key, 
 
 static int load_config(struct kiln_tokenizer *t, const char *config, size_t len, struct kiln_error *err) {
     json_error_t je;
-    /* model_max_length is often 1e30 written out: read numbers as reals. */
-    json_t *cfg = json_loadb(config, len, JSON_DECODE_INT_AS_REAL, &je);
+    json_t *cfg = json_load_checkpoint(config, len, 0, &je);
     int rc = -1;
     if (!cfg) return kiln_errorf(err, "tokenizer_config.json: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
     if (!json_is_object(cfg)) {
@@ -121,7 +121,7 @@ int kiln_tokenizer_load_buffer(struct kiln_tokenizer **out, const char *json, si
         sl->ctx.cache = sl->cache;
     }
 
-    root = json_loadb(json, json_len, 0, &je);
+    root = json_load_checkpoint(json, json_len, 0, &je);
     if (!root) {
         kiln_errorf(err, "tokenizer.json: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
         goto fail;

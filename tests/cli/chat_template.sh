@@ -59,6 +59,40 @@ echo '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "funct
 printf '%s' 'f:{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": [1.5, null]}}}|x' > "$tmp/want"
 check "template file with tools" "$tmp/want" "$tmp/got"
 
+# Llama-2, Llama-3 and gpt-oss ship "model_max_length": int(1e30) written out
+# (beyond int64): their tokenizer_config.json must load. A real-shaped file
+# (Meta-Llama-3-8B-Instruct's fields), and the cached real ones when present.
+mkdir -p "$tmp/llama3big"
+python3 - "$tmp/llama3big/tokenizer_config.json" <<'PY'
+import json, sys
+tpl = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+       "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+       "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+       "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+cfg = {"added_tokens_decoder": {"128000": {"content": "<|begin_of_text|>", "lstrip": False, "normalized": False,
+       "rstrip": False, "single_word": False, "special": True}}, "bos_token": "<|begin_of_text|>",
+       "chat_template": tpl, "clean_up_tokenization_spaces": True, "eos_token": "<|eot_id|>",
+       "model_input_names": ["input_ids", "attention_mask"], "model_max_length": int(1e30),
+       "tokenizer_class": "PreTrainedTokenizerFast"}
+open(sys.argv[1], "w").write(json.dumps(cfg, indent=2))
+PY
+grep -q '"model_max_length": 1000000000000000019884624838656' "$tmp/llama3big/tokenizer_config.json" || { echo "FAIL: fixture"; fail=$((fail + 1)); }
+echo '[{"role": "user", "content": "hi"}]' > "$tmp/in"
+"$KILN" chat-template --tokenizer "$tmp/llama3big" < "$tmp/in" > "$tmp/got" 2> "$tmp/err" || cat "$tmp/err"
+printf '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n' > "$tmp/want"
+check "tokenizer_config.json with model_max_length 1e30" "$tmp/want" "$tmp/got"
+for m in llama2 llama3 gptoss; do
+  d="${KILN_TOKENIZERS:-}/$m"
+  [ -f "$d/tokenizer_config.json" ] || { echo "skip: no cached $m tokenizer"; continue; }
+  if "$KILN" chat-template --tokenizer "$d" < "$tmp/in" > "$tmp/got" 2> "$tmp/err" && [ -s "$tmp/got" ]; then
+    echo "ok: cached $m tokenizer_config.json renders"
+  elif grep -q "no chat template (expected" "$tmp/err"; then # read, but its template lives in a file not cached
+    echo "ok: cached $m tokenizer_config.json reads"
+  else
+    echo "FAIL: cached $m: $(cat "$tmp/err")"; fail=$((fail + 1))
+  fi
+done
+
 # Errors: one line, exit 1.
 printf '[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]' > "$tmp/in"
 expect_fail "raise_exception" "Conversation roles must alternate" -- --tokenizer "$tmp/gemma3"
