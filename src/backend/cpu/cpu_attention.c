@@ -161,19 +161,22 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
 }
 #endif
 
+/* Threads take (token, head) pairs in turn rather than in contiguous
+ * ranges: a causal prefill's later tokens attend to more positions, so
+ * contiguous ranges left the first thread idle for half the time. Each pair
+ * is computed the same way whichever thread takes it. */
 static void attn_worker(void *arg, int ith, int nth) {
     const struct attn_job *j = arg;
-    long total = (long)j->b->n_tokens * j->p->n_heads, lo, hi;
-    threadpool_split(total, ith, nth, &lo, &hi);
+    long total = (long)j->b->n_tokens * j->p->n_heads;
     float *scores = j->scratch + (long)ith * j->max_context;
 #if defined(__x86_64__)
     if (cpu_matmul_isa() == CPU_MATMUL_AVX512 && j->p->dk % 8 == 0 && j->p->dv % ATTN_DV_CHUNK == 0) {
-        for (long w = lo; w < hi; w++)
+        for (long w = ith; w < total; w += nth)
             attn_one_avx512(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores);
         return;
     }
 #endif
-    for (long w = lo; w < hi; w++) attn_one(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores);
+    for (long w = ith; w < total; w += nth) attn_one(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores);
 }
 
 void cpu_attention(void *ctx, float *out, long ldo, const float *q, long ldq, const void *k_cache,
