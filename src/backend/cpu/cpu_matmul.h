@@ -25,8 +25,9 @@ struct threadpool;
 void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
                 enum dtype wt, const float *bias, long n, long m, long k);
 
-/* Kernel families, in order: cpu_matmul uses the highest one the CPU runs.
- * AVX2 needs AVX2+FMA+F16C; AVX-512 needs AVX-512 F/DQ/BW/VL as well. The
+/* Kernel families, in order: cpu_matmul (and the CPU attention, which
+ * follows its choice) uses the highest one the CPU runs. AVX2 needs
+ * AVX2+FMA+F16C; AVX-512 needs AVX-512 F/DQ/BW/VL as well. The
  * AVX-512 kernel's results are bitwise those of the AVX2 kernel; the
  * portable kernel's may differ from them in the last bits. Each obeys the
  * invariance contract on its own. */
