@@ -1,8 +1,11 @@
 /* bench_cpu_matmul.c — speed of cpu_matmul against the machine's memory
  * bandwidth (decode) and OpenBLAS sgemm (prefill).
  *
- *   build/bench_cpu_matmul [threads] [--quick]
+ *   build/bench_cpu_matmul [threads] [--quick] [--decode|--prefill]
+ *                          [--isa portable|avx2|avx512]
  *
+ * --isa caps the kernel family (default: the best this CPU runs), to
+ * compare families on one machine.
  * Decode runs each shape over enough copies of its weights that they come
  * from DRAM, not cache, and reports the weight bytes read per second.
  */
@@ -199,7 +202,20 @@ static void bench_prefill(struct threadpool *tp, const struct shape *s, long n, 
 int main(int argc, char **argv) {
     int threads = 2, quick = 0, decode = 1, prefill = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) quick = 1;
+        if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *name = argv[++i];
+            enum cpu_matmul_isa isa = CPU_MATMUL_PORTABLE;
+            while (isa < CPU_MATMUL_AVX512 && strcmp(cpu_matmul_isa_name(isa), name)) isa++;
+            if (strcmp(cpu_matmul_isa_name(isa), name)) {
+                fprintf(stderr, "bench_cpu_matmul: --isa: unknown kernel family '%s' (portable, avx2, avx512)\n",
+                        name);
+                return 2;
+            }
+            if (cpu_matmul_cap_isa(isa) != isa) {
+                fprintf(stderr, "bench_cpu_matmul: --isa %s: this CPU does not run it\n", name);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--decode")) prefill = 0;
         else if (!strcmp(argv[i], "--prefill")) decode = 0;
         else threads = atoi(argv[i]);
@@ -207,8 +223,8 @@ int main(int argc, char **argv) {
     double tmin = quick ? 0.3 : 1.0;
     struct threadpool *tp = threadpool_create(threads);
     openblas_set_num_threads(threads);
-    printf("threads: %d; OpenBLAS %s (core %s)\n", threads, openblas_get_config(),
-           openblas_get_corename());
+    printf("threads: %d; kiln kernels: %s; OpenBLAS %s (core %s)\n", threads,
+           cpu_matmul_isa_name(cpu_matmul_isa()), openblas_get_config(), openblas_get_corename());
 
     double bw = measure_bandwidth(tp);
     printf("memory read bandwidth (%d threads, 1 GiB sum): %.1f GB/s\n\n", threads, bw);

@@ -1,6 +1,8 @@
 /* test_cpu_matmul.c — cpu_matmul against a double-precision reference, and
  * its invariance contract: a row's results are bitwise the same alone, in
- * any batch, at any position and with any number of threads. */
+ * any batch, at any position and with any number of threads. Each kernel
+ * family the CPU runs (portable, AVX2, AVX-512) is checked on its own, and
+ * AVX-512 against AVX2 to the bit. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -149,8 +151,24 @@ static void run_accuracy(matmul_fn fn) {
     threadpool_destroy(tp2);
 }
 
-static void test_accuracy(void **state) { run_accuracy(cpu_matmul); }
-static void test_accuracy_portable(void **state) { run_accuracy(cpu_matmul_portable); }
+/* Caps the kernel family at isa; false (and a note) when this CPU cannot
+ * run it, so the caller skips: a CPU without AVX-512 has nothing to test. */
+static int use_isa(enum cpu_matmul_isa isa) {
+    if (cpu_matmul_cap_isa(isa) == isa) return 1;
+    print_message("      this CPU has no %s kernel: skipped\n", cpu_matmul_isa_name(isa));
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+    return 0;
+}
+
+static void test_accuracy(enum cpu_matmul_isa isa) {
+    if (!use_isa(isa)) skip();
+    run_accuracy(cpu_matmul);
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+}
+
+static void test_accuracy_portable(void **state) { test_accuracy(CPU_MATMUL_PORTABLE); }
+static void test_accuracy_avx2(void **state) { test_accuracy(CPU_MATMUL_AVX2); }
+static void test_accuracy_avx512(void **state) { test_accuracy(CPU_MATMUL_AVX512); }
 
 /* All rows at once vs each row alone, in chunks and with 1..3 threads. */
 static void check_invariance(matmul_fn fn, uint64_t *s, enum dtype wt, long m, long k, int with_bias) {
@@ -212,22 +230,71 @@ static void check_invariance(matmul_fn fn, uint64_t *s, enum dtype wt, long m, l
 
 static void run_invariance(matmul_fn fn) {
     static const long ms[] = {67, 300};
-    static const long ks[] = {9, 172, 1000, 3001};
+    static const long ks[] = {9, 172, 1000, 3100}; /* 3100: k chunks in every SIMD family */
     uint64_t s = 0x0123456789abcdefull;
     for (size_t d = 0; d < 3; d++)
         for (size_t a = 0; a < 2; a++)
             for (size_t b = 0; b < 4; b++) check_invariance(fn, &s, kDtypes[d], ms[a], ks[b], (int)((a + b) & 1));
 }
 
-static void test_invariance(void **state) { run_invariance(cpu_matmul); }
-static void test_invariance_portable(void **state) { run_invariance(cpu_matmul_portable); }
+static void test_invariance(enum cpu_matmul_isa isa) {
+    if (!use_isa(isa)) skip();
+    run_invariance(cpu_matmul);
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+}
+
+static void test_invariance_portable(void **state) { test_invariance(CPU_MATMUL_PORTABLE); }
+static void test_invariance_avx2(void **state) { test_invariance(CPU_MATMUL_AVX2); }
+static void test_invariance_avx512(void **state) { test_invariance(CPU_MATMUL_AVX512); }
+
+/* The AVX-512 kernel performs the AVX2 kernel's operations: the same bits
+ * for every shape, in both its stream (n <= 8) and packed paths, across
+ * tile edges (n, m not multiples of the tiles), k tails and k chunks
+ * (k = 4100 is cut into chunks by both kernels). */
+static void test_avx512_equals_avx2(void **state) {
+    if (!use_isa(CPU_MATMUL_AVX512)) skip();
+    static const long ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 37, 70};
+    static const long ms[] = {1, 2, 3, 5, 8, 9, 16, 17, 23, 67};
+    static const long ks[] = {0, 1, 7, 8, 9, 100, 1031, 4100};
+    struct threadpool *tp = threadpool_create(2);
+    uint64_t s = 0x5851f42d4c957f2dull;
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ms / sizeof *ms; b++)
+            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
+                long n = ns[a], m = ms[b], k = ks[c], ldx = k + (long)(rng_next(&s) % 3),
+                     ldy = m + (long)(rng_next(&s) % 2);
+                enum dtype wt = kDtypes[rng_next(&s) % 3];
+                float *we;
+                void *w = make_weights(&s, wt, m, k, &we);
+                float *x = make_floats(&s, (size_t)(n * ldx));
+                float *bias = rng_next(&s) & 1 ? make_floats(&s, (size_t)m) : NULL;
+                float *y2 = make_poisoned((size_t)(n * ldy)), *y5 = make_poisoned((size_t)(n * ldy));
+                cpu_matmul_cap_isa(CPU_MATMUL_AVX2);
+                cpu_matmul(tp, y2, ldy, x, ldx, w, wt, bias, n, m, k);
+                cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+                cpu_matmul(tp, y5, ldy, x, ldx, w, wt, bias, n, m, k);
+                if (memcmp(y2, y5, (size_t)(n * ldy) * sizeof(float)))
+                    fail_msg("avx512 != avx2: dtype %s n=%ld m=%ld k=%ld bias=%d", dtype_name(wt), n, m, k,
+                             bias != NULL);
+                free(w);
+                free(we);
+                free(x);
+                free(bias);
+                free(y2);
+                free(y5);
+            }
+    threadpool_destroy(tp);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_accuracy),
         cmocka_unit_test(test_accuracy_portable),
-        cmocka_unit_test(test_invariance),
+        cmocka_unit_test(test_accuracy_avx2),
+        cmocka_unit_test(test_accuracy_avx512),
         cmocka_unit_test(test_invariance_portable),
+        cmocka_unit_test(test_invariance_avx2),
+        cmocka_unit_test(test_invariance_avx512),
+        cmocka_unit_test(test_avx512_equals_avx2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

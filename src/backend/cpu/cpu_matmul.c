@@ -87,41 +87,70 @@ static void matmul_run(struct threadpool *tp, range_fn range, float *y, long ldy
         threadpool_run(tp, matmul_worker, &task);
 }
 
-static int has_avx2_fma_f16c(void) {
+static enum cpu_matmul_isa detect_isa(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     /* clang 14 has no "f16c" for __builtin_cpu_supports: ask cpuid (leaf 1,
-     * ecx bit 29); the avx2 check already covers OS support of ymm state. */
+     * ecx bit 29); the avx2 check already covers OS support of ymm state,
+     * and the avx512 checks that of zmm state. */
     unsigned a, b, c, d;
     int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)) return CPU_MATMUL_PORTABLE;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+        return CPU_MATMUL_AVX512;
+    return CPU_MATMUL_AVX2;
 #else
-    return 0;
+    return CPU_MATMUL_PORTABLE;
 #endif
 }
 
-static range_fn best_range(void) {
-    /* cpuid traps to the hypervisor in a VM (microseconds), too slow for
-     * every decode call. The cache describes the machine, not engine state:
-     * every thread would store the same value, so a race is harmless. */
-    static _Atomic int cached; /* 0 unknown, 1 portable, 2 avx2 */
-    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+/* cpuid traps to the hypervisor in a VM (microseconds), too slow for every
+ * decode call, so the detected family is cached. It describes the machine,
+ * not engine state: every thread would store the same value, so a race is
+ * harmless. The cap is a test hook, set while no product runs. */
+static _Atomic int g_detected; /* 0: not yet */
+static _Atomic int g_cap = CPU_MATMUL_AVX512;
+
+static enum cpu_matmul_isa detected_isa(void) {
+    int v = atomic_load_explicit(&g_detected, memory_order_relaxed);
     if (!v) {
-        v = has_avx2_fma_f16c() ? 2 : 1;
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
+        v = (int)detect_isa();
+        atomic_store_explicit(&g_detected, v, memory_order_relaxed);
     }
+    return (enum cpu_matmul_isa)v;
+}
+
+enum cpu_matmul_isa cpu_matmul_isa(void) {
+    int v = (int)detected_isa(), cap = atomic_load_explicit(&g_cap, memory_order_relaxed);
+    return (enum cpu_matmul_isa)(v < cap ? v : cap);
+}
+
+const char *cpu_matmul_isa_name(enum cpu_matmul_isa isa) {
+    switch (isa) {
+    case CPU_MATMUL_AVX512: return "avx512";
+    case CPU_MATMUL_AVX2: return "avx2";
+    default: return "portable";
+    }
+}
+
+enum cpu_matmul_isa cpu_matmul_cap_isa(enum cpu_matmul_isa max) {
+    KILN_ASSERT(max >= CPU_MATMUL_PORTABLE && max <= CPU_MATMUL_AVX512);
+    atomic_store_explicit(&g_cap, (int)max, memory_order_relaxed);
+    return cpu_matmul_isa();
+}
+
+static range_fn best_range(void) {
+    switch (cpu_matmul_isa()) {
 #if defined(__x86_64__)
-    if (v == 2) return cpu_matmul_range_avx2;
+    case CPU_MATMUL_AVX512: return cpu_matmul_range_avx512;
+    case CPU_MATMUL_AVX2: return cpu_matmul_range_avx2;
 #endif
-    return cpu_matmul_range_portable;
+    default: return cpu_matmul_range_portable;
+    }
 }
 
 void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
                 enum dtype wt, const float *bias, long n, long m, long k) {
     matmul_run(tp, best_range(), y, ldy, x, ldx, w, wt, bias, n, m, k);
-}
-
-void cpu_matmul_portable(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
-                         const void *w, enum dtype wt, const float *bias, long n, long m, long k) {
-    matmul_run(tp, cpu_matmul_range_portable, y, ldy, x, ldx, w, wt, bias, n, m, k);
 }

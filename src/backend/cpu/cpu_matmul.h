@@ -12,7 +12,8 @@
  * Invariance contract (the scheduler relies on it): every y[i][j] is
  * computed with the same sequence of floating-point operations whatever n,
  * the row's position in the batch and the number of threads are. Work is
- * split across threads over outputs only, never over k.
+ * split across threads over outputs only, never over k. tp may be NULL
+ * (caller's thread only).
  */
 #ifndef KILN_BACKEND_CPU_MATMUL_H
 #define KILN_BACKEND_CPU_MATMUL_H
@@ -24,12 +25,25 @@ struct threadpool;
 void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
                 enum dtype wt, const float *bias, long n, long m, long k);
 
-/* The same product through the portable (non-SIMD) kernel that machines
- * without AVX2/FMA/F16C get; for tests and comparisons. Its results may
- * differ in the last bits from cpu_matmul's SIMD kernel but obey the same
- * invariance contract. tp may be NULL (caller's thread only), here and in
- * cpu_matmul. */
-void cpu_matmul_portable(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
-                         const void *w, enum dtype wt, const float *bias, long n, long m, long k);
+/* Kernel families, in order: cpu_matmul (and the CPU attention, which
+ * follows its choice) uses the highest one the CPU runs. AVX2 needs
+ * AVX2+FMA+F16C; AVX-512 needs AVX-512 F/DQ/BW/VL as well. The
+ * AVX-512 kernel's results are bitwise those of the AVX2 kernel; the
+ * portable kernel's may differ from them in the last bits. Each obeys the
+ * invariance contract on its own. */
+enum cpu_matmul_isa {
+    CPU_MATMUL_PORTABLE = 1,
+    CPU_MATMUL_AVX2 = 2,
+    CPU_MATMUL_AVX512 = 3,
+};
+
+/* The family cpu_matmul uses now. */
+enum cpu_matmul_isa cpu_matmul_isa(void);
+/* "portable", "avx2" or "avx512". */
+const char *cpu_matmul_isa_name(enum cpu_matmul_isa isa);
+/* Caps the family at max (process-wide) and returns the one now used: the
+ * lower of max and what the CPU runs. For tests and benchmarks that compare
+ * families; call it while no product is running. */
+enum cpu_matmul_isa cpu_matmul_cap_isa(enum cpu_matmul_isa max);
 
 #endif

@@ -46,6 +46,7 @@ enum {
     KCHUNK_MIN = 1024,
     KCHUNK = 512,
     PF_BLOCKS = 1,
+    CACHE_LINE = 64,
 };
 
 /* 8 weights starting at element off, widened to fp32 (exact). */
@@ -259,6 +260,7 @@ static void range_packed(const struct cpu_matmul_job *job, long j0, long j1, int
     const long kp = kind == WK_F32 ? k : (k + 7) & ~7L;
     float *panel = kind == WK_F32 ? NULL : xmalloc((size_t)(PACK_C * kp) * sizeof(float));
     float *acc = kc < k ? xmalloc((size_t)(xb * PACK_C * 8) * sizeof(float)) : NULL;
+    const long tiles = (k > 0 ? (k + kc - 1) / kc : 1) * ((xb + PACK_R - 1) / PACK_R);
     for (long i0 = 0; i0 < n; i0 += xb) {
         long i1 = i0 + xb < n ? i0 + xb : n;
         for (long jb = j0, c; jb < j1; jb += c) {
@@ -268,10 +270,18 @@ static void range_packed(const struct cpu_matmul_job *job, long j0, long j1, int
                 pack_panel(panel, kp, w + jb * k * esz, k, c, kind);
                 p = panel;
             }
+            /* The next group's weights come from DRAM: each tile call below
+             * asks for a slice of them into L2, so that they arrive while
+             * this group computes and the next packing finds them cached. */
+            const char *next = panel && jb + c < j1 ? w + (jb + c) * k * esz : NULL;
+            long next_bytes = next ? min_int(PACK_C, j1 - jb - c) * k * (long)esz : 0, t = 0;
             /* At least one pass, so that k = 0 still writes y (= bias or 0). */
             for (long k0 = 0; k0 == 0 || k0 < k; k0 += kc) {
                 long len = k - k0 < kc ? k - k0 : kc;
-                for (long i = i0; i < i1; i += PACK_R) {
+                for (long i = i0; i < i1; i += PACK_R, t++) {
+                    for (long o = next_bytes * t / tiles & ~(long)(CACHE_LINE - 1);
+                         o < next_bytes * (t + 1) / tiles; o += CACHE_LINE)
+                        _mm_prefetch(next + o, _MM_HINT_T1);
                     float *a = acc ? acc + (i - i0) * PACK_C * 8 : NULL;
                     struct tile_io io = {
                         .bias = job->bias ? job->bias + jb : NULL,

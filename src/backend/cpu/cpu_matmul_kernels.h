@@ -12,6 +12,8 @@
  *
  * Tiling, packing, thread split and how many outputs are reduced together
  * only change which outputs are in flight at once, never this sequence.
+ * The AVX-512 kernel performs exactly these operations too (two outputs per
+ * 512-bit register), so its results are bitwise those of the AVX2 kernel.
  * The portable kernel follows the same structure with a plain multiply-add
  * (it need not match the AVX2 bits; invariance holds within one kernel).
  */
@@ -35,6 +37,7 @@ struct cpu_matmul_job {
 void cpu_matmul_range_portable(const struct cpu_matmul_job *job, long j0, long j1);
 #if defined(__x86_64__)
 void cpu_matmul_range_avx2(const struct cpu_matmul_job *job, long j0, long j1);
+void cpu_matmul_range_avx512(const struct cpu_matmul_job *job, long j0, long j1);
 #endif
 
 #endif
