@@ -5,7 +5,7 @@
 # parallel); the lab's validation and invariance checks beside the GPU
 # tests (test_cuda_ops, test_deterministic, test_cuda_graphs); the lab's
 # decode benchmark alone on the GPU; then bench_forward decode with the
-# previous kernel (KILN_CUDA_ATTN=split-decode) and the new one (auto) on
+# fp32 split-KV kernel (KILN_CUDA_ATTN=split) and the default (auto) on
 # Llama-3.1-8B and Qwen3-0.6B shapes (dummy weights). Logs in $OUT,
 # summary.log last.
 #
@@ -62,14 +62,14 @@ bench() { # label limit args...
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 for m in Q L; do
   cfg=${!m}
-  for impl in split-decode auto; do
+  for impl in split auto; do
     KILN_CUDA_ATTN=$impl bench "$m b1 $impl" 45 --model $cfg --prompt-len 128,4096 --decode 32 --repeat 2
   done
 done
 for m in Q L; do
   cfg=${!m}
   for n in 64 256; do
-    for impl in split-decode auto; do
+    for impl in split auto; do
       KILN_CUDA_ATTN=$impl bench "$m b$n $impl" 40 --model $cfg --prompt-len 128 --decode 32 --batch $n --repeat 2
     done
   done

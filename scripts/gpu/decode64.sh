@@ -19,13 +19,12 @@ bench_show() {
 }
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 VARIANTS=${VARIANTS:-"default|
-late|KILN_CUDA_WGMMA_TRIGGER=late
-f75|KILN_CUDA_WGMMA_FILL=75
 norope|KILN_CUDA_WGMMA_ROPE=0
+noglu|KILN_CUDA_WGMMA_GLU=0
 W4|KILN_CUDA_AD_W=4"}
 # Qwen3-0.6B at 64 and both models at batch 1 (contexts 128 and 4096)
 QVARIANTS=${QVARIANTS-"default|
-late|KILN_CUDA_WGMMA_TRIGGER=late"}
+nowgmma|KILN_CUDA_WGMMA=0"}
 B1VARIANTS=${B1VARIANTS-"default|
 W2|KILN_CUDA_AD_W=2"}
 # test runs: "ENV=V ...|test" lines

@@ -2,11 +2,11 @@
 # pdl.sh — programmatic dependent launch for the rope / KV store,
 # decode attention, embedding and sampling kernels, in one
 # run of the GPU machine: build, the GPU tests (test_cuda_pdl: PDL on vs
-# KILN_CUDA_PDL_ATTN=0 vs KILN_CUDA_PDL=0 bit for bit; ops, graphs,
-# deterministic, generate), then bench_forward batch-1 decode at contexts
-# 128 and 4096 for Qwen3-0.6B and Llama-3.1-8B (dummy weights), default
-# against KILN_CUDA_PDL_ATTN=0 (the launches before) in the same run, and
-# a KILN_CUDA_PROFILE=1 eager run of Qwen3 b1. Logs go to $OUT; summary.log
+# KILN_CUDA_PDL=0 bit for bit; ops, graphs, deterministic, generate), then
+# bench_forward batch-1 decode at contexts 128 and 4096 for Qwen3-0.6B and
+# Llama-3.1-8B (dummy weights), default against KILN_CUDA_PDL=0 (ordinary
+# launches) in alternating order in the same run, and a KILN_CUDA_PROFILE=1
+# eager run of Qwen3 b1. Logs go to $OUT; summary.log
 # is the short version. On the device machine:
 #
 #   OUT=$OUT bash scripts/gpu/pdl.sh 230
@@ -33,13 +33,12 @@ grep -E "differ|non-finite|PASSED|FAILED|fail" "$OUT/test_pdl.log" | tee -a "$S"
 bench_show() { grep -E "^decode" | sed 's/ (.*//' | tr '\n' ' '; }
 L=models/configs/llama-3.1-8b.json Q=models/configs/qwen3-0.6b.json
 A="--prompt-len 128,4096 --decode 64 --repeat 3"
-bench "qwen3 b1 pdl" 20 "KILN_CUDA_PDL_ATTN=1" --model $Q $A
-bench "qwen3 b1 attn-off" 20 "KILN_CUDA_PDL_ATTN=0" --model $Q $A
+bench "qwen3 b1 pdl" 20 "" --model $Q $A
 bench "qwen3 b1 pdl-off" 20 "KILN_CUDA_PDL=0" --model $Q $A
-bench "qwen3 b1 pdl (2)" 20 "KILN_CUDA_PDL_ATTN=1" --model $Q $A
-bench "qwen3 b1 attn-off (2)" 20 "KILN_CUDA_PDL_ATTN=0" --model $Q $A
-bench "llama b1 pdl" 35 "KILN_CUDA_PDL_ATTN=1" --model $L $A
-bench "llama b1 attn-off" 35 "KILN_CUDA_PDL_ATTN=0" --model $L $A
+bench "qwen3 b1 pdl (2)" 20 "" --model $Q $A
+bench "qwen3 b1 pdl-off (2)" 20 "KILN_CUDA_PDL=0" --model $Q $A
+bench "llama b1 pdl" 35 "" --model $L $A
+bench "llama b1 pdl-off" 35 "KILN_CUDA_PDL=0" --model $L $A
 
 say "profile"
 timeout $(( $(left) < 20 ? $(left) : 20 )) env KILN_CUDA_PROFILE=1 $B/bench_forward --device cuda \
@@ -51,5 +50,5 @@ lim=$(left); [ "$lim" -gt 5 ] || lim=5
 timeout $lim env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu -R 'ops|graphs|deterministic|generate' -V >"$OUT/tests.log" 2>&1
 say "ctest rc=$?"
 grep -E "tests passed|Test +#|FAIL|Failure|differ" "$OUT/tests.log" | tail -16 | tee -a "$S"
-bench "llama b1 pdl (2)" 30 "KILN_CUDA_PDL_ATTN=1" --model $L $A
+bench "llama b1 pdl (2)" 30 "" --model $L $A
 say "done"

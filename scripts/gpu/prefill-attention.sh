@@ -2,10 +2,10 @@
 # prefill-attention.sh — the wgmma prefill attention (src/backend/cuda/hopper/
 # attn_prefill.cu) in one run on a GPU machine, in priority order, each
 # stage under its own time limit: build; test_attn_prefill (every kernel
-# against the CPU, bitwise schedule / batch-invariance checks); the SASS of
-# the kernel (HGMMA count); bench_attention (one layer at Llama-3.1-8B's
-# shape, 512 / 4096 / 8192 tokens, fa2 vs fa3 vs fa3p, beside a cuBLAS bf16
-# product); bench_forward prefill 512 and 8192 on Llama-3.1-8B and Qwen3-0.6B
+# against the CPU, bitwise default-vs-fa3 / batch-invariance checks); the
+# SASS of the kernel (HGMMA count); bench_attention (one layer at
+# Llama-3.1-8B's shape, 512 / 4096 / 8192 tokens, fa2 vs fa3, beside a
+# cuBLAS bf16 product); bench_forward prefill 512 and 8192 on Llama-3.1-8B and Qwen3-0.6B
 # (dummy weights) with KILN_CUDA_FA=fa2 and the default; then ctest -L gpu
 # -R 'ops|graphs|deterministic|verify'. Logs go to $OUT; summary.log is the
 # short version. STAGES (default "test sass attn fwd ctest") picks stages.

@@ -9,10 +9,9 @@
 # is the short version. On the device machine:
 #
 #   OUT=$OUT bash scripts/gpu/wgmma.sh 285
-# STAGES="test gemv llama64 trigger ctest llama32 qwen64 profile" selects
-# stages (default: all but trigger and profile; trigger: Llama b64 with the
-# PDL trigger at the kernel's start; profile: KILN_CUDA_PROFILE=1, eager,
-# per-op medians of Llama-3.1-8B's products at 64 rows, the kernel on and off).
+# STAGES="test gemv llama64 ctest llama32 qwen64 profile" selects stages
+# (default: all but profile; profile: KILN_CUDA_PROFILE=1, eager, per-op
+# medians of Llama-3.1-8B's products at 64 rows, the kernel on and off).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/wgmma-out}
@@ -60,7 +59,6 @@ if want gemv; then
 fi
 want llama64 && bench "llama b64 wgmma=1" 45 "KILN_CUDA_WGMMA=1" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
 want llama64 && bench "llama b64 wgmma=0" 45 "KILN_CUDA_WGMMA=0" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
-want trigger && bench "llama b64 wgmma=1 early" 45 "KILN_CUDA_WGMMA=1 KILN_CUDA_WGMMA_TRIGGER=early" --model $L --prompt-len 128 --decode 32 --batch 64 --repeat 2
 
 if want ctest && [ "$(left)" -gt 40 ]; then
   say "ctest"
