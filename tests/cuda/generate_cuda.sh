@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end: `kiln generate --device cuda` samples greedily on the GPU
-# (model_forward_sample: final norm, lm_head and the sampling kernels in
+# (runner_forward_sample: final norm, lm_head and the sampling kernels in
 # the decode graph, only the token id copied back) and must print the ids
 # the CPU backend prints for the bundled stories260K (fp32 weights). The
 # strict comparison runs with KILN_CUDA_KV=f32 (fp32 products and cache:
