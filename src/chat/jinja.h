@@ -29,6 +29,8 @@
 
 #include <jansson.h>
 
+#include "base/utf8.h"
+
 struct kiln_error;
 
 /* ---------------------------------------------------------------- values */
@@ -180,12 +182,8 @@ void jv_write_repr(struct jbuf *b, const struct jv v);
 struct jv jv_to_str(const struct jv v);
 void py_float_repr(double f, char out[40]);
 
-/* UTF-8 helpers: code point count, byte offset of the i-th code point. */
-size_t utf8_len(const char *s, size_t n);
-size_t utf8_offset(const char *s, size_t n, size_t index);
-/* Decodes one code point at s (n > 0); returns its byte length (1 for bad bytes). */
-size_t utf8_decode(const char *s, size_t n, int32_t *cp);
-void utf8_put(struct jbuf *b, int32_t cp);
+/* Appends the UTF-8 encoding of cp. */
+void utf8_put(struct jbuf *b, uint32_t cp);
 int py_isspace(int32_t cp);
 
 /* JSON: jansson values in, Python json.dumps formatting out. */

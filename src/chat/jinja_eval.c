@@ -167,12 +167,12 @@ static int eval_slice(struct jctx *ctx, struct jscope *sc, const struct jv *obj,
         if (pn[i] && eval(ctx, sc, pn[i], &parts[i])) goto done;
     if (obj->type == JV_STR) {
         const char *s = obj->u.s->data;
-        size_t n = obj->u.s->len, cps = utf8_len(s, n);
+        size_t n = obj->u.s->len, cps = utf8_count(s, n);
         size_t *offs = xmalloc((cps + 1) * sizeof *offs);
         for (size_t i = 0, o = 0; i <= cps; i++) {
             offs[i] = o;
-            int32_t cp;
-            if (o < n) o += utf8_decode(s + o, n - o, &cp);
+            uint32_t cp;
+            if (o < n) o += utf8_decode_lossy(s + o, n - o, &cp);
         }
         if (slice_pick(ctx, (int64_t)cps, parts, &idx, &count)) {
             free(offs);

@@ -67,7 +67,7 @@ static struct jv ignore_case(struct jv take) {
 static int f_length(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out) {
     if (no_args(ctx, a, "length")) return -1;
     switch (v->type) {
-    case JV_STR: *out = jv_int((int64_t)utf8_len(v->u.s->data, v->u.s->len)); return 0;
+    case JV_STR: *out = jv_int((int64_t)utf8_count(v->u.s->data, v->u.s->len)); return 0;
     case JV_LIST:
     case JV_TUPLE: *out = jv_int((int64_t)v->u.l->n); return 0;
     case JV_DICT: *out = jv_int((int64_t)v->u.d->n); return 0;
@@ -104,10 +104,10 @@ static int f_case(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
         struct jbuf b = {0};
         int start = 1;
         for (size_t i = 0; i < s.u.s->len;) {
-            int32_t cp;
-            i += utf8_decode(s.u.s->data + i, s.u.s->len - i, &cp);
+            uint32_t cp;
+            i += utf8_decode_lossy(s.u.s->data + i, s.u.s->len - i, &cp);
             int delim = py_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-            utf8_put(&b, delim ? cp : start ? utf8proc_toupper(cp) : utf8proc_tolower(cp));
+            utf8_put(&b, delim ? cp : (uint32_t)(start ? utf8proc_toupper(cp) : utf8proc_tolower(cp)));
             start = delim;
         }
         *out = jbuf_take_str(&b);
@@ -781,8 +781,8 @@ static int f_wordcount(struct jctx *ctx, const struct jv *v, struct jargs *a, st
     int64_t count = 0;
     int in_word = 0;
     for (size_t i = 0; i < s.u.s->len;) {
-        int32_t cp;
-        i += utf8_decode(s.u.s->data + i, s.u.s->len - i, &cp);
+        uint32_t cp;
+        i += utf8_decode_lossy(s.u.s->data + i, s.u.s->len - i, &cp);
         utf8proc_category_t c = utf8proc_category(cp);
         int w = cp == '_' || (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
                 (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
@@ -824,7 +824,7 @@ static int f_center(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
     if (jargs_check(ctx, a, 1, "center")) return -1;
     int64_t width = w && w->type == JV_INT ? w->u.i : 80;
     struct jv s = soft_str(v);
-    int64_t len = (int64_t)utf8_len(s.u.s->data, s.u.s->len);
+    int64_t len = (int64_t)utf8_count(s.u.s->data, s.u.s->len);
     if (width > (int64_t)ctx->lim.max_output) width = (int64_t)ctx->lim.max_output;
     if (width <= len) {
         *out = s;

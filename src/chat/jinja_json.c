@@ -35,8 +35,8 @@ struct jv jv_from_json(const json_t *j) {
 static void dump_string(struct jbuf *b, const char *s, size_t n, int ensure_ascii) {
     jbuf_putc(b, '"');
     for (size_t i = 0; i < n;) {
-        int32_t cp;
-        size_t k = utf8_decode(s + i, n - i, &cp);
+        uint32_t cp;
+        size_t k = utf8_decode_lossy(s + i, n - i, &cp);
         switch (cp) {
         case '"': jbuf_puts(b, "\\\""); break;
         case '\\': jbuf_puts(b, "\\\\"); break;

@@ -72,8 +72,8 @@ static void emit_data(struct lexer *lx, size_t start, size_t end) {
 }
 
 static int is_ws_at(const char *s, size_t n, size_t i, size_t *len) {
-    int32_t cp;
-    *len = utf8_decode(s + i, n - i, &cp);
+    uint32_t cp;
+    *len = utf8_decode_lossy(s + i, n - i, &cp);
     return py_isspace(cp);
 }
 

@@ -35,8 +35,8 @@ int jinja_iterate(struct jctx *ctx, const struct jv *v, struct jv *out) {
         size_t n = v->u.s->len;
         struct jv l = jv_list_new(0);
         for (size_t i = 0; i < n;) {
-            int32_t cp;
-            size_t k = utf8_decode(s + i, n - i, &cp);
+            uint32_t cp;
+            size_t k = utf8_decode_lossy(s + i, n - i, &cp);
             jv_list_push(l, jv_str(s + i, k));
             i += k;
         }
@@ -477,12 +477,12 @@ int jinja_getitem(struct jctx *ctx, const struct jv *obj, const struct jv *key, 
         break;
     case JV_STR:
         if (key->type == JV_INT || key->type == JV_BOOL) {
-            int64_t i = as_int(key), n = (int64_t)utf8_len(obj->u.s->data, obj->u.s->len);
+            int64_t i = as_int(key), n = (int64_t)utf8_count(obj->u.s->data, obj->u.s->len);
             if (i < 0) i += n;
             if (i >= 0 && i < n) {
                 size_t off = utf8_offset(obj->u.s->data, obj->u.s->len, (size_t)i);
-                int32_t cp;
-                size_t k = utf8_decode(obj->u.s->data + off, obj->u.s->len - off, &cp);
+                uint32_t cp;
+                size_t k = utf8_decode_lossy(obj->u.s->data + off, obj->u.s->len - off, &cp);
                 *out = jv_str(obj->u.s->data + off, k);
             } else {
                 snprintf(msg, sizeof msg, "str object has no element %lld", (long long)as_int(key));

@@ -65,70 +65,9 @@ struct jv jbuf_take_str(struct jbuf *b) {
 
 /* ------------------------------------------------------------------ utf8 */
 
-size_t utf8_decode(const char *s, size_t n, int32_t *cp) {
-    const unsigned char *u = (const unsigned char *)s;
-    if (u[0] < 0x80) {
-        *cp = u[0];
-        return 1;
-    }
-    size_t len = u[0] >= 0xf0 ? 4 : u[0] >= 0xe0 ? 3 : u[0] >= 0xc0 ? 2 : 1;
-    if (len == 1 || len > n) {
-        *cp = u[0];
-        return 1;
-    }
-    int32_t c = u[0] & (0x7f >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((u[i] & 0xc0) != 0x80) {
-            *cp = u[0];
-            return 1;
-        }
-        c = (c << 6) | (u[i] & 0x3f);
-    }
-    *cp = c;
-    return len;
-}
-
-size_t utf8_len(const char *s, size_t n) {
-    size_t count = 0;
-    for (size_t i = 0; i < n;) {
-        int32_t cp;
-        i += utf8_decode(s + i, n - i, &cp);
-        count++;
-    }
-    return count;
-}
-
-size_t utf8_offset(const char *s, size_t n, size_t index) {
-    size_t i = 0;
-    while (index > 0 && i < n) {
-        int32_t cp;
-        i += utf8_decode(s + i, n - i, &cp);
-        index--;
-    }
-    return i;
-}
-
-void utf8_put(struct jbuf *b, int32_t cp) {
+void utf8_put(struct jbuf *b, uint32_t cp) {
     char t[4];
-    if (cp < 0x80) {
-        t[0] = (char)cp;
-        jbuf_put(b, t, 1);
-    } else if (cp < 0x800) {
-        t[0] = (char)(0xc0 | (cp >> 6));
-        t[1] = (char)(0x80 | (cp & 0x3f));
-        jbuf_put(b, t, 2);
-    } else if (cp < 0x10000) {
-        t[0] = (char)(0xe0 | (cp >> 12));
-        t[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        t[2] = (char)(0x80 | (cp & 0x3f));
-        jbuf_put(b, t, 3);
-    } else {
-        t[0] = (char)(0xf0 | (cp >> 18));
-        t[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        t[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        t[3] = (char)(0x80 | (cp & 0x3f));
-        jbuf_put(b, t, 4);
-    }
+    jbuf_put(b, t, utf8_encode(cp, t));
 }
 
 /* Python's str.isspace(): the Unicode White_Space set plus the ASCII
@@ -587,9 +526,9 @@ static void write_str_repr(struct jbuf *b, const char *s, size_t n) {
     char q = has_sq && !has_dq ? '"' : '\'';
     jbuf_putc(b, q);
     for (size_t i = 0; i < n;) {
-        int32_t cp;
-        size_t k = utf8_decode(s + i, n - i, &cp);
-        if (cp == q || cp == '\\') {
+        uint32_t cp;
+        size_t k = utf8_decode_lossy(s + i, n - i, &cp);
+        if (cp == (uint32_t)q || cp == '\\') {
             jbuf_putc(b, '\\');
             jbuf_putc(b, (char)cp);
         } else if (cp == '\n') {

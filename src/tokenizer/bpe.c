@@ -367,7 +367,7 @@ static int word_one(const struct bpe *m, struct tok_ctx *ctx, const char *w, siz
     int unk_pending = 0;
     int decorate = m->prefix || m->suffix;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_len((unsigned char)w[i]);
+        size_t k = utf8_seq_len((unsigned char)w[i]);
         if (i + k > n) k = n - i;
         const char *s = w + i;
         size_t slen = k;

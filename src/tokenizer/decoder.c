@@ -340,7 +340,7 @@ static void metaspace_data(struct dec_run *r, size_t i, const char *p, size_t n)
     size_t run = 0;
     for (size_t k = 0; k + d->rep_len <= n;) {
         if (memcmp(p + k, d->rep, d->rep_len)) {
-            k += utf8_len((unsigned char)p[k]);
+            k += utf8_seq_len((unsigned char)p[k]);
             continue;
         }
         if (k > run) on_data(r, i + 1, p + run, k - run);

@@ -193,7 +193,7 @@ static int unicode_form(const struct normalizer *n, struct tok_ctx *ctx, struct 
     tok_buf_append(b, s + copied, len - copied);
     /* zp: the first output character keeps the first input's origin;
      * approximate by the first character. */
-    size_t zp = p->zp && b->len ? utf8_len((unsigned char)b->data[0]) : 0;
+    size_t zp = p->zp && b->len ? utf8_seq_len((unsigned char)b->data[0]) : 0;
     p->s = arena_copy(ctx, b->data, b->len);
     p->len = b->len;
     p->zp = zp;
@@ -275,7 +275,7 @@ static int replace(const struct normalizer *n, struct tok_ctx *ctx, struct tok_p
         if (a == 0 && p->zp) {
             /* Replacement text takes the origin of the last replaced char:
              * offset 0 only when a single character at 0 was replaced. */
-            size_t first = e > 0 ? utf8_len((unsigned char)p->s[0]) : 0;
+            size_t first = e > 0 ? utf8_seq_len((unsigned char)p->s[0]) : 0;
             zp = (e == first && n->content_len) ? n->content_len + (p->zp > e ? p->zp - e : 0) : 0;
         }
         tok_buf_append(b, n->content, n->content_len);

@@ -149,7 +149,7 @@ int tok_regex_find_all(const struct tok_regex *re, pcre2_match_data *md, pcre2_m
             /* Oniguruma's iterator refuses an empty match where the last one
              * ended and moves on by one character. */
             if (pos >= n) break;
-            pos += utf8_len((unsigned char)s[pos]);
+            pos += utf8_seq_len((unsigned char)s[pos]);
             continue;
         }
         tok_spans_push(out, a, e);

@@ -28,29 +28,6 @@ void tok_buf_append(struct tok_buf *b, const void *p, size_t n) {
     b->data[b->len] = 0;
 }
 
-size_t utf8_encode(uint32_t cp, char out[4]) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 void tok_buf_push_cp(struct tok_buf *b, uint32_t cp) {
     char tmp[4];
     tok_buf_append(b, tmp, utf8_encode(cp, tmp));
@@ -106,68 +83,6 @@ char *tok_arena_alloc(struct tok_arena *a, size_t n) {
     char *p = b->data + b->used;
     b->used += n;
     return p;
-}
-
-size_t utf8_next(const unsigned char *s, size_t n, size_t *err_len, int *incomplete) {
-    unsigned char c = s[0];
-    *incomplete = 0;
-    if (c < 0x80) return 1;
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-        need = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else {
-        *err_len = 1;
-        return 0;
-    }
-    size_t i = 1;
-    for (; i < need; i++) {
-        if (i >= n) {
-            *incomplete = 1;
-            *err_len = i;
-            return 0;
-        }
-        unsigned char b = s[i];
-        unsigned char l = i == 1 ? lo : 0x80, h = i == 1 ? hi : 0xBF;
-        if (b < l || b > h) {
-            *err_len = i;
-            return 0;
-        }
-    }
-    return need;
-}
-
-size_t utf8_validate(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        /* ASCII runs dominate real text: skip them eight bytes at a time. */
-        while (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, u + i, 8);
-            if (w & 0x8080808080808080ull) break;
-            i += 8;
-        }
-        if (i >= n) break;
-        if (u[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t el;
-        int inc;
-        size_t k = utf8_next(u + i, n - i, &el, &inc);
-        if (!k) return i;
-        i += k;
-    }
-    return n;
 }
 
 size_t utf8_lossy_append(struct tok_buf *out, const char *s, size_t n, int final) {
