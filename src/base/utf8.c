@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "base/buf.h"
+
 size_t utf8_next(const unsigned char *s, size_t n, size_t *err_len, int *incomplete) {
     unsigned char c = s[0];
     *incomplete = 0;
@@ -116,5 +118,27 @@ size_t utf8_offset(const char *s, size_t n, size_t index) {
         uint32_t cp;
         i += (unsigned char)s[i] < 0x80 ? 1 : utf8_decode_lossy(s + i, n - i, &cp);
     }
+    return i;
+}
+
+size_t utf8_lossy_append(struct buf *out, const char *s, size_t n, int final) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, run = 0;
+    buf_reserve(out, n);
+    while (i < n) {
+        size_t el;
+        int inc;
+        size_t k = utf8_next(u + i, n - i, &el, &inc);
+        if (k) {
+            i += k;
+            continue;
+        }
+        buf_append(out, s + run, i - run);
+        if (inc && !final) return i;
+        buf_append(out, "\xEF\xBF\xBD", 3);
+        i += el;
+        run = i;
+    }
+    buf_append(out, s + run, i - run);
     return i;
 }

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct buf;
+
 /* The length of the sequence a lead byte starts (2..4), 1 for ASCII and for
  * bytes that cannot lead one (continuations, C0, C1, F5..FF). */
 static inline size_t utf8_seq_len(unsigned char lead) {
@@ -72,5 +74,11 @@ size_t utf8_count(const char *s, size_t n);
 /* The byte offset of code point number `index` of s[0..n), counted as
  * utf8_count does; n when the text has fewer code points. */
 size_t utf8_offset(const char *s, size_t n, size_t index);
+
+/* Appends s[0..n) to out with each maximal invalid subpart replaced by one
+ * U+FFFD (Rust's String::from_utf8_lossy). With `final` 0 a valid prefix
+ * cut by the end of s is left for the next call: returns the number of
+ * input bytes consumed. */
+size_t utf8_lossy_append(struct buf *out, const char *s, size_t n, int final);
 
 #endif

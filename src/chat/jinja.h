@@ -29,6 +29,7 @@
 
 #include <jansson.h>
 
+#include "base/buf.h"
 #include "base/utf8.h"
 
 struct kiln_error;
@@ -163,27 +164,16 @@ int jv_compare(const struct jv a, const struct jv b);
 const char *jv_type_name(const struct jv v);
 double jv_as_double(const struct jv v); /* BOOL/INT/FLOAT */
 
-/* Growable byte buffer used for output and string building. */
-struct jbuf {
-    char *p;
-    size_t len, cap;
-};
-void jbuf_put(struct jbuf *b, const char *s, size_t n);
-void jbuf_puts(struct jbuf *b, const char *s);
-void jbuf_putc(struct jbuf *b, char c);
-void jbuf_printf(struct jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void jbuf_free(struct jbuf *b);
-struct jv jbuf_take_str(struct jbuf *b); /* empties b */
+/* The text of b as a STR value; empties b. */
+struct jv jv_take_buf(struct buf *b);
 
 /* Python str(v) and repr(v) appended to b. */
-void jv_write_str(struct jbuf *b, const struct jv v);
-void jv_write_repr(struct jbuf *b, const struct jv v);
+void jv_write_str(struct buf *b, const struct jv v);
+void jv_write_repr(struct buf *b, const struct jv v);
 /* str(v) as a new STR value (retains v itself when it already is one). */
 struct jv jv_to_str(const struct jv v);
 void py_float_repr(double f, char out[40]);
 
-/* Appends the UTF-8 encoding of cp. */
-void utf8_put(struct jbuf *b, uint32_t cp);
 int py_isspace(int32_t cp);
 
 /* JSON: jansson values in, Python json.dumps formatting out. */
@@ -194,7 +184,7 @@ struct jdump_opts {
     int sort_keys;
     int ensure_ascii;
 };
-int jv_dump_json(struct jctx *ctx, struct jbuf *b, const struct jv v, const struct jdump_opts *o, int depth);
+int jv_dump_json(struct jctx *ctx, struct buf *b, const struct jv v, const struct jdump_opts *o, int depth);
 
 /* ------------------------------------------------------------- templates */
 
@@ -304,7 +294,7 @@ struct jctx {
     struct kiln_error *err;
     int failed_positioned; /* err already names a template position */
     struct jscope *root;
-    struct jbuf *out;
+    struct buf *out;
     struct jinja_limits lim;
     uint64_t steps;
     int depth;

@@ -101,16 +101,16 @@ static int f_case(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
         *out = jstr_capitalize(s);
     } else if (mode == 3) {
         /* jinja2's title: a word starts after [-\s({[<]; its first char is upper-cased, the rest lower-cased */
-        struct jbuf b = {0};
+        struct buf b = {0};
         int start = 1;
         for (size_t i = 0; i < s.u.s->len;) {
             uint32_t cp;
             i += utf8_decode_lossy(s.u.s->data + i, s.u.s->len - i, &cp);
             int delim = py_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-            utf8_put(&b, delim ? cp : (uint32_t)(start ? utf8proc_toupper(cp) : utf8proc_tolower(cp)));
+            buf_push_cp(&b, delim ? cp : (uint32_t)(start ? utf8proc_toupper(cp) : utf8proc_tolower(cp)));
             start = delim;
         }
-        *out = jbuf_take_str(&b);
+        *out = jv_take_buf(&b);
     } else {
         *out = jstr_upper_lower(s, mode);
     }
@@ -141,10 +141,10 @@ static int f_join(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
     struct jv items;
     if (jinja_iterate(ctx, v, &items)) return -1;
     struct jv sep = d ? soft_str(d) : jv_cstr("");
-    struct jbuf b = {0};
+    struct buf b = {0};
     int rc = 0;
     for (size_t i = 0; i < items.u.l->n && !rc; i++) {
-        if (i) jbuf_put(&b, sep.u.s->data, sep.u.s->len);
+        if (i) buf_append(&b, sep.u.s->data, sep.u.s->len);
         struct jv x;
         if (attr) {
             if (attr_get(ctx, &items.u.l->items[i], attr, NULL, &x)) {
@@ -161,10 +161,10 @@ static int f_join(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
     jv_release(sep);
     jv_release(items);
     if (rc) {
-        jbuf_free(&b);
+        buf_free(&b);
         return -1;
     }
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, out->u.s->len);
 }
 
@@ -364,12 +364,12 @@ static int f_tojson(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
         o.item_sep = seps->u.l->items[0].u.s->data;
         o.key_sep = seps->u.l->items[1].u.s->data;
     }
-    struct jbuf b = {0};
+    struct buf b = {0};
     if (jv_dump_json(ctx, &b, *v, &o, 0) || jctx_check_len(ctx, b.len)) {
-        jbuf_free(&b);
+        buf_free(&b);
         return -1;
     }
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, out->u.s->len);
 }
 
@@ -382,20 +382,20 @@ static int f_safe(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
 static int f_escape(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out) {
     if (no_args(ctx, a, "escape")) return -1;
     struct jv s = soft_str(v);
-    struct jbuf b = {0};
+    struct buf b = {0};
     for (size_t i = 0; i < s.u.s->len; i++) {
         char c = s.u.s->data[i];
         switch (c) {
-        case '&': jbuf_puts(&b, "&amp;"); break;
-        case '<': jbuf_puts(&b, "&lt;"); break;
-        case '>': jbuf_puts(&b, "&gt;"); break;
-        case '"': jbuf_puts(&b, "&#34;"); break;
-        case '\'': jbuf_puts(&b, "&#39;"); break;
-        default: jbuf_putc(&b, c);
+        case '&': buf_puts(&b, "&amp;"); break;
+        case '<': buf_puts(&b, "&lt;"); break;
+        case '>': buf_puts(&b, "&gt;"); break;
+        case '"': buf_puts(&b, "&#34;"); break;
+        case '\'': buf_puts(&b, "&#39;"); break;
+        default: buf_push(&b, c);
         }
     }
     jv_release(s);
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return 0;
 }
 
@@ -715,10 +715,10 @@ static int f_reverse(struct jctx *ctx, const struct jv *v, struct jargs *a, stru
         items.u.l->items[n - 1 - i] = t;
     }
     if (v->type == JV_STR) {
-        struct jbuf b = {0};
+        struct buf b = {0};
         for (size_t i = 0; i < n; i++) jv_write_str(&b, items.u.l->items[i]);
         jv_release(items);
-        *out = jbuf_take_str(&b);
+        *out = jv_take_buf(&b);
         return 0;
     }
     *out = items;
@@ -753,25 +753,25 @@ static int f_indent(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
         return -1;
     }
     jv_release(with_nl);
-    struct jbuf b = {0};
+    struct buf b = {0};
     int do_blank = blank && jv_truthy(*blank);
-    if (first && jv_truthy(*first)) jbuf_put(&b, ind.u.s->data, ind.u.s->len);
+    if (first && jv_truthy(*first)) buf_append(&b, ind.u.s->data, ind.u.s->len);
     for (size_t i = 0; i < lines.u.l->n; i++) {
         const struct jv *ln = &lines.u.l->items[i];
         if (i) {
-            jbuf_putc(&b, '\n');
-            if (do_blank || ln->u.s->len) jbuf_put(&b, ind.u.s->data, ind.u.s->len);
+            buf_push(&b, '\n');
+            if (do_blank || ln->u.s->len) buf_append(&b, ind.u.s->data, ind.u.s->len);
         }
-        jbuf_put(&b, ln->u.s->data, ln->u.s->len);
+        buf_append(&b, ln->u.s->data, ln->u.s->len);
         if (jctx_check_len(ctx, b.len)) break;
     }
     jv_release(lines);
     jv_release(ind);
     if (jctx_check_len(ctx, b.len)) {
-        jbuf_free(&b);
+        buf_free(&b);
         return -1;
     }
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, out->u.s->len);
 }
 
@@ -831,12 +831,12 @@ static int f_center(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
         return 0;
     }
     int64_t pad = width - len, left = pad / 2 + (pad & width & 1);
-    struct jbuf b = {0};
-    for (int64_t i = 0; i < left; i++) jbuf_putc(&b, ' ');
-    jbuf_put(&b, s.u.s->data, s.u.s->len);
-    for (int64_t i = 0; i < pad - left; i++) jbuf_putc(&b, ' ');
+    struct buf b = {0};
+    for (int64_t i = 0; i < left; i++) buf_push(&b, ' ');
+    buf_append(&b, s.u.s->data, s.u.s->len);
+    for (int64_t i = 0; i < pad - left; i++) buf_push(&b, ' ');
     jv_release(s);
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, (size_t)width);
 }
 

@@ -57,7 +57,7 @@ static int is_cased(int32_t cp) {
 static struct jv map_case(const struct jv s, int mode) {
     const char *p = s.u.s->data;
     size_t n = s.u.s->len;
-    struct jbuf b = {0};
+    struct buf b = {0};
     int prev_cased = 0, first = 1;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
@@ -76,12 +76,12 @@ static struct jv map_case(const struct jv s, int mode) {
         prev_cased = is_cased(cp);
         first = 0;
         if (out == (int32_t)cp)
-            jbuf_put(&b, p + i, k);
+            buf_append(&b, p + i, k);
         else
-            utf8_put(&b, (uint32_t)out);
+            buf_push_cp(&b, (uint32_t)out);
         i += k;
     }
-    return jbuf_take_str(&b);
+    return jv_take_buf(&b);
 }
 
 struct jv jstr_upper_lower(const struct jv s, int upper) { return map_case(s, upper ? 1 : 0); }
@@ -91,45 +91,45 @@ struct jv jstr_capitalize(const struct jv s) { return map_case(s, 3); }
 struct jv jstr_replace(struct jctx *ctx, const struct jv s, const struct jv old, const struct jv rep, int64_t count) {
     const char *p = s.u.s->data, *o = old.u.s->data, *r = rep.u.s->data;
     size_t n = s.u.s->len, on = old.u.s->len, rn = rep.u.s->len;
-    struct jbuf b = {0};
+    struct buf b = {0};
     int64_t done = 0;
     if (on == 0) {
         for (size_t i = 0; i <= n;) {
             if (count < 0 || done < count) {
-                jbuf_put(&b, r, rn);
+                buf_append(&b, r, rn);
                 done++;
             } else {
-                jbuf_put(&b, p + i, n - i);
+                buf_append(&b, p + i, n - i);
                 break;
             }
             if (i == n) break;
             uint32_t cp;
             size_t k = utf8_decode_lossy(p + i, n - i, &cp);
-            jbuf_put(&b, p + i, k);
+            buf_append(&b, p + i, k);
             i += k;
             if (ctx && jctx_check_len(ctx, b.len)) {
-                jbuf_free(&b);
+                buf_free(&b);
                 return jv_undef();
             }
         }
-        return jbuf_take_str(&b);
+        return jv_take_buf(&b);
     }
     size_t i = 0;
     while (i < n) {
         const char *hit = (count < 0 || done < count) ? memmem(p + i, n - i, o, on) : NULL;
         if (!hit) break;
         size_t at = (size_t)(hit - p);
-        jbuf_put(&b, p + i, at - i);
-        jbuf_put(&b, r, rn);
+        buf_append(&b, p + i, at - i);
+        buf_append(&b, r, rn);
         i = at + on;
         done++;
         if (ctx && jctx_check_len(ctx, b.len)) {
-            jbuf_free(&b);
+            buf_free(&b);
             return jv_undef();
         }
     }
-    jbuf_put(&b, p + i, n - i);
-    return jbuf_take_str(&b);
+    buf_append(&b, p + i, n - i);
+    return jv_take_buf(&b);
 }
 
 /* ------------------------------------------------------------- methods */
@@ -409,25 +409,25 @@ static int m_join(struct jctx *ctx, const struct jv *self, struct jargs *a, stru
     if (!it || jargs_check(ctx, a, 1, "join")) return it ? -1 : jctx_fail(ctx, "join() takes exactly one argument");
     struct jv items;
     if (jinja_iterate(ctx, it, &items)) return -1;
-    struct jbuf b = {0};
+    struct buf b = {0};
     for (size_t i = 0; i < items.u.l->n; i++) {
         const struct jv *x = &items.u.l->items[i];
         if (x->type != JV_STR) {
             jctx_fail(ctx, "sequence item %zu: expected str instance, %s found", i, jv_type_name(*x));
-            jbuf_free(&b);
+            buf_free(&b);
             jv_release(items);
             return -1;
         }
-        if (i) jbuf_put(&b, SELF_S, SELF_N);
-        jbuf_put(&b, x->u.s->data, x->u.s->len);
+        if (i) buf_append(&b, SELF_S, SELF_N);
+        buf_append(&b, x->u.s->data, x->u.s->len);
         if (jctx_check_len(ctx, b.len)) {
-            jbuf_free(&b);
+            buf_free(&b);
             jv_release(items);
             return -1;
         }
     }
     jv_release(items);
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, out->u.s->len);
 }
 
@@ -436,30 +436,30 @@ static int m_join(struct jctx *ctx, const struct jv *self, struct jargs *a, stru
 static int m_format(struct jctx *ctx, const struct jv *self, struct jargs *a, struct jv *out) {
     const char *p = SELF_S;
     size_t n = SELF_N, auto_idx = 0;
-    struct jbuf b = {0};
+    struct buf b = {0};
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
         if (c == '}') {
             if (i + 1 < n && p[i + 1] == '}') {
-                jbuf_putc(&b, '}');
+                buf_push(&b, '}');
                 i++;
                 continue;
             }
-            jbuf_free(&b);
+            buf_free(&b);
             return jctx_fail(ctx, "Single '}' encountered in format string");
         }
         if (c != '{') {
-            jbuf_putc(&b, c);
+            buf_push(&b, c);
             continue;
         }
         if (i + 1 < n && p[i + 1] == '{') {
-            jbuf_putc(&b, '{');
+            buf_push(&b, '{');
             i++;
             continue;
         }
         const char *close = memchr(p + i, '}', n - i);
         if (!close) {
-            jbuf_free(&b);
+            buf_free(&b);
             return jctx_fail(ctx, "Single '{' encountered in format string");
         }
         size_t fl = (size_t)(close - (p + i + 1));
@@ -483,7 +483,7 @@ static int m_format(struct jctx *ctx, const struct jv *self, struct jargs *a, st
                 if (!strcmp(a->kwnames[k], field)) v = &a->kw[k];
         }
         if (!v) {
-            jbuf_free(&b);
+            buf_free(&b);
             return jctx_fail(ctx, "format: missing argument for field '%s'", field);
         }
         if (repr)
@@ -491,12 +491,12 @@ static int m_format(struct jctx *ctx, const struct jv *self, struct jargs *a, st
         else
             jv_write_str(&b, *v);
         if (jctx_check_len(ctx, b.len)) {
-            jbuf_free(&b);
+            buf_free(&b);
             return -1;
         }
         i = (size_t)(close - p);
     }
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return 0;
 }
 

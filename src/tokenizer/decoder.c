@@ -145,8 +145,8 @@ void dec_run_init(struct dec_run *r, const struct decoder *d) {
 void dec_run_reset(struct dec_run *r) {
     for (size_t i = 0; i < r->n_stages; i++) {
         struct dec_stage *s = &r->stages[i];
-        tok_buf_clear(&s->buf);
-        tok_buf_clear(&s->bytes);
+        buf_clear(&s->buf);
+        buf_clear(&s->bytes);
         s->index = s->lead = s->held = 0;
         s->lead_done = s->open = s->invalid = 0;
     }
@@ -154,11 +154,11 @@ void dec_run_reset(struct dec_run *r) {
 
 void dec_run_free(struct dec_run *r) {
     for (size_t i = 0; i < r->n_stages; i++) {
-        tok_buf_free(&r->stages[i].buf);
-        tok_buf_free(&r->stages[i].bytes);
+        buf_free(&r->stages[i].buf);
+        buf_free(&r->stages[i].bytes);
     }
     free(r->stages);
-    tok_buf_free(&r->out);
+    buf_free(&r->out);
     if (r->ctx) {
         tok_ctx_free(r->ctx);
         free(r->ctx);
@@ -224,7 +224,7 @@ static int replace_flush(struct dec_run *r, size_t i, int all) {
         }
     }
     if (n > done) on_data(r, i + 1, s + done, n - done);
-    tok_buf_clear(&st->buf);
+    buf_clear(&st->buf);
     return 0;
 }
 
@@ -247,7 +247,7 @@ static int byte_token(const char *s, size_t n) {
 }
 
 /* State of a byte run: 1 valid, 0 a valid prefix so far, -1 invalid. */
-static int run_state(const struct tok_buf *b) {
+static int run_state(const struct buf *b) {
     const unsigned char *u = (const unsigned char *)b->data;
     size_t i = 0;
     while (i < b->len) {
@@ -270,7 +270,7 @@ static void fallback_flush(struct dec_run *r, size_t i) {
         }
     }
     st->invalid = 0;
-    tok_buf_clear(&st->bytes);
+    buf_clear(&st->bytes);
 }
 
 static void fallback_token(struct dec_run *r, size_t i) {
@@ -287,10 +287,10 @@ static void fallback_token(struct dec_run *r, size_t i) {
         return;
     }
     char c = (char)b;
-    tok_buf_append(&st->bytes, &c, 1);
+    buf_append(&st->bytes, &c, 1);
     if (run_state(&st->bytes) < 0) {
         for (size_t k = 0; k < st->bytes.len; k++) emit_token(r, i + 1, REPLACEMENT_CHAR, 3);
-        tok_buf_clear(&st->bytes);
+        buf_clear(&st->bytes);
         st->invalid = 1;
     }
 }
@@ -367,14 +367,14 @@ static void byte_level_token(struct dec_run *r, size_t i, int final) {
                 mapped = 0;
                 break;
             }
-            tok_buf_push(&st->bytes, (char)b);
+            buf_push(&st->bytes, (char)b);
         }
         if (!mapped) {
             st->bytes.len = start;
-            tok_buf_append(&st->bytes, s, n);
+            buf_append(&st->bytes, s, n);
         }
     }
-    struct tok_buf tmp = {0};
+    struct buf tmp = {0};
     size_t used = utf8_lossy_append(&tmp, st->bytes.data ? st->bytes.data : "", st->bytes.len, final);
     if (tmp.len) {
         if (!st->open) {
@@ -383,7 +383,7 @@ static void byte_level_token(struct dec_run *r, size_t i, int final) {
         }
         on_data(r, i + 1, tmp.data, tmp.len);
     }
-    tok_buf_free(&tmp);
+    buf_free(&tmp);
     if (used) {
         memmove(st->bytes.data, st->bytes.data + used, st->bytes.len - used);
         st->bytes.len -= used;
@@ -410,10 +410,10 @@ static void on_begin(struct dec_run *r, size_t i) {
         break;
     case DECODER_TYPE_BYTE_LEVEL:
     case DECODER_TYPE_BYTE_FALLBACK:
-        tok_buf_clear(&st->buf);
+        buf_clear(&st->buf);
         break;
     case DECODER_TYPE_REPLACE:
-        tok_buf_clear(&st->buf);
+        buf_clear(&st->buf);
         on_begin(r, i + 1);
         break;
     default:
@@ -424,7 +424,7 @@ static void on_begin(struct dec_run *r, size_t i) {
 
 static void on_data(struct dec_run *r, size_t i, const char *p, size_t n) {
     if (i == r->n_stages) {
-        tok_buf_append(&r->out, p, n);
+        buf_append(&r->out, p, n);
         return;
     }
     struct dec_stage *st = &r->stages[i];
@@ -436,12 +436,12 @@ static void on_data(struct dec_run *r, size_t i, const char *p, size_t n) {
         metaspace_data(r, i, p, n);
         break;
     case DECODER_TYPE_REPLACE:
-        tok_buf_append(&st->buf, p, n);
+        buf_append(&st->buf, p, n);
         if (!st->d->pattern.is_regex) replace_flush(r, i, 0);
         break;
     case DECODER_TYPE_BYTE_LEVEL:
     case DECODER_TYPE_BYTE_FALLBACK:
-        tok_buf_append(&st->buf, p, n);
+        buf_append(&st->buf, p, n);
         break;
     default:
         on_data(r, i + 1, p, n);
@@ -470,7 +470,7 @@ static void on_end(struct dec_run *r, size_t i) {
         /* A regex that PCRE2 gives up on leaves the token as it is. */
         if (replace_flush(r, i, 1)) {
             on_data(r, i + 1, st->buf.data, st->buf.len);
-            tok_buf_clear(&st->buf);
+            buf_clear(&st->buf);
         }
         on_end(r, i + 1);
         break;

@@ -36,14 +36,14 @@ static void result(struct kiln_detok_stream *s, const char **text, size_t *len) 
 int kiln_detok_stream_push(struct kiln_detok_stream *s, int32_t id, const char **text, size_t *len) {
     const char *str;
     size_t n;
-    tok_buf_clear(&s->run.out);
+    buf_clear(&s->run.out);
     if (tok_decode_str(s->tok, id, &str, &n) && !(s->skip_special && s->tok->special[id])) dec_run_token(&s->run, str, n);
     result(s, text, len);
     return 0;
 }
 
 int kiln_detok_stream_flush(struct kiln_detok_stream *s, const char **text, size_t *len) {
-    tok_buf_clear(&s->run.out);
+    buf_clear(&s->run.out);
     int rc = dec_run_finish(&s->run);
     result(s, text, len);
     return rc;

@@ -42,7 +42,7 @@ void tok_ctx_free(struct tok_ctx *c) {
     tok_spans_free(&c->spans);
     tok_pieces_free(&c->pieces[0]);
     tok_pieces_free(&c->pieces[1]);
-    tok_buf_free(&c->tmp);
+    buf_free(&c->tmp);
     free(c->syms);
     free(c->heap);
     memset(c, 0, sizeof *c);

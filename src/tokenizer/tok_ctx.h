@@ -58,7 +58,7 @@ struct tok_ctx {
     pcre2_jit_stack *jit;
     struct tok_spans spans;
     struct tok_pieces pieces[2];
-    struct tok_buf tmp;
+    struct buf tmp;
     struct bpe_symbol *syms;
     size_t syms_cap;
     struct bpe_merge *heap;

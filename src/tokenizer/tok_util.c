@@ -6,33 +6,6 @@
 #include "base/error.h"
 #include "base/mem.h"
 
-void tok_buf_free(struct tok_buf *b) {
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-}
-
-void tok_buf_reserve(struct tok_buf *b, size_t extra) {
-    size_t need = b->len + extra + 1;
-    if (need <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < need) cap *= 2;
-    b->data = xrealloc(b->data, cap);
-    b->cap = cap;
-}
-
-void tok_buf_append(struct tok_buf *b, const void *p, size_t n) {
-    tok_buf_reserve(b, n);
-    if (n) memcpy(b->data + b->len, p, n);
-    b->len += n;
-    b->data[b->len] = 0;
-}
-
-void tok_buf_push_cp(struct tok_buf *b, uint32_t cp) {
-    char tmp[4];
-    tok_buf_append(b, tmp, utf8_encode(cp, tmp));
-}
-
 /* Blocks are chained newest first; a request larger than the block size
  * gets a block of its own. */
 struct tok_arena_block {
@@ -83,28 +56,6 @@ char *tok_arena_alloc(struct tok_arena *a, size_t n) {
     char *p = b->data + b->used;
     b->used += n;
     return p;
-}
-
-size_t utf8_lossy_append(struct tok_buf *out, const char *s, size_t n, int final) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0, run = 0;
-    tok_buf_reserve(out, n);
-    while (i < n) {
-        size_t el;
-        int inc;
-        size_t k = utf8_next(u + i, n - i, &el, &inc);
-        if (k) {
-            i += k;
-            continue;
-        }
-        tok_buf_append(out, s + run, i - run);
-        if (inc && !final) return i;
-        tok_buf_append(out, "\xEF\xBF\xBD", 3);
-        i += el;
-        run = i;
-    }
-    tok_buf_append(out, s + run, i - run);
-    return i;
 }
 
 int uc_is_whitespace(uint32_t cp) {

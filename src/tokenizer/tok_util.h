@@ -1,12 +1,10 @@
 /* tok_util.h — small building blocks shared by the tokenizer files.
  *
- * Owns nothing global. Provides: a growable byte buffer (`struct tok_buf`,
- * always NUL-terminated once used), a block arena whose pointers stay valid
- * until reset (pieces of text point into it while an input is encoded),
- * Rust-compatible lossy conversion
- * (String::from_utf8_lossy: one U+FFFD per maximal invalid subpart), the
+ * Owns nothing global. Provides: a block arena whose pointers stay valid
+ * until reset (pieces of text point into it while an input is encoded), the
  * character classes that `tokenizers` takes from Rust's char methods, and the
- * string hash used by every table.
+ * string hash used by every table. Text is built in base/buf.h buffers and
+ * checked and converted with base/utf8.h.
  */
 #ifndef KILN_TOKENIZER_TOK_UTIL_H
 #define KILN_TOKENIZER_TOK_UTIL_H
@@ -15,28 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/utf8.h"
-
-struct tok_buf {
-    char *data;
-    size_t len;
-    size_t cap;
-};
-
-void tok_buf_free(struct tok_buf *b);
-void tok_buf_reserve(struct tok_buf *b, size_t extra);
-void tok_buf_append(struct tok_buf *b, const void *p, size_t n);
-static inline void tok_buf_clear(struct tok_buf *b) {
-    b->len = 0;
-    if (b->data) b->data[0] = 0;
-}
-static inline void tok_buf_push(struct tok_buf *b, char c) {
-    if (b->len + 2 > b->cap) tok_buf_reserve(b, 1);
-    b->data[b->len++] = c;
-    b->data[b->len] = 0;
-}
-/* Appends the UTF-8 encoding of `cp`. */
-void tok_buf_push_cp(struct tok_buf *b, uint32_t cp);
 
 struct tok_arena_block;
 struct tok_arena {
@@ -49,10 +27,6 @@ void tok_arena_reset(struct tok_arena *a);
 char *tok_arena_alloc(struct tok_arena *a, size_t n);
 
 
-/* Appends the lossy conversion of s[0..n) to out. With `final` 0 a valid
- * but incomplete sequence at the end is not converted; returns the number of
- * input bytes consumed. */
-size_t utf8_lossy_append(struct tok_buf *out, const char *s, size_t n, int final);
 
 /* Character classes, as Rust's char methods define them. */
 int uc_is_whitespace(uint32_t cp);  /* char::is_whitespace (White_Space) */
