@@ -135,7 +135,6 @@ static inline struct jv jv_float(double f) { struct jv v = {.type = JV_FLOAT, .u
 
 struct jv jv_str(const char *s, size_t len);
 struct jv jv_cstr(const char *s);
-struct jv jv_str_take_buf(char *p, size_t len); /* adopts a malloc'd buffer */
 struct jv jv_undef_named(const char *name); /* Undefined that remembers what was missing */
 struct jv jv_list_new(size_t cap);
 struct jv jv_dict_new(void);
@@ -152,7 +151,6 @@ void jv_dict_set(struct jv dict, struct jv take_key, struct jv take_val);
 /* Releases every entry (breaks reference cycles at the end of a render). */
 void jv_dict_clear(struct jv dict);
 /* Python-compatible: values that compare equal hash equal (1 == 1.0 == True). */
-uint64_t jv_hash(const struct jv v);
 
 int jv_is_list(const struct jv v); /* LIST or TUPLE */
 int jv_is_dict(const struct jv v); /* DICT or NAMESPACE */
@@ -276,7 +274,6 @@ struct jinja_limits {
 /* Compiles template text; syntax errors read "template:LINE:COL: ...". */
 int jinja_compile(struct jinja_template **out, const char *src, size_t len, struct kiln_error *err);
 void jinja_free(struct jinja_template *t);
-void jnode_free(struct jnode *n);
 
 /* Renders with the variables of a JSON object (NULL: none). limits may be
  * NULL for the defaults. *out is a NUL-terminated heap string. */
@@ -325,7 +322,6 @@ int jargs_check(struct jctx *ctx, struct jargs *a, size_t max_pos, const char *w
  * jinja_strings.c, jinja_ops.c). */
 int jinja_filter_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, struct jv *out);
 int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, int *result);
-int jinja_test_exists(const char *name);
 int jinja_filter_exists(const char *name);
 /* Attribute lookup like the sandbox's getattr: methods first, then items. */
 int jinja_getattr(struct jctx *ctx, const struct jv *obj, const char *name, size_t name_len, struct jv *out);

@@ -114,12 +114,14 @@ static void names_push(struct jnode *n, const char *name) {
     n->kwnames[n->nkwnames++] = xstrdup(name);
 }
 
+static void jnode_free(struct jnode *n);
+
 static void nodes_free(struct jnodes *v) {
     for (size_t i = 0; i < v->n; i++) jnode_free(v->v[i]);
     free(v->v);
 }
 
-void jnode_free(struct jnode *n) {
+static void jnode_free(struct jnode *n) {
     if (!n) return;
     free(n->name);
     jv_free_immortal(n->value);

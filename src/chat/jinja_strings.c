@@ -85,7 +85,6 @@ static struct jv map_case(const struct jv s, int mode) {
 }
 
 struct jv jstr_upper_lower(const struct jv s, int upper) { return map_case(s, upper ? 1 : 0); }
-struct jv jstr_title_py(const struct jv s) { return map_case(s, 2); }
 struct jv jstr_capitalize(const struct jv s) { return map_case(s, 3); }
 
 struct jv jstr_replace(struct jctx *ctx, const struct jv s, const struct jv old, const struct jv rep, int64_t count) {

@@ -47,12 +47,6 @@ struct jv jv_str(const char *p, size_t len) {
 
 struct jv jv_cstr(const char *s) { return jv_str(s, strlen(s)); }
 
-struct jv jv_str_take_buf(char *p, size_t len) {
-    struct jv v = jv_str(p ? p : "", len);
-    free(p);
-    return v;
-}
-
 struct jv jv_undef_named(const char *name) {
     struct jv v = jv_cstr(name);
     v.type = JV_UNDEFINED;
@@ -181,7 +175,7 @@ static uint64_t hash_int(uint64_t x) {
     return x;
 }
 
-uint64_t jv_hash(const struct jv v) {
+static uint64_t jv_hash(const struct jv v) {
     switch (v.type) {
     case JV_BOOL: return hash_int((uint64_t)v.u.b);
     case JV_INT: return hash_int((uint64_t)v.u.i);

@@ -6,7 +6,7 @@
 #include "base/error.h"
 #include "base/mem.h"
 
-void tok_pieces_free(struct tok_pieces *p) {
+static void tok_pieces_free(struct tok_pieces *p) {
     free(p->v);
     memset(p, 0, sizeof *p);
 }

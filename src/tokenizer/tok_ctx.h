@@ -36,7 +36,6 @@ struct tok_pieces {
     struct tok_piece *v;
     size_t n, cap;
 };
-void tok_pieces_free(struct tok_pieces *p);
 void tok_pieces_push(struct tok_pieces *p, const char *s, size_t len, size_t zp);
 
 /* BPE symbols and merge heap, reused across words. */

@@ -104,26 +104,6 @@ int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, str
     return rc;
 }
 
-int tok_regex_compile_literal(struct tok_regex *re, const char *literal, size_t len, struct kiln_error *err) {
-    re->code = NULL;
-    if (utf8_validate(literal, len) != len) return kiln_errorf(err, "pattern is not valid UTF-8");
-    /* \Q...\E quotes everything except a literal "\E", which is spliced. */
-    struct buf b = {0};
-    buf_append(&b, "\\Q", 2);
-    for (size_t i = 0; i < len; i++) {
-        if (literal[i] == '\\' && i + 1 < len && literal[i + 1] == 'E') {
-            buf_append(&b, "\\E\\\\E\\Q", 7);
-            i++;
-            continue;
-        }
-        buf_push(&b, literal[i]);
-    }
-    buf_append(&b, "\\E", 2);
-    int rc = compile_raw(re, b.data, b.len, literal, err);
-    buf_free(&b);
-    return rc;
-}
-
 void tok_regex_free(struct tok_regex *re) {
     if (re->code) pcre2_code_free(re->code);
     re->code = NULL;
