@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "bench_util.h"

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/knob.h"
 #include "base/mem.h"

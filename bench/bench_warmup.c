@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/mem.h"

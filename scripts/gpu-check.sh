@@ -10,7 +10,15 @@
 # into a private prefix and points pkg-config and the loader at it; nothing
 # is installed into the system.
 #
-#   scripts/gpu-check.sh [--fetch-debs] [--quick] [--decode] [--bench]
+#   scripts/gpu-check.sh [--fetch-debs] [--quick] [--decode] [--bench] [--sanitize]
+#   --sanitize: every CUDA unit test (tests/cuda/test_*.c) under
+#   compute-sanitizer, once with memcheck (out-of-bounds and misaligned
+#   accesses, leaks of device memory) and once with racecheck (shared-memory
+#   hazards), each run limited to KILN_SANITIZE_TIMEOUT seconds (default
+#   900; the tools slow kernels 10-100x); prints a table of errors per test
+#   and tool and exits 1 when any run found errors, failed or timed out.
+#   KILN_SANITIZE_TESTS (names, space-separated) runs a subset,
+#   KILN_SANITIZE_TOOLS (default "memcheck racecheck") other tools.
 #   --bench: ctest -L gpu, then the benchmark matrix docs/perf.md reports
 #   (batch-1 decode at contexts 128 and 4096, prefill 512 and 8192,
 #   decode with 64 and 256 concurrent sequences, for Qwen3-0.6B and
@@ -30,7 +38,8 @@ if [ "${1:-}" = "--fetch-debs" ]; then
   mkdir -p "$DEBS" && (cd "$DEBS" && apt-get download $PKGS)
   exit $?
 fi
-quick=0; decode=0; benchmx=0
+quick=0; decode=0; benchmx=0; sanitize=0
+[ "${1:-}" = "--sanitize" ] && sanitize=1
 [ "${1:-}" = "--bench" ] && benchmx=1
 [ "${1:-}" = "--quick" ] && quick=1
 [ "${1:-}" = "--decode" ] && decode=1 # decode speed work: graph/op tests, GEMV and decode benches, then ctest
@@ -124,6 +133,57 @@ if [ "$benchmx" = 1 ]; then
   exit $ctest_rc
 fi
 
+if [ "$sanitize" = 1 ]; then
+  O=${OUT:-/tmp}
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  [ -n "$CS" ] || { say "compute-sanitizer not found (it ships with the CUDA toolkit)"; exit 1; }
+  say "== compute-sanitizer ($("$CS" --version | grep -o 'Version.*' | head -1))"
+  tests=${KILN_SANITIZE_TESTS:-$(ls tests/cuda/test_*.c | xargs -n1 basename | sed 's/\.c$//')}
+  tools=${KILN_SANITIZE_TOOLS:-memcheck racecheck}
+  limit=${KILN_SANITIZE_TIMEOUT:-900}
+  # The environment ctest gives the tests (tests/CMakeLists.txt).
+  export KILN_DEVICE=cpu KILN_FIXTURES=$PWD/tests/fixtures KILN_TOKENIZERS=/nonexistent \
+    KILN_MODELS=$PWD/models KILN=$PWD/$B/kiln KILN_SRC=$PWD
+  rows=(); bad=0
+  for t in $tests; do
+    for tool in $tools; do
+      args=(--tool "$tool" --error-exitcode 86 --print-limit 50)
+      # memcheck: device-memory leaks count too (every test frees its
+      # backends); racecheck: hazards are errors, "analysis" groups them
+      # by source line.
+      [ "$tool" = memcheck ] && args+=(--leak-check full)
+      [ "$tool" = racecheck ] && args+=(--racecheck-report analysis)
+      log="$O/sanitize-$t-$tool.log"
+      start=$(date +%s)
+      timeout --signal=INT --kill-after=30 "$limit" "$CS" "${args[@]}" "$B/tests/$t" >"$log" 2>&1
+      rc=$?
+      secs=$(( $(date +%s) - start ))
+      # The tool's last word: "ERROR SUMMARY: N errors" (racecheck also
+      # prints "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)").
+      errs=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
+      haz=$(grep -oE 'RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ errors?, [0-9]+ warnings?\)' "$log" | tail -1 |
+            sed -E 's/.*\(([0-9]+) errors?, ([0-9]+) warnings?\)/ (\1 race errors, \2 warnings)/')
+      if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        status="TIMEOUT after ${limit}s"; bad=1
+      elif [ "$rc" = 86 ] || [ "${errs:-0}" != 0 ]; then
+        status="ERRORS ${errs:-?}$haz"; bad=1
+      elif [ "$rc" != 0 ]; then
+        status="FAIL rc=$rc (the test itself)"; bad=1
+      else
+        status="clean$haz"
+      fi
+      rows+=("$(printf '%-22s %-10s %5ss  %s' "$t" "$tool" "$secs" "$status")")
+      say "${rows[-1]}"
+      [ "$status" = clean ] || [ "${status#clean}" != "$status" ] || grep -m5 -E '^========= (Invalid|Race|Error|Leaked|Program hit)' "$log" | tee -a "$LOG"
+    done
+  done
+  say ""
+  say "=================== compute-sanitizer summary (logs: $O/sanitize-*.log) ==================="
+  for r in "${rows[@]}"; do say "$r"; done
+  say "compute-sanitizer: $([ $bad = 0 ] && echo PASS || echo FAIL)"
+  exit $bad
+fi
+
 if [ "$decode" = 1 ]; then
   O=${OUT:-/tmp}
   BF="$B/bench_forward --load-format dummy --device cuda"
@@ -149,7 +209,7 @@ if [ "$decode" = 1 ]; then
   echo "$out" | grep '^device copy' | tee -a "$LOG"
   say "== bench_gemv (Llama-3.1-8B shapes)"
   timeout 90 "$B/bench_gemv" 2>&1 | tee -a "$LOG"
-  command -v cuobjdump >/dev/null && cuobjdump -sass "$B/CMakeFiles/kiln_core.dir/src/backend/cuda/cuda_matmul.cu.o" >"$O/gemv.sass" 2>&1
+  command -v cuobjdump >/dev/null && cuobjdump -sass "$B/CMakeFiles/kiln_backend_cuda.dir/src/backend/cuda/cuda_matmul.cu.o" >"$O/gemv.sass" 2>&1
   say "== ctest -L gpu"
   KILN_TOKENIZERS=/nonexistent timeout ${KILN_CTEST_TIMEOUT:-200} ctest --test-dir "$B" -L gpu --output-on-failure -V >"$O/ctest-gpu.log" 2>&1
   ctest_rc=$?

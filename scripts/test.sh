@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies, the release build and
 # its tests, the same suite under AddressSanitizer + UndefinedBehaviorSanitizer,
-# and every fuzz target for KILN_FUZZ_SECONDS (default 60) seconds each.
+# the threaded engine and server tests under ThreadSanitizer, and every fuzz
+# target for KILN_FUZZ_SECONDS (default 60) seconds each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -21,6 +22,14 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANIT
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE gpu
+
+echo "== ThreadSanitizer build (the tests labelled tsan: engine and server threads)"
+tsan_start=$(date +%s)
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_TSAN=ON -DKILN_CUDA=OFF >/dev/null
+ninja -C build-tsan tsan_deps
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  ctest --test-dir build-tsan --output-on-failure -j "$jobs" -L tsan
+echo "ThreadSanitizer stage: $(($(date +%s) - tsan_start)) s"
 
 if [ -x scripts/fuzz.sh ] && [ "${KILN_FUZZ_SECONDS:-60}" != 0 ]; then
   echo "== fuzzing (${KILN_FUZZ_SECONDS:-60} s per target)"

@@ -29,6 +29,9 @@
 
 #include <jansson.h>
 
+#include "base/buf.h"
+#include "base/utf8.h"
+
 struct kiln_error;
 
 /* ---------------------------------------------------------------- values */
@@ -132,7 +135,6 @@ static inline struct jv jv_float(double f) { struct jv v = {.type = JV_FLOAT, .u
 
 struct jv jv_str(const char *s, size_t len);
 struct jv jv_cstr(const char *s);
-struct jv jv_str_take_buf(char *p, size_t len); /* adopts a malloc'd buffer */
 struct jv jv_undef_named(const char *name); /* Undefined that remembers what was missing */
 struct jv jv_list_new(size_t cap);
 struct jv jv_dict_new(void);
@@ -149,7 +151,6 @@ void jv_dict_set(struct jv dict, struct jv take_key, struct jv take_val);
 /* Releases every entry (breaks reference cycles at the end of a render). */
 void jv_dict_clear(struct jv dict);
 /* Python-compatible: values that compare equal hash equal (1 == 1.0 == True). */
-uint64_t jv_hash(const struct jv v);
 
 int jv_is_list(const struct jv v); /* LIST or TUPLE */
 int jv_is_dict(const struct jv v); /* DICT or NAMESPACE */
@@ -161,31 +162,16 @@ int jv_compare(const struct jv a, const struct jv b);
 const char *jv_type_name(const struct jv v);
 double jv_as_double(const struct jv v); /* BOOL/INT/FLOAT */
 
-/* Growable byte buffer used for output and string building. */
-struct jbuf {
-    char *p;
-    size_t len, cap;
-};
-void jbuf_put(struct jbuf *b, const char *s, size_t n);
-void jbuf_puts(struct jbuf *b, const char *s);
-void jbuf_putc(struct jbuf *b, char c);
-void jbuf_printf(struct jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void jbuf_free(struct jbuf *b);
-struct jv jbuf_take_str(struct jbuf *b); /* empties b */
+/* The text of b as a STR value; empties b. */
+struct jv jv_take_buf(struct buf *b);
 
 /* Python str(v) and repr(v) appended to b. */
-void jv_write_str(struct jbuf *b, const struct jv v);
-void jv_write_repr(struct jbuf *b, const struct jv v);
+void jv_write_str(struct buf *b, const struct jv v);
+void jv_write_repr(struct buf *b, const struct jv v);
 /* str(v) as a new STR value (retains v itself when it already is one). */
 struct jv jv_to_str(const struct jv v);
 void py_float_repr(double f, char out[40]);
 
-/* UTF-8 helpers: code point count, byte offset of the i-th code point. */
-size_t utf8_len(const char *s, size_t n);
-size_t utf8_offset(const char *s, size_t n, size_t index);
-/* Decodes one code point at s (n > 0); returns its byte length (1 for bad bytes). */
-size_t utf8_decode(const char *s, size_t n, int32_t *cp);
-void utf8_put(struct jbuf *b, int32_t cp);
 int py_isspace(int32_t cp);
 
 /* JSON: jansson values in, Python json.dumps formatting out. */
@@ -196,7 +182,7 @@ struct jdump_opts {
     int sort_keys;
     int ensure_ascii;
 };
-int jv_dump_json(struct jctx *ctx, struct jbuf *b, const struct jv v, const struct jdump_opts *o, int depth);
+int jv_dump_json(struct jctx *ctx, struct buf *b, const struct jv v, const struct jdump_opts *o, int depth);
 
 /* ------------------------------------------------------------- templates */
 
@@ -288,7 +274,6 @@ struct jinja_limits {
 /* Compiles template text; syntax errors read "template:LINE:COL: ...". */
 int jinja_compile(struct jinja_template **out, const char *src, size_t len, struct kiln_error *err);
 void jinja_free(struct jinja_template *t);
-void jnode_free(struct jnode *n);
 
 /* Renders with the variables of a JSON object (NULL: none). limits may be
  * NULL for the defaults. *out is a NUL-terminated heap string. */
@@ -306,7 +291,7 @@ struct jctx {
     struct kiln_error *err;
     int failed_positioned; /* err already names a template position */
     struct jscope *root;
-    struct jbuf *out;
+    struct buf *out;
     struct jinja_limits lim;
     uint64_t steps;
     int depth;
@@ -337,7 +322,6 @@ int jargs_check(struct jctx *ctx, struct jargs *a, size_t max_pos, const char *w
  * jinja_strings.c, jinja_ops.c). */
 int jinja_filter_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, struct jv *out);
 int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *args, int *result);
-int jinja_test_exists(const char *name);
 int jinja_filter_exists(const char *name);
 /* Attribute lookup like the sandbox's getattr: methods first, then items. */
 int jinja_getattr(struct jctx *ctx, const struct jv *obj, const char *name, size_t name_len, struct jv *out);

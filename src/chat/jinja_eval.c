@@ -105,7 +105,7 @@ static void scope_set(struct jscope *sc, const char *name, struct jv take) {
 
 static int write_out(struct jctx *ctx, const char *s, size_t n) {
     if (jctx_check_len(ctx, ctx->out->len + n)) return -1;
-    jbuf_put(ctx->out, s, n);
+    buf_append(ctx->out, s, n);
     return jctx_step(ctx, n);
 }
 
@@ -167,21 +167,21 @@ static int eval_slice(struct jctx *ctx, struct jscope *sc, const struct jv *obj,
         if (pn[i] && eval(ctx, sc, pn[i], &parts[i])) goto done;
     if (obj->type == JV_STR) {
         const char *s = obj->u.s->data;
-        size_t n = obj->u.s->len, cps = utf8_len(s, n);
+        size_t n = obj->u.s->len, cps = utf8_count(s, n);
         size_t *offs = xmalloc((cps + 1) * sizeof *offs);
         for (size_t i = 0, o = 0; i <= cps; i++) {
             offs[i] = o;
-            int32_t cp;
-            if (o < n) o += utf8_decode(s + o, n - o, &cp);
+            uint32_t cp;
+            if (o < n) o += utf8_decode_lossy(s + o, n - o, &cp);
         }
         if (slice_pick(ctx, (int64_t)cps, parts, &idx, &count)) {
             free(offs);
             goto done;
         }
-        struct jbuf b = {0};
-        for (size_t i = 0; i < count; i++) jbuf_put(&b, s + offs[idx[i]], offs[idx[i] + 1] - offs[idx[i]]);
+        struct buf b = {0};
+        for (size_t i = 0; i < count; i++) buf_append(&b, s + offs[idx[i]], offs[idx[i] + 1] - offs[idx[i]]);
         free(offs);
-        *out = jbuf_take_str(&b);
+        *out = jv_take_buf(&b);
     } else if (jv_is_list(*obj)) {
         if (slice_pick(ctx, (int64_t)obj->u.l->n, parts, &idx, &count)) goto done;
         struct jv l = jv_list_new(count);
@@ -483,15 +483,15 @@ static void scope_free(struct jscope *s) { jv_release(s->vars); }
 
 /* Renders body into a new string (block set, filter blocks, macros). */
 static int capture(struct jctx *ctx, struct jscope *sc, const struct jnodes *body, struct jv *out) {
-    struct jbuf buf = {0}, *saved = ctx->out;
+    struct buf buf = {0}, *saved = ctx->out;
     ctx->out = &buf;
     int rc = exec_body(ctx, sc, body);
     ctx->out = saved;
     if (rc) {
-        jbuf_free(&buf);
+        buf_free(&buf);
         return -1;
     }
-    *out = jbuf_take_str(&buf);
+    *out = jv_take_buf(&buf);
     return 0;
 }
 
@@ -653,10 +653,10 @@ static int exec_stmt(struct jctx *ctx, struct jscope *sc, const struct jnode *n)
         if (v.type == JV_STR) {
             rc = write_out(ctx, v.u.s->data, v.u.s->len);
         } else {
-            struct jbuf b = {0};
+            struct buf b = {0};
             jv_write_str(&b, v);
-            rc = write_out(ctx, b.p ? b.p : "", b.len);
-            jbuf_free(&b);
+            rc = write_out(ctx, b.data ? b.data : "", b.len);
+            buf_free(&b);
         }
         jv_release(v);
         return rc ? fail_here(ctx, n) : 0;
@@ -779,7 +779,7 @@ static int exec_body(struct jctx *ctx, struct jscope *sc, const struct jnodes *b
 int jinja_render(const struct jinja_template *t, const json_t *vars, const struct jinja_limits *limits, char **out,
                  size_t *out_len, struct kiln_error *err) {
     struct jinja_limits defaults = {.max_output = 64u << 20, .max_steps = 10000000, .max_depth = 100};
-    struct jbuf buf = {0};
+    struct buf buf = {0};
     struct jscope root;
     scope_init(&root, NULL);
     struct jctx ctx = {.err = err, .root = &root, .out = &buf, .lim = limits ? *limits : defaults};
@@ -798,11 +798,10 @@ int jinja_render(const struct jinja_template *t, const json_t *vars, const struc
     jv_release(ctx.namespaces);
     scope_free(&root);
     if (rc) {
-        jbuf_free(&buf);
+        buf_free(&buf);
         return -1;
     }
-    if (!buf.p) buf.p = xcalloc(1, 1);
-    *out = buf.p;
     if (out_len) *out_len = buf.len;
+    *out = buf_take(&buf);
     return 0;
 }

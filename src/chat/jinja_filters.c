@@ -13,7 +13,6 @@
 #include "base/error.h"
 #include "base/mem.h"
 
-struct jv jstr_title_py(const struct jv s);
 struct jv jstr_capitalize(const struct jv s);
 
 typedef int (*filter_fn)(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out);
@@ -67,7 +66,7 @@ static struct jv ignore_case(struct jv take) {
 static int f_length(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out) {
     if (no_args(ctx, a, "length")) return -1;
     switch (v->type) {
-    case JV_STR: *out = jv_int((int64_t)utf8_len(v->u.s->data, v->u.s->len)); return 0;
+    case JV_STR: *out = jv_int((int64_t)utf8_count(v->u.s->data, v->u.s->len)); return 0;
     case JV_LIST:
     case JV_TUPLE: *out = jv_int((int64_t)v->u.l->n); return 0;
     case JV_DICT: *out = jv_int((int64_t)v->u.d->n); return 0;
@@ -101,16 +100,16 @@ static int f_case(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
         *out = jstr_capitalize(s);
     } else if (mode == 3) {
         /* jinja2's title: a word starts after [-\s({[<]; its first char is upper-cased, the rest lower-cased */
-        struct jbuf b = {0};
+        struct buf b = {0};
         int start = 1;
         for (size_t i = 0; i < s.u.s->len;) {
-            int32_t cp;
-            i += utf8_decode(s.u.s->data + i, s.u.s->len - i, &cp);
+            uint32_t cp;
+            i += utf8_decode_lossy(s.u.s->data + i, s.u.s->len - i, &cp);
             int delim = py_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-            utf8_put(&b, delim ? cp : start ? utf8proc_toupper(cp) : utf8proc_tolower(cp));
+            buf_push_cp(&b, delim ? cp : (uint32_t)(start ? utf8proc_toupper(cp) : utf8proc_tolower(cp)));
             start = delim;
         }
-        *out = jbuf_take_str(&b);
+        *out = jv_take_buf(&b);
     } else {
         *out = jstr_upper_lower(s, mode);
     }
@@ -141,10 +140,10 @@ static int f_join(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
     struct jv items;
     if (jinja_iterate(ctx, v, &items)) return -1;
     struct jv sep = d ? soft_str(d) : jv_cstr("");
-    struct jbuf b = {0};
+    struct buf b = {0};
     int rc = 0;
     for (size_t i = 0; i < items.u.l->n && !rc; i++) {
-        if (i) jbuf_put(&b, sep.u.s->data, sep.u.s->len);
+        if (i) buf_append(&b, sep.u.s->data, sep.u.s->len);
         struct jv x;
         if (attr) {
             if (attr_get(ctx, &items.u.l->items[i], attr, NULL, &x)) {
@@ -161,10 +160,10 @@ static int f_join(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
     jv_release(sep);
     jv_release(items);
     if (rc) {
-        jbuf_free(&b);
+        buf_free(&b);
         return -1;
     }
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, out->u.s->len);
 }
 
@@ -364,12 +363,12 @@ static int f_tojson(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
         o.item_sep = seps->u.l->items[0].u.s->data;
         o.key_sep = seps->u.l->items[1].u.s->data;
     }
-    struct jbuf b = {0};
+    struct buf b = {0};
     if (jv_dump_json(ctx, &b, *v, &o, 0) || jctx_check_len(ctx, b.len)) {
-        jbuf_free(&b);
+        buf_free(&b);
         return -1;
     }
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, out->u.s->len);
 }
 
@@ -382,20 +381,20 @@ static int f_safe(struct jctx *ctx, const struct jv *v, struct jargs *a, struct 
 static int f_escape(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out) {
     if (no_args(ctx, a, "escape")) return -1;
     struct jv s = soft_str(v);
-    struct jbuf b = {0};
+    struct buf b = {0};
     for (size_t i = 0; i < s.u.s->len; i++) {
         char c = s.u.s->data[i];
         switch (c) {
-        case '&': jbuf_puts(&b, "&amp;"); break;
-        case '<': jbuf_puts(&b, "&lt;"); break;
-        case '>': jbuf_puts(&b, "&gt;"); break;
-        case '"': jbuf_puts(&b, "&#34;"); break;
-        case '\'': jbuf_puts(&b, "&#39;"); break;
-        default: jbuf_putc(&b, c);
+        case '&': buf_puts(&b, "&amp;"); break;
+        case '<': buf_puts(&b, "&lt;"); break;
+        case '>': buf_puts(&b, "&gt;"); break;
+        case '"': buf_puts(&b, "&#34;"); break;
+        case '\'': buf_puts(&b, "&#39;"); break;
+        default: buf_push(&b, c);
         }
     }
     jv_release(s);
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return 0;
 }
 
@@ -715,10 +714,10 @@ static int f_reverse(struct jctx *ctx, const struct jv *v, struct jargs *a, stru
         items.u.l->items[n - 1 - i] = t;
     }
     if (v->type == JV_STR) {
-        struct jbuf b = {0};
+        struct buf b = {0};
         for (size_t i = 0; i < n; i++) jv_write_str(&b, items.u.l->items[i]);
         jv_release(items);
-        *out = jbuf_take_str(&b);
+        *out = jv_take_buf(&b);
         return 0;
     }
     *out = items;
@@ -753,25 +752,25 @@ static int f_indent(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
         return -1;
     }
     jv_release(with_nl);
-    struct jbuf b = {0};
+    struct buf b = {0};
     int do_blank = blank && jv_truthy(*blank);
-    if (first && jv_truthy(*first)) jbuf_put(&b, ind.u.s->data, ind.u.s->len);
+    if (first && jv_truthy(*first)) buf_append(&b, ind.u.s->data, ind.u.s->len);
     for (size_t i = 0; i < lines.u.l->n; i++) {
         const struct jv *ln = &lines.u.l->items[i];
         if (i) {
-            jbuf_putc(&b, '\n');
-            if (do_blank || ln->u.s->len) jbuf_put(&b, ind.u.s->data, ind.u.s->len);
+            buf_push(&b, '\n');
+            if (do_blank || ln->u.s->len) buf_append(&b, ind.u.s->data, ind.u.s->len);
         }
-        jbuf_put(&b, ln->u.s->data, ln->u.s->len);
+        buf_append(&b, ln->u.s->data, ln->u.s->len);
         if (jctx_check_len(ctx, b.len)) break;
     }
     jv_release(lines);
     jv_release(ind);
     if (jctx_check_len(ctx, b.len)) {
-        jbuf_free(&b);
+        buf_free(&b);
         return -1;
     }
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, out->u.s->len);
 }
 
@@ -781,8 +780,8 @@ static int f_wordcount(struct jctx *ctx, const struct jv *v, struct jargs *a, st
     int64_t count = 0;
     int in_word = 0;
     for (size_t i = 0; i < s.u.s->len;) {
-        int32_t cp;
-        i += utf8_decode(s.u.s->data + i, s.u.s->len - i, &cp);
+        uint32_t cp;
+        i += utf8_decode_lossy(s.u.s->data + i, s.u.s->len - i, &cp);
         utf8proc_category_t c = utf8proc_category(cp);
         int w = cp == '_' || (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
                 (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
@@ -824,19 +823,19 @@ static int f_center(struct jctx *ctx, const struct jv *v, struct jargs *a, struc
     if (jargs_check(ctx, a, 1, "center")) return -1;
     int64_t width = w && w->type == JV_INT ? w->u.i : 80;
     struct jv s = soft_str(v);
-    int64_t len = (int64_t)utf8_len(s.u.s->data, s.u.s->len);
+    int64_t len = (int64_t)utf8_count(s.u.s->data, s.u.s->len);
     if (width > (int64_t)ctx->lim.max_output) width = (int64_t)ctx->lim.max_output;
     if (width <= len) {
         *out = s;
         return 0;
     }
     int64_t pad = width - len, left = pad / 2 + (pad & width & 1);
-    struct jbuf b = {0};
-    for (int64_t i = 0; i < left; i++) jbuf_putc(&b, ' ');
-    jbuf_put(&b, s.u.s->data, s.u.s->len);
-    for (int64_t i = 0; i < pad - left; i++) jbuf_putc(&b, ' ');
+    struct buf b = {0};
+    for (int64_t i = 0; i < left; i++) buf_push(&b, ' ');
+    buf_append(&b, s.u.s->data, s.u.s->len);
+    for (int64_t i = 0; i < pad - left; i++) buf_push(&b, ' ');
     jv_release(s);
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, (size_t)width);
 }
 

@@ -32,64 +32,64 @@ struct jv jv_from_json(const json_t *j) {
     }
 }
 
-static void dump_string(struct jbuf *b, const char *s, size_t n, int ensure_ascii) {
-    jbuf_putc(b, '"');
+static void dump_string(struct buf *b, const char *s, size_t n, int ensure_ascii) {
+    buf_push(b, '"');
     for (size_t i = 0; i < n;) {
-        int32_t cp;
-        size_t k = utf8_decode(s + i, n - i, &cp);
+        uint32_t cp;
+        size_t k = utf8_decode_lossy(s + i, n - i, &cp);
         switch (cp) {
-        case '"': jbuf_puts(b, "\\\""); break;
-        case '\\': jbuf_puts(b, "\\\\"); break;
-        case '\n': jbuf_puts(b, "\\n"); break;
-        case '\r': jbuf_puts(b, "\\r"); break;
-        case '\t': jbuf_puts(b, "\\t"); break;
-        case '\b': jbuf_puts(b, "\\b"); break;
-        case '\f': jbuf_puts(b, "\\f"); break;
+        case '"': buf_puts(b, "\\\""); break;
+        case '\\': buf_puts(b, "\\\\"); break;
+        case '\n': buf_puts(b, "\\n"); break;
+        case '\r': buf_puts(b, "\\r"); break;
+        case '\t': buf_puts(b, "\\t"); break;
+        case '\b': buf_puts(b, "\\b"); break;
+        case '\f': buf_puts(b, "\\f"); break;
         default:
             if (cp < 0x20 || (ensure_ascii && cp > 0x7e)) {
                 if (cp >= 0x10000) {
                     int32_t v = cp - 0x10000;
-                    jbuf_printf(b, "\\u%04x\\u%04x", (unsigned)(0xd800 | (v >> 10)), (unsigned)(0xdc00 | (v & 0x3ff)));
+                    buf_printf(b, "\\u%04x\\u%04x", (unsigned)(0xd800 | (v >> 10)), (unsigned)(0xdc00 | (v & 0x3ff)));
                 } else {
-                    jbuf_printf(b, "\\u%04x", (unsigned)cp);
+                    buf_printf(b, "\\u%04x", (unsigned)cp);
                 }
             } else {
-                jbuf_put(b, s + i, k);
+                buf_append(b, s + i, k);
             }
         }
         i += k;
     }
-    jbuf_putc(b, '"');
+    buf_push(b, '"');
 }
 
-static void dump_float(struct jbuf *b, double f) {
+static void dump_float(struct buf *b, double f) {
     if (isnan(f)) {
-        jbuf_puts(b, "NaN");
+        buf_puts(b, "NaN");
     } else if (isinf(f)) {
-        jbuf_puts(b, f < 0 ? "-Infinity" : "Infinity");
+        buf_puts(b, f < 0 ? "-Infinity" : "Infinity");
     } else {
         char num[40];
         py_float_repr(f, num);
-        jbuf_puts(b, num);
+        buf_puts(b, num);
     }
 }
 
-static void dump_newline(struct jbuf *b, const struct jdump_opts *o, int level) {
-    jbuf_putc(b, '\n');
-    for (int i = 0; i < level; i++) jbuf_puts(b, o->indent);
+static void dump_newline(struct buf *b, const struct jdump_opts *o, int level) {
+    buf_push(b, '\n');
+    for (int i = 0; i < level; i++) buf_puts(b, o->indent);
 }
 
 /* Keys become strings the way json.dumps converts them. */
-static int dump_key(struct jctx *ctx, struct jbuf *b, const struct jv k, const struct jdump_opts *o) {
+static int dump_key(struct jctx *ctx, struct buf *b, const struct jv k, const struct jdump_opts *o) {
     switch (k.type) {
     case JV_STR: dump_string(b, k.u.s->data, k.u.s->len, o->ensure_ascii); return 0;
-    case JV_INT: jbuf_printf(b, "\"%lld\"", (long long)k.u.i); return 0;
-    case JV_BOOL: jbuf_puts(b, k.u.b ? "\"true\"" : "\"false\""); return 0;
-    case JV_NONE: jbuf_puts(b, "\"null\""); return 0;
+    case JV_INT: buf_printf(b, "\"%lld\"", (long long)k.u.i); return 0;
+    case JV_BOOL: buf_puts(b, k.u.b ? "\"true\"" : "\"false\""); return 0;
+    case JV_NONE: buf_puts(b, "\"null\""); return 0;
     case JV_FLOAT:
-        jbuf_putc(b, '"');
+        buf_push(b, '"');
         dump_float(b, k.u.f);
-        jbuf_putc(b, '"');
+        buf_push(b, '"');
         return 0;
     default: return jctx_fail(ctx, "keys must be str, int, float, bool or None, not %s", jv_type_name(k));
     }
@@ -101,36 +101,36 @@ static int cmp_keys(const void *a, const void *b) {
     return c == 2 || c == 3 ? 0 : c;
 }
 
-int jv_dump_json(struct jctx *ctx, struct jbuf *b, const struct jv v, const struct jdump_opts *o, int depth) {
+int jv_dump_json(struct jctx *ctx, struct buf *b, const struct jv v, const struct jdump_opts *o, int depth) {
     if (depth > 200) return jctx_fail(ctx, "maximum recursion depth exceeded while encoding a JSON object");
     if (ctx && jctx_check_len(ctx, b->len)) return -1;
     switch (v.type) {
-    case JV_NONE: jbuf_puts(b, "null"); return 0;
-    case JV_BOOL: jbuf_puts(b, v.u.b ? "true" : "false"); return 0;
-    case JV_INT: jbuf_printf(b, "%lld", (long long)v.u.i); return 0;
+    case JV_NONE: buf_puts(b, "null"); return 0;
+    case JV_BOOL: buf_puts(b, v.u.b ? "true" : "false"); return 0;
+    case JV_INT: buf_printf(b, "%lld", (long long)v.u.i); return 0;
     case JV_FLOAT: dump_float(b, v.u.f); return 0;
     case JV_STR: dump_string(b, v.u.s->data, v.u.s->len, o->ensure_ascii); return 0;
     case JV_LIST:
     case JV_TUPLE: {
         const struct jlist *l = v.u.l;
         if (l->n == 0) {
-            jbuf_puts(b, "[]");
+            buf_puts(b, "[]");
             return 0;
         }
-        jbuf_putc(b, '[');
+        buf_push(b, '[');
         for (size_t i = 0; i < l->n; i++) {
-            if (i) jbuf_puts(b, o->item_sep);
+            if (i) buf_puts(b, o->item_sep);
             if (o->indent) dump_newline(b, o, depth + 1);
             if (jv_dump_json(ctx, b, l->items[i], o, depth + 1)) return -1;
         }
         if (o->indent) dump_newline(b, o, depth);
-        jbuf_putc(b, ']');
+        buf_push(b, ']');
         return 0;
     }
     case JV_DICT: {
         const struct jdict *d = v.u.d;
         if (d->n == 0) {
-            jbuf_puts(b, "{}");
+            buf_puts(b, "{}");
             return 0;
         }
         const struct jv **keys = malloc(d->n * sizeof *keys);
@@ -145,12 +145,12 @@ int jv_dump_json(struct jctx *ctx, struct jbuf *b, const struct jv v, const stru
                 }
             qsort(keys, d->n, sizeof *keys, cmp_keys);
         }
-        jbuf_putc(b, '{');
+        buf_push(b, '{');
         for (size_t i = 0; i < d->n; i++) {
-            if (i) jbuf_puts(b, o->item_sep);
+            if (i) buf_puts(b, o->item_sep);
             if (o->indent) dump_newline(b, o, depth + 1);
             const struct jv *val = &d->vals[keys[i] - d->keys];
-            if (dump_key(ctx, b, *keys[i], o) || (jbuf_puts(b, o->key_sep), 0) ||
+            if (dump_key(ctx, b, *keys[i], o) || (buf_puts(b, o->key_sep), 0) ||
                 jv_dump_json(ctx, b, *val, o, depth + 1)) {
                 free(keys);
                 return -1;
@@ -158,7 +158,7 @@ int jv_dump_json(struct jctx *ctx, struct jbuf *b, const struct jv v, const stru
         }
         free(keys);
         if (o->indent) dump_newline(b, o, depth);
-        jbuf_putc(b, '}');
+        buf_push(b, '}');
         return 0;
     }
     default:

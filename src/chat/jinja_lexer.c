@@ -72,8 +72,8 @@ static void emit_data(struct lexer *lx, size_t start, size_t end) {
 }
 
 static int is_ws_at(const char *s, size_t n, size_t i, size_t *len) {
-    int32_t cp;
-    *len = utf8_decode(s + i, n - i, &cp);
+    uint32_t cp;
+    *len = utf8_decode_lossy(s + i, n - i, &cp);
     return py_isspace(cp);
 }
 
@@ -121,26 +121,26 @@ static int hexval(char c) {
 
 /* Python's unicode-escape decoding of a string literal's body. */
 static int decode_string(struct lexer *lx, size_t pos, const char *s, size_t n, struct jtoken *tok) {
-    struct jbuf b = {0};
+    struct buf b = {0};
     for (size_t i = 0; i < n; i++) {
         if (s[i] != '\\' || i + 1 >= n) {
-            jbuf_putc(&b, s[i]);
+            buf_push(&b, s[i]);
             continue;
         }
         char c = s[++i];
         int digits = 0;
         switch (c) {
         case '\n': break;
-        case '\\': jbuf_putc(&b, '\\'); break;
-        case '\'': jbuf_putc(&b, '\''); break;
-        case '"': jbuf_putc(&b, '"'); break;
-        case 'a': jbuf_putc(&b, '\a'); break;
-        case 'b': jbuf_putc(&b, '\b'); break;
-        case 'f': jbuf_putc(&b, '\f'); break;
-        case 'n': jbuf_putc(&b, '\n'); break;
-        case 'r': jbuf_putc(&b, '\r'); break;
-        case 't': jbuf_putc(&b, '\t'); break;
-        case 'v': jbuf_putc(&b, '\v'); break;
+        case '\\': buf_push(&b, '\\'); break;
+        case '\'': buf_push(&b, '\''); break;
+        case '"': buf_push(&b, '"'); break;
+        case 'a': buf_push(&b, '\a'); break;
+        case 'b': buf_push(&b, '\b'); break;
+        case 'f': buf_push(&b, '\f'); break;
+        case 'n': buf_push(&b, '\n'); break;
+        case 'r': buf_push(&b, '\r'); break;
+        case 't': buf_push(&b, '\t'); break;
+        case 'v': buf_push(&b, '\v'); break;
         case 'x': digits = 2; break;
         case 'u': digits = 4; break;
         case 'U': digits = 8; break;
@@ -149,10 +149,10 @@ static int decode_string(struct lexer *lx, size_t pos, const char *s, size_t n, 
                 int v = 0, k = 0;
                 while (k < 3 && i < n && s[i] >= '0' && s[i] <= '7') v = v * 8 + (s[i++] - '0'), k++;
                 i--;
-                utf8_put(&b, v);
+                buf_push_cp(&b, v);
             } else {
-                jbuf_putc(&b, '\\');
-                jbuf_putc(&b, c);
+                buf_push(&b, '\\');
+                buf_push(&b, c);
             }
         }
         if (digits) {
@@ -160,20 +160,20 @@ static int decode_string(struct lexer *lx, size_t pos, const char *s, size_t n, 
             for (int k = 0; k < digits; k++) {
                 int h = i + 1 < n ? hexval(s[i + 1]) : -1;
                 if (h < 0) {
-                    jbuf_free(&b);
+                    buf_free(&b);
                     return lex_fail(lx, pos, "truncated \\", digits == 2 ? "xXX escape" : "uXXXX escape");
                 }
                 v = v * 16 + h;
                 i++;
             }
             if (v > 0x10ffff || v < 0) {
-                jbuf_free(&b);
+                buf_free(&b);
                 return lex_fail(lx, pos, "illegal Unicode character in string", NULL);
             }
-            utf8_put(&b, v);
+            buf_push_cp(&b, v);
         }
     }
-    tok->text = b.p ? b.p : xstrdup("");
+    tok->text = b.data ? b.data : xstrdup("");
     tok->len = b.len;
     return 0;
 }

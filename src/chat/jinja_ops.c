@@ -35,8 +35,8 @@ int jinja_iterate(struct jctx *ctx, const struct jv *v, struct jv *out) {
         size_t n = v->u.s->len;
         struct jv l = jv_list_new(0);
         for (size_t i = 0; i < n;) {
-            int32_t cp;
-            size_t k = utf8_decode(s + i, n - i, &cp);
+            uint32_t cp;
+            size_t k = utf8_decode_lossy(s + i, n - i, &cp);
             jv_list_push(l, jv_str(s + i, k));
             i += k;
         }
@@ -96,9 +96,9 @@ static int repeat(struct jctx *ctx, const struct jv *seq, int64_t times, struct 
         size_t len = seq->u.s->len;
         if (len && (uint64_t)times > ctx->lim.max_output / len) return jctx_check_len(ctx, ctx->lim.max_output + 1);
         if (jctx_step(ctx, len * (size_t)times)) return -1;
-        struct jbuf b = {0};
-        for (int64_t i = 0; i < times; i++) jbuf_put(&b, seq->u.s->data, len);
-        *out = jbuf_take_str(&b);
+        struct buf b = {0};
+        for (int64_t i = 0; i < times; i++) buf_append(&b, seq->u.s->data, len);
+        *out = jv_take_buf(&b);
         return 0;
     }
     size_t n = seq->u.l->n;
@@ -121,14 +121,14 @@ static double py_fmod(double a, double b) {
 
 int jinja_binop(struct jctx *ctx, enum jop op, const struct jv *a, const struct jv *b, struct jv *out) {
     if (op == JOP_TILDE) {
-        struct jbuf buf = {0};
+        struct buf buf = {0};
         jv_write_str(&buf, *a);
         jv_write_str(&buf, *b);
         if (jctx_check_len(ctx, buf.len) || jctx_step(ctx, buf.len)) {
-            jbuf_free(&buf);
+            buf_free(&buf);
             return -1;
         }
-        *out = jbuf_take_str(&buf);
+        *out = jv_take_buf(&buf);
         return 0;
     }
     if (a->type == JV_UNDEFINED || b->type == JV_UNDEFINED) return arith_undefined(ctx, a, b);
@@ -150,10 +150,10 @@ int jinja_binop(struct jctx *ctx, enum jop op, const struct jv *a, const struct 
         if (a->type == JV_STR && b->type == JV_STR) {
             size_t len = a->u.s->len + b->u.s->len;
             if (jctx_check_len(ctx, len) || jctx_step(ctx, len)) return -1;
-            struct jbuf buf = {0};
-            jbuf_put(&buf, a->u.s->data, a->u.s->len);
-            jbuf_put(&buf, b->u.s->data, b->u.s->len);
-            *out = jbuf_take_str(&buf);
+            struct buf buf = {0};
+            buf_append(&buf, a->u.s->data, a->u.s->len);
+            buf_append(&buf, b->u.s->data, b->u.s->len);
+            *out = jv_take_buf(&buf);
             return 0;
         }
         if (jv_is_list(*a) && a->type == b->type) {
@@ -477,12 +477,12 @@ int jinja_getitem(struct jctx *ctx, const struct jv *obj, const struct jv *key, 
         break;
     case JV_STR:
         if (key->type == JV_INT || key->type == JV_BOOL) {
-            int64_t i = as_int(key), n = (int64_t)utf8_len(obj->u.s->data, obj->u.s->len);
+            int64_t i = as_int(key), n = (int64_t)utf8_count(obj->u.s->data, obj->u.s->len);
             if (i < 0) i += n;
             if (i >= 0 && i < n) {
                 size_t off = utf8_offset(obj->u.s->data, obj->u.s->len, (size_t)i);
-                int32_t cp;
-                size_t k = utf8_decode(obj->u.s->data + off, obj->u.s->len - off, &cp);
+                uint32_t cp;
+                size_t k = utf8_decode_lossy(obj->u.s->data + off, obj->u.s->len - off, &cp);
                 *out = jv_str(obj->u.s->data + off, k);
             } else {
                 snprintf(msg, sizeof msg, "str object has no element %lld", (long long)as_int(key));
@@ -503,10 +503,10 @@ int jinja_getitem(struct jctx *ctx, const struct jv *obj, const struct jv *key, 
     }
     if (key->type == JV_STR) return jinja_getattr(ctx, obj, key->u.s->data, key->u.s->len, out);
     if (obj->type == JV_DICT) {
-        struct jbuf b = {0};
+        struct buf b = {0};
         jv_write_repr(&b, *key);
-        snprintf(msg, sizeof msg, "'dict object' has no attribute %.100s", b.p ? b.p : "");
-        jbuf_free(&b);
+        snprintf(msg, sizeof msg, "'dict object' has no attribute %.100s", b.data ? b.data : "");
+        buf_free(&b);
         *out = jv_undef_named(msg);
         return 0;
     }

@@ -114,12 +114,14 @@ static void names_push(struct jnode *n, const char *name) {
     n->kwnames[n->nkwnames++] = xstrdup(name);
 }
 
+static void jnode_free(struct jnode *n);
+
 static void nodes_free(struct jnodes *v) {
     for (size_t i = 0; i < v->n; i++) jnode_free(v->v[i]);
     free(v->v);
 }
 
-void jnode_free(struct jnode *n) {
+static void jnode_free(struct jnode *n) {
     if (!n) return;
     free(n->name);
     jv_free_immortal(n->value);
@@ -201,12 +203,12 @@ static struct jnode *parse_primary(struct parser *p) {
         }
         advance(p);
     } else if (t->type == JTOK_STRING) {
-        struct jbuf b = {0};
+        struct buf b = {0};
         while (cur(p)->type == JTOK_STRING) {
-            jbuf_put(&b, cur(p)->text, cur(p)->len);
+            buf_append(&b, cur(p)->text, cur(p)->len);
             advance(p);
         }
-        n = const_node(t, jbuf_take_str(&b));
+        n = const_node(t, jv_take_buf(&b));
     } else if (t->type == JTOK_INT) {
         n = const_node(t, jv_int(t->i));
         advance(p);
@@ -356,20 +358,20 @@ static struct jnode *parse_postfix(struct parser *p, struct jnode *node) {
 /* name(.name)* after '|' or 'is'. */
 static int parse_dotted_name(struct parser *p, struct jnode *n) {
     if (cur(p)->type != JTOK_NAME) return fail_expected(p, "name");
-    struct jbuf b = {0};
-    jbuf_puts(&b, cur(p)->text);
+    struct buf b = {0};
+    buf_puts(&b, cur(p)->text);
     advance(p);
     while (is_op(cur(p), JOP_DOT)) {
         advance(p);
         if (cur(p)->type != JTOK_NAME) {
-            jbuf_free(&b);
+            buf_free(&b);
             return fail_expected(p, "name");
         }
-        jbuf_putc(&b, '.');
-        jbuf_puts(&b, cur(p)->text);
+        buf_push(&b, '.');
+        buf_puts(&b, cur(p)->text);
         advance(p);
     }
-    n->name = b.p;
+    n->name = b.data;
     n->name_len = b.len;
     return 0;
 }

@@ -13,13 +13,13 @@
 #define SELF_S (self->u.s->data)
 #define SELF_N (self->u.s->len)
 
-static int in_set(int32_t cp, const struct jv *chars) {
+static int in_set(uint32_t cp, const struct jv *chars) {
     if (!chars) return py_isspace(cp);
     const char *s = chars->u.s->data;
     size_t n = chars->u.s->len;
     for (size_t i = 0; i < n;) {
-        int32_t c;
-        i += utf8_decode(s + i, n - i, &c);
+        uint32_t c;
+        i += utf8_decode_lossy(s + i, n - i, &c);
         if (c == cp) return 1;
     }
     return 0;
@@ -30,8 +30,8 @@ struct jv jstr_strip(const struct jv s, const struct jv *chars, int left, int ri
     size_t n = s.u.s->len, a = 0, b = n;
     if (left)
         while (a < b) {
-            int32_t cp;
-            size_t k = utf8_decode(p + a, b - a, &cp);
+            uint32_t cp;
+            size_t k = utf8_decode_lossy(p + a, b - a, &cp);
             if (!in_set(cp, chars)) break;
             a += k;
         }
@@ -39,8 +39,8 @@ struct jv jstr_strip(const struct jv s, const struct jv *chars, int left, int ri
         while (b > a) {
             size_t st = b - 1;
             while (st > a && ((unsigned char)p[st] & 0xc0) == 0x80) st--;
-            int32_t cp;
-            utf8_decode(p + st, b - st, &cp);
+            uint32_t cp;
+            utf8_decode_lossy(p + st, b - st, &cp);
             if (!in_set(cp, chars)) break;
             b = st;
         }
@@ -57,11 +57,12 @@ static int is_cased(int32_t cp) {
 static struct jv map_case(const struct jv s, int mode) {
     const char *p = s.u.s->data;
     size_t n = s.u.s->len;
-    struct jbuf b = {0};
+    struct buf b = {0};
     int prev_cased = 0, first = 1;
     for (size_t i = 0; i < n;) {
-        int32_t cp, out;
-        size_t k = utf8_decode(p + i, n - i, &cp);
+        uint32_t cp;
+        int32_t out;
+        size_t k = utf8_decode_lossy(p + i, n - i, &cp);
         switch (mode) {
         case 0: out = utf8proc_tolower(cp); break;
         case 1: out = utf8proc_toupper(cp); break;
@@ -69,66 +70,65 @@ static struct jv map_case(const struct jv s, int mode) {
         case 3: out = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp); break;
         default: {
             utf8proc_category_t c = utf8proc_category(cp);
-            out = c == UTF8PROC_CATEGORY_LU ? utf8proc_tolower(cp) : c == UTF8PROC_CATEGORY_LL ? utf8proc_toupper(cp) : cp;
+            out = c == UTF8PROC_CATEGORY_LU ? utf8proc_tolower(cp) : c == UTF8PROC_CATEGORY_LL ? utf8proc_toupper(cp) : (int32_t)cp;
         }
         }
         prev_cased = is_cased(cp);
         first = 0;
-        if (out == cp)
-            jbuf_put(&b, p + i, k);
+        if (out == (int32_t)cp)
+            buf_append(&b, p + i, k);
         else
-            utf8_put(&b, out);
+            buf_push_cp(&b, (uint32_t)out);
         i += k;
     }
-    return jbuf_take_str(&b);
+    return jv_take_buf(&b);
 }
 
 struct jv jstr_upper_lower(const struct jv s, int upper) { return map_case(s, upper ? 1 : 0); }
-struct jv jstr_title_py(const struct jv s) { return map_case(s, 2); }
 struct jv jstr_capitalize(const struct jv s) { return map_case(s, 3); }
 
 struct jv jstr_replace(struct jctx *ctx, const struct jv s, const struct jv old, const struct jv rep, int64_t count) {
     const char *p = s.u.s->data, *o = old.u.s->data, *r = rep.u.s->data;
     size_t n = s.u.s->len, on = old.u.s->len, rn = rep.u.s->len;
-    struct jbuf b = {0};
+    struct buf b = {0};
     int64_t done = 0;
     if (on == 0) {
         for (size_t i = 0; i <= n;) {
             if (count < 0 || done < count) {
-                jbuf_put(&b, r, rn);
+                buf_append(&b, r, rn);
                 done++;
             } else {
-                jbuf_put(&b, p + i, n - i);
+                buf_append(&b, p + i, n - i);
                 break;
             }
             if (i == n) break;
-            int32_t cp;
-            size_t k = utf8_decode(p + i, n - i, &cp);
-            jbuf_put(&b, p + i, k);
+            uint32_t cp;
+            size_t k = utf8_decode_lossy(p + i, n - i, &cp);
+            buf_append(&b, p + i, k);
             i += k;
             if (ctx && jctx_check_len(ctx, b.len)) {
-                jbuf_free(&b);
+                buf_free(&b);
                 return jv_undef();
             }
         }
-        return jbuf_take_str(&b);
+        return jv_take_buf(&b);
     }
     size_t i = 0;
     while (i < n) {
         const char *hit = (count < 0 || done < count) ? memmem(p + i, n - i, o, on) : NULL;
         if (!hit) break;
         size_t at = (size_t)(hit - p);
-        jbuf_put(&b, p + i, at - i);
-        jbuf_put(&b, r, rn);
+        buf_append(&b, p + i, at - i);
+        buf_append(&b, r, rn);
         i = at + on;
         done++;
         if (ctx && jctx_check_len(ctx, b.len)) {
-            jbuf_free(&b);
+            buf_free(&b);
             return jv_undef();
         }
     }
-    jbuf_put(&b, p + i, n - i);
-    return jbuf_take_str(&b);
+    buf_append(&b, p + i, n - i);
+    return jv_take_buf(&b);
 }
 
 /* ------------------------------------------------------------- methods */
@@ -225,9 +225,9 @@ static int m_split_common(struct jctx *ctx, const struct jv *self, struct jargs 
         if (!from_right) {
             size_t i = 0;
             for (;;) {
-                int32_t cp;
+                uint32_t cp;
                 size_t k;
-                while (i < n && (k = utf8_decode(p + i, n - i, &cp), py_isspace(cp))) i += k;
+                while (i < n && (k = utf8_decode_lossy(p + i, n - i, &cp), py_isspace(cp))) i += k;
                 if (i >= n) break;
                 if (maxsplit >= 0 && done >= maxsplit) {
                     size_t e = n;
@@ -238,7 +238,7 @@ static int m_split_common(struct jctx *ctx, const struct jv *self, struct jargs 
                     break;
                 }
                 size_t st = i;
-                while (i < n && (k = utf8_decode(p + i, n - i, &cp), !py_isspace(cp))) i += k;
+                while (i < n && (k = utf8_decode_lossy(p + i, n - i, &cp), !py_isspace(cp))) i += k;
                 jv_list_push(parts, jv_str(p + st, i - st));
                 done++;
             }
@@ -258,8 +258,8 @@ static int m_split_common(struct jctx *ctx, const struct jv *self, struct jargs 
                 while (st > 0) {
                     size_t b = st - 1;
                     while (b > 0 && ((unsigned char)q[b] & 0xc0) == 0x80) b--;
-                    int32_t cp;
-                    utf8_decode(q + b, st - b, &cp);
+                    uint32_t cp;
+                    utf8_decode_lossy(q + b, st - b, &cp);
                     if (py_isspace(cp)) break;
                     st = b;
                 }
@@ -269,8 +269,8 @@ static int m_split_common(struct jctx *ctx, const struct jv *self, struct jargs 
                 while (end > 0) {
                     size_t b = end - 1;
                     while (b > 0 && ((unsigned char)q[b] & 0xc0) == 0x80) b--;
-                    int32_t cp;
-                    utf8_decode(q + b, end - b, &cp);
+                    uint32_t cp;
+                    utf8_decode_lossy(q + b, end - b, &cp);
                     if (!py_isspace(cp)) break;
                     end = b;
                 }
@@ -294,8 +294,8 @@ static int m_splitlines(struct jctx *ctx, const struct jv *self, struct jargs *a
     size_t n = SELF_N, st = 0;
     struct jv l = jv_list_new(0);
     for (size_t i = 0; i < n;) {
-        int32_t cp;
-        size_t k = utf8_decode(p + i, n - i, &cp);
+        uint32_t cp;
+        size_t k = utf8_decode_lossy(p + i, n - i, &cp);
         int brk = cp == '\n' || cp == '\r' || cp == 0x0b || cp == 0x0c || cp == 0x1c || cp == 0x1d || cp == 0x1e ||
                   cp == 0x85 || cp == 0x2028 || cp == 0x2029;
         if (!brk) {
@@ -366,11 +366,11 @@ static int m_find_common(struct jctx *ctx, const struct jv *self, struct jargs *
     if (k <= n) {
         if (!right) {
             const char *hit = memmem(p, n, q, k);
-            if (hit) found = (int64_t)utf8_len(p, (size_t)(hit - p));
+            if (hit) found = (int64_t)utf8_count(p, (size_t)(hit - p));
         } else {
             for (size_t i = n - k + 1; i-- > 0;)
                 if (!memcmp(p + i, q, k)) {
-                    found = (int64_t)utf8_len(p, i);
+                    found = (int64_t)utf8_count(p, i);
                     break;
                 }
         }
@@ -389,7 +389,7 @@ static int m_count(struct jctx *ctx, const struct jv *self, struct jargs *a, str
     if (want_str(ctx, sub, "count") || jargs_check(ctx, a, 1, "count")) return -1;
     size_t k = sub->u.s->len;
     if (k == 0) {
-        *out = jv_int((int64_t)utf8_len(SELF_S, SELF_N) + 1);
+        *out = jv_int((int64_t)utf8_count(SELF_S, SELF_N) + 1);
         return 0;
     }
     int64_t c = 0;
@@ -408,25 +408,25 @@ static int m_join(struct jctx *ctx, const struct jv *self, struct jargs *a, stru
     if (!it || jargs_check(ctx, a, 1, "join")) return it ? -1 : jctx_fail(ctx, "join() takes exactly one argument");
     struct jv items;
     if (jinja_iterate(ctx, it, &items)) return -1;
-    struct jbuf b = {0};
+    struct buf b = {0};
     for (size_t i = 0; i < items.u.l->n; i++) {
         const struct jv *x = &items.u.l->items[i];
         if (x->type != JV_STR) {
             jctx_fail(ctx, "sequence item %zu: expected str instance, %s found", i, jv_type_name(*x));
-            jbuf_free(&b);
+            buf_free(&b);
             jv_release(items);
             return -1;
         }
-        if (i) jbuf_put(&b, SELF_S, SELF_N);
-        jbuf_put(&b, x->u.s->data, x->u.s->len);
+        if (i) buf_append(&b, SELF_S, SELF_N);
+        buf_append(&b, x->u.s->data, x->u.s->len);
         if (jctx_check_len(ctx, b.len)) {
-            jbuf_free(&b);
+            buf_free(&b);
             jv_release(items);
             return -1;
         }
     }
     jv_release(items);
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return jctx_step(ctx, out->u.s->len);
 }
 
@@ -435,30 +435,30 @@ static int m_join(struct jctx *ctx, const struct jv *self, struct jargs *a, stru
 static int m_format(struct jctx *ctx, const struct jv *self, struct jargs *a, struct jv *out) {
     const char *p = SELF_S;
     size_t n = SELF_N, auto_idx = 0;
-    struct jbuf b = {0};
+    struct buf b = {0};
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
         if (c == '}') {
             if (i + 1 < n && p[i + 1] == '}') {
-                jbuf_putc(&b, '}');
+                buf_push(&b, '}');
                 i++;
                 continue;
             }
-            jbuf_free(&b);
+            buf_free(&b);
             return jctx_fail(ctx, "Single '}' encountered in format string");
         }
         if (c != '{') {
-            jbuf_putc(&b, c);
+            buf_push(&b, c);
             continue;
         }
         if (i + 1 < n && p[i + 1] == '{') {
-            jbuf_putc(&b, '{');
+            buf_push(&b, '{');
             i++;
             continue;
         }
         const char *close = memchr(p + i, '}', n - i);
         if (!close) {
-            jbuf_free(&b);
+            buf_free(&b);
             return jctx_fail(ctx, "Single '{' encountered in format string");
         }
         size_t fl = (size_t)(close - (p + i + 1));
@@ -482,7 +482,7 @@ static int m_format(struct jctx *ctx, const struct jv *self, struct jargs *a, st
                 if (!strcmp(a->kwnames[k], field)) v = &a->kw[k];
         }
         if (!v) {
-            jbuf_free(&b);
+            buf_free(&b);
             return jctx_fail(ctx, "format: missing argument for field '%s'", field);
         }
         if (repr)
@@ -490,12 +490,12 @@ static int m_format(struct jctx *ctx, const struct jv *self, struct jargs *a, st
         else
             jv_write_str(&b, *v);
         if (jctx_check_len(ctx, b.len)) {
-            jbuf_free(&b);
+            buf_free(&b);
             return -1;
         }
         i = (size_t)(close - p);
     }
-    *out = jbuf_take_str(&b);
+    *out = jv_take_buf(&b);
     return 0;
 }
 
@@ -506,8 +506,8 @@ static int m_is(struct jctx *ctx, const struct jv *self, struct jargs *a, struct
     size_t n = SELF_N;
     int ok = n > 0, any_cased = 0;
     for (size_t i = 0; i < n && ok;) {
-        int32_t cp;
-        i += utf8_decode(p + i, n - i, &cp);
+        uint32_t cp;
+        i += utf8_decode_lossy(p + i, n - i, &cp);
         utf8proc_category_t c = utf8proc_category(cp);
         int alpha = c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO;
         int digit = c == UTF8PROC_CATEGORY_ND;

@@ -22,6 +22,8 @@ static int int_arg_check(struct jctx *ctx, const struct jv *v) {
     return 0;
 }
 
+static int jinja_test_exists(const char *name);
+
 int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, struct jargs *a, int *r) {
     const struct jv *arg = NULL;
     enum jv_type t = v->type;
@@ -134,7 +136,7 @@ int jinja_test_apply(struct jctx *ctx, const char *name, const struct jv *v, str
     return jctx_fail(ctx, "No test named '%s'.", name);
 }
 
-int jinja_test_exists(const char *name) {
+static int jinja_test_exists(const char *name) {
     static const char *const names[] = {"defined", "undefined", "none", "boolean", "false", "true", "integer", "float",
                                         "number", "string", "mapping", "iterable", "sequence", "callable", "lower",
                                         "upper", "odd", "even", "escaped", "divisibleby", "eq", "equalto", "==", "ne",

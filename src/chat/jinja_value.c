@@ -11,125 +11,13 @@
 #include "base/error.h"
 #include "base/mem.h"
 
-/* ---------------------------------------------------------------- buffer */
-
-static void jbuf_reserve(struct jbuf *b, size_t extra) {
-    KILN_ASSERT(b->len + extra >= b->len);
-    if (b->len + extra + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + extra + 1) cap *= 2;
-    b->p = xrealloc(b->p, cap);
-    b->cap = cap;
-}
-
-void jbuf_put(struct jbuf *b, const char *s, size_t n) {
-    jbuf_reserve(b, n);
-    if (n) memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-void jbuf_puts(struct jbuf *b, const char *s) { jbuf_put(b, s, strlen(s)); }
-
-void jbuf_putc(struct jbuf *b, char c) { jbuf_put(b, &c, 1); }
-
-void jbuf_printf(struct jbuf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        jbuf_put(b, tmp, (size_t)n);
-        return;
-    }
-    jbuf_reserve(b, (size_t)n);
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-void jbuf_free(struct jbuf *b) {
-    free(b->p);
-    b->p = NULL;
-    b->len = b->cap = 0;
-}
-
-struct jv jbuf_take_str(struct jbuf *b) {
-    struct jv v = jv_str(b->p ? b->p : "", b->len);
-    jbuf_free(b);
+struct jv jv_take_buf(struct buf *b) {
+    struct jv v = jv_str(b->data ? b->data : "", b->len);
+    buf_free(b);
     return v;
 }
 
 /* ------------------------------------------------------------------ utf8 */
-
-size_t utf8_decode(const char *s, size_t n, int32_t *cp) {
-    const unsigned char *u = (const unsigned char *)s;
-    if (u[0] < 0x80) {
-        *cp = u[0];
-        return 1;
-    }
-    size_t len = u[0] >= 0xf0 ? 4 : u[0] >= 0xe0 ? 3 : u[0] >= 0xc0 ? 2 : 1;
-    if (len == 1 || len > n) {
-        *cp = u[0];
-        return 1;
-    }
-    int32_t c = u[0] & (0x7f >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((u[i] & 0xc0) != 0x80) {
-            *cp = u[0];
-            return 1;
-        }
-        c = (c << 6) | (u[i] & 0x3f);
-    }
-    *cp = c;
-    return len;
-}
-
-size_t utf8_len(const char *s, size_t n) {
-    size_t count = 0;
-    for (size_t i = 0; i < n;) {
-        int32_t cp;
-        i += utf8_decode(s + i, n - i, &cp);
-        count++;
-    }
-    return count;
-}
-
-size_t utf8_offset(const char *s, size_t n, size_t index) {
-    size_t i = 0;
-    while (index > 0 && i < n) {
-        int32_t cp;
-        i += utf8_decode(s + i, n - i, &cp);
-        index--;
-    }
-    return i;
-}
-
-void utf8_put(struct jbuf *b, int32_t cp) {
-    char t[4];
-    if (cp < 0x80) {
-        t[0] = (char)cp;
-        jbuf_put(b, t, 1);
-    } else if (cp < 0x800) {
-        t[0] = (char)(0xc0 | (cp >> 6));
-        t[1] = (char)(0x80 | (cp & 0x3f));
-        jbuf_put(b, t, 2);
-    } else if (cp < 0x10000) {
-        t[0] = (char)(0xe0 | (cp >> 12));
-        t[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        t[2] = (char)(0x80 | (cp & 0x3f));
-        jbuf_put(b, t, 3);
-    } else {
-        t[0] = (char)(0xf0 | (cp >> 18));
-        t[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        t[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        t[3] = (char)(0x80 | (cp & 0x3f));
-        jbuf_put(b, t, 4);
-    }
-}
 
 /* Python's str.isspace(): the Unicode White_Space set plus the ASCII
  * separators \x1c-\x1f that Python also counts. */
@@ -158,12 +46,6 @@ struct jv jv_str(const char *p, size_t len) {
 }
 
 struct jv jv_cstr(const char *s) { return jv_str(s, strlen(s)); }
-
-struct jv jv_str_take_buf(char *p, size_t len) {
-    struct jv v = jv_str(p ? p : "", len);
-    free(p);
-    return v;
-}
 
 struct jv jv_undef_named(const char *name) {
     struct jv v = jv_cstr(name);
@@ -293,7 +175,7 @@ static uint64_t hash_int(uint64_t x) {
     return x;
 }
 
-uint64_t jv_hash(const struct jv v) {
+static uint64_t jv_hash(const struct jv v) {
     switch (v.type) {
     case JV_BOOL: return hash_int((uint64_t)v.u.b);
     case JV_INT: return hash_int((uint64_t)v.u.i);
@@ -582,97 +464,97 @@ static int py_isprintable(int32_t cp) {
     return 1;
 }
 
-static void write_str_repr(struct jbuf *b, const char *s, size_t n) {
+static void write_str_repr(struct buf *b, const char *s, size_t n) {
     int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
-    jbuf_putc(b, q);
+    buf_push(b, q);
     for (size_t i = 0; i < n;) {
-        int32_t cp;
-        size_t k = utf8_decode(s + i, n - i, &cp);
-        if (cp == q || cp == '\\') {
-            jbuf_putc(b, '\\');
-            jbuf_putc(b, (char)cp);
+        uint32_t cp;
+        size_t k = utf8_decode_lossy(s + i, n - i, &cp);
+        if (cp == (uint32_t)q || cp == '\\') {
+            buf_push(b, '\\');
+            buf_push(b, (char)cp);
         } else if (cp == '\n') {
-            jbuf_puts(b, "\\n");
+            buf_puts(b, "\\n");
         } else if (cp == '\r') {
-            jbuf_puts(b, "\\r");
+            buf_puts(b, "\\r");
         } else if (cp == '\t') {
-            jbuf_puts(b, "\\t");
+            buf_puts(b, "\\t");
         } else if (!py_isprintable(cp)) {
             if (cp < 0x100)
-                jbuf_printf(b, "\\x%02x", (unsigned)cp);
+                buf_printf(b, "\\x%02x", (unsigned)cp);
             else if (cp < 0x10000)
-                jbuf_printf(b, "\\u%04x", (unsigned)cp);
+                buf_printf(b, "\\u%04x", (unsigned)cp);
             else
-                jbuf_printf(b, "\\U%08x", (unsigned)cp);
+                buf_printf(b, "\\U%08x", (unsigned)cp);
         } else {
-            jbuf_put(b, s + i, k);
+            buf_append(b, s + i, k);
         }
         i += k;
     }
-    jbuf_putc(b, q);
+    buf_push(b, q);
 }
 
-static void write_value(struct jbuf *b, const struct jv v, int repr, int depth) {
+static void write_value(struct buf *b, const struct jv v, int repr, int depth) {
     char num[40];
     if (depth > 100) {
-        jbuf_puts(b, "...");
+        buf_puts(b, "...");
         return;
     }
     switch (v.type) {
     case JV_UNDEFINED:
-        if (repr) jbuf_puts(b, "Undefined");
+        if (repr) buf_puts(b, "Undefined");
         break;
-    case JV_NONE: jbuf_puts(b, "None"); break;
-    case JV_BOOL: jbuf_puts(b, v.u.b ? "True" : "False"); break;
-    case JV_INT: jbuf_printf(b, "%lld", (long long)v.u.i); break;
+    case JV_NONE: buf_puts(b, "None"); break;
+    case JV_BOOL: buf_puts(b, v.u.b ? "True" : "False"); break;
+    case JV_INT: buf_printf(b, "%lld", (long long)v.u.i); break;
     case JV_FLOAT:
         py_float_repr(v.u.f, num);
-        jbuf_puts(b, num);
+        buf_puts(b, num);
         break;
     case JV_STR:
         if (repr)
             write_str_repr(b, v.u.s->data, v.u.s->len);
         else
-            jbuf_put(b, v.u.s->data, v.u.s->len);
+            buf_append(b, v.u.s->data, v.u.s->len);
         break;
     case JV_LIST:
     case JV_TUPLE:
-        jbuf_putc(b, v.type == JV_LIST ? '[' : '(');
+        buf_push(b, v.type == JV_LIST ? '[' : '(');
         for (size_t i = 0; i < v.u.l->n; i++) {
-            if (i) jbuf_puts(b, ", ");
+            if (i) buf_puts(b, ", ");
             write_value(b, v.u.l->items[i], 1, depth + 1);
         }
-        if (v.type == JV_TUPLE && v.u.l->n == 1) jbuf_putc(b, ',');
-        jbuf_putc(b, v.type == JV_LIST ? ']' : ')');
+        if (v.type == JV_TUPLE && v.u.l->n == 1) buf_push(b, ',');
+        buf_push(b, v.type == JV_LIST ? ']' : ')');
         break;
     case JV_DICT:
     case JV_NAMESPACE:
-        jbuf_puts(b, v.type == JV_DICT ? "{" : "<Namespace {");
+        buf_puts(b, v.type == JV_DICT ? "{" : "<Namespace {");
         for (size_t i = 0; i < v.u.d->n; i++) {
-            if (i) jbuf_puts(b, ", ");
+            if (i) buf_puts(b, ", ");
             write_value(b, v.u.d->keys[i], 1, depth + 1);
-            jbuf_puts(b, ": ");
+            buf_puts(b, ": ");
             write_value(b, v.u.d->vals[i], 1, depth + 1);
         }
-        jbuf_puts(b, v.type == JV_DICT ? "}" : "}>");
+        buf_puts(b, v.type == JV_DICT ? "}" : "}>");
         break;
     case JV_FUNC:
         if (v.u.fn->kind == JFUNC_BUILTIN)
-            jbuf_printf(b, "<built-in method %s>", v.u.fn->name);
+            buf_printf(b, "<built-in method %s>", v.u.fn->name);
         else
-            jbuf_printf(b, "<Macro '%s'>", v.u.fn->name ? v.u.fn->name : "caller");
+            buf_printf(b, "<Macro '%s'>", v.u.fn->name ? v.u.fn->name : "caller");
         break;
-    case JV_LOOP: jbuf_puts(b, "<LoopContext>"); break;
+    case JV_LOOP: buf_puts(b, "<LoopContext>"); break;
     }
 }
 
-void jv_write_str(struct jbuf *b, const struct jv v) { write_value(b, v, 0, 0); }
-void jv_write_repr(struct jbuf *b, const struct jv v) { write_value(b, v, 1, 0); }
+void jv_write_str(struct buf *b, const struct jv v) { write_value(b, v, 0, 0); }
+void jv_write_repr(struct buf *b, const struct jv v) { write_value(b, v, 1, 0); }
 
 struct jv jv_to_str(const struct jv v) {
     if (v.type == JV_STR) return jv_retain(v);
-    struct jbuf b = {0};
+    struct buf b = {0};
     jv_write_str(&b, v);
-    return jbuf_take_str(&b);
+    return jv_take_buf(&b);
 }

@@ -104,8 +104,7 @@ void bench_api_stream_init(struct bench_api_stream *s, enum bench_api api, int s
 }
 
 void bench_api_stream_free(struct bench_api_stream *s) {
-    free(s->buf);
-    s->buf = NULL;
+    buf_free(&s->body);
 }
 
 static void stream_fail(struct bench_api_stream *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -118,16 +117,6 @@ static void stream_fail(struct bench_api_stream *s, const char *fmt, ...) {
     va_end(ap);
     bench_result_fail(s->res, "%s", msg);
     s->failed = 1;
-}
-
-static void buf_append(struct bench_api_stream *s, const char *p, size_t n) {
-    if (s->len + n + 1 > s->cap) {
-        s->cap = (s->len + n + 1) * 2;
-        s->buf = xrealloc(s->buf, s->cap);
-    }
-    memcpy(s->buf + s->len, p, n);
-    s->len += n;
-    s->buf[s->len] = 0;
 }
 
 static void read_usage(struct bench_result *r, json_t *usage) {
@@ -230,8 +219,8 @@ static void on_event(struct bench_api_stream *s, const char *data, size_t n, dou
 void bench_api_on_body(struct bench_api_stream *s, int status, const char *data, size_t n, double now) {
     if (s->failed) return;
     if (status != 200 || !s->stream) {
-        if (status != 200 && s->len >= ERROR_BODY_MAX) return;
-        buf_append(s, data, n);
+        if (status != 200 && s->body.len >= ERROR_BODY_MAX) return;
+        buf_append(&s->body, data, n);
         return;
     }
     /* SSE: every line is handled when its '\n' arrives; only "data:" lines
@@ -240,16 +229,16 @@ void bench_api_on_body(struct bench_api_stream *s, int status, const char *data,
     while (i < n && !s->failed) {
         const char *nl = memchr(data + i, '\n', n - i);
         if (!nl) {
-            buf_append(s, data + i, n - i);
+            buf_append(&s->body, data + i, n - i);
             break;
         }
         size_t seg = (size_t)(nl - (data + i));
         const char *line = data + i;
         size_t line_len = seg;
-        if (s->len) {
-            buf_append(s, data + i, seg);
-            line = s->buf;
-            line_len = s->len;
+        if (s->body.len) {
+            buf_append(&s->body, data + i, seg);
+            line = s->body.data;
+            line_len = s->body.len;
         }
         while (line_len && (line[line_len - 1] == '\r' || line[line_len - 1] == ' ')) line_len--;
         if (line_len >= 5 && !memcmp(line, "data:", 5)) {
@@ -258,7 +247,7 @@ void bench_api_on_body(struct bench_api_stream *s, int status, const char *data,
             while (dl && *d == ' ') d++, dl--;
             if (dl) on_event(s, d, dl, now);
         }
-        s->len = 0;
+        buf_clear(&s->body);
         i += seg + 1;
     }
 }
@@ -266,9 +255,9 @@ void bench_api_on_body(struct bench_api_stream *s, int status, const char *data,
 static void finish_whole_body(struct bench_api_stream *s, double now) {
     struct bench_result *r = s->res;
     json_error_t je;
-    json_t *j = json_loadb(s->buf ? s->buf : "", s->len, 0, &je);
+    json_t *j = json_loadb(s->body.data ? s->body.data : "", s->body.len, 0, &je);
     if (!json_is_object(j)) {
-        stream_fail(s, "malformed response body (%s): %.120s", j ? "not an object" : je.text, s->buf ? s->buf : "");
+        stream_fail(s, "malformed response body (%s): %.120s", j ? "not an object" : je.text, s->body.data ? s->body.data : "");
         json_decref(j);
         return;
     }
@@ -291,7 +280,7 @@ static void finish_whole_body(struct bench_api_stream *s, double now) {
     }
     const char *text = chunk_text(s->api, j, 0);
     if (!text) {
-        stream_fail(s, "response without generated text: %.120s", s->buf);
+        stream_fail(s, "response without generated text: %.120s", s->body.data);
     } else {
         bench_result_append_text(r, text, strlen(text));
         json_t *ct = json_object_get(json_object_get(j, "meta_info"), "completion_tokens");
@@ -306,8 +295,8 @@ void bench_api_finish(struct bench_api_stream *s, int status, double now) {
     if (status != 200) {
         /* Keep the server's message: JSON "error.message"/"detail", or the
          * start of the body. */
-        const char *msg = s->buf ? s->buf : "";
-        json_t *j = json_loadb(msg, s->len, 0, NULL);
+        const char *msg = s->body.data ? s->body.data : "";
+        json_t *j = json_loadb(msg, s->body.len, 0, NULL);
         json_t *e = json_object_get(j, "error");
         const char *m = json_string_value(json_object_get(e, "message"));
         if (!m) m = json_string_value(e);
@@ -321,7 +310,7 @@ void bench_api_finish(struct bench_api_stream *s, int status, double now) {
         finish_whole_body(s, now);
     } else {
         /* A last line without '\n' still counts. */
-        if (s->len) bench_api_on_body(s, status, "\n", 1, s->last_chunk ? s->last_chunk : now);
+        if (s->body.len) bench_api_on_body(s, status, "\n", 1, s->last_chunk ? s->last_chunk : now);
         if (s->failed) return;
         if (!s->last_chunk) {
             stream_fail(s, "stream ended without any data chunk");

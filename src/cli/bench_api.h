@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 
+#include "base/buf.h"
 #include "cli/bench.h"
 
 /* Request body (JSON) for one prompt; malloc'd. NULL with err set when
@@ -37,8 +38,7 @@ struct bench_api_stream {
     int stream;
     int n_items;          /* score: items expected */
     struct bench_result *res;
-    char *buf;            /* partial line (streaming) or the whole body */
-    size_t len, cap;
+    struct buf body;      /* partial line (streaming) or the whole body */
     int have_first;       /* a content chunk arrived */
     double last_content;  /* absolute time of the last content chunk */
     double last_chunk;    /* absolute time of the last chunk of any kind */

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "cli/bench.h"
@@ -177,14 +178,7 @@ int bench_serving_run(struct bench_run *run, struct kiln_error *err) {
 
 /* GET one small JSON document (model list); blocking, with a deadline. */
 static void collect(void *user, const char *data, size_t n, double now) {
-    struct bench_api_stream *s = user;
-    if (s->len + n + 1 > s->cap) {
-        s->cap = (s->len + n + 1) * 2;
-        s->buf = xrealloc(s->buf, s->cap);
-    }
-    memcpy(s->buf + s->len, data, n);
-    s->len += n;
-    s->buf[s->len] = 0;
+    buf_append(user, data, n);
 }
 
 char *bench_serving_model_name(const struct bench_options *opt, struct kiln_error *err) {
@@ -193,7 +187,7 @@ char *bench_serving_model_name(const struct bench_options *opt, struct kiln_erro
     size_t len;
     char *req = http_build_request(&url, "GET", "/v1/models", "", 0, &len);
     struct http_conn c;
-    struct bench_api_stream buf = {0};
+    struct buf buf = {0};
     if (http_conn_start(&c, &url, req, len, collect, &buf, err)) return NULL;
     double deadline = time_now() + (opt->timeout_s < 10 ? opt->timeout_s : 10);
     int st = c.phase == HTTP_FAILED ? -1 : 0;
@@ -214,13 +208,13 @@ char *bench_serving_model_name(const struct bench_options *opt, struct kiln_erro
     } else if (c.status != 200) {
         kiln_errorf(err, "GET %s/v1/models: HTTP %d", opt->base_url, c.status);
     } else {
-        json_t *j = json_loadb(buf.buf ? buf.buf : "", buf.len, 0, NULL);
+        json_t *j = json_loadb(buf.data ? buf.data : "", buf.len, 0, NULL);
         const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
         if (id) name = xstrdup(id);
         else kiln_errorf(err, "GET %s/v1/models: no model in the answer", opt->base_url);
         json_decref(j);
     }
     http_conn_close(&c);
-    free(buf.buf);
+    buf_free(&buf);
     return name;
 }

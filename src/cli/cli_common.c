@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/knob.h"

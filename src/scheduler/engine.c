@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"

@@ -340,12 +340,8 @@ struct backend_options {
                           reduction orders for matmuls; the CPU backend always is) */
 };
 
-/* Creates a backend by name ("cpu", "cuda"); "auto" takes the first that works. */
-/* The device commands use when none is given: $KILN_DEVICE, else "auto"
- * (the GPU when one can be opened, else the CPU). */
-const char *backend_default_name(void);
-int backend_create(struct backend *be, const char *name, const struct backend_options *opt,
-                   struct kiln_error *err);
+/* Backends are created by name in backend/registry.h; this frees one made
+ * there (a zeroed or already destroyed one too). */
 void backend_destroy(struct backend *be);
 
 #endif

@@ -33,7 +33,7 @@ struct bpe_cache_slot {
 struct bpe_cache {
     struct bpe_cache_slot *slots;
     size_t count;
-    struct tok_buf keys;
+    struct buf keys;
     int32_t *ids;
     size_t ids_len, ids_cap;
 };
@@ -47,7 +47,7 @@ struct bpe_cache *bpe_cache_create(void) {
 void bpe_cache_destroy(struct bpe_cache *c) {
     if (!c) return;
     free(c->slots);
-    tok_buf_free(&c->keys);
+    buf_free(&c->keys);
     free(c->ids);
     free(c);
 }
@@ -55,7 +55,7 @@ void bpe_cache_destroy(struct bpe_cache *c) {
 static void cache_clear(struct bpe_cache *c) {
     memset(c->slots, 0, CACHE_SLOTS * sizeof *c->slots);
     c->count = 0;
-    tok_buf_clear(&c->keys);
+    buf_clear(&c->keys);
     c->ids_len = 0;
 }
 
@@ -81,7 +81,7 @@ static void cache_put(struct bpe_cache *c, uint64_t h, const char *w, size_t n, 
     s->hash = h;
     s->key_off = (uint32_t)c->keys.len;
     s->key_len = (uint32_t)n;
-    tok_buf_append(&c->keys, w, n);
+    buf_append(&c->keys, w, n);
     if (c->ids_len + n_ids > c->ids_cap) {
         c->ids_cap = c->ids_cap ? c->ids_cap * 2 : 4096;
         while (c->ids_cap < c->ids_len + n_ids) c->ids_cap *= 2;
@@ -133,7 +133,7 @@ static int lookup_merge_part(const struct bpe *m, const char *s, size_t n, const
 
 static int parse_merges(struct bpe *m, json_t *merges, const char *path, int *crossing, struct kiln_error *err) {
     char where[TJ_PATH_MAX];
-    struct tok_buf joined = {0};
+    struct buf joined = {0};
     int rc = -1;
     tok_pairmap_init(&m->merges, json_array_size(merges));
     for (size_t i = 0; i < json_array_size(merges); i++) {
@@ -169,9 +169,9 @@ static int parse_merges(struct bpe *m, json_t *merges, const char *path, int *cr
             kiln_errorf(err, "tokenizer.json: %s: '%.*s' is shorter than continuing_subword_prefix", where, (int)blen, b);
             goto fail;
         }
-        tok_buf_clear(&joined);
-        tok_buf_append(&joined, a, alen);
-        tok_buf_append(&joined, b + m->prefix_len, blen - m->prefix_len);
+        buf_clear(&joined);
+        buf_append(&joined, a, alen);
+        buf_append(&joined, b + m->prefix_len, blen - m->prefix_len);
         if (lookup_merge_part(m, joined.data, joined.len, where, &idm, err)) goto fail;
         /* A repeated pair keeps its last rank, as a Rust HashMap collect does. */
         tok_pairmap_put(&m->merges, ida, idb, (int32_t)i, idm);
@@ -180,7 +180,7 @@ static int parse_merges(struct bpe *m, json_t *merges, const char *path, int *cr
     }
     rc = 0;
 fail:
-    tok_buf_free(&joined);
+    buf_free(&joined);
     return rc;
 }
 
@@ -367,16 +367,16 @@ static int word_one(const struct bpe *m, struct tok_ctx *ctx, const char *w, siz
     int unk_pending = 0;
     int decorate = m->prefix || m->suffix;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_len((unsigned char)w[i]);
+        size_t k = utf8_seq_len((unsigned char)w[i]);
         if (i + k > n) k = n - i;
         const char *s = w + i;
         size_t slen = k;
         if (decorate) {
-            struct tok_buf *b = &ctx->tmp;
-            tok_buf_clear(b);
-            if (i > 0 && m->prefix) tok_buf_append(b, m->prefix, m->prefix_len);
-            tok_buf_append(b, w + i, k);
-            if (i + k == n && m->suffix) tok_buf_append(b, m->suffix, m->suffix_len);
+            struct buf *b = &ctx->tmp;
+            buf_clear(b);
+            if (i > 0 && m->prefix) buf_append(b, m->prefix, m->prefix_len);
+            buf_append(b, w + i, k);
+            if (i + k == n && m->suffix) buf_append(b, m->suffix, m->suffix_len);
             s = b->data;
             slen = b->len;
         }

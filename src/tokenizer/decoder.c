@@ -145,8 +145,8 @@ void dec_run_init(struct dec_run *r, const struct decoder *d) {
 void dec_run_reset(struct dec_run *r) {
     for (size_t i = 0; i < r->n_stages; i++) {
         struct dec_stage *s = &r->stages[i];
-        tok_buf_clear(&s->buf);
-        tok_buf_clear(&s->bytes);
+        buf_clear(&s->buf);
+        buf_clear(&s->bytes);
         s->index = s->lead = s->held = s->checked = 0;
         s->lead_done = s->open = s->invalid = 0;
     }
@@ -154,11 +154,11 @@ void dec_run_reset(struct dec_run *r) {
 
 void dec_run_free(struct dec_run *r) {
     for (size_t i = 0; i < r->n_stages; i++) {
-        tok_buf_free(&r->stages[i].buf);
-        tok_buf_free(&r->stages[i].bytes);
+        buf_free(&r->stages[i].buf);
+        buf_free(&r->stages[i].bytes);
     }
     free(r->stages);
-    tok_buf_free(&r->out);
+    buf_free(&r->out);
     if (r->ctx) {
         tok_ctx_free(r->ctx);
         free(r->ctx);
@@ -224,7 +224,7 @@ static int replace_flush(struct dec_run *r, size_t i, int all) {
         }
     }
     if (n > done) on_data(r, i + 1, s + done, n - done);
-    tok_buf_clear(&st->buf);
+    buf_clear(&st->buf);
     return 0;
 }
 
@@ -262,7 +262,7 @@ static int run_state(struct dec_stage *st) {
 }
 
 static void run_clear(struct dec_stage *st) {
-    tok_buf_clear(&st->bytes);
+    buf_clear(&st->bytes);
     st->checked = 0;
 }
 
@@ -293,7 +293,7 @@ static void fallback_token(struct dec_run *r, size_t i) {
         return;
     }
     char c = (char)b;
-    tok_buf_append(&st->bytes, &c, 1);
+    buf_append(&st->bytes, &c, 1);
     if (run_state(st) < 0) {
         for (size_t k = 0; k < st->bytes.len; k++) emit_token(r, i + 1, REPLACEMENT_CHAR, 3);
         run_clear(st);
@@ -346,7 +346,7 @@ static void metaspace_data(struct dec_run *r, size_t i, const char *p, size_t n)
     size_t run = 0;
     for (size_t k = 0; k + d->rep_len <= n;) {
         if (memcmp(p + k, d->rep, d->rep_len)) {
-            k += utf8_len((unsigned char)p[k]);
+            k += utf8_seq_len((unsigned char)p[k]);
             continue;
         }
         if (k > run) on_data(r, i + 1, p + run, k - run);
@@ -373,14 +373,14 @@ static void byte_level_token(struct dec_run *r, size_t i, int final) {
                 mapped = 0;
                 break;
             }
-            tok_buf_push(&st->bytes, (char)b);
+            buf_push(&st->bytes, (char)b);
         }
         if (!mapped) {
             st->bytes.len = start;
-            tok_buf_append(&st->bytes, s, n);
+            buf_append(&st->bytes, s, n);
         }
     }
-    struct tok_buf tmp = {0};
+    struct buf tmp = {0};
     size_t used = utf8_lossy_append(&tmp, st->bytes.data ? st->bytes.data : "", st->bytes.len, final);
     if (tmp.len) {
         if (!st->open) {
@@ -389,7 +389,7 @@ static void byte_level_token(struct dec_run *r, size_t i, int final) {
         }
         on_data(r, i + 1, tmp.data, tmp.len);
     }
-    tok_buf_free(&tmp);
+    buf_free(&tmp);
     if (used) {
         memmove(st->bytes.data, st->bytes.data + used, st->bytes.len - used);
         st->bytes.len -= used;
@@ -416,10 +416,10 @@ static void on_begin(struct dec_run *r, size_t i) {
         break;
     case DECODER_TYPE_BYTE_LEVEL:
     case DECODER_TYPE_BYTE_FALLBACK:
-        tok_buf_clear(&st->buf);
+        buf_clear(&st->buf);
         break;
     case DECODER_TYPE_REPLACE:
-        tok_buf_clear(&st->buf);
+        buf_clear(&st->buf);
         on_begin(r, i + 1);
         break;
     default:
@@ -430,7 +430,7 @@ static void on_begin(struct dec_run *r, size_t i) {
 
 static void on_data(struct dec_run *r, size_t i, const char *p, size_t n) {
     if (i == r->n_stages) {
-        tok_buf_append(&r->out, p, n);
+        buf_append(&r->out, p, n);
         return;
     }
     struct dec_stage *st = &r->stages[i];
@@ -442,12 +442,12 @@ static void on_data(struct dec_run *r, size_t i, const char *p, size_t n) {
         metaspace_data(r, i, p, n);
         break;
     case DECODER_TYPE_REPLACE:
-        tok_buf_append(&st->buf, p, n);
+        buf_append(&st->buf, p, n);
         if (!st->d->pattern.is_regex) replace_flush(r, i, 0);
         break;
     case DECODER_TYPE_BYTE_LEVEL:
     case DECODER_TYPE_BYTE_FALLBACK:
-        tok_buf_append(&st->buf, p, n);
+        buf_append(&st->buf, p, n);
         break;
     default:
         on_data(r, i + 1, p, n);
@@ -476,7 +476,7 @@ static void on_end(struct dec_run *r, size_t i) {
         /* A regex that PCRE2 gives up on leaves the token as it is. */
         if (replace_flush(r, i, 1)) {
             on_data(r, i + 1, st->buf.data, st->buf.len);
-            tok_buf_clear(&st->buf);
+            buf_clear(&st->buf);
         }
         on_end(r, i + 1);
         break;

@@ -61,8 +61,8 @@ void decoder_free(struct decoder *d);
 /* Per-stage state of one decoding run. */
 struct dec_stage {
     const struct decoder *d;
-    struct tok_buf buf;   /* token being collected, or held-back text */
-    struct tok_buf bytes; /* ByteFallback run; ByteLevel pending bytes */
+    struct buf buf;   /* token being collected, or held-back text */
+    struct buf bytes; /* ByteFallback run; ByteLevel pending bytes */
     size_t index;         /* tokens seen (Metaspace, Join) */
     size_t lead;          /* Strip: leading chars removed so far */
     size_t held;          /* Strip: trailing chars held back */
@@ -73,7 +73,7 @@ struct dec_stage {
 struct dec_run {
     struct dec_stage *stages;
     size_t n_stages;
-    struct tok_buf out;   /* final text produced so far */
+    struct buf out;   /* final text produced so far */
     struct tok_ctx *ctx;  /* for Replace patterns; owned */
 };
 

@@ -42,7 +42,7 @@ int kiln_detok_stream_prime(struct kiln_detok_stream *s, const int32_t *ids, siz
     const char *t;
     size_t len;
     for (size_t i = 0; i < n; i++) kiln_detok_stream_push(s, ids[i], &t, &len);
-    tok_buf_clear(&s->run.out);
+    buf_clear(&s->run.out);
     if (holds_text(&s->run)) {
         dec_run_free(&s->run);
         dec_run_init(&s->run, s->tok->decoder);
@@ -58,14 +58,14 @@ static void result(struct kiln_detok_stream *s, const char **text, size_t *len) 
 int kiln_detok_stream_push(struct kiln_detok_stream *s, int32_t id, const char **text, size_t *len) {
     const char *str;
     size_t n;
-    tok_buf_clear(&s->run.out);
+    buf_clear(&s->run.out);
     if (tok_decode_str(s->tok, id, &str, &n) && !(s->skip_special && s->tok->special[id])) dec_run_token(&s->run, str, n);
     result(s, text, len);
     return 0;
 }
 
 int kiln_detok_stream_flush(struct kiln_detok_stream *s, const char **text, size_t *len) {
-    tok_buf_clear(&s->run.out);
+    buf_clear(&s->run.out);
     int rc = dec_run_finish(&s->run);
     result(s, text, len);
     return rc;

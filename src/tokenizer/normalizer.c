@@ -145,7 +145,7 @@ int normalizer_is_stable(enum normalizer_type t, const char *s, size_t n, uint32
     return 1;
 }
 
-static int map_region(const struct normalizer *n, const char *s, size_t len, struct tok_buf *out, struct kiln_error *err) {
+static int map_region(const struct normalizer *n, const char *s, size_t len, struct buf *out, struct kiln_error *err) {
     int opts = UTF8PROC_STABLE;
     switch (n->type) {
     case NORMALIZER_TYPE_NFC: opts |= UTF8PROC_COMPOSE; break;
@@ -159,7 +159,7 @@ static int map_region(const struct normalizer *n, const char *s, size_t len, str
         free(dst);
         return kiln_errorf(err, "unicode normalization failed: %s", utf8proc_errmsg(r));
     }
-    tok_buf_append(out, dst, (size_t)r);
+    buf_append(out, dst, (size_t)r);
     free(dst);
     return 0;
 }
@@ -173,7 +173,7 @@ static int unicode_form(const struct normalizer *n, struct tok_ctx *ctx, struct 
     const char *s = p->s;
     size_t len = p->len, i = 0, copied = 0;
     int changed = 0;
-    struct tok_buf *b = &ctx->tmp;
+    struct buf *b = &ctx->tmp;
     while (i < len) {
         if ((unsigned char)s[i] < 0x80) {
             i++;
@@ -183,17 +183,17 @@ static int unicode_form(const struct normalizer *n, struct tok_ctx *ctx, struct 
         while (i < len && (unsigned char)s[i] >= 0x80) i++;
         if (normalizer_is_stable(n->type, s + a, i - a, ctx->nf_memo)) continue;
         if (a > 0) a--; /* the ASCII character before the run */
-        if (!changed) tok_buf_clear(b);
+        if (!changed) buf_clear(b);
         changed = 1;
-        tok_buf_append(b, s + copied, a - copied);
+        buf_append(b, s + copied, a - copied);
         if (map_region(n, s + a, i - a, b, err)) return -1;
         copied = i;
     }
     if (!changed) return 0;
-    tok_buf_append(b, s + copied, len - copied);
+    buf_append(b, s + copied, len - copied);
     /* zp: the first output character keeps the first input's origin;
      * approximate by the first character. */
-    size_t zp = p->zp && b->len ? utf8_len((unsigned char)b->data[0]) : 0;
+    size_t zp = p->zp && b->len ? utf8_seq_len((unsigned char)b->data[0]) : 0;
     p->s = arena_copy(ctx, b->data, b->len);
     p->len = b->len;
     p->zp = zp;
@@ -201,19 +201,19 @@ static int unicode_form(const struct normalizer *n, struct tok_ctx *ctx, struct 
 }
 
 static void lowercase(struct tok_ctx *ctx, struct tok_piece *p) {
-    struct tok_buf *b = &ctx->tmp;
-    tok_buf_clear(b);
+    struct buf *b = &ctx->tmp;
+    buf_clear(b);
     size_t zp = 0;
     for (size_t i = 0; i < p->len;) {
         uint32_t cp;
         size_t k = utf8_decode(p->s + i, &cp);
         if (cp < 0x80) {
-            tok_buf_push(b, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
+            buf_push(b, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
         } else if (cp == 0x130) {
             /* The one unconditional multi-character lowercase mapping. */
-            tok_buf_append(b, "i\xCC\x87", 3);
+            buf_append(b, "i\xCC\x87", 3);
         } else {
-            tok_buf_push_cp(b, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
+            buf_push_cp(b, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
         }
         if (i < p->zp) zp = b->len;
         i += k;
@@ -248,13 +248,13 @@ static void strip(const struct normalizer *n, struct tok_piece *p) {
 }
 
 static void strip_accents(struct tok_ctx *ctx, struct tok_piece *p) {
-    struct tok_buf *b = &ctx->tmp;
-    tok_buf_clear(b);
+    struct buf *b = &ctx->tmp;
+    buf_clear(b);
     size_t zp = 0;
     for (size_t i = 0; i < p->len;) {
         uint32_t cp;
         size_t k = utf8_decode(p->s + i, &cp);
-        if (cp < 0x300 || !uc_is_mark(cp)) tok_buf_append(b, p->s + i, k);
+        if (cp < 0x300 || !uc_is_mark(cp)) buf_append(b, p->s + i, k);
         i += k;
         if (i <= p->zp) zp = b->len;
     }
@@ -266,22 +266,22 @@ static void strip_accents(struct tok_ctx *ctx, struct tok_piece *p) {
 static int replace(const struct normalizer *n, struct tok_ctx *ctx, struct tok_piece *p, struct kiln_error *err) {
     if (tok_pattern_find(&n->pattern, ctx, p->s, p->len, err)) return -1;
     if (ctx->spans.n == 0) return 0;
-    struct tok_buf *b = &ctx->tmp;
-    tok_buf_clear(b);
+    struct buf *b = &ctx->tmp;
+    buf_clear(b);
     size_t prev = 0, zp = p->zp;
     for (size_t i = 0; i < ctx->spans.n; i++) {
         size_t a = ctx->spans.v[2 * i], e = ctx->spans.v[2 * i + 1];
-        tok_buf_append(b, p->s + prev, a - prev);
+        buf_append(b, p->s + prev, a - prev);
         if (a == 0 && p->zp) {
             /* Replacement text takes the origin of the last replaced char:
              * offset 0 only when a single character at 0 was replaced. */
-            size_t first = e > 0 ? utf8_len((unsigned char)p->s[0]) : 0;
+            size_t first = e > 0 ? utf8_seq_len((unsigned char)p->s[0]) : 0;
             zp = (e == first && n->content_len) ? n->content_len + (p->zp > e ? p->zp - e : 0) : 0;
         }
-        tok_buf_append(b, n->content, n->content_len);
+        buf_append(b, n->content, n->content_len);
         prev = e;
     }
-    tok_buf_append(b, p->s + prev, p->len - prev);
+    buf_append(b, p->s + prev, p->len - prev);
     p->s = arena_copy(ctx, b->data, b->len);
     p->len = b->len;
     p->zp = zp;

@@ -247,7 +247,7 @@ static void metaspace(const struct pretokenizer *p, struct tok_ctx *ctx, const s
                     tok_spans_push(&ctx->spans, j, j + p->rep_len);
                     j += p->rep_len;
                 } else {
-                    j += utf8_len((unsigned char)one.s[j]);
+                    j += utf8_seq_len((unsigned char)one.s[j]);
                 }
             }
             tok_split_piece(&one, &ctx->spans, 0, SPLIT_BEHAVIOR_MERGED_WITH_NEXT, out);

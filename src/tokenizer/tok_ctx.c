@@ -6,7 +6,7 @@
 #include "base/error.h"
 #include "base/mem.h"
 
-void tok_pieces_free(struct tok_pieces *p) {
+static void tok_pieces_free(struct tok_pieces *p) {
     free(p->v);
     memset(p, 0, sizeof *p);
 }
@@ -42,7 +42,7 @@ void tok_ctx_free(struct tok_ctx *c) {
     tok_spans_free(&c->spans);
     tok_pieces_free(&c->pieces[0]);
     tok_pieces_free(&c->pieces[1]);
-    tok_buf_free(&c->tmp);
+    buf_free(&c->tmp);
     free(c->syms);
     free(c->heap);
     memset(c, 0, sizeof *c);

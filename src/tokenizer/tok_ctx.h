@@ -36,7 +36,6 @@ struct tok_pieces {
     struct tok_piece *v;
     size_t n, cap;
 };
-void tok_pieces_free(struct tok_pieces *p);
 void tok_pieces_push(struct tok_pieces *p, const char *s, size_t len, size_t zp);
 
 /* BPE symbols and merge heap, reused across words. */
@@ -58,7 +57,7 @@ struct tok_ctx {
     pcre2_jit_stack *jit;
     struct tok_spans spans;
     struct tok_pieces pieces[2];
-    struct tok_buf tmp;
+    struct buf tmp;
     struct bpe_symbol *syms;
     size_t syms_cap;
     struct bpe_merge *heap;

@@ -83,7 +83,7 @@ int tj_char(json_t *obj, const char *path, const char *key, uint32_t dflt, uint3
         *out = dflt;
         return 0;
     }
-    if (n == 0 || utf8_len((unsigned char)s[0]) != n || utf8_validate(s, n) != n)
+    if (n == 0 || utf8_seq_len((unsigned char)s[0]) != n || utf8_validate(s, n) != n)
         return kiln_errorf(err, "tokenizer.json: %s%s%s: expected exactly one character", path, *path ? "." : "", key);
     utf8_decode(s, out);
     return 0;

@@ -28,7 +28,7 @@ void tok_spans_push(struct tok_spans *s, size_t start, size_t end) {
  * else is copied. Tracks whether we are inside a character class, where the
  * replacement must be a class body instead of a bracketed class. */
 static char *translate(const char *p, size_t n) {
-    struct tok_buf b = {0};
+    struct buf b = {0};
     int in_class = 0;
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
@@ -45,19 +45,19 @@ static char *translate(const char *p, size_t n) {
             default: break;
             }
             if (rep) {
-                tok_buf_append(&b, rep, strlen(rep));
+                buf_append(&b, rep, strlen(rep));
             } else {
-                tok_buf_append(&b, p + i, 2);
+                buf_append(&b, p + i, 2);
             }
             i++;
             continue;
         }
         if (!in_class && c == '[') {
             in_class = 1;
-            tok_buf_push(&b, c);
+            buf_push(&b, c);
             /* A ']' right after '[' or '[^' is a literal, not the end. */
-            if (i + 1 < n && p[i + 1] == '^') tok_buf_push(&b, p[++i]);
-            if (i + 1 < n && p[i + 1] == ']') tok_buf_push(&b, p[++i]);
+            if (i + 1 < n && p[i + 1] == '^') buf_push(&b, p[++i]);
+            if (i + 1 < n && p[i + 1] == ']') buf_push(&b, p[++i]);
             continue;
         }
         if (in_class && c == '[' && i + 1 < n && p[i + 1] == ':') {
@@ -69,15 +69,15 @@ static char *translate(const char *p, size_t n) {
                     break;
                 }
             if (end) {
-                tok_buf_append(&b, p + i, (size_t)(end - (p + i)));
+                buf_append(&b, p + i, (size_t)(end - (p + i)));
                 i = (size_t)(end - p) - 1;
                 continue;
             }
         }
         if (in_class && c == ']') in_class = 0;
-        tok_buf_push(&b, c);
+        buf_push(&b, c);
     }
-    if (!b.data) tok_buf_reserve(&b, 0);
+    if (!b.data) buf_reserve(&b, 0);
     return b.data;
 }
 
@@ -101,26 +101,6 @@ int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, str
     char *t = translate(pattern, len);
     int rc = compile_raw(re, t, strlen(t), pattern, err);
     free(t);
-    return rc;
-}
-
-int tok_regex_compile_literal(struct tok_regex *re, const char *literal, size_t len, struct kiln_error *err) {
-    re->code = NULL;
-    if (utf8_validate(literal, len) != len) return kiln_errorf(err, "pattern is not valid UTF-8");
-    /* \Q...\E quotes everything except a literal "\E", which is spliced. */
-    struct tok_buf b = {0};
-    tok_buf_append(&b, "\\Q", 2);
-    for (size_t i = 0; i < len; i++) {
-        if (literal[i] == '\\' && i + 1 < len && literal[i + 1] == 'E') {
-            tok_buf_append(&b, "\\E\\\\E\\Q", 7);
-            i++;
-            continue;
-        }
-        tok_buf_push(&b, literal[i]);
-    }
-    tok_buf_append(&b, "\\E", 2);
-    int rc = compile_raw(re, b.data, b.len, literal, err);
-    tok_buf_free(&b);
     return rc;
 }
 
@@ -149,7 +129,7 @@ int tok_regex_find_all(const struct tok_regex *re, pcre2_match_data *md, pcre2_m
             /* Oniguruma's iterator refuses an empty match where the last one
              * ended and moves on by one character. */
             if (pos >= n) break;
-            pos += utf8_len((unsigned char)s[pos]);
+            pos += utf8_seq_len((unsigned char)s[pos]);
             continue;
         }
         tok_spans_push(out, a, e);

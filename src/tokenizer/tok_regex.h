@@ -37,8 +37,6 @@ void tok_spans_free(struct tok_spans *s);
 void tok_spans_push(struct tok_spans *s, size_t start, size_t end);
 
 int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, struct kiln_error *err);
-/* A pattern matching `literal` exactly. */
-int tok_regex_compile_literal(struct tok_regex *re, const char *literal, size_t len, struct kiln_error *err);
 void tok_regex_free(struct tok_regex *re);
 /* Appends all matches in s[0..n) (valid UTF-8) to `out`. Returns 0, or -1
  * when PCRE2 gives up (match limit), with a message in err. */

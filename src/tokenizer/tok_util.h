@@ -1,12 +1,10 @@
 /* tok_util.h — small building blocks shared by the tokenizer files.
  *
- * Owns nothing global. Provides: a growable byte buffer (`struct tok_buf`,
- * always NUL-terminated once used), a block arena whose pointers stay valid
- * until reset (pieces of text point into it while an input is encoded),
- * UTF-8 decoding/encoding and validation, Rust-compatible lossy conversion
- * (String::from_utf8_lossy: one U+FFFD per maximal invalid subpart), the
+ * Owns nothing global. Provides: a block arena whose pointers stay valid
+ * until reset (pieces of text point into it while an input is encoded), the
  * character classes that `tokenizers` takes from Rust's char methods, and the
- * string hash used by every table.
+ * string hash used by every table. Text is built in base/buf.h buffers and
+ * checked and converted with base/utf8.h.
  */
 #ifndef KILN_TOKENIZER_TOK_UTIL_H
 #define KILN_TOKENIZER_TOK_UTIL_H
@@ -15,26 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
-struct tok_buf {
-    char *data;
-    size_t len;
-    size_t cap;
-};
-
-void tok_buf_free(struct tok_buf *b);
-void tok_buf_reserve(struct tok_buf *b, size_t extra);
-void tok_buf_append(struct tok_buf *b, const void *p, size_t n);
-static inline void tok_buf_clear(struct tok_buf *b) {
-    b->len = 0;
-    if (b->data) b->data[0] = 0;
-}
-static inline void tok_buf_push(struct tok_buf *b, char c) {
-    if (b->len + 2 > b->cap) tok_buf_reserve(b, 1);
-    b->data[b->len++] = c;
-    b->data[b->len] = 0;
-}
-/* Appends the UTF-8 encoding of `cp`. */
-void tok_buf_push_cp(struct tok_buf *b, uint32_t cp);
+#include "base/buf.h"
+#include "base/utf8.h"
 
 struct tok_arena_block;
 struct tok_arena {
@@ -46,46 +26,7 @@ void tok_arena_free(struct tok_arena *a);
 void tok_arena_reset(struct tok_arena *a);
 char *tok_arena_alloc(struct tok_arena *a, size_t n);
 
-/* Length of the UTF-8 sequence a lead byte starts (1 for invalid leads). */
-static inline size_t utf8_len(unsigned char c) {
-    if (c < 0x80) return 1;
-    if (c >= 0xF0) return 4;
-    if (c >= 0xE0) return 3;
-    if (c >= 0xC0) return 2;
-    return 1;
-}
-/* Decodes one code point from valid UTF-8; returns its byte length. */
-static inline size_t utf8_decode(const char *s, uint32_t *cp) {
-    const unsigned char *u = (const unsigned char *)s;
-    if (u[0] < 0x80) {
-        *cp = u[0];
-        return 1;
-    }
-    if (u[0] < 0xE0) {
-        *cp = ((uint32_t)(u[0] & 0x1F) << 6) | (u[1] & 0x3F);
-        return 2;
-    }
-    if (u[0] < 0xF0) {
-        *cp = ((uint32_t)(u[0] & 0x0F) << 12) | ((uint32_t)(u[1] & 0x3F) << 6) | (u[2] & 0x3F);
-        return 3;
-    }
-    *cp = ((uint32_t)(u[0] & 0x07) << 18) | ((uint32_t)(u[1] & 0x3F) << 12) |
-          ((uint32_t)(u[2] & 0x3F) << 6) | (u[3] & 0x3F);
-    return 4;
-}
-size_t utf8_encode(uint32_t cp, char out[4]);
 
-/* Length of the valid sequence at s[0..n) (1..4), 0 when the bytes there are
- * not valid UTF-8; `*err_len` then gets the size of the maximal invalid
- * subpart (1..3) and `*incomplete` whether the bytes are a valid prefix cut
- * by the end of the input. */
-size_t utf8_next(const unsigned char *s, size_t n, size_t *err_len, int *incomplete);
-/* Offset of the first invalid byte, or n when all of s is valid UTF-8. */
-size_t utf8_validate(const char *s, size_t n);
-/* Appends the lossy conversion of s[0..n) to out. With `final` 0 a valid
- * but incomplete sequence at the end is not converted; returns the number of
- * input bytes consumed. */
-size_t utf8_lossy_append(struct tok_buf *out, const char *s, size_t n, int final);
 
 /* Character classes, as Rust's char methods define them. */
 int uc_is_whitespace(uint32_t cp);  /* char::is_whitespace (White_Space) */

@@ -209,7 +209,7 @@ static int encode_with(const struct kiln_tokenizer *t, struct tok_ctx *ctx, cons
         }
         if (sp->a >= sp->b) continue;
         /* zp: only a piece starting the input maps back to offset 0. */
-        struct tok_piece p = {text + sp->a, sp->b - sp->a, sp->a == 0 ? utf8_len((unsigned char)text[0]) : 0};
+        struct tok_piece p = {text + sp->a, sp->b - sp->a, sp->a == 0 ? utf8_seq_len((unsigned char)text[0]) : 0};
         if (t->normalizer && normalizer_apply(t->normalizer, ctx, &p, err)) goto fail;
         if (p.len == 0) continue;
         if (t->added.normalized.empty) {

@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "model/model.h"

@@ -40,6 +40,7 @@
 
 #include <cmocka.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/knob.h"
 #include "base/mem.h"

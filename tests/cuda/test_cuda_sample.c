@@ -46,6 +46,7 @@
 #include <cmocka.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/knob.h"
 #include "base/mem.h"

@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "cache/kv_pool.h"

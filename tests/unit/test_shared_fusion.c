@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/mem.h"

@@ -50,6 +50,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_prefill_tiles.cuh"
+#include "backend/cuda/cuda_ptx.cuh"
 #ifdef KILN_CUDA_HOPPER
 #include "backend/cuda/hopper/attn_prefill.h"
 #endif
@@ -495,38 +496,6 @@ struct fa_args {
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
 };
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-static __device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-/* d[4] += a[4] · b[2] (m16n8k16, bf16 in, fp32 accumulate) */
-static __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0,
-                                                uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
@@ -608,12 +577,12 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
                 kd = stage + st * 2 * TILE_F + j * D + c4 * EPC;
                 vd = (float *)kd + TILE_F;
             }
-            cp_async16(kd, kbase + slot * a.k_stride + c4 * EPC, valid);
-            cp_async16(vd, vbase + slot * a.v_stride + c4 * EPC, valid);
+            ptx_cp_async16_zfill(kd, kbase + slot * a.k_stride + c4 * EPC, valid);
+            ptx_cp_async16_zfill(vd, vbase + slot * a.v_stride + c4 * EPC, valid);
         }
     };
     load_tile(0, 0);
-    cp_async_commit();
+    ptx_cp_async_commit();
 
     /* Q → bf16 → A fragments (rows past the tile are zeros) */
     for (int i = tid; i < FA_BM * (D / 4); i += FA_THREADS) {
@@ -628,7 +597,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         int mi = lane >> 3;
-        ldmatrix_x4(qf[ks], qb + (warp * 16 + (lane & 7) + (mi & 1) * 8) * LDB + ks * 16 + (mi >> 1) * 8);
+        ptx_ldmatrix_x4(qf[ks], qb + (warp * 16 + (lane & 7) + (mi & 1) * 8) * LDB + ks * 16 + (mi >> 1) * 8);
     }
 
     float oacc[D / 8][4];
@@ -642,10 +611,10 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
         if constexpr (BF) __syncthreads();
         if (kt + 1 < n_tiles) {
             load_tile((kt + 1) & 1, kt + 1);
-            cp_async_commit();
-            cp_async_wait<1>();
+            ptx_cp_async_commit();
+            ptx_cp_async_wait<1>();
         } else {
-            cp_async_wait<0>();
+            ptx_cp_async_wait<0>();
         }
         __syncthreads(); /* tile kt landed; every warp is done with kb/vb (and qb) */
         __nv_bfloat16 *kb = BF ? tiles + (kt & 1) * 2 * TILE_B : tiles, *vb = kb + TILE_B;
@@ -672,9 +641,9 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
             for (int np = 0; np < FA_BN / 16; np++) {
                 uint32_t b[4];
                 int mi = lane >> 3;
-                ldmatrix_x4(b, kb + (np * 16 + (lane & 7) + (mi >> 1) * 8) * LDB + ks * 16 + (mi & 1) * 8);
-                mma_bf16(sacc[2 * np], qf[ks], b[0], b[1]);
-                mma_bf16(sacc[2 * np + 1], qf[ks], b[2], b[3]);
+                ptx_ldmatrix_x4(b, kb + (np * 16 + (lane & 7) + (mi >> 1) * 8) * LDB + ks * 16 + (mi & 1) * 8);
+                ptx_mma_m16n8k16<__nv_bfloat16>(sacc[2 * np], qf[ks], b[0], b[1]);
+                ptx_mma_m16n8k16<__nv_bfloat16>(sacc[2 * np + 1], qf[ks], b[2], b[3]);
             }
         }
         /* scale, mask (only tiles that cross a row's position), online softmax */
@@ -726,9 +695,9 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
             for (int dp = 0; dp < D / 16; dp++) {
                 uint32_t b[4];
                 int mi = lane >> 3;
-                ldmatrix_x4_trans(b, vb + (kk * 16 + (lane & 7) + (mi & 1) * 8) * LDB + dp * 16 + (mi >> 1) * 8);
-                mma_bf16(oacc[2 * dp], pf[kk], b[0], b[1]);
-                mma_bf16(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
+                ptx_ldmatrix_x4_trans(b, vb + (kk * 16 + (lane & 7) + (mi & 1) * 8) * LDB + dp * 16 + (mi >> 1) * 8);
+                ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp], pf[kk], b[0], b[1]);
+                ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
             }
         }
     }

@@ -127,51 +127,12 @@ struct ad_cfg {
     static_assert(BN % 32 == 0 && D % 16 == 0, "tile shape");
 };
 
-/* ---- PTX helpers (prefixed: dev/attention compiles this file together
- * with cuda_attention.cu, which has its own) ---- */
-static __device__ __forceinline__ uint32_t ad_smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void ad_cp_async16(void *dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ad_smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-/* the same with an L2 eviction policy (createpolicy) */
-static __device__ __forceinline__ void ad_cp_async16_hint(void *dst, const void *src, bool valid,
-                                                          uint64_t policy) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
-                     ad_smem_u32(dst)),
-                 "l"(src), "r"(valid ? 16 : 0), "l"(policy));
-}
 /* K/V loads are marked L2 evict-first: read once a step, they should not
  * push out what the L2 holds for the next kernel (activations, weight
  * tiles); docs/cuda-decode.md. */
 static __device__ __forceinline__ uint64_t ad_policy(void) {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    uint64_t p = ptx_policy_evict_first();
     return p;
-}
-static __device__ __forceinline__ void ad_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-static __device__ __forceinline__ void ad_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-static __device__ __forceinline__ void ad_ldsm_x4(uint32_t *r, const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(ad_smem_u32(p)));
-}
-static __device__ __forceinline__ void ad_ldsm_x4_t(uint32_t *r, const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(ad_smem_u32(p)));
-}
-/* d[4] += a[4] · b[2] (m16n8k16, bf16 in, fp32 accumulate) */
-static __device__ __forceinline__ void ad_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 /* (x, y) → hi = bf16(x), bf16(y) and lo = bf16 of the remainders, packed
  * as mma operands (first element in the low half). x − hi is exact. */
@@ -258,7 +219,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
             int j = it * RPI + lane / C8, c8 = lane % C8;
             long long s = __shfl_sync(0xffffffffu, sl[it * RPI / 32], j & 31);
             bool valid = s >= 0;
-            ad_cp_async16_hint(dst + j * C::LDB + c8 * 8, base + (valid ? s : 0) * stride + c8 * 8,
+            ptx_cp_async16_zfill_hint(dst + j * C::LDB + c8 * 8, base + (valid ? s : 0) * stride + c8 * 8,
                                valid, kv_policy);
         }
     };
@@ -276,16 +237,16 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
     const bool early = first && c * C::CHUNK + warp * BN + BN < len;
     if (early) {
         load(kt, kbase, a.k_stride, sl);
-        ad_commit();
+        ptx_cp_async_commit();
         load(vt, vbase, a.v_stride, sl);
-        ad_commit();
+        ptx_cp_async_commit();
     }
     pdl_wait(); /* q and the cache row of this step's token come from the kernels before */
     if (first && !early) {
         load(kt, kbase, a.k_stride, sl);
-        ad_commit();
+        ptx_cp_async_commit();
         load(vt, vbase, a.v_stride, sl);
-        ad_commit();
+        ptx_cp_async_commit();
     }
 
     /* Q of the block's heads, pre-scaled by scale·log2(e), as A fragments:
@@ -318,7 +279,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
             const int cn = j + 1 < C::TPW ? c : c + step, tn = j + 1 < C::TPW ? tile + W : warp;
             const bool next = cn < nch && cn * C::CHUNK + tn * BN < len;
             if (p0 < len) { /* this tile of chunk c is not empty */
-                ad_wait<1>(); /* K landed (V may still be on its way) */
+                ptx_cp_async_wait<1>(); /* K landed (V may still be on its way) */
                 __syncwarp();
                 float sacc[NT][4];
 #pragma unroll
@@ -329,16 +290,16 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
                     for (int np = 0; np < NT / 2; np++) {
                         uint32_t b[4];
                         int mi = lane >> 3;
-                        ad_ldsm_x4(b, kt + (np * 16 + (lane & 7) + (mi >> 1) * 8) * C::LDB + ks * 16 + (mi & 1) * 8);
-                        ad_mma(sacc[2 * np], qf[ks], b[0], b[1]);
-                        ad_mma(sacc[2 * np + 1], qf[ks], b[2], b[3]);
+                        ptx_ldmatrix_x4(b, kt + (np * 16 + (lane & 7) + (mi >> 1) * 8) * C::LDB + ks * 16 + (mi & 1) * 8);
+                        ptx_mma_m16n8k16<__nv_bfloat16>(sacc[2 * np], qf[ks], b[0], b[1]);
+                        ptx_mma_m16n8k16<__nv_bfloat16>(sacc[2 * np + 1], qf[ks], b[2], b[3]);
                     }
                 __syncwarp(); /* every lane is done with kt */
                 long long sn[SR];
                 if (next) {
                     lookup(cn * C::CHUNK + tn * BN, sn);
                     load(kt, kbase, a.k_stride, sn);
-                    ad_commit();
+                    ptx_cp_async_commit();
                 }
                 /* the tile's softmax: s = hi + lo row halves, masked past the end */
                 float sv[NT][2], mx = -INFINITY;
@@ -362,8 +323,8 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
                 }
                 sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
                 sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
-                if (next) ad_wait<1>();
-                else ad_wait<0>();
+                if (next) ptx_cp_async_wait<1>();
+                else ptx_cp_async_wait<0>();
                 __syncwarp(); /* V landed */
                 float oacc[DT][4];
 #pragma unroll
@@ -374,14 +335,14 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
                     for (int dp = 0; dp < D / 16; dp++) {
                         uint32_t b[4];
                         int mi = lane >> 3;
-                        ad_ldsm_x4_t(b, vt + (kk * 16 + (lane & 7) + (mi & 1) * 8) * C::LDB + dp * 16 + (mi >> 1) * 8);
-                        ad_mma(oacc[2 * dp], pf[kk], b[0], b[1]);
-                        ad_mma(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
+                        ptx_ldmatrix_x4_trans(b, vt + (kk * 16 + (lane & 7) + (mi & 1) * 8) * C::LDB + dp * 16 + (mi >> 1) * 8);
+                        ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp], pf[kk], b[0], b[1]);
+                        ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
                     }
                 __syncwarp(); /* every lane is done with vt */
                 if (next) {
                     load(vt, vbase, a.v_stride, sn);
-                    ad_commit();
+                    ptx_cp_async_commit();
                 }
                 /* the tile state (head hr's acc = hi + lo rows) for the chunk fold */
                 float *fw = fold + (tile * AD_HB + hr) * C::LDF + 2 * tq;
@@ -467,10 +428,10 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
             int h = i / q4, r = i % q4;
             const float *src =
                 a.partial + ((row * a.n_heads + h0 + h) * (long)a.max_chunks + cb) * C::DS + r * 4;
-            ad_cp_async16(stage + (h * q4 + r) * 4, src, true);
+            ptx_cp_async16_zfill(stage + (h * q4 + r) * 4, src, true);
         }
-        ad_commit();
-        ad_wait<0>();
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<0>();
         __syncthreads();
         if (fh < nh) {
             const float *sh = stage + fh * q4 * 4;

@@ -52,45 +52,6 @@ constexpr int BK = 64;         /* columns per k-step: 128-byte smem rows */
 constexpr int STAGES = 4;
 constexpr int THREADS = 32 * WARPS;
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                        uint32_t &r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float *d, const uint32_t *a, uint32_t b0,
-                                                        uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma16816<__half>(float *d, const uint32_t *a, uint32_t b0,
-                                                 uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* byte offset of 16-byte chunk c of row r in a [rows][BK] tile */
 __device__ __forceinline__ uint32_t swz(int r, int c) {
     return (uint32_t)(r * (BK * 2) + ((c ^ (r & 7)) << 4));
@@ -142,7 +103,7 @@ gemm_small_kernel(float *y, long ldy, const T *__restrict__ x, long ldx, int N, 
     y = (float *)((char *)y + (long)t.y * ldy * (MODE == MODE_GLU ? sizeof(T) : sizeof(float)));
     const int M = t.z;
     const int k0 = 0, k1 = K / BK;
-    const uint32_t sbase = smem_u32(smem);
+    const uint32_t sbase = ptx_smem_u32(smem);
 
     auto load_w = [&](int stage, int ks) {
         uint32_t dst = sbase + stage * STAGE_BYTES;
@@ -156,7 +117,7 @@ gemm_small_kernel(float *y, long ldy, const T *__restrict__ x, long ldx, int N, 
             } else {
                 src = w + (long)min(n0 + r, N - 1) * K;
             }
-            cp_async16(dst + swz(r, c), src + (long)ks * BK + c * 8);
+            ptx_cp_async16(dst + swz(r, c), src + (long)ks * BK + c * 8);
         }
     };
     /* this thread's activation rows (the same at every k-step); grouped
@@ -176,7 +137,7 @@ gemm_small_kernel(float *y, long ldy, const T *__restrict__ x, long ldx, int N, 
             int idx = tid + i * THREADS;
             if (idx < A_ROWS * 8) {
                 int r = idx >> 3, c = idx & 7;
-                cp_async16(dst + swz(r, c), arow[i] + (long)ks * BK + c * 8);
+                ptx_cp_async16(dst + swz(r, c), arow[i] + (long)ks * BK + c * 8);
             }
         }
     };
@@ -191,7 +152,7 @@ gemm_small_kernel(float *y, long ldy, const T *__restrict__ x, long ldx, int N, 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (k0 + s < k1) load_a(s, k0 + s);
-        cp_commit();
+        ptx_cp_async_commit();
     }
 
     float acc[MT][4];
@@ -204,28 +165,28 @@ gemm_small_kernel(float *y, long ldy, const T *__restrict__ x, long ldx, int N, 
     const int aq = lane >> 3, ar = lane & 7;
 
     for (int kk = k0; kk < k1; kk++) {
-        cp_wait<STAGES - 2>();
+        ptx_cp_async_wait<STAGES - 2>();
         __syncthreads();
         {
             int nxt = kk + STAGES - 1, st = (nxt - k0) % STAGES;
             if (nxt < k1) load_w(st, nxt), load_a(st, nxt);
-            cp_commit();
+            ptx_cp_async_commit();
         }
         const uint32_t sw = sbase + ((kk - k0) % STAGES) * STAGE_BYTES, sa = sw + W_BYTES;
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ks++) {
             uint32_t a[4];
-            ldsm_x4(sw + swz(wr, 2 * ks + wc), a[0], a[1], a[2], a[3]);
+            ptx_ldmatrix_x4(a[0], a[1], a[2], a[3], sw + swz(wr, 2 * ks + wc));
 #pragma unroll
             for (int j = 0; j < MTE; j += 2) {
                 uint32_t b0, b1, b2, b3;
-                ldsm_x4(sa + swz((j + (aq >> 1)) * 8 + ar, 2 * ks + (aq & 1)), b0, b1, b2, b3);
-                mma16816<T>(acc[j], a, b0, b1);
-                if (j + 1 < MT) mma16816<T>(acc[j + 1], a, b2, b3);
+                ptx_ldmatrix_x4(b0, b1, b2, b3, sa + swz((j + (aq >> 1)) * 8 + ar, 2 * ks + (aq & 1)));
+                ptx_mma_m16n8k16<T>(acc[j], a, b0, b1);
+                if (j + 1 < MT) ptx_mma_m16n8k16<T>(acc[j + 1], a, b2, b3);
             }
         }
     }
-    cp_wait<0>();
+    ptx_cp_async_wait<0>();
 
     /* lane holds rows n = n0 + 16·warp + lane/4 (+8), activation rows
      * m = 8j + 2·(lane%4) (+1) */

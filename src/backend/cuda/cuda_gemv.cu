@@ -62,17 +62,10 @@ static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __
     }
 }
 
-/* Weight rows are streamed once: bypass L1 (activations stay cached there)
- * and let L2 fetch whole 256-byte sectors ahead. Weights are never written
- * while kernels run, so the non-coherent path is safe even before
- * pdl_wait. */
-static __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
+/* Weight rows are read with ptx_ld_stream_v4: they are streamed once, so
+ * they bypass L1 (activations stay cached there) and L2 fetches whole
+ * 256-byte sectors ahead. Weights are never written while kernels run, so
+ * the non-coherent path is safe even before pdl_wait. */
 
 /* 8 consecutive activations of row j at column 8·vi, with ordinary loads:
  * the activations were written by the kernel before (cuda_pdl.cuh, rule 2). */
@@ -127,7 +120,7 @@ static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int q = 0; q < RG; q++) wv[u][q] = load_stream(wr[q] + v + 32 * u);
+            for (int q = 0; q < RG; q++) wv[u][q] = ptx_ld_stream_v4(wr[q] + v + 32 * u);
     }
     pdl_wait();
     while (full) {
@@ -154,14 +147,14 @@ static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
 #pragma unroll
             for (int u = 0; u < U; u++)
 #pragma unroll
-                for (int q = 0; q < RG; q++) wv[u][q] = load_stream(wr[q] + v + 32 * u);
+                for (int q = 0; q < RG; q++) wv[u][q] = ptx_ld_stream_v4(wr[q] + v + 32 * u);
         }
     }
     if (active) {
         for (; v < ve; v += 32) {
             uint4 w1[RG];
 #pragma unroll
-            for (int q = 0; q < RG; q++) w1[q] = load_stream(wr[q] + v);
+            for (int q = 0; q < RG; q++) w1[q] = ptx_ld_stream_v4(wr[q] + v);
 #pragma unroll
             for (int j = 0; j < NR; j++) {
                 if (j < n) {

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ptx.cuh"
 
 enum {
     DET_BM = 64, /* activation rows per CTA */
@@ -29,28 +30,6 @@ enum {
     DET_THREADS = 128,
 };
 
-static __device__ __forceinline__ uint32_t det_smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void det_ldmatrix_x4(uint32_t *r, const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(det_smem_u32(p)));
-}
-static __device__ __forceinline__ void det_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1,
-                                               const __nv_bfloat16 *) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ void det_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1,
-                                               const __half *) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 static __device__ __forceinline__ uint32_t det_pack(float lo, float hi, const __nv_bfloat16 *) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
@@ -123,18 +102,18 @@ static __global__ void __launch_bounds__(DET_THREADS)
             int mi = lane >> 3;
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
-                det_ldmatrix_x4(af[mt], xs + (wm * 32 + mt * 16 + (lane & 7) + (mi & 1) * 8) * DET_LD +
+                ptx_ldmatrix_x4(af[mt], xs + (wm * 32 + mt * 16 + (lane & 7) + (mi & 1) * 8) * DET_LD +
                                             ks * 16 + (mi >> 1) * 8);
 #pragma unroll
             for (int np = 0; np < 2; np++)
-                det_ldmatrix_x4(bf[np], ws + (wn * 32 + np * 16 + (lane & 7) + (mi >> 1) * 8) * DET_LD +
+                ptx_ldmatrix_x4(bf[np], ws + (wn * 32 + np * 16 + (lane & 7) + (mi >> 1) * 8) * DET_LD +
                                             ks * 16 + (mi & 1) * 8);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int np = 0; np < 2; np++) {
-                    det_mma(acc[mt][2 * np], af[mt], bf[np][0], bf[np][1], (const T *)0);
-                    det_mma(acc[mt][2 * np + 1], af[mt], bf[np][2], bf[np][3], (const T *)0);
+                    ptx_mma_m16n8k16<T>(acc[mt][2 * np], af[mt], bf[np][0], bf[np][1]);
+                    ptx_mma_m16n8k16<T>(acc[mt][2 * np + 1], af[mt], bf[np][2], bf[np][3]);
                 }
         }
     }

@@ -42,18 +42,11 @@
 #include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ptx.cuh"
 
-static __device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+static __device__ __forceinline__ void pdl_wait() { ptx_griddep_wait(); }
 
-static __device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+static __device__ __forceinline__ void pdl_trigger() { ptx_griddep_launch_dependents(); }
 
 /* kernel<<<grid, block, smem, c->stream>>>(args...), with programmatic
  * stream serialization when `pdl`; checks the launch. */

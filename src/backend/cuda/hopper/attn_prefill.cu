@@ -67,7 +67,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/hopper/attn_prefill.h"
 #include "backend/cuda/cuda_prefill_tiles.cuh"
-#include "backend/cuda/hopper/wgmma.cuh"
+#include "backend/cuda/hopper/ptx.cuh"
 
 using namespace hopper;
 
@@ -92,34 +92,9 @@ static __device__ __forceinline__ uint32_t swz(int r, int c, uint32_t block) {
     return (uint32_t)(c >> 3) * block + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
 }
 
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-static __device__ __forceinline__ void cp_async_wait_all(void) {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-/* ordinary / cp.async writes to shared memory → visible to wgmma (async proxy) */
-static __device__ __forceinline__ void fence_proxy_async(void) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-static __device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
-}
-static __device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 /* S = Q·Kᵀ for the warpgroup's 64 rows × 128 positions: 8 K steps of 16.
  * dq, dk: descriptors of the warpgroup's Q rows and of the K tile. */
@@ -166,15 +141,15 @@ static __device__ __forceinline__ void ha_softmax(float (&s)[64], float &m_a, fl
     mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
     /* scale > 0: max(s)·scale is the max of the scaled scores */
     float mn_a = fmaxf(m_a, mx_a * scale), mn_b = fmaxf(m_b, mx_b * scale);
-    corr_a = ex2(m_a - mn_a), corr_b = ex2(m_b - mn_b); /* 0 on the first tile (m = -inf) */
+    corr_a = ptx_ex2(m_a - mn_a), corr_b = ptx_ex2(m_b - mn_b); /* 0 on the first tile (m = -inf) */
     m_a = mn_a, m_b = mn_b;
     float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        s[4 * j] = ex2(fmaf(s[4 * j], scale, -mn_a));
-        s[4 * j + 1] = ex2(fmaf(s[4 * j + 1], scale, -mn_a));
-        s[4 * j + 2] = ex2(fmaf(s[4 * j + 2], scale, -mn_b));
-        s[4 * j + 3] = ex2(fmaf(s[4 * j + 3], scale, -mn_b));
+        s[4 * j] = ptx_ex2(fmaf(s[4 * j], scale, -mn_a));
+        s[4 * j + 1] = ptx_ex2(fmaf(s[4 * j + 1], scale, -mn_a));
+        s[4 * j + 2] = ptx_ex2(fmaf(s[4 * j + 2], scale, -mn_b));
+        s[4 * j + 3] = ptx_ex2(fmaf(s[4 * j + 3], scale, -mn_b));
         sum_a += s[4 * j] + s[4 * j + 1];
         sum_b += s[4 * j + 2] + s[4 * j + 3];
     }
@@ -239,12 +214,12 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
             bool valid = slot >= 0;
             if (!valid) slot = 0; /* zero-filled: finite, and masked anyway */
             uint32_t off = swz(it * 16 + warp * 2 + (lane >> 4), c, HA_KBLOCK);
-            cp_async16(kd + off, kbase + slot * a.k_stride + c * 8, valid);
-            cp_async16(vd + off, vbase + slot * a.v_stride + c * 8, valid);
+            ptx_cp_async16_zfill(kd + off, kbase + slot * a.k_stride + c * 8, valid);
+            ptx_cp_async16_zfill(vd + off, vbase + slot * a.v_stride + c * 8, valid);
         }
     };
     load_tile(0, 0);
-    cp_async_commit();
+    ptx_cp_async_commit();
 
     /* Q → bf16 → the swizzled Q tile (rows past the tile: zeros) */
 #pragma unroll
@@ -257,7 +232,7 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
             pk = make_uint4(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w), pack_bf16(y.x, y.y),
                             pack_bf16(y.z, y.w));
         }
-        st_shared16(q_s + swz(r, c, HA_QBLOCK), pk);
+        ptx_st_shared_v4(q_s + swz(r, c, HA_QBLOCK), pk);
     }
 
     int wg = warp >> 2;
@@ -276,12 +251,12 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     uint32_t p[8][4];
 
     for (int kt = 0; kt < n_tiles; kt++) {
-        cp_async_wait_all();
+        ptx_cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads(); /* tile kt (and Q) landed; everyone is done with tile kt - 1 */
         if (kt + 1 < n_tiles) {
             load_tile((kt + 1) % STAGES, kt + 1);
-            cp_async_commit();
+            ptx_cp_async_commit();
         }
         int st = kt % STAGES;
         wgmma_fence();

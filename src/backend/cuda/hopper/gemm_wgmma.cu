@@ -103,9 +103,9 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_pdl.cuh"
-#include "backend/cuda/hopper/gemm_wgmma_ptx.cuh"
+#include "backend/cuda/hopper/ptx.cuh"
 
-using namespace wgk;
+using namespace hopper;
 
 namespace {
 
@@ -168,7 +168,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
      * glu + n0 (glu = inter: W is [gate; up]) */
     const int n0 = blockIdx.x * (glu ? BN / 2 : BN), split = blockIdx.y;
     const int k0 = (int)((long)split * nk / S), cnt = (int)((long)(split + 1) * nk / S) - k0;
-    const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+    const uint32_t raw = ptx_smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
     float *part = (float *)(smem_raw + (base - raw)); /* [BM][LDP], after the main loop */
     auto full = [&](int s) { return base + C::BAR_OFF + 8u * (uint32_t)s; };
     auto empty = [&](int s) { return base + C::BAR_OFF + 8u * (uint32_t)(C::STAGES + s); };
@@ -190,7 +190,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
         if (lane == 0) {
             prefetch_tensormap(&tw);
             prefetch_tensormap(&tx);
-            const uint64_t pol = policy_evict_first();
+            const uint64_t pol = ptx_policy_evict_first();
             const int pre = cnt < C::STAGES ? cnt : C::STAGES;
             auto load_w = [&](int st, int i) {
                 if (glu) { /* two boxes of BN/2 rows: the same layout as one of BN */
@@ -262,7 +262,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
 
     /* this CTA's share of the tile: float4 groups i ≡ split (mod S) in
      * blocks of THREADS, summed over the S partials in split order */
-    const uint32_t pbase = smem_u32(part);
+    const uint32_t pbase = ptx_smem_u32(part);
     auto tile_sum = [&](int m, int c) {
         float4 v;
         if (S == 1) {

@@ -1,0 +1,47 @@
+/* buf.h — the growable byte buffer every module builds text in.
+ *
+ *   struct buf b = {0};             // empty; data is NULL until the first append
+ *   buf_append(&b, "abc", 3);
+ *   buf_printf(&b, " %d", 42);
+ *   use(b.data, b.len);             // data[len] is always 0 once anything was appended
+ *   buf_free(&b);                   // or char *s = buf_take(&b), which empties b
+ *
+ * Growth doubles the capacity, so appending n bytes costs O(n) amortized.
+ * Out of memory aborts (see mem.h): buffers hold internal text whose size
+ * callers bound.
+ */
+#ifndef KILN_BASE_BUF_H
+#define KILN_BASE_BUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct buf {
+    char *data; /* [cap]; NUL-terminated at len once allocated */
+    size_t len;
+    size_t cap;
+};
+
+/* Makes room for `extra` more bytes (and the terminating NUL). */
+void buf_reserve(struct buf *b, size_t extra);
+void buf_append(struct buf *b, const void *p, size_t n);
+void buf_puts(struct buf *b, const char *s);
+void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends the UTF-8 encoding of `cp`. */
+void buf_push_cp(struct buf *b, uint32_t cp);
+void buf_free(struct buf *b);
+/* The text as a malloc'd string ("" when empty); b is left empty. */
+char *buf_take(struct buf *b);
+
+static inline void buf_push(struct buf *b, char c) {
+    if (b->len + 2 > b->cap) buf_reserve(b, 1);
+    b->data[b->len++] = c;
+    b->data[b->len] = 0;
+}
+/* Empties b and keeps its memory. */
+static inline void buf_clear(struct buf *b) {
+    b->len = 0;
+    if (b->data) b->data[0] = 0;
+}
+
+#endif
