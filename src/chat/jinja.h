@@ -338,6 +338,7 @@ int jinja_call_macro(struct jctx *ctx, const struct jfunc *fn, struct jargs *arg
 /* String helpers shared by filters and methods. */
 struct jv jstr_strip(const struct jv s, const struct jv *chars, int left, int right);
 struct jv jstr_upper_lower(const struct jv s, int upper);
+struct jv jstr_capitalize(const struct jv s);
 struct jv jstr_replace(struct jctx *ctx, const struct jv s, const struct jv old, const struct jv rep, int64_t count);
 
 #endif

@@ -13,7 +13,6 @@
 #include "base/error.h"
 #include "base/mem.h"
 
-struct jv jstr_capitalize(const struct jv s);
 
 typedef int (*filter_fn)(struct jctx *ctx, const struct jv *v, struct jargs *a, struct jv *out);
 

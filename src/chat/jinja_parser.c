@@ -4,6 +4,7 @@
  * Nesting is bounded so hostile input cannot exhaust the stack. */
 #include "chat/jinja.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,9 +57,14 @@ static void describe(const struct jtoken *t, char *buf, size_t n) {
     }
 }
 
-static int fail_at(struct parser *p, const struct jtoken *t, const char *fmt, const char *a, const char *b) {
+static int fail_at(struct parser *p, const struct jtoken *t, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail_at(struct parser *p, const struct jtoken *t, const char *fmt, ...) {
     char msg[512];
-    snprintf(msg, sizeof msg, fmt, a ? a : "", b ? b : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     return kiln_errorf(p->err, "template:%d:%d: %s", t->line, t->col, msg);
 }
 
@@ -156,7 +162,7 @@ static struct jnode *parse_tuple(struct parser *p, int simplified, int with_cond
 
 static int enter(struct parser *p) {
     if (++p->depth > PARSE_MAX_DEPTH) {
-        fail_at(p, cur(p), "template nested too deeply%s%s", NULL, NULL);
+        fail_at(p, cur(p), "template nested too deeply");
         return -1;
     }
     return 0;
@@ -229,7 +235,7 @@ static struct jnode *parse_primary(struct parser *p) {
     } else {
         char got[96];
         describe(t, got, sizeof got);
-        fail_at(p, t, "unexpected %s%s", got, NULL);
+        fail_at(p, t, "unexpected %s", got);
     }
     p->depth--;
     return n;
@@ -246,9 +252,9 @@ static int parse_call_args(struct parser *p, struct jnode *n) {
             if (is_op(cur(p), JOP_RPAREN)) break;
         }
         if (is_op(cur(p), JOP_MUL) || is_op(cur(p), JOP_POW))
-            return fail_at(p, cur(p), "*args and **kwargs in calls are not supported%s%s", NULL, NULL);
+            return fail_at(p, cur(p), "*args and **kwargs in calls are not supported");
         if (cur(p)->type == JTOK_NAME && is_op(peek(p), JOP_ASSIGN)) {
-            if (n->nkwnames >= 64) return fail_at(p, cur(p), "too many keyword arguments%s%s", NULL, NULL);
+            if (n->nkwnames >= 64) return fail_at(p, cur(p), "too many keyword arguments");
             names_push(n, cur(p)->text);
             advance(p);
             advance(p);
@@ -256,7 +262,7 @@ static int parse_call_args(struct parser *p, struct jnode *n) {
             if (!v) return -1;
             nodes_push(&n->kwargs, v);
         } else {
-            if (n->kwargs.n) return fail_at(p, open, "invalid syntax for function call expression%s%s", NULL, NULL);
+            if (n->kwargs.n) return fail_at(p, open, "invalid syntax for function call expression");
             struct jnode *v = parse_expression(p, 1);
             if (!v) return -1;
             nodes_push(&n->args, v);
@@ -410,7 +416,7 @@ static struct jnode *parse_test(struct parser *p, struct jnode *node) {
                 is_op(c, JOP_LPAREN) || is_op(c, JOP_LBRACKET) || is_op(c, JOP_LBRACE)) &&
                !is_name(c, "else") && !is_name(c, "or") && !is_name(c, "and")) {
         if (is_name(c, "is")) {
-            fail_at(p, c, "You cannot chain multiple tests with is%s%s", NULL, NULL);
+            fail_at(p, c, "You cannot chain multiple tests with is");
             goto fail;
         }
         struct jnode *arg = parse_primary(p);
@@ -652,7 +658,7 @@ static int check_target(struct parser *p, struct jnode *t) {
     if (t->kind == JN_NAME) {
         if (!strcmp(t->name, "true") || !strcmp(t->name, "false") || !strcmp(t->name, "none") ||
             !strcmp(t->name, "loop") || !strcmp(t->name, "True") || !strcmp(t->name, "None") || !strcmp(t->name, "False")) {
-            if (strcmp(t->name, "loop")) return fail_at(p, cur(p), "can't assign to %s%s", t->name, NULL);
+            if (strcmp(t->name, "loop")) return fail_at(p, cur(p), "can't assign to %s", t->name);
         }
         return 0;
     }
@@ -661,7 +667,7 @@ static int check_target(struct parser *p, struct jnode *t) {
             if (check_target(p, t->args.v[i])) return -1;
         return 0;
     }
-    return fail_at(p, cur(p), "can't assign to this expression%s%s", NULL, NULL);
+    return fail_at(p, cur(p), "can't assign to this expression");
 }
 
 static struct jnode *parse_assign_target(struct parser *p, const char *extra_end, int with_namespace) {
@@ -702,7 +708,7 @@ static int parse_signature(struct parser *p, struct jnode *n) {
     while (!is_op(cur(p), JOP_RPAREN)) {
         if (n->nkwnames && expect_op(p, JOP_COMMA)) return -1;
         if (cur(p)->type != JTOK_NAME) return fail_expected(p, "name");
-        if (n->nkwnames >= 64) return fail_at(p, cur(p), "too many parameters%s%s", NULL, NULL);
+        if (n->nkwnames >= 64) return fail_at(p, cur(p), "too many parameters");
         names_push(n, cur(p)->text);
         advance(p);
         if (is_op(cur(p), JOP_ASSIGN)) {
@@ -711,7 +717,7 @@ static int parse_signature(struct parser *p, struct jnode *n) {
             if (!d) return -1;
             nodes_push(&n->kwargs, d);
         } else if (n->kwargs.n) {
-            return fail_at(p, cur(p), "non-default argument follows default argument%s%s", NULL, NULL);
+            return fail_at(p, cur(p), "non-default argument follows default argument");
         }
     }
     advance(p);
@@ -732,7 +738,7 @@ static int uses_name(const struct jnode *n, const char *name) {
 static struct jnode *parse_statement(struct parser *p) {
     struct jtoken *t = cur(p);
     if (t->type != JTOK_NAME) {
-        fail_at(p, t, "tag name expected%s%s", NULL, NULL);
+        fail_at(p, t, "tag name expected");
         return NULL;
     }
     const char *tag = t->text;
@@ -771,7 +777,7 @@ static struct jnode *parse_statement(struct parser *p) {
             if (!(n->c = parse_expression(p, 1))) goto fail;
         }
         if (is_name(cur(p), "recursive")) {
-            fail_at(p, cur(p), "recursive loops are not supported%s%s", NULL, NULL);
+            fail_at(p, cur(p), "recursive loops are not supported");
             goto fail;
         }
         static const char *const ends[] = {"endfor", "else", NULL};
@@ -817,7 +823,7 @@ static struct jnode *parse_statement(struct parser *p) {
             if (is_op(cur(p), JOP_LPAREN) && parse_signature(p, n)) goto fail;
             if (!(n->a = parse_expression(p, 1))) goto fail;
             if (n->a->kind != JN_CALL) {
-                fail_at(p, t, "expected call%s%s", NULL, NULL);
+                fail_at(p, t, "expected call");
                 goto fail;
             }
         }
@@ -861,12 +867,12 @@ static struct jnode *parse_statement(struct parser *p) {
         advance(p);
     } else if (!strcmp(tag, "break") || !strcmp(tag, "continue")) {
         if (!p->loops) {
-            fail_at(p, t, "'%s' outside loop%s", tag, NULL);
+            fail_at(p, t, "'%s' outside loop", tag);
             goto fail;
         }
         n = node_new(tag[0] == 'b' ? JN_BREAK : JN_CONTINUE, t);
     } else {
-        fail_at(p, t, "unknown tag '%s'%s", tag, NULL);
+        fail_at(p, t, "unknown tag '%s'", tag);
         goto fail;
     }
     p->depth--;
@@ -914,7 +920,7 @@ static int parse_body(struct parser *p, struct jnodes *body, const char *const *
                 for (size_t i = 0; end_tags[i]; i++)
                     if (!strcmp(name->text, end_tags[i])) return 0;
             if (name->type == JTOK_NAME && !strncmp(name->text, "end", 3) && !end_tags)
-                return fail_at(p, name, "unexpected '%s' (no block is open)%s", name->text, NULL);
+                return fail_at(p, name, "unexpected '%s' (no block is open)", name->text);
             if (name->type == JTOK_NAME && end_tags &&
                 (!strncmp(name->text, "end", 3) || !strcmp(name->text, "elif") || !strcmp(name->text, "else"))) {
                 char want[128] = "";

@@ -350,6 +350,8 @@ void http_request_on_close(struct http_request *r, void (*cb)(void *), void *arg
 }
 
 /* Protocol errors: answer and close, the byte stream can no longer be trusted. */
+static void protocol_error(struct http_conn *c, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static void protocol_error(struct http_conn *c, int status, const char *code, const char *fmt, ...) {
     char msg[512];
     va_list ap;

@@ -72,6 +72,8 @@ char *http_error_json(int status, const char *code, const char *param, const cha
 }
 
 static void send_error(struct http_request *r, int status, const char *code, const char *param,
+                       const char *extra, const char *fmt, va_list ap) __attribute__((format(printf, 6, 0)));
+static void send_error(struct http_request *r, int status, const char *code, const char *param,
                        const char *extra, const char *fmt, va_list ap) {
     char message[1024];
     int n = vsnprintf(message, sizeof message, fmt, ap);

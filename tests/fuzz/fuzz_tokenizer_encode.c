@@ -17,6 +17,9 @@
 static struct kiln_tokenizer *tok;
 static int lossless, lossless_all;
 
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;

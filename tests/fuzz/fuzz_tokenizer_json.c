@@ -38,6 +38,8 @@ static void exercise(struct kiln_tokenizer *tok, const char *text, size_t len) {
     kiln_token_ids_free(&ids);
 }
 
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct kiln_error err;
     struct kiln_tokenizer *tok;
