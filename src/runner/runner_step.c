@@ -244,9 +244,9 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
     return 0;
 }
 
-/* The step, then whether the backend could run all of it: an operation
- * that could not get device memory skipped its work (backend_ops.
- * step_status), so the step fails and what it wrote (logits, tokens, the
+/* The step, then whether the backend could run all of it
+ * (backend_ops.step_status): an operation that could not get device
+ * memory skipped its work, so the step fails and what it wrote (logits, tokens, the
  * batch's KV slots) is garbage the caller discards. The backend gave its
  * grow-on-demand scratch back, which makes recorded graphs stale, and a
  * size whose eager first run failed must run eagerly again before it is

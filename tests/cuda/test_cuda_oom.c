@@ -33,6 +33,7 @@
 #include <cmocka.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "cache/kv_pool.h"
@@ -42,7 +43,7 @@
 #include "tensor/backend.h"
 #include "../step_batch.h"
 
-enum { PAGE = 16, BIG = 8192, MAX_CTX = BIG + 64, VOCAB = 512, SMALL = 32, CHUNK = 24, DECODES = 3 };
+enum { PAGE = 16, BIG = 8192, MAX_CTX = BIG + 64, VOCAB = 512, SMALL = 32, CHUNK = 24 };
 
 static const char config[] =
     "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"],"

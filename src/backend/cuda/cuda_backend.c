@@ -69,8 +69,9 @@ int cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t byte
         cuda_oom_record(c, bytes, what);
         return -1;
     }
-    if (e != cudaSuccess) cuda_fail("cudaMallocAsync(&s->p, bytes, c->stream)", cudaGetErrorString(e),
-                                    __FILE__, __LINE__);
+    if (e != cudaSuccess)
+        cuda_fail("cudaMallocAsync(&s->p, bytes, c->stream)", cudaGetErrorString(e), __FILE__,
+                  __LINE__);
     s->bytes = bytes;
     return 0;
 }
@@ -78,10 +79,15 @@ int cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t byte
 /* Reports and clears the pending allocation failure. */
 static int oom_take(struct cuda_ctx *c, struct kiln_error *err) {
     if (!c->oom.bytes) return 0;
-    double mib = (double)c->oom.bytes / (1 << 20), gib = 1024.0 * 1024 * 1024;
+    char size[48];
+    if (c->oom.bytes >= (size_t)1 << 20)
+        snprintf(size, sizeof size, "%.2f MiB", (double)c->oom.bytes / (1 << 20));
+    else
+        snprintf(size, sizeof size, "%zu bytes", c->oom.bytes);
+    double gib = 1024.0 * 1024 * 1024;
     kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY,
-                "device out of memory: %.2f MiB for %s (%.2f GiB in use of %.2f GiB)", mib,
-                c->oom.what, (double)(c->oom.total_bytes - c->oom.free_bytes) / gib,
+                "device out of memory: %s for %s (%.2f GiB in use of %.2f GiB)", size, c->oom.what,
+                (double)(c->oom.total_bytes - c->oom.free_bytes) / gib,
                 (double)c->oom.total_bytes / gib);
     memset(&c->oom, 0, sizeof c->oom);
     return -1;
@@ -103,7 +109,8 @@ static int cuda_step_status(void *ctx, struct kiln_error *err) {
     c->scratch_gen++;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     cudaMemPool_t pool;
-    if (cudaDeviceGetDefaultMemPool(&pool, c->device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
+    if (cudaDeviceGetDefaultMemPool(&pool, c->device) == cudaSuccess)
+        (void)cudaMemPoolTrimTo(pool, 0);
     (void)cudaGetLastError();
     return oom_take(c, err);
 }

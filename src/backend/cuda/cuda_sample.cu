@@ -774,9 +774,8 @@ static void sample_run(void *ctx, int32_t *tokens, float *logits, long ld, long 
     int nsplit;
     long chunk = argmax_chunk(vocab, &nsplit);
     long max_rows = n > c->max_tokens ? n : c->max_tokens;
-    if (cuda_scratch_reserve(c, &c->sample_part, (size_t)max_rows * nsplit * sizeof(struct sample_partial),
-                             max_rows))
-        return;
+    size_t part_bytes = (size_t)max_rows * nsplit * sizeof(struct sample_partial);
+    if (cuda_scratch_reserve(c, &c->sample_part, part_bytes, max_rows)) return;
     if (!c->sample_ready) {
         CUDA_CHECK(cudaFuncSetAttribute(row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)sizeof(row_smem)));
