@@ -229,8 +229,15 @@ static void *cuda_graph_end(void *ctx) {
         (void)cudaGetLastError();
         return NULL;
     }
-    /* Upload now so the first replay does not pay for it. */
-    CUDA_CHECK(cudaGraphUpload(x, c->stream));
+    /* Upload now so the first replay does not pay for it (the device
+     * memory it takes may not be there: a graph that failed to record). */
+    e = cudaGraphUpload(x, c->stream);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        CUDA_CHECK(cudaGraphExecDestroy(x));
+        return NULL;
+    }
+    CUDA_CHECK(e);
     struct cuda_graph *cg = xmalloc(sizeof *cg);
     cg->exec = x;
     cg->gen = c->scratch_gen;
