@@ -135,7 +135,7 @@ static void run_step(struct runner *r, const struct model_step *s, int kind) {
     if (kind) sample_tail(r, s->bb->n_tokens);
 }
 
-static int forward_impl(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
+static int forward_body(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
                         int32_t *tokens, float *logits, struct kiln_error *err) {
     if (b->mode == BATCH_MODE_IDLE || b->n_tokens == 0) return 0;
     if (check_batch(r, b, err)) return -1;
@@ -242,6 +242,26 @@ static int forward_impl(struct runner *r, const struct batch *b, const struct ru
     }
     r->stage_busy = 0; /* a download waited for the stream */
     return 0;
+}
+
+/* The step, then whether the backend could run all of it
+ * (backend_ops.step_status): an operation that could not get device
+ * memory skipped its work, so the step fails and what it wrote (logits, tokens, the
+ * batch's KV slots) is garbage the caller discards. The backend gave its
+ * grow-on-demand scratch back, which makes recorded graphs stale, and a
+ * size whose eager first run failed must run eagerly again before it is
+ * recorded: the graphs go. */
+static int forward_impl(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
+                        int32_t *tokens, float *logits, struct kiln_error *err) {
+    int rc = forward_body(r, b, smp, tokens, logits, err);
+    const struct backend_ops *ops = r->be->ops;
+    struct kiln_error st = {0};
+    if (ops->step_status && ops->step_status(r->be->ctx, &st)) {
+        runner_drop_graphs(r);
+        if (rc == 0 && err) *err = st;
+        return -1;
+    }
+    return rc;
 }
 
 int runner_forward(struct runner *r, const struct batch *b, float *logits, struct kiln_error *err) {

@@ -291,7 +291,16 @@ struct backend_ops {
     const void *(*weight_upload_later)(void *ctx, const void *const *hosts, const size_t *bytes,
                                        int count);
     void (*weights_finish)(void *ctx);
-
+    /* Whether the operations enqueued since the last call could run:
+     * operations return nothing, so one that cannot get the device memory
+     * it needs (a larger batch than the memory plan foresaw) skips its
+     * work and the failure waits here; later operations of the step may
+     * compute garbage. -1 with the failure in err (KILN_ERR_OUT_OF_MEMORY:
+     * what, how much, the device's memory) and the failure cleared; the
+     * backend is then ready for the next step. The runner calls it after
+     * every forward and discards a failed one's results. NULL: operations
+     * never fail (the CPU aborts on host out of memory). */
+    int (*step_status)(void *ctx, struct kiln_error *err);
 };
 
 /* Per-row parameters of backend_ops.sample (device memory). Greedy (the

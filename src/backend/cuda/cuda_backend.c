@@ -27,19 +27,92 @@ void cuda_assert_fail(const char *expr, const char *file, int line, const char *
     kiln_assert_fail(expr, file, line, msg);
 }
 
-void cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t bytes) {
-    if (bytes <= s->bytes) return;
+void cuda_oom_record(struct cuda_ctx *c, size_t bytes, const char *what) {
+    (void)cudaGetLastError(); /* out of memory is not sticky: the context stays usable */
+    if (c->oom.bytes) return;
+    size_t fr = 0, total = 0;
+    if (cudaMemGetInfo(&fr, &total) != cudaSuccess) (void)cudaGetLastError(), fr = total = 0;
+    c->oom.bytes = bytes ? bytes : 1;
+    c->oom.free_bytes = fr;
+    c->oom.total_bytes = total;
+    snprintf(c->oom.what, sizeof c->oom.what, "%s", what);
+}
+
+int cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t bytes, long rows) {
+    if (bytes <= s->bytes) return 0;
     /* The model runs a batch size eagerly before recording it, so scratch
      * has its size by then; growing while recording would capture memory
      * that the graph itself allocates. */
     CUDA_ASSERT_MSG(!c->capturing, "cuda backend: scratch grew while recording a graph");
+    /* the step already failed: its result is discarded, nothing more to get */
+    if (c->oom.bytes) return -1;
     c->scratch_gen++;
     if (s->p) CUDA_CHECK(cudaFreeAsync(s->p, c->stream));
+    s->p = NULL;
+    s->bytes = 0;
     bytes = (bytes + 255) & ~(size_t)255;
-    /* Out of device memory here is a sizing bug: reserve() and the KV pool
-     * leave room for scratch. */
-    CUDA_CHECK(cudaMallocAsync(&s->p, bytes, c->stream));
+    /* Batches larger than the memory plan foresaw (a long prefill of a
+     * large model, another process on the device) can run out here: the
+     * step fails, not the process. */
+    cudaError_t e = cudaMallocAsync(&s->p, bytes, c->stream);
+    if (e == cudaErrorMemoryAllocation) {
+        s->p = NULL;
+        char what[112];
+        if (s == &c->act16)
+            snprintf(what, sizeof what, "the 16-bit activations of a %ld-row product", rows);
+        else if (s == &c->moe_dev)
+            snprintf(what, sizeof what, "the expert rows of a %ld-token MoE layer", rows);
+        else if (s == &c->sample_part)
+            snprintf(what, sizeof what, "the sampler's partials of %ld rows", rows);
+        else
+            snprintf(what, sizeof what, "scratch of a %ld-row operation", rows);
+        cuda_oom_record(c, bytes, what);
+        return -1;
+    }
+    if (e != cudaSuccess)
+        cuda_fail("cudaMallocAsync(&s->p, bytes, c->stream)", cudaGetErrorString(e), __FILE__,
+                  __LINE__);
     s->bytes = bytes;
+    return 0;
+}
+
+/* Reports and clears the pending allocation failure. */
+static int oom_take(struct cuda_ctx *c, struct kiln_error *err) {
+    if (!c->oom.bytes) return 0;
+    char size[48];
+    if (c->oom.bytes >= (size_t)1 << 20)
+        snprintf(size, sizeof size, "%.2f MiB", (double)c->oom.bytes / (1 << 20));
+    else
+        snprintf(size, sizeof size, "%zu bytes", c->oom.bytes);
+    double gib = 1024.0 * 1024 * 1024;
+    kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY,
+                "device out of memory: %s for %s (%.2f GiB in use of %.2f GiB)", size, c->oom.what,
+                (double)(c->oom.total_bytes - c->oom.free_bytes) / gib,
+                (double)c->oom.total_bytes / gib);
+    memset(&c->oom, 0, sizeof c->oom);
+    return -1;
+}
+
+/* backend_ops.step_status. After a failure the grow-on-demand scratch goes
+ * back to the device (the next step reserves what it needs, so a smaller
+ * batch fits where this one did not) and recorded graphs go stale. */
+static int cuda_step_status(void *ctx, struct kiln_error *err) {
+    struct cuda_ctx *c = ctx;
+    if (!c->oom.bytes) return 0;
+    CUDA_ASSERT(!c->capturing);
+    struct cuda_scratch *s[] = {&c->act16, &c->moe_dev};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        if (s[i]->p) CUDA_CHECK(cudaFreeAsync(s[i]->p, c->stream));
+        s[i]->p = NULL;
+        s[i]->bytes = 0;
+    }
+    c->scratch_gen++;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, c->device) == cudaSuccess)
+        (void)cudaMemPoolTrimTo(pool, 0);
+    (void)cudaGetLastError();
+    return oom_take(c, err);
 }
 
 static void *cuda_alloc(void *ctx, size_t bytes) {
@@ -94,14 +167,16 @@ static int cuda_reserve(void *ctx, long max_tokens, long max_context, int max_he
         c->attn.bytes = 0;
         if (cudaMallocAsync(&c->attn.p, attn, c->stream) != cudaSuccess) {
             (void)cudaGetLastError();
-            return kiln_errorf(err, "cuda backend: out of device memory for %zu bytes of attention "
-                                    "scratch", attn);
+            c->attn.p = NULL;
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY,
+                               "cuda backend: out of device memory for %zu bytes of attention "
+                               "scratch", attn);
         }
         c->attn.bytes = attn;
         /* the decode kernel's arrival counters start at zero */
         CUDA_CHECK(cudaMemsetAsync(c->attn.p, 0, CUDA_ATTN_COUNTER_BYTES, c->stream));
     }
-    cuda_sample_reserve(c);
+    if (cuda_sample_reserve(c)) return oom_take(c, err);
     return 0;
 }
 
@@ -154,8 +229,15 @@ static void *cuda_graph_end(void *ctx) {
         (void)cudaGetLastError();
         return NULL;
     }
-    /* Upload now so the first replay does not pay for it. */
-    CUDA_CHECK(cudaGraphUpload(x, c->stream));
+    /* Upload now so the first replay does not pay for it (the device
+     * memory it takes may not be there: a graph that failed to record). */
+    e = cudaGraphUpload(x, c->stream);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        CUDA_CHECK(cudaGraphExecDestroy(x));
+        return NULL;
+    }
+    CUDA_CHECK(e);
     struct cuda_graph *cg = xmalloc(sizeof *cg);
     cg->exec = x;
     cg->gen = c->scratch_gen;
@@ -256,6 +338,7 @@ static const struct backend_ops cuda_ops = {
     .norm_matmul_rope = cuda_op_norm_matmul_rope,
     .norm_swiglu_mlp = cuda_op_norm_swiglu_mlp,
     .attention_matmul = cuda_op_attention_matmul,
+    .step_status = cuda_step_status,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,

@@ -28,7 +28,9 @@
  * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
  * failure there is a broken invariant (bad launch, device fault) and aborts
  * with file:line. Failures a user can cause (no GPU, out of memory) are
- * reported through return values instead.
+ * reported through return values instead; operations return nothing, so
+ * device memory a step cannot get is recorded in the context (oom) and
+ * reported by backend_ops.step_status after the step.
  *
  * This header is plain C (the .cu files include it inside extern "C").
  */
@@ -153,6 +155,13 @@ struct cuda_ctx {
                                     (KILN_CUDA_AD_W=2|4 forces) */
     int ad_occ4;                 /* CTAs of its 4-warp kernel an SM (0: not asked yet) */
     unsigned gemm_small_ready;   /* MoE product variants whose smem limit is set (cuda_gemm_small.cu) */
+    /* Device memory a step could not get (cuda_oom_record): the first
+     * failure since backend_ops.step_status last looked; bytes 0: none.
+     * While one is pending, scratch does not grow and MoE layers skip. */
+    struct {
+        size_t bytes, free_bytes, total_bytes;
+        char what[112];
+    } oom;
 };
 
 /* Attention kernels (KILN_CUDA_ATTN=auto|scalar|split; see cuda_attention.cu). */
@@ -162,8 +171,16 @@ enum cuda_attn_impl {
     CUDA_ATTN_SPLIT,    /* the fp32 split-KV kernel for every row */
 };
 
-/* Makes sure s holds at least bytes (stream-ordered; contents are lost). */
-void cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t bytes);
+/* Makes sure s holds at least bytes (stream-ordered; contents are lost)
+ * for an operation on `rows` rows. Out of device memory (or another
+ * failure pending) returns -1 with the failure recorded and s empty: the
+ * caller skips its kernels; the step's result is discarded
+ * (backend_ops.step_status). */
+int cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t bytes, long rows);
+/* Records that `bytes` of device memory for `what` could not be had
+ * (the first failure of a step wins) with the device's free and total
+ * memory now, and clears the CUDA error state. */
+void cuda_oom_record(struct cuda_ctx *c, size_t bytes, const char *what);
 
 /* Operations, with the signatures of struct backend_ops. */
 void cuda_op_embed(void *ctx, float *y, const struct backend_weight *table, const int32_t *ids,
@@ -214,8 +231,9 @@ size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c);
  * greedy token for greedy rows). */
 void cuda_op_sample(void *ctx, int32_t *tokens, float *logits, long ld, long n, long vocab,
                     const struct backend_sample_row *rows, const struct backend_sample_adj *adj);
-/* Reserves the sampler's scratch for c->max_tokens rows (from reserve). */
-void cuda_sample_reserve(struct cuda_ctx *c);
+/* Reserves the sampler's scratch for c->max_tokens rows (from reserve);
+ * -1: out of device memory (recorded in c->oom). */
+int cuda_sample_reserve(struct cuda_ctx *c);
 void cuda_sample_kept(void *ctx, unsigned char *kept, int32_t *tokens, float *logits, long ld,
                       long n, long vocab, const struct backend_sample_row *rows,
                       const struct backend_sample_adj *adj);
@@ -315,7 +333,8 @@ void cuda_gemm_small_grouped(struct cuda_ctx *c, enum dtype dt, int tile_rows, v
                              const void *x16, long ldx, const int32_t *order, int top_k,
                              const void *const *w_a, const void *const *w_b, const void *tiles,
                              const int *n_tiles, long max_tiles, long N, long K);
-/* x16 [n][cols] = x in dt (16-bit), in the act16 scratch (cuda_matmul.cu) */
+/* x16 [n][cols] = x in dt (16-bit), in the act16 scratch (cuda_matmul.cu);
+ * NULL when the scratch could not grow (nothing run) */
 void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt);
 
 /* The small-M wgmma + TMA product (hopper/gemm_wgmma.cu, built only with

@@ -239,7 +239,7 @@ extern "C" void cuda_bias_add(struct cuda_ctx *c, float *y, long ldy, const floa
 static void *to16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt,
                   int parts) {
     size_t elems = (size_t)n * (size_t)cols;
-    cuda_scratch_reserve(c, &c->act16, elems * 2 * (size_t)parts);
+    if (cuda_scratch_reserve(c, &c->act16, elems * 2 * (size_t)parts, n)) return NULL;
     dim3 grid(grid_for(n * cols, 256)), block(256);
     if (dt == DTYPE_BF16) {
         __nv_bfloat16 *xb = (__nv_bfloat16 *)c->act16.p;
@@ -275,6 +275,7 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     if (half) {
         int parts = c->split_act ? 2 : 1;
         const char *xb = (const char *)to16(c, x, ldx, n, cols, w->dtype, parts);
+        if (!xb) return;
         size_t bytes = (size_t)n * (size_t)cols * 2;
         for (int part = 0; part < parts; part++)
             product16(c, y, ldy, xb + bytes * (size_t)part, cols, w,
@@ -315,7 +316,7 @@ extern "C" void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, fl
         cuda_op_matmul(ctx, y, ldy, nm->x, nm->dim, w, bias, n);
         return;
     }
-    cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)nm->dim * 2);
+    if (cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)nm->dim * 2, n)) return;
     cuda_add_rmsnorm16(c, nm, n, c->act16.p, w->dtype);
     product16(c, y, ldy, c->act16.p, nm->dim, w, bias, n, 0.0f);
 }
@@ -334,7 +335,7 @@ extern "C" void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *n
     const struct backend_weight *w = &stack->cat; /* weights are always stacked here */
 #ifdef KILN_CUDA_HOPPER
     if (handoff16(c, nm, w, n) && ldy % 4 == 0 && ((uintptr_t)y & 15) == 0 && w->cols == nm->dim) {
-        cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)nm->dim * 2);
+        if (cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)nm->dim * 2, n)) return;
         if (cuda_wgmma_rope_ok(c, w, c->act16.p, nm->dim, n, r)) {
             cuda_add_rmsnorm16(c, nm, n, c->act16.p, w->dtype);
             cuda_wgmma_rope_run(c, y, ldy, c->act16.p, nm->dim, w, bias, n, r);
@@ -372,7 +373,7 @@ extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm
         /* act16: the norm's output, then (SwiGLU in the product's
          * epilogue, which writes while other CTAs still read the norm's
          * output) g at n·d elements past it */
-        cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)(d + inter) * 2);
+        if (cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)(d + inter) * 2, n)) return;
         void *x16 = c->act16.p, *g16 = (char *)c->act16.p + (size_t)n * (size_t)d * 2;
         cuda_add_rmsnorm16(c, nm, n, x16, gate_up->dtype);
 #ifdef KILN_CUDA_HOPPER
@@ -425,7 +426,7 @@ extern "C" void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *a
         cuda_op_matmul(ctx, y, ldy, att, ldatt, wo, bias, n);
         return;
     }
-    cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)wo->cols * 2);
+    if (cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)wo->cols * 2, n)) return;
     cuda_attn_decode16(c, c->act16.p, wo->dtype, wo->cols, q, ldq, k_cache, v_cache, p, b);
 #ifdef KILN_CUDA_HOPPER
     if (cuda_wgmma_attn_out(c, y, ldy, c->act16.p, wo->cols, wo, bias, n)) return;

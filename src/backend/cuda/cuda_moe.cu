@@ -276,7 +276,13 @@ static void *const *moe_table(struct cuda_ctx *c, const struct moe_experts *e) {
     CUDA_ASSERT_MSG(h, "out of host memory");
     moe_fill(e, h);
     void **d = NULL;
-    CUDA_CHECK(cudaMalloc((void **)&d, (size_t)n * sizeof *d));
+    cudaError_t me = cudaMalloc((void **)&d, (size_t)n * sizeof *d);
+    if (me == cudaErrorMemoryAllocation) {
+        free(h);
+        cuda_oom_record(c, (size_t)n * sizeof *d, "the expert table of a MoE layer");
+        return NULL;
+    }
+    CUDA_CHECK(me);
     CUDA_CHECK(cudaMemcpyAsync(d, h, (size_t)n * sizeof *d, cudaMemcpyHostToDevice, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     ts->t[ts->n++] = (struct moe_table){n, h, d};
@@ -324,10 +330,11 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     int bm = rows <= 16 * E ? 16 : 64;
     long max_tiles = (rows + bm - 1) / bm + (E < rows ? E : rows);
     void *const *tab = moe_table(c, e);
+    if (!tab) return;
     /* scratch: h [rows][F] 16-bit, out [rows][H] fp32, order, where [rows], tiles, count */
     size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
     size_t bytes = h_bytes + (size_t)rows * H * 4 + (size_t)rows * 8 + (size_t)max_tiles * 16 + 16;
-    cuda_scratch_reserve(c, &c->moe_dev, bytes);
+    if (cuda_scratch_reserve(c, &c->moe_dev, bytes, n)) return;
     char *p = (char *)c->moe_dev.p;
     void *h = p;
     float *out = (float *)(p + h_bytes);
@@ -335,6 +342,7 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     int32_t *order = (int32_t *)(tiles + max_tiles), *where = order + rows;
     int *n_tiles = (int *)(where + rows);
     const void *x16 = cuda_act16(c, x, H, n, H, dt);
+    if (!x16) return;
     pdl_launch(c, moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), (size_t)(E + 33) * 4, ids, (int)rows, (int)E,
                bm, order, where, tiles, n_tiles);
     cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
@@ -352,12 +360,14 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
                                 const float *weights, int top_k, const struct moe_experts *e,
                                 long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    if (n <= 0) return;
+    /* after an allocation failure in the step the routing ids may be
+     * garbage, and both paths index with them (the host path asserts) */
+    if (n <= 0 || c->oom.bytes) return;
     if (moe_device_ok(c, e, top_k, n)) return moe_ffn_device(c, y, x, ids, weights, top_k, e, n);
     long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
     /* device scratch: xg [rows][H], g, u [rows][F], out [rows][H], order, where [rows] */
     size_t fl = (size_t)rows * (size_t)(2 * H + 2 * F);
-    cuda_scratch_reserve(c, &c->moe_dev, fl * 4 + (size_t)rows * 8);
+    if (cuda_scratch_reserve(c, &c->moe_dev, fl * 4 + (size_t)rows * 8, n)) return;
     float *xg = (float *)c->moe_dev.p, *g = xg + rows * H, *u = g + rows * F, *out = u + rows * F;
     int32_t *order_d = (int32_t *)(out + rows * H), *where_d = order_d + rows;
     if ((size_t)rows > c->moe_host_rows) {

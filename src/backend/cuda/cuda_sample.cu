@@ -756,13 +756,13 @@ static long argmax_chunk(long vocab, int *nsplit) {
     return chunk;
 }
 
-extern "C" void cuda_sample_reserve(struct cuda_ctx *c) {
+extern "C" int cuda_sample_reserve(struct cuda_ctx *c) {
     /* the partials for max_tokens rows at the most splits any vocabulary
      * takes: sized once here, so no sampling call grows scratch (which
      * would make recorded graphs stale) */
-    cuda_scratch_reserve(c, &c->sample_part,
-                         (size_t)(c->max_tokens > 0 ? c->max_tokens : 1) * A_MAX_SPLIT *
-                             sizeof(struct sample_partial));
+    long rows = c->max_tokens > 0 ? c->max_tokens : 1;
+    return cuda_scratch_reserve(c, &c->sample_part,
+                                (size_t)rows * A_MAX_SPLIT * sizeof(struct sample_partial), rows);
 }
 
 static void sample_run(void *ctx, int32_t *tokens, float *logits, long ld, long n, long vocab,
@@ -774,7 +774,8 @@ static void sample_run(void *ctx, int32_t *tokens, float *logits, long ld, long 
     int nsplit;
     long chunk = argmax_chunk(vocab, &nsplit);
     long max_rows = n > c->max_tokens ? n : c->max_tokens;
-    cuda_scratch_reserve(c, &c->sample_part, (size_t)max_rows * nsplit * sizeof(struct sample_partial));
+    size_t part_bytes = (size_t)max_rows * nsplit * sizeof(struct sample_partial);
+    if (cuda_scratch_reserve(c, &c->sample_part, part_bytes, max_rows)) return;
     if (!c->sample_ready) {
         CUDA_CHECK(cudaFuncSetAttribute(row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)sizeof(row_smem)));
