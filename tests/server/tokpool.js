@@ -65,11 +65,17 @@ async function gapDuringBig(url) {
 
 test('a 2 MB prompt tokenizing does not stall a concurrent stream', async () => {
   const inl = await gapDuringBig(I);
-  const pool = await gapDuringBig(P);
   console.log(`  inline: 2 MB prompt ${inl.big.toFixed(0)} ms, max chunk gap during it ${inl.during.toFixed(0)} ms (before: ${inl.before.toFixed(0)} ms)`);
-  console.log(`  pool:   2 MB prompt ${pool.big.toFixed(0)} ms, max chunk gap during it ${pool.during.toFixed(0)} ms (before: ${pool.before.toFixed(0)} ms)`);
-  // generous: the loop still parses the 2 MB body and writes the answer, and
-  // this machine has 2 cores; blocked for the tokenization would be ~= big
+  // A loop blocked for the tokenization shows a gap of nearly all of it
+  // (inline: ~98%) on every try. On a loaded machine (2 cores, ctest -j2,
+  // sanitizers) this client or the server can also be descheduled for a
+  // while: that is chance, so a few tries get a chance to show a free loop.
+  let pool;
+  for (let k = 0; k < 3; k++) {
+    pool = await gapDuringBig(P);
+    console.log(`  pool:   2 MB prompt ${pool.big.toFixed(0)} ms, max chunk gap during it ${pool.during.toFixed(0)} ms (before: ${pool.before.toFixed(0)} ms)`);
+    if (pool.during < 0.5 * pool.big) break;
+  }
   assert.ok(pool.during < 0.5 * pool.big, `pool: stream stalled ${pool.during} ms of a ${pool.big} ms tokenization`);
 });
 
