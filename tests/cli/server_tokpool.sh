@@ -7,11 +7,12 @@ m="$KILN_MODELS/stories260K"
 t="$KILN_SRC/tests/server/chatml.jinja"
 fail=0
 # P: everything through 2 workers (no inline fast path), and a grace long enough
-# for slow builds (ASan) to finish what the SIGTERM test sends; I: all on the loop thread
+# for slow (ASan, loaded) builds to finish what the SIGTERM test sends: it is a
+# cap, the server exits as soon as that is done; I: all on the loop thread
 serve_start P --model "$m" --skip-sampler-warmup --threads 1 --chat-template "$t" \
-    --tokenizer-workers 2 --tokenizer-inline-bytes 0 --shutdown-timeout 60
+    --tokenizer-workers 2 --tokenizer-inline-bytes 0 --shutdown-timeout 600
 serve_start I --model "$m" --skip-sampler-warmup --threads 1 --chat-template "$t" --tokenizer-workers 0
-serve_node tokpool.js "$URL_P" "$URL_I" "$PID_P" || fail=1
+serve_node tokpool.js "$URL_P" "$URL_I" "$PID_P" "$LOG_P" || fail=1
 serve_wait P || fail=1
 [ $fail -eq 0 ] && echo "tokpool: ok"
 exit $fail

@@ -150,4 +150,34 @@ async function metrics(url, headers) {
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-module.exports = { test, run, client, request, post, get, raw, parseRaw, assertErrorShape, readSafetensors, parseSSE, metrics, sleep, assert };
+// Polls `cond()` (sync or async) until it is truthy; throws after `ms`.
+// The limits are generous on purpose: a loaded or sanitizer build is slow,
+// and a test waits for the event, never for a guessed time.
+async function until(cond, ms, what) {
+  const t0 = Date.now();
+  for (;;) {
+    const v = await cond();
+    if (v) return v;
+    if (Date.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+// Waits until the server's log file (stderr) has a line matching `re`; returns it.
+function waitLog(path, re, ms = 60000) {
+  return until(() => {
+    const text = fs.existsSync(path) ? fs.readFileSync(path, 'utf8') : '';
+    return text.split('\n').find((l) => re.test(l));
+  }, ms, `a log line ${re} in ${path}`);
+}
+
+// Resolves when the socket closes, or throws after `ms`.
+function closed(sock, ms, what) {
+  return new Promise((resolve, reject) => {
+    if (sock.destroyed && sock.closed) { resolve(); return; }
+    const t = setTimeout(() => reject(new Error(`timed out after ${ms} ms waiting for ${what} to close`)), ms);
+    sock.once('close', () => { clearTimeout(t); resolve(); });
+  });
+}
+
+module.exports = { test, run, client, request, post, get, raw, parseRaw, assertErrorShape, readSafetensors, parseSSE, metrics, sleep, until, waitLog, closed, assert };

@@ -1,15 +1,16 @@
 // tokpool.js — the tokenizer pool.
-// Usage: node tokpool.js URL_POOL URL_INLINE PID_POOL
+// Usage: node tokpool.js URL_POOL URL_INLINE PID_POOL LOG_POOL
 //   URL_POOL: --tokenizer-workers 2 --tokenizer-inline-bytes 0 (every prompt on the pool)
 //   URL_INLINE: --tokenizer-workers 0 (every prompt on the loop thread)
 // The last test sends SIGTERM to the pool server.
 'use strict';
 const http = require('http');
 const net = require('net');
-const { test, run, post, get, metrics, sleep, assert } = require('./lib');
+const { test, run, post, get, metrics, sleep, until, waitLog, assert } = require('./lib');
 
 const P = process.argv[2], I = process.argv[3];
 const pidP = Number(process.argv[4]);
+const logP = process.argv[5]; // the pool server's stderr: its shutdown line
 const BIG = 'the cat sat on a mat and ran far away. '.repeat(52000); // 2,028,000 bytes
 // 2,000,000 random letters and spaces: ~3x slower to tokenize than BIG (fewer merges hit)
 const HARD = (() => {
@@ -64,11 +65,17 @@ async function gapDuringBig(url) {
 
 test('a 2 MB prompt tokenizing does not stall a concurrent stream', async () => {
   const inl = await gapDuringBig(I);
-  const pool = await gapDuringBig(P);
   console.log(`  inline: 2 MB prompt ${inl.big.toFixed(0)} ms, max chunk gap during it ${inl.during.toFixed(0)} ms (before: ${inl.before.toFixed(0)} ms)`);
-  console.log(`  pool:   2 MB prompt ${pool.big.toFixed(0)} ms, max chunk gap during it ${pool.during.toFixed(0)} ms (before: ${pool.before.toFixed(0)} ms)`);
-  // generous: the loop still parses the 2 MB body and writes the answer, and
-  // this machine has 2 cores; blocked for the tokenization would be ~= big
+  // A loop blocked for the tokenization shows a gap of nearly all of it
+  // (inline: ~98%) on every try. On a loaded machine (2 cores, ctest -j2,
+  // sanitizers) this client or the server can also be descheduled for a
+  // while: that is chance, so a few tries get a chance to show a free loop.
+  let pool;
+  for (let k = 0; k < 3; k++) {
+    pool = await gapDuringBig(P);
+    console.log(`  pool:   2 MB prompt ${pool.big.toFixed(0)} ms, max chunk gap during it ${pool.during.toFixed(0)} ms (before: ${pool.before.toFixed(0)} ms)`);
+    if (pool.during < 0.5 * pool.big) break;
+  }
   assert.ok(pool.during < 0.5 * pool.big, `pool: stream stalled ${pool.during} ms of a ${pool.big} ms tokenization`);
 });
 
@@ -147,13 +154,16 @@ test('a client that disconnects while its prompt is queued or tokenizing: droppe
   // the server goes on answering meanwhile, and afterwards
   const h = await get(P, '/health');
   assert.strictEqual(h.status, 200);
+  // wait until all six are dropped, or all six went through the pool (a
+  // cancelled job is still counted in its batch) and at least one was dropped:
+  // a job that finished before the loop saw the close is answered into the void
   let m1;
-  for (let k = 0; k < 20; k++) {
+  await until(async () => {
     m1 = await metrics(P);
-    if (m1['kiln:client_disconnects_total'] - m0['kiln:client_disconnects_total'] >= 6) break;
-    await sleep(50);
-  }
-  // a job that finished before the loop saw the close is answered into the void instead
+    const dropped = m1['kiln:client_disconnects_total'] - m0['kiln:client_disconnects_total'];
+    const through = m1['kiln:tokenizer_batch_size_sum'] - m0['kiln:tokenizer_batch_size_sum'];
+    return dropped >= 6 || (through >= 6 && dropped >= 1);
+  }, 120000, 'the six jobs dropped or done');
   const n = m1['kiln:client_disconnects_total'] - m0['kiln:client_disconnects_total'];
   console.log(`  6 clients gone: ${n} jobs dropped`);
   assert.ok(n >= 1, `disconnects ${n}`);
@@ -199,11 +209,11 @@ test('SIGTERM while a prompt is tokenizing and another is still arriving: both a
   const a = splitRequest(P, '/tokenize', { prompt: BIG }, Infinity, async () => aSent());
   let signalled;
   const sig = new Promise((r) => { signalled = r; });
+  // the rest of B goes once the server says it has handled the signal
   const b = splitRequest(P, '/v1/chat/completions', { messages: [{ role: 'user', content: BIG }], max_tokens: 2 }, 1000,
-    async () => { await aIn; process.kill(pidP, 'SIGTERM'); signalled(); await sleep(200); });
+    async () => { await aIn; process.kill(pidP, 'SIGTERM'); await waitLog(logP, /SIGTERM: no longer accepting/); signalled(); });
   await sig;
-  // no new connections once the signal is handled
-  await sleep(100);
+  // the listening socket is closed before that line is written: no new connections
   await assert.rejects(get(P, '/health'), /ECONNREFUSED|ECONNRESET|socket hang up/);
   const [ra, rb] = await Promise.all([a, b]);
   assert.strictEqual(ra.status, 200, ra.text.slice(0, 200));
