@@ -309,8 +309,10 @@ test('a very large answer (n 128 x 2 prompts x 100 tokens, logprobs 20) is built
     assert.ok(Object.keys(c.logprobs.top_logprobs[99]).length >= 5);
   }
   assert.ok(r.body.length > 10e6, `${r.body.length} bytes`);
-  // built on the loop thread this stalled /health for about 1.3 s
-  assert.ok(worst < 500, `/health took up to ${worst} ms (${n} probes) while the answer was built`);
+  // built on the loop thread this stalled /health for about 1.3 s in a
+  // Release build (several seconds under the sanitizers); the worst of ~2,000
+  // probes on a loaded machine reaches ~0.6 s by scheduling alone
+  assert.ok(worst < 1000, `/health took up to ${worst} ms (${n} probes) while the answer was built`);
 });
 
 run();
