@@ -20,7 +20,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (ok) {
         KILN_ASSERT(cfg.arch >= 0 && cfg.arch < ARCH_COUNT);
         KILN_ASSERT(cfg.hidden_size > 0 && cfg.n_layers > 0 && cfg.vocab_size > 0);
-        KILN_ASSERT(cfg.n_heads > 0 && cfg.n_kv_heads > 0 && cfg.n_heads % cfg.n_kv_heads == 0);
+        KILN_ASSERT(cfg.n_heads > 0 && cfg.n_kv_heads > 0);
+        /* grouped-query attention needs whole groups; MLA (a latent cache,
+         * one shared KV head) ignores num_key_value_heads, as transformers does */
+        KILN_ASSERT(cfg.kv_lora_rank > 0 || cfg.n_heads % cfg.n_kv_heads == 0);
         KILN_ASSERT(cfg.head_dim > 0);
         KILN_ASSERT(cfg.n_eos >= 0 && cfg.n_eos <= MODEL_MAX_EOS);
         KILN_ASSERT(cfg.n_experts_per_tok <= cfg.n_experts || cfg.n_experts == 0);
