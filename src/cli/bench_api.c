@@ -22,16 +22,6 @@ const char *bench_api_path(enum bench_api api) {
     return "/";
 }
 
-const char *bench_api_name(enum bench_api api) {
-    switch (api) {
-    case BENCH_API_OPENAI: return "openai";
-    case BENCH_API_OPENAI_CHAT: return "openai-chat";
-    case BENCH_API_GENERATE: return "kiln";
-    case BENCH_API_SCORE: return "score";
-    }
-    return "?";
-}
-
 char *bench_api_payload(const struct bench_options *o, const char *model, const struct bench_prompt *p,
                         int output_len, size_t *len, struct kiln_error *err) {
     json_t *b = json_object();

@@ -30,7 +30,6 @@
 char *bench_api_payload(const struct bench_options *o, const char *model, const struct bench_prompt *p,
                         int output_len, size_t *len, struct kiln_error *err);
 const char *bench_api_path(enum bench_api api);
-const char *bench_api_name(enum bench_api api);
 
 /* Per-request response state. */
 struct bench_api_stream {

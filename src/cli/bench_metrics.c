@@ -96,7 +96,8 @@ void bench_metrics_compute(struct bench_metrics *m, const struct bench_run *run)
     free(itl);
 }
 
-const char *bench_metrics_output_source(const struct bench_metrics *m) {
+/* "usage", "retokenized", "mixed" or "none". */
+static const char *bench_metrics_output_source(const struct bench_metrics *m) {
     if (m->n_usage && m->n_retokenized) return "mixed";
     if (m->n_usage) return "usage";
     if (m->n_retokenized) return "retokenized";

@@ -41,8 +41,6 @@ struct bench_metrics {
 
 /* Results must already carry retok_output_len and output_len. */
 void bench_metrics_compute(struct bench_metrics *m, const struct bench_run *run);
-/* "usage", "retokenized", "mixed" or "none". */
-const char *bench_metrics_output_source(const struct bench_metrics *m);
 void bench_metrics_print(FILE *f, const struct bench_metrics *m, const struct bench_run *run);
 /* Appends one JSON line to path. */
 int bench_metrics_write_json(const char *path, const struct bench_metrics *m, const struct bench_run *run,

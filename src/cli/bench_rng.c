@@ -16,7 +16,7 @@ void bench_rng_init(struct bench_rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
 }
 
-uint64_t bench_rng_next(struct bench_rng *r) {
+static uint64_t bench_rng_next(struct bench_rng *r) {
     uint64_t *s = r->s;
     uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
     s[2] ^= s[0];
@@ -28,7 +28,8 @@ uint64_t bench_rng_next(struct bench_rng *r) {
     return out;
 }
 
-double bench_rng_uniform(struct bench_rng *r) { return (double)(bench_rng_next(r) >> 11) * 0x1.0p-53; }
+/* Uniform in [0, 1). */
+static double bench_rng_uniform(struct bench_rng *r) { return (double)(bench_rng_next(r) >> 11) * 0x1.0p-53; }
 
 int64_t bench_rng_range(struct bench_rng *r, int64_t lo, int64_t hi) {
     uint64_t span = (uint64_t)(hi - lo) + 1;

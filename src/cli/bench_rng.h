@@ -12,9 +12,6 @@ struct bench_rng {
 };
 
 void bench_rng_init(struct bench_rng *r, uint64_t seed);
-uint64_t bench_rng_next(struct bench_rng *r);
-/* Uniform in [0, 1). */
-double bench_rng_uniform(struct bench_rng *r);
 /* Uniform integer in [lo, hi] (hi >= lo). */
 int64_t bench_rng_range(struct bench_rng *r, int64_t lo, int64_t hi);
 /* Exponential with the given rate (mean 1/rate). */

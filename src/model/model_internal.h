@@ -191,10 +191,8 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
 /* Vectors concatenated into one device vector (the biases of a stacked matrix). */
 int ws_vector_cat(struct weight_source *ws, const char *const *names, const long *lens, int count,
                   float fill, const float **out, struct kiln_error *err);
-int ws_has(const struct weight_source *ws, const char *name);
 void *model_own(struct model *m, void *host);
 const void *model_upload(struct model *m, const void *host, size_t bytes);
-void *model_alloc(struct model *m, size_t bytes);
 
 /* rope.c: cos/sin table [max_pos][dim/2][2] and the yarn attention factor. */
 void rope_table_build(const struct rope_config *rc, int dim, int max_pos,

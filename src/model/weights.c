@@ -60,11 +60,6 @@ void model_weights_ready(struct model *m) {
     m->weights_pending = 0;
 }
 
-void *model_alloc(struct model *m, size_t bytes) {
-    void *p = m->be->ops->alloc(m->be->ctx, bytes);
-    return p;
-}
-
 static uint64_t rng_next(uint64_t *s) {
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -75,10 +70,6 @@ static uint64_t rng_next(uint64_t *s) {
 /* Uniform in [-scale, scale). */
 static float rng_uniform(uint64_t *s, float scale) {
     return ((float)(rng_next(s) >> 40) / (float)(1ull << 24) * 2.0f - 1.0f) * scale;
-}
-
-int ws_has(const struct weight_source *ws, const char *name) {
-    return ws->st ? st_find(ws->st, name) != NULL : 1;
 }
 
 static enum dtype dummy_dtype(const struct model *m) {

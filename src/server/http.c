@@ -94,7 +94,7 @@ struct http_server {
 
 static void conn_process(struct http_conn *c);
 
-const char *http_status_text(int status) {
+static const char *http_status_text(int status) {
     switch (status) {
     case 100: return "Continue";
     case 200: return "OK";

@@ -137,6 +137,4 @@ int http_parse_chunk_size(const char *line, size_t n, unsigned long long *out);
 /* Compares in time independent of where the strings differ. */
 int http_secure_equal(const char *a, size_t alen, const char *b, size_t blen);
 
-const char *http_status_text(int status);
-
 #endif

@@ -77,7 +77,7 @@ int jr_int(const json_t *o, const char *key, long long lo, long long hi, long lo
     return 1;
 }
 
-int jr_num(const json_t *o, const char *key, double lo, double hi, double *out, struct req_error *e) {
+static int jr_num(const json_t *o, const char *key, double lo, double hi, double *out, struct req_error *e) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v))

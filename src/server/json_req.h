@@ -40,7 +40,6 @@ json_t *jr_parse_body(const char *body, size_t len, struct req_error *e);
 /* Field readers: 1 when present, 0 when absent or null (out untouched), -1
  * on a wrong type or a value out of range. */
 int jr_int(const json_t *o, const char *key, long long lo, long long hi, long long *out, struct req_error *e);
-int jr_num(const json_t *o, const char *key, double lo, double hi, double *out, struct req_error *e);
 int jr_bool(const json_t *o, const char *key, int *out, struct req_error *e);
 int jr_str(const json_t *o, const char *key, const char **out, struct req_error *e);
 

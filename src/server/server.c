@@ -269,7 +269,7 @@ int server_refuse_late(struct server *s, struct http_request *r) {
 
 /* ---- small routes ------------------------------------------------------------ */
 
-void route_health(struct server *s, struct http_request *r) {
+static void route_health(struct server *s, struct http_request *r) {
     (void)s;
     http_respond(r, 200, "application/json", "{}", 2, NULL);
 }
@@ -351,7 +351,7 @@ static json_t *model_json(struct server *s) {
                      s->opt->model_dir ? s->opt->model_dir : s->model_name, "max_model_len", s->context_length);
 }
 
-void route_models(struct server *s, struct http_request *r) {
+static void route_models(struct server *s, struct http_request *r) {
     server_reply_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(s)));
 }
 
@@ -439,7 +439,7 @@ static void route_server_info(struct server *s, struct http_request *r) {
     server_reply_json(r, 200, v);
 }
 
-void route_model_info(struct server *s, struct http_request *r) {
+static void route_model_info(struct server *s, struct http_request *r) {
     server_reply_json(r, 200, json_pack("{s:s,s:s,s:b,s:i}", "model_path",
                                         s->opt->model_dir ? s->opt->model_dir : s->model_name, "served_model_name",
                                         s->model_name, "is_generation", 1, "context_length", s->context_length));

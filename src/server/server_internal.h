@@ -90,12 +90,9 @@ int server_chat_prompt(struct server *s, const json_t *body, struct prompt_list 
 
 void route_completions(struct server *s, struct http_request *r);
 void route_chat_completions(struct server *s, struct http_request *r);
-void route_models(struct server *s, struct http_request *r);
 void route_generate(struct server *s, struct http_request *r);
 void route_tokenize(struct server *s, struct http_request *r);
 void route_detokenize(struct server *s, struct http_request *r);
 void route_score(struct server *s, struct http_request *r);
-void route_health(struct server *s, struct http_request *r);
-void route_model_info(struct server *s, struct http_request *r);
 
 #endif

@@ -142,7 +142,8 @@ void dec_run_init(struct dec_run *r, const struct decoder *d) {
     }
 }
 
-void dec_run_reset(struct dec_run *r) {
+/* Forgets all state (keeps r->out). */
+static void dec_run_reset(struct dec_run *r) {
     for (size_t i = 0; i < r->n_stages; i++) {
         struct dec_stage *s = &r->stages[i];
         buf_clear(&s->buf);

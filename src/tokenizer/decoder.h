@@ -80,8 +80,6 @@ struct dec_run {
 /* `d` NULL means no decoder. */
 void dec_run_init(struct dec_run *r, const struct decoder *d);
 void dec_run_free(struct dec_run *r);
-/* Forgets all state (keeps r->out). */
-void dec_run_reset(struct dec_run *r);
 int dec_run_token(struct dec_run *r, const char *s, size_t n);
 int dec_run_finish(struct dec_run *r);
 
