@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # moe.sh — MoE on the GPU in one run: build, the MoE and model
-# tests, then decode benchmarks of the MoE configs (KILN_CUDA_MOE=device,
+# tests, then decode benchmarks of the MoE configs (KILN_CUDA_MOE=device, the default,
 # the device path with graphs, against the default host sort and cuBLAS per
 # expert without graphs),
 # a dense check (Llama-3.1-8B at 64 sequences), and `ctest -L gpu` if the

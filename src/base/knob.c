@@ -52,7 +52,7 @@ static const struct knob_def table[KNOB_COUNT] = {
                       ENUM(KNOB_PUBLIC, "auto", WORDS("auto", "bf16", "f32"),
                            "GPU KV cache element: auto is bf16, or f32 with KILN_CUDA_MATMUL=bf16x2")},
     [KNOB_CUDA_MOE] = {"KILN_CUDA_MOE",
-                       ENUM(KNOB_PUBLIC, "host", WORDS("host", "device"),
+                       ENUM(KNOB_PUBLIC, "device", WORDS("host", "device"),
                             "MoE rows sorted by expert on the host, or on the device (batches up "
                             "to KILN_CUDA_MOE_MAX tokens; MoE models then decode from graphs)")},
     /* DEBUG */

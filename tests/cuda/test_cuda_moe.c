@@ -179,6 +179,13 @@ static void test_moe_ffn_device(void **state) {
     check_moe_ffn(DTYPE_BF16, 128, 8, 256, 128, 100, 1, 1e-2, 1);
     check_moe_ffn(DTYPE_BF16, 16, 4, 128, 64, 100, 1, 1e-2, 1);
     check_moe_ffn(DTYPE_F16, 60, 4, 192, 64, 33, 0, 3e-3, 1); /* qwen2-moe's 60 experts, f16 */
+    /* a few rows per expert: the grouped GEMV (one-row tiles for one token,
+     * 8-row tiles else; one expert taking every token: several tiles) */
+    check_moe_ffn(DTYPE_F16, 60, 4, 192, 64, 1, 0, 3e-3, 1);
+    check_moe_ffn(DTYPE_F16, 60, 4, 192, 64, 5, 0, 3e-3, 1);
+    check_moe_ffn(DTYPE_BF16, 128, 8, 256, 128, 24, 1, 1e-2, 1);
+    check_moe_ffn(DTYPE_BF16, 64, 6, 2048, 1408, 1, 0, 1e-2, 1); /* DeepSeek-V2-Lite's shapes */
+    check_moe_ffn(DTYPE_BF16, 64, 6, 2048, 1408, 3, 0, 1e-2, 1);
 }
 
 static void test_moe_ffn_host(void **state) {
@@ -194,7 +201,7 @@ int main(void) {
     struct kiln_error err = {0};
     struct backend_options bo = {0};
     if (backend_create(&cpu, "cpu", &bo, &err)) return 1;
-    setenv("KILN_CUDA_MOE", "device", 1); /* opt-in (cuda_backend.c) */
+    setenv("KILN_CUDA_MOE", "device", 1); /* the default, whatever the environment says */
     knob_reload(NULL);
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) printf("test_cuda_moe: %s; the tests below fail\n", err.msg);

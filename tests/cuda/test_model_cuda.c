@@ -28,7 +28,7 @@
  *   - fused and unfused runs agree within 0.5% of the range (they differ
  *     by one bf16 rounding of the keys).
  *
- * MoE (the device path, KILN_CUDA_MOE=device, whose decode steps record
+ * MoE (the device path, the default KILN_CUDA_MOE=device, whose decode steps record
  * as graphs): qwen3_moe with every token taking all 8 experts against the
  * CPU as above (no expert choice for a rounding to flip); and with top 4
  * of 32, graphs against KILN_GRAPHS=0 bit for bit, and against the host
@@ -293,7 +293,7 @@ static void test_qwen3_moe_graphs(void **state) { (void)state; NEED_GPU(); check
 
 int main(void) {
     struct kiln_error err = {0};
-    setenv("KILN_CUDA_MOE", "device", 1); /* the MoE device path is opt-in (cuda_backend.c) */
+    setenv("KILN_CUDA_MOE", "device", 1); /* the default, whatever the environment says */
     knob_reload(NULL);
     struct backend be;
     struct backend_options bo = {0};

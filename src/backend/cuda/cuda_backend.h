@@ -22,6 +22,7 @@
  *   cuda_matmul_det.cu  row-invariant matmul for --deterministic
  *   cuda_moe.cu         expert routing and the expert MLPs
  *   cuda_gemm_small.cu  the experts' grouped products on the device (mma.sync)
+ *   cuda_moe_gemv.cu    the experts' products for a few rows per expert (grouped GEMV)
  *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
  *   hopper/gemm_wgmma.cu small-M product on wgmma + TMA (sm_90a, cc 9.0)
  *
@@ -333,6 +334,15 @@ void cuda_gemm_small_grouped(struct cuda_ctx *c, enum dtype dt, int tile_rows, v
                              const void *x16, long ldx, const int32_t *order, int top_k,
                              const void *const *w_a, const void *const *w_b, const void *tiles,
                              const int *n_tiles, long max_tiles, long N, long K);
+/* The experts' products for a few rows per expert (cuda_moe_gemv.cu): the
+ * tile list of cuda_gemm_small_grouped with tiles of tile_rows (1, 4 or 8)
+ * rows; h [rows][F] (dt) = silu(x·gateᵀ)·(x·upᵀ) with sorted row p reading
+ * fp32 x row order[p] / top_k, then out [rows][H] (fp32) = h · downᵀ. tab:
+ * the device table [gate E][up E][down E]. ok: shapes and x alignment. */
+int cuda_moe_gemv_ok(long hidden, long inter, const float *x);
+void cuda_moe_gemv(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *h, float *out,
+                   const float *x, long H, long F, const int32_t *order, int top_k,
+                   void *const *tab, long E, const void *tiles, const int *n_tiles, long max_tiles);
 /* x16 [n][cols] = x in dt (16-bit), in the act16 scratch (cuda_matmul.cu);
  * NULL when the scratch could not grow (nothing run) */
 void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt);

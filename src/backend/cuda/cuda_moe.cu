@@ -325,9 +325,16 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
                            const float *weights, int top_k, const struct moe_experts *e, long n) {
     long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
     enum dtype dt = e->gate[0].dtype;
-    /* 16-row tiles while the average expert gets up to 16 rows (decode),
-     * else 64 */
-    int bm = rows <= 16 * E ? 16 : 64;
+    /* A few rows per expert: the grouped GEMV (cuda_moe_gemv.cu), tiles of
+     * one row for one token (its experts are distinct), else of 8; more:
+     * the mma.sync grouped product, 16-row tiles while the average expert
+     * gets up to 16 rows, else 64. H100, dummy weights: Qwen3-30B-A3B
+     * batch-1 decode 4.50 -> 3.86 ms/step with the GEMV; at 64 tokens with
+     * skewed routing (a few experts take most rows) the GEMV's 8-row
+     * tiles re-read the weights and lose (13.4 -> 30.3 ms/step), hence
+     * the bound of two rows per expert on average. */
+    int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E;
+    int bm = gemv ? (n == 1 ? 1 : 8) : rows <= 16 * E ? 16 : 64;
     long max_tiles = (rows + bm - 1) / bm + (E < rows ? E : rows);
     void *const *tab = moe_table(c, e);
     if (!tab) return;
@@ -341,14 +348,18 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     int4 *tiles = (int4 *)(out + rows * H);
     int32_t *order = (int32_t *)(tiles + max_tiles), *where = order + rows;
     int *n_tiles = (int *)(where + rows);
-    const void *x16 = cuda_act16(c, x, H, n, H, dt);
-    if (!x16) return;
+    const void *x16 = gemv ? NULL : cuda_act16(c, x, H, n, H, dt);
+    if (!gemv && !x16) return;
     pdl_launch(c, moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), (size_t)(E + 33) * 4, ids, (int)rows, (int)E,
                bm, order, where, tiles, n_tiles);
-    cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
-                            (const void *const *)(tab + E), tiles, n_tiles, max_tiles, F, H);
-    cuda_gemm_small_grouped(c, dt, bm, out, H, h, F, NULL, 1, (const void *const *)(tab + 2 * E), NULL, tiles,
-                            n_tiles, max_tiles, H, F);
+    if (gemv) {
+        cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles);
+    } else {
+            cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
+                                (const void *const *)(tab + E), tiles, n_tiles, max_tiles, F, H);
+        cuda_gemm_small_grouped(c, dt, bm, out, H, h, F, NULL, 1, (const void *const *)(tab + 2 * E), NULL, tiles,
+                                n_tiles, max_tiles, H, F);
+    }
     pdl_launch(c, moe_combine_kernel, dim3(grid_for(n, 1)), dim3(256), 0, y, (const float *)out,
                (const int32_t *)where, weights, top_k, n, H);
     c->moe_device_calls++;
