@@ -122,7 +122,7 @@ int model_load_dummy(struct model **out, const struct model_config *cfg, struct 
     m->gen.bos_token_id = cfg->bos_token_id;
     m->gen.n_eos = cfg->n_eos;
     memcpy(m->gen.eos_token_ids, cfg->eos_token_ids, sizeof cfg->eos_token_ids);
-    struct weight_source ws = {.st = NULL, .rng = (opt && opt->seed ? opt->seed : 0x9e3779b97f4a7c15ull),
+    struct weight_source ws = {.st = NULL, .seed = (opt && opt->seed ? opt->seed : 0x9e3779b97f4a7c15ull),
                                .m = m};
     if (finish_load(m, &ws, opt, err)) {
         model_free(m);

@@ -11,10 +11,20 @@
 /* Where weights come from. */
 struct weight_source {
     struct st_set *st; /* NULL: dummy weights */
-    uint64_t rng;
+    uint64_t seed;     /* dummy weights: tensor/dummy_fill.h */
+    uint64_t n_tensors; /* dummy tensors made so far: the next one's index */
     struct model *m;   /* owner of converted / generated host buffers */
-    const void *last_host; /* host bytes of the last matrix ws_matrix loaded */
+    const void *last_host; /* host bytes of the last matrix ws_matrix loaded (NULL: made on
+                              the device; ws_last_host makes them) */
+    uint64_t last_tensor;  /* ... its dummy tensor index, elements and columns */
+    size_t last_n;
+    long last_cols;
 };
+
+/* The host bytes of the last matrix ws_matrix loaded (the checkpoint's, or
+ * dummy values made again on the host when the device made them), valid
+ * for the model's life. NULL when out of memory. */
+const void *ws_last_host(struct weight_source *ws);
 
 /* Ordinary multi-head attention (llama, qwen2, qwen3, qwen moe). */
 struct attn_mha {

@@ -22,6 +22,7 @@
 struct kiln_error;
 struct backend_sample_row;
 struct backend_sample_adj;
+struct dummy_part;
 
 /* A weight matrix on the device: [rows][cols] contiguous, in its dtype. */
 struct backend_weight {
@@ -267,6 +268,13 @@ struct backend_ops {
      * shape s, library workspaces included: what the memory plan counts
      * for the backend (src/runner/mem_plan.h). NULL: none on the device. */
     size_t (*workspace_bytes)(void *ctx, const struct backend_step_shape *s);
+    /* Dummy weights made on the device: device memory holding `count`
+     * tensors one after another, part i filled as tensor/dummy_fill.h
+     * defines (the same bytes as the host fill). NULL where the backend
+     * cannot (a dtype it does not fill, out of memory): the model fills
+     * on the host and uploads. Saves a host fill and a copy of every
+     * byte of a model of tens of GB. */
+    const void *(*weight_dummy)(void *ctx, const struct dummy_part *parts, int count);
 
     /* Host memory the device copies from without staging (CUDA: pinned).
      * An upload from it may still be in flight when `upload` returns: the

@@ -340,6 +340,7 @@ static const struct backend_ops cuda_ops = {
     .attention_matmul = cuda_op_attention_matmul,
     .step_status = cuda_step_status,
     .workspace_bytes = cuda_op_workspace_bytes,
+    .weight_dummy = cuda_op_weight_dummy,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,

@@ -330,6 +330,11 @@ void cuda_uploader_destroy(struct cuda_ctx *c);
 /* backend_ops.weight_release: the tensor's slab goes back to the device
  * with its last tensor. */
 void cuda_weight_free(struct cuda_ctx *c, const void *dev);
+/* Device memory for the concatenation of count weights, from the slabs;
+ * NULL when out of memory. */
+void *cuda_weight_alloc(struct cuda_ctx *c, const size_t *bytes, int count);
+/* backend_ops.weight_dummy (cuda_dummy.cu). */
+const void *cuda_op_weight_dummy(void *ctx, const struct dummy_part *parts, int count);
 /* Device memory the weights' slabs take (bytes), for tests and the log. */
 size_t cuda_weight_slab_bytes(const struct cuda_ctx *c);
 

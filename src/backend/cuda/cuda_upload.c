@@ -211,6 +211,11 @@ static unsigned char *alloc_weight(struct cuda_uploader *u, const size_t *bytes,
     return p;
 }
 
+void *cuda_weight_alloc(struct cuda_ctx *c, const size_t *bytes, int count) {
+    size_t total;
+    return alloc_weight(uploader(c), bytes, count, &total);
+}
+
 void cuda_weight_free(struct cuda_ctx *c, const void *dev) {
     struct cuda_uploader *u = c->up;
     if (!dev || !u) return;
