@@ -40,7 +40,8 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
         return -1;
     /* W_UK_h^T [kvr][nope] per head, in the checkpoint dtype (a transpose
      * is exact), made from kv_b_proj's host bytes. */
-    const unsigned char *src = ws->last_host;
+    const unsigned char *src = ws_last_host(ws);
+    if (!src) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for MLA weights");
     if (ws_matrix(ws, P("o_proj.weight"), d, H * vd, &a->wo, err)) return -1;
 #undef P
     enum dtype dt = a->wkv_b.dtype;

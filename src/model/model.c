@@ -29,50 +29,39 @@ int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int m
     return c->n_layers;
 }
 
-static long lmax(long a, long b) { return a > b ? a : b; }
+int model_fuses_shared(const struct model *m) { return m->fuse_shared; }
 
 static int reserve_activations(struct model *m, struct kiln_error *err) {
     const struct model_config *c = &m->cfg;
     struct activations *a = &m->act;
-    long T = m->max_batch_tokens, d = c->hidden_size;
-    struct act_widths w = {0};
-    m->fam->act_widths(c, &w);
-    long inter = lmax(c->intermediate_size,
-                      lmax(c->shared_expert_intermediate_size,
-                           (long)c->moe_intermediate_size * lmax(c->n_shared_experts, 1)));
-    /* K: routing slots a token, shared experts fused into the list included */
-    long E = lmax(c->n_experts, 1), K = lmax(c->n_experts_per_tok, 1) + lmax(c->n_shared_experts, 0);
-#define ALLOC(field, count, type)                                                          \
-    do {                                                                                   \
-        a->field = m->be->ops->alloc(m->be->ctx, (size_t)(count) * sizeof(type));         \
-        if (!a->field) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for activations (%s)", #field); \
-    } while (0)
-    ALLOC(h, T * d, float);
-    ALLOC(xn, T * d, float);
-    ALLOC(delta, T * d, float);
-    ALLOC(q, T * w.q, float);
-    ALLOC(k, T * w.k, float);
-    ALLOC(v, T * w.v, float);
-    if (w.q2) ALLOC(q2, T * w.q2, float);
-    if (w.o) ALLOC(o, T * w.o, float);
-    ALLOC(att, T * w.att, float);
-    if (w.stacked_qkv) ALLOC(qkv, T * (w.q + 2 * w.k), float);
-    ALLOC(g, T * 2 * inter, float);
-    ALLOC(u, T * inter, float);
-    ALLOC(shared, T * d, float);
-    ALLOC(router, T * E, float);
-    ALLOC(gate1, T, float);
-    ALLOC(moe_ids, T * K, int32_t);
-    ALLOC(moe_w, T * K, float);
-    ALLOC(xs, T * d, float);
-#undef ALLOC
-    return m->be->ops->reserve(m->be->ctx, T, m->max_context, c->n_heads, err);
+    size_t counts[ACT_COUNT];
+    model_act_counts(c, m->max_batch_tokens, counts);
+    void **bufs[ACT_COUNT] = {
+        [ACT_H] = (void **)&a->h, [ACT_XN] = (void **)&a->xn, [ACT_DELTA] = (void **)&a->delta,
+        [ACT_Q] = (void **)&a->q, [ACT_K] = (void **)&a->k, [ACT_V] = (void **)&a->v,
+        [ACT_QKV] = (void **)&a->qkv, [ACT_Q2] = (void **)&a->q2, [ACT_ATT] = (void **)&a->att,
+        [ACT_O] = (void **)&a->o, [ACT_G] = (void **)&a->g, [ACT_SHARED] = (void **)&a->shared,
+        [ACT_ROUTER] = (void **)&a->router, [ACT_GATE1] = (void **)&a->gate1,
+        [ACT_MOE_IDS] = (void **)&a->moe_ids, [ACT_MOE_W] = (void **)&a->moe_w,
+        [ACT_XS] = (void **)&a->xs};
+    static const char *const names[ACT_COUNT] = {
+        "h", "xn", "delta", "q", "k", "v", "qkv", "q2", "att", "o", "g", "shared", "router",
+        "gate1", "moe_ids", "moe_w", "xs"};
+    for (int i = 0; i < ACT_COUNT; i++) {
+        KILN_ASSERT(bufs[i]);
+        if (!counts[i]) continue;
+        *bufs[i] = m->be->ops->alloc(m->be->ctx, counts[i] * 4); /* fp32 and int32 */
+        if (!*bufs[i])
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for activations (%s)",
+                               names[i]);
+    }
+    return m->be->ops->reserve(m->be->ctx, m->max_batch_tokens, m->max_context, c->n_heads, err);
 }
 
 static void free_activations(struct model *m) {
     struct activations *a = &m->act;
     void *bufs[] = {a->h, a->xn, a->delta, a->q, a->k, a->v, a->qkv, a->q2, a->att, a->o, a->g,
-                    a->u, a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->xs};
+                    a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) m->be->ops->free(m->be->ctx, bufs[i]);
     memset(a, 0, sizeof *a);
@@ -133,7 +122,7 @@ int model_load_dummy(struct model **out, const struct model_config *cfg, struct 
     m->gen.bos_token_id = cfg->bos_token_id;
     m->gen.n_eos = cfg->n_eos;
     memcpy(m->gen.eos_token_ids, cfg->eos_token_ids, sizeof cfg->eos_token_ids);
-    struct weight_source ws = {.st = NULL, .rng = (opt && opt->seed ? opt->seed : 0x9e3779b97f4a7c15ull),
+    struct weight_source ws = {.st = NULL, .seed = (opt && opt->seed ? opt->seed : 0x9e3779b97f4a7c15ull),
                                .m = m};
     if (finish_load(m, &ws, opt, err)) {
         model_free(m);

@@ -64,6 +64,23 @@ size_t model_weight_bytes(const struct model *m);
 int model_max_seqs(const struct model *m);
 struct backend *model_backend(const struct model *m);
 
+/* ---- sizes for the memory plan: pure functions of the config ----------- */
+struct backend_step_shape;
+/* Bytes of the weights model_load gives a dummy model of this config
+ * (checkpoints: what model_weight_bytes reports, in their dtypes). */
+size_t model_config_weight_bytes(const struct model_config *c);
+/* Device copies the model derives from its weights at load (MLA's W_UK^T). */
+size_t model_config_derived_bytes(const struct model_config *c);
+/* The activation buffers model_load reserves for batches of max_tokens
+ * rows, and the rope table of max_context positions. */
+size_t model_activation_bytes(const struct model_config *c, long max_tokens, long max_context);
+/* The largest step's shape for backend_ops.workspace_bytes. fuse_shared:
+ * shared-expert fusion on (model_options). */
+void model_step_shape(const struct model_config *c, long max_tokens, long max_context,
+                      int fuse_shared, struct backend_step_shape *s);
+/* 1 when shared-expert fusion is on for this model. */
+int model_fuses_shared(const struct model *m);
+
 /* Fills layout[n_layers]; returns n_layers. */
 int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int max_layers);
 

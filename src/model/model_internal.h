@@ -11,10 +11,20 @@
 /* Where weights come from. */
 struct weight_source {
     struct st_set *st; /* NULL: dummy weights */
-    uint64_t rng;
+    uint64_t seed;     /* dummy weights: tensor/dummy_fill.h */
+    uint64_t n_tensors; /* dummy tensors made so far: the next one's index */
     struct model *m;   /* owner of converted / generated host buffers */
-    const void *last_host; /* host bytes of the last matrix ws_matrix loaded */
+    const void *last_host; /* host bytes of the last matrix ws_matrix loaded (NULL: made on
+                              the device; ws_last_host makes them) */
+    uint64_t last_tensor;  /* ... its dummy tensor index, elements and columns */
+    size_t last_n;
+    long last_cols;
 };
+
+/* The host bytes of the last matrix ws_matrix loaded (the checkpoint's, or
+ * dummy values made again on the host when the device made them), valid
+ * for the model's life. NULL when out of memory. */
+const void *ws_last_host(struct weight_source *ws);
 
 /* Ordinary multi-head attention (llama, qwen2, qwen3, qwen moe). */
 struct attn_mha {
@@ -88,7 +98,7 @@ struct activations {
     float *q2;                /* MLA absorbed queries [T][h*(kv_lora+rope)] */
     float *att;               /* [T][att_width] */
     float *o;                 /* [T][h*v] (MLA per-head outputs) */
-    float *g, *u;             /* [T][2 max_inter] (gate|up of a row), [T][max_inter] */
+    float *g;                 /* [T][2 max_inter] (gate|up of a row) */
     float *shared;            /* [T][d] */
     float *router;            /* [T][E] */
     float *gate1;             /* [T][1] */
@@ -96,6 +106,16 @@ struct activations {
     float *moe_w;             /* [T][top_k] */
     float *xs;                /* [T][d] rows that need logits */
 };
+
+/* The buffers of struct activations, for model_act_counts (model_size.c):
+ * each one's element count (fp32 or int32) for T rows, 0 where the model
+ * does not use it. model.c allocates exactly these; the memory plan adds
+ * them up (model_activation_bytes). */
+enum {
+    ACT_H, ACT_XN, ACT_DELTA, ACT_Q, ACT_K, ACT_V, ACT_QKV, ACT_Q2, ACT_ATT, ACT_O, ACT_G,
+    ACT_SHARED, ACT_ROUTER, ACT_GATE1, ACT_MOE_IDS, ACT_MOE_W, ACT_XS, ACT_COUNT
+};
+void model_act_counts(const struct model_config *c, long T, size_t counts[ACT_COUNT]);
 
 struct model {
     struct model_config cfg;

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "model/model_internal.h"
+#include "tensor/dummy_fill.h"
 
 void *model_own(struct model *m, void *host) {
     if (m->n_owned == m->cap_owned) {
@@ -60,43 +61,55 @@ void model_weights_ready(struct model *m) {
     m->weights_pending = 0;
 }
 
-static uint64_t rng_next(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-/* Uniform in [-scale, scale). */
-static float rng_uniform(uint64_t *s, float scale) {
-    return ((float)(rng_next(s) >> 40) / (float)(1ull << 24) * 2.0f - 1.0f) * scale;
-}
-
 static enum dtype dummy_dtype(const struct model *m) {
     return m->cfg.dtype == DTYPE_F32 || m->cfg.dtype == DTYPE_F16 ? m->cfg.dtype : DTYPE_BF16;
 }
 
-/* Random values tiled from one block: fast for multi-GB models, and never
- * zeros (zeros can run faster than real data). */
-static void fill_dummy(struct weight_source *ws, unsigned char *buf, size_t n, long cols,
-                       enum dtype dt) {
-    size_t es = dtype_size(dt);
-    enum { BLOCK = 4093 };
-    float scale = 1.0f / sqrtf((float)cols);
-    unsigned char block[BLOCK * 4];
-    for (int i = 0; i < BLOCK; i++) {
-        float v = rng_uniform(&ws->rng, scale);
-        if (dt == DTYPE_BF16) ((uint16_t *)block)[i] = f32_to_bf16(v);
-        else if (dt == DTYPE_F16) ((uint16_t *)block)[i] = f32_to_f16(v);
-        else ((float *)block)[i] = v;
+/* A matrix's dummy part: the next tensor index, values in ±1/√cols. */
+static struct dummy_part dummy_next(struct weight_source *ws, size_t n, long cols, enum dtype dt) {
+    return (struct dummy_part){.seed = ws->seed, .tensor = ws->n_tensors++, .n = n,
+                               .scale = 1.0f / sqrtf((float)cols), .dtype = dt};
+}
+
+/* The host fill of tensor/dummy_fill.h: the tensor's block, tiled. */
+static void fill_dummy(const struct dummy_part *p, unsigned char *buf) {
+    size_t es = dtype_size(p->dtype);
+    unsigned char block[DUMMY_BLOCK * 4];
+    for (size_t j = 0; j < DUMMY_BLOCK; j++) {
+        float v = dummy_unit(p->seed, p->tensor, j) * p->scale;
+        if (p->dtype == DTYPE_BF16) ((uint16_t *)block)[j] = dummy_bf16(v);
+        else if (p->dtype == DTYPE_F16) ((uint16_t *)block)[j] = f32_to_f16(v);
+        else ((float *)block)[j] = v;
     }
-    size_t off = (size_t)(rng_next(&ws->rng) % BLOCK);
-    for (size_t done = 0; done < n;) {
-        size_t take = BLOCK - off < n - done ? BLOCK - off : n - done;
+    size_t off = (size_t)dummy_offset(p->seed, p->tensor);
+    for (size_t done = 0; done < p->n;) {
+        size_t take = DUMMY_BLOCK - off < p->n - done ? DUMMY_BLOCK - off : p->n - done;
         memcpy(buf + done * es, block + off * es, take * es);
         done += take;
         off = 0;
     }
+}
+
+/* Dummy parts made on the device (backend_ops.weight_dummy); NULL where
+ * the backend cannot, and the caller fills on the host. */
+static const void *dummy_on_device(struct model *m, const struct dummy_part *parts, int count) {
+    const struct backend_ops *ops = m->be->ops;
+    if (!ops->weight_dummy || ops->weights_in_place) return NULL;
+    const void *dev = ops->weight_dummy(m->be->ctx, parts, count);
+    if (dev) track_upload(m, dev);
+    return dev;
+}
+
+const void *ws_last_host(struct weight_source *ws) {
+    if (ws->last_host || ws->st) return ws->last_host;
+    enum dtype dt = dummy_dtype(ws->m);
+    struct dummy_part p = {.seed = ws->seed, .tensor = ws->last_tensor, .n = ws->last_n,
+                           .scale = 1.0f / sqrtf((float)ws->last_cols), .dtype = dt};
+    unsigned char *buf = aligned_alloc(64, (p.n * dtype_size(dt) + 63) & ~(size_t)63);
+    if (!buf) return NULL;
+    model_own(ws->m, buf);
+    fill_dummy(&p, buf);
+    return ws->last_host = buf;
 }
 
 int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
@@ -119,14 +132,21 @@ int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
         dt = dummy_dtype(m);
         size_t n = (size_t)rows * (size_t)cols, es = dtype_size(dt);
         bytes = n * es;
+        struct dummy_part p = dummy_next(ws, n, cols, dt);
+        ws->last_tensor = p.tensor, ws->last_n = n, ws->last_cols = cols;
+        if ((out->data = dummy_on_device(m, &p, 1))) {
+            ws->last_host = NULL; /* ws_last_host makes them when asked */
+            goto done;
+        }
         unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
         if (!buf) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for dummy tensor '%s' (%zu bytes)", name, bytes);
         model_own(m, buf);
-        fill_dummy(ws, buf, n, cols, dt);
+        fill_dummy(&p, buf);
         host = buf;
     }
     ws->last_host = host; /* the mapping or a buffer the model owns */
     out->data = upload_stable(m, &host, &bytes, 1);
+done:
     if (!out->data) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
     out->dtype = dt;
     out->rows = rows;
@@ -163,7 +183,8 @@ static int vector_host(struct weight_source *ws, const char *name, long len, flo
             }
         }
     } else {
-        for (long i = 0; i < len; i++) v[i] = isnan(fill) ? rng_uniform(&ws->rng, 0.1f) : fill;
+        uint64_t t = ws->n_tensors++;
+        for (long i = 0; i < len; i++) v[i] = isnan(fill) ? dummy_unit(ws->seed, t, (uint64_t)i) * 0.1f : fill;
     }
     return 0;
 }
@@ -216,6 +237,12 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
                                    const long *rows, int count, long cols, enum dtype dt,
                                    const char *name, struct kiln_error *err) {
     struct model *m = ws->m;
+    struct dummy_part dparts[8];
+    if (!ws->st) {
+        for (int i = 0; i < count; i++) dparts[i] = dummy_next(ws, (size_t)rows[i] * (size_t)cols, cols, dt);
+        const void *dev = dummy_on_device(m, dparts, count);
+        if (dev) return dev;
+    }
     size_t es = dtype_size(dt), bytes = 0;
     for (int i = 0; i < count; i++) bytes += (size_t)rows[i] * (size_t)cols * es;
     unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
@@ -227,7 +254,7 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
     for (int i = 0; i < count; i++) {
         size_t pb = (size_t)rows[i] * (size_t)cols * es;
         if (ws->st) memcpy(buf + off, t[i]->data, pb);
-        else fill_dummy(ws, buf + off, (size_t)rows[i] * (size_t)cols, cols, dt);
+        else fill_dummy(&dparts[i], buf + off);
         off += pb;
     }
     const void *dev = model_upload(m, buf, bytes);

@@ -8,6 +8,7 @@
 #include "base/knob.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "runner/mem_plan.h"
 #include "runner/runner_internal.h"
 
 struct model *runner_model(const struct runner *r) { return r->m; }
@@ -21,11 +22,10 @@ static int reserve_buffers(struct runner *r, struct kiln_error *err) {
     const struct backend_ops *ops = r->be->ops;
     void *ctx = r->be->ctx;
     long T = r->max_batch_tokens, S = r->max_seqs;
-    /* Logits are downloaded 64 rows at a time; a backend that samples on
-     * the device keeps a whole decode batch's rows (one lm_head product). */
-    long chunk = ops->sample && S > 64 ? S : 64;
-    r->logit_chunk = (int)(T < chunk ? T : chunk);
-    r->pages_cap = S * (r->max_context / r->page_size + 2);
+    struct mem_plan_runner l; /* the sizes the memory plan counts */
+    mem_plan_runner_layout(T, S, r->max_context, r->page_size, ops->sample != NULL, &l);
+    r->logit_chunk = (int)l.logit_chunk;
+    r->pages_cap = l.pages_cap;
 #define ALLOC(field, count, type)                                                           \
     do {                                                                                    \
         r->field = ops->alloc(ctx, (size_t)(count) * sizeof(type));                         \
@@ -33,15 +33,12 @@ static int reserve_buffers(struct runner *r, struct kiln_error *err) {
             return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for activations (%s)", #field); \
     } while (0)
     ALLOC(logits, (long)r->logit_chunk * r->vocab, float);
-    /* batch metadata: [ids|pos|slot|rows: T each][q_start|page_start: S+1 each]
-     * [sampling row parameters: S, 8-byte aligned][pages] */
-    long srow_ints = (long)(sizeof(struct backend_sample_row) / 4);
-    r->stage_srows_off = (4 * T + 2 * (S + 1) + 1) & ~1L;
-    r->stage_pages_off = r->stage_srows_off + (ops->sample ? S * srow_ints : 0);
-    long stage_ints = r->stage_pages_off + r->pages_cap;
+    r->stage_srows_off = l.stage_srows_off;
+    r->stage_pages_off = l.stage_pages_off;
+    long stage_ints = l.stage_ints;
     ALLOC(stage, stage_ints, int32_t);
     if (ops->sample) {
-        r->adj_cap = (int)(S * 512 > 8192 ? S * 512 : 8192);
+        r->adj_cap = l.adj_cap;
         ALLOC(sadj, r->adj_cap, struct backend_sample_adj);
         ALLOC(stok, S, int32_t);
     }
@@ -86,55 +83,61 @@ static void free_buffers(struct runner *r) {
 
 #define GIB(x) ((double)(x) / 1073741824.0)
 
-/* The KV pool's size in tokens. Given: that. On a device that reports its
- * memory (the GPU) the memory plan, SGLang's: weights and the activations
- * reserved for the largest batch are in place by now; the pool takes what
- * is free minus (1 - mem_fraction_static) of the device, which stays for
- * graphs, library workspaces and scratch that grows during warm-up.
- * Elsewhere (the CPU): up to 2 GiB. Either way no more than every running
- * request at full context needs. free_before: device memory free before
- * the model loaded. */
+/* The KV pool's size in tokens: the memory plan (mem_plan.h) from the
+ * model's config and the device's memory before the model loaded
+ * (free_before). The weights and the buffers counted so far are in place
+ * by now; where they took more than the plan counted (the allocator's
+ * rounding), the pool gives way, never the reserve. */
 static int plan_kv_tokens(const struct runner *r, const struct runner_options *o, size_t per_token,
                           size_t free_before, long *out, struct kiln_error *err) {
-    if (o->kv_tokens > 0) {
-        *out = o->kv_tokens;
-        return 0;
-    }
-    long most = (long)r->max_context * (o->max_running_requests > 0 ? o->max_running_requests : 1);
     const struct backend_ops *ops = r->be->ops;
-    if (!ops->mem_info) {
-        long tokens = (long)((2ull << 30) / per_token);
-        *out = tokens < most ? tokens : most;
-        return 0;
+    struct model *m = r->m;
+    const struct model_config *c = model_config(m);
+    struct backend_step_shape shape;
+    model_step_shape(c, r->max_batch_tokens, r->max_context, model_fuses_shared(m), &shape);
+    shape.device_sampling = ops->sample != NULL;
+    size_t free_now = 0, total = 0;
+    if (ops->mem_info) ops->mem_info(r->be->ctx, &free_now, &total);
+    struct mem_plan_in in = {
+        .device_total = total, .device_free = free_before,
+        .mem_fraction_static = o->mem_fraction_static, .kv_tokens = o->kv_tokens,
+        .kv_token_bytes = per_token, .max_context = r->max_context,
+        .max_running_requests = o->max_running_requests,
+        .chunked_prefill_size = o->chunked_prefill_size,
+        .weights = model_weight_bytes(m) + model_config_derived_bytes(c),
+        .activations = model_activation_bytes(c, r->max_batch_tokens, r->max_context),
+        .runner = mem_plan_runner_bytes(r->max_batch_tokens, r->max_seqs, r->max_context,
+                                        r->page_size, r->vocab, ops->sample != NULL),
+        .workspace = ops->workspace_bytes ? ops->workspace_bytes(r->be->ctx, &shape) : 0};
+    struct mem_plan p;
+    if (mem_plan_compute(&in, &p, err)) return -1;
+    long tokens = p.kv_tokens;
+    if (total && o->kv_tokens <= 0) {
+        /* what is allocated beside the weights already, against the plan */
+        double used = (double)free_before - (double)free_now - (double)in.weights;
+        double later = (double)p.reserve - (used > 0 ? used : 0);
+        double room = (double)free_now - (later > 0 ? later : 0);
+        if ((double)tokens * (double)per_token > room) tokens = (long)(room / (double)per_token);
+        if (tokens < p.need_tokens)
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY,
+                               "not enough device memory for the KV cache: %.2f GiB are free after "
+                               "loading (the plan expected %.2f GiB), %.2f GiB of it stay back; "
+                               "%ld tokens of %zu bytes are needed",
+                               GIB(free_now), GIB((double)free_before - (double)in.weights -
+                                                  (double)in.activations - (double)in.runner),
+                               GIB(later > 0 ? later : 0), p.need_tokens, per_token);
+        log_info("memory plan: device %.2f GiB; weights %.2f GiB; activations %.2f GiB, runner "
+                 "buffers %.2f GiB, backend scratch %.2f GiB, headroom %.2f GiB (%.2f GiB kept "
+                 "back, --mem-fraction-static %.2f); KV cache %.2f GiB (%ld tokens); %.2f GiB in "
+                 "use beside the weights before the pool",
+                 GIB(total), GIB(in.weights), GIB(in.activations), GIB(in.runner),
+                 GIB(in.workspace), GIB(MEM_PLAN_HEADROOM), GIB(p.reserve), p.fraction,
+                 GIB((double)tokens * (double)per_token), tokens, GIB(used > 0 ? used : 0));
+    } else {
+        log_debug("memory plan: weights %.2f GiB, activations %.2f GiB, runner buffers %.2f GiB, "
+                  "backend scratch %.2f GiB; KV cache %ld tokens",
+                  GIB(in.weights), GIB(in.activations), GIB(in.runner), GIB(in.workspace), tokens);
     }
-    double frac = o->mem_fraction_static > 0 ? o->mem_fraction_static : 0.88;
-    size_t free_now, total;
-    ops->mem_info(r->be->ctx, &free_now, &total);
-    double keep = (1.0 - frac) * (double)total;
-    double kv_bytes = (double)free_now - keep;
-    size_t weights = model_weight_bytes(r->m);
-    double others = (double)free_before - (double)free_now - (double)weights;
-    /* a request needs at least its first prefill chunk and one more token */
-    long need = (o->chunked_prefill_size < r->max_context ? o->chunked_prefill_size : r->max_context) + 1;
-    if (kv_bytes < (double)need * (double)per_token)
-        return kiln_errorf(err,
-                           "not enough device memory for the KV cache: the device has %.2f GiB, "
-                           "weights take %.2f GiB and activations %.2f GiB, %.2f GiB are free; "
-                           "--mem-fraction-static %.2f keeps %.2f GiB back, leaving %.2f GiB where "
-                           "at least %.3f GiB (%ld tokens of %zu bytes) are needed; raise "
-                           "--mem-fraction-static, lower --chunked-prefill-size / "
-                           "--max-running-requests, or use a larger device",
-                           GIB(total), GIB(weights), GIB(others > 0 ? others : 0), GIB(free_now),
-                           frac, GIB(keep), GIB(kv_bytes > 0 ? kv_bytes : 0),
-                           GIB((double)need * (double)per_token), need, per_token);
-    long tokens = (long)(kv_bytes / (double)per_token);
-    if (tokens > most) tokens = most;
-    log_info("memory plan: device %.2f GiB; weights %.2f GiB, activations and scratch %.2f GiB; "
-             "KV cache %.2f GiB (%ld tokens, --mem-fraction-static %.2f); %.2f GiB left for "
-             "graphs and workspaces",
-             GIB(total), GIB(weights), GIB(others > 0 ? others : 0),
-             GIB((double)tokens * (double)per_token), tokens, frac,
-             GIB((double)free_now - (double)tokens * (double)per_token));
     *out = tokens;
     return 0;
 }

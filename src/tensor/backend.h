@@ -22,6 +22,7 @@
 struct kiln_error;
 struct backend_sample_row;
 struct backend_sample_adj;
+struct dummy_part;
 
 /* A weight matrix on the device: [rows][cols] contiguous, in its dtype. */
 struct backend_weight {
@@ -69,6 +70,32 @@ struct moe_experts {
     const struct backend_weight *gate; /* [n_experts], each [inter][hidden] */
     const struct backend_weight *up;   /* [n_experts], each [inter][hidden] */
     const struct backend_weight *down; /* [n_experts], each [hidden][inter] */
+};
+
+/* moe_ffn runs a long batch's expert products over chunks of tokens, each
+ * of at most this many (token, slot) rows, so that its scratch is bounded
+ * by the chunk, not by the largest prefill chunk a server allows. Each
+ * token's k outputs are summed in its own order within its chunk, so a
+ * token's result does not depend on the chunk it falls in. 32768 rows
+ * still fill an H100: at 128 experts and top-8 (Qwen3-MoE, 4096 tokens a
+ * chunk) the average expert gets 256 rows, at 256 experts and top-8 + 1
+ * shared (DeepSeek-V3, 3640 tokens) 128, enough M for tensor-core tiles
+ * of 128 rows on every expert; a 8448-token step runs in three chunks.
+ * backend_moe_chunk_rows is this, or KILN_TEST_MOE_CHUNK_ROWS where a test
+ * sets it. */
+enum { BACKEND_MOE_CHUNK_ROWS = 32768 };
+long backend_moe_chunk_rows(void);
+/* Tokens of a chunk with top_k slots a token (at least 1). */
+long backend_moe_chunk_tokens(int top_k);
+
+/* The largest step a model runs, for the memory plan (workspace_bytes). */
+struct backend_step_shape {
+    long max_tokens, max_context, vocab;
+    long widest;         /* the widest input of a product: floats a row */
+    int max_heads;
+    int moe_layers;      /* 0: no mixture of experts */
+    int moe_experts, moe_hidden, moe_inter, moe_slots; /* the largest of the MoE layers */
+    int device_sampling; /* the runner samples on the device */
 };
 
 /* A residual add + RMSNorm pending in front of a product (norm_matmul,
@@ -237,6 +264,17 @@ struct backend_ops {
     /* Whether moe_ffn of up to n tokens with these experts runs without
      * the host (a step with it can be recorded as a graph). */
     int (*moe_ffn_graphable)(void *ctx, const struct moe_experts *e, int top_k, long n);
+    /* Device scratch (bytes) the operations take at most for steps up to
+     * shape s, library workspaces included: what the memory plan counts
+     * for the backend (src/runner/mem_plan.h). NULL: none on the device. */
+    size_t (*workspace_bytes)(void *ctx, const struct backend_step_shape *s);
+    /* Dummy weights made on the device: device memory holding `count`
+     * tensors one after another, part i filled as tensor/dummy_fill.h
+     * defines (the same bytes as the host fill). NULL where the backend
+     * cannot (a dtype it does not fill, out of memory): the model fills
+     * on the host and uploads. Saves a host fill and a copy of every
+     * byte of a model of tens of GB. */
+    const void *(*weight_dummy)(void *ctx, const struct dummy_part *parts, int count);
 
     /* Host memory the device copies from without staging (CUDA: pinned).
      * An upload from it may still be in flight when `upload` returns: the

@@ -37,6 +37,8 @@ void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
                    const struct moe_route_params *p, long n);
 void cpu_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                  int top_k, const struct moe_experts *e, long n);
+/* Host scratch of cpu_moe_ffn for a chunk of `rows` (token, slot) rows. */
+size_t cpu_moe_scratch_bytes(long rows, long hidden, long inter);
 void cpu_matmul_op(void *ctx, float *y, long ldy, const float *x, long ldx,
                    const struct backend_weight *w, const float *bias, long n);
 void cpu_silu_mul(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u, long ldu,

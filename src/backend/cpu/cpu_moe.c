@@ -89,11 +89,52 @@ void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
     }
 }
 
+/* One chunk of n tokens (rows = n * top_k (token, slot) rows). */
+static void moe_ffn_chunk(struct cpu_ctx *c, float *y, const float *x, const int32_t *ids,
+                          const float *weights, int top_k, const struct moe_experts *e, long n) {
+    long rows = n * top_k, H = e->hidden, F = e->inter;
+    float *xg = c->moe_buf, *g = xg + rows * H, *u = g + rows * F, *out = u + rows * F;
+    int32_t *which = c->moe_idx; /* gathered row r came from (token, j) = which[r] */
+    for (int ex = 0; ex < e->n_experts; ex++) {
+        long cnt = 0;
+        for (long r = 0; r < rows; r++) {
+            if (ids[r] != ex) continue;
+            memcpy(xg + cnt * H, x + (r / top_k) * H, (size_t)H * 4);
+            which[cnt++] = (int32_t)r;
+        }
+        if (!cnt) continue;
+        cpu_matmul_op(c, g, F, xg, H, &e->gate[ex], NULL, cnt);
+        cpu_matmul_op(c, u, F, xg, H, &e->up[ex], NULL, cnt);
+        cpu_silu_mul(c, g, F, g, F, u, F, cnt, F);
+        cpu_matmul_op(c, xg, H, g, F, &e->down[ex], NULL, cnt);
+        for (long i = 0; i < cnt; i++) memcpy(out + (long)which[i] * H, xg + i * H, (size_t)H * 4);
+    }
+    for (long t = 0; t < n; t++) {
+        float *yt = y + t * H;
+        for (long d = 0; d < H; d++) yt[d] = 0.0f;
+        for (int j = 0; j < top_k; j++) {
+            float wj = weights[t * top_k + j];
+            const float *o = out + (t * top_k + j) * H;
+            for (long d = 0; d < H; d++) yt[d] += wj * o[d];
+        }
+    }
+}
+
+/* Scratch of a chunk of `rows` (token, slot) rows: gathered x [rows][H],
+ * gate and up [rows][F], expert outputs [rows][H], and the row list. */
+size_t cpu_moe_scratch_bytes(long rows, long hidden, long inter) {
+    return (size_t)rows * (size_t)(2 * hidden + 2 * inter) * 4 + (size_t)rows * 4;
+}
+
 void cpu_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                  int top_k, const struct moe_experts *e, long n) {
     struct cpu_ctx *c = ctx;
-    long rows = n * top_k, H = e->hidden, F = e->inter;
-    /* scratch: gathered x [rows][H], gate and up [rows][F], expert outputs [rows][H] */
+    if (n <= 0) return;
+    /* chunks of tokens (backend_moe_chunk_rows): the scratch holds one
+     * chunk, and rows are independent, so chunking changes no bit */
+    long per = backend_moe_chunk_tokens(top_k);
+    long chunks = (n + per - 1) / per, tok = (n + chunks - 1) / chunks;
+    long rows = tok * top_k, H = e->hidden, F = e->inter;
     size_t need = (size_t)rows * (size_t)(2 * H + 2 * F);
     if (need > c->moe_buf_floats) {
         free(c->moe_buf);
@@ -105,29 +146,8 @@ void cpu_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const 
         c->moe_idx = xmalloc((size_t)rows * sizeof *c->moe_idx);
         c->moe_idx_count = (size_t)rows;
     }
-    float *xg = c->moe_buf, *g = xg + rows * H, *u = g + rows * F, *out = u + rows * F;
-    int32_t *which = c->moe_idx; /* gathered row r came from (token, j) = which[r] */
-    for (int ex = 0; ex < e->n_experts; ex++) {
-        long cnt = 0;
-        for (long r = 0; r < rows; r++) {
-            if (ids[r] != ex) continue;
-            memcpy(xg + cnt * H, x + (r / top_k) * H, (size_t)H * 4);
-            which[cnt++] = (int32_t)r;
-        }
-        if (!cnt) continue;
-        cpu_matmul_op(ctx, g, F, xg, H, &e->gate[ex], NULL, cnt);
-        cpu_matmul_op(ctx, u, F, xg, H, &e->up[ex], NULL, cnt);
-        cpu_silu_mul(ctx, g, F, g, F, u, F, cnt, F);
-        cpu_matmul_op(ctx, xg, H, g, F, &e->down[ex], NULL, cnt);
-        for (long i = 0; i < cnt; i++) memcpy(out + (long)which[i] * H, xg + i * H, (size_t)H * 4);
-    }
-    for (long t = 0; t < n; t++) {
-        float *yt = y + t * H;
-        for (long d = 0; d < H; d++) yt[d] = 0.0f;
-        for (int j = 0; j < top_k; j++) {
-            float wj = weights[t * top_k + j];
-            const float *o = out + (t * top_k + j) * H;
-            for (long d = 0; d < H; d++) yt[d] += wj * o[d];
-        }
+    for (long t0 = 0; t0 < n; t0 += tok) {
+        long m = n - t0 < tok ? n - t0 : tok;
+        moe_ffn_chunk(c, y + t0 * H, x + t0 * H, ids + t0 * top_k, weights + t0 * top_k, top_k, e, m);
     }
 }

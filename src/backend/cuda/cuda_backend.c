@@ -146,7 +146,7 @@ static void cuda_download(void *ctx, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
-static void cuda_weight_release(void *ctx, const void *dev) { cuda_free_op(ctx, (void *)dev); }
+static void cuda_weight_release(void *ctx, const void *dev) { cuda_weight_free(ctx, dev); }
 
 static void cuda_synchronize(void *ctx) {
     struct cuda_ctx *c = ctx;
@@ -339,6 +339,8 @@ static const struct backend_ops cuda_ops = {
     .norm_swiglu_mlp = cuda_op_norm_swiglu_mlp,
     .attention_matmul = cuda_op_attention_matmul,
     .step_status = cuda_step_status,
+    .workspace_bytes = cuda_op_workspace_bytes,
+    .weight_dummy = cuda_op_weight_dummy,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,

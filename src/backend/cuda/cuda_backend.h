@@ -213,6 +213,13 @@ void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *log
 void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                      int top_k, const struct moe_experts *e, long n);
 int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e, int top_k, long n);
+/* Device scratch of moe_ffn for steps up to s (one chunk's rows on either
+ * path, and the expert tables of s->moe_layers layers). */
+size_t cuda_moe_scratch_bytes(const struct cuda_ctx *c, const struct backend_step_shape *s);
+/* backend_ops.workspace_bytes (cuda_workspace.c). */
+size_t cuda_op_workspace_bytes(void *ctx, const struct backend_step_shape *s);
+/* Sampler partials for `rows` rows (cuda_sample.cu). */
+size_t cuda_sample_scratch_bytes(long rows);
 void cuda_moe_release(struct cuda_ctx *c);
 void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n,
                            const struct backend_rope_store *r);
@@ -321,6 +328,16 @@ const void *cuda_weight_upload_later(void *ctx, const void *const *hosts, const 
                                      int count);
 void cuda_weights_finish(void *ctx);
 void cuda_uploader_destroy(struct cuda_ctx *c);
+/* backend_ops.weight_release: the tensor's slab goes back to the device
+ * with its last tensor. */
+void cuda_weight_free(struct cuda_ctx *c, const void *dev);
+/* Device memory for the concatenation of count weights, from the slabs;
+ * NULL when out of memory. */
+void *cuda_weight_alloc(struct cuda_ctx *c, const size_t *bytes, int count);
+/* backend_ops.weight_dummy (cuda_dummy.cu). */
+const void *cuda_op_weight_dummy(void *ctx, const struct dummy_part *parts, int count);
+/* Device memory the weights' slabs take (bytes), for tests and the log. */
+size_t cuda_weight_slab_bytes(const struct cuda_ctx *c);
 
 /* The MoE experts' products (cuda_gemm_small.cu): rows sorted by expert, `tiles`
  * [max_tiles] of int4 (expert, first sorted row, rows <= tile_rows, -)

@@ -21,9 +21,16 @@
  *    the layer's first call (never inside a recording: the first step of
  *    every batch size runs eagerly).
  *  - Host (larger batches: prefill): the routing ids come back to the host
- *    (one stream sync per MoE layer), rows are grouped by expert, and each
- *    expert with rows runs gate/up/down through cuda_op_matmul (cuBLAS) on
- *    its contiguous block of gathered rows. */
+ *    (one stream sync per MoE layer and chunk), rows are grouped by
+ *    expert, and each expert with rows runs gate/up/down through
+ *    cuda_op_matmul (cuBLAS) on its contiguous block of gathered rows.
+ * Both run a long batch in equal chunks of at most backend_moe_chunk_rows
+ * (token, slot) rows (tensor/backend.h), so the scratch is one chunk's,
+ * whatever the prefill chunk size; every row's products are independent
+ * of the others (the grouped products have no K split; cuBLAS is where
+ * --deterministic makes it so), so on the device path, and on the host
+ * path in deterministic mode, a token's result does not depend on the
+ * chunk it falls in. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -146,20 +153,47 @@ static __global__ void moe_gather_kernel(float *__restrict__ xg, const float *__
     }
 }
 
-/* y[t][H] = Σ_j w[t][j] · out[where[t·k + j]][H], j in top-k order */
-static __global__ void moe_combine_kernel(float *__restrict__ y, const float *__restrict__ out,
-                                          const int32_t *__restrict__ where,
-                                          const float *__restrict__ w, int top_k, long n, long H) {
+/* y[t][H] = Σ_j w[t][j] · out[where[t·k + j]][H], j in top-k order.
+ * A thread owns 4 columns of one token (COMBINE_THREADS·4 columns a CTA,
+ * grid x over the columns, y over the tokens), so a single token still
+ * spreads over several CTAs and every load of a thread (k weights, k row
+ * indices, k column groups) is independent of the others. The sum of each
+ * element runs in top-k order whatever the grid: the same bits as a
+ * scalar loop. Rows of H % 4 == 0 floats are read 16 bytes at a time. */
+enum { COMBINE_THREADS = 128, COMBINE_COLS = 4 * COMBINE_THREADS };
+
+static __global__ void __launch_bounds__(COMBINE_THREADS)
+moe_combine_kernel(float *__restrict__ y, const float *__restrict__ out,
+                   const int32_t *__restrict__ where, const float *__restrict__ w, int top_k,
+                   long n, long H) {
     pdl_trigger();
     pdl_wait();
-    for (long t = blockIdx.x; t < n; t += gridDim.x) {
-        for (long d = threadIdx.x; d < H; d += blockDim.x) {
-            float acc = 0.0f;
-            for (int j = 0; j < top_k; j++)
-                acc += w[t * top_k + j] * out[(long)where[t * top_k + j] * H + d];
-            y[t * H + d] = acc;
+    long d = (long)blockIdx.x * COMBINE_COLS + threadIdx.x * 4;
+    if (d >= H) return;
+    const bool vec = H % 4 == 0;
+    for (long t = blockIdx.y; t < n; t += gridDim.y) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int j = 0; j < top_k; j++) {
+            float wj = w[t * top_k + j];
+            const float *o = out + (long)where[t * top_k + j] * H + d;
+            if (vec) {
+                float4 v = *(const float4 *)o;
+                acc[0] += wj * v.x, acc[1] += wj * v.y, acc[2] += wj * v.z, acc[3] += wj * v.w;
+            } else {
+                for (int i = 0; i < 4 && d + i < H; i++) acc[i] += wj * o[i];
+            }
         }
+        if (vec) *(float4 *)(y + t * H + d) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        else
+            for (int i = 0; i < 4 && d + i < H; i++) y[t * H + d + i] = acc[i];
     }
+}
+
+static void moe_combine(struct cuda_ctx *c, bool pdl, float *y, const float *out, const int32_t *where,
+                        const float *w, int top_k, long n, long H) {
+    dim3 grid((unsigned)((H + COMBINE_COLS - 1) / COMBINE_COLS), (unsigned)(n < 65535 ? n : 65535));
+    pdl_launch_on(c, pdl && c->pdl, moe_combine_kernel, grid, dim3(COMBINE_THREADS), 0, y, out, where, w,
+                  top_k, n, H);
 }
 
 /* ---- device path ---------------------------------------------------------- */
@@ -302,8 +336,9 @@ extern "C" void cuda_moe_release(struct cuda_ctx *c) {
  * one type, shapes the grouped product takes, aligned rows. */
 static int moe_device_ok(const struct cuda_ctx *c, const struct moe_experts *e, int top_k, long n) {
     if (n < 1 || n > c->moe_device_max || c->deterministic || c->split_act) return 0;
-    /* the tile list is the products' grid y (at most 65535 CTAs) */
-    if (e->n_experts > ALIGN_THREADS || (long)n * top_k / 16 + e->n_experts > 65535) return 0;
+    /* the tile list of a chunk is the products' grid y (at most 65535 CTAs) */
+    long tok = backend_moe_chunk_tokens(top_k);
+    if (e->n_experts > ALIGN_THREADS || (n < tok ? n : tok) * top_k / 16 + e->n_experts > 65535) return 0;
     if (!cuda_gemm_small_grouped_ok(e->inter, e->hidden, 1) || !cuda_gemm_small_grouped_ok(e->hidden, e->inter, 0) ||
         e->hidden % 8 || e->inter % 8)
         return 0;
@@ -321,8 +356,25 @@ extern "C" int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e,
     return moe_device_ok((const struct cuda_ctx *)ctx, e, top_k, n);
 }
 
+/* Scratch of the device path for a chunk of `rows` (token, slot) rows:
+ * h [rows][F] 16-bit, out [rows][H] fp32, order, where [rows], the tiles
+ * (at most max_tiles of 16 bytes) and their count. */
+static size_t device_scratch_bytes(long rows, long H, long F, long E, int bm, long *max_tiles) {
+    *max_tiles = (rows + bm - 1) / bm + (E < rows ? E : rows);
+    size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
+    return h_bytes + (size_t)rows * H * 4 + (size_t)rows * 8 + (size_t)*max_tiles * 16 + 16;
+}
+
+/* Scratch of the host path for a chunk of `rows` rows: xg [rows][H], g, u
+ * [rows][F], out [rows][H], order, where [rows]. */
+static size_t host_scratch_bytes(long rows, long H, long F) {
+    return (size_t)rows * (size_t)(2 * H + 2 * F) * 4 + (size_t)rows * 8;
+}
+
+/* One chunk of n tokens on the device path. */
 static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const int32_t *ids,
-                           const float *weights, int top_k, const struct moe_experts *e, long n) {
+                           const float *weights, int top_k, const struct moe_experts *e, long n,
+                           void *const *tab) {
     long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
     enum dtype dt = e->gate[0].dtype;
     /* A few rows per expert: the grouped GEMV (cuda_moe_gemv.cu), tiles of
@@ -332,15 +384,14 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
      * batch-1 decode 4.50 -> 3.86 ms/step with the GEMV; at 64 tokens with
      * skewed routing (a few experts take most rows) the GEMV's 8-row
      * tiles re-read the weights and lose (13.4 -> 30.3 ms/step), hence
-     * the bound of two rows per expert on average. */
+     * the bound of two rows per expert on average. (The scratch plan,
+     * cuda_moe_scratch_bytes, counts 16-row tiles of the largest chunk,
+     * which covers these smaller chunks.) */
     int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E;
     int bm = gemv ? (n == 1 ? 1 : 8) : rows <= 16 * E ? 16 : 64;
-    long max_tiles = (rows + bm - 1) / bm + (E < rows ? E : rows);
-    void *const *tab = moe_table(c, e);
-    if (!tab) return;
-    /* scratch: h [rows][F] 16-bit, out [rows][H] fp32, order, where [rows], tiles, count */
+    long max_tiles;
+    size_t bytes = device_scratch_bytes(rows, H, F, E, bm, &max_tiles);
     size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
-    size_t bytes = h_bytes + (size_t)rows * H * 4 + (size_t)rows * 8 + (size_t)max_tiles * 16 + 16;
     if (cuda_scratch_reserve(c, &c->moe_dev, bytes, n)) return;
     char *p = (char *)c->moe_dev.p;
     void *h = p;
@@ -355,30 +406,21 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     if (gemv) {
         cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles);
     } else {
-            cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
+        cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
                                 (const void *const *)(tab + E), tiles, n_tiles, max_tiles, F, H);
         cuda_gemm_small_grouped(c, dt, bm, out, H, h, F, NULL, 1, (const void *const *)(tab + 2 * E), NULL, tiles,
                                 n_tiles, max_tiles, H, F);
     }
-    pdl_launch(c, moe_combine_kernel, dim3(grid_for(n, 1)), dim3(256), 0, y, (const float *)out,
-               (const int32_t *)where, weights, top_k, n, H);
-    c->moe_device_calls++;
+    moe_combine(c, true, y, out, where, weights, top_k, n, H);
 }
 
 /* ---- host path -------------------------------------------------------------- */
 
-extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids,
-                                const float *weights, int top_k, const struct moe_experts *e,
-                                long n) {
-    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
-    /* after an allocation failure in the step the routing ids may be
-     * garbage, and both paths index with them (the host path asserts) */
-    if (n <= 0 || c->oom.bytes) return;
-    if (moe_device_ok(c, e, top_k, n)) return moe_ffn_device(c, y, x, ids, weights, top_k, e, n);
+/* One chunk of n tokens on the host path. */
+static void moe_ffn_host(struct cuda_ctx *c, float *y, const float *x, const int32_t *ids,
+                         const float *weights, int top_k, const struct moe_experts *e, long n) {
     long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
-    /* device scratch: xg [rows][H], g, u [rows][F], out [rows][H], order, where [rows] */
-    size_t fl = (size_t)rows * (size_t)(2 * H + 2 * F);
-    if (cuda_scratch_reserve(c, &c->moe_dev, fl * 4 + (size_t)rows * 8, n)) return;
+    if (cuda_scratch_reserve(c, &c->moe_dev, host_scratch_bytes(rows, H, F), n)) return;
     float *xg = (float *)c->moe_dev.p, *g = xg + rows * H, *u = g + rows * F, *out = u + rows * F;
     int32_t *order_d = (int32_t *)(out + rows * H), *where_d = order_d + rows;
     if ((size_t)rows > c->moe_host_rows) {
@@ -422,7 +464,45 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
         cuda_op_matmul(c, out + off * H, H, g + off * F, F, &e->down[ex], NULL, cnt);
     }
     free(start);
-    moe_combine_kernel<<<grid_for(n, 1), 256, 0, c->stream>>>(y, out, where_d, weights, top_k, n,
-                                                              H);
-    CUDA_CHECK_LAUNCH();
+    moe_combine(c, false, y, out, where_d, weights, top_k, n, H);
+}
+
+extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids,
+                                const float *weights, int top_k, const struct moe_experts *e,
+                                long n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    /* after an allocation failure in the step the routing ids may be
+     * garbage, and both paths index with them (the host path asserts) */
+    if (n <= 0 || c->oom.bytes) return;
+    int device = moe_device_ok(c, e, top_k, n);
+    void *const *tab = NULL;
+    if (device && !(tab = moe_table(c, e))) return;
+    /* equal chunks of at most backend_moe_chunk_tokens tokens: the
+     * scratch holds one chunk's rows; a token's k outputs are summed in
+     * its own order inside its chunk */
+    long per = backend_moe_chunk_tokens(top_k), H = e->hidden;
+    long chunks = (n + per - 1) / per, tok = (n + chunks - 1) / chunks;
+    for (long t0 = 0; t0 < n && !c->oom.bytes; t0 += tok) {
+        long m = n - t0 < tok ? n - t0 : tok;
+        if (device)
+            moe_ffn_device(c, y + t0 * H, x + t0 * H, ids + t0 * top_k, weights + t0 * top_k, top_k, e, m, tab);
+        else
+            moe_ffn_host(c, y + t0 * H, x + t0 * H, ids + t0 * top_k, weights + t0 * top_k, top_k, e, m);
+    }
+    if (device) c->moe_device_calls++;
+}
+
+extern "C" size_t cuda_moe_scratch_bytes(const struct cuda_ctx *c, const struct backend_step_shape *s) {
+    if (s->moe_layers <= 0 || s->moe_slots <= 0) return 0;
+    long per = backend_moe_chunk_tokens(s->moe_slots);
+    long tok = s->max_tokens < per ? s->max_tokens : per;
+    long rows = tok * s->moe_slots, H = s->moe_hidden, F = s->moe_inter, E = s->moe_experts, tiles;
+    size_t host = host_scratch_bytes(rows, H, F), dev = 0;
+    if (c->moe_device_max > 0) {
+        long drows = (c->moe_device_max < tok ? c->moe_device_max : tok) * s->moe_slots;
+        dev = device_scratch_bytes(drows, H, F, E, 16, &tiles);
+    }
+    size_t scratch = ((host > dev ? host : dev) + 255) & ~(size_t)255;
+    /* the per-layer tables of expert pointers (moe_table) */
+    return scratch + (size_t)s->moe_layers * (((size_t)3 * E * sizeof(void *) + 511) & ~(size_t)511);
 }

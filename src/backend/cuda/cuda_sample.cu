@@ -756,6 +756,10 @@ static long argmax_chunk(long vocab, int *nsplit) {
     return chunk;
 }
 
+extern "C" size_t cuda_sample_scratch_bytes(long rows) {
+    return (size_t)(rows > 0 ? rows : 1) * A_MAX_SPLIT * sizeof(struct sample_partial);
+}
+
 extern "C" int cuda_sample_reserve(struct cuda_ctx *c) {
     /* the partials for max_tokens rows at the most splits any vocabulary
      * takes: sized once here, so no sampling call grows scratch (which

@@ -21,6 +21,13 @@
  *    results are thrown away, only its first-run costs matter. Device
  *    memory starts zeroed, so such weights are finite (no NaN paths).
  *
+ * Weights are carved out of 512 MiB slabs of device memory (cudaMalloc
+ * rounds every allocation up to 2 MiB pages: Qwen3-30B-A3B's 18432 expert
+ * matrices of 3 MiB would take 4 MiB each, 18 GiB lost); a tensor of
+ * 64 MiB or more gets an allocation of its own, where the rounding costs
+ * under 3%. A slab goes back to the device when its last tensor is
+ * released.
+ *
  * The loader's copies run on a stream of their own; the staging buffers
  * belong to whoever holds `lock` (the loader per queued tensor, a large
  * synchronous upload for its whole copy); small synchronous uploads (norms)
@@ -39,6 +46,15 @@
 #include "base/threadpool.h"
 
 enum { UPLOAD_CHUNK = 64 << 20, UPLOAD_MIN_STAGED = 8 << 20, UPLOAD_THREADS = 8 };
+enum { SLAB_BYTES = 512 << 20, SLAB_MAX_PIECE = 64 << 20, PIECE_ALIGN = 256 };
+
+/* A block of device memory that weights are carved from (or one large
+ * tensor's own allocation): `live` tensors in it. */
+struct slab {
+    unsigned char *base;
+    size_t size, used;
+    long live;
+};
 
 struct upload_part {
     unsigned char *dst;
@@ -61,6 +77,9 @@ struct cuda_uploader {
     int closing, running;
     pthread_t thread;
     size_t queued_bytes;
+    /* weight memory (alloc_weight, cuda_weight_free; the caller's thread) */
+    struct slab *slabs;
+    int n_slabs, cap_slabs;
 };
 
 static double now_s(void) {
@@ -151,17 +170,74 @@ static void *loader_main(void *arg) {
     return NULL;
 }
 
-/* Device memory for the concatenation of count parts; NULL when out of
- * memory. */
-static unsigned char *alloc_weight(const size_t *bytes, int count, size_t *total) {
-    *total = 0;
-    for (int i = 0; i < count; i++) *total += bytes[i];
+static struct slab *slab_new(struct cuda_uploader *u, size_t size) {
     void *p = NULL;
-    if (cudaMalloc(&p, *total ? *total : 1) != cudaSuccess) {
+    if (cudaMalloc(&p, size) != cudaSuccess) {
         (void)cudaGetLastError(); /* out of memory is reported by NULL */
         return NULL;
     }
+    if (u->n_slabs == u->cap_slabs) {
+        u->cap_slabs = u->cap_slabs ? 2 * u->cap_slabs : 64;
+        u->slabs = xrealloc(u->slabs, (size_t)u->cap_slabs * sizeof *u->slabs);
+    }
+    struct slab *s = &u->slabs[u->n_slabs++];
+    *s = (struct slab){.base = p, .size = size};
+    return s;
+}
+
+/* Device memory for the concatenation of count parts (256-byte aligned);
+ * NULL when out of memory. */
+static unsigned char *alloc_weight(struct cuda_uploader *u, const size_t *bytes, int count,
+                                   size_t *total) {
+    *total = 0;
+    for (int i = 0; i < count; i++) *total += bytes[i];
+    size_t need = (*total + PIECE_ALIGN - 1) & ~(size_t)(PIECE_ALIGN - 1);
+    if (!need) need = PIECE_ALIGN;
+    struct slab *s = NULL;
+    if (need >= SLAB_MAX_PIECE) {
+        s = slab_new(u, need);
+        if (!s) return NULL;
+    } else {
+        for (int i = 0; i < u->n_slabs && !s; i++)
+            if (u->slabs[i].size >= SLAB_MAX_PIECE && u->slabs[i].size - u->slabs[i].used >= need)
+                s = &u->slabs[i];
+        /* near the end of the device a smaller slab may still fit */
+        if (!s && !(s = slab_new(u, SLAB_BYTES)) && !(s = slab_new(u, SLAB_MAX_PIECE)))
+            return NULL;
+    }
+    unsigned char *p = s->base + s->used;
+    s->used += need;
+    s->live++;
     return p;
+}
+
+void *cuda_weight_alloc(struct cuda_ctx *c, const size_t *bytes, int count) {
+    size_t total;
+    return alloc_weight(uploader(c), bytes, count, &total);
+}
+
+void cuda_weight_free(struct cuda_ctx *c, const void *dev) {
+    struct cuda_uploader *u = c->up;
+    if (!dev || !u) return;
+    const unsigned char *p = dev;
+    for (int i = 0; i < u->n_slabs; i++) {
+        struct slab *s = &u->slabs[i];
+        if (p < s->base || p >= s->base + s->size) continue;
+        if (--s->live == 0) {
+            /* queued work may still read it: cudaFree waits for the device */
+            CUDA_CHECK(cudaStreamSynchronize(c->stream));
+            CUDA_CHECK(cudaFree(s->base));
+            u->slabs[i] = u->slabs[--u->n_slabs];
+        }
+        return;
+    }
+    CUDA_ASSERT_MSG(0, "cuda_weight_free: not a weight of this backend");
+}
+
+size_t cuda_weight_slab_bytes(const struct cuda_ctx *c) {
+    size_t n = 0;
+    for (int i = 0; c->up && i < c->up->n_slabs; i++) n += c->up->slabs[i].size;
+    return n;
 }
 
 const void *cuda_weight_upload_cat(void *ctx, const void *const *hosts, const size_t *bytes,
@@ -169,7 +245,7 @@ const void *cuda_weight_upload_cat(void *ctx, const void *const *hosts, const si
     struct cuda_ctx *c = ctx;
     struct cuda_uploader *u = uploader(c);
     size_t total;
-    unsigned char *p = alloc_weight(bytes, count, &total);
+    unsigned char *p = alloc_weight(u, bytes, count, &total);
     if (!p) return NULL;
     pthread_mutex_lock(&u->qlock);
     int loading = u->running;
@@ -207,7 +283,7 @@ const void *cuda_weight_upload_later(void *ctx, const void *const *hosts, const 
     struct cuda_ctx *c = ctx;
     struct cuda_uploader *u = uploader(c);
     size_t total;
-    unsigned char *p = alloc_weight(bytes, count, &total);
+    unsigned char *p = alloc_weight(u, bytes, count, &total);
     if (!p) return NULL;
     /* zeros until the copy lands: done before the copy is queued */
     CUDA_CHECK(cudaMemsetAsync(p, 0, total ? total : 1, c->stream));
@@ -279,6 +355,8 @@ void cuda_uploader_destroy(struct cuda_ctx *c) {
     pthread_mutex_destroy(&u->qlock);
     pthread_cond_destroy(&u->qcv);
     free(u->q);
+    for (int i = 0; i < u->n_slabs; i++) cudaFree(u->slabs[i].base);
+    free(u->slabs);
     free(u);
     c->up = NULL;
 }

@@ -1,0 +1,26 @@
+/* cuda_workspace.c — backend_ops.workspace_bytes: the device scratch the
+ * CUDA operations take at most for a model's largest step, which the
+ * memory plan counts before it sizes the KV pool (src/runner/mem_plan.h).
+ *
+ * What grows on demand (cuda_scratch_reserve) reaches its size during the
+ * start-up warm-up, which runs the largest step; the figure is the sum of
+ * each scratch at its largest:
+ *  - the cuBLAS / cuBLASLt workspace (allocated at creation);
+ *  - the attention's split-KV chunk states (reserve);
+ *  - act16, the 16-bit copy of a product's input: max_tokens rows of the
+ *    widest input (two halves in bf16x2 mode);
+ *  - the sampler's partials for max_tokens rows (reserve);
+ *  - moe_dev, one MoE chunk's rows on the host or device path, and the
+ *    experts' pointer tables (cuda_moe_scratch_bytes). */
+#include "backend/cuda/cuda_backend.h"
+
+static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+size_t cuda_op_workspace_bytes(void *ctx, const struct backend_step_shape *s) {
+    const struct cuda_ctx *c = ctx;
+    long T = s->max_tokens > 0 ? s->max_tokens : 1;
+    size_t act16 = round256((size_t)T * (size_t)(s->widest > 0 ? s->widest : 1) * 2 *
+                            (size_t)(c->split_act ? 2 : 1));
+    return c->cublas_ws_bytes + round256(cuda_attention_scratch_bytes(c)) + act16 +
+           round256(cuda_sample_scratch_bytes(T)) + cuda_moe_scratch_bytes(c, s);
+}

@@ -1,0 +1,128 @@
+/* model_size.c — what a model takes on the device, as pure functions of
+ * its config: the weights, the activation buffers reserved for the
+ * largest batch (model.c allocates exactly these), and the shape of its
+ * largest step for the backend's scratch. The memory plan
+ * (src/runner/mem_plan.h) adds them up before the KV pool is sized, and
+ * can do so without a device (its tests run on the CPU). */
+#include "base/error.h"
+#include "model/model_internal.h"
+
+static long lmax(long a, long b) { return a > b ? a : b; }
+
+static int any_layer(const struct model_config *c, int moe) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (!!model_config_layer_is_moe(c, l) == moe) return 1;
+    return 0;
+}
+
+/* The widest SwiGLU MLP that runs through act.g: dense layers, and a
+ * shared expert that stays a separate MLP. */
+static long mlp_inter(const struct model_config *c) {
+    long inter = any_layer(c, 0) ? c->intermediate_size : 0;
+    if (any_layer(c, 1)) {
+        if (model_family_of(c) == &family_deepseek)
+            inter = lmax(inter, (long)c->n_shared_experts * c->moe_intermediate_size);
+        else
+            inter = lmax(inter, c->shared_expert_intermediate_size);
+    }
+    return inter;
+}
+
+void model_act_counts(const struct model_config *c, long T, size_t counts[ACT_COUNT]) {
+    struct act_widths w = {0};
+    model_family_of(c)->act_widths(c, &w);
+    long d = c->hidden_size, inter = mlp_inter(c);
+    int moe = any_layer(c, 1);
+    int shared = moe && (c->shared_expert_intermediate_size > 0 || c->n_shared_experts > 0);
+    /* routing slots a token, shared experts fused into the list included */
+    long E = lmax(c->n_experts, 1), K = lmax(c->n_experts_per_tok, 1) + lmax(c->n_shared_experts, 0);
+    long n[ACT_COUNT] = {0};
+    n[ACT_H] = n[ACT_XN] = n[ACT_DELTA] = n[ACT_XS] = d;
+    /* MHA keeps q|k|v of a row stacked; MLA has its own buffers */
+    if (w.stacked_qkv) {
+        n[ACT_QKV] = w.q + 2 * w.k;
+    } else {
+        n[ACT_Q] = w.q, n[ACT_K] = w.k, n[ACT_V] = w.v;
+    }
+    n[ACT_Q2] = w.q2;
+    n[ACT_O] = w.o;
+    n[ACT_ATT] = w.att;
+    n[ACT_G] = 2 * inter; /* gate | up of a row */
+    if (shared) n[ACT_SHARED] = d, n[ACT_GATE1] = 1;
+    if (moe) n[ACT_ROUTER] = E, n[ACT_MOE_IDS] = n[ACT_MOE_W] = K;
+    for (int i = 0; i < ACT_COUNT; i++) counts[i] = (size_t)T * (size_t)n[i];
+}
+
+size_t model_activation_bytes(const struct model_config *c, long max_tokens, long max_context) {
+    size_t counts[ACT_COUNT], total = 0;
+    model_act_counts(c, max_tokens, counts);
+    for (int i = 0; i < ACT_COUNT; i++) total += counts[i] * 4; /* fp32 and int32 */
+    /* the rope table, [max_context][rope_dim] fp32 */
+    return total + (size_t)max_context * (size_t)model_family_of(c)->rope_dim(c) * 4;
+}
+
+/* dummy weights' dtype (weights.c) */
+static size_t weight_es(const struct model_config *c) {
+    return c->dtype == DTYPE_F32 ? 4 : 2;
+}
+
+size_t model_config_weight_bytes(const struct model_config *c) {
+    size_t es = weight_es(c), d = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+    size_t total = V * d * es * (c->tie_word_embeddings ? 1 : 2) + d * 4;
+    int mla = model_family_of(c) == &family_deepseek;
+    for (int l = 0; l < c->n_layers; l++) {
+        total += 2 * d * 4;
+        if (mla) {
+            size_t H = (size_t)c->n_heads, nope = (size_t)c->qk_nope_head_dim,
+                   rope = (size_t)c->qk_rope_head_dim, vd = (size_t)c->v_head_dim,
+                   kvr = (size_t)c->kv_lora_rank, qr = (size_t)c->q_lora_rank, qh = nope + rope;
+            total += qr > 0 ? (qr * d + H * qh * qr) * es + qr * 4 : H * qh * d * es;
+            total += ((kvr + rope) * d + H * (nope + vd) * kvr + d * H * vd) * es + kvr * 4;
+        } else {
+            size_t hd = (size_t)c->head_dim, qw = (size_t)c->n_heads * hd,
+                   kw = (size_t)c->n_kv_heads * hd;
+            total += ((qw + 2 * kw) * d + d * qw) * es;
+            if (c->attention_bias) total += (qw + 2 * kw) * 4;
+            if (c->o_proj_bias) total += d * 4;
+            if (c->qk_norm) total += 2 * hd * 4;
+        }
+        if (!model_config_layer_is_moe(c, l)) {
+            total += 3 * (size_t)c->intermediate_size * d * es;
+            continue;
+        }
+        size_t E = (size_t)c->n_experts, F = (size_t)c->moe_intermediate_size;
+        total += E * d * es + 3 * E * F * d * es;
+        if (c->has_score_correction_bias) total += E * 4;
+        if (mla && c->n_shared_experts > 0)
+            total += 3 * (size_t)c->n_shared_experts * F * d * es;
+        else if (!mla && c->shared_expert_intermediate_size > 0)
+            total += 3 * (size_t)c->shared_expert_intermediate_size * d * es + d * es;
+    }
+    return total;
+}
+
+size_t model_config_derived_bytes(const struct model_config *c) {
+    if (model_family_of(c) != &family_deepseek) return 0;
+    /* MLA: W_UK^T of every head, a transposed copy of kv_b_proj's k rows */
+    return (size_t)c->n_layers * (size_t)c->n_heads * (size_t)c->kv_lora_rank *
+           (size_t)c->qk_nope_head_dim * weight_es(c);
+}
+
+void model_step_shape(const struct model_config *c, long max_tokens, long max_context,
+                      int fuse_shared, struct backend_step_shape *s) {
+    struct act_widths w = {0};
+    model_family_of(c)->act_widths(c, &w);
+    long d = c->hidden_size;
+    *s = (struct backend_step_shape){.max_tokens = max_tokens, .max_context = max_context,
+                                     .vocab = c->vocab_size, .max_heads = c->n_heads};
+    /* product inputs: the norm's output and a SwiGLU's hidden row side by
+     * side (norm_swiglu_mlp), attention outputs (o_proj), MLA's q_lora */
+    s->widest = lmax(lmax(d + mlp_inter(c), w.o ? w.o : w.att), lmax(w.v, d));
+    for (int l = 0; l < c->n_layers; l++) s->moe_layers += model_config_layer_is_moe(c, l) != 0;
+    if (!s->moe_layers) return;
+    int fused = fuse_shared && model_family_of(c) == &family_deepseek && c->n_shared_experts == 1;
+    s->moe_experts = c->n_experts + fused;
+    s->moe_hidden = c->hidden_size;
+    s->moe_inter = c->moe_intermediate_size;
+    s->moe_slots = c->n_experts_per_tok + fused;
+}
