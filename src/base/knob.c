@@ -65,6 +65,10 @@ static const struct knob_def table[KNOB_COUNT] = {
                                     BOOL(KNOB_DEBUG, "1",
                                          "a single shared expert joins the routed experts "
                                          "(0: as --disable-shared-experts-fusion)")},
+    [KNOB_MLA_FORM] = {"KILN_MLA_FORM",
+                       ENUM(KNOB_DEBUG, "auto", WORDS("auto", "absorbed", "mha"),
+                            "MLA attention form of every sequence: auto chooses by FLOP cost "
+                            "(MHA for long new-token runs), or force one (tests; mha turns graphs off)")},
     [KNOB_LOAD_OVERLAP] = {"KILN_LOAD_OVERLAP",
                            BOOL(KNOB_DEBUG, "1",
                                 "the checkpoint's copy to the GPU overlaps the KV pool and warm-up "
