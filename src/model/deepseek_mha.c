@@ -92,7 +92,6 @@ struct mla_ws {
     struct mla_part *parts; /* [max_seqs + 1] */
     int n_parts;
     int whole_absorbed;   /* the step's plan: every sequence absorbed */
-    int forced;           /* KNOB_MLA_FORM at load: 0 auto, 1 absorbed, 2 mha */
 };
 
 int mla_use_mha(const struct model_config *c, long n, long ctx, long ws_tokens, int forced) {
@@ -120,12 +119,12 @@ int mla_ws_reserve(struct model *m, struct kiln_error *err) {
     long chunk_row = (kvr + rope + H * (nope + vd)) * 4;
     long chunk = MLA_CHUNK_BYTES / chunk_row / MLA_CHUNK_ALIGN * MLA_CHUNK_ALIGN;
     if (chunk < MLA_CHUNK_ALIGN) chunk = MLA_CHUNK_ALIGN;
+    if (knob_int(KNOB_MLA_CHUNK) > 0) chunk = knob_int(KNOB_MLA_CHUNK);
     if (chunk > tokens) chunk = tokens;
     struct mla_ws *w = xcalloc(1, sizeof *w);
     m->act.mla = w;
     w->tokens = tokens;
     w->chunk = chunk;
-    w->forced = knob_enum(KNOB_MLA_FORM);
     w->meta_cap = 2 + 2 * ((long)m->max_seqs + 2);
     w->meta_host = xcalloc((size_t)w->meta_cap, sizeof *w->meta_host);
     w->parts = xcalloc((size_t)m->max_seqs + 2, sizeof *w->parts);
@@ -164,7 +163,7 @@ void mla_ws_free(struct model *m) {
 
 int mla_graphable(const struct model *m) {
     const struct mla_ws *w = m->act.mla;
-    return !w || w->forced != 2;
+    return !w || knob_enum(KNOB_MLA_FORM) != 2;
 }
 
 static void add_part(struct mla_ws *w, int mha, int s, long r0, long r1, long ctx) {
@@ -185,6 +184,7 @@ static void plan_step(struct model *m, const struct fwd *f) {
     struct mla_ws *w = m->act.mla;
     const struct batch *b = f->host;
     int S = f->bb->n_seqs;
+    int forced = knob_enum(KNOB_MLA_FORM); /* per step: tests switch forms between steps */
     w->n_parts = 0;
     w->whole_absorbed = 1;
     if (!b) return;
@@ -192,7 +192,7 @@ static void plan_step(struct model *m, const struct fwd *f) {
         if (b && s < b->n_seqs) {
             long r0 = b->q_start[s], r1 = b->q_start[s + 1];
             long ctx = r1 > r0 ? (long)b->positions[r1 - 1] + 1 : 0;
-            add_part(w, r1 > r0 && mla_use_mha(&m->cfg, r1 - r0, ctx, w->tokens, w->forced), s, r0,
+            add_part(w, r1 > r0 && mla_use_mha(&m->cfg, r1 - r0, ctx, w->tokens, forced), s, r0,
                      r1, ctx);
         } else {
             long r0 = b->n_tokens + (s - b->n_seqs);
