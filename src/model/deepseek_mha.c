@@ -54,7 +54,7 @@
  * (latent rows gathered from the pages to fp32, the kv_b_proj product,
  * then mla_kv_expand into K and V), so its fp32 buffers take about
  * MLA_CHUNK_BYTES. DeepSeek-V2-Lite (H 16, bf16 cache): 10 KiB per context
- * token (80 MiB at 8k, 320 MiB at 32k) plus 72 MiB of chunk buffers. */
+ * token (80 MiB at 8k, 320 MiB at 32k) plus 64 MiB of chunk buffers. */
 #include <stdlib.h>
 #include <string.h>
 
