@@ -65,6 +65,10 @@ static const struct knob_def table[KNOB_COUNT] = {
                                     BOOL(KNOB_DEBUG, "1",
                                          "a single shared expert joins the routed experts "
                                          "(0: as --disable-shared-experts-fusion)")},
+    [KNOB_MLA_FORM] = {"KILN_MLA_FORM",
+                       ENUM(KNOB_DEBUG, "auto", WORDS("auto", "absorbed", "mha"),
+                            "MLA attention form of every sequence: auto chooses by FLOP cost "
+                            "(MHA for long new-token runs), or force one (tests; mha turns graphs off)")},
     [KNOB_LOAD_OVERLAP] = {"KILN_LOAD_OVERLAP",
                            BOOL(KNOB_DEBUG, "1",
                                 "the checkpoint's copy to the GPU overlaps the KV pool and warm-up "
@@ -117,6 +121,10 @@ static const struct knob_def table[KNOB_COUNT] = {
     [KNOB_CUDA_UPLOAD_DELAY_MS] = {"KILN_CUDA_UPLOAD_DELAY_MS",
                                    INT(KNOB_TEST, "0", 0, 600000,
                                        "sleep before each deferred weight copy: a slow disk")},
+    [KNOB_MLA_CHUNK] = {"KILN_MLA_CHUNK",
+                        INT(KNOB_TEST, "0", 0, 1 << 20,
+                            "positions per kv_b_proj product of MLA's MHA form (0: by its memory "
+                            "budget); small values test the chunked decompression")},
     [KNOB_FIXTURES] = {"KILN_FIXTURES", STR(KNOB_TEST, "tests/fixtures", "the test fixtures folder")},
     [KNOB_TOKENIZERS] = {"KILN_TOKENIZERS",
                          STR(KNOB_TEST, ".cache/tokenizers",

@@ -6,7 +6,9 @@
  * kv_b_proj (W_UK, transposed at load), so every head attends to the same
  * latent rows (one KV head, MQA-like), and the latent output is mapped back
  * through W_UV. This equals the reference's expanded form mathematically
- * and reads far less KV. Rope uses the interleaved pair layout; the pairing
+ * and reads far less KV. Sequences with many new tokens (prefill) take
+ * the MHA form instead, by FLOP cost (deepseek_mha.c says how and why).
+ * Rope uses the interleaved pair layout; the pairing
  * permutes q and k identically, so scores match the reference.
  * The MoE MLP of these models is in moe.c. */
 #include <math.h>
@@ -64,6 +66,27 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
     return 0;
 }
 
+/* The absorbed form over f's rows: o[n][H·vd] from q[n][H·(nope+rope)]. */
+static void mla_absorbed(const struct fwd *f, int l, const struct attn_mla *a, const float *q,
+                         float *o) {
+    struct model *m = f->m;
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *ops = m->be->ops;
+    void *ctx = m->be->ctx;
+    long n = f->n, H = c->n_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim,
+         vd = c->v_head_dim, kvr = c->kv_lora_rank, qh = nope + rope, lw = kvr + rope;
+    float *q2 = m->act.q2, *att = m->act.att;
+    for (long h = 0; h < H; h++) {
+        ops->matmul(ctx, q2 + h * lw, H * lw, q + h * qh, H * qh, &a->w_uk_t[h], NULL, n);
+        ops->copy_rows(ctx, q2 + h * lw + kvr, H * lw, q + h * qh + nope, H * qh, n, rope);
+    }
+    struct attn_params p = {.n_heads = (int)H, .n_kv_heads = 1, .dk = (int)lw, .dv = (int)kvr,
+                            .k_stride = lw, .v_stride = lw, .scale = m->attn_scale};
+    ops->attention(ctx, att, H * kvr, q2, H * lw, f->kv->k[l], f->kv->k[l], &p, f->bb);
+    for (long h = 0; h < H; h++)
+        ops->matmul(ctx, o + h * vd, H * vd, att + h * kvr, H * kvr, &a->w_uv[h], NULL, n);
+}
+
 static void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, const float *x, float *out) {
     struct model *m = f->m;
     const struct model_config *c = &m->cfg;
@@ -73,7 +96,7 @@ static void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, co
          rope = c->qk_rope_head_dim, vd = c->v_head_dim, kvr = c->kv_lora_rank,
          qr = c->q_lora_rank, qh = nope + rope, lw = kvr + rope;
     float eps = (float)c->rms_norm_eps;
-    float *q = m->act.q, *kva = m->act.k, *q2 = m->act.q2, *att = m->act.att, *o = m->act.o;
+    float *q = m->act.q, *kva = m->act.k, *o = m->act.o;
 
     if (qr > 0) {
         float *cq = m->act.v; /* [n][q_lora] scratch */
@@ -89,15 +112,7 @@ static void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, co
     ops->rope(ctx, q + nope, H * qh, n, (int)H, qh, (int)rope, f->pos, m->rope_table, 1);
     ops->kv_store(ctx, f->kv->k[l], lw, kva, lw, lw, f->slot, n);
 
-    for (long h = 0; h < H; h++) {
-        ops->matmul(ctx, q2 + h * lw, H * lw, q + h * qh, H * qh, &a->w_uk_t[h], NULL, n);
-        ops->copy_rows(ctx, q2 + h * lw + kvr, H * lw, q + h * qh + nope, H * qh, n, rope);
-    }
-    struct attn_params p = {.n_heads = (int)H, .n_kv_heads = 1, .dk = (int)lw, .dv = (int)kvr,
-                            .k_stride = lw, .v_stride = lw, .scale = m->attn_scale};
-    ops->attention(ctx, att, H * kvr, q2, H * lw, f->kv->k[l], f->kv->k[l], &p, f->bb);
-    for (long h = 0; h < H; h++)
-        ops->matmul(ctx, o + h * vd, H * vd, att + h * kvr, H * kvr, &a->w_uv[h], NULL, n);
+    mla_attend(f, l, a, q, o, mla_absorbed); /* each sequence in its form (deepseek_mha.c) */
     ops->matmul(ctx, out, d, o, H * vd, &a->wo, NULL, n);
 }
 

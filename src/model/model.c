@@ -55,11 +55,13 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
             return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for activations (%s)",
                                names[i]);
     }
+    if (c->kv_lora_rank > 0 && mla_ws_reserve(m, err)) return -1;
     return m->be->ops->reserve(m->be->ctx, m->max_batch_tokens, m->max_context, c->n_heads, err);
 }
 
 static void free_activations(struct model *m) {
     struct activations *a = &m->act;
+    mla_ws_free(m);
     void *bufs[] = {a->h, a->xn, a->delta, a->q, a->k, a->v, a->qkv, a->q2, a->att, a->o, a->g,
                     a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->xs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -186,6 +188,7 @@ void model_free(struct model *m) {
 
 int model_graphable(const struct model *m, long n) {
     const struct backend_ops *ops = m->be->ops;
+    if (!mla_graphable(m)) return 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct layer *L = &m->layers[l];
         int k = L->moe.route.top_k + L->moe.route.n_fused; /* the slots moe_forward passes */
@@ -202,7 +205,8 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
     void *ctx = m->be->ctx;
     struct activations *a = &m->act;
     long n = s->bb->n_tokens;
-    struct fwd f = {.m = m, .kv = kv, .bb = s->bb, .n = n, .pos = s->bb->positions, .slot = s->slot};
+    struct fwd f = {.m = m, .kv = kv, .bb = s->bb, .n = n, .pos = s->bb->positions, .slot = s->slot,
+                    .host = s->host};
     ops->embed(ctx, a->h, &m->embed, s->ids, n);
     for (int l = 0; l < c->n_layers; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
 }

@@ -92,6 +92,11 @@ struct model_step {
     const struct backend_batch *bb;
     const int32_t *ids;  /* [n_tokens] */
     const int32_t *slot; /* [n_tokens] */
+    /* The same batch on the host (without the runner's graph padding:
+     * staged sequences past host->n_seqs are one-token pads), for choices
+     * made per sequence from its shape; NULL: none (every choice takes its
+     * default). */
+    const struct batch *host;
 };
 
 /* Embedding and every layer: the residual stream after the last layer is

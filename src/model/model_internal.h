@@ -105,6 +105,7 @@ struct activations {
     int32_t *moe_ids;         /* [T][top_k] */
     float *moe_w;             /* [T][top_k] */
     float *xs;                /* [T][d] rows that need logits */
+    struct mla_ws *mla;       /* deepseek_mha.c's workspace (MLA models), or NULL */
 };
 
 /* The buffers of struct activations, for model_act_counts (model_size.c):
@@ -151,6 +152,7 @@ struct fwd {
     long n;                      /* token rows */
     const int32_t *pos;          /* device positions */
     const int32_t *slot;         /* device out slots */
+    const struct batch *host;    /* model_step.host */
 };
 
 /* Widths (floats per token row) of the attention activations a family uses. */
@@ -236,6 +238,27 @@ void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
                       const struct backend_norm *nm, float *out);
 void dense_forward_norm(const struct fwd *f, const struct mlp_dense *d, long inter,
                         const struct backend_norm *nm, float *out);
+
+/* deepseek_mha.c: MLA in the MHA form for sequences with many new tokens.
+ * mla_attend computes o[n][H·vd] from the queries q[n][H·(nope+rope)] of
+ * layer l (the latent rows of the step already stored in the cache), each
+ * sequence in the form its shape chooses; `absorbed` runs the absorbed
+ * form over the rows of f (deepseek.c), called with sub-batches. */
+typedef void (*mla_absorbed_fn)(const struct fwd *f, int l, const struct attn_mla *a,
+                                const float *q, float *o);
+void mla_attend(const struct fwd *f, int l, const struct attn_mla *a, const float *q, float *o,
+                mla_absorbed_fn absorbed);
+/* 1 when a sequence of n new tokens with context ctx (its last position
+ * + 1) takes the MHA form: forced 0 auto (by FLOP cost), 1 absorbed, 2 mha
+ * (KILN_MLA_FORM); ctx above ws_tokens never does. */
+int mla_use_mha(const struct model_config *c, long n, long ctx, long ws_tokens, int forced);
+/* The workspace, reserved with the activations (MLA models only). */
+int mla_ws_reserve(struct model *m, struct kiln_error *err);
+size_t mla_ws_bytes(const struct model_config *c, long max_context, size_t es);
+void mla_ws_free(struct model *m);
+/* 0 when steps must not be recorded in graphs (the MHA form forced on
+ * decode rows: its sizes come from the host). */
+int mla_graphable(const struct model *m);
 
 /* moe.c: the MoE MLP of qwen_moe.c and deepseek.c */
 int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct mlp_moe *moe,

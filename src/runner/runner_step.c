@@ -189,7 +189,7 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
                                .page_size = b->page_size, .positions = r->pos,
                                .q_start = r->q_start, .kv_page_start = r->page_start,
                                .kv_pages = r->pages};
-    struct model_step s = {.bb = &bb, .ids = r->ids, .slot = r->slot};
+    struct model_step s = {.bb = &bb, .ids = r->ids, .slot = r->slot, .host = b};
     if (gi < 0) {
         model_forward_layers(r->m, &r->kv, &s);
     } else if (r->graphs[kind][gi]) {

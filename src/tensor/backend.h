@@ -198,6 +198,21 @@ struct backend_ops {
     void (*attention)(void *ctx, float *out, long ldo, const float *q, long ldq,
                       const void *k_cache, const void *v_cache, const struct attn_params *p,
                       const struct backend_batch *b);
+    /* Multi-head latent attention in the MHA form (model/deepseek_mha.c).
+     * kv_gather: dst[i][0..width) (row stride ldd) = the cache row of
+     * position p0 + i of a sequence whose page list is pages (slot
+     * pages[p / page_size]·page_size + p % page_size; row stride `stride`
+     * elements of kv_dtype), widened to fp32: kv_store read back.
+     * mla_kv_expand: per-head K and V of n positions, in kv_dtype, as a
+     * cache the attention reads: k[i][h][0..nope) = kv[i][h·(nope+vd) + 0..nope),
+     * k[i][h][nope..nope+rope) = k_rope[i][0..rope) (one rope key shared by
+     * every head), v[i][h][0..vd) = kv[i][h·(nope+vd) + nope + 0..vd);
+     * k rows are n_heads·(nope+rope) elements, v rows n_heads·vd. */
+    void (*kv_gather)(void *ctx, float *dst, long ldd, const void *cache, long stride, long width,
+                      const int32_t *pages, int page_size, long p0, long n);
+    void (*mla_kv_expand)(void *ctx, void *k, void *v, const float *kv, long ldkv,
+                          const float *k_rope, long ldr, long n, int n_heads, int nope, int rope,
+                          int vd);
     /* Chooses top_k experts per row from router logits[n][n_experts]
      * (bias: correction bias or NULL). ids, weights: [n][top_k]. */
     /* ids[n][top_k + n_fused], weights likewise, from logits[n][n_experts] */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kiln verify on every oracle model (page sizes 1 and 16, chunks 3 and 64)
-# and on the bundled stories260K model; every row must be within 1e-3 of
+# (deepseek_v2 and deepseek_v3 also with MLA's absorbed and MHA forms
+# forced) and on the bundled stories260K model; every row must be within 1e-3 of
 # the Hugging Face fp32 logits.
 set -u
 fail=0; runs=0
@@ -21,6 +22,17 @@ for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
   for ps in 1 16; do
     for chunk in 3 64; do
       check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
+    done
+  done
+done
+# MLA: each form forced on every sequence (KILN_MLA_FORM; auto above)
+for form in absorbed mha; do
+  for arch in deepseek_v2 deepseek_v3; do
+    dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
+    for ps in 1 16; do
+      for chunk in 3 64; do
+        KILN_MLA_FORM=$form check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
+      done
     done
   done
 done

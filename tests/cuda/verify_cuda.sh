@@ -48,6 +48,11 @@ echo "== KILN_CUDA_MATMUL=bf16x2"
 export KILN_CUDA_MATMUL=bf16x2
 tol=${KILN_CUDA_TOL_X2:-1e-3}
 run_all "llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3"
+for form in absorbed mha; do # MLA's two forms, each forced on every sequence
+  export KILN_MLA_FORM=$form
+  run_all "deepseek_v2 deepseek_v3"
+done
+unset KILN_MLA_FORM
 stories
 echo "== default (bf16 activations)"
 unset KILN_CUDA_MATMUL

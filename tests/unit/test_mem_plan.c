@@ -93,8 +93,10 @@ static void test_plan_h100(void **state) {
     assert_true(q.weights + q.kv_bytes <= (size_t)(0.88 * (double)in.device_total) + 1);
     assert_true(q.reserve >= q.counted);
 
+    /* MLA's activations include the MHA-form workspace: K/V of up to
+     * 1 GiB plus 64 MiB of decompression buffers (deepseek_mha.c) */
     struct mem_plan v2 = h100_plan("deepseek-v2-lite.json", &in, (size_t)2 << 30);
-    assert_true(in.activations + in.runner < ((size_t)3 << 30));
+    assert_true(in.activations + in.runner < ((size_t)4 << 30));
     assert_true(v2.kv_bytes >= ((size_t)20 << 30));
 
     /* DeepSeek-V3 does not fit one GPU: the plan refuses with the numbers */

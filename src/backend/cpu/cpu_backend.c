@@ -243,6 +243,29 @@ static void cpu_kv_store(void *ctx, void *cache_v, long stride, const float *src
         memcpy(cache + (size_t)slots[i] * (size_t)stride, src + i * ld, (size_t)width * 4);
 }
 
+static void cpu_kv_gather(void *ctx, float *dst, long ldd, const void *cache_v, long stride,
+                          long width, const int32_t *pages, int page_size, long p0, long n) {
+    const float *cache = cache_v;
+    for (long i = 0; i < n; i++) {
+        long p = p0 + i, slot = (long)pages[p / page_size] * page_size + p % page_size;
+        memcpy(dst + i * ldd, cache + (size_t)slot * (size_t)stride, (size_t)width * 4);
+    }
+}
+
+static void cpu_mla_kv_expand(void *ctx, void *k_v, void *v_v, const float *kv, long ldkv,
+                              const float *k_rope, long ldr, long n, int n_heads, int nope,
+                              int rope, int vd) {
+    float *k = k_v, *v = v_v;
+    long qh = nope + rope, kw = (long)n_heads * qh, vw = (long)n_heads * vd;
+    for (long i = 0; i < n; i++)
+        for (int h = 0; h < n_heads; h++) {
+            const float *src = kv + i * ldkv + (long)h * (nope + vd);
+            memcpy(k + i * kw + h * qh, src, (size_t)nope * 4);
+            memcpy(k + i * kw + h * qh + nope, k_rope + i * ldr, (size_t)rope * 4);
+            memcpy(v + i * vw + (long)h * vd, src + nope, (size_t)vd * 4);
+        }
+}
+
 void cpu_matmul_op(void *ctx, float *y, long ldy, const float *x, long ldx,
                    const struct backend_weight *w, const float *bias, long n) {
     struct cpu_ctx *c = ctx;
@@ -306,6 +329,8 @@ static const struct backend_ops cpu_ops = {
     .copy_rows = cpu_copy_rows,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .kv_gather = cpu_kv_gather,
+    .mla_kv_expand = cpu_mla_kv_expand,
     .moe_route = cpu_moe_route,
     .moe_ffn = cpu_moe_ffn,
     .qk_rope_store = cpu_qk_rope_store,

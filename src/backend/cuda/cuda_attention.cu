@@ -899,6 +899,26 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
 
     if (!vec_ok(q, ldq, k_cache, v_cache, p))
         return attention_scalar(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
+#ifdef KILN_CUDA_HOPPER
+    /* MLA in the MHA form (dk 192, dv 128; model/deepseek_mha.c): the wgmma
+     * kernel for the rows of multi-token sequences, the split kernel for
+     * one-token ones (a choice by the row's own sequence, as below) */
+    if (p->dk != p->dv && c->fa_hopper && c->kv_bf16 && !c->split_act &&
+        c->attn_impl == CUDA_ATTN_AUTO && cuda_hopper_attn_prefill_shape(p->dk, p->dv) &&
+        ldo % 2 == 0 && (uintptr_t)out % 8 == 0 && p->k_stride % 8 == 0 && p->v_stride % 8 == 0) {
+        if (b->n_tokens > b->n_seqs) {
+            struct hopper_attn_args ha = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride,
+                                          p->v_stride, p->n_heads, p->n_heads / p->n_kv_heads,
+                                          p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
+                                          b->positions, b->q_start, b->kv_page_start, b->kv_pages,
+                                          p->dk, p->dv};
+            cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
+        }
+        if (!(b->n_seqs == 1 && b->n_tokens > 1))
+            attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 1);
+        return;
+    }
+#endif
     if (!tc_ok(c, out, ldo, p)) return attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 0);
     if (b->n_tokens > b->n_seqs) {
         struct fa_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
@@ -912,7 +932,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
             struct hopper_attn_args ha = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride,
                                           p->v_stride, a.n_heads, a.group, a.scale_log2,
                                           b->n_seqs, b->page_size, b->positions, b->q_start,
-                                          b->kv_page_start, b->kv_pages};
+                                          b->kv_page_start, b->kv_pages, 128, 128};
             cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
         } else
 #endif

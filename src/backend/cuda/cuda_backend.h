@@ -208,6 +208,12 @@ void cuda_op_copy_rows(void *ctx, float *dst, long ldd, const float *src, long l
 void cuda_op_attention(void *ctx, float *out, long ldo, const float *q, long ldq,
                        const void *k_cache, const void *v_cache, const struct attn_params *p,
                        const struct backend_batch *b);
+/* cuda_mla.cu: backend_ops.kv_gather and mla_kv_expand */
+void cuda_op_kv_gather(void *ctx, float *dst, long ldd, const void *cache, long stride, long width,
+                       const int32_t *pages, int page_size, long p0, long n);
+void cuda_op_mla_kv_expand(void *ctx, void *k, void *v, const float *kv, long ldkv,
+                           const float *k_rope, long ldr, long n, int n_heads, int nope, int rope,
+                           int vd);
 void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
                        const float *bias, const struct moe_route_params *p, long n);
 void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,

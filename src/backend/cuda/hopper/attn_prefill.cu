@@ -1,6 +1,8 @@
 /* attn_prefill.cu — prefill attention on Hopper tensor cores (wgmma,
  * sm_90a): the rows of sequences with more than one new token, bf16 paged
- * KV cache, head size 128. Same contract and the same batch invariance as
+ * KV cache, head sizes dk × dv = 128 × 128 (ordinary attention) and
+ * 192 × 128 (MLA in the MHA form: [k_nope 128 | k_rope 64] keys, 128-wide
+ * values), template parameters DK and DV. Same contract and the same batch invariance as
  * fa_prefill_kernel in cuda_attention.cu (read its header first); this one
  * replaces mma.sync with warpgroup MMAs and moves Q to shared memory.
  *
@@ -12,7 +14,7 @@
  * are neighbours in blockIdx.x (the K/V tiles they share stay in L2).
  *
  * Per KV tile of HA_BN = 128 positions (aligned to position 0):
- *   S  = Q·Kᵀ   8 × wgmma.m64n128k16, A = Q (bf16, shared), B = K tile (shared)
+ *   S  = Q·Kᵀ   DK/16 × wgmma.m64n128k16, A = Q (bf16, shared), B = K tile (shared)
  *   online softmax on S in fp32 registers (exp2; masked only on tiles that
  *   cross a row's position), P rounded to bf16 in registers
  *   O += P·V    8 × wgmma.m64n128k16, A = P (registers), B = V tile (shared,
@@ -20,7 +22,7 @@
  * The tiles are gathered from the pages with cp.async (16-byte chunks; the
  * copy of tile j+1 is issued before tile j is computed) straight into the
  * layout wgmma reads: "128-byte swizzle", rows of 64 bf16 (128 bytes), a
- * 128-wide tile as two 64-column blocks, chunk c of row r stored at chunk
+ * 128-wide tile as two 64-column blocks (192-wide: three), chunk c of row r stored at chunk
  * c ^ (r % 8) of its row; each 8-row group is a 1024-byte atom. The same
  * layout serves K (K-major B: N = position rows, K = d along the row) and V
  * (MN-major B: K = position rows, N = d along the row), so one loader fills
@@ -74,19 +76,27 @@ using namespace hopper;
 enum {
     HA_BM = 128, /* query rows per CTA (64 per warpgroup) */
     HA_BN = 128, /* KV positions per tile */
-    HA_D = 128,  /* head size (dk = dv) */
     HA_THREADS = 256,
     HA_WARPS = HA_THREADS / 32,
+    HA_STAGES = 2,
 };
-/* bytes: one 64-column block of a KV tile / of the Q tile, whole tiles */
-static constexpr uint32_t HA_KBLOCK = HA_BN * 128, HA_TILE = 2 * HA_KBLOCK;
-static constexpr uint32_t HA_QBLOCK = HA_BM * 128, HA_QTILE = 2 * HA_QBLOCK;
+/* bytes of one 64-column block of a KV tile / of the Q tile */
+static constexpr uint32_t HA_KBLOCK = HA_BN * 128;
+static constexpr uint32_t HA_QBLOCK = HA_BM * 128;
 
-static constexpr size_t ha_smem_bytes(int stages) {
-    return (size_t)HA_QTILE + (size_t)stages * 2 * HA_TILE + 1024; /* + alignment to 1024 */
-}
+/* Tiles of a head shape: Q (DK wide), K (DK wide) and V (DV wide), bytes.
+ * DK 192: 48 KiB of Q and 2 stages of 80 KiB of K and V, 209 KiB of the
+ * 227 an H100 CTA may have. */
+template <int DK, int DV> struct ha_shape {
+    static_assert(DK % 64 == 0 && DV == 128, "head sizes: dk a multiple of 64, dv 128");
+    static constexpr uint32_t QTILE = DK / 64 * HA_QBLOCK;
+    static constexpr uint32_t KTILE = DK / 64 * HA_KBLOCK;
+    static constexpr uint32_t VTILE = DV / 64 * HA_KBLOCK;
+    static constexpr uint32_t STAGE = KTILE + VTILE;
+    static constexpr size_t SMEM = (size_t)QTILE + (size_t)HA_STAGES * STAGE + 1024; /* + alignment */
+};
 
-/* Byte offset of 16-byte chunk c (0 .. 15) of row r in a swizzled tile
+/* Byte offset of 16-byte chunk c (0 .. width/8 - 1) of row r in a swizzled tile
  * whose 64-column blocks are `block` bytes apart. */
 static __device__ __forceinline__ uint32_t swz(int r, int c, uint32_t block) {
     return (uint32_t)(c >> 3) * block + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
@@ -96,11 +106,12 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
 }
-/* S = Q·Kᵀ for the warpgroup's 64 rows × 128 positions: 8 K steps of 16.
- * dq, dk: descriptors of the warpgroup's Q rows and of the K tile. */
+/* S = Q·Kᵀ for the warpgroup's 64 rows × 128 positions: DK/16 K steps of
+ * 16. dq, dk: descriptors of the warpgroup's Q rows and of the K tile. */
+template <int DK>
 static __device__ __forceinline__ void ha_qk(float (&s)[64], uint64_t dq, uint64_t dk) {
 #pragma unroll
-    for (int ks = 0; ks < HA_D / 16; ks++) {
+    for (int ks = 0; ks < DK / 16; ks++) {
         uint32_t oq = (uint32_t)(ks >> 2) * HA_QBLOCK + (uint32_t)(ks & 3) * 32;
         uint32_t ok = (uint32_t)(ks >> 2) * HA_KBLOCK + (uint32_t)(ks & 3) * 32;
         wgmma_ss<false>(s, dq + (oq >> 4), dk + (ok >> 4), ks > 0);
@@ -167,14 +178,15 @@ static __device__ __forceinline__ void ha_pack(uint32_t (&p)[8][4], const float 
     }
 }
 
+template <int DK, int DV>
 static __global__ void __launch_bounds__(HA_THREADS, 1)
     hopper_attn_kernel(const __grid_constant__ struct hopper_attn_args a) {
-    constexpr int STAGES = 2;
+    using SH = ha_shape<DK, DV>;
     extern __shared__ uint8_t ha_smem[];
     __shared__ int sc_warp[HA_WARPS], found[2], pos_s[1];
     /* swizzle atoms must be 1024-byte aligned (the descriptors' base offset is 0) */
     uint32_t q_s = ((uint32_t)__cvta_generic_to_shared(ha_smem) + 1023u) & ~1023u;
-    uint32_t kv_s = q_s + HA_QTILE; /* stage st: K tile at kv_s + 2·st·HA_TILE, V after it */
+    uint32_t kv_s = q_s + SH::QTILE; /* stage st: K tile at kv_s + st·STAGE, V after it */
 
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int h = blockIdx.x, g = h / a.group;
@@ -184,8 +196,8 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     int nrows = min(HA_BM, (int)(a.q_start[s + 1] - r0));
     if (tid == 0) pos_s[0] = a.positions[r0 + nrows - 1] + 1; /* rows are in position order */
     const int32_t *pages = a.kv_pages + a.kv_page_start[s];
-    const __nv_bfloat16 *kbase = (const __nv_bfloat16 *)a.k_cache + (long)g * HA_D;
-    const __nv_bfloat16 *vbase = (const __nv_bfloat16 *)a.v_cache + (long)g * HA_D;
+    const __nv_bfloat16 *kbase = (const __nv_bfloat16 *)a.k_cache + (long)g * DK;
+    const __nv_bfloat16 *vbase = (const __nv_bfloat16 *)a.v_cache + (long)g * DV;
 
     /* this thread's rows (accumulator rows l/4 and l/4 + 8 of its warp) */
     int ra = warp * 16 + (lane >> 2), rb = ra + 8;
@@ -198,24 +210,29 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     int n_tiles = (kv_end + HA_BN - 1) / HA_BN;
 
     /* Tile loads: iteration it of warp w copies rows 16·it + 2w + {0, 1}
-     * (lanes 0-15, 16-31), one 16-byte chunk per lane of K and of V. Lanes
-     * 0-15 look the 16 rows' slots up once and shuffle them out. */
+     * (lanes 0-15, 16-31), 16-byte chunks c, c + 16, ... of K (DK/8 per
+     * row) and of V (DV/8) per lane. Lanes 0-15 look the 16 rows' slots up
+     * once and shuffle them out. */
     auto load_tile = [&](int st, int kt) {
         long long my_slot = -1;
         if (lane < 16) {
             int p = kt * HA_BN + (lane >> 1) * 16 + warp * 2 + (lane & 1);
             if (p < kv_end) my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
         }
-        uint32_t kd = kv_s + (uint32_t)st * 2 * HA_TILE, vd = kd + HA_TILE;
+        uint32_t kd = kv_s + (uint32_t)st * SH::STAGE, vd = kd + SH::KTILE;
         int c = lane & 15;
 #pragma unroll
         for (int it = 0; it < HA_BN / 16; it++) {
             long long slot = __shfl_sync(0xffffffffu, my_slot, it * 2 + (lane >> 4));
             bool valid = slot >= 0;
             if (!valid) slot = 0; /* zero-filled: finite, and masked anyway */
-            uint32_t off = swz(it * 16 + warp * 2 + (lane >> 4), c, HA_KBLOCK);
-            ptx_cp_async16_zfill(kd + off, kbase + slot * a.k_stride + c * 8, valid);
-            ptx_cp_async16_zfill(vd + off, vbase + slot * a.v_stride + c * 8, valid);
+            int row = it * 16 + warp * 2 + (lane >> 4);
+#pragma unroll
+            for (int cc = c; cc < DK / 8; cc += 16)
+                ptx_cp_async16_zfill(kd + swz(row, cc, HA_KBLOCK), kbase + slot * a.k_stride + cc * 8, valid);
+#pragma unroll
+            for (int cc = c; cc < DV / 8; cc += 16)
+                ptx_cp_async16_zfill(vd + swz(row, cc, HA_KBLOCK), vbase + slot * a.v_stride + cc * 8, valid);
         }
     };
     load_tile(0, 0);
@@ -224,22 +241,25 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     /* Q → bf16 → the swizzled Q tile (rows past the tile: zeros) */
 #pragma unroll
     for (int it = 0; it < HA_BM / 16; it++) {
-        int r = it * 16 + warp * 2 + (lane >> 4), c = lane & 15;
-        uint4 pk = make_uint4(0, 0, 0, 0);
-        if (r < nrows) {
-            const float4 *src = (const float4 *)(a.q + (r0 + r) * a.ldq + (long)h * HA_D + c * 8);
-            float4 x = src[0], y = src[1];
-            pk = make_uint4(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w), pack_bf16(y.x, y.y),
-                            pack_bf16(y.z, y.w));
+        int r = it * 16 + warp * 2 + (lane >> 4);
+#pragma unroll
+        for (int c = lane & 15; c < DK / 8; c += 16) {
+            uint4 pk = make_uint4(0, 0, 0, 0);
+            if (r < nrows) {
+                const float4 *src = (const float4 *)(a.q + (r0 + r) * a.ldq + (long)h * DK + c * 8);
+                float4 x = src[0], y = src[1];
+                pk = make_uint4(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w), pack_bf16(y.x, y.y),
+                                pack_bf16(y.z, y.w));
+            }
+            ptx_st_shared_v4(q_s + swz(r, c, HA_QBLOCK), pk);
         }
-        ptx_st_shared_v4(q_s + swz(r, c, HA_QBLOCK), pk);
     }
 
     int wg = warp >> 2;
     const uint64_t dq = desc_sw128(q_s + (uint32_t)wg * 64 * 128, 16, 1024);
-    auto desc_k = [&](int st) { return desc_sw128(kv_s + (uint32_t)st * 2 * HA_TILE, 16, 1024); };
+    auto desc_k = [&](int st) { return desc_sw128(kv_s + (uint32_t)st * SH::STAGE, 16, 1024); };
     auto desc_v = [&](int st) {
-        return desc_sw128(kv_s + (uint32_t)st * 2 * HA_TILE + HA_TILE, HA_KBLOCK, 1024);
+        return desc_sw128(kv_s + (uint32_t)st * SH::STAGE + SH::KTILE, HA_KBLOCK, 1024);
     };
 
     float oacc[64], sacc[64];
@@ -255,12 +275,12 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
         fence_proxy_async();
         __syncthreads(); /* tile kt (and Q) landed; everyone is done with tile kt - 1 */
         if (kt + 1 < n_tiles) {
-            load_tile((kt + 1) % STAGES, kt + 1);
+            load_tile((kt + 1) % HA_STAGES, kt + 1);
             ptx_cp_async_commit();
         }
-        int st = kt % STAGES;
+        int st = kt % HA_STAGES;
         wgmma_fence();
-        ha_qk(sacc, dq, desc_k(st));
+        ha_qk<DK>(sacc, dq, desc_k(st));
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sacc);
@@ -282,8 +302,8 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
     float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
-    float *oa = a.out + (r0 + ra) * a.ldo + (long)h * HA_D + col0;
-    float *ob = a.out + (r0 + rb) * a.ldo + (long)h * HA_D + col0;
+    float *oa = a.out + (r0 + ra) * a.ldo + (long)h * DV + col0;
+    float *ob = a.out + (r0 + rb) * a.ldo + (long)h * DV + col0;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
         if (ra < nrows) *(float2 *)(oa + 8 * j) = make_float2(oacc[4 * j] * inv_a, oacc[4 * j + 1] * inv_a);
@@ -291,13 +311,18 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     }
 }
 
+template <int DK, int DV>
 static void ha_launch(const struct hopper_attn_args *a, unsigned tiles, cudaStream_t stream) {
-    size_t smem = ha_smem_bytes(2);
-    CUDA_CHECK(cudaFuncSetAttribute(hopper_attn_kernel,
+    size_t smem = ha_shape<DK, DV>::SMEM;
+    CUDA_CHECK(cudaFuncSetAttribute(hopper_attn_kernel<DK, DV>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)a->n_heads, tiles);
-    hopper_attn_kernel<<<grid, HA_THREADS, smem, stream>>>(*a);
+    hopper_attn_kernel<DK, DV><<<grid, HA_THREADS, smem, stream>>>(*a);
     CUDA_CHECK_LAUNCH();
+}
+
+extern "C" int cuda_hopper_attn_prefill_shape(int dk, int dv) {
+    return (dk == 128 || dk == 192) && dv == 128;
 }
 
 extern "C" void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n_tokens,
@@ -310,5 +335,7 @@ extern "C" void cuda_hopper_attn_prefill(const struct hopper_attn_args *a, int n
     long tiles = bound1 < bound2 ? bound1 : bound2;
     CUDA_ASSERT(tiles <= 65535);
     if (tiles <= 0) return;
-    ha_launch(a, (unsigned)tiles, stream);
+    CUDA_ASSERT_MSG(cuda_hopper_attn_prefill_shape(a->dk, a->dv), "hopper attention: head shape");
+    if (a->dk == 192) ha_launch<192, 128>(a, (unsigned)tiles, stream);
+    else ha_launch<128, 128>(a, (unsigned)tiles, stream);
 }

@@ -14,11 +14,13 @@ extern "C" {
 #endif
 
 /* The contract of fa_prefill_kernel (cuda_attention.cu): q fp32
- * [tokens][ldq] (head h at h·128), out fp32 [tokens][ldo], K and V bf16 in
- * the paged cache (slot s of KV head g at cache + s·stride + g·128), causal
- * by absolute position, query head h reads KV head h / group, scale_log2 =
- * softmax scale · log2(e). Only the rows of sequences with more than one
- * new token are computed. Head size 128 (dk = dv). Requirements (checked
+ * [tokens][ldq] (head h at h·dk), out fp32 [tokens][ldo] (head h at h·dv),
+ * K and V bf16 in the paged cache (slot s of KV head g at k_cache +
+ * s·k_stride + g·dk, v_cache + s·v_stride + g·dv), causal by absolute
+ * position, query head h reads KV head h / group, scale_log2 = softmax
+ * scale · log2(e). Only the rows of sequences with more than one new token
+ * are computed. Head sizes dk × dv: 128 × 128 or 192 × 128
+ * (cuda_hopper_attn_prefill_shape). Requirements (checked
  * by the caller): q, k_cache, v_cache 16-byte aligned, ldq % 4 == 0,
  * k_stride % 8 == 0, v_stride % 8 == 0, out 8-byte aligned, ldo even. */
 struct hopper_attn_args {
@@ -32,7 +34,11 @@ struct hopper_attn_args {
     float scale_log2;
     int n_seqs, page_size;
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
+    int dk, dv;
 };
+
+/* 1 when the kernel is built for head sizes dk × dv. */
+int cuda_hopper_attn_prefill_shape(int dk, int dv);
 
 /* Launches the kernel on stream for a batch of n_tokens rows in n_seqs
  * sequences. */
