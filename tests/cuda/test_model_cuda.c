@@ -94,26 +94,26 @@ static const struct shape shapes[] = {
               ", \"rope_theta\": 500000, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
               " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
               " \"original_max_position_embeddings\": 128}}",
-     1, 0},
+     1, 0, 0},
     {"qwen2", "{\"model_type\": \"qwen2\", \"architectures\": [\"Qwen2ForCausalLM\"], " COMMON
               ", \"rope_theta\": 1000000}",
-     1, 0},
+     1, 0, 0},
     {"qwen3", "{\"model_type\": \"qwen3\", \"architectures\": [\"Qwen3ForCausalLM\"], " COMMON
               ", \"rope_theta\": 1000000}",
-     0, 0},
+     0, 0, 0},
     /* every token takes all 8 experts: no choice for a rounding to flip
      * (a flipped expert moves logits by O(1)), so the CPU comparison holds */
     {"qwen3_moe (top 8 of 8)",
      "{\"model_type\": \"qwen3_moe\", \"architectures\": [\"Qwen3MoeForCausalLM\"], " COMMON
      ", \"rope_theta\": 1000000, \"num_experts\": 8, \"num_experts_per_tok\": 8,"
      " \"moe_intermediate_size\": 256, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1}",
-     0, 1},
+     0, 1, 0},
     /* top 4 of 32: checked against itself without graphs, bit for bit */
     {"qwen3_moe (top 4 of 32)",
      "{\"model_type\": \"qwen3_moe\", \"architectures\": [\"Qwen3MoeForCausalLM\"], " COMMON
      ", \"rope_theta\": 1000000, \"num_experts\": 32, \"num_experts_per_tok\": 4,"
      " \"moe_intermediate_size\": 192, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1}",
-     0, 1},
+     0, 1, 0},
     {"deepseek_v2 (MLA, 16 heads)",
      "{\"model_type\": \"deepseek_v2\", \"architectures\": [\"DeepseekV2ForCausalLM\"], " MLA_COMMON
      ", \"num_attention_heads\": 16, \"q_lora_rank\": null}",

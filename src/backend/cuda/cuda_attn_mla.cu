@@ -35,7 +35,8 @@
  * roundings spelled out). Unsplit, a CTA walks the row's chunks and folds
  * as it goes; split (fewer CTAs than one wave), slot y takes chunks y, y +
  * slots, … and writes the chunk states to scratch, and the last CTA of the
- * (row, head block) to finish (arrival counter, reset by it) folds them.
+ * (row, head block) to finish (arrival counter, reset by it) stages them in
+ * shared memory, four at a time, and folds them.
  * The choice depends on the number of rows and max_context only (fixed
  * launch shapes per batch size: graph-capturable), and both ways give the
  * same bits, so a row's result does not depend on its batch.
@@ -350,24 +351,44 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
     __syncthreads();
     if (!last_s) return;
     __threadfence();
+    /* Batches of chunk states staged in shared memory (the tile stages are
+     * free: every copy has landed), all copies of a batch in flight at once
+     * (cp.async.cg reads L2, where the other CTAs' states are), then folded
+     * in chunk order. */
+    float *stg = (float *)mla_smem4; /* [chunk of the batch][HB][DS] */
+    constexpr int Q4 = MLA_DS / 4, NB = (int)(2 * MLA_TILE * 2 / 4 / (MLA_HB * MLA_DS));
+    static_assert(NB >= 1, "one chunk state fits the stage");
+    for (int cb = 0; cb < nch; cb += NB) {
+        const int nb = min(NB, nch - cb);
+        for (int i = tid; i < nb * nh * Q4; i += MLA_THREADS) {
+            int cc = i / (nh * Q4), h = i / Q4 % nh, r4 = i % Q4;
+            const float *src =
+                a.partial + ((row * a.n_heads + h0 + h) * (long)a.max_chunks + cb + cc) * MLA_DS + r4 * 4;
+            ptx_cp_async16_zfill(stg + ((cc * MLA_HB + h) * MLA_DS + r4 * 4), src, true);
+        }
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<0>();
+        __syncthreads();
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int h = hr + 8 * r;
-        if (h >= nh) continue;
-        const float *st = a.partial + (row * a.n_heads + h0 + h) * (long)a.max_chunks * MLA_DS;
-        for (int cc = 0; cc < nch; cc++, st += MLA_DS) {
-            float2 ml = __ldcg((const float2 *)(st + MLA_DV));
-            float m2, fa, fc;
-            mla_factors(rm[r], ml.x, &m2, &fa, &fc);
-            rm[r] = m2;
-            rl[r] = mla_fold(rl[r], fa, ml.y, fc);
+        for (int r = 0; r < 2; r++) {
+            int h = hr + 8 * r;
+            if (h >= nh) continue;
+            for (int cc = 0; cc < nb; cc++) {
+                const float *st = stg + (cc * MLA_HB + h) * MLA_DS;
+                float2 ml = *(const float2 *)(st + MLA_DV);
+                float m2, fa, fc;
+                mla_factors(rm[r], ml.x, &m2, &fa, &fc);
+                rm[r] = m2;
+                rl[r] = mla_fold(rl[r], fa, ml.y, fc);
 #pragma unroll
-            for (int j = 0; j < MLA_DT; j++) {
-                float2 v = __ldcg((const float2 *)(st + col0 + j * 8 + 2 * tq));
-                ro[j][2 * r] = mla_fold(ro[j][2 * r], fa, v.x, fc);
-                ro[j][2 * r + 1] = mla_fold(ro[j][2 * r + 1], fa, v.y, fc);
+                for (int j = 0; j < MLA_DT; j++) {
+                    float2 v = *(const float2 *)(st + col0 + j * 8 + 2 * tq);
+                    ro[j][2 * r] = mla_fold(ro[j][2 * r], fa, v.x, fc);
+                    ro[j][2 * r + 1] = mla_fold(ro[j][2 * r + 1], fa, v.y, fc);
+                }
             }
         }
+        __syncthreads(); /* the stage is refilled by the next batch */
     }
     write_out();
 }
