@@ -19,6 +19,8 @@
  *   cuda_attention.cu   paged causal attention (GQA, MLA): tensor-core prefill,
  *                       fixed-chunk split-KV decode
  *   cuda_attn_decode.cu decode attention on the bf16 cache (tensor cores, fixed chunks)
+ *   cuda_attn_mla.cu    MLA decode attention on the bf16 latent cache (all heads of a
+ *                       token share one pass over its latent rows; fixed chunks)
  *   cuda_matmul_det.cu  row-invariant matmul for --deterministic
  *   cuda_moe.cu         expert routing and the expert MLPs
  *   cuda_gemm_small.cu  the experts' grouped products on the device (mma.sync)
