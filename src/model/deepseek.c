@@ -41,24 +41,29 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
         ws_matrix(ws, P("kv_b_proj.weight"), H * (nope + vd), kvr, &a->wkv_b, err))
         return -1;
     /* W_UK_h^T [kvr][nope] per head, in the checkpoint dtype (a transpose
-     * is exact), made from kv_b_proj's host bytes. */
+     * is exact), made from kv_b_proj's host bytes: all heads stacked in one
+     * [H][kvr][nope] tensor (w_uk_t[h] are views into it), so the q_nope
+     * products of every head run as one matmul_heads. W_UV stays strided
+     * views into kv_b_proj (head stride (nope + vd)·kvr elements). */
     const unsigned char *src = ws_last_host(ws);
     if (!src) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for MLA weights");
     if (ws_matrix(ws, P("o_proj.weight"), d, H * vd, &a->wo, err)) return -1;
 #undef P
     enum dtype dt = a->wkv_b.dtype;
-    size_t es = dtype_size(dt);
+    size_t es = dtype_size(dt), head_bytes = (size_t)(kvr * nope) * es;
     a->w_uk_t = model_own(m, xcalloc((size_t)H, sizeof *a->w_uk_t));
     a->w_uv = model_own(m, xcalloc((size_t)H, sizeof *a->w_uv));
-    for (long h = 0; h < H; h++) {
-        unsigned char *t = model_own(m, xaligned_alloc((size_t)(kvr * nope) * es));
+    unsigned char *t = model_own(m, xaligned_alloc(head_bytes * (size_t)H));
+    for (long h = 0; h < H; h++)
         for (long r = 0; r < nope; r++)
             for (long j = 0; j < kvr; j++)
-                memcpy(t + (size_t)(j * nope + r) * es,
+                memcpy(t + head_bytes * (size_t)h + (size_t)(j * nope + r) * es,
                        src + (size_t)((h * (nope + vd) + r) * kvr + j) * es, es);
-        a->w_uk_t[h] = (struct backend_weight){.data = model_upload(m, t, (size_t)(kvr * nope) * es),
-                                               .dtype = dt, .rows = kvr, .cols = nope};
-        if (!a->w_uk_t[h].data) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for MLA weights");
+    const unsigned char *uk = model_upload(m, t, head_bytes * (size_t)H);
+    if (!uk) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for MLA weights");
+    for (long h = 0; h < H; h++) {
+        a->w_uk_t[h] = (struct backend_weight){.data = uk + head_bytes * (size_t)h, .dtype = dt,
+                                               .rows = kvr, .cols = nope};
         a->w_uv[h] = (struct backend_weight){
             .data = (const unsigned char *)a->wkv_b.data + (size_t)((h * (nope + vd) + nope) * kvr) * es,
             .dtype = dt, .rows = vd, .cols = kvr};
@@ -76,15 +81,17 @@ static void mla_absorbed(const struct fwd *f, int l, const struct attn_mla *a, c
     long n = f->n, H = c->n_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim,
          vd = c->v_head_dim, kvr = c->kv_lora_rank, qh = nope + rope, lw = kvr + rope;
     float *q2 = m->act.q2, *att = m->act.att;
-    for (long h = 0; h < H; h++) {
-        ops->matmul(ctx, q2 + h * lw, H * lw, q + h * qh, H * qh, &a->w_uk_t[h], NULL, n);
-        ops->copy_rows(ctx, q2 + h * lw + kvr, H * lw, q + h * qh + nope, H * qh, n, rope);
-    }
+    /* q2 head h = [q_nope_h · W_UK_h (kvr) | q_rope_h (rope)]: the products of
+     * every head in one operation, the rope columns in one copy (rows of q
+     * and q2 are whole heads: (row, head) pairs are n·H rows of stride qh
+     * and lw) */
+    ops->matmul_heads(ctx, q2, H * lw, lw, q, H * qh, qh, &a->w_uk_t[0], kvr * nope, (int)H, n);
+    ops->copy_rows(ctx, q2 + kvr, lw, q + nope, qh, n * H, rope);
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = 1, .dk = (int)lw, .dv = (int)kvr,
                             .k_stride = lw, .v_stride = lw, .scale = m->attn_scale};
     ops->attention(ctx, att, H * kvr, q2, H * lw, f->kv->k[l], f->kv->k[l], &p, f->bb);
-    for (long h = 0; h < H; h++)
-        ops->matmul(ctx, o + h * vd, H * vd, att + h * kvr, H * kvr, &a->w_uv[h], NULL, n);
+    ops->matmul_heads(ctx, o, H * vd, vd, att, H * kvr, kvr, &a->w_uv[0], (nope + vd) * kvr,
+                      (int)H, n);
 }
 
 static void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, const float *x, float *out) {

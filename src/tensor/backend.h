@@ -163,6 +163,17 @@ struct backend_ops {
     /* y[n][w.rows] = x[n][w.cols] · wᵀ (+ bias[w.rows]) */
     void (*matmul)(void *ctx, float *y, long ldy, const float *x, long ldx,
                    const struct backend_weight *w, const float *bias, long n);
+    /* Per-head products, all heads in one operation: for each head h <
+     * n_heads of each row i < n, y[i·ldy + h·hy ..][w.rows] = x[i·ldx + h·hx
+     * ..][w.cols] · W_hᵀ, where W_h is the [w.rows][w.cols] matrix that
+     * starts w_stride elements after W_{h-1} (W_0 = w; a stacked tensor, or
+     * strided views into a larger one). Each head's product is matmul's
+     * arithmetic, without bias: the CPU gives matmul's bits; CUDA gives the
+     * per-head cuda matmul's bits on its GEMV and deterministic paths and
+     * the same 16-bit operands with fp32 sums (cuBLAS's order) above them. */
+    void (*matmul_heads)(void *ctx, float *y, long ldy, long hy, const float *x, long ldx,
+                         long hx, const struct backend_weight *w, long w_stride, int n_heads,
+                         long n);
     /* y[n][dim] = x / rms(x) * w, row by row */
     void (*rmsnorm)(void *ctx, float *y, long ldy, const float *x, long ldx, const float *w,
                     long n, long dim, float eps);

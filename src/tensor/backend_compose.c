@@ -16,6 +16,17 @@ void compose_matmul_stack(const struct backend_ops *ops, void *ctx, float *y, lo
     }
 }
 
+void compose_matmul_heads(const struct backend_ops *ops, void *ctx, float *y, long ldy, long hy,
+                          const float *x, long ldx, long hx, const struct backend_weight *w,
+                          long w_stride, int n_heads, long n) {
+    size_t es = dtype_size(w->dtype);
+    for (int h = 0; h < n_heads; h++) {
+        struct backend_weight wh = *w;
+        wh.data = (const unsigned char *)w->data + (size_t)h * (size_t)w_stride * es;
+        ops->matmul(ctx, y + h * hy, ldy, x + h * hx, ldx, &wh, NULL, n);
+    }
+}
+
 void compose_qk_rope_store(const struct backend_ops *ops, void *ctx, float *q, float *k,
                            const float *v, long ld, long n, const struct backend_rope_store *r) {
     long hd = r->head_dim, kw = (long)r->n_kv_heads * hd;

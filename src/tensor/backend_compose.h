@@ -15,6 +15,10 @@
 void compose_matmul_stack(const struct backend_ops *ops, void *ctx, float *y, long ldy,
                           const float *x, long ldx, const struct backend_stack *w,
                           const float *bias, long n);
+/* matmul_heads as one matmul per head on a view of the head's weights. */
+void compose_matmul_heads(const struct backend_ops *ops, void *ctx, float *y, long ldy, long hy,
+                          const float *x, long ldx, long hx, const struct backend_weight *w,
+                          long w_stride, int n_heads, long n);
 void compose_qk_rope_store(const struct backend_ops *ops, void *ctx, float *q, float *k,
                            const float *v, long ld, long n, const struct backend_rope_store *r);
 void compose_norm_matmul(const struct backend_ops *ops, void *ctx, const struct backend_norm *nm,

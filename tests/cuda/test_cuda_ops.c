@@ -702,7 +702,10 @@ static void test_attention(void **state) {
     /* decode rows deep into the context: exercises split-KV */
     int dlen[] = {3000, 1234}, dnew[] = {1, 1};
     check_attention(8, 2, 64, 64, 0, 16, dlen, dnew, 2, 1e-5);
-    check_attention(16, 1, 576, 512, 1, 1, dlen, dnew, 2, 1e-5); /* DeepSeek-sized latent heads */
+    /* DeepSeek-sized latent heads: fp32 on the fp32 cache; on the bf16 cache
+     * the decode rows take the MLA kernel (q and p in bf16: test_cuda_mla) */
+    check_attention_on(&gpu_kvf32, 1, 16, 1, 576, 512, 1, 1, dlen, dnew, 2, 1e-5);
+    check_attention_on(&gpu, 1, 16, 1, 576, 512, 1, 1, dlen, dnew, 2, 1e-2);
     int one[] = {4000}, onew[] = {1};
     check_attention(1, 1, 128, 128, 0, 1, one, onew, 1, 1e-5);
     /* prompt chunks with a cached context, and a long prompt (several

@@ -73,33 +73,55 @@ struct shape {
     const char *name, *config;
     int fused; /* the q|k|v epilogue path must run */
     int moe;   /* MoE layers: their device path must run */
+    int mla;   /* MLA decode rows: the MLA decode kernel must run */
 };
+
+/* DeepSeek's attention shapes (16 or 32 heads; latent rows of kv_lora 512 +
+ * rope 64, so decode rows take the MLA decode kernel) with dense MLPs
+ * (first_k_dense_replace = every layer): no expert choice to flip. */
+#define MLA_COMMON                                                                                    \
+    "\"hidden_size\": 1024, \"num_key_value_heads\": 16, \"kv_lora_rank\": 512,"                       \
+    " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128,"                        \
+    " \"intermediate_size\": 2816, \"num_hidden_layers\": 2, \"first_k_dense_replace\": 2,"             \
+    " \"moe_layer_freq\": 1, \"n_routed_experts\": 8, \"num_experts_per_tok\": 2,"                      \
+    " \"moe_intermediate_size\": 256, \"n_shared_experts\": 1, \"n_group\": 1, \"topk_group\": 1,"      \
+    " \"vocab_size\": 512, \"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-6,"                   \
+    " \"rope_theta\": 10000, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","            \
+    " \"bos_token_id\": 1, \"eos_token_id\": 2"
 
 static const struct shape shapes[] = {
     {"llama", "{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], " COMMON
               ", \"rope_theta\": 500000, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
               " \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
               " \"original_max_position_embeddings\": 128}}",
-     1, 0},
+     1, 0, 0},
     {"qwen2", "{\"model_type\": \"qwen2\", \"architectures\": [\"Qwen2ForCausalLM\"], " COMMON
               ", \"rope_theta\": 1000000}",
-     1, 0},
+     1, 0, 0},
     {"qwen3", "{\"model_type\": \"qwen3\", \"architectures\": [\"Qwen3ForCausalLM\"], " COMMON
               ", \"rope_theta\": 1000000}",
-     0, 0},
+     0, 0, 0},
     /* every token takes all 8 experts: no choice for a rounding to flip
      * (a flipped expert moves logits by O(1)), so the CPU comparison holds */
     {"qwen3_moe (top 8 of 8)",
      "{\"model_type\": \"qwen3_moe\", \"architectures\": [\"Qwen3MoeForCausalLM\"], " COMMON
      ", \"rope_theta\": 1000000, \"num_experts\": 8, \"num_experts_per_tok\": 8,"
      " \"moe_intermediate_size\": 256, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1}",
-     0, 1},
+     0, 1, 0},
     /* top 4 of 32: checked against itself without graphs, bit for bit */
     {"qwen3_moe (top 4 of 32)",
      "{\"model_type\": \"qwen3_moe\", \"architectures\": [\"Qwen3MoeForCausalLM\"], " COMMON
      ", \"rope_theta\": 1000000, \"num_experts\": 32, \"num_experts_per_tok\": 4,"
      " \"moe_intermediate_size\": 192, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1}",
-     0, 1},
+     0, 1, 0},
+    {"deepseek_v2 (MLA, 16 heads)",
+     "{\"model_type\": \"deepseek_v2\", \"architectures\": [\"DeepseekV2ForCausalLM\"], " MLA_COMMON
+     ", \"num_attention_heads\": 16, \"q_lora_rank\": null}",
+     0, 0, 1},
+    {"deepseek_v3 (MLA, 32 heads, q_lora)",
+     "{\"model_type\": \"deepseek_v3\", \"architectures\": [\"DeepseekV3ForCausalLM\"], " MLA_COMMON
+     ", \"num_attention_heads\": 32, \"q_lora_rank\": 384, \"topk_method\": \"noaux_tc\"}",
+     0, 0, 1},
 };
 
 static int have_gpu = -1;
@@ -114,6 +136,7 @@ struct seq {
 struct counts {
     long fused; /* products through the rope epilogue */
     long moe;   /* moe_ffn calls on the device path */
+    long mla;   /* MLA decode kernel launches */
 };
 
 /* Runs the eight steps on `device` (with env_name=env_value set while the
@@ -145,7 +168,7 @@ static struct counts run(const char *device, const struct shape *sh, const struc
     struct kv_pool *kv = runner_kv(run);
     kv_pool_scramble(kv, 5);
     struct cuda_ctx *c = strcmp(device, "cuda") ? NULL : (struct cuda_ctx *)be.ctx;
-    struct counts n0 = {c ? c->rope_fused : 0, c ? c->moe_device_calls : 0};
+    struct counts n0 = {c ? c->rope_fused : 0, c ? c->moe_device_calls : 0, c ? c->mla_decode_calls : 0};
 
     struct seq seqs[N_SEQS];
     memcpy(seqs, init, sizeof seqs);
@@ -161,7 +184,8 @@ static struct counts run(const char *device, const struct shape *sh, const struc
         if (runner_forward(run, &b, logits, &err)) fail_msg("%s %s step %d: %s", device, sh->name, step, err.msg);
         memcpy(out + (size_t)step * N_SEQS * VOCAB, logits, (size_t)b.n_seqs * VOCAB * 4);
     }
-    struct counts n = {c ? c->rope_fused - n0.fused : 0, c ? c->moe_device_calls - n0.moe : 0};
+    struct counts n = {c ? c->rope_fused - n0.fused : 0, c ? c->moe_device_calls - n0.moe : 0,
+                       c ? c->mla_decode_calls - n0.mla : 0};
     for (int i = 0; i < N_SEQS; i++) kv_pool_release(kv, kvs[i].pages, kvs[i].n_pages);
     sb_free(&sb);
     free(logits);
@@ -238,7 +262,29 @@ static void check_shape(const struct shape *sh) {
     /* the decode steps the host runs, one call a layer (the prefill of
      * every prompt, ~3,000 tokens, takes the host path) */
     if (sh->moe) assert_true(c_on.moe >= 2 * 5);
+    /* MLA: one launch a layer for each decode step the host runs (eager or
+     * recorded: steps 1, 2, 5, 6, 7) */
+    if (sh->mla) assert_true(c_on.mla >= 2 * 5);
+    else assert_int_equal(c_on.mla, 0);
     free(cpu), free(fused), free(plain);
+}
+
+/* Decode graphs against KILN_GRAPHS=0, bit for bit: the MLA decode kernel
+ * (split chunk states, arrival counters) replays exactly as it runs. */
+static void check_graphs_exact(const struct shape *sh) {
+    struct seq init[N_SEQS];
+    make_init(init);
+    size_t n = (size_t)STEPS * N_SEQS * VOCAB;
+    float *graphs = xcalloc(n, 4), *eager = xcalloc(n, 4);
+    struct counts cg = run("cuda", sh, init, graphs, NULL, NULL);
+    struct counts ce = run("cuda", sh, init, eager, "KILN_GRAPHS", "0");
+    size_t n_diff = 0;
+    for (size_t i = 0; i < n; i++) n_diff += memcmp(&graphs[i], &eager[i], 4) != 0;
+    printf("  %s: graphs vs KILN_GRAPHS=0: %zu of %zu logits differ; MLA decode launches %ld / %ld\n",
+           sh->name, n_diff, n, cg.mla, ce.mla);
+    assert_int_equal(n_diff, 0);
+    assert_true(ce.mla >= 2 * 7); /* eager: every decode step, each layer */
+    free(graphs), free(eager);
 }
 
 /* A MoE model whose experts are chosen (top 4 of 32) decoded from graphs
@@ -290,6 +336,9 @@ static void test_qwen2(void **state) { (void)state; NEED_GPU(); check_shape(&sha
 static void test_qwen3(void **state) { (void)state; NEED_GPU(); check_shape(&shapes[2]); }
 static void test_qwen3_moe_all(void **state) { (void)state; NEED_GPU(); check_shape(&shapes[3]); }
 static void test_qwen3_moe_graphs(void **state) { (void)state; NEED_GPU(); check_moe_graphs(&shapes[4]); }
+static void test_deepseek_v2(void **state) { (void)state; NEED_GPU(); check_shape(&shapes[5]); }
+static void test_deepseek_v3(void **state) { (void)state; NEED_GPU(); check_shape(&shapes[6]); }
+static void test_deepseek_graphs(void **state) { (void)state; NEED_GPU(); check_graphs_exact(&shapes[5]); }
 
 int main(void) {
     struct kiln_error err = {0};
@@ -302,6 +351,8 @@ int main(void) {
     else printf("test_model_cuda: %s; the tests below fail\n", err.msg);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_llama), cmocka_unit_test(test_qwen2),
                                        cmocka_unit_test(test_qwen3), cmocka_unit_test(test_qwen3_moe_all),
-                                       cmocka_unit_test(test_qwen3_moe_graphs)};
+                                       cmocka_unit_test(test_qwen3_moe_graphs),
+                                       cmocka_unit_test(test_deepseek_v2), cmocka_unit_test(test_deepseek_v3),
+                                       cmocka_unit_test(test_deepseek_graphs)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -275,6 +275,12 @@ void cpu_matmul_op(void *ctx, float *y, long ldy, const float *x, long ldx,
 /* The layer-level operations: no fusions here, the primitives in turn. */
 static const struct backend_ops cpu_ops;
 
+static void cpu_matmul_heads(void *ctx, float *y, long ldy, long hy, const float *x, long ldx,
+                             long hx, const struct backend_weight *w, long w_stride, int n_heads,
+                             long n) {
+    compose_matmul_heads(&cpu_ops, ctx, y, ldy, hy, x, ldx, hx, w, w_stride, n_heads, n);
+}
+
 static void cpu_qk_rope_store(void *ctx, float *q, float *k, const float *v, long ld, long n,
                               const struct backend_rope_store *r) {
     compose_qk_rope_store(&cpu_ops, ctx, q, k, v, ld, n, r);
@@ -319,6 +325,7 @@ static const struct backend_ops cpu_ops = {
     .synchronize = cpu_synchronize,
     .embed = cpu_embed,
     .matmul = cpu_matmul_op,
+    .matmul_heads = cpu_matmul_heads,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .rope = cpu_rope,

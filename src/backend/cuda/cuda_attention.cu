@@ -20,10 +20,11 @@
  *    not depend on the query tile it lands in, on chunking, or on the batch.
  *
  *  - split_kernel (fp32, CUDA cores) for decode rows (sequences with one new
- *    token) that cuda_attn_decode.cu does not take (fp32 cache, MLA, other
- *    head sizes) and, as the generic fallback, for every row when the tensor-core
- *    kernel does not apply (MLA dk 576 / dv 512, odd head sizes, the bf16x2
- *    accuracy mode). One CTA per (row, KV head, block of NH query heads of
+ *    token) that cuda_attn_decode.cu and cuda_attn_mla.cu do not take (fp32
+ *    cache, other head sizes) and, as the generic fallback, for every row
+ *    when the tensor-core kernel does not apply (MLA dk 576 / dv 512 — on
+ *    the bf16 cache only its prefill rows, its decode rows going to
+ *    cuda_attn_mla.cu —, odd head sizes, the bf16x2 accuracy mode). One CTA per (row, KV head, block of NH query heads of
  *    that KV head's group, slot): K/V rows are read once for all NH heads.
  *    The context is cut into chunks of SPLIT_CHUNK = 256 positions aligned
  *    to absolute positions — a FIXED size, never derived from the batch.
@@ -233,7 +234,8 @@ struct split_args {
     int n_seqs, page_size;
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
     int by_seq;     /* 1: row r is sequence r if it has exactly one new token (else skipped);
-                       0: row r is token r */
+                       0: row r is token r; 2: row r is token r unless its sequence has
+                       exactly one new token (those go to cuda_attn_mla) */
     int hblocks;    /* query-head blocks per KV head (group / NH) */
     int max_chunks; /* chunk states per (row, head) in `partial`; rows with more run unsplit */
     float *partial; /* [rows][n_heads][max_chunks][dv + 2] (acc, m, l) when gridDim.y > 1 */
@@ -255,14 +257,14 @@ static __device__ __forceinline__ float merge_value(float a, float fa, float ac,
 /* Finds the row's token and sequence; false when the row has nothing to do. */
 static __device__ __forceinline__ bool split_row(const struct split_args &a, long row, long *t,
                                                  int *s) {
-    if (a.by_seq) {
+    if (a.by_seq == 1) {
         *s = (int)row;
         *t = a.q_start[row];
         return a.q_start[row + 1] - *t == 1;
     }
     *t = row;
     *s = seq_of_token(a.q_start, a.n_seqs, row);
-    return true;
+    return a.by_seq == 0 || a.q_start[*s + 1] - a.q_start[*s] != 1;
 }
 
 static __device__ __forceinline__ float dot4(float4 a, float4 b) {
@@ -829,7 +831,7 @@ static void attention_split(struct cuda_ctx *c, float *out, long ldo, const floa
     int dvi_t = dvi <= 1 ? 1 : dvi <= 2 ? 2 : dvi <= 4 ? 4 : 8;
     int nh = 1; /* query heads per CTA: a power of two dividing the group */
     while (nh < 8 && group % (nh * 2) == 0 && nh * 2 * dvi_t <= 16) nh *= 2;
-    long rows = by_seq ? b->n_seqs : b->n_tokens;
+    long rows = by_seq == 1 ? b->n_seqs : b->n_tokens;
     struct split_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
                            p->n_heads, p->n_kv_heads, group, p->dk, p->dv, p->scale,
                            b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
@@ -919,6 +921,13 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
         return;
     }
 #endif
+    /* MLA on the bf16 latent cache: decode rows on cuda_attn_mla.cu's
+     * tensor-core kernel, the rows of multi-token sequences here */
+    if (cuda_attn_mla_ok(c, out, ldo, q, ldq, k_cache, v_cache, p)) {
+        if (b->n_tokens > b->n_seqs) attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 2);
+        if (!(b->n_seqs == 1 && b->n_tokens > 1)) cuda_attn_mla(c, out, ldo, q, ldq, k_cache, p, b);
+        return;
+    }
     if (!tc_ok(c, out, ldo, p)) return attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 0);
     if (b->n_tokens > b->n_seqs) {
         struct fa_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,

@@ -308,6 +308,7 @@ static const struct backend_ops cuda_ops = {
     .synchronize = cuda_synchronize,
     .embed = cuda_op_embed,
     .matmul = cuda_op_matmul,
+    .matmul_heads = cuda_op_matmul_heads,
     .rmsnorm = cuda_op_rmsnorm,
     .add_rmsnorm = cuda_op_add_rmsnorm,
     .rope = cuda_op_rope,

@@ -19,6 +19,8 @@
  *   cuda_attention.cu   paged causal attention (GQA, MLA): tensor-core prefill,
  *                       fixed-chunk split-KV decode
  *   cuda_attn_decode.cu decode attention on the bf16 cache (tensor cores, fixed chunks)
+ *   cuda_attn_mla.cu    MLA decode attention on the bf16 latent cache (all heads of a
+ *                       token share one pass over its latent rows; fixed chunks)
  *   cuda_matmul_det.cu  row-invariant matmul for --deterministic
  *   cuda_moe.cu         expert routing and the expert MLPs
  *   cuda_gemm_small.cu  the experts' grouped products on the device (mma.sync)
@@ -149,6 +151,7 @@ struct cuda_ctx {
     int wgmma_rope;              /* 1: q|k|v on it rotates and stores K/V in its epilogue, no
                                     qk_rope_store kernel (KILN_CUDA_WGMMA_ROPE=0: off) */
     long rope_fused;             /* products that did (host count, for tests) */
+    long mla_decode_calls;       /* launches of the MLA decode kernel (host count, for tests) */
     long wgmma_calls;            /* products it ran (host count, for tests) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     int ad_warps;                /* decode attention at head size 128: warps per CTA, 2 or 4
@@ -188,6 +191,9 @@ void cuda_op_embed(void *ctx, float *y, const struct backend_weight *table, cons
                    long n);
 void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
                     const struct backend_weight *w, const float *bias, long n);
+void cuda_op_matmul_heads(void *ctx, float *y, long ldy, long hy, const float *x, long ldx,
+                          long hx, const struct backend_weight *w, long w_stride, int n_heads,
+                          long n);
 void cuda_op_rmsnorm(void *ctx, float *y, long ldy, const float *x, long ldx, const float *w,
                      long n, long dim, float eps);
 void cuda_op_add_rmsnorm(void *ctx, float *h, const float *delta, float *y, const float *w, long n,
@@ -234,6 +240,11 @@ void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float *v, long l
  * by cols alone, never by n: a row's result does not depend on the batch. */
 void cuda_matmul_det(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
                      const struct backend_weight *w, const float *bias, long n);
+
+/* cuda_matmul_det for each of n_heads heads (matmul_heads' strides). */
+void cuda_matmul_det_heads(struct cuda_ctx *c, float *y, long ldy, long hy, const float *x,
+                           long ldx, long hx, const struct backend_weight *w, long w_stride,
+                           int n_heads, long n);
 
 /* Scratch the attention wants for split-KV decode (bytes), given the
  * context's SM count; used by reserve. */
@@ -282,6 +293,18 @@ void cuda_attn_decode16(struct cuda_ctx *c, void *out16, enum dtype dt, long ldo
                         long ldq, const void *k_cache, const void *v_cache,
                         const struct attn_params *p, const struct backend_batch *b);
 
+/* MLA decode attention (cuda_attn_mla.cu): the rows of sequences with
+ * exactly one new token over the bf16 latent cache, one KV head, dk =
+ * kv_lora + rope = 576, dv = kv_lora = 512, V the first dv columns of the
+ * K rows (v_cache == k_cache). cuda_attn_mla_ok: whether it applies to
+ * this call's shapes and pointers; rows of other sequences are skipped. */
+int cuda_attn_mla_ok(const struct cuda_ctx *c, const float *out, long ldo, const float *q,
+                     long ldq, const void *k_cache, const void *v_cache,
+                     const struct attn_params *p);
+void cuda_attn_mla(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
+                   const void *k_cache, const struct attn_params *p,
+                   const struct backend_batch *b);
+
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
                         struct kiln_error *err);
 
@@ -311,6 +334,12 @@ int cuda_gemv_ok(const struct cuda_ctx *c, const struct backend_weight *w, long 
 int cuda_gemv_xvec(const float *x, long ldx);
 void cuda_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
                const struct backend_weight *w, const float *bias, long n, int swiglu);
+/* The GEMV for each of n_heads heads in one launch (matmul_heads' strides;
+ * each head the bits of cuda_gemv on its views). */
+int cuda_gemv_heads_ok(const struct cuda_ctx *c, const struct backend_weight *w, long w_stride,
+                       int n_heads, long n);
+void cuda_gemv_heads(struct cuda_ctx *c, float *y, long ldy, long hy, const float *x, long ldx,
+                     long hx, const struct backend_weight *w, long w_stride, int n_heads, long n);
 /* add_rmsnorm of nm that also writes x16[n][dim] = x rounded to dt (BF16 or
  * F16) for the product that follows (cuda_norm.cu). */
 void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *x16,

@@ -83,16 +83,26 @@ static __device__ __forceinline__ void load_x8(const float *x, long ldx, int j, 
     }
 }
 
+/* Heads of a matmul_heads call: grid.y = heads, head h's y, x and w start
+ * h·hy, h·hx, h·hw elements after head 0's. */
+struct gemv_heads {
+    int n;
+    long hx, hy, hw;
+};
+
 /* y[n][units] (stride ldy) = x[n][cols] (stride ldx) · w[G·units][cols]ᵀ
  * (+ bias), n ≤ NR, cols % 8 == 0, w 16-byte aligned, XVEC: x rows 16-byte
  * aligned. G = 2: y = silu(x·w[u]) · (x·w[units + u]), no bias. */
 template <int NR, int R, int G, int KS, typename T, bool XVEC>
 static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
     gemv_kernel(float *y, long ldy, const float *x, long ldx, const T *__restrict__ w,
-                const float *__restrict__ bias, long units, long cols, int n) {
+                const float *__restrict__ bias, long units, long cols, int n, struct gemv_heads hd) {
     constexpr int RG = R * G, U = GEMV_LOADS / RG, GROUPS = GEMV_WARPS / KS;
     __shared__ float red[KS > 1 ? GEMV_WARPS * RG * NR : 1];
     pdl_trigger();
+    y += blockIdx.y * hd.hy; /* head blockIdx.y (matmul_heads; 0 otherwise) */
+    x += blockIdx.y * hd.hx;
+    w += blockIdx.y * hd.hw;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % KS;
     long u0 = ((long)blockIdx.x * GROUPS + warp / KS) * R;
     bool active = u0 < units;
@@ -229,14 +239,14 @@ static int gemv_ks(const struct cuda_ctx *c, long rows, long cols) {
 template <int NR, int R, int G, int KS, typename T>
 static void launch_gemv_k(const struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
                           const void *w, const float *bias, long units, long cols, int n,
-                          bool xvec) {
+                          bool xvec, struct gemv_heads hd) {
     unsigned grid = grid_for(units, (GEMV_WARPS / KS) * R);
     if (xvec)
-        pdl_launch(c, gemv_kernel<NR, R, G, KS, T, true>, dim3(grid), dim3(GEMV_THREADS), 0, y, ldy,
-                   x, ldx, (const T *)w, bias, units, cols, n);
+        pdl_launch(c, gemv_kernel<NR, R, G, KS, T, true>, dim3(grid, hd.n), dim3(GEMV_THREADS), 0, y,
+                   ldy, x, ldx, (const T *)w, bias, units, cols, n, hd);
     else if (G == 1 && KS == 1)
-        pdl_launch(c, gemv_kernel<NR, R, 1, 1, T, false>, dim3(grid), dim3(GEMV_THREADS), 0, y, ldy,
-                   x, ldx, (const T *)w, bias, units, cols, n);
+        pdl_launch(c, gemv_kernel<NR, R, 1, 1, T, false>, dim3(grid, hd.n), dim3(GEMV_THREADS), 0, y,
+                   ldy, x, ldx, (const T *)w, bias, units, cols, n, hd);
     else
         CUDA_ASSERT_MSG(0, "gemv: unaligned activations take KS = 1 and no SwiGLU");
 }
@@ -244,10 +254,10 @@ static void launch_gemv_k(const struct cuda_ctx *c, float *y, long ldy, const fl
 template <int NR, int R, int G, typename T>
 static void launch_gemv_ks(const struct cuda_ctx *c, int ks, float *y, long ldy, const float *x,
                            long ldx, const void *w, const float *bias, long units, long cols, int n,
-                           bool xvec) {
-    if (ks == 4) launch_gemv_k<NR, R, G, 4, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
-    else if (ks == 2) launch_gemv_k<NR, R, G, 2, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
-    else launch_gemv_k<NR, R, G, 1, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+                           bool xvec, struct gemv_heads hd) {
+    if (ks == 4) launch_gemv_k<NR, R, G, 4, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
+    else if (ks == 2) launch_gemv_k<NR, R, G, 2, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
+    else launch_gemv_k<NR, R, G, 1, T>(c, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
 }
 
 /* Units per warp: more share each activation load (4 from 3 activation rows
@@ -256,26 +266,27 @@ static void launch_gemv_ks(const struct cuda_ctx *c, int ks, float *y, long ldy,
 template <int NR, int G, typename T>
 static void launch_gemv_r(const struct cuda_ctx *c, int ks, float *y, long ldy, const float *x,
                           long ldx, const void *w, const float *bias, long units, long cols, int n,
-                          bool xvec) {
+                          bool xvec, struct gemv_heads hd) {
     int r = (NR <= 2 ? 2 : 4) / G;
-    while (r > 1 && (units + (GEMV_WARPS / ks) * r - 1) / ((GEMV_WARPS / ks) * r) < 2l * c->n_sm)
+    while (r > 1 &&
+           (units + (GEMV_WARPS / ks) * r - 1) / ((GEMV_WARPS / ks) * r) * hd.n < 2l * c->n_sm)
         r /= 2;
     if (r == 4 && G == 1)
-        launch_gemv_ks<NR, 4, 1, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+        launch_gemv_ks<NR, 4, 1, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
     else if (r >= 2)
-        launch_gemv_ks<NR, 2, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+        launch_gemv_ks<NR, 2, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
     else
-        launch_gemv_ks<NR, 1, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+        launch_gemv_ks<NR, 1, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
 }
 
 template <int G, typename T>
 static void launch_gemv(const struct cuda_ctx *c, int ks, float *y, long ldy, const float *x,
                         long ldx, const void *w, const float *bias, long units, long cols, int n,
-                        bool xvec) {
-    if (n <= 1) launch_gemv_r<1, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
-    else if (n <= 2) launch_gemv_r<2, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
-    else if (n <= 4) launch_gemv_r<4, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
-    else launch_gemv_r<8, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec);
+                        bool xvec, struct gemv_heads hd = {1, 0, 0, 0}) {
+    if (n <= 1) launch_gemv_r<1, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
+    else if (n <= 2) launch_gemv_r<2, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
+    else if (n <= 4) launch_gemv_r<4, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
+    else launch_gemv_r<8, G, T>(c, ks, y, ldy, x, ldx, w, bias, units, cols, n, xvec, hd);
 }
 
 extern "C" int cuda_gemv_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n) {
@@ -307,4 +318,30 @@ extern "C" void cuda_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x
                                       xvec);
     else
         launch_gemv<1, __half>(c, ks, y, ldy, x, ldx, w->data, bias, w->rows, w->cols, (int)n, xvec);
+}
+
+/* matmul_heads on the GEMV: head h is the plain GEMV of its views (the same
+ * K split and sums: bits equal to one cuda_gemv call per head), all heads
+ * in one launch (grid.y). */
+extern "C" int cuda_gemv_heads_ok(const struct cuda_ctx *c, const struct backend_weight *w,
+                                  long w_stride, int n_heads, long n) {
+    size_t es = dtype_size(w->dtype);
+    return cuda_gemv_ok(c, w, n) && n_heads >= 1 && n_heads <= 65535 &&
+           ((size_t)w_stride * es) % 16 == 0;
+}
+
+extern "C" void cuda_gemv_heads(struct cuda_ctx *c, float *y, long ldy, long hy, const float *x,
+                                long ldx, long hx, const struct backend_weight *w, long w_stride,
+                                int n_heads, long n) {
+    CUDA_ASSERT(cuda_gemv_heads_ok(c, w, w_stride, n_heads, n));
+    /* every head's x rows must allow the 16-byte loads for head 0's choice */
+    bool xvec = cuda_gemv_xvec(x, ldx) && hx % 4 == 0;
+    int ks = xvec ? gemv_ks(c, w->rows, w->cols) : 1;
+    struct gemv_heads hd = {n_heads, hx, hy, w_stride};
+    if (w->dtype == DTYPE_BF16)
+        launch_gemv<1, __nv_bfloat16>(c, ks, y, ldy, x, ldx, w->data, NULL, w->rows, w->cols, (int)n,
+                                      xvec, hd);
+    else
+        launch_gemv<1, __half>(c, ks, y, ldy, x, ldx, w->data, NULL, w->rows, w->cols, (int)n, xvec,
+                               hd);
 }

@@ -289,6 +289,49 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     if (bias) cuda_bias_add(c, y, ldy, bias, n, rows);
 }
 
+/* matmul_heads: each head's product on the path cuda_op_matmul would take
+ * for it, every head in one launch. Deterministic mode: the batch-invariant
+ * kernel over a grid of heads; decode rows: the GEMV over a grid of heads
+ * (both: one per-head call's bits); larger batches: one 16-bit copy of every
+ * head's columns and a strided-batched cuBLAS product (the per-head path's
+ * operands and fp32 sums, in cuBLAS's order). */
+extern "C" void cuda_op_matmul_heads(void *ctx, float *y, long ldy, long hy, const float *x,
+                                     long ldx, long hx, const struct backend_weight *w,
+                                     long w_stride, int n_heads, long n) {
+    struct cuda_ctx *c = (struct cuda_ctx *)ctx;
+    long rows = w->rows, cols = w->cols;
+    if (n <= 0 || rows <= 0 || n_heads <= 0) return;
+    if (n_heads == 1) return cuda_op_matmul(ctx, y, ldy, x, ldx, w, NULL, n);
+    CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
+                ldy >= rows && hx >= 0 && hy >= 0 && w_stride >= 0);
+    if (c->deterministic) return cuda_matmul_det_heads(c, y, ldy, hy, x, ldx, hx, w, w_stride, n_heads, n);
+    int half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
+    if (half && cuda_gemv_heads_ok(c, w, w_stride, n_heads, n))
+        return cuda_gemv_heads(c, y, ldy, hy, x, ldx, hx, w, w_stride, n_heads, n);
+    long width = (long)(n_heads - 1) * hx + cols; /* columns of x the heads read */
+    if (half && width <= INT32_MAX && width <= ldx) {
+        int parts = c->split_act ? 2 : 1;
+        const char *xb = (const char *)to16(c, x, ldx, n, width, w->dtype, parts);
+        if (!xb) return;
+        size_t bytes = (size_t)n * (size_t)width * 2;
+        cudaDataType_t t = w->dtype == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        const float alpha = 1.0f, zero = 0.0f, one = 1.0f;
+        for (int part = 0; part < parts; part++)
+            CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+                c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols, &alpha, w->data, t,
+                (int)cols, (long long)w_stride, xb + bytes * (size_t)part, t, (int)width,
+                (long long)hx, part ? &one : &zero, y, CUDA_R_32F, (int)ldy, (long long)hy, n_heads,
+                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    size_t es = dtype_size(w->dtype);
+    for (int h = 0; h < n_heads; h++) {
+        struct backend_weight wh = *w;
+        wh.data = (const char *)w->data + (size_t)h * (size_t)w_stride * es;
+        cuda_op_matmul(ctx, y + h * hy, ldy, x + h * hx, ldx, &wh, NULL, n);
+    }
+}
+
 /* ---- fused operations -------------------------------------------------- */
 
 /* The product of n rows through the 16-bit handoff: not the GEMV, not the

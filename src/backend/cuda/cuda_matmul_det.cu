@@ -45,8 +45,11 @@ template <typename T>
 static __global__ void __launch_bounds__(DET_THREADS)
     det_mma_kernel(float *__restrict__ y, long ldy, const float *__restrict__ x, long ldx,
                    const T *__restrict__ w, const float *__restrict__ bias, long rows, long cols,
-                   long n) {
+                   long n, long hy, long hx, long hw) {
     __shared__ __align__(16) T xs[DET_BM * DET_LD];
+    y += blockIdx.z * hy; /* head blockIdx.z of matmul_heads (0 otherwise) */
+    x += blockIdx.z * hx;
+    w += blockIdx.z * hw;
     __shared__ __align__(16) T ws[DET_BN * DET_LD];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = warp >> 1, wn = warp & 1; /* the warp's 32 × 32 quarter */
@@ -134,36 +137,59 @@ static __global__ void __launch_bounds__(DET_THREADS)
 /* A thread per output, k in order: any dtype and alignment. */
 static __global__ void det_simple_kernel(float *__restrict__ y, long ldy, const float *__restrict__ x,
                                          long ldx, const void *__restrict__ w, int dt,
-                                         const float *__restrict__ bias, long rows, long cols) {
+                                         const float *__restrict__ bias, long rows, long cols,
+                                         long hy, long hx, long hw) {
     long f = (long)blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
     if (f >= rows) return;
+    y += blockIdx.z * hy;
+    x += blockIdx.z * hx;
+    size_t w0 = (size_t)blockIdx.z * (size_t)hw;
     const float *xr = x + i * ldx;
     float acc = 0.0f;
-    for (long k = 0; k < cols; k++) acc = fmaf(xr[k], load_as_f32(w, (size_t)(f * cols + k), dt), acc);
+    for (long k = 0; k < cols; k++) acc = fmaf(xr[k], load_as_f32(w, w0 + (size_t)(f * cols + k), dt), acc);
     y[i * ldy + f] = acc + (bias ? bias[f] : 0.0f);
 }
 
-extern "C" void cuda_matmul_det(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
-                                const struct backend_weight *w, const float *bias, long n) {
+/* cuda_matmul_det, or with n_heads > 1 matmul_heads: head h's y, x and w
+ * start h·hy, h·hx, h·hw elements after head 0's (grid.z), each head the
+ * single product's kernel and bits. */
+static void det_run(struct cuda_ctx *c, float *y, long ldy, long hy, const float *x, long ldx,
+                    long hx, const struct backend_weight *w, long hw, const float *bias,
+                    int n_heads, long n) {
     long rows = w->rows, cols = w->cols;
     if (n <= 0 || rows <= 0) return;
     cudaStream_t s = c->stream;
     bool half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
     bool vec = half && cols % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 &&
-               (uintptr_t)w->data % 16 == 0;
+               (uintptr_t)w->data % 16 == 0 && (n_heads == 1 || (hx % 4 == 0 && hw % 8 == 0));
+    CUDA_ASSERT(n_heads >= 1 && n_heads <= 65535);
     if (vec) {
         CUDA_ASSERT((n + DET_BM - 1) / DET_BM <= 65535);
-        dim3 grid((unsigned)((rows + DET_BN - 1) / DET_BN), (unsigned)((n + DET_BM - 1) / DET_BM));
+        dim3 grid((unsigned)((rows + DET_BN - 1) / DET_BN), (unsigned)((n + DET_BM - 1) / DET_BM),
+                  (unsigned)n_heads);
         if (w->dtype == DTYPE_BF16)
             det_mma_kernel<__nv_bfloat16><<<grid, DET_THREADS, 0, s>>>(
-                y, ldy, x, ldx, (const __nv_bfloat16 *)w->data, bias, rows, cols, n);
+                y, ldy, x, ldx, (const __nv_bfloat16 *)w->data, bias, rows, cols, n, hy, hx, hw);
         else
             det_mma_kernel<__half><<<grid, DET_THREADS, 0, s>>>(y, ldy, x, ldx, (const __half *)w->data,
-                                                                bias, rows, cols, n);
+                                                                bias, rows, cols, n, hy, hx, hw);
     } else {
         CUDA_ASSERT(n <= 65535);
-        dim3 grid((unsigned)((rows + 127) / 128), (unsigned)n);
-        det_simple_kernel<<<grid, 128, 0, s>>>(y, ldy, x, ldx, w->data, (int)w->dtype, bias, rows, cols);
+        dim3 grid((unsigned)((rows + 127) / 128), (unsigned)n, (unsigned)n_heads);
+        det_simple_kernel<<<grid, 128, 0, s>>>(y, ldy, x, ldx, w->data, (int)w->dtype, bias, rows,
+                                               cols, hy, hx, hw);
     }
     CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_matmul_det(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                                const struct backend_weight *w, const float *bias, long n) {
+    det_run(c, y, ldy, 0, x, ldx, 0, w, 0, bias, 1, n);
+}
+
+extern "C" void cuda_matmul_det_heads(struct cuda_ctx *c, float *y, long ldy, long hy,
+                                      const float *x, long ldx, long hx,
+                                      const struct backend_weight *w, long w_stride, int n_heads,
+                                      long n) {
+    det_run(c, y, ldy, hy, x, ldx, hx, w, w_stride, NULL, n_heads, n);
 }

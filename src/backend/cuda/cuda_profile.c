@@ -199,6 +199,17 @@ static void w_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
     end(ctx, s);
 }
 
+static void w_matmul_heads(void *ctx, float *y, long ldy, long hy, const float *x, long ldx,
+                           long hx, const struct backend_weight *w, long w_stride, int n_heads,
+                           long n) {
+    char k[96];
+    snprintf(k, sizeof k, "matmul_heads n=%ld %dx%ldx%ld", n, n_heads, w->rows, w->cols);
+    int s = begin(ctx, k, 2.0 * (double)n * n_heads * (double)w->rows * (double)w->cols,
+                  wbytes(w) * (double)n_heads);
+    P(ctx)->orig.matmul_heads(ctx, y, ldy, hy, x, ldx, hx, w, w_stride, n_heads, n);
+    end(ctx, s);
+}
+
 static void w_rmsnorm(void *ctx, float *y, long ldy, const float *x, long ldx, const float *w,
                       long n, long dim, float eps) {
     char k[96];
@@ -372,6 +383,7 @@ void cuda_profile_install(struct backend *be) {
 #define WRAP(f) if (o->f) o->f = w_##f
     WRAP(embed);
     WRAP(matmul);
+    WRAP(matmul_heads);
     WRAP(rmsnorm);
     WRAP(add_rmsnorm);
     WRAP(rope);
