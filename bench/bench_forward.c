@@ -18,9 +18,21 @@
  * in one forward (as llama-batched-bench's prompt phase and the engine's
  * chunked prefill do) instead of one after the other.
  *
+ * MoE models: after the timed runs of each prompt length, one untimed run
+ * of the same prefill and decode steps counts the experts every MoE layer
+ * touched per step (on the device, graphs replayed as in the timed runs;
+ * the timed runs leave counting off) and prints them with the bytes they
+ * hold, and the decode step's bound: the bytes it must read (weights but
+ * the routed experts and an untied embedding table, plus the experts
+ * touched, plus the K/V) at the copy / read bandwidth. --dummy-routing
+ * uniform routes every token to uniformly random experts (dummy weights'
+ * routers send most tokens to the same few), so that the figures reflect
+ * real traffic.
+ *
  *   bench_forward --model DIR|config.json [--load-format dummy] [--prompt-len 128]
  *                 [--decode 32] [--batch 1] [--threads N] [--device cpu] [--repeat 3]
  *                 [--no-graphs] [--logits] [--both] [--prefill-batch]
+ *                 [--dummy-routing model|uniform]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +133,8 @@ int main(int argc, char **argv) {
     const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128";
     int prompt_len = 0, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
     int deterministic = 0, pps[16], n_pp = 0, want_logits = 0, both = 0, prefill_batch = 0;
+    const char *routing_name = "model";
+    enum model_routing routing = MODEL_ROUTING_MODEL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
@@ -136,6 +150,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--logits")) want_logits = 1;
         else if (!strcmp(a, "--both")) both = 1;
         else if (!strcmp(a, "--prefill-batch")) prefill_batch = 1;
+        else if (!strcmp(a, "--dummy-routing")) routing_name = v, i++;
         else {
             fprintf(stderr, "bench_forward: unknown option %s\n", a);
             return 2;
@@ -153,10 +168,15 @@ int main(int argc, char **argv) {
         if (x > prompt_len) prompt_len = (int)x;
         p = *end == ',' ? end + 1 : end;
     }
+    if (model_routing_parse(routing_name, &routing)) {
+        fprintf(stderr, "bench_forward: --dummy-routing '%s': expected model or uniform\n", routing_name);
+        return 2;
+    }
     if (!model_dir || n_pp == 0 || n_decode < 0 || repeat < 1 || batch < 1) {
         fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] "
                         "[--prompt-len N[,N...]] [--decode N] [--batch N] [--threads N] [--repeat N] "
-                        "[--no-graphs] [--deterministic] [--logits] [--both] [--prefill-batch]\n");
+                        "[--no-graphs] [--deterministic] [--logits] [--both] [--prefill-batch] "
+                        "[--dummy-routing model|uniform]\n");
         return 2;
     }
     struct kiln_error err = {0};
@@ -168,7 +188,8 @@ int main(int argc, char **argv) {
     struct model_options mo = {.load_format = format,
                                .max_batch_tokens = prefill_batch ? prompt_len * batch
                                                    : prompt_len > batch ? prompt_len : batch,
-                               .max_seqs = batch, .max_context = ctx};
+                               .max_seqs = batch, .max_context = ctx, .dummy_routing = routing,
+                               .moe_count = 1};
     double t0 = time_now();
     if (model_load(&m, model_dir, &be, &mo, &err)) goto fail;
     double t_load = time_now() - t0;
@@ -217,6 +238,8 @@ int main(int argc, char **argv) {
                                             "then every row's logits downloaded"
                              : smp ? "greedy on the device, token ids downloaded"
                                    : "logits of every row downloaded (host sampling)");
+    int n_moe = model_moe_layers(m);
+    if (n_moe) printf("MoE routing: %s\n", routing == MODEL_ROUTING_UNIFORM ? "uniform (--dummy-routing)" : "the model's router");
     if (bw > 0) printf("device copy bandwidth: %.1f GB/s (read + write)\n", bw / 1e9);
     if (host_bw > 0) printf("memory read bandwidth (%d threads): %.1f GB/s\n", threads, host_bw / 1e9);
     /* Dense models: FLOPs of a prefill token = 2 × (weights but the
@@ -272,6 +295,41 @@ int main(int argc, char **argv) {
             if (bw > 0) printf(" = %.0f%% of the copy bandwidth", 100.0 * rate * 1e9 / bw);
             if (host_bw > 0) printf(" = %.0f%% of the read bandwidth", 100.0 * rate * 1e9 / host_bw);
             printf("; %s\n", smp && !mode ? "device sampling" : "logits downloaded");
+        }
+        if (n_moe) {
+            /* the untimed counting run: the same steps, the same graphs */
+            struct model_moe_layer *mc = xcalloc((size_t)n_moe, sizeof *mc);
+            model_moe_count_set(m, 1, 1);
+            if (prefill_batch) {
+                if (prefill_all(run, &q, ids, pl, logits, &err)) goto fail;
+            } else {
+                for (int s = 0; s < batch; s++)
+                    if (prefill(run, &q, s, ids + s % 7, pl, logits, &err)) goto fail;
+            }
+            for (int i = 0; i < n_decode; i++)
+                if (decode(run, &q, ids + pl + i % batch, pl + i, scratch, logits, smp, tokens, &err)) goto fail;
+            model_moe_count_set(m, 0, 0);
+            model_moe_counts(m, mc, n_moe);
+            struct model_moe_totals mt = model_moe_report(stdout, mc, n_moe);
+            free(mc);
+            if (n_decode) {
+                /* what a decode step must read: every weight but the routed
+                 * experts and an untied embedding table (n rows of it), the
+                 * experts touched, each sequence's K/V */
+                double embed = c->tie_word_embeddings ? 0.0 : (double)c->vocab_size * c->hidden_size * (double)es;
+                double fixed = (double)model_weight_bytes(m) - mt.routed_bytes - embed;
+                double kv_b = kv_slot * batch * ((double)pl + (n_decode + 1) / 2.0);
+                double total = fixed + mt.decode_bytes + kv_b, step = best_tg[0] / n_decode;
+                double ceil_bw = bw > 0 ? bw : host_bw;
+                printf("decode bound batch %d at context %d: %.4f GB/step (weights but routed experts and "
+                       "embedding %.4f + experts touched %.4f + KV %.4f)",
+                       batch, pl, total / 1e9, fixed / 1e9, mt.decode_bytes / 1e9, kv_b / 1e9);
+                if (ceil_bw > 0)
+                    printf(" / %.1f GB/s %s = %.3f ms/step, %.1f tok/s; measured %.3f ms/step = %.0f%% of the bound",
+                           ceil_bw / 1e9, bw > 0 ? "copy" : "read", total / ceil_bw * 1e3,
+                           batch * ceil_bw / total, step * 1e3, 100.0 * total / ceil_bw / step);
+                printf("\n");
+            }
         }
     }
     return 0;
