@@ -235,7 +235,7 @@ static void report_steps(FILE *out, const char *what, const struct model_moe_ste
         return;
     }
     double mean = (double)s->sum / (double)s->calls;
-    fprintf(out, "; %s: %.1f (min %d, max %d) over %ld steps of %.1f rows, %.2f MB/step", what, mean, s->min,
+    fprintf(out, "; %s: %.1f (min %d, max %d) over %ld steps of %.1f rows, %.3f MB/step", what, mean, s->min,
             s->max, s->calls, (double)s->rows / (double)s->calls, mean * (double)c->expert_bytes / 1e6);
 }
 
@@ -244,11 +244,11 @@ struct model_moe_totals model_moe_report(FILE *out, const struct model_moe_layer
     if (n > 0) t.decode_steps = c[0].decode.calls, t.other_steps = c[0].other.calls;
     for (int i = 0; i < n; i++) {
         const struct model_moe_layer *l = &c[i];
-        fprintf(out, "MoE layer %d: experts touched of %d (top %d), %.2f MB each", l->layer, l->n_experts, l->top_k,
+        fprintf(out, "MoE layer %d: experts touched of %d (top %d), %.3f MB each", l->layer, l->n_experts, l->top_k,
                 (double)l->expert_bytes / 1e6);
         report_steps(out, "decode", &l->decode, l);
         report_steps(out, "prefill/mixed", &l->other, l);
-        if (l->shared_bytes) fprintf(out, "; shared %.2f MB/step", (double)l->shared_bytes / 1e6);
+        if (l->shared_bytes) fprintf(out, "; shared %.3f MB/step", (double)l->shared_bytes / 1e6);
         fprintf(out, "\n");
         if (l->decode.calls) t.decode_bytes += (double)l->decode.sum / (double)l->decode.calls * (double)l->expert_bytes;
         if (l->other.calls) t.other_bytes += (double)l->other.sum / (double)l->other.calls * (double)l->expert_bytes;
