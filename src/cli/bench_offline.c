@@ -7,7 +7,8 @@
  * requests at their arrival times under the concurrency cap and aborts
  * those past --timeout (they end with their abort event, as failures).
  * Score requests are one engine request per item (query + item); the
- * request ends when its last item does.
+ * request ends when its last item does. --moe-counts reads the engine's
+ * touched-expert counts after the run (bench_offline_moe_report).
  */
 #include <pthread.h>
 #include <stdlib.h>
