@@ -201,6 +201,7 @@ static void test_count_graph(void **state) {
 }
 
 int main(void) {
+    (void)weight_rand, (void)weight_free; /* helpers of cuda_test_pairs.h this test needs not */
     rng_seed("test_cuda_moe_uniform");
     struct kiln_error err = {0};
     struct backend_options bo = {0};
