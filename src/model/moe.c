@@ -162,11 +162,11 @@ static size_t weight_bytes(const struct backend_weight *w) {
 
 int moe_finish_load(struct model *m, struct kiln_error *err) {
     int n = model_moe_layers(m);
-    if (m->route_uniform)
-        log_warn(n ? "--dummy-routing uniform: the %d MoE layers route every token to uniformly random "
-                     "experts, a benchmark tool: outputs are meaningless"
-                   : "--dummy-routing uniform: the model has no MoE layers (%d), nothing changes",
-                 n);
+    if (m->route_uniform && n)
+        log_warn("--dummy-routing uniform: the %d MoE layers route every token to uniformly random experts, "
+                 "a benchmark tool: outputs are meaningless", n);
+    else if (m->route_uniform)
+        log_warn("--dummy-routing uniform: the model has no MoE layers, nothing changes");
     if (!m->moe_count || !n) return 0;
     /* a record and its flags per layer and kind of step, 16-byte aligned */
     m->moe_count_stride = (sizeof(struct moe_route_count) + (size_t)m->cfg.n_experts * 4 + 15) & ~(size_t)15;
@@ -255,9 +255,10 @@ struct model_moe_totals model_moe_report(FILE *out, const struct model_moe_layer
         t.shared_bytes += (double)l->shared_bytes;
         t.routed_bytes += (double)l->n_experts * (double)l->expert_bytes;
     }
-    fprintf(out, "expert bytes read per decode step: %.4f GB of routed experts (mean of %ld steps; all routed "
-                 "experts: %.4f GB) + %.4f GB of shared experts\n",
-            t.decode_bytes / 1e9, t.decode_steps, t.routed_bytes / 1e9, t.shared_bytes / 1e9);
+    if (t.decode_steps)
+        fprintf(out, "expert bytes read per decode step: %.4f GB of routed experts (mean of %ld steps; all routed "
+                     "experts: %.4f GB) + %.4f GB of shared experts\n",
+                t.decode_bytes / 1e9, t.decode_steps, t.routed_bytes / 1e9, t.shared_bytes / 1e9);
     if (t.other_steps)
         fprintf(out, "expert bytes read per prefill/mixed step: %.4f GB of routed experts (mean of %ld steps)\n",
                 t.other_bytes / 1e9, t.other_steps);
