@@ -130,7 +130,7 @@ static int parse_table(struct bench_options *o, int offline, int argc, char **ar
                        "GPU: share of memory for weights + KV cache"),
         CLI_OPT_FLAG("--moe-counts", &o->moe_counts,
                      "MoE: count the experts each step touches and the bytes they hold\n"
-                     "(costs the route about a microsecond per layer and step)"),
+                     "(adds a little work to every route: take speed figures without it)"),
     };
     struct cli_opt engine[MODEL_ARGS_MAX_OPTS];
     const struct cli_group groups[] = {

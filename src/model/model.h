@@ -114,6 +114,7 @@ struct model_moe_totals {
     double routed_bytes; /* every routed expert's weights, all layers */
 };
 struct model_moe_totals model_moe_report(FILE *out, const struct model_moe_layer *c, int n);
+
 struct backend *model_backend(const struct model *m);
 
 /* Fills layout[n_layers]; returns n_layers. */
