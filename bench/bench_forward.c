@@ -129,6 +129,30 @@ static int decode(struct runner *run, const struct seqs *q, const int32_t *ids,
     return runner_forward(run, &b, logits, err);
 }
 
+/* The untimed counting run of one prompt length: the timed runs' prefill
+ * and decode steps again (the same graphs), with counting on. */
+static int count_moe(struct runner *run, struct model *m, const struct seqs *q, const int32_t *ids, int pl,
+                     int n_decode, int prefill_batch, int32_t *scratch, float *logits,
+                     const struct runner_sampling *smp, int32_t *tokens, struct model_moe_totals *mt,
+                     struct kiln_error *err) {
+    int n_moe = model_moe_layers(m), rc = 0;
+    model_moe_count_set(m, 1, 1);
+    if (prefill_batch) {
+        rc = prefill_all(run, q, ids, pl, logits, err);
+    } else {
+        for (int s = 0; !rc && s < q->n; s++) rc = prefill(run, q, s, ids + s % 7, pl, logits, err);
+    }
+    for (int i = 0; !rc && i < n_decode; i++)
+        rc = decode(run, q, ids + pl + i % q->n, pl + i, scratch, logits, smp, tokens, err);
+    model_moe_count_set(m, 0, 0);
+    if (rc) return rc;
+    struct model_moe_layer *mc = xcalloc((size_t)n_moe, sizeof *mc);
+    model_moe_counts(m, mc, n_moe);
+    *mt = model_moe_report(stdout, mc, n_moe);
+    free(mc);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128";
     int prompt_len = 0, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
@@ -180,11 +204,17 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct kiln_error err = {0};
-    struct backend be;
+    struct backend be = {0};
+    struct model *m = NULL;
+    struct runner *run = NULL;
+    struct seqs q = {0};
+    int32_t *ids = NULL, *scratch = NULL, *tokens = NULL;
+    float *logits = NULL;
+    struct backend_sample_row *srows = NULL;
+    int rc = 1;
     struct backend_options bo = {.n_threads = threads, .deterministic = deterministic};
     if (backend_create(&be, device, &bo, &err)) goto fail;
     int ctx = prompt_len + n_decode + 1;
-    struct model *m;
     struct model_options mo = {.load_format = format,
                                .max_batch_tokens = prefill_batch ? prompt_len * batch
                                                    : prompt_len > batch ? prompt_len : batch,
@@ -198,11 +228,10 @@ int main(int argc, char **argv) {
     int nl = model_kv_layout(m, layout, 512);
     /* every sequence's pages, and one spare for the padding rows of graphs */
     struct runner_options ro = {.page_size = 1, .kv_tokens = (long)batch * ctx + 1, .no_graphs = no_graphs};
-    struct runner *run;
     if (runner_create(&run, m, &ro, &err)) goto fail;
     struct kv_pool *kv = runner_kv(run);
-    struct seqs q = {.n = batch, .ctx = ctx, .pages = xmalloc((size_t)batch * ctx * 4),
-                     .page_start = xmalloc((size_t)(batch + 1) * 4)};
+    q = (struct seqs){.n = batch, .ctx = ctx, .pages = xmalloc((size_t)batch * ctx * 4),
+                      .page_start = xmalloc((size_t)(batch + 1) * 4)};
     for (int s = 0; s < batch; s++) {
         if (kv_pool_alloc(kv, ctx, q.pages + (size_t)s * ctx)) {
             kiln_errorf(&err, "KV pool too small");
@@ -211,12 +240,12 @@ int main(int argc, char **argv) {
         q.page_start[s] = s * ctx;
     }
     q.page_start[batch] = batch * ctx;
-    int32_t *ids = xmalloc((size_t)(ctx + batch) * 4), *scratch = xmalloc((size_t)(5 * batch + 1) * 4);
+    ids = xmalloc((size_t)(ctx + batch) * 4), scratch = xmalloc((size_t)(5 * batch + 1) * 4);
     for (int i = 0; i < ctx + batch; i++) ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
-    float *logits = xmalloc((size_t)batch * c->vocab_size * 4);
+    logits = xmalloc((size_t)batch * c->vocab_size * 4);
     /* greedy rows sampled on the device, when the backend can */
-    int32_t *tokens = xmalloc((size_t)batch * 4);
-    struct backend_sample_row *srows = xcalloc((size_t)batch, sizeof *srows);
+    tokens = xmalloc((size_t)batch * 4);
+    srows = xcalloc((size_t)batch, sizeof *srows);
     struct runner_sampling smp_greedy = {.rows = srows};
     const struct runner_sampling *smp = !want_logits && runner_can_sample(run) ? &smp_greedy : NULL;
     int n_modes = both && smp ? 2 : 1;
@@ -297,21 +326,9 @@ int main(int argc, char **argv) {
             printf("; %s\n", smp && !mode ? "device sampling" : "logits downloaded");
         }
         if (n_moe) {
-            /* the untimed counting run: the same steps, the same graphs */
-            struct model_moe_layer *mc = xcalloc((size_t)n_moe, sizeof *mc);
-            model_moe_count_set(m, 1, 1);
-            if (prefill_batch) {
-                if (prefill_all(run, &q, ids, pl, logits, &err)) goto fail;
-            } else {
-                for (int s = 0; s < batch; s++)
-                    if (prefill(run, &q, s, ids + s % 7, pl, logits, &err)) goto fail;
-            }
-            for (int i = 0; i < n_decode; i++)
-                if (decode(run, &q, ids + pl + i % batch, pl + i, scratch, logits, smp, tokens, &err)) goto fail;
-            model_moe_count_set(m, 0, 0);
-            model_moe_counts(m, mc, n_moe);
-            struct model_moe_totals mt = model_moe_report(stdout, mc, n_moe);
-            free(mc);
+            struct model_moe_totals mt;
+            if (count_moe(run, m, &q, ids, pl, n_decode, prefill_batch, scratch, logits, smp, tokens, &mt, &err))
+                goto fail;
             if (n_decode) {
                 /* what a decode step must read: every weight but the routed
                  * experts and an untied embedding table (n rows of it), the
@@ -332,8 +349,14 @@ int main(int argc, char **argv) {
             }
         }
     }
-    return 0;
+    rc = 0;
+    goto done;
 fail:
     fprintf(stderr, "bench_forward: %s\n", err.msg);
-    return 1;
+done:
+    free(q.pages), free(q.page_start), free(ids), free(scratch), free(logits), free(tokens), free(srows);
+    runner_free(run);
+    model_free(m);
+    backend_destroy(&be);
+    return rc;
 }

@@ -60,7 +60,8 @@ runs=$((runs + 1))
 if grep -q '^MoE layer 0' "$tmp/d1.txt"; then bad "deepseek_v2: the dense layer 0 is listed" "$tmp/d1.txt"; else ok deepseek_v2_dense_layer; fi
 range "$tmp/d1.txt" deepseek_v2_decode_range decode 2 8
 runs=$((runs + 1))
-if diff <(grep -E '^(MoE|expert)' "$tmp/d1.txt") <(grep -E '^(MoE|expert)' "$tmp/d2.txt") > /dev/null; then
+if grep -q '^MoE layer' "$tmp/d1.txt" &&
+   diff <(grep -E '^(MoE|expert)' "$tmp/d1.txt") <(grep -E '^(MoE|expert)' "$tmp/d2.txt") > /dev/null; then
   ok uniform_deterministic
 else
   bad "uniform routing: two runs count differently" "$tmp/d2.txt"
