@@ -18,9 +18,21 @@
  * in one forward (as llama-batched-bench's prompt phase and the engine's
  * chunked prefill do) instead of one after the other.
  *
+ * MoE models: after the timed runs of each prompt length, one untimed run
+ * of the same prefill and decode steps counts the experts every MoE layer
+ * touched per step (on the device, graphs replayed as in the timed runs;
+ * the timed runs leave counting off) and prints them with the bytes they
+ * hold, and the decode step's bound: the bytes it must read (weights but
+ * the routed experts and an untied embedding table, plus the experts
+ * touched, plus the K/V) at the copy / read bandwidth. --dummy-routing
+ * uniform routes every token to uniformly random experts (dummy weights'
+ * routers send most tokens to the same few), so that the figures reflect
+ * real traffic.
+ *
  *   bench_forward --model DIR|config.json [--load-format dummy] [--prompt-len 128]
  *                 [--decode 32] [--batch 1] [--threads N] [--device cpu] [--repeat 3]
  *                 [--no-graphs] [--logits] [--both] [--prefill-batch]
+ *                 [--dummy-routing model|uniform]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,10 +129,36 @@ static int decode(struct runner *run, const struct seqs *q, const int32_t *ids,
     return runner_forward(run, &b, logits, err);
 }
 
+/* The untimed counting run of one prompt length: the timed runs' prefill
+ * and decode steps again (the same graphs), with counting on. */
+static int count_moe(struct runner *run, struct model *m, const struct seqs *q, const int32_t *ids, int pl,
+                     int n_decode, int prefill_batch, int32_t *scratch, float *logits,
+                     const struct runner_sampling *smp, int32_t *tokens, struct model_moe_totals *mt,
+                     struct kiln_error *err) {
+    int n_moe = model_moe_layers(m), rc = 0;
+    model_moe_count_set(m, 1, 1);
+    if (prefill_batch) {
+        rc = prefill_all(run, q, ids, pl, logits, err);
+    } else {
+        for (int s = 0; !rc && s < q->n; s++) rc = prefill(run, q, s, ids + s % 7, pl, logits, err);
+    }
+    for (int i = 0; !rc && i < n_decode; i++)
+        rc = decode(run, q, ids + pl + i % q->n, pl + i, scratch, logits, smp, tokens, err);
+    model_moe_count_set(m, 0, 0);
+    if (rc) return rc;
+    struct model_moe_layer *mc = xcalloc((size_t)n_moe, sizeof *mc);
+    model_moe_counts(m, mc, n_moe);
+    *mt = model_moe_report(stdout, mc, n_moe);
+    free(mc);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128";
     int prompt_len = 0, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
     int deterministic = 0, pps[16], n_pp = 0, want_logits = 0, both = 0, prefill_batch = 0;
+    const char *routing_name = "model";
+    enum model_routing routing = MODEL_ROUTING_MODEL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
@@ -136,6 +174,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--logits")) want_logits = 1;
         else if (!strcmp(a, "--both")) both = 1;
         else if (!strcmp(a, "--prefill-batch")) prefill_batch = 1;
+        else if (!strcmp(a, "--dummy-routing")) routing_name = v, i++;
         else {
             fprintf(stderr, "bench_forward: unknown option %s\n", a);
             return 2;
@@ -153,22 +192,34 @@ int main(int argc, char **argv) {
         if (x > prompt_len) prompt_len = (int)x;
         p = *end == ',' ? end + 1 : end;
     }
+    if (model_routing_parse(routing_name, &routing)) {
+        fprintf(stderr, "bench_forward: --dummy-routing '%s': expected model or uniform\n", routing_name);
+        return 2;
+    }
     if (!model_dir || n_pp == 0 || n_decode < 0 || repeat < 1 || batch < 1) {
         fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] "
                         "[--prompt-len N[,N...]] [--decode N] [--batch N] [--threads N] [--repeat N] "
-                        "[--no-graphs] [--deterministic] [--logits] [--both] [--prefill-batch]\n");
+                        "[--no-graphs] [--deterministic] [--logits] [--both] [--prefill-batch] "
+                        "[--dummy-routing model|uniform]\n");
         return 2;
     }
     struct kiln_error err = {0};
-    struct backend be;
+    struct backend be = {0};
+    struct model *m = NULL;
+    struct runner *run = NULL;
+    struct seqs q = {0};
+    int32_t *ids = NULL, *scratch = NULL, *tokens = NULL;
+    float *logits = NULL;
+    struct backend_sample_row *srows = NULL;
+    int rc = 1;
     struct backend_options bo = {.n_threads = threads, .deterministic = deterministic};
     if (backend_create(&be, device, &bo, &err)) goto fail;
     int ctx = prompt_len + n_decode + 1;
-    struct model *m;
     struct model_options mo = {.load_format = format,
                                .max_batch_tokens = prefill_batch ? prompt_len * batch
                                                    : prompt_len > batch ? prompt_len : batch,
-                               .max_seqs = batch, .max_context = ctx};
+                               .max_seqs = batch, .max_context = ctx, .dummy_routing = routing,
+                               .moe_count = 1};
     double t0 = time_now();
     if (model_load(&m, model_dir, &be, &mo, &err)) goto fail;
     double t_load = time_now() - t0;
@@ -177,11 +228,10 @@ int main(int argc, char **argv) {
     int nl = model_kv_layout(m, layout, 512);
     /* every sequence's pages, and one spare for the padding rows of graphs */
     struct runner_options ro = {.page_size = 1, .kv_tokens = (long)batch * ctx + 1, .no_graphs = no_graphs};
-    struct runner *run;
     if (runner_create(&run, m, &ro, &err)) goto fail;
     struct kv_pool *kv = runner_kv(run);
-    struct seqs q = {.n = batch, .ctx = ctx, .pages = xmalloc((size_t)batch * ctx * 4),
-                     .page_start = xmalloc((size_t)(batch + 1) * 4)};
+    q = (struct seqs){.n = batch, .ctx = ctx, .pages = xmalloc((size_t)batch * ctx * 4),
+                      .page_start = xmalloc((size_t)(batch + 1) * 4)};
     for (int s = 0; s < batch; s++) {
         if (kv_pool_alloc(kv, ctx, q.pages + (size_t)s * ctx)) {
             kiln_errorf(&err, "KV pool too small");
@@ -190,12 +240,12 @@ int main(int argc, char **argv) {
         q.page_start[s] = s * ctx;
     }
     q.page_start[batch] = batch * ctx;
-    int32_t *ids = xmalloc((size_t)(ctx + batch) * 4), *scratch = xmalloc((size_t)(5 * batch + 1) * 4);
+    ids = xmalloc((size_t)(ctx + batch) * 4), scratch = xmalloc((size_t)(5 * batch + 1) * 4);
     for (int i = 0; i < ctx + batch; i++) ids[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
-    float *logits = xmalloc((size_t)batch * c->vocab_size * 4);
+    logits = xmalloc((size_t)batch * c->vocab_size * 4);
     /* greedy rows sampled on the device, when the backend can */
-    int32_t *tokens = xmalloc((size_t)batch * 4);
-    struct backend_sample_row *srows = xcalloc((size_t)batch, sizeof *srows);
+    tokens = xmalloc((size_t)batch * 4);
+    srows = xcalloc((size_t)batch, sizeof *srows);
     struct runner_sampling smp_greedy = {.rows = srows};
     const struct runner_sampling *smp = !want_logits && runner_can_sample(run) ? &smp_greedy : NULL;
     int n_modes = both && smp ? 2 : 1;
@@ -217,6 +267,8 @@ int main(int argc, char **argv) {
                                             "then every row's logits downloaded"
                              : smp ? "greedy on the device, token ids downloaded"
                                    : "logits of every row downloaded (host sampling)");
+    int n_moe = model_moe_layers(m);
+    if (n_moe) printf("MoE routing: %s\n", routing == MODEL_ROUTING_UNIFORM ? "uniform (--dummy-routing)" : "the model's router");
     if (bw > 0) printf("device copy bandwidth: %.1f GB/s (read + write)\n", bw / 1e9);
     if (host_bw > 0) printf("memory read bandwidth (%d threads): %.1f GB/s\n", threads, host_bw / 1e9);
     /* Dense models: FLOPs of a prefill token = 2 × (weights but the
@@ -273,9 +325,38 @@ int main(int argc, char **argv) {
             if (host_bw > 0) printf(" = %.0f%% of the read bandwidth", 100.0 * rate * 1e9 / host_bw);
             printf("; %s\n", smp && !mode ? "device sampling" : "logits downloaded");
         }
+        if (n_moe) {
+            struct model_moe_totals mt;
+            if (count_moe(run, m, &q, ids, pl, n_decode, prefill_batch, scratch, logits, smp, tokens, &mt, &err))
+                goto fail;
+            if (n_decode) {
+                /* what a decode step must read: every weight but the routed
+                 * experts and an untied embedding table (n rows of it), the
+                 * experts touched, each sequence's K/V */
+                double embed = c->tie_word_embeddings ? 0.0 : (double)c->vocab_size * c->hidden_size * (double)es;
+                double fixed = (double)model_weight_bytes(m) - mt.routed_bytes - embed;
+                double kv_b = kv_slot * batch * ((double)pl + (n_decode + 1) / 2.0);
+                double total = fixed + mt.decode_bytes + kv_b, step = best_tg[0] / n_decode;
+                double ceil_bw = bw > 0 ? bw : host_bw;
+                printf("decode bound batch %d at context %d: %.4f GB/step (weights but routed experts and "
+                       "embedding %.4f + experts touched %.4f + KV %.4f)",
+                       batch, pl, total / 1e9, fixed / 1e9, mt.decode_bytes / 1e9, kv_b / 1e9);
+                if (ceil_bw > 0)
+                    printf(" / %.1f GB/s %s = %.3f ms/step, %.1f tok/s; measured %.3f ms/step = %.0f%% of the bound",
+                           ceil_bw / 1e9, bw > 0 ? "copy" : "read", total / ceil_bw * 1e3,
+                           batch * ceil_bw / total, step * 1e3, 100.0 * total / ceil_bw / step);
+                printf("\n");
+            }
+        }
     }
-    return 0;
+    rc = 0;
+    goto done;
 fail:
     fprintf(stderr, "bench_forward: %s\n", err.msg);
-    return 1;
+done:
+    free(q.pages), free(q.page_start), free(ids), free(scratch), free(logits), free(tokens), free(srows);
+    runner_free(run);
+    model_free(m);
+    backend_destroy(&be);
+    return rc;
 }

@@ -14,6 +14,7 @@
 #define KILN_CLI_BENCH_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "cli/cli_common.h"
@@ -47,6 +48,7 @@ struct bench_options {
     char *tokenizer_owned;    /* tokenizer when it was found in the Hugging Face cache */
     struct model_args engine; /* offline: the engine's model options */
     double mem_fraction_static; /* offline: GPU memory plan (0 = the engine's default) */
+    int moe_counts;           /* offline: count the experts each step touches (--moe-counts) */
     /* dataset */
     const char *dataset_name; /* as given */
     enum bench_dataset_kind dataset;
@@ -140,6 +142,9 @@ int bench_serving_run(struct bench_run *run, struct kiln_error *err);
 char *bench_serving_model_name(const struct bench_options *opt, struct kiln_error *err);
 /* In-process runner over an engine created by the caller. */
 int bench_offline_run(struct bench_run *run, struct engine *e, struct kiln_error *err);
+/* --moe-counts: the engine's touched-expert counts since the last reset,
+ * per MoE layer and in total (model_moe_report). */
+void bench_offline_moe_report(struct engine *e, FILE *out);
 
 /* Progress on stderr when it is a terminal: "[####    ] 12/100". */
 struct bench_progress {

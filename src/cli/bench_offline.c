@@ -7,7 +7,8 @@
  * requests at their arrival times under the concurrency cap and aborts
  * those past --timeout (they end with their abort event, as failures).
  * Score requests are one engine request per item (query + item); the
- * request ends when its last item does.
+ * request ends when its last item does. --moe-counts reads the engine's
+ * touched-expert counts after the run (bench_offline_moe_report).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "cli/bench.h"
+#include "model/model.h"
 #include "scheduler/engine.h"
 
 struct offline_loop;
@@ -191,4 +193,17 @@ int bench_offline_run(struct bench_run *run, struct engine *e, struct kiln_error
     free(L.last_chunk);
     (void)err;
     return 0;
+}
+
+void bench_offline_moe_report(struct engine *e, FILE *out) {
+    fprintf(out, "%s\n", "=============== MoE experts touched (--moe-counts) ===============");
+    int n = engine_moe_counts(e, NULL, 0, 0);
+    if (n <= 0) {
+        fprintf(out, "the model has no mixture-of-experts layers\n");
+        return;
+    }
+    struct model_moe_layer *c = xcalloc((size_t)n, sizeof *c);
+    n = engine_moe_counts(e, c, n, 0);
+    if (n > 0) model_moe_report(out, c, n);
+    free(c);
 }

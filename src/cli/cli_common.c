@@ -12,6 +12,7 @@
 #include "base/file.h"
 #include "base/knob.h"
 #include "base/mem.h"
+#include "model/model.h"
 
 #ifndef KILN_SOURCE_DIR
 #define KILN_SOURCE_DIR "."
@@ -35,6 +36,7 @@ void model_args_defaults(struct model_args *a) {
     a->device = backend_default_name();
     a->load_format = "auto";
     a->page_size = 1;
+    a->dummy_routing_name = "model";
 }
 
 size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *out) {
@@ -50,6 +52,9 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
         CLI_OPT_FLAG("--deterministic", &a->deterministic, "a request's results do not depend on the batch (GPU)"),
         CLI_OPT_FLAG("--disable-shared-experts-fusion", &a->no_shared_fusion,
                      "DeepSeek: keep the shared expert a separate MLP"),
+        CLI_OPT_STR("--dummy-routing", &a->dummy_routing_name, "model|uniform",
+                    "MoE benchmarks: uniform routes each token to uniformly random\n"
+                    "experts (outputs meaningless; default model: the router)"),
     };
     size_t n = 0;
     if (with_model) out[n++] = model;
@@ -59,6 +64,12 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
 }
 
 int model_args_finish(struct model_args *a, const char *cmd, const char *positional) {
+    enum model_routing routing;
+    if (model_routing_parse(a->dummy_routing_name, &routing)) {
+        fprintf(stderr, "kiln %s: --dummy-routing '%s': expected model or uniform\n", cmd, a->dummy_routing_name);
+        return 2;
+    }
+    a->dummy_routing = (int)routing;
     if (positional) {
         if (a->model && strcmp(a->model, positional)) {
             fprintf(stderr, "kiln %s: the model is given twice: '%s' and --model '%s'\n", cmd, positional, a->model);

@@ -21,6 +21,8 @@ struct model_args {
     int page_size;           /* --page-size N */
     int deterministic;       /* --deterministic: batch-invariant results (GPU) */
     int no_shared_fusion;    /* --disable-shared-experts-fusion */
+    const char *dummy_routing_name; /* --dummy-routing model|uniform */
+    int dummy_routing;       /* its enum model_routing: set by model_args_finish */
     char *owned;             /* model_dir when it was built here */
 };
 
@@ -31,8 +33,8 @@ void model_args_defaults(struct model_args *a);
  * many; with_model 0 leaves out --model (bench offline names the model its
  * own way). */
 size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *out);
-/* After parsing: takes the positional model (NULL: none), refuses a model
- * given twice (exit 2), resolves it (exit 1 when it is neither a path nor
+/* After parsing: checks --dummy-routing (exit 2), takes the positional
+ * model (NULL: none), refuses a model given twice (exit 2), resolves it (exit 1 when it is neither a path nor
  * in the Hugging Face cache) and defaults to cli_default_model(). Returns
  * 0 or the exit code, after printing the reason as "kiln CMD: ...". */
 int model_args_finish(struct model_args *a, const char *cmd, const char *positional);

@@ -128,6 +128,9 @@ static int parse_table(struct bench_options *o, int offline, int argc, char **ar
     const struct cli_opt mem[] = {
         CLI_OPT_DOUBLE("--mem-fraction-static", &o->mem_fraction_static, 0.01, 1, "F",
                        "GPU: share of memory for weights + KV cache"),
+        CLI_OPT_FLAG("--moe-counts", &o->moe_counts,
+                     "MoE: count the experts each step touches and the bytes they hold\n"
+                     "(adds a little work to every route: take speed figures without it)"),
     };
     struct cli_opt engine[MODEL_ARGS_MAX_OPTS];
     const struct cli_group groups[] = {
@@ -136,7 +139,7 @@ static int parse_table(struct bench_options *o, int offline, int argc, char **ar
         {"traffic", traffic, sizeof traffic / sizeof traffic[0]},
         {"output", output, sizeof output / sizeof output[0]},
         {"offline: the engine", engine, model_args_options(&o->engine, 0, engine)},
-        {NULL, mem, 1},
+        {NULL, mem, sizeof mem / sizeof mem[0]},
     };
     const struct cli_command cmd = {
         .name = "bench", .usage = "serving --base-url http://HOST:PORT [options]\n"
@@ -336,6 +339,8 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.deterministic = o.engine.deterministic;
         eo.page_size = o.engine.page_size;
         eo.no_shared_expert_fusion = o.engine.no_shared_fusion;
+        eo.dummy_routing = o.engine.dummy_routing;
+        eo.moe_count = o.moe_counts;
         eo.mem_fraction_static = o.mem_fraction_static;
         if (engine_create(&eng, &eo, &err)) {
             fprintf(stderr, "kiln bench: engine: %s\n", err.msg);
@@ -353,6 +358,7 @@ static int bench_main(int offline, int argc, char **argv) {
         model_name = xstrdup("default");
     }
     if (warmup(&o, &ps[0], model_name, eng)) goto done;
+    if (eng && o.moe_counts) engine_moe_counts(eng, NULL, 0, 1); /* the measured run only */
     run = (struct bench_run){.opt = &o, .prompts = ps, .output_lens = outs, .arrivals = arrivals, .n = n,
                              .max_concurrency = o.max_concurrency, .show_progress = !o.disable_tqdm,
                              .model_name = model_name,
@@ -365,6 +371,7 @@ static int bench_main(int offline, int argc, char **argv) {
     struct bench_metrics m;
     bench_metrics_compute(&m, &run);
     bench_metrics_print(stdout, &m, &run);
+    if (eng && o.moe_counts) bench_offline_moe_report(eng, stdout);
     fflush(stdout);
     if (o.output_file && bench_metrics_write_json(o.output_file, &m, &run, &err)) {
         fprintf(stderr, "kiln bench: %s\n", err.msg);

@@ -101,6 +101,7 @@ int cmd_generate(int argc, char **argv) {
     struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic};
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
     struct model_options mo = {.load_format = ma.load_format, .no_shared_expert_fusion = ma.no_shared_fusion,
+                               .dummy_routing = (enum model_routing)ma.dummy_routing,
                                .max_batch_tokens = n_prompt,
                                .max_seqs = 1};
     if (model_load(&m, ma.model_dir, &be, &mo, &err)) goto out;

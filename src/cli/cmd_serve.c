@@ -169,6 +169,7 @@ int cmd_serve(int argc, char **argv) {
     eo.threads = ma.threads;
     eo.deterministic = ma.deterministic;
     eo.no_shared_expert_fusion = ma.no_shared_fusion;
+    eo.dummy_routing = ma.dummy_routing;
     eo.page_size = ma.page_size;
 
     struct engine *e = NULL;

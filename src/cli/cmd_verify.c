@@ -252,6 +252,12 @@ int cmd_verify(int argc, char **argv) {
         return 2;
     }
     if ((prc = model_args_finish(&ma, "verify", n_pos ? positional[0] : NULL))) return prc;
+    if (ma.dummy_routing != MODEL_ROUTING_MODEL) {
+        fprintf(stderr, "kiln verify: --dummy-routing %s: verify checks the model's own routing "
+                        "against the reference; random routing makes outputs meaningless\n", ma.dummy_routing_name);
+        model_args_free(&ma);
+        return 2;
+    }
     struct kiln_error err = {0};
     struct backend be = {0};
     struct st_set ref = {0};

@@ -100,10 +100,12 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     if (m->max_seqs > m->max_batch_tokens) m->max_seqs = m->max_batch_tokens;
     m->max_context = opt && opt->max_context > 0 ? opt->max_context : c->max_position_embeddings;
     m->fuse_shared = !(opt && opt->no_shared_expert_fusion) && knob_bool(KNOB_SHARED_EXPERTS_FUSION);
+    m->route_uniform = opt && opt->dummy_routing == MODEL_ROUTING_UNIFORM;
+    m->moe_count = opt && opt->moe_count;
     const struct backend_ops *ops = m->be->ops;
     m->defer_uploads = opt && opt->defer_weights && ops->weight_upload_later &&
                        ops->weights_finish && !ops->weights_in_place;
-    if (load_weights(m, ws, err)) return -1;
+    if (load_weights(m, ws, err) || moe_finish_load(m, err)) return -1;
 
     m->rope_dim = m->fam->rope_dim(c);
     float *table = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));
@@ -176,6 +178,7 @@ void model_free(struct model *m) {
     if (!m) return;
     if (m->be) {
         model_weights_ready(m); /* no copy may still be writing what is released */
+        moe_free(m);
         free_activations(m);
         for (int i = 0; i < m->n_uploaded; i++) m->be->ops->weight_release(m->be->ctx, m->uploaded[i]);
     }

@@ -17,6 +17,7 @@
 #define KILN_MODEL_MODEL_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cache/kv_pool.h"
 #include "model/batch.h"
@@ -25,6 +26,14 @@
 struct backend;
 struct kiln_error;
 struct model;
+
+/* How MoE layers choose experts: as the router computes (the model), or,
+ * for benchmarks on dummy weights whose router would send every token to
+ * the same few experts, uniformly at random per token, layer and step
+ * (moe_route_params.uniform; outputs are then meaningless). */
+enum model_routing { MODEL_ROUTING_MODEL = 0, MODEL_ROUTING_UNIFORM };
+/* "model" or "uniform"; -1 for anything else. */
+int model_routing_parse(const char *name, enum model_routing *out);
 
 struct model_options {
     const char *load_format; /* "auto" (safetensors) or "dummy" (random weights) */
@@ -40,6 +49,9 @@ struct model_options {
      * run (warm-up) but computes on partly loaded weights until
      * model_weights_ready. */
     int defer_weights;
+    enum model_routing dummy_routing; /* benchmarks; any weights, with a warning */
+    /* Benchmarks: reserve touched-expert counts (model_moe_count_set) */
+    int moe_count;
 };
 
 int model_load(struct model **out, const char *dir, struct backend *be,
@@ -62,6 +74,47 @@ int model_max_batch_tokens(const struct model *m);
 size_t model_weight_bytes(const struct model *m);
 
 int model_max_seqs(const struct model *m);
+
+/* ---- Touched-expert counting (model_options.moe_count; benchmarks) ----
+ *
+ * While on, every MoE layer counts, per forward, the distinct routed
+ * experts its tokens chose: decode steps (one token per sequence, graph
+ * padding included: its rows run through the experts too) apart from
+ * other steps (prefill, mixed). Counting happens on the device inside the
+ * route operation (nothing waits for the host, graphs included); when off
+ * it costs the route one flag read. The bytes of a step's experts are the
+ * count times expert_bytes, plus shared_bytes. */
+struct model_moe_steps {
+    long calls;          /* forwards counted */
+    long long sum, rows; /* their distinct experts, summed; token rows routed */
+    int min, max;        /* distinct experts of one forward */
+};
+struct model_moe_layer {
+    int layer, n_experts, top_k;
+    size_t expert_bytes; /* one routed expert: gate + up + down */
+    size_t shared_bytes; /* the shared expert(s) and their gate: read whole by every forward */
+    struct model_moe_steps decode, other;
+};
+/* The number of MoE layers. */
+int model_moe_layers(const struct model *m);
+/* Turns counting on or off; reset zeroes the counts. Between steps, from
+ * the thread that runs them. -1 when the model reserved no counts. */
+int model_moe_count_set(struct model *m, int on, int reset);
+/* The counts so far, one entry per MoE layer (out[model_moe_layers]);
+ * returns how many, 0 without counts. Between steps (a download). */
+int model_moe_counts(struct model *m, struct model_moe_layer *out, int max);
+/* Prints one line per layer (decode steps: experts touched, mean / min /
+ * max over the steps, and their bytes; other steps likewise) and the
+ * totals, which it also returns. */
+struct model_moe_totals {
+    long decode_steps, other_steps; /* forwards counted (the first MoE layer's) */
+    double decode_bytes; /* routed experts read by a decode step, mean, all layers */
+    double other_bytes;  /* the same for other steps */
+    double shared_bytes; /* shared experts, read by every step, all layers */
+    double routed_bytes; /* every routed expert's weights, all layers */
+};
+struct model_moe_totals model_moe_report(FILE *out, const struct model_moe_layer *c, int n);
+
 struct backend *model_backend(const struct model *m);
 
 /* ---- sizes for the memory plan: pure functions of the config ----------- */

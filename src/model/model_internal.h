@@ -64,6 +64,7 @@ struct mlp_moe {
     struct mlp_dense shared;          /* qwen2_moe shared expert / deepseek shared experts */
     struct backend_weight shared_gate; /* qwen2_moe [1][d]; data NULL when absent */
     long shared_inter;                /* the shared MLP's intermediate size */
+    struct moe_route_count *count[2]; /* decode, other steps (model_options.moe_count) or NULL */
 };
 
 /* What differs between the families' MoE blocks (moe_load). */
@@ -138,6 +139,10 @@ struct model {
 
     struct activations act;
     int fuse_shared;  /* shared-expert fusion allowed (model_options) */
+    int route_uniform; /* model_options.dummy_routing is MODEL_ROUTING_UNIFORM */
+    int moe_count;     /* model_options.moe_count */
+    void *moe_counts;  /* device: the count records of every MoE layer (moe.c) */
+    size_t moe_count_stride; /* bytes per record */
     void **owned; /* host buffers to free: converted vectors, dummy weights */
     int n_owned, cap_owned;
     const void **uploaded; /* device buffers from weight_upload / alloc to release */
@@ -264,6 +269,9 @@ int mla_graphable(const struct model *m);
 int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct mlp_moe *moe,
              struct kiln_error *err);
 void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x, float *out);
+/* After every layer loaded: the count records, the dummy-routing warning. */
+int moe_finish_load(struct model *m, struct kiln_error *err);
+void moe_free(struct model *m);
 /* Layer l's MLP (MoE or dense) after its norm nm, into out. */
 void mlp_forward_norm(const struct fwd *f, const struct layer *L, const struct backend_norm *nm,
                       float *out);

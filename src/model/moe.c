@@ -4,13 +4,17 @@
  * greedy, group-limited or DeepSeek-V3's noaux_tc with a correction bias),
  * the chosen experts' SwiGLU MLPs, and the shared expert(s): Qwen2-MoE adds
  * one shared expert scaled by a sigmoid gate; DeepSeek adds its shared
- * experts (one MLP of n_shared × moe_intermediate_size) unscaled. */
+ * experts (one MLP of n_shared × moe_intermediate_size) unscaled.
+ * Benchmarks may route uniformly at random instead (model_options.
+ * dummy_routing) and count the experts each forward touches
+ * (model_options.moe_count, read with model_moe_counts). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/mem.h"
 #include "model/model_internal.h"
 
@@ -52,6 +56,8 @@ int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struc
         .renormalize = c->norm_topk_prob && (kind->renormalize_single || c->n_experts_per_tok > 1),
         .scaling = kind->scaling,
         .scale_when_renormalized = kind->scale_when_renormalized,
+        .uniform = m->route_uniform,
+        .layer = l,
     };
     if (kind->shared_summed && c->n_shared_experts > 0) {
         snprintf(name, sizeof name, "%s.shared_experts", prefix);
@@ -121,9 +127,11 @@ void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x,
     void *ctx = m->be->ctx;
     long n = f->n, d = m->cfg.hidden_size, E = moe->route.n_experts;
     int k = moe->route.top_k + moe->route.n_fused;
+    struct moe_route_params rp = moe->route;
+    if (rp.uniform) rp.key_slot = f->slot, rp.key_pos = f->pos;
+    rp.count = moe->count[f->bb->n_tokens == f->bb->n_seqs ? 0 : 1];
     ops->matmul(ctx, m->act.router, E, x, d, &moe->router, NULL, n);
-    ops->moe_route(ctx, m->act.moe_ids, m->act.moe_w, m->act.router, moe->correction_bias,
-                   &moe->route, n);
+    ops->moe_route(ctx, m->act.moe_ids, m->act.moe_w, m->act.router, moe->correction_bias, &rp, n);
     ops->moe_ffn(ctx, out, x, m->act.moe_ids, m->act.moe_w, k, &moe->experts, n);
     if (!moe->has_shared || moe->shared_fused) return;
     dense_forward(f, &moe->shared, moe->shared_inter, x, m->act.shared);
@@ -133,4 +141,126 @@ void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x,
     } else {
         ops->add(ctx, out, m->act.shared, n * d);
     }
+}
+
+int model_routing_parse(const char *name, enum model_routing *out) {
+    if (!strcmp(name, "model")) *out = MODEL_ROUTING_MODEL;
+    else if (!strcmp(name, "uniform")) *out = MODEL_ROUTING_UNIFORM;
+    else return -1;
+    return 0;
+}
+
+int model_moe_layers(const struct model *m) {
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) n += m->layers[l].mlp_kind == LAYER_MLP_MOE;
+    return n;
+}
+
+static size_t weight_bytes(const struct backend_weight *w) {
+    return w->data ? (size_t)w->rows * (size_t)w->cols * dtype_size(w->dtype) : 0;
+}
+
+int moe_finish_load(struct model *m, struct kiln_error *err) {
+    int n = model_moe_layers(m);
+    if (m->route_uniform && n)
+        log_warn("--dummy-routing uniform: the %d MoE layers route every token to uniformly random experts, "
+                 "a benchmark tool: outputs are meaningless", n);
+    else if (m->route_uniform)
+        log_warn("--dummy-routing uniform: the model has no MoE layers, nothing changes");
+    if (!m->moe_count || !n) return 0;
+    /* a record and its flags per layer and kind of step, 16-byte aligned */
+    m->moe_count_stride = (sizeof(struct moe_route_count) + (size_t)m->cfg.n_experts * 4 + 15) & ~(size_t)15;
+    m->moe_counts = m->be->ops->alloc(m->be->ctx, m->moe_count_stride * 2 * (size_t)n);
+    if (!m->moe_counts)
+        return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the MoE counts");
+    for (int l = 0, i = 0; l < m->cfg.n_layers; l++) {
+        struct mlp_moe *moe = &m->layers[l].moe;
+        if (m->layers[l].mlp_kind != LAYER_MLP_MOE) continue;
+        for (int k = 0; k < 2; k++, i++)
+            moe->count[k] = (struct moe_route_count *)((char *)m->moe_counts + (size_t)i * m->moe_count_stride);
+    }
+    return 0;
+}
+
+void moe_free(struct model *m) {
+    if (m->moe_counts) m->be->ops->free(m->be->ctx, m->moe_counts);
+    m->moe_counts = NULL;
+}
+
+int model_moe_count_set(struct model *m, int on, int reset) {
+    if (!m->moe_counts) return -1;
+    const struct backend_ops *ops = m->be->ops;
+    size_t bytes = m->moe_count_stride * 2 * (size_t)model_moe_layers(m);
+    char *h = xcalloc(1, bytes);
+    if (!reset) ops->download(m->be->ctx, h, m->moe_counts, bytes);
+    for (size_t off = 0; off < bytes; off += m->moe_count_stride) ((struct moe_route_count *)(h + off))->enabled = on;
+    ops->upload(m->be->ctx, m->moe_counts, h, bytes);
+    ops->synchronize(m->be->ctx);
+    free(h);
+    return 0;
+}
+
+int model_moe_counts(struct model *m, struct model_moe_layer *out, int max) {
+    if (!m->moe_counts) return 0;
+    int n = model_moe_layers(m);
+    KILN_ASSERT(max >= n);
+    size_t bytes = m->moe_count_stride * 2 * (size_t)n;
+    char *h = xmalloc(bytes);
+    m->be->ops->download(m->be->ctx, h, m->moe_counts, bytes);
+    for (int l = 0, i = 0; l < m->cfg.n_layers; l++) {
+        const struct mlp_moe *moe = &m->layers[l].moe;
+        if (m->layers[l].mlp_kind != LAYER_MLP_MOE) continue;
+        struct model_moe_layer *o = &out[i];
+        *o = (struct model_moe_layer){.layer = l, .n_experts = moe->route.n_experts, .top_k = moe->route.top_k};
+        o->expert_bytes = weight_bytes(&moe->gate[0]) + weight_bytes(&moe->up[0]) + weight_bytes(&moe->down[0]);
+        if (moe->has_shared)
+            o->shared_bytes = weight_bytes(&moe->shared.gate) + weight_bytes(&moe->shared.up) +
+                              weight_bytes(&moe->shared.down) + weight_bytes(&moe->shared_gate);
+        struct model_moe_steps *dst[2] = {&o->decode, &o->other};
+        for (int k = 0; k < 2; k++) {
+            const struct moe_route_count *c =
+                (const struct moe_route_count *)(h + (size_t)(2 * i + k) * m->moe_count_stride);
+            *dst[k] = (struct model_moe_steps){.calls = (long)c->calls, .sum = c->sum, .rows = c->rows,
+                                               .min = c->min, .max = c->max};
+        }
+        i++;
+    }
+    free(h);
+    return n;
+}
+
+static void report_steps(FILE *out, const char *what, const struct model_moe_steps *s, const struct model_moe_layer *c) {
+    if (!s->calls) {
+        fprintf(out, "; %s: none", what);
+        return;
+    }
+    double mean = (double)s->sum / (double)s->calls;
+    fprintf(out, "; %s: %.1f (min %d, max %d) over %ld steps of %.1f rows, %.3f MB/step", what, mean, s->min,
+            s->max, s->calls, (double)s->rows / (double)s->calls, mean * (double)c->expert_bytes / 1e6);
+}
+
+struct model_moe_totals model_moe_report(FILE *out, const struct model_moe_layer *c, int n) {
+    struct model_moe_totals t = {0};
+    if (n > 0) t.decode_steps = c[0].decode.calls, t.other_steps = c[0].other.calls;
+    for (int i = 0; i < n; i++) {
+        const struct model_moe_layer *l = &c[i];
+        fprintf(out, "MoE layer %d: experts touched of %d (top %d), %.3f MB each", l->layer, l->n_experts, l->top_k,
+                (double)l->expert_bytes / 1e6);
+        report_steps(out, "decode", &l->decode, l);
+        report_steps(out, "prefill/mixed", &l->other, l);
+        if (l->shared_bytes) fprintf(out, "; shared %.3f MB/step", (double)l->shared_bytes / 1e6);
+        fprintf(out, "\n");
+        if (l->decode.calls) t.decode_bytes += (double)l->decode.sum / (double)l->decode.calls * (double)l->expert_bytes;
+        if (l->other.calls) t.other_bytes += (double)l->other.sum / (double)l->other.calls * (double)l->expert_bytes;
+        t.shared_bytes += (double)l->shared_bytes;
+        t.routed_bytes += (double)l->n_experts * (double)l->expert_bytes;
+    }
+    if (t.decode_steps)
+        fprintf(out, "expert bytes read per decode step: %.4f GB of routed experts (mean of %ld steps; all routed "
+                     "experts: %.4f GB) + %.4f GB of shared experts\n",
+                t.decode_bytes / 1e9, t.decode_steps, t.routed_bytes / 1e9, t.shared_bytes / 1e9);
+    if (t.other_steps)
+        fprintf(out, "expert bytes read per prefill/mixed step: %.4f GB of routed experts (mean of %ld steps)\n",
+                t.other_bytes / 1e9, t.other_steps);
+    return t;
 }

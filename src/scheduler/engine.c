@@ -109,6 +109,22 @@ void engine_abort(struct engine *e, uint64_t id) {
     pthread_mutex_unlock(&e->mu);
 }
 
+int engine_moe_counts(struct engine *e, struct model_moe_layer *out, int max, int reset) {
+    if (!e->opt.moe_count || !model_moe_layers(e->model)) return -1;
+    pthread_mutex_lock(&e->mu);
+    while (e->moe_ask.pending && !e->stopping) pthread_cond_wait(&e->done_cv, &e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        return -1;
+    }
+    e->moe_ask = (struct moe_counts_ask){.pending = 1, .reset = reset, .max = max, .out = out};
+    pthread_cond_signal(&e->cv);
+    while (e->moe_ask.pending && !e->stopping) pthread_cond_wait(&e->done_cv, &e->mu);
+    int n = e->moe_ask.pending ? -1 : e->moe_ask.n;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
 void engine_stats(struct engine *e, struct engine_stats *out) {
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
@@ -183,8 +199,18 @@ static void *engine_main(void *arg) {
     struct engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->inbox && !e->n_aborts && !e->stopping && !sched_has_work(e))
+        while (!e->inbox && !e->n_aborts && !e->stopping && !e->moe_ask.pending && !sched_has_work(e))
             pthread_cond_wait(&e->cv, &e->mu);
+        if (e->moe_ask.pending) { /* between steps: nothing of ours is in flight */
+            struct moe_counts_ask *a = &e->moe_ask;
+            pthread_mutex_unlock(&e->mu);
+            int n = a->out ? model_moe_counts(e->model, a->out, a->max) : model_moe_layers(e->model);
+            if (a->reset) model_moe_count_set(e->model, 1, 1);
+            pthread_mutex_lock(&e->mu);
+            a->n = n;
+            a->pending = 0;
+            pthread_cond_broadcast(&e->done_cv);
+        }
         struct req *in = e->inbox;
         e->inbox = e->inbox_tail = NULL;
         e->n_inbox = 0;
@@ -242,6 +268,7 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     e->page_size = e->opt.page_size;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
     e->seed_state = 0x243f6a8885a308d3ull;
     struct backend_options bo = {.n_threads = opt->threads, .deterministic = opt->deterministic};
     if (backend_create(&e->be, opt->device ? opt->device : backend_default_name(), &bo, err)) goto fail;
@@ -287,6 +314,7 @@ void engine_destroy(struct engine *e) {
         pthread_mutex_lock(&e->mu);
         e->stopping = 1;
         pthread_cond_signal(&e->cv);
+        pthread_cond_broadcast(&e->done_cv);
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
@@ -305,5 +333,6 @@ void engine_destroy(struct engine *e) {
     free(e->model_name);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->done_cv);
     free(e);
 }

@@ -125,6 +125,8 @@ struct engine_options {
     const char *device;           /* cpu | cuda | auto */
     const char *load_format;      /* auto | dummy */
     int no_shared_expert_fusion;  /* model_options.no_shared_expert_fusion */
+    int dummy_routing;            /* model_options.dummy_routing (enum model_routing; benchmarks) */
+    int moe_count;                /* count touched experts from the start (engine_moe_counts) */
     int threads;
     int page_size;                /* default 1 */
     int max_running_requests;     /* default 256 */
@@ -184,5 +186,13 @@ struct engine_stats {
     long retractions_total;
 };
 void engine_stats(struct engine *e, struct engine_stats *out);
+
+/* Benchmarks (engine_options.moe_count): the touched-expert counts of the
+ * MoE layers so far (model_moe_counts; out[max] may be NULL), read on the
+ * engine thread between steps; reset zeroes them afterwards. Waits for
+ * the step in flight. Returns how many layers, or -1 when the engine
+ * counts nothing or is shutting down. */
+struct model_moe_layer;
+int engine_moe_counts(struct engine *e, struct model_moe_layer *out, int max, int reset);
 
 #endif

@@ -40,6 +40,12 @@ struct engine {
     int n_aborts, cap_aborts;
     int stopping;
     uint64_t next_id, seed_state;
+    /* an engine_moe_counts call waiting for the engine thread (on done_cv) */
+    struct moe_counts_ask {
+        int pending, reset, max, n;
+        struct model_moe_layer *out;
+    } moe_ask;
+    pthread_cond_t done_cv;
     struct engine_stats stats;
 
     /* ---- engine thread only ---- */

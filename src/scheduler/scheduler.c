@@ -642,7 +642,8 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->max_batch_tokens = o->chunked_prefill_size + o->max_running_requests;
     struct model_options mo = {.load_format = o->load_format, .max_batch_tokens = e->max_batch_tokens,
                                .max_seqs = e->max_seqs, .max_context = o->context_length,
-                               .no_shared_expert_fusion = o->no_shared_expert_fusion};
+                               .no_shared_expert_fusion = o->no_shared_expert_fusion,
+                               .dummy_routing = (enum model_routing)o->dummy_routing, .moe_count = o->moe_count};
     struct runner_options ro = {.page_size = e->page_size, .kv_tokens = o->max_total_tokens,
                                 .mem_fraction_static = o->mem_fraction_static,
                                 .max_running_requests = o->max_running_requests,
@@ -651,6 +652,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     if (runner_load(&e->runner, &e->be, o->model_dir, &mo, &ro, err)) return -1;
     e->model = runner_model(e->runner);
     e->kv = runner_kv(e->runner);
+    if (o->moe_count) model_moe_count_set(e->model, 1, 1);
     e->vocab = model_config(e->model)->vocab_size;
     e->context_length = model_max_context(e->model);
     e->pool_tokens = (long)e->kv->n_pages * e->page_size;

@@ -20,6 +20,7 @@
 #include "tensor/dtype.h"
 
 struct kiln_error;
+struct moe_route_count;
 struct backend_sample_row;
 struct backend_sample_adj;
 struct dummy_part;
@@ -63,6 +64,31 @@ struct moe_route_params {
      * shared experts appended to the expert list); rows of ids and weights
      * then hold top_k + n_fused entries */
     int n_fused;
+    /* Benchmarks only (model_options.dummy_routing). uniform: the logits
+     * and the bias are ignored; row i takes the top_k largest of the
+     * scores route_uniform_score gives its key (key_slot[i], key_pos[i],
+     * layer) (tensor/route_uniform.h): distinct experts, uniformly random,
+     * identical on every backend. Its weights come from those scores as
+     * from logits (scoring, renormalize, scaling as above); no group
+     * limit. key_slot, key_pos: device [n]. */
+    int uniform;
+    int layer;
+    const int32_t *key_slot, *key_pos;
+    /* Touched-expert counting (benchmarks): device record, or NULL */
+    struct moe_route_count *count;
+};
+
+/* What moe_route counts where moe_route_params.count is set: each call
+ * while `enabled` is non-zero adds the number of distinct routed experts
+ * (ids < n_experts) its n rows chose. Device memory, followed by
+ * n_experts int32 flags (scratch, zero between calls); written by the
+ * host only between steps. `enabled` is read by the operation when it
+ * runs, so a recorded graph counts or not as the host last set it. */
+struct moe_route_count {
+    int32_t enabled;
+    int32_t pending;  /* CUDA: blocks of the running call done (0 between calls) */
+    int32_t min, max; /* over the counted calls */
+    int64_t calls, sum, rows; /* calls counted; sum of their experts; rows routed */
 };
 
 struct moe_experts {
@@ -225,8 +251,8 @@ struct backend_ops {
                           const float *k_rope, long ldr, long n, int n_heads, int nope, int rope,
                           int vd);
     /* Chooses top_k experts per row from router logits[n][n_experts]
-     * (bias: correction bias or NULL). ids, weights: [n][top_k]. */
-    /* ids[n][top_k + n_fused], weights likewise, from logits[n][n_experts] */
+     * (bias: correction bias or NULL), or at random (p->uniform); counts
+     * them where p->count says. ids[n][top_k + n_fused], weights likewise. */
     void (*moe_route)(void *ctx, int32_t *ids, float *weights, const float *logits,
                       const float *bias, const struct moe_route_params *p, long n);
     /* y[n][hidden] = sum_j weights[i][j] * expert_{ids[i][j]}(x[i]) */

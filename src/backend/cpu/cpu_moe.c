@@ -6,6 +6,8 @@
  * masked one. The expert MLPs gather each expert's rows, run them through
  * the shared matrix kernel, and sum the k expert outputs of a row in the
  * row's own top-k order, so results do not depend on the rest of the batch.
+ * Benchmarks may route at random instead (moe_route_params.uniform, the
+ * draw of tensor/route_uniform.h) and count the experts each call touches.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "base/mem.h"
+#include "tensor/route_uniform.h"
 
 #define MOE_MAX_EXPERTS 1024
 
@@ -30,10 +33,22 @@ static void top_k(const float *v, int n, int k, int32_t *out) {
     }
 }
 
+/* Row i's uniform draw (route_uniform.h) as its logits. */
+static void uniform_logits(const struct moe_route_params *p, long i, float *out) {
+    uint64_t row = route_uniform_row(p->key_slot[i], p->key_pos[i], p->layer);
+    for (int e = 0; e < p->n_experts; e++) out[e] = route_uniform_score(row, e);
+}
+
+/* uniform: logits are the row's random scores, which also choose (exact
+ * floats: the same experts on every backend); no bias, no group limit. */
 static void route_row(const float *logits, const float *bias, const struct moe_route_params *p,
-                      int32_t *ids, float *w) {
+                      int uniform, int32_t *ids, float *w) {
     int E = p->n_experts;
     float scores[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
+    if (uniform) {
+        for (int e = 0; e < E; e++) choice[e] = logits[e];
+        bias = NULL;
+    }
     if (p->scoring == MOE_ROUTE_SOFTMAX) {
         float mx = -INFINITY, sum = 0.0f;
         for (int e = 0; e < E; e++) mx = fmaxf(mx, logits[e]);
@@ -42,9 +57,10 @@ static void route_row(const float *logits, const float *bias, const struct moe_r
     } else {
         for (int e = 0; e < E; e++) scores[e] = 1.0f / (1.0f + expf(-logits[e]));
     }
-    for (int e = 0; e < E; e++) choice[e] = scores[e] + (bias ? bias[e] : 0.0f);
+    if (!uniform)
+        for (int e = 0; e < E; e++) choice[e] = scores[e] + (bias ? bias[e] : 0.0f);
 
-    if (p->method != MOE_ROUTE_GREEDY && p->n_group > 1) {
+    if (!uniform && p->method != MOE_ROUTE_GREEDY && p->n_group > 1) {
         int per = E / p->n_group;
         float gscore[MOE_MAX_EXPERTS];
         for (int g = 0; g < p->n_group; g++) {
@@ -79,14 +95,38 @@ static void route_row(const float *logits, const float *bias, const struct moe_r
         for (int j = 0; j < p->top_k; j++) w[j] *= p->scaling;
 }
 
+/* Adds this call's distinct routed experts to the count record (the flags
+ * after it are the set; cleared again for the next call). */
+static void count_call(struct moe_route_count *c, const int32_t *ids, int w, int top_k, int E, long n) {
+    if (!c->enabled || n <= 0) return;
+    int32_t *touched = (int32_t *)(c + 1);
+    int distinct = 0;
+    for (long i = 0; i < n; i++)
+        for (int j = 0; j < top_k; j++) {
+            int e = ids[i * w + j];
+            if (e >= 0 && e < E && !touched[e]) touched[e] = 1, distinct++;
+        }
+    for (int e = 0; e < E; e++) touched[e] = 0;
+    if (!c->calls || distinct < c->min) c->min = distinct;
+    if (!c->calls || distinct > c->max) c->max = distinct;
+    c->calls++;
+    c->sum += distinct;
+    c->rows += n;
+}
+
 void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits, const float *bias,
                    const struct moe_route_params *p, long n) {
     KILN_ASSERT(p->n_experts <= MOE_MAX_EXPERTS && p->top_k <= p->n_experts && p->n_fused >= 0);
+    KILN_ASSERT(!p->uniform || (p->key_slot && p->key_pos));
     int w = p->top_k + p->n_fused;
+    float draw[MOE_MAX_EXPERTS];
     for (long i = 0; i < n; i++) {
-        route_row(logits + i * p->n_experts, bias, p, ids + i * w, weights + i * w);
+        const float *lg = logits + i * p->n_experts;
+        if (p->uniform) uniform_logits(p, i, draw), lg = draw;
+        route_row(lg, bias, p, p->uniform, ids + i * w, weights + i * w);
         for (int j = 0; j < p->n_fused; j++) ids[i * w + p->top_k + j] = p->n_experts + j, weights[i * w + p->top_k + j] = 1.0f;
     }
+    if (p->count) count_call(p->count, ids, w, p->top_k, p->n_experts, n);
 }
 
 /* One chunk of n tokens (rows = n * top_k (token, slot) rows). */

@@ -6,6 +6,10 @@
  * scores a group by its best expert, noaux_tc (DeepSeek-V3) by the sum of
  * its two best biased scores; experts of unchosen groups are masked to 0.0
  * (not -inf), so a negative biased score can lose to a masked expert.
+ * Benchmarks may route at random (p.uniform: the CPU's draw, to the bit)
+ * and count the distinct experts each call touches (p.count: flags, then
+ * the last block to finish adds them up; no host round trip, so counting
+ * works inside a recorded graph).
  *
  * Expert MLPs, two paths; both end in a kernel that sums each token's k
  * expert outputs in the token's own top-k order, as the CPU does.
@@ -36,6 +40,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
+#include "tensor/route_uniform.h"
 
 enum { MOE_MAX_EXPERTS = 1024 };
 
@@ -56,7 +61,35 @@ static __device__ int warp_argmax(const float *v, int n) {
     return bi;
 }
 
-/* ids[n][top_k (+ n_fused)], w likewise, from logits[n][E]; one warp per row.
+/* The count record's update for one call: the last block to finish adds
+ * the distinct experts the flags mark (the other blocks' flag stores are
+ * visible to it after their fences) and clears them for the next call. */
+static __device__ void route_count_finish(struct moe_route_count *c, int E, long n) {
+    int lane = threadIdx.x, last = 0;
+    __threadfence();
+    if (lane == 0) last = atomicAdd(&c->pending, 1) == (int)gridDim.x - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    __threadfence();
+    volatile int32_t *touched = (volatile int32_t *)(c + 1);
+    int d = 0;
+    for (int e = lane; e < E; e += 32) {
+        d += touched[e] != 0;
+        touched[e] = 0;
+    }
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if (lane == 0) {
+        if (!c->calls || d < c->min) c->min = d;
+        if (!c->calls || d > c->max) c->max = d;
+        c->calls++;
+        c->sum += d;
+        c->rows += n;
+        c->pending = 0;
+    }
+}
+
+/* ids[n][top_k (+ n_fused)], w likewise, from logits[n][E] (p.uniform: from
+ * the rows' random draw, as cpu_moe.c); one warp per row.
  * shared: scores[E], choice[E], gscore[n_group]. */
 static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__restrict__ weights,
                                         const float *__restrict__ logits,
@@ -65,8 +98,16 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
     extern __shared__ float sh[];
     int E = p.n_experts, lane = threadIdx.x;
     float *scores = sh, *choice = sh + E, *gscore = sh + 2 * E;
+    int counting = p.count && *(volatile int32_t *)&p.count->enabled;
+    int32_t *touched = counting ? (int32_t *)(p.count + 1) : NULL;
     for (long i = blockIdx.x; i < n; i += gridDim.x) {
         const float *lg = logits + i * E;
+        if (p.uniform) { /* the draw is the logits and the choice (exact floats) */
+            uint64_t row = route_uniform_row(p.key_slot[i], p.key_pos[i], p.layer);
+            for (int e = lane; e < E; e += 32) choice[e] = route_uniform_score(row, e);
+            __syncwarp();
+            lg = choice;
+        }
         if (p.scoring == MOE_ROUTE_SOFTMAX) {
             float mx = -INFINITY;
             for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
@@ -78,9 +119,10 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
         } else {
             for (int e = lane; e < E; e += 32) scores[e] = 1.0f / (1.0f + expf(-lg[e]));
         }
-        for (int e = lane; e < E; e += 32) choice[e] = scores[e] + (bias ? bias[e] : 0.0f);
+        if (!p.uniform)
+            for (int e = lane; e < E; e += 32) choice[e] = scores[e] + (bias ? bias[e] : 0.0f);
         __syncwarp();
-        if (p.method != MOE_ROUTE_GREEDY && p.n_group > 1) {
+        if (!p.uniform && p.method != MOE_ROUTE_GREEDY && p.n_group > 1) {
             int per = E / p.n_group;
             for (int g = lane; g < p.n_group; g += 32) {
                 const float *c = choice + g * per;
@@ -113,6 +155,7 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
             if (lane == 0) {
                 out_ids[j] = e;
                 choice[e] = -INFINITY;
+                if (counting) touched[e] = 1;
             }
             __syncwarp();
         }
@@ -129,6 +172,7 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
         }
         __syncwarp();
     }
+    if (counting) route_count_finish(p.count, E, n);
 }
 
 extern "C" void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
@@ -136,6 +180,7 @@ extern "C" void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const
     CUDA_ASSERT(p->n_experts <= MOE_MAX_EXPERTS && p->top_k <= p->n_experts && p->top_k >= 1 && p->n_fused >= 0);
     CUDA_ASSERT(p->method == MOE_ROUTE_GREEDY || p->n_group <= 1 ||
                 (p->n_experts % p->n_group == 0 && p->topk_group <= p->n_group));
+    CUDA_ASSERT(!p->uniform || (p->key_slot && p->key_pos));
     if (n <= 0) return;
     size_t smem = (size_t)(2 * p->n_experts + (p->n_group > 0 ? p->n_group : 1)) * 4;
     moe_route_kernel<<<grid_for(n, 1), 32, smem, ctx_stream(ctx)>>>(ids, weights, logits, bias, *p,
