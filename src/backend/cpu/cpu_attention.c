@@ -170,7 +170,7 @@ static void attn_worker(void *arg, int ith, int nth) {
     long total = (long)j->b->n_tokens * j->p->n_heads;
     float *scores = j->scratch + (long)ith * j->max_context;
 #if defined(__x86_64__)
-    if (cpu_matmul_isa() == CPU_MATMUL_AVX512 && j->p->dk % 8 == 0 && j->p->dv % ATTN_DV_CHUNK == 0) {
+    if (cpu_matmul_isa() >= CPU_MATMUL_AVX512 && j->p->dk % 8 == 0 && j->p->dv % ATTN_DV_CHUNK == 0) {
         for (long w = ith; w < total; w += nth)
             attn_one_avx512(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores);
         return;
