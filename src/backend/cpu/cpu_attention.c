@@ -8,7 +8,7 @@
  * CPU").
  *
  * Where the CPU has AVX-512 (the family cpu_matmul uses), attn_one_avx512
- * performs the very same operations as attn_one, vectorised: four keys'
+ * performs the very same operations as attn_one, vectorised: eight keys'
  * 8-lane dot products at once (independent chains instead of one), and the
  * weighted sum of values held in registers across positions. Each lane does
  * the multiply and then the add that the scalar code does (the build is ISO
@@ -98,12 +98,17 @@ static float reduce8(const float *a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-/* dot(q, k[c]) for cnt (1..4) keys; n is a multiple of 8. */
+enum { ATTN_KEYS = 8 }; /* keys whose dot products run side by side */
+
+/* dot(q, k[c]) for cnt (1..ATTN_KEYS) keys; n is a multiple of 8. Each
+ * key's sum is a chain of dependent adds: eight chains keep the adder busy
+ * where one would wait on each add's latency. */
 static KILN_AVX512 void dot_keys(const float *q, const float *const *k, int cnt, int n, float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc[ATTN_KEYS];
+    for (int c = 0; c < ATTN_KEYS; c++) acc[c] = _mm256_setzero_ps();
     for (int d = 0; d < n; d += 8) {
         __m256 qv = _mm256_loadu_ps(q + d);
-        for (int c = 0; c < 4; c++)
+        for (int c = 0; c < ATTN_KEYS; c++)
             if (c < cnt) acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(qv, _mm256_loadu_ps(k[c] + d)));
     }
     for (int c = 0; c < cnt; c++) {
@@ -126,9 +131,9 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
     const float *q = j->q + t * j->ldq + (long)h * p->dk;
     long n = (long)pos + 1;
     KILN_ASSERT(n <= j->max_context);
-    for (long i0 = 0; i0 < n; i0 += 4) {
-        const float *k[4];
-        int cnt = n - i0 < 4 ? (int)(n - i0) : 4;
+    for (long i0 = 0; i0 < n; i0 += ATTN_KEYS) {
+        const float *k[ATTN_KEYS];
+        int cnt = n - i0 < ATTN_KEYS ? (int)(n - i0) : ATTN_KEYS;
         for (int c = 0; c < cnt; c++) {
             long i = i0 + c, slot = (long)pages[i / b->page_size] * b->page_size + i % b->page_size;
             k[c] = j->k_cache + slot * p->k_stride + (long)g * p->dk;
