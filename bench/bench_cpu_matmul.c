@@ -2,10 +2,12 @@
  * bandwidth (decode) and OpenBLAS sgemm (prefill).
  *
  *   build/bench_cpu_matmul [threads] [--quick] [--decode|--prefill]
- *                          [--isa portable|avx2|avx512]
+ *                          [--isa portable|avx2|avx512|avx512bf16] [--mode f32|bf16]
  *
  * --isa caps the kernel family (default: the best this CPU runs), to
- * compare families on one machine.
+ * compare families on one machine. --mode picks the arithmetic of the
+ * products with BF16 weights (KILN_CPU_MATMUL): f32 (cpu_matmul) or bf16
+ * (cpu_matmul_bf16); F16 and F32 weights take cpu_matmul either way.
  * Decode runs each shape over enough copies of its weights that they come
  * from DRAM, not cache, and reports the weight bytes read per second.
  */
@@ -105,6 +107,11 @@ static double measure_bandwidth(struct threadpool *tp) {
 /* ---- helpers ---- */
 
 static uint64_t g_unused;
+
+typedef void (*matmul_fn)(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
+                          const void *w, enum dtype wt, const float *bias, long n, long m, long k);
+/* The function products with BF16 weights go through (--mode). */
+static matmul_fn g_bf16_fn = cpu_matmul;
 static float *random_floats(long count, uint64_t seed) {
     float *p = xaligned_alloc((size_t)count * sizeof(float));
     for (long i = 0; i < count; i++) {
@@ -145,14 +152,15 @@ static double bench_decode(struct threadpool *tp, const struct shape *s, enum dt
     }
     free(one);
     float *x = random_floats(n * s->k, 2), *y = xaligned_alloc((size_t)(n * s->m) * sizeof(float));
-    for (int c = 0; c < copies; c++) cpu_matmul(tp, y, s->m, x, s->k, w[c], wt, NULL, n, s->m, s->k);
+    matmul_fn fn = wt == DTYPE_BF16 ? g_bf16_fn : cpu_matmul;
+    for (int c = 0; c < copies; c++) fn(tp, y, s->m, x, s->k, w[c], wt, NULL, n, s->m, s->k);
     /* Best pass over all copies: other processes on a small machine only
      * ever make a pass slower. */
     double best = 1e30, t_all = time_now();
     int passes = 0;
     do {
         double t0 = time_now();
-        for (int c = 0; c < copies; c++) cpu_matmul(tp, y, s->m, x, s->k, w[c], wt, NULL, n, s->m, s->k);
+        for (int c = 0; c < copies; c++) fn(tp, y, s->m, x, s->k, w[c], wt, NULL, n, s->m, s->k);
         double dt = time_now() - t0;
         if (dt < best) best = dt;
         passes++;
@@ -178,7 +186,7 @@ static void bench_prefill(struct threadpool *tp, const struct shape *s, long n, 
         double t_all = time_now();
         do {
             double t0 = time_now();
-            if (which == 0) cpu_matmul(tp, y, s->m, x, s->k, wb, DTYPE_BF16, NULL, n, s->m, s->k);
+            if (which == 0) g_bf16_fn(tp, y, s->m, x, s->k, wb, DTYPE_BF16, NULL, n, s->m, s->k);
             else if (which == 1) cpu_matmul(tp, y, s->m, x, s->k, wf, DTYPE_F32, NULL, n, s->m, s->k);
             else
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)s->m, (int)s->k, 1.0f,
@@ -205,14 +213,23 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *name = argv[++i];
             enum cpu_matmul_isa isa = CPU_MATMUL_PORTABLE;
-            while (isa < CPU_MATMUL_AVX512 && strcmp(cpu_matmul_isa_name(isa), name)) isa++;
+            while (isa < CPU_MATMUL_AVX512BF16 && strcmp(cpu_matmul_isa_name(isa), name)) isa++;
             if (strcmp(cpu_matmul_isa_name(isa), name)) {
-                fprintf(stderr, "bench_cpu_matmul: --isa: unknown kernel family '%s' (portable, avx2, avx512)\n",
+                fprintf(stderr,
+                        "bench_cpu_matmul: --isa: unknown kernel family '%s' (portable, avx2, avx512, "
+                        "avx512bf16)\n",
                         name);
                 return 2;
             }
             if (cpu_matmul_cap_isa(isa) != isa) {
                 fprintf(stderr, "bench_cpu_matmul: --isa %s: this CPU does not run it\n", name);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
+            const char *name = argv[++i];
+            if (!strcmp(name, "bf16")) g_bf16_fn = cpu_matmul_bf16;
+            else if (strcmp(name, "f32")) {
+                fprintf(stderr, "bench_cpu_matmul: --mode: expected f32 or bf16, not '%s'\n", name);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -223,8 +240,9 @@ int main(int argc, char **argv) {
     double tmin = quick ? 0.3 : 1.0;
     struct threadpool *tp = threadpool_create(threads);
     openblas_set_num_threads(threads);
-    printf("threads: %d; kiln kernels: %s; OpenBLAS %s (core %s)\n", threads,
-           cpu_matmul_isa_name(cpu_matmul_isa()), openblas_get_config(), openblas_get_corename());
+    printf("threads: %d; kiln kernels: %s, BF16 weights in %s mode; OpenBLAS %s (core %s)\n", threads,
+           cpu_matmul_isa_name(cpu_matmul_isa()), g_bf16_fn == cpu_matmul ? "f32" : "bf16",
+           openblas_get_config(), openblas_get_corename());
 
     double bw = measure_bandwidth(tp);
     printf("memory read bandwidth (%d threads, 1 GiB sum): %.1f GB/s\n\n", threads, bw);

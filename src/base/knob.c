@@ -44,6 +44,10 @@ static const struct knob_def table[KNOB_COUNT] = {
                           "the default of --device: auto takes the GPU when one can be opened")},
     [KNOB_MODEL] = {"KILN_MODEL", STR(KNOB_PUBLIC, "",
                                       "the default of --model (unset: the bundled models/stories260K)")},
+    [KNOB_CPU_MATMUL] = {"KILN_CPU_MATMUL",
+                         ENUM(KNOB_PUBLIC, "f32", WORDS("f32", "bf16"),
+                              "CPU products with bf16 weights: f32 activations, or bf16 (activations "
+                              "rounded to bf16, vdpbf16ps where the CPU has it: faster prefill)")},
     [KNOB_CUDA_MATMUL] = {"KILN_CUDA_MATMUL",
                           ENUM(KNOB_PUBLIC, "bf16", WORDS("bf16", "bf16x2"),
                                "GPU products: bf16 operands, or bf16x2 (activations as bf16 hi + lo, "

@@ -33,6 +33,7 @@ enum knob_id {
     KNOB_LOG,
     KNOB_DEVICE,
     KNOB_MODEL,
+    KNOB_CPU_MATMUL,
     KNOB_CUDA_MATMUL,
     KNOB_CUDA_KV,
     KNOB_CUDA_MOE,

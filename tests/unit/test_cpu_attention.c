@@ -136,7 +136,7 @@ static void check_case(uint64_t *s, int dk, int dv, int heads, int kv_heads, int
             }
     assert_int_equal(bad, 0);
     /* Every family the CPU runs, with 1 and 3 threads: the same bits. */
-    for (enum cpu_matmul_isa isa = CPU_MATMUL_PORTABLE; isa <= CPU_MATMUL_AVX512; isa++) {
+    for (enum cpu_matmul_isa isa = CPU_MATMUL_PORTABLE; isa <= CPU_MATMUL_AVX512BF16; isa++) {
         if (cpu_matmul_cap_isa(isa) != isa) continue;
         for (int threads = 1; threads <= 3; threads += 2) {
             memset(best, 0, (size_t)(rows * ldo) * sizeof(float));
@@ -146,7 +146,7 @@ static void check_case(uint64_t *s, int dk, int dv, int heads, int kv_heads, int
                          cpu_matmul_isa_name(isa), dk, dv, heads, kv_heads, ctx0, ctx1);
         }
     }
-    cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
     free(scalar);
     free(best);
     free_setup(&st);

@@ -2,7 +2,12 @@
  * its invariance contract: a row's results are bitwise the same alone, in
  * any batch, at any position and with any number of threads. Each kernel
  * family the CPU runs (portable, AVX2, AVX-512) is checked on its own, and
- * AVX-512 against AVX2 to the bit. */
+ * AVX-512 against AVX2 to the bit.
+ *
+ * The bf16 mode (cpu_matmul_bf16) against a scalar model of its arithmetic
+ * written here from the definition (bf16 rounding in double precision,
+ * vdpbf16ps's lane order): bitwise, for each of its kernels the CPU runs
+ * (vdpbf16ps, AVX2, portable), and the same invariance checks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -156,14 +161,14 @@ static void run_accuracy(matmul_fn fn) {
 static int use_isa(enum cpu_matmul_isa isa) {
     if (cpu_matmul_cap_isa(isa) == isa) return 1;
     print_message("      this CPU has no %s kernel: skipped\n", cpu_matmul_isa_name(isa));
-    cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
     return 0;
 }
 
 static void test_accuracy(enum cpu_matmul_isa isa) {
     if (!use_isa(isa)) skip();
     run_accuracy(cpu_matmul);
-    cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
 }
 
 static void test_accuracy_portable(void **state) { test_accuracy(CPU_MATMUL_PORTABLE); }
@@ -240,7 +245,7 @@ static void run_invariance(matmul_fn fn) {
 static void test_invariance(enum cpu_matmul_isa isa) {
     if (!use_isa(isa)) skip();
     run_invariance(cpu_matmul);
-    cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
 }
 
 static void test_invariance_portable(void **state) { test_invariance(CPU_MATMUL_PORTABLE); }
@@ -271,7 +276,7 @@ static void test_avx512_equals_avx2(void **state) {
                 float *y2 = make_poisoned((size_t)(n * ldy)), *y5 = make_poisoned((size_t)(n * ldy));
                 cpu_matmul_cap_isa(CPU_MATMUL_AVX2);
                 cpu_matmul(tp, y2, ldy, x, ldx, w, wt, bias, n, m, k);
-                cpu_matmul_cap_isa(CPU_MATMUL_AVX512);
+                cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
                 cpu_matmul(tp, y5, ldy, x, ldx, w, wt, bias, n, m, k);
                 if (memcmp(y2, y5, (size_t)(n * ldy) * sizeof(float)))
                     fail_msg("avx512 != avx2: dtype %s n=%ld m=%ld k=%ld bias=%d", dtype_name(wt), n, m, k,
@@ -286,6 +291,180 @@ static void test_avx512_equals_avx2(void **state) {
     threadpool_destroy(tp);
 }
 
+/* ---- bf16 mode ---------------------------------------------------------- */
+
+/* bf16(v) by its definition: the nearest of the two bf16 values around v
+ * (ties to the even one), computed in double; subnormals become zero of the
+ * same sign, values past the largest bf16 by half an ulp become infinity.
+ * (NaN is not produced by the tests.) */
+static uint16_t ref_round_bf16(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
+    const uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1); /* toward larger magnitude */
+    const double a = fabs((double)bf16_to_f32(lo)), x = fabs((double)v);
+    /* the next value up: twice the ulp's binade end when lo is the largest finite */
+    const double b = (lo & 0x7fffu) == 0x7f7fu ? ldexp(1.0, 128) : fabs((double)bf16_to_f32(hi));
+    if (x - a < b - x) return lo;
+    if (x - a > b - x) return hi;
+    return (lo & 1u) ? hi : lo;
+}
+
+/* One output of the bf16 arithmetic (cpu_matmul_kernels.h), written from
+ * its definition: 16 lanes, odd then even element of each pair, each
+ * addition rounded to fp32, then the halving tree. */
+static float ref_dot_bf16(const float *x, const uint16_t *w, long k) {
+    float acc[16] = {0};
+    for (long kb = 0; kb < k; kb += 32)
+        for (int l = 0; l < 16; l++)
+            for (int e = 1; e >= 0; e--) {
+                long kk = kb + 2 * l + e;
+                if (kk >= k) continue; /* a zero product leaves the lane as it is */
+                volatile float p = bf16_to_f32(ref_round_bf16(x[kk])) * bf16_to_f32(w[kk]);
+                acc[l] = acc[l] + p;
+            }
+    float t[8];
+    for (int l = 0; l < 8; l++) t[l] = acc[l] + acc[l + 8];
+    for (int l = 0; l < 4; l++) t[l] = t[l] + t[l + 4];
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+/* x of several magnitudes, with some values exactly halfway between two
+ * bf16 values (the round-to-even cases). */
+static float *make_x_bf16(uint64_t *s, size_t count) {
+    float *p = make_floats(s, count);
+    for (size_t i = 0; i < count; i++) {
+        p[i] = ldexpf(p[i], (int)(rng_next(s) % 41) - 20);
+        if (rng_next(s) % 8 == 0) { /* a tie: a bf16 value plus half its ulp */
+            uint32_t u;
+            memcpy(&u, &p[i], 4);
+            u = (u & 0xffff0000u) | 0x8000u;
+            memcpy(&p[i], &u, 4);
+        }
+    }
+    return p;
+}
+
+/* The bf16 kernels this CPU runs, best first; says so when it has no
+ * AVX512-BF16 (then the AVX2 and portable kernels are what is tested). */
+static int bf16_families(enum cpu_matmul_isa *out) {
+    static int told;
+    int cnt = 0;
+    enum cpu_matmul_isa top = cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
+    if (top == CPU_MATMUL_AVX512BF16) out[cnt++] = CPU_MATMUL_AVX512BF16;
+    else if (!told++)
+        print_message("      this CPU has no AVX512-BF16: the vdpbf16ps kernel is not tested here, "
+                      "its fallbacks are\n");
+    if (top >= CPU_MATMUL_AVX2) out[cnt++] = CPU_MATMUL_AVX2;
+    out[cnt++] = CPU_MATMUL_PORTABLE;
+    return cnt;
+}
+
+static void check_bf16_case(struct threadpool *tp, uint64_t *s, long n, long m, long k, long ldx,
+                            long ldy, int with_bias) {
+    float *we;
+    uint16_t *w = make_weights(s, DTYPE_BF16, m, k, &we);
+    float *x = make_x_bf16(s, (size_t)(n * ldx));
+    float *bias = with_bias ? make_floats(s, (size_t)m) : NULL;
+    float *y = make_poisoned((size_t)(n * ldy));
+    cpu_matmul_bf16(tp, y, ldy, x, ldx, w, DTYPE_BF16, bias, n, m, k);
+    int bad = 0;
+    for (long i = 0; i < n && bad < 5; i++)
+        for (long j = 0; j < ldy && bad < 5; j++) {
+            float got = y[i * ldy + j];
+            if (j >= m) {
+                if (!is_poison(got)) {
+                    print_error("padding written: n=%ld m=%ld k=%ld i=%ld j=%ld\n", n, m, k, i, j);
+                    bad++;
+                }
+                continue;
+            }
+            float want = ref_dot_bf16(x + i * ldx, w + j * k, k);
+            if (bias) want = want + bias[j];
+            if (memcmp(&got, &want, 4)) {
+                print_error("%s: n=%ld m=%ld k=%ld ldx=%ld bias=%d: y[%ld][%ld] = %a, want %a\n",
+                            cpu_matmul_isa_name(cpu_matmul_isa()), n, m, k, ldx, with_bias, i, j, got, want);
+                bad++;
+            }
+        }
+    assert_int_equal(bad, 0);
+    free(w);
+    free(we);
+    free(x);
+    free(bias);
+    free(y);
+}
+
+/* Every kernel of the bf16 mode equals the scalar model to the bit, over
+ * both loop nests (n <= 8 and above), every tail of n, m and k (k not a
+ * multiple of 32, odd, 0), and k chunks (k above 2048 and 4096). */
+static void test_bf16_reference(void **state) {
+    static const long ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 33, 70};
+    static const long ms[] = {1, 3, 8, 13, 17, 40};
+    static const long ks[] = {0, 1, 7, 31, 32, 33, 63, 100, 1000};
+    enum cpu_matmul_isa fam[3];
+    int nf = bf16_families(fam);
+    struct threadpool *tp1 = threadpool_create(1), *tp2 = threadpool_create(2);
+    for (int f = 0; f < nf; f++) {
+        cpu_matmul_cap_isa(fam[f]);
+        print_message("      bf16 mode, %s kernel\n", cpu_matmul_isa_name(fam[f]));
+        uint64_t s = 0x9e3779b97f4a7c15ull;
+        long cases = 0;
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t b = 0; b < sizeof ms / sizeof *ms; b++)
+                for (size_t c = 0; c < sizeof ks / sizeof *ks; c++, cases++) {
+                    long n = ns[a], m = ms[b], k = ks[c];
+                    long ldx = k + (long)(rng_next(&s) % 3) * 5, ldy = m + (long)(rng_next(&s) % 3);
+                    check_bf16_case(cases & 1 ? tp2 : tp1, &s, n, m, k, ldx, ldy, (int)(rng_next(&s) & 1));
+                }
+        check_bf16_case(tp2, &s, 70, 301, 1000, 1003, 305, 1);
+        check_bf16_case(tp2, &s, 40, 19, 2049, 2049, 19, 0);
+        check_bf16_case(tp2, &s, 17, 21, 4100, 4111, 22, 1);
+        check_bf16_case(tp2, &s, 3, 11, 70001, 70001, 11, 0);
+    }
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
+    threadpool_destroy(tp1);
+    threadpool_destroy(tp2);
+}
+
+/* The bf16 mode is batch-invariant in each of its kernels: a row alone, in
+ * batches of several sizes, with 1..3 threads and in a shard of outputs
+ * gives the same bits (F16/F32 weights take cpu_matmul: checked too). */
+static void test_bf16_invariance(void **state) {
+    enum cpu_matmul_isa fam[3];
+    int nf = bf16_families(fam);
+    for (int f = 0; f < nf; f++) {
+        cpu_matmul_cap_isa(fam[f]);
+        print_message("      bf16 mode, %s kernel\n", cpu_matmul_isa_name(fam[f]));
+        run_invariance(cpu_matmul_bf16);
+    }
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
+}
+
+/* Weights other than BF16 are untouched by the mode: cpu_matmul's bits. */
+static void test_bf16_mode_other_dtypes(void **state) {
+    struct threadpool *tp = threadpool_create(2);
+    uint64_t s = 0x5851f42d4c957f2dull;
+    static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16};
+    for (int d = 0; d < 2; d++)
+        for (long n = 1; n <= 37; n += 12) {
+            long m = 45, k = 300;
+            float *we;
+            void *w = make_weights(&s, dts[d], m, k, &we);
+            float *x = make_floats(&s, (size_t)(n * k));
+            float *a = make_poisoned((size_t)(n * m)), *b = make_poisoned((size_t)(n * m));
+            cpu_matmul(tp, a, m, x, k, w, dts[d], NULL, n, m, k);
+            cpu_matmul_bf16(tp, b, m, x, k, w, dts[d], NULL, n, m, k);
+            assert_memory_equal(a, b, (size_t)(n * m) * sizeof(float));
+            free(w);
+            free(we);
+            free(x);
+            free(a);
+            free(b);
+        }
+    threadpool_destroy(tp);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accuracy_portable),
@@ -295,6 +474,9 @@ int main(void) {
         cmocka_unit_test(test_invariance_avx2),
         cmocka_unit_test(test_invariance_avx512),
         cmocka_unit_test(test_avx512_equals_avx2),
+        cmocka_unit_test(test_bf16_reference),
+        cmocka_unit_test(test_bf16_invariance),
+        cmocka_unit_test(test_bf16_mode_other_dtypes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

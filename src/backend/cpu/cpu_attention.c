@@ -8,7 +8,7 @@
  * CPU").
  *
  * Where the CPU has AVX-512 (the family cpu_matmul uses), attn_one_avx512
- * performs the very same operations as attn_one, vectorised: four keys'
+ * performs the very same operations as attn_one, vectorised: eight keys'
  * 8-lane dot products at once (independent chains instead of one), and the
  * weighted sum of values held in registers across positions. Each lane does
  * the multiply and then the add that the scalar code does (the build is ISO
@@ -46,6 +46,23 @@ static int seq_of_token(const struct backend_batch *b, long t) {
     return lo;
 }
 
+/* Walks a sequence's KV slots in position order without dividing by the
+ * page size at every position (a division per key cost more than the dot
+ * product of a short head). */
+struct slot_iter {
+    const int32_t *pages;
+    long page_size, page, off;
+};
+
+static long slot_next(struct slot_iter *it) {
+    long slot = (long)it->pages[it->page] * it->page_size + it->off;
+    if (++it->off == it->page_size) {
+        it->off = 0;
+        it->page++;
+    }
+    return slot;
+}
+
 static float dot(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int k = 0;
@@ -66,8 +83,9 @@ static void attn_one(const struct attn_job *j, long t, int h, float *scores) {
     long n = (long)pos + 1;
     KILN_ASSERT(n <= j->max_context);
     float mx = -INFINITY;
+    struct slot_iter ki = {pages, b->page_size, 0, 0};
     for (long i = 0; i < n; i++) {
-        long slot = (long)pages[i / b->page_size] * b->page_size + i % b->page_size;
+        long slot = slot_next(&ki);
         const float *k = j->k_cache + slot * p->k_stride + (long)g * p->dk;
         float sc = dot(q, k, p->dk) * p->scale;
         scores[i] = sc;
@@ -80,8 +98,9 @@ static void attn_one(const struct attn_job *j, long t, int h, float *scores) {
     }
     float *o = j->out + t * j->ldo + (long)h * p->dv;
     for (int d = 0; d < p->dv; d++) o[d] = 0.0f;
+    struct slot_iter vi = {pages, b->page_size, 0, 0};
     for (long i = 0; i < n; i++) {
-        long slot = (long)pages[i / b->page_size] * b->page_size + i % b->page_size;
+        long slot = slot_next(&vi);
         const float *v = j->v_cache + slot * p->v_stride + (long)g * p->dv;
         float w = scores[i];
         for (int d = 0; d < p->dv; d++) o[d] += w * v[d];
@@ -98,12 +117,17 @@ static float reduce8(const float *a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-/* dot(q, k[c]) for cnt (1..4) keys; n is a multiple of 8. */
+enum { ATTN_KEYS = 8 }; /* keys whose dot products run side by side */
+
+/* dot(q, k[c]) for cnt (1..ATTN_KEYS) keys; n is a multiple of 8. Each
+ * key's sum is a chain of dependent adds: eight chains keep the adder busy
+ * where one would wait on each add's latency. */
 static KILN_AVX512 void dot_keys(const float *q, const float *const *k, int cnt, int n, float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc[ATTN_KEYS];
+    for (int c = 0; c < ATTN_KEYS; c++) acc[c] = _mm256_setzero_ps();
     for (int d = 0; d < n; d += 8) {
         __m256 qv = _mm256_loadu_ps(q + d);
-        for (int c = 0; c < 4; c++)
+        for (int c = 0; c < ATTN_KEYS; c++)
             if (c < cnt) acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(qv, _mm256_loadu_ps(k[c] + d)));
     }
     for (int c = 0; c < cnt; c++) {
@@ -126,13 +150,11 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
     const float *q = j->q + t * j->ldq + (long)h * p->dk;
     long n = (long)pos + 1;
     KILN_ASSERT(n <= j->max_context);
-    for (long i0 = 0; i0 < n; i0 += 4) {
-        const float *k[4];
-        int cnt = n - i0 < 4 ? (int)(n - i0) : 4;
-        for (int c = 0; c < cnt; c++) {
-            long i = i0 + c, slot = (long)pages[i / b->page_size] * b->page_size + i % b->page_size;
-            k[c] = j->k_cache + slot * p->k_stride + (long)g * p->dk;
-        }
+    struct slot_iter ki = {pages, b->page_size, 0, 0};
+    for (long i0 = 0; i0 < n; i0 += ATTN_KEYS) {
+        const float *k[ATTN_KEYS];
+        int cnt = n - i0 < ATTN_KEYS ? (int)(n - i0) : ATTN_KEYS;
+        for (int c = 0; c < cnt; c++) k[c] = j->k_cache + slot_next(&ki) * p->k_stride + (long)g * p->dk;
         dot_keys(q, k, cnt, p->dk, scores + i0);
         for (int c = 0; c < cnt; c++) scores[i0 + c] *= p->scale;
     }
@@ -149,8 +171,9 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
     for (int d0 = 0; d0 < p->dv; d0 += ATTN_DV_CHUNK) {
         __m512 acc[ATTN_DV_CHUNK / 16];
         for (int c = 0; c < ATTN_DV_CHUNK / 16; c++) acc[c] = _mm512_setzero_ps();
+        struct slot_iter vi = {pages, b->page_size, 0, 0};
         for (long i = 0; i < n; i++) {
-            long slot = (long)pages[i / b->page_size] * b->page_size + i % b->page_size;
+            long slot = slot_next(&vi);
             const float *v = j->v_cache + slot * p->v_stride + (long)g * p->dv + d0;
             __m512 w = _mm512_set1_ps(scores[i]);
             for (int c = 0; c < ATTN_DV_CHUNK / 16; c++)
@@ -170,7 +193,7 @@ static void attn_worker(void *arg, int ith, int nth) {
     long total = (long)j->b->n_tokens * j->p->n_heads;
     float *scores = j->scratch + (long)ith * j->max_context;
 #if defined(__x86_64__)
-    if (cpu_matmul_isa() == CPU_MATMUL_AVX512 && j->p->dk % 8 == 0 && j->p->dv % ATTN_DV_CHUNK == 0) {
+    if (cpu_matmul_isa() >= CPU_MATMUL_AVX512 && j->p->dk % 8 == 0 && j->p->dv % ATTN_DV_CHUNK == 0) {
         for (long w = ith; w < total; w += nth)
             attn_one_avx512(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores);
         return;

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_matmul.h"
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "base/threadpool.h"
 #include "tensor/backend_compose.h"
@@ -269,7 +270,8 @@ static void cpu_mla_kv_expand(void *ctx, void *k_v, void *v_v, const float *kv, 
 void cpu_matmul_op(void *ctx, float *y, long ldy, const float *x, long ldx,
                    const struct backend_weight *w, const float *bias, long n) {
     struct cpu_ctx *c = ctx;
-    cpu_matmul(c->tp, y, ldy, x, ldx, w->data, w->dtype, bias, n, w->rows, w->cols);
+    (c->matmul_bf16 ? cpu_matmul_bf16 : cpu_matmul)(c->tp, y, ldy, x, ldx, w->data, w->dtype, bias, n, w->rows,
+                                                     w->cols);
 }
 
 /* The layer-level operations: no fusions here, the primitives in turn. */
@@ -352,6 +354,7 @@ int cpu_backend_create(struct backend *be, const struct backend_options *opt,
     struct cpu_ctx *c = xcalloc(1, sizeof *c);
     c->tp = threadpool_create(opt ? opt->n_threads : 0);
     c->n_threads = threadpool_size(c->tp);
+    c->matmul_bf16 = knob_enum(KNOB_CPU_MATMUL) == 1;
     be->ops = &cpu_ops;
     be->ctx = c;
     return 0;

@@ -17,6 +17,7 @@ struct threadpool;
 struct cpu_ctx {
     struct threadpool *tp;
     int n_threads;
+    int matmul_bf16; /* KILN_CPU_MATMUL=bf16: products with bf16 weights in bf16 */
     long max_tokens, max_context;
     int max_heads;
     float *attn_scratch; /* [n_threads][max_context] scores */

@@ -1,4 +1,5 @@
-/* cpu_matmul.c — thread split, ISA dispatch and the portable kernel.
+/* cpu_matmul.c — thread split, ISA dispatch, the portable kernel, and the
+ * bf16 mode's entry (rounding x, then the same thread split).
  *
  * Threads split the outputs (columns j of y, i.e. rows of w) into contiguous
  * ranges; k is never split, so an output's arithmetic is the same whoever
@@ -8,12 +9,14 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
 
 #include "backend/cpu/cpu_matmul_kernels.h"
 #include "base/error.h"
+#include "base/mem.h"
 #include "base/threadpool.h"
 
 enum {
@@ -21,6 +24,11 @@ enum {
     SPLIT_UNIT = 8,
     /* Below this many multiply-adds, waking the pool costs more than it saves. */
     MIN_PARALLEL_MACS = 1 << 16,
+    /* bf16 mode: x rows of up to this many bf16 (16 KiB, decode) are
+     * rounded on the stack; fewer elements than ROUND_PARALLEL_MIN are
+     * rounded by the caller alone. */
+    XH_STACK = 8192,
+    ROUND_PARALLEL_MIN = 1 << 15,
 };
 
 static float load_w_scalar(const void *w, long idx, enum dtype wt) {
@@ -72,6 +80,14 @@ static void matmul_worker(void *arg, int ith, int nth) {
     if (j0 < j1) t->range(t->job, j0, j1);
 }
 
+static void matmul_job_run(struct threadpool *tp, range_fn range, const struct cpu_matmul_job *job) {
+    struct matmul_task task = {.job = job, .range = range};
+    if (!tp || threadpool_size(tp) == 1 || (double)job->n * job->m * job->k < MIN_PARALLEL_MACS)
+        matmul_worker(&task, 0, 1);
+    else
+        threadpool_run(tp, matmul_worker, &task);
+}
+
 static void matmul_run(struct threadpool *tp, range_fn range, float *y, long ldy, const float *x,
                        long ldx, const void *w, enum dtype wt, const float *bias, long n, long m,
                        long k) {
@@ -80,11 +96,7 @@ static void matmul_run(struct threadpool *tp, range_fn range, float *y, long ldy
     if (n == 0 || m == 0) return;
     struct cpu_matmul_job job = {
         .y = y, .ldy = ldy, .x = x, .ldx = ldx, .w = w, .wt = wt, .bias = bias, .n = n, .m = m, .k = k};
-    struct matmul_task task = {.job = &job, .range = range};
-    if (!tp || threadpool_size(tp) == 1 || (double)n * m * k < MIN_PARALLEL_MACS)
-        matmul_worker(&task, 0, 1);
-    else
-        threadpool_run(tp, matmul_worker, &task);
+    matmul_job_run(tp, range, &job);
 }
 
 static enum cpu_matmul_isa detect_isa(void) {
@@ -96,10 +108,13 @@ static enum cpu_matmul_isa detect_isa(void) {
     unsigned a, b, c, d;
     int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)) return CPU_MATMUL_PORTABLE;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-        return CPU_MATMUL_AVX512;
-    return CPU_MATMUL_AVX2;
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")))
+        return CPU_MATMUL_AVX2;
+    /* AVX512_BF16: cpuid leaf 7, sub-leaf 1, eax bit 5 (asked directly, as
+     * not every compiler's __builtin_cpu_supports knows it) */
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5))) return CPU_MATMUL_AVX512BF16;
+    return CPU_MATMUL_AVX512;
 #else
     return CPU_MATMUL_PORTABLE;
 #endif
@@ -110,7 +125,7 @@ static enum cpu_matmul_isa detect_isa(void) {
  * not engine state: every thread would store the same value, so a race is
  * harmless. The cap is a test hook, set while no product runs. */
 static _Atomic int g_detected; /* 0: not yet */
-static _Atomic int g_cap = CPU_MATMUL_AVX512;
+static _Atomic int g_cap = CPU_MATMUL_AVX512BF16;
 
 static enum cpu_matmul_isa detected_isa(void) {
     int v = atomic_load_explicit(&g_detected, memory_order_relaxed);
@@ -128,6 +143,7 @@ enum cpu_matmul_isa cpu_matmul_isa(void) {
 
 const char *cpu_matmul_isa_name(enum cpu_matmul_isa isa) {
     switch (isa) {
+    case CPU_MATMUL_AVX512BF16: return "avx512bf16";
     case CPU_MATMUL_AVX512: return "avx512";
     case CPU_MATMUL_AVX2: return "avx2";
     default: return "portable";
@@ -135,7 +151,7 @@ const char *cpu_matmul_isa_name(enum cpu_matmul_isa isa) {
 }
 
 enum cpu_matmul_isa cpu_matmul_cap_isa(enum cpu_matmul_isa max) {
-    KILN_ASSERT(max >= CPU_MATMUL_PORTABLE && max <= CPU_MATMUL_AVX512);
+    KILN_ASSERT(max >= CPU_MATMUL_PORTABLE && max <= CPU_MATMUL_AVX512BF16);
     atomic_store_explicit(&g_cap, (int)max, memory_order_relaxed);
     return cpu_matmul_isa();
 }
@@ -143,6 +159,7 @@ enum cpu_matmul_isa cpu_matmul_cap_isa(enum cpu_matmul_isa max) {
 static range_fn best_range(void) {
     switch (cpu_matmul_isa()) {
 #if defined(__x86_64__)
+    case CPU_MATMUL_AVX512BF16:
     case CPU_MATMUL_AVX512: return cpu_matmul_range_avx512;
     case CPU_MATMUL_AVX2: return cpu_matmul_range_avx2;
 #endif
@@ -153,4 +170,49 @@ static range_fn best_range(void) {
 void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
                 enum dtype wt, const float *bias, long n, long m, long k) {
     matmul_run(tp, best_range(), y, ldy, x, ldx, w, wt, bias, n, m, k);
+}
+
+/* ---- bf16 mode ------------------------------------------------------------ */
+
+struct round_task {
+    const struct cpu_matmul_job *job;
+    int avx2;
+};
+
+static void round_worker(void *arg, int ith, int nth) {
+    const struct round_task *t = arg;
+    long lo, hi;
+    threadpool_split(t->job->n, ith, nth, &lo, &hi);
+    cpu_matmul_bf16_round_rows(t->job, lo, hi, t->avx2);
+}
+
+void cpu_matmul_bf16(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
+                     const void *w, enum dtype wt, const float *bias, long n, long m, long k) {
+    if (wt != DTYPE_BF16) {
+        cpu_matmul(tp, y, ldy, x, ldx, w, wt, bias, n, m, k);
+        return;
+    }
+    KILN_ASSERT(n >= 0 && m >= 0 && k >= 0 && ldx >= k && ldy >= m);
+    if (n == 0 || m == 0) return;
+    const enum cpu_matmul_isa isa = cpu_matmul_isa();
+    range_fn range = cpu_matmul_bf16_range_portable;
+#if defined(__x86_64__)
+    if (isa >= CPU_MATMUL_AVX512BF16) range = cpu_matmul_bf16_range_avx512bf16;
+    else if (isa >= CPU_MATMUL_AVX2) range = cpu_matmul_bf16_range_avx2;
+#endif
+    /* Rows a multiple of 1 KiB apart would share L1 sets (and, on AMD, way
+     * predictions) with each other: one more cache line apart, they don't. */
+    long ldxh = k > 0 ? (k + 31) & ~31L : 32;
+    if (ldxh % 512 == 0) ldxh += 32;
+    _Alignas(64) uint16_t local[XH_STACK];
+    uint16_t *xh = n * ldxh <= XH_STACK ? local : xaligned_alloc((size_t)(n * ldxh) * sizeof(uint16_t));
+    struct cpu_matmul_job job = {.y = y, .ldy = ldy, .x = x, .ldx = ldx, .w = w, .wt = wt, .bias = bias,
+                                 .n = n, .m = m, .k = k, .xh = xh, .ldxh = ldxh};
+    struct round_task rt = {.job = &job, .avx2 = isa >= CPU_MATMUL_AVX2};
+    if (tp && threadpool_size(tp) > 1 && n > 1 && n * k >= ROUND_PARALLEL_MIN)
+        threadpool_run(tp, round_worker, &rt);
+    else
+        round_worker(&rt, 0, 1);
+    matmul_job_run(tp, range, &job);
+    if (xh != local) free(xh);
 }

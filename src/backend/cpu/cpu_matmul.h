@@ -25,21 +25,38 @@ struct threadpool;
 void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
                 enum dtype wt, const float *bias, long n, long m, long k);
 
+/* The bf16 mode (KILN_CPU_MATMUL=bf16), for BF16 weights: each x row is
+ * rounded to bf16 (to nearest even, subnormals to zero) once per product,
+ * and every y[i][j] is the bf16 x bf16 dot product accumulated in fp32 in
+ * a fixed order (cpu_matmul_kernels.h) -- the arithmetic of AVX512-BF16's
+ * vdpbf16ps, which computes it where the CPU has it. Same signature and
+ * invariance contract as cpu_matmul; F16 and F32 weights go to cpu_matmul.
+ * Results agree with cpu_matmul's to about 2^-9 relative per product. */
+void cpu_matmul_bf16(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
+                     const void *w, enum dtype wt, const float *bias, long n, long m, long k);
+
 /* Kernel families, in order: cpu_matmul (and the CPU attention, which
  * follows its choice) uses the highest one the CPU runs. AVX2 needs
- * AVX2+FMA+F16C; AVX-512 needs AVX-512 F/DQ/BW/VL as well. The
- * AVX-512 kernel's results are bitwise those of the AVX2 kernel; the
- * portable kernel's may differ from them in the last bits. Each obeys the
- * invariance contract on its own. */
+ * AVX2+FMA+F16C; AVX-512 needs AVX-512 F/DQ/BW/VL as well; AVX512-BF16
+ * adds vdpbf16ps, which only the bf16 mode uses (cpu_matmul runs the
+ * AVX-512 kernels there).
+ *
+ * cpu_matmul: the AVX-512 kernel's results are bitwise those of the AVX2
+ * kernel; the portable kernel's may differ from them in the last bits.
+ * cpu_matmul_bf16: the AVX2 and portable kernels give the vdpbf16ps
+ * kernel's bits except where a bf16 weight or a partial sum is subnormal
+ * (below 2^-126), which vdpbf16ps takes as zero. Each obeys the invariance
+ * contract on its own. */
 enum cpu_matmul_isa {
     CPU_MATMUL_PORTABLE = 1,
     CPU_MATMUL_AVX2 = 2,
     CPU_MATMUL_AVX512 = 3,
+    CPU_MATMUL_AVX512BF16 = 4,
 };
 
 /* The family cpu_matmul uses now. */
 enum cpu_matmul_isa cpu_matmul_isa(void);
-/* "portable", "avx2" or "avx512". */
+/* "portable", "avx2", "avx512" or "avx512bf16". */
 const char *cpu_matmul_isa_name(enum cpu_matmul_isa isa);
 /* Caps the family at max (process-wide) and returns the one now used: the
  * lower of max and what the CPU runs. For tests and benchmarks that compare

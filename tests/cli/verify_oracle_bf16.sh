@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# kiln verify with KILN_CPU_MATMUL=bf16 (products of bf16 weights with
+# activations rounded to bf16; docs/cpu-matmul.md says why these checks):
+#  - the dense oracle models (llama, qwen2, qwen3), page sizes 1 and 16,
+#    chunks 3 and 64: within 0.25 absolute of the Hugging Face fp32 logits
+#    (up to ~8), the bound the GPU's bf16 products are held to, and more
+#    than 1e-2 away from them (the mode really rounds: the f32 mode is
+#    within 3e-5);
+#  - every model, MoE included: each sequence as one prefill, token by
+#    token, and mixed into chunked batches gives the same error (the rows'
+#    bits do not depend on the batch). No tolerance bounds the MoE models:
+#    a rounding can flip an expert choice against the fp32 reference;
+#  - stories260K has fp32 weights, which the mode leaves alone: 1e-3.
+set -u
+export KILN_CPU_MATMUL=bf16
+fail=0; runs=0
+# check TOL MIN_ERR ARGS...: verify passes at TOL, its error is at least
+# MIN_ERR, and the three modes report the same error.
+check() {
+  local tol=$1 min=$2 out rc last errs
+  shift 2
+  out=$("$KILN" verify --tolerance "$tol" "$@" 2>&1)
+  rc=$?
+  runs=$((runs + 1))
+  last=$(printf '%s\n' "$out" | tail -1)
+  errs=$(printf '%s\n' "$out" | sed -n 's/^mode=[a-z]* max_abs_err=\([^ ]*\) .*/\1/p' | sort -u)
+  if [ $rc -ne 0 ] || ! printf '%s' "$last" | grep -Eq '^max_abs_err=[0-9.e+-]+ rows=[1-9][0-9]*$'; then
+    echo "FAIL: kiln verify --tolerance $tol $*"; printf '%s\n' "$out"; fail=$((fail + 1))
+  elif [ "$(printf '%s\n' "$errs" | wc -l)" -ne 1 ] || [ "$(printf '%s\n' "$out" | grep -c '^mode=')" -ne 3 ]; then
+    echo "FAIL: the modes disagree (batch invariance): kiln verify $*"; printf '%s\n' "$out"; fail=$((fail + 1))
+  elif ! awk -v e="${last#max_abs_err=}" -v m="$min" 'BEGIN { split(e, a, " "); exit !(a[1] + 0 >= m + 0) }'; then
+    echo "FAIL: error below $min, is the bf16 mode on? kiln verify $*"; printf '%s\n' "$out"; fail=$((fail + 1))
+  else
+    echo "ok: $* -> $last"
+  fi
+}
+for arch in llama qwen2 qwen3; do
+  dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
+  for ps in 1 16; do
+    for chunk in 3 64; do
+      check 0.25 1e-2 --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
+    done
+  done
+done
+for arch in qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
+  dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
+  check 1e9 0 --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk 3
+done
+check 1e-3 0 --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
+echo "$((runs - fail)) passed, $fail failed"
+[ $fail -eq 0 ]
