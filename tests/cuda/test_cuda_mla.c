@@ -106,7 +106,9 @@ static void check_heads(struct backend *be, const char *mode, int H, long rows, 
     int gemv = n <= c->gemv_max_rows, det = c->deterministic, x2 = c->split_act;
     int exact = gemv || det;
     double e_self = heads_err(g, g1, n, H, hy, rows), e_cpu = heads_err(g, y.h, n, H, hy, rows);
-    double tol_cpu = gemv || x2 ? 1e-5 : 1e-2;
+    /* fp32 activations (the GEMV, bf16x2) are fp32-grade; the deterministic
+     * kernel and cuBLAS round the activations to bf16 */
+    double tol_cpu = (gemv && !det) || x2 ? 1e-5 : 1e-2;
     printf("  matmul_heads %-13s H=%3d %4ldx%-4ld n=%3ld: vs per-head %s %.3g, vs CPU %.3g (tol %.0e)\n",
            mode, H, rows, cols, n, exact ? "(bitwise)" : "", e_self, e_cpu, tol_cpu);
     if (exact) assert_memory_equal(g, g1, (size_t)(n * ldy) * 4);

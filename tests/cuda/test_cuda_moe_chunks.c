@@ -112,9 +112,17 @@ static void check_chunks(struct backend *b, int E, int K, int H, int F, long n, 
 
 static void test_moe_chunks_device(void **state) {
     SKIP_WITHOUT_GPU();
-    /* Qwen3-MoE's routing at a smaller width: 256 tokens in chunks of 5
-     * tokens (40 rows; the last chunk shorter) */
-    check_chunks(&gpu, 128, 8, 256, 128, 256, 40, 1);
+    /* Chunks change no bits within a product tier; the tier depends on
+     * the rows per expert of the chunk (cuda_moe.cu: the grouped GEMV
+     * computes from the fp32 rows, the tensor-core kernel from 16-bit
+     * copies), so each case keeps its chunks in one tier.
+     * Top-8 of 16 experts: 256 tokens in chunks of 5 tokens (40 rows, more
+     * than two per expert: the tensor-core kernel; the last chunk shorter) */
+    check_chunks(&gpu, 16, 8, 256, 128, 256, 40, 1);
+    /* Qwen3-MoE's routing at a smaller width, a few rows per expert: the
+     * GEMV, 8-row tiles unchunked against one-row tiles in chunks of one
+     * token */
+    check_chunks(&gpu, 128, 8, 256, 128, 24, 8, 1);
     /* few experts, 64-row tiles unchunked against 16-row tiles in chunks */
     check_chunks(&gpu, 8, 2, 128, 192, 200, 30, 1);
 }
