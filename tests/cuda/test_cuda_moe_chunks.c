@@ -116,9 +116,9 @@ static void test_moe_chunks_device(void **state) {
      * the rows per expert of the chunk (cuda_moe.cu: the grouped GEMV
      * computes from the fp32 rows, the tensor-core kernel from 16-bit
      * copies), so each case keeps its chunks in one tier.
-     * Top-8 of 16 experts: 256 tokens in chunks of 5 tokens (40 rows, more
-     * than two per expert: the tensor-core kernel; the last chunk shorter) */
-    check_chunks(&gpu, 16, 8, 256, 128, 256, 40, 1);
+     * Top-8 of 16 experts: 255 tokens in 51 chunks of 5 tokens (40 rows,
+     * more than two per expert: the tensor-core kernel) */
+    check_chunks(&gpu, 16, 8, 256, 128, 255, 40, 1);
     /* Qwen3-MoE's routing at a smaller width, a few rows per expert: the
      * GEMV, 8-row tiles unchunked against one-row tiles in chunks of one
      * token */
