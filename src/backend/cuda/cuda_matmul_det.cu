@@ -148,8 +148,8 @@ extern "C" void cuda_matmul_det(struct cuda_ctx *c, float *y, long ldy, const fl
     long rows = w->rows, cols = w->cols;
     if (n <= 0 || rows <= 0) return;
     cudaStream_t s = c->stream;
-    bool half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
-    bool vec = half && cols % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 &&
+    bool w16 = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
+    bool vec = w16 && cols % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 &&
                (uintptr_t)w->data % 16 == 0;
     if (vec) {
         CUDA_ASSERT((n + DET_BM - 1) / DET_BM <= 65535);

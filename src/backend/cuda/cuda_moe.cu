@@ -245,7 +245,7 @@ static void moe_fill(const struct moe_experts *e, const void **h) {
     for (long i = 0; i < E; i++) h[i] = e->gate[i].data, h[E + i] = e->up[i].data, h[2 * E + i] = e->down[i].data;
 }
 
-static void *const *moe_table(struct cuda_ctx *c, const struct moe_experts *e) {
+static void *const *moe_table_find(struct cuda_ctx *c, const struct moe_experts *e) {
     struct moe_tables *ts = (struct moe_tables *)c->moe_tables;
     if (!ts) {
         ts = (struct moe_tables *)calloc(1, sizeof *ts);
@@ -329,7 +329,7 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
      * else 64 */
     int bm = rows <= 16 * E ? 16 : 64;
     long max_tiles = (rows + bm - 1) / bm + (E < rows ? E : rows);
-    void *const *tab = moe_table(c, e);
+    void *const *tab = moe_table_find(c, e);
     if (!tab) return;
     /* scratch: h [rows][F] 16-bit, out [rows][H] fp32, order, where [rows], tiles, count */
     size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
