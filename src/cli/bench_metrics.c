@@ -242,7 +242,7 @@ static json_t *details(const struct bench_run *run) {
         json_t *one = json_array();
         for (int k = 0; k < r->n_itl; k++) json_array_append_new(one, json_real(r->itl[k]));
         json_array_append_new(itls, one);
-        json_array_append_new(texts, safe_string(r->text ? r->text : "", r->text_len));
+        json_array_append_new(texts, safe_string(r->text.data ? r->text.data : "", r->text.len));
         const char *e = r->success || !r->error ? "" : r->error;
         json_array_append_new(errors, safe_string(e, strlen(e)));
     }

@@ -55,10 +55,10 @@ void server_reply_error(struct http_request *r, const struct req_error *e) {
 
 json_t *server_body(struct server *s, struct http_request *r) {
     struct req_error e = {0};
-    json_t *v = jr_parse_body(r->body, r->body_len, &e);
+    json_t *v = jr_parse_body(r->body.data, r->body.len, &e);
     if (!v) server_reply_error(r, &e);
     else if (s->opt->log_requests)
-        log_info("request %s %s: %.*s", r->method, r->path, (int)(r->body_len > 4096 ? 4096 : r->body_len), r->body);
+        log_info("request %s %s: %.*s", r->method, r->path, (int)(r->body.len > 4096 ? 4096 : r->body.len), r->body.data);
     return v;
 }
 
@@ -234,7 +234,7 @@ static void offload_work(void *a) {
 
 static void offload_done(void *a, struct http_request *r) {
     struct offload *o = a;
-    trace_req_tokenize(r->trace, o->t0, o->t1, o->on_pool, r->body_len);
+    trace_req_tokenize(r->trace, o->t0, o->t1, o->on_pool, r->body.len);
     o->done(o->arg, r);
 }
 
@@ -246,7 +246,7 @@ static void offload_release(void *a) {
 
 void server_offload(struct server *s, struct http_request *r, tok_work_fn work, tok_done_fn done,
                     tok_release_fn release, void *arg) {
-    int on_pool = s->tokpool && r->body_len >= s->opt->tokenizer_inline_bytes;
+    int on_pool = s->tokpool && r->body.len >= s->opt->tokenizer_inline_bytes;
     if (r->trace) {
         struct offload *o = xmalloc(sizeof *o);
         *o = (struct offload){work, done, release, arg, 0, 0, on_pool};
@@ -258,7 +258,7 @@ void server_offload(struct server *s, struct http_request *r, tok_work_fn work, 
         release(arg);
         return;
     }
-    tok_pool_submit(s->tokpool, r, r->body_len, work, done, release, arg);
+    tok_pool_submit(s->tokpool, r, r->body.len, work, done, release, arg);
 }
 
 int server_refuse_late(struct server *s, struct http_request *r) {
@@ -584,7 +584,7 @@ static void handle(void *ctx, struct http_request *r) {
         if (!strcmp(r->method, "GET")) match = &model_get;
         else snprintf(allow, sizeof allow, "GET");
     }
-    if (log_enabled(LOG_LEVEL_DEBUG)) log_debug("%s %s (%zu bytes)", r->method, r->path, r->body_len);
+    if (log_enabled(LOG_LEVEL_DEBUG)) log_debug("%s %s (%zu bytes)", r->method, r->path, r->body.len);
     /* every request but the probes (health, metrics) is traced */
     if (s->tracer && !(match && (match->fn == route_health || match->fn == route_metrics))) {
         struct trace_req *tq = trace_req_begin(s->tracer, r);
