@@ -20,10 +20,12 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 #include "kiln/tokenizer.h"
 #include "scheduler/engine.h"
 #include "server/http_error.h"
@@ -151,46 +153,14 @@ void server_new_id(struct server *s, const char *prefix, char *buf, size_t n) {
     snprintf(buf, n, "%s%08lx%016llx", prefix, (unsigned long)s->created & 0xffffffffu, (unsigned long long)x);
 }
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0. */
-static size_t utf8_seq(const unsigned char *p, size_t n) {
-    unsigned c = p[0];
-    size_t len;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
-    else return 0;
-    if (n < len) return 0;
-    unsigned cp = c & (0x3f >> (len - 1));
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xc0) != 0x80) return 0;
-        cp = cp << 6 | (p[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    return len;
-}
-
 json_t *server_json_text(const char *s, size_t n) {
-    json_t *v = json_stringn(s, n);
+    json_t *v = json_stringn(s ? s : "", n);
     if (v) return v;
-    /* invalid UTF-8 (or NUL): replace the bad bytes, as decoders do */
-    char *buf = xmalloc(n * 3 + 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        size_t k = s[i] ? utf8_seq((const unsigned char *)s + i, n - i) : 0;
-        if (k) {
-            memcpy(buf + o, s + i, k);
-            o += k;
-            i += k;
-        } else {
-            memcpy(buf + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i++;
-        }
-    }
-    v = json_stringn(buf, o);
-    free(buf);
+    /* invalid UTF-8: each maximal invalid subpart becomes U+FFFD, as decoders do */
+    struct buf b = {0};
+    utf8_lossy_append(&b, s, n, 1);
+    v = json_stringn(b.data, b.len);
+    buf_free(&b);
     return v ? v : json_string("");
 }
 
