@@ -14,12 +14,10 @@ void buf_reserve(struct buf *b, size_t extra) {
     KILN_ASSERT(b->len + extra + 1 > b->len);
     size_t need = b->len + extra + 1;
     if (need <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < need) {
-        KILN_ASSERT(cap <= SIZE_MAX / 2);
-        cap *= 2;
-    }
+    size_t cap = b->cap ? (b->cap <= SIZE_MAX / 2 ? b->cap * 2 : SIZE_MAX) : 64;
+    if (cap < need) cap = need;
     b->data = xrealloc(b->data, cap);
+    b->data[b->len] = 0;
     b->cap = cap;
 }
 
@@ -27,6 +25,28 @@ void buf_append(struct buf *b, const void *p, size_t n) {
     buf_reserve(b, n);
     if (n) memcpy(b->data + b->len, p, n);
     b->len += n;
+    b->data[b->len] = 0;
+}
+
+char *buf_grow(struct buf *b, size_t n) {
+    buf_reserve(b, n);
+    char *p = b->data + b->len;
+    b->len += n;
+    b->data[b->len] = 0;
+    return p;
+}
+
+void buf_truncate(struct buf *b, size_t len) {
+    KILN_ASSERT(len <= b->len);
+    b->len = len;
+    if (b->data) b->data[len] = 0;
+}
+
+void buf_consume(struct buf *b, size_t n) {
+    KILN_ASSERT(n <= b->len);
+    if (!n) return;
+    memmove(b->data, b->data + n, b->len - n);
+    b->len -= n;
     b->data[b->len] = 0;
 }
 

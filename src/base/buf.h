@@ -6,9 +6,15 @@
  *   use(b.data, b.len);             // data[len] is always 0 once anything was appended
  *   buf_free(&b);                   // or char *s = buf_take(&b), which empties b
  *
- * Growth doubles the capacity, so appending n bytes costs O(n) amortized.
- * Out of memory aborts (see mem.h): buffers hold internal text whose size
- * callers bound.
+ * Growth at least doubles the capacity, so appending n bytes costs O(n)
+ * amortized; a reserve of a known size allocates that size, not the next
+ * power of two. Out of memory aborts (see mem.h): buffers hold internal
+ * text whose size callers bound.
+ *
+ * Bytes that come from a reader (fread, a socket) go straight into the
+ * buffer: p = buf_grow(&b, n) makes n more bytes to fill, buf_truncate
+ * gives back the part the reader left unfilled. buf_consume drops bytes
+ * from the front once they are used (a queue of text).
  */
 #ifndef KILN_BASE_BUF_H
 #define KILN_BASE_BUF_H
@@ -22,9 +28,17 @@ struct buf {
     size_t cap;
 };
 
-/* Makes room for `extra` more bytes (and the terminating NUL). */
+/* Makes room for `extra` more bytes (and the terminating NUL); data is
+ * allocated and NUL-terminated afterwards even when extra is 0. */
 void buf_reserve(struct buf *b, size_t extra);
 void buf_append(struct buf *b, const void *p, size_t n);
+/* Appends n bytes for the caller to fill and returns them (data[len] is 0
+ * after them). */
+char *buf_grow(struct buf *b, size_t n);
+/* Shortens the text to its first len bytes (len <= b->len). */
+void buf_truncate(struct buf *b, size_t len);
+/* Drops the first n bytes (n <= b->len); the rest moves to the front. */
+void buf_consume(struct buf *b, size_t n);
 void buf_puts(struct buf *b, const char *s);
 void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends the UTF-8 encoding of `cp`. */

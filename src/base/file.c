@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/mem.h"
 
@@ -16,24 +17,20 @@ int file_read_all(const char *path, char **out, size_t *out_len, struct kiln_err
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return kiln_errorf(err, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, len = 0;
-    char *buf = xmalloc(cap + 1);
-    for (;;) {
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (len < cap) break;
-        cap *= 2;
-        buf = xrealloc(buf, cap + 1);
+    struct buf b = {0};
+    for (size_t step = 1 << 16;; step = b.len) { /* doubling reads */
+        size_t n = fread(buf_grow(&b, step), 1, step, f);
+        buf_truncate(&b, b.len - step + n);
+        if (n < step) break;
     }
     int bad = ferror(f);
     fclose(f);
     if (bad) {
-        free(buf);
+        buf_free(&b);
         return kiln_errorf(err, "%s: read error", path);
     }
-    buf[len] = 0;
-    *out = buf;
-    if (out_len) *out_len = len;
+    if (out_len) *out_len = b.len;
+    *out = buf_take(&b);
     return 0;
 }
 

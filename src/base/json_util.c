@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/mem.h"
@@ -36,11 +37,11 @@ static int int_overflows(const char *s, size_t n) {
     return errno == ERANGE;
 }
 
-/* Copies text with ".0" after every integer literal outside int64, outside
- * strings; *at receives the offsets in the copy where each ".0" went. */
-static char *mark_big_ints(const char *text, size_t len, size_t *out_len, size_t **at, size_t *n_at) {
-    size_t cap = len + 64, n = 0, cap_at = 8;
-    char *out = xmalloc(cap);
+/* Copies text into out with ".0" after every integer literal outside int64,
+ * outside strings; *at receives the offsets in the copy where each ".0" went. */
+static void mark_big_ints(const char *text, size_t len, struct buf *out, size_t **at, size_t *n_at) {
+    size_t cap_at = 8;
+    buf_reserve(out, len + 64);
     *at = xmalloc(cap_at * sizeof **at);
     *n_at = 0;
     int in_str = 0;
@@ -48,13 +49,11 @@ static char *mark_big_ints(const char *text, size_t len, size_t *out_len, size_t
         char c = text[i];
         if (in_str || c == '"' || !(c == '-' || (c >= '0' && c <= '9'))) {
             if (in_str && c == '\\' && i + 1 < len) { /* the escaped char cannot end the string */
-                if (n + 2 > cap) out = xrealloc(out, cap *= 2);
-                out[n++] = text[i++];
+                buf_push(out, text[i++]);
             } else if (c == '"') {
                 in_str = !in_str;
             }
-            if (n + 1 > cap) out = xrealloc(out, cap *= 2);
-            out[n++] = text[i++];
+            buf_push(out, text[i++]);
             continue;
         }
         size_t j = i + 1;
@@ -63,28 +62,24 @@ static char *mark_big_ints(const char *text, size_t len, size_t *out_len, size_t
             if (strchr(".eE", text[j])) is_int = 0;
             j++;
         }
-        int big = is_int && j - i > 1 && int_overflows(text + i, j - i);
-        if (n + (j - i) + 2 > cap) out = xrealloc(out, cap = 2 * cap + (j - i) + 2);
-        memcpy(out + n, text + i, j - i);
-        n += j - i;
-        if (big) {
+        buf_append(out, text + i, j - i);
+        if (is_int && j - i > 1 && int_overflows(text + i, j - i)) {
             if (*n_at == cap_at) *at = xrealloc(*at, (cap_at *= 2) * sizeof **at);
-            (*at)[(*n_at)++] = n;
-            out[n++] = '.';
-            out[n++] = '0';
+            (*at)[(*n_at)++] = out->len;
+            buf_append(out, ".0", 2);
         }
         i = j;
     }
-    *out_len = n;
-    return out;
 }
 
 json_t *json_load_checkpoint(const char *text, size_t len, size_t flags, json_error_t *je) {
     json_t *root = json_loadb(text, len, flags, je);
     if (root || json_error_code(je) != json_error_numeric_overflow) return root;
-    size_t n, *at, n_at;
-    char *copy = mark_big_ints(text, len, &n, &at, &n_at);
-    root = json_loadb(copy, n, flags, je);
+    struct buf marked = {0};
+    size_t *at, n_at;
+    mark_big_ints(text, len, &marked, &at, &n_at);
+    const char *copy = marked.data;
+    root = json_loadb(copy, marked.len, flags, je);
     if (!root && je->position >= 0) { /* point into the text as given */
         size_t pos = (size_t)je->position, before = 0, same_line = 0;
         const char *nl = memrchr(copy, '\n', pos);
@@ -96,7 +91,7 @@ json_t *json_load_checkpoint(const char *text, size_t len, size_t flags, json_er
         je->position -= (int)(2 * before);
         je->column -= (int)(2 * same_line);
     }
-    free(copy);
+    buf_free(&marked);
     free(at);
     return root;
 }

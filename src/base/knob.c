@@ -331,11 +331,6 @@ int knob_is_set(enum knob_id id) {
     return set;
 }
 
-const char *knob_name(enum knob_id id) {
-    KILN_ASSERT(id >= 0 && id < KNOB_COUNT);
-    return table[id].name;
-}
-
 /* 1 when knob id is set to something else than its default. */
 static int differs(int id) {
     pthread_mutex_lock(&g_lock);

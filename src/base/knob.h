@@ -109,8 +109,6 @@ int knob_enum(enum knob_id id);
 /* 1 when the environment sets this knob (to a valid value). */
 int knob_is_set(enum knob_id id);
 
-const char *knob_name(enum knob_id id);
-
 /* Writes "KILN_LOG=debug KILN_CUDA_PDL=0": the knobs the environment
  * sets to other values than their defaults, in table order, cut to size;
  * returns how many there are. */

@@ -13,8 +13,6 @@
  * process (its stderr), not of an engine. -1 = not read from the knob KILN_LOG yet. */
 static _Atomic int g_level = -1;
 
-void log_set_level(enum log_level level) { atomic_store(&g_level, (int)level); }
-
 static int current_level(void) {
     int l = atomic_load(&g_level);
     if (l >= 0) return l;

@@ -1,8 +1,7 @@
 /* log.h — leveled logging to stderr.
  *
  * The level comes from the knob KILN_LOG (error, warn, info, debug;
- * default info; base/knob.h) the first time a message is logged, or from
- * log_set_level(). Lines carry a wall-clock timestamp. Prompts and other user
+ * default info; base/knob.h) the first time a message is logged. Lines carry a wall-clock timestamp. Prompts and other user
  * data are never logged here unless the caller was asked to (--log-requests).
  */
 #ifndef KILN_BASE_LOG_H
@@ -10,7 +9,6 @@
 
 enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
 
-void log_set_level(enum log_level level);
 int log_enabled(enum log_level level);
 void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

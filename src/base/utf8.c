@@ -55,29 +55,6 @@ size_t utf8_decode_lossy(const char *s, size_t n, uint32_t *cp) {
     return k;
 }
 
-size_t utf8_encode(uint32_t cp, char out[4]) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 size_t utf8_validate(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0;
@@ -100,6 +77,16 @@ size_t utf8_validate(const char *s, size_t n) {
         if (!k) return i;
         i += k;
     }
+    return n;
+}
+
+size_t utf8_cut(const char *s, size_t n) {
+    if (!n) return 0;
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = utf8_prev(s, n > 4 ? n - 4 : 0, n);
+    size_t el;
+    int inc;
+    if (!utf8_next(u + i, n - i, &el, &inc) && inc) return i;
     return n;
 }
 

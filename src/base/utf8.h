@@ -28,6 +28,19 @@ static inline size_t utf8_seq_len(unsigned char lead) {
     return 1;
 }
 
+/* Whether c continues a sequence (10xxxxxx) rather than starting one. */
+static inline int utf8_is_cont(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+/* The start of the code point that ends at `end` in s[start..end)
+ * (end > start): `end - 1` moved back over continuation bytes, never
+ * before `start`. Scans that go backwards (rstrip, a word before a match)
+ * use it on valid text. */
+static inline size_t utf8_prev(const char *s, size_t start, size_t end) {
+    size_t i = end - 1;
+    while (i > start && utf8_is_cont((unsigned char)s[i])) i--;
+    return i;
+}
+
 /* Decodes one code point of text known to be valid UTF-8; returns its
  * length in bytes. Hot loops over validated text use it. */
 static inline size_t utf8_decode(const char *s, uint32_t *cp) {
@@ -60,12 +73,40 @@ size_t utf8_next(const unsigned char *s, size_t n, size_t *err_len, int *incompl
 size_t utf8_decode_lossy(const char *s, size_t n, uint32_t *cp);
 
 /* Writes the encoding of `cp` (at most U+10FFFF; surrogates are the
- * caller's concern) and returns its length, 1..4. */
-size_t utf8_encode(uint32_t cp, char out[4]);
+ * caller's concern) and returns its length, 1..4. Inline: byte-level
+ * pre-tokenizers encode every input byte with it. */
+static inline size_t utf8_encode(uint32_t cp, char out[4]) {
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
 
 /* The offset of the first byte that is not part of valid UTF-8, or n when
  * all of s[0..n) is valid. */
 size_t utf8_validate(const char *s, size_t n);
+
+/* Where text cut at n bytes should end so that it does not end inside a
+ * character: n, or the start of a last sequence that the cut left
+ * incomplete (a valid prefix of one). Bytes that are invalid anyway are
+ * kept for the lossy conversion to replace. */
+size_t utf8_cut(const char *s, size_t n);
 
 /* The number of code points in s[0..n), each maximal invalid subpart
  * counting as one (as it decodes to one U+FFFD). */

@@ -37,7 +37,7 @@ static void lex_where(struct lexer *lx, size_t pos, int *line, int *col) {
         if (c == '\n') {
             lx->line++;
             lx->col = 1;
-        } else if ((c & 0xc0) != 0x80) {
+        } else if (!utf8_is_cont(c)) {
             lx->col++;
         }
     }
@@ -87,8 +87,7 @@ static size_t skip_ws(const char *s, size_t n, size_t i) {
 /* Start of the trailing whitespace of s[start, end). */
 static size_t rstrip_pos(const char *s, size_t start, size_t end) {
     while (end > start) {
-        size_t b = end - 1;
-        while (b > start && ((unsigned char)s[b] & 0xc0) == 0x80) b--;
+        size_t b = utf8_prev(s, start, end);
         size_t k;
         if (!is_ws_at(s, end, b, &k) || b + k != end) break;
         end = b;

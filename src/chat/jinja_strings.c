@@ -37,8 +37,7 @@ struct jv jstr_strip(const struct jv s, const struct jv *chars, int left, int ri
         }
     if (right)
         while (b > a) {
-            size_t st = b - 1;
-            while (st > a && ((unsigned char)p[st] & 0xc0) == 0x80) st--;
+            size_t st = utf8_prev(p, a, b);
             uint32_t cp;
             utf8_decode_lossy(p + st, b - st, &cp);
             if (!in_set(cp, chars)) break;
@@ -256,8 +255,7 @@ static int m_split_common(struct jctx *ctx, const struct jv *self, struct jargs 
                 }
                 size_t st = end;
                 while (st > 0) {
-                    size_t b = st - 1;
-                    while (b > 0 && ((unsigned char)q[b] & 0xc0) == 0x80) b--;
+                    size_t b = utf8_prev(q, 0, st);
                     uint32_t cp;
                     utf8_decode_lossy(q + b, st - b, &cp);
                     if (py_isspace(cp)) break;
@@ -267,8 +265,7 @@ static int m_split_common(struct jctx *ctx, const struct jv *self, struct jargs 
                 done++;
                 end = st;
                 while (end > 0) {
-                    size_t b = end - 1;
-                    while (b > 0 && ((unsigned char)q[b] & 0xc0) == 0x80) b--;
+                    size_t b = utf8_prev(q, 0, end);
                     uint32_t cp;
                     utf8_decode_lossy(q + b, end - b, &cp);
                     if (!py_isspace(cp)) break;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "cli/cli_common.h"
 
 struct kiln_error;
@@ -103,8 +104,7 @@ struct bench_result {
     double latency;       /* last chunk (or the whole body) */
     double *itl;          /* gaps between content chunks */
     int n_itl, cap_itl;
-    char *text;           /* generated text */
-    size_t text_len, text_cap;
+    struct buf text;      /* generated text */
     int prompt_len;
     int usage_output_len; /* completion_tokens from the server/engine, -1 if none */
     int usage_prompt_len; /* prompt_tokens from the server/engine, -1 if none */
@@ -114,7 +114,6 @@ struct bench_result {
 };
 
 void bench_result_free(struct bench_result *r);
-void bench_result_append_text(struct bench_result *r, const char *s, size_t n);
 void bench_result_add_itl(struct bench_result *r, double gap);
 /* Marks the request failed (keeps the first message). */
 void bench_result_fail(struct bench_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -156,10 +156,10 @@ static const char *chunk_text(enum bench_api api, json_t *data, int stream) {
  * with what came before. */
 static void generate_text(struct bench_result *r, const char *t) {
     size_t n = strlen(t);
-    if (r->text_len && n >= r->text_len && !memcmp(t, r->text, r->text_len))
-        bench_result_append_text(r, t + r->text_len, n - r->text_len);
+    if (r->text.len && n >= r->text.len && !memcmp(t, r->text.data, r->text.len))
+        buf_append(&r->text, t + r->text.len, n - r->text.len);
     else
-        bench_result_append_text(r, t, n);
+        buf_append(&r->text, t, n);
 }
 
 static void on_event(struct bench_api_stream *s, const char *data, size_t n, double now) {
@@ -201,7 +201,7 @@ static void on_event(struct bench_api_stream *s, const char *data, size_t n, dou
         }
     } else if (text && *text) {
         content_chunk(s, now, 1);
-        bench_result_append_text(r, text, strlen(text));
+        buf_puts(&r->text, text);
     }
     json_decref(j);
 }
@@ -272,7 +272,7 @@ static void finish_whole_body(struct bench_api_stream *s, double now) {
     if (!text) {
         stream_fail(s, "response without generated text: %.120s", s->body.data);
     } else {
-        bench_result_append_text(r, text, strlen(text));
+        buf_puts(&r->text, text);
         json_t *ct = json_object_get(json_object_get(j, "meta_info"), "completion_tokens");
         if (s->api == BENCH_API_GENERATE && json_is_integer(ct)) r->usage_output_len = (int)json_integer_value(ct);
     }

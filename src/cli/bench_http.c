@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "base/mem.h"
 
 enum chunk_phase { CHUNK_SIZE = 0, CHUNK_DATA, CHUNK_DATA_END, CHUNK_TRAILER };
 
@@ -57,16 +56,14 @@ char *http_build_request(const struct http_url *u, const char *method, const cha
     const char *key = getenv("OPENAI_API_KEY");
     char auth[512] = "";
     if (key && *key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", key);
-    size_t cap = strlen(u->prefix) + strlen(path) + strlen(u->host) + strlen(auth) + body_len + 256;
-    char *r = xmalloc(cap);
-    int n = snprintf(r, cap,
-                     "%s %s%s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: kiln-bench\r\nAccept: */*\r\n"
-                     "Connection: close\r\n%sContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
-                     method, u->prefix, path, u->host, u->port, auth, body_len);
-    KILN_ASSERT(n > 0 && (size_t)n + body_len < cap);
-    if (body_len) memcpy(r + n, body, body_len);
-    *len = (size_t)n + body_len;
-    return r;
+    struct buf r = {0};
+    buf_printf(&r,
+               "%s %s%s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: kiln-bench\r\nAccept: */*\r\n"
+               "Connection: close\r\n%sContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+               method, u->prefix, path, u->host, u->port, auth, body_len);
+    buf_append(&r, body, body_len);
+    *len = r.len;
+    return buf_take(&r);
 }
 
 static int fail(struct http_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -161,12 +158,12 @@ static int chunked_feed(struct http_conn *c, const char *p, size_t n, double now
 
 /* Parses status line and headers once "\r\n\r\n" arrived. */
 static int parse_head(struct http_conn *c, size_t head_end) {
-    c->head[head_end] = 0;
+    c->head.data[head_end] = 0;
     int major, minor, status;
-    if (sscanf(c->head, "HTTP/%d.%d %d", &major, &minor, &status) != 3)
-        return fail(c, "malformed HTTP status line: '%.80s'", c->head);
+    if (sscanf(c->head.data, "HTTP/%d.%d %d", &major, &minor, &status) != 3)
+        return fail(c, "malformed HTTP status line: '%.80s'", c->head.data);
     c->status = status;
-    for (char *line = strstr(c->head, "\r\n"); line && line[2]; line = strstr(line + 2, "\r\n")) {
+    for (char *line = strstr(c->head.data, "\r\n"); line && line[2]; line = strstr(line + 2, "\r\n")) {
         char *h = line + 2, *colon = strchr(h, ':'), *eol = strstr(h, "\r\n");
         if (!colon || (eol && colon > eol)) continue;
         char *v = colon + 1;
@@ -190,22 +187,16 @@ static int body_complete(const struct http_conn *c) {
 /* Bytes of the response after the connection is set up. */
 static int feed(struct http_conn *c, const char *p, size_t n, double now) {
     if (c->phase == HTTP_HEAD) {
-        if (c->head_len + n + 1 > c->head_cap) {
-            c->head_cap = (c->head_len + n + 1) * 2;
-            c->head = xrealloc(c->head, c->head_cap);
-        }
-        memcpy(c->head + c->head_len, p, n);
-        c->head_len += n;
-        c->head[c->head_len] = 0;
-        char *end = strstr(c->head, "\r\n\r\n");
+        buf_append(&c->head, p, n);
+        char *end = strstr(c->head.data, "\r\n\r\n");
         if (!end) {
-            if (c->head_len > 64 * 1024) return fail(c, "HTTP headers longer than 64 KiB");
+            if (c->head.len > 64 * 1024) return fail(c, "HTTP headers longer than 64 KiB");
             return 0;
         }
-        size_t head_end = (size_t)(end - c->head), rest = c->head_len - head_end - 4;
+        size_t head_end = (size_t)(end - c->head.data), rest = c->head.len - head_end - 4;
         if (parse_head(c, head_end)) return -1;
         c->phase = HTTP_BODY;
-        char *body = c->head + head_end + 4;
+        char *body = c->head.data + head_end + 4;
         if (c->chunked) {
             int r = chunked_feed(c, body, rest, now);
             if (r) return r;
@@ -264,7 +255,7 @@ int http_conn_step(struct http_conn *c, short revents, double now) {
                 return 1;
             }
             return fail(c, "server closed the connection %s", c->phase == HTTP_HEAD
-                                                                  ? (c->head_len ? "inside the headers"
+                                                                  ? (c->head.len ? "inside the headers"
                                                                                  : "before responding")
                                                                   : "before the response ended");
         }
@@ -281,6 +272,6 @@ void http_conn_close(struct http_conn *c) {
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     free(c->out);
-    free(c->head);
-    c->out = c->head = NULL;
+    buf_free(&c->head);
+    c->out = NULL;
 }

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <sys/socket.h>
 
+#include "base/buf.h"
+
 struct kiln_error;
 
 struct http_url {
@@ -54,8 +56,7 @@ struct http_conn {
     enum http_phase phase;
     char *out;            /* the request */
     size_t out_len, out_off;
-    char *head;           /* status line + headers while in HTTP_HEAD */
-    size_t head_len, head_cap;
+    struct buf head;      /* status line + headers while in HTTP_HEAD */
     int status;           /* HTTP status code */
     long long content_length; /* -1 when not given */
     int chunked;

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 
 /* How many distinct error messages the report and the JSON line show. */
 #define FIRST_ERRORS 5
@@ -197,15 +198,14 @@ void bench_metrics_print(FILE *f, const struct bench_metrics *m, const struct be
 }
 
 /* A JSON string even from bytes that are not valid UTF-8 (a cut server
- * message, a model emitting broken text): such bytes become '?'. */
+ * message, a model emitting broken text): such bytes become U+FFFD. */
 static json_t *safe_string(const char *s, size_t n) {
     json_t *j = json_stringn(s, n);
     if (j) return j;
-    char *c = xstrndup(s, n);
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)c[i] >= 0x80 || c[i] == 0) c[i] = '?';
-    j = json_stringn(c, n);
-    free(c);
+    struct buf b = {0};
+    utf8_lossy_append(&b, s, n, 1);
+    j = json_stringn(b.data, b.len);
+    buf_free(&b);
     return j;
 }
 
@@ -242,7 +242,7 @@ static json_t *details(const struct bench_run *run) {
         json_t *one = json_array();
         for (int k = 0; k < r->n_itl; k++) json_array_append_new(one, json_real(r->itl[k]));
         json_array_append_new(itls, one);
-        json_array_append_new(texts, safe_string(r->text ? r->text : "", r->text_len));
+        json_array_append_new(texts, safe_string(r->text.data ? r->text.data : "", r->text.len));
         const char *e = r->success || !r->error ? "" : r->error;
         json_array_append_new(errors, safe_string(e, strlen(e)));
     }

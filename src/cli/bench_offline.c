@@ -58,7 +58,7 @@ static void on_event(void *user, const struct engine_event *ev) {
         }
         L->last_chunk[s->index] = now;
     }
-    if (ev->text_len) bench_result_append_text(r, ev->text, ev->text_len);
+    if (ev->text_len) buf_append(&r->text, ev->text, ev->text_len);
     if (ev->finish != ENGINE_FINISH_NONE) {
         r->latency = now - r->start;
         r->usage_output_len = (r->usage_output_len > 0 ? r->usage_output_len : 0) + ev->completion_tokens;

@@ -11,18 +11,8 @@
 void bench_result_free(struct bench_result *r) {
     free(r->error);
     free(r->itl);
-    free(r->text);
+    buf_free(&r->text);
     memset(r, 0, sizeof *r);
-}
-
-void bench_result_append_text(struct bench_result *r, const char *s, size_t n) {
-    if (r->text_len + n + 1 > r->text_cap) {
-        r->text_cap = (r->text_len + n + 1) * 2;
-        r->text = xrealloc(r->text, r->text_cap);
-    }
-    memcpy(r->text + r->text_len, s, n);
-    r->text_len += n;
-    r->text[r->text_len] = 0;
 }
 
 void bench_result_add_itl(struct bench_result *r, double gap) {

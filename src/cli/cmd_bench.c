@@ -224,7 +224,7 @@ static int count_outputs(struct bench_run *run, const struct kiln_tokenizer *tok
     for (int i = 0; i < run->n; i++) {
         struct bench_result *r = &run->results[i];
         if (!r->success) continue;
-        if (kiln_tokenizer_encode(tok, r->text ? r->text : "", r->text_len, 0, &ids, err)) {
+        if (kiln_tokenizer_encode(tok, r->text.data ? r->text.data : "", r->text.len, 0, &ids, err)) {
             /* Text the tokenizer refuses (invalid UTF-8) still has a usage count. */
             bench_result_fail(r, "generated text could not be re-tokenized: %s", err->msg);
             continue;

@@ -35,7 +35,7 @@ int cli_parse_integer(const char *opt, const char *val, long long lo, long long 
     return 0;
 }
 
-int cli_parse_double(const char *opt, const char *val, double lo, double hi, double *out) {
+static int cli_parse_double(const char *opt, const char *val, double lo, double hi, double *out) {
     char *end;
     errno = 0;
     double v = strtod(val, &end);
@@ -142,6 +142,8 @@ static int looks_negative_number(const char *s) {
     return end != s && !*end;
 }
 
+static void cli_usage(const struct cli_command *c, FILE *f);
+
 int cli_parse(const struct cli_command *c, int argc, char **argv, const char **pos, int *n_pos) {
     cur_cmd = c->name;
     *n_pos = 0;
@@ -212,7 +214,7 @@ int cli_parse(const struct cli_command *c, int argc, char **argv, const char **p
     return 0;
 }
 
-void cli_usage(const struct cli_command *c, FILE *f) {
+static void cli_usage(const struct cli_command *c, FILE *f) {
     fprintf(f, "usage: kiln %s %s\n", c->name, c->usage);
     if (c->about) fprintf(f, "\n%s\n", c->about);
     for (size_t g = 0; g < c->n_groups; g++) {

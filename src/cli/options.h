@@ -77,11 +77,9 @@ struct cli_command {
  * room for argc). Returns 0; 1 after printing --help (exit 0); 2 after
  * printing a usage error (exit 2). */
 int cli_parse(const struct cli_command *c, int argc, char **argv, const char **pos, int *n_pos);
-void cli_usage(const struct cli_command *c, FILE *f);
 
-/* Value parsers shared with CLI_CALL functions; each prints an error naming
+/* The value parser shared with CLI_CALL functions; prints an error naming
  * the option and returns -1 on a bad value. */
 int cli_parse_integer(const char *opt, const char *val, long long lo, long long hi, long long *out);
-int cli_parse_double(const char *opt, const char *val, double lo, double hi, double *out);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/mem.h"
 #include "kiln/tokenizer.h"
 #include "sample/sampling.h"
@@ -78,19 +79,9 @@ void req_free(struct req *r) {
     free(r->pages);
     sampler_state_free(r->sampler);
     kiln_detok_stream_free(r->detok);
-    free(r->pending);
-    free(r->emit);
+    buf_free(&r->pending);
+    buf_free(&r->emit);
     free(r);
-}
-
-static void buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
-    if (*len + n + 1 > *cap) {
-        *cap = (*len + n + 1) * 2;
-        *buf = xrealloc(*buf, *cap);
-    }
-    if (n) memcpy(*buf + *len, s, n); /* s may be NULL when n is 0 (empty pending) */
-    *len += n;
-    (*buf)[*len] = 0;
 }
 
 static int contains(const int32_t *ids, int n, int32_t id) {
@@ -105,10 +96,10 @@ static long find_stop(const struct req *r, const char **which) {
     for (int i = 0; i < r->in.n_stop; i++) {
         const char *s = r->in.stop[i];
         size_t sl = strlen(s);
-        if (!sl || sl > r->pending_len) continue;
-        const char *hit = memmem(r->pending, r->pending_len, s, sl);
-        if (hit && (best < 0 || hit - r->pending < best)) {
-            best = hit - r->pending;
+        if (!sl || sl > r->pending.len) continue;
+        const char *hit = memmem(r->pending.data, r->pending.len, s, sl);
+        if (hit && (best < 0 || hit - r->pending.data < best)) {
+            best = hit - r->pending.data;
             *which = s;
         }
     }
@@ -122,9 +113,9 @@ static size_t stop_holdback(const struct req *r) {
     for (int i = 0; i < r->in.n_stop; i++) {
         const char *s = r->in.stop[i];
         size_t sl = strlen(s);
-        size_t maxk = sl - 1 < r->pending_len ? sl - 1 : r->pending_len;
+        size_t maxk = sl - 1 < r->pending.len ? sl - 1 : r->pending.len;
         for (size_t k = maxk; k > hold; k--)
-            if (!memcmp(r->pending + r->pending_len - k, s, k)) {
+            if (!memcmp(r->pending.data + r->pending.len - k, s, k)) {
                 hold = k;
                 break;
             }
@@ -133,9 +124,8 @@ static size_t stop_holdback(const struct req *r) {
 }
 
 static void emit_pending(struct req *r, size_t n) {
-    buf_append(&r->emit, &r->emit_len, &r->emit_cap, r->pending, n);
-    if (r->pending_len > n) memmove(r->pending, r->pending + n, r->pending_len - n);
-    r->pending_len -= n;
+    buf_append(&r->emit, r->pending.data, n);
+    buf_consume(&r->pending, n);
 }
 
 void req_flush_text(struct req *r, struct req_output *out) {
@@ -143,11 +133,11 @@ void req_flush_text(struct req *r, struct req_output *out) {
         const char *t;
         size_t n;
         if (kiln_detok_stream_flush(r->detok, &t, &n) == 0 && n)
-            buf_append(&r->pending, &r->pending_len, &r->pending_cap, t, n);
+            buf_append(&r->pending, t, n);
     }
-    emit_pending(r, r->pending_len);
-    out->text = r->emit;
-    out->text_len = r->emit_len;
+    emit_pending(r, r->pending.len);
+    out->text = r->emit.data;
+    out->text_len = r->emit.len;
 }
 
 void req_append_token(struct req *r, int32_t token, const int32_t *eos, int n_eos,
@@ -155,8 +145,7 @@ void req_append_token(struct req *r, int32_t token, const int32_t *eos, int n_eo
     memset(out, 0, sizeof *out);
     out->matched_stop_id = -1;
     if (!r->n_output) r->t_first_token = time_now();
-    r->emit_len = 0;
-    if (r->emit) r->emit[0] = 0;
+    buf_clear(&r->emit);
     if (r->n_tokens == r->cap_tokens) {
         r->cap_tokens *= 2;
         r->tokens = xrealloc(r->tokens, (size_t)r->cap_tokens * sizeof *r->tokens);
@@ -177,26 +166,26 @@ void req_append_token(struct req *r, int32_t token, const int32_t *eos, int n_eo
         const char *t;
         size_t n;
         if (kiln_detok_stream_push(r->detok, token, &t, &n) == 0 && n)
-            buf_append(&r->pending, &r->pending_len, &r->pending_cap, t, n);
+            buf_append(&r->pending, t, n);
     }
     const char *which = NULL;
     long at = may_stop ? find_stop(r, &which) : -1;
     if (at >= 0) {
         emit_pending(r, (size_t)at);
-        r->pending_len = 0;
+        buf_clear(&r->pending);
         out->finish = ENGINE_FINISH_STOP;
         out->matched_stop = which;
-        out->text = r->emit;
-        out->text_len = r->emit_len;
+        out->text = r->emit.data;
+        out->text_len = r->emit.len;
         return;
     }
-    emit_pending(r, r->pending_len - stop_holdback(r));
+    emit_pending(r, r->pending.len - stop_holdback(r));
     if ((r->max_new_tokens >= 0 && r->n_output >= r->max_new_tokens) ||
         r->n_tokens >= context_length) {
         out->finish = ENGINE_FINISH_LENGTH;
         req_flush_text(r, out);
         return;
     }
-    out->text = r->emit;
-    out->text_len = r->emit_len;
+    out->text = r->emit.data;
+    out->text_len = r->emit.len;
 }

@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "scheduler/engine.h"
 
 struct radix_node;
@@ -48,10 +49,8 @@ struct req {
                                    owed (n_prompt: none owed) */
     struct sampler_state *sampler;
     struct kiln_detok_stream *detok;
-    char *pending;              /* text held back while it may start a stop string */
-    size_t pending_len, pending_cap;
-    char *emit;                 /* the text of the event being built */
-    size_t emit_len, emit_cap;
+    struct buf pending;         /* text held back while it may start a stop string */
+    struct buf emit;            /* the text of the event being built */
     struct req *prev, *next;    /* in the waiting or running list */
 };
 

@@ -8,6 +8,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "sample/sampling.h"
@@ -231,15 +232,7 @@ void gen_output_init(struct gen_output *o) {
 }
 
 void gen_output_add(struct gen_output *o, const struct gen_event *ev) {
-    if (ev->text_len) {
-        if (o->text_len + ev->text_len + 1 > o->text_cap) {
-            o->text_cap = (o->text_len + ev->text_len + 1) * 2;
-            o->text = xrealloc(o->text, o->text_cap);
-        }
-        memcpy(o->text + o->text_len, ev->text, ev->text_len);
-        o->text_len += ev->text_len;
-        o->text[o->text_len] = 0;
-    }
+    if (ev->text_len) buf_append(&o->text, ev->text, ev->text_len);
     if (ev->n_tokens) {
         if (o->n_tokens + ev->n_tokens > o->cap_tokens) {
             o->cap_tokens = (o->n_tokens + ev->n_tokens) * 2;
@@ -281,7 +274,7 @@ void gen_output_add(struct gen_output *o, const struct gen_event *ev) {
 }
 
 void gen_output_free(struct gen_output *o) {
-    free(o->text);
+    buf_free(&o->text);
     free(o->tokens);
     free(o->samples);
     free(o->matched_stop);

@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "scheduler/engine.h"
 
 struct event;
@@ -103,8 +104,7 @@ struct gen_hub {
 /* Everything one engine request produced, gathered from its events (for
  * answers that are sent once complete). */
 struct gen_output {
-    char *text;
-    size_t text_len, text_cap;
+    struct buf text;
     int32_t *tokens;
     struct sample_result *samples; /* parallel to tokens when logprobs were asked for */
     int n_tokens, cap_tokens, n_samples;

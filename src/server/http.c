@@ -57,7 +57,6 @@ struct http_conn {
     int chunked;
     enum chunk_state chunk_state;
     size_t content_length, chunk_left;
-    size_t body_cap;
     int keep_alive;    /* for the response being written */
     int stream_chunked; /* chunked framing of the current streamed response */
     int rejecting;     /* over the connection limit: answer 503 and close */
@@ -73,7 +72,7 @@ struct http_conn {
     void (*on_finish)(void *, int); /* http_request_on_finish */
     void *finish_arg;
     int status;         /* of the response being written */
-    char *extra_head;   /* http_request_add_header lines, CRLF-terminated */
+    struct buf extra_head; /* http_request_add_header lines, CRLF-terminated */
     struct http_conn *prev, *next;
 };
 
@@ -141,19 +140,18 @@ static void finish_request(struct http_conn *c, int status) {
 static void request_reset(struct http_conn *c) {
     struct http_request *r = &c->req;
     finish_request(c, 0);
-    free(c->extra_head);
-    c->extra_head = NULL;
+    buf_free(&c->extra_head);
     for (int i = 0; i < r->n_headers; i++) free(r->headers[i].name), free(r->headers[i].value);
     free(r->headers);
     free(r->path);
     free(r->query);
-    free(r->body);
+    buf_free(&r->body);
     memset(r, 0, sizeof *r);
     r->conn = c;
     c->have_request_line = 0;
     c->header_bytes = 0;
     c->chunked = 0;
-    c->content_length = c->chunk_left = c->body_cap = 0;
+    c->content_length = c->chunk_left = 0;
     c->chunk_state = CHUNK_SIZE;
     c->on_close = NULL;
     c->close_arg = NULL;
@@ -238,7 +236,7 @@ static void write_head(struct http_conn *c, int status, const char *ctype, long 
     if (content_length >= 0) evbuffer_add_printf(out, "Content-Length: %ld\r\n", content_length);
     else if (c->stream_chunked) evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
     evbuffer_add_printf(out, "Connection: %s\r\n", c->keep_alive ? "keep-alive" : "close");
-    if (c->extra_head) evbuffer_add(out, c->extra_head, strlen(c->extra_head));
+    if (c->extra_head.len) evbuffer_add(out, c->extra_head.data, c->extra_head.len);
     if (extra) evbuffer_add(out, extra, strlen(extra));
     c->status = status;
     evbuffer_add(out, "\r\n", 2);
@@ -337,11 +335,8 @@ void http_request_on_finish(struct http_request *r, void (*cb)(void *, int), voi
 }
 
 void http_request_add_header(struct http_request *r, const char *line) {
-    struct http_conn *c = r->conn;
-    size_t old = c->extra_head ? strlen(c->extra_head) : 0, n = strlen(line);
-    c->extra_head = xrealloc(c->extra_head, old + n + 3);
-    memcpy(c->extra_head + old, line, n);
-    memcpy(c->extra_head + old + n, "\r\n", 3);
+    buf_puts(&r->conn->extra_head, line);
+    buf_puts(&r->conn->extra_head, "\r\n");
 }
 
 void http_request_on_close(struct http_request *r, void (*cb)(void *), void *arg) {
@@ -488,9 +483,7 @@ static int begin_body(struct http_conn *c) {
     if (expect && !strcasecmp(expect, "100-continue") && r->minor_version >= 1 &&
         (c->chunked || c->content_length) && evbuffer_get_length(bufferevent_get_input(c->bev)) == 0)
         evbuffer_add_printf(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n");
-    c->body_cap = c->content_length + 1;
-    r->body = xmalloc(c->body_cap);
-    r->body[0] = 0;
+    buf_reserve(&r->body, c->content_length); /* chunked bodies grow as they come */
     c->state = CONN_BODY;
     arm_deadline(c, c->srv->opt.body_timeout_s);
     return 0;
@@ -500,15 +493,7 @@ bad_cl:
 }
 
 static void body_append(struct http_conn *c, struct evbuffer *in, size_t n) {
-    struct http_request *r = &c->req;
-    if (r->body_len + n + 1 > c->body_cap) {
-        c->body_cap = (r->body_len + n + 1) * 2;
-        if (c->body_cap > c->srv->opt.max_body_bytes + 1) c->body_cap = c->srv->opt.max_body_bytes + 1;
-        r->body = xrealloc(r->body, c->body_cap);
-    }
-    evbuffer_remove(in, r->body + r->body_len, n);
-    r->body_len += n;
-    r->body[r->body_len] = 0;
+    evbuffer_remove(in, buf_grow(&c->req.body, n), n);
 }
 
 int http_parse_chunk_size(const char *line, size_t n, unsigned long long *out) {
@@ -564,7 +549,7 @@ static int read_chunked(struct http_conn *c, struct evbuffer *in) {
                     protocol_error(c, 400, "bad_request", "malformed chunk size in chunked body");
                     return -1;
                 }
-                if (sz > max || c->req.body_len + sz > max) {
+                if (sz > max || c->req.body.len + sz > max) {
                     protocol_error(c, 413, "payload_too_large",
                                    "the request body exceeds the limit of %zu bytes (--max-body-bytes)", max);
                     return -1;
@@ -671,9 +656,9 @@ static void conn_process(struct http_conn *c) {
                 done = read_chunked(c, in);
                 if (done < 0) break;
             } else {
-                size_t want = c->content_length - c->req.body_len, have = evbuffer_get_length(in);
+                size_t want = c->content_length - c->req.body.len, have = evbuffer_get_length(in);
                 body_append(c, in, have < want ? have : want);
-                done = c->req.body_len == c->content_length;
+                done = c->req.body.len == c->content_length;
             }
             if (!done) break;
             dispatch(c);
@@ -719,7 +704,7 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg) {
                        c->srv->opt.head_timeout_s);
     } else if (c->state == CONN_BODY) {
         protocol_error(c, 408, "request_timeout", "the request body did not arrive within %d s (%zu bytes came)",
-                       c->srv->opt.body_timeout_s, c->req.body_len);
+                       c->srv->opt.body_timeout_s, c->req.body.len);
     }
 }
 
@@ -728,7 +713,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg) {
     (void)bev;
     if ((what & BEV_EVENT_EOF) && (what & BEV_EVENT_READING) && c->state == CONN_BODY) {
         /* a half-closed client can still read why we gave up */
-        size_t got = c->req.body_len;
+        size_t got = c->req.body.len;
         if (c->chunked)
             protocol_error(c, 400, "truncated_body", "the chunked request body ended before its last chunk");
         else

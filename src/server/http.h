@@ -26,6 +26,8 @@
 
 #include <stddef.h>
 
+#include "base/buf.h"
+
 struct event_base;
 struct kiln_error;
 struct http_server;
@@ -44,8 +46,7 @@ struct http_request {
     int minor_version;
     struct http_header *headers;
     int n_headers;
-    char *body; /* NUL-terminated for convenience; may contain NULs */
-    size_t body_len;
+    struct buf body; /* data is NUL-terminated for convenience; may contain NULs */
     double t_start; /* monotonic seconds when the request line arrived */
     void *trace;    /* the handler's per-request state for tracing (http.c never reads it) */
 };

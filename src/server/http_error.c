@@ -8,7 +8,9 @@
 
 #include <jansson.h>
 
+#include "base/buf.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 #include "server/http.h"
 
 static const char *error_type(int status) {
@@ -21,37 +23,12 @@ static const char *error_type(int status) {
     }
 }
 
-size_t http_error_utf8_cut(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = n, back = 0;
-    while (i > 0 && back < 3 && (u[i - 1] & 0xc0) == 0x80) i--, back++;
-    if (i == 0) return n;
-    unsigned lead = u[i - 1];
-    size_t want = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
-    /* a lead byte whose sequence runs past the end: drop it and its tail */
-    return want > 1 && (i - 1) + want > n ? i - 1 : n;
-}
-
-/* Valid UTF-8 kept, anything else one U+FFFD per byte. */
+/* Valid UTF-8 kept, each maximal invalid subpart one U+FFFD. */
 static json_t *lossy_string(const char *s) {
-    size_t n = strlen(s), o = 0;
-    char *buf = xmalloc(n * 3 + 1);
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        unsigned c = u[i];
-        size_t len = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-        json_t *probe = len > 1 && i + len <= n ? json_stringn(s + i, len) : NULL;
-        if (len == 1 || probe) {
-            memcpy(buf + o, s + i, len);
-            o += len, i += len;
-        } else {
-            memcpy(buf + o, "\xef\xbf\xbd", 3);
-            o += 3, i++;
-        }
-        json_decref(probe);
-    }
-    json_t *v = json_stringn(buf, o);
-    free(buf);
+    struct buf b = {0};
+    utf8_lossy_append(&b, s, strlen(s), 1);
+    json_t *v = json_stringn(b.data, b.len);
+    buf_free(&b);
     return v;
 }
 
@@ -78,7 +55,7 @@ static void send_error(struct http_request *r, int status, const char *code, con
     char message[1024];
     int n = vsnprintf(message, sizeof message, fmt, ap);
     if (n >= (int)sizeof message) n = (int)sizeof message - 1;
-    if (n > 0) message[http_error_utf8_cut(message, (size_t)n)] = 0; /* a cut here or upstream */
+    if (n > 0) message[utf8_cut(message, (size_t)n)] = 0; /* a cut here or upstream */
     char *body = http_error_json(status, code, param, message);
     http_respond(r, status, "application/json", body, strlen(body), extra);
     free(body);

@@ -16,11 +16,9 @@ void http_error_respond(struct http_request *r, int status, const char *code, co
 void http_error_respond_headers(struct http_request *r, int status, const char *code, const char *param,
                                 const char *extra_headers, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
-/* Where a message cut at n bytes should end so that it does not end inside
- * a UTF-8 character: n, or less by the bytes of an incomplete last one. */
-size_t http_error_utf8_cut(const char *s, size_t n);
 /* The JSON body alone (malloc'd), for errors inside an SSE stream. Bytes of
- * the message that are not UTF-8 become U+FFFD. */
+ * the message that are not UTF-8 become U+FFFD; callers cut messages with
+ * utf8_cut (base/utf8.h) so that a limit never splits a character. */
 char *http_error_json(int status, const char *code, const char *param, const char *message);
 
 #endif

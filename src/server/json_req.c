@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/mem.h"
+#include "base/utf8.h"
 #include "kiln/tokenizer.h"
 #include "sample/sampling.h"
 #include "server/http_error.h"
@@ -20,7 +21,7 @@ int req_errorf(struct req_error *e, int status, const char *code, const char *pa
     va_start(ap, fmt);
     int n = vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
-    if (n >= (int)sizeof e->msg) e->msg[http_error_utf8_cut(e->msg, sizeof e->msg - 1)] = 0;
+    if (n >= (int)sizeof e->msg) e->msg[utf8_cut(e->msg, sizeof e->msg - 1)] = 0;
     return -1;
 }
 

@@ -2,12 +2,11 @@
 #include "server/metrics.h"
 #include "server/trace.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/mem.h"
+#include "base/buf.h"
 #include "scheduler/engine.h"
 
 static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
@@ -47,48 +46,28 @@ void metrics_observe_itl(struct metrics *m, double s) { hist_observe(&m->itl, s)
 void metrics_observe_e2e(struct metrics *m, double s) { hist_observe(&m->e2e, s); }
 void metrics_observe_tok_batch(struct metrics *m, int jobs) { hist_observe(&m->tok_batch, jobs); }
 
-struct out {
-    char *buf;
-    size_t len, cap;
-};
-
-static void outf(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void outf(struct out *o, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
-        va_end(ap);
-        if (n >= 0 && (size_t)n < o->cap - o->len) {
-            o->len += (size_t)n;
-            return;
-        }
-        o->cap = o->cap * 2 + (size_t)(n > 0 ? n : 256);
-        o->buf = xrealloc(o->buf, o->cap);
-    }
-}
-
-static void metric(struct out *o, const char *name, const char *type, const char *help, const char *labels,
+static void metric(struct buf *o, const char *name, const char *type, const char *help, const char *labels,
                    double v) {
-    outf(o, "# HELP kiln:%s %s\n# TYPE kiln:%s %s\nkiln:%s{%s} %.17g\n", name, help, name, type, name, labels, v);
+    buf_printf(o, "# HELP kiln:%s %s\n# TYPE kiln:%s %s\nkiln:%s{%s} %.17g\n", name, help, name, type, name, labels, v);
 }
 
-static void hist(struct out *o, const char *name, const char *help, const char *labels,
+static void hist(struct buf *o, const char *name, const char *help, const char *labels,
                  const struct histogram *h) {
-    outf(o, "# HELP kiln:%s %s\n# TYPE kiln:%s histogram\n", name, help, name);
+    buf_printf(o, "# HELP kiln:%s %s\n# TYPE kiln:%s histogram\n", name, help, name);
     long cum = 0;
     for (int i = 0; i < h->n_buckets; i++) {
         cum += h->counts[i];
-        outf(o, "kiln:%s_bucket{%s,le=\"%g\"} %ld\n", name, labels, h->bounds[i], cum);
+        buf_printf(o, "kiln:%s_bucket{%s,le=\"%g\"} %ld\n", name, labels, h->bounds[i], cum);
     }
-    outf(o, "kiln:%s_bucket{%s,le=\"+Inf\"} %ld\n", name, labels, h->count);
-    outf(o, "kiln:%s_sum{%s} %.17g\nkiln:%s_count{%s} %ld\n", name, labels, h->sum, name, labels, h->count);
+    buf_printf(o, "kiln:%s_bucket{%s,le=\"+Inf\"} %ld\n", name, labels, h->count);
+    buf_printf(o, "kiln:%s_sum{%s} %.17g\nkiln:%s_count{%s} %ld\n", name, labels, h->sum, name, labels, h->count);
 }
 
 char *metrics_render(const struct metrics *m, struct engine *e, const char *model_name, size_t *len) {
     struct engine_stats s;
     engine_stats(e, &s);
-    struct out o = {xmalloc(8192), 0, 8192};
+    struct buf o = {0};
+    buf_reserve(&o, 8192);
     char lb[512];
     /* model names come from the command line; keep the label value plain */
     char name[256];
@@ -100,10 +79,10 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
 
     metric(&o, "num_requests_running", "gauge", "Requests in the running batch.", lb, s.running);
     metric(&o, "num_requests_waiting", "gauge", "Requests waiting to be scheduled.", lb, s.waiting);
-    outf(&o, "# HELP kiln:request_success_total Finished engine requests by finish reason.\n"
+    buf_printf(&o, "# HELP kiln:request_success_total Finished engine requests by finish reason.\n"
              "# TYPE kiln:request_success_total counter\n");
     for (int f = ENGINE_FINISH_STOP; f <= ENGINE_FINISH_ERROR; f++)
-        outf(&o, "kiln:request_success_total{%s,finished_reason=\"%s\"} %ld\n", lb,
+        buf_printf(&o, "kiln:request_success_total{%s,finished_reason=\"%s\"} %ld\n", lb,
              engine_finish_name((enum engine_finish)f), s.requests_finished[f]);
     metric(&o, "prompt_tokens_total", "counter", "Prompt tokens of finished requests.", lb,
            (double)s.prompt_tokens_total);
@@ -135,10 +114,10 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
     hist(&o, "e2e_request_latency_seconds", "Time from request arrival to its final token.", lb, &m->e2e);
     hist(&o, "tokenizer_batch_size", "Jobs the tokenizer pool ran in one batch (prompts tokenized off the loop thread).",
          lb, &m->tok_batch);
-    outf(&o, "# HELP kiln:http_responses_total HTTP responses by status class.\n"
+    buf_printf(&o, "# HELP kiln:http_responses_total HTTP responses by status class.\n"
              "# TYPE kiln:http_responses_total counter\n");
     for (int c = 2; c <= 5; c++)
-        outf(&o, "kiln:http_responses_total{%s,code=\"%dxx\"} %ld\n", lb, c, m->http_requests[c]);
+        buf_printf(&o, "kiln:http_responses_total{%s,code=\"%dxx\"} %ld\n", lb, c, m->http_requests[c]);
     metric(&o, "client_disconnects_total", "counter", "Requests aborted because the client went away.", lb,
            (double)m->aborted_by_client);
     metric(&o, "slow_client_aborts_total", "counter",
@@ -152,5 +131,5 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
                (double)tracer_dropped(m->tracer));
     }
     *len = o.len;
-    return o.buf;
+    return buf_take(&o);
 }

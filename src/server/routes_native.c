@@ -96,7 +96,7 @@ static json_t *generate_item(struct native *st, int i, double now, double t_star
         json_object_set_new(meta, "output_top_logprobs", tops);
         if (st->logprob_start >= 0) input_logprobs(st, i, meta);
     }
-    json_t *item = json_pack("{s:o,s:o,s:o}", "text", server_json_text(o->text ? o->text : "", o->text_len),
+    json_t *item = json_pack("{s:o,s:o,s:o}", "text", server_json_text(o->text.data, o->text.len),
                              "output_ids", ids, "meta_info", meta);
     if (st->batch) json_object_set_new(item, "index", json_integer(i));
     return item;
@@ -181,7 +181,7 @@ static void on_done(struct gen *g) {
     g->state = NULL;
     size_t cost = 0;
     for (int i = 0; i < total; i++)
-        cost += st->out[i].text_len + (size_t)st->out[i].n_tokens * 8 +
+        cost += st->out[i].text.len + (size_t)st->out[i].n_tokens * 8 +
                 (size_t)st->out[i].n_samples * (size_t)(st->top_n + 1) * 32;
     if (st->s->tokpool && cost >= st->s->opt->tokenizer_inline_bytes) {
         tok_pool_submit(st->s->tokpool, g->req, cost, reply_work, reply_done, reply_release, st);
@@ -669,9 +669,9 @@ void route_detokenize(struct server *s, struct http_request *r) {
     }
     struct detok_job *j = xcalloc(1, sizeof *j);
     j->s = s;
-    j->body = xmalloc(r->body_len + 1);
-    memcpy(j->body, r->body, r->body_len);
-    j->body[r->body_len] = 0;
-    j->body_len = r->body_len;
+    j->body = xmalloc(r->body.len + 1);
+    memcpy(j->body, r->body.data, r->body.len);
+    j->body[r->body.len] = 0;
+    j->body_len = r->body.len;
     server_offload(s, r, detokenize_work, detokenize_done, detokenize_release, j);
 }

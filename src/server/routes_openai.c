@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/mem.h"
 #include "kiln/tokenizer.h"
 #include "sample/sampling.h"
@@ -188,31 +189,29 @@ static json_t *envelope(struct oai *st, const char *object, json_t *choices) {
                      "model", st->s->model_name, "choices", choices);
 }
 
-/* The text of the prompt, for echo. */
-static void prompt_text(struct oai *st, int p, char **out, size_t *len) {
+/* Appends the text of the prompt, for echo. */
+static void prompt_text(struct oai *st, int p, struct buf *out) {
     const struct prompt *pr = &st->prompts.v[p];
     if (pr->text) {
-        *out = xstrdup(pr->text);
-        *len = strlen(pr->text);
+        buf_puts(out, pr->text);
         return;
     }
-    *out = NULL;
-    *len = 0;
-    if (!st->s->tok || kiln_tokenizer_decode(st->s->tok, pr->ids, (size_t)pr->n, 1, out, len, NULL)) {
-        free(*out);
-        *out = xstrdup("");
-        *len = 0;
-    }
+    char *t = NULL;
+    size_t n = 0;
+    if (st->s->tok && !kiln_tokenizer_decode(st->s->tok, pr->ids, (size_t)pr->n, 1, &t, &n, NULL))
+        buf_append(out, t, n);
+    free(t);
 }
 
 /* The streamed echo of choice i's prompt; with logprobs it waits for the
  * prompt's logprobs (all in before the first output token). */
 static void echo_chunk(struct oai *st, int i, struct http_request *r) {
-    char *t;
-    size_t n, off = 0;
-    prompt_text(st, i / st->n, &t, &n);
-    json_t *choice = json_pack("{s:i,s:o,s:n}", "index", i, "text", server_json_text(t, n), "finish_reason");
-    free(t);
+    struct buf t = {0};
+    size_t off = 0;
+    prompt_text(st, i / st->n, &t);
+    size_t n = t.len;
+    json_t *choice = json_pack("{s:i,s:o,s:n}", "index", i, "text", server_json_text(t.data, n), "finish_reason");
+    buf_free(&t);
     json_object_set_new(choice, "logprobs", st->logprobs ? prompt_logprobs_json(st, i, &off) : json_null());
     st->ch[i].offset = st->logprobs ? off : n;
     sse_send_json(r, envelope(st, "text_completion", json_pack("[o]", choice)));
@@ -291,20 +290,17 @@ static json_t *build_reply(struct oai *st) {
         json_t *choice;
         if (st->chat) {
             choice = json_pack("{s:i,s:{s:s,s:o}}", "index", i, "message", "role", "assistant", "content",
-                               server_json_text(c->text ? c->text : "", c->text_len));
+                               server_json_text(c->text.data, c->text.len));
             json_object_set_new(choice, "logprobs",
                                 st->logprobs ? chat_logprobs(st, token_before(st, i, 0), c->samples, c->n_samples)
                                              : json_null());
         } else {
-            char *t = NULL;
-            size_t n = 0, off = 0;
-            if (st->echo) prompt_text(st, i / st->n, &t, &n);
-            off = n;
-            t = xrealloc(t, n + c->text_len + 1);
-            memcpy(t + n, c->text ? c->text : "", c->text_len);
-            n += c->text_len;
-            choice = json_pack("{s:i,s:o}", "index", i, "text", server_json_text(t, n));
-            free(t);
+            struct buf t = {0};
+            if (st->echo) prompt_text(st, i / st->n, &t);
+            size_t off = t.len;
+            buf_append(&t, c->text.data, c->text.len);
+            choice = json_pack("{s:i,s:o}", "index", i, "text", server_json_text(t.data, t.len));
+            buf_free(&t);
             json_t *lp = NULL;
             if (st->logprobs && st->echo) {
                 off = 0;
@@ -329,7 +325,7 @@ static json_t *build_reply(struct oai *st) {
 static size_t reply_cost(const struct oai *st) {
     size_t cost = 0;
     for (int i = 0; i < st->n_prompts * st->n; i++)
-        cost += st->ch[i].out.text_len + (size_t)st->ch[i].out.n_samples * (size_t)(st->top_logprobs + 1) * 48;
+        cost += st->ch[i].out.text.len + (size_t)st->ch[i].out.n_samples * (size_t)(st->top_logprobs + 1) * 48;
     return cost;
 }
 

@@ -20,10 +20,12 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 #include "kiln/tokenizer.h"
 #include "scheduler/engine.h"
 #include "server/http_error.h"
@@ -55,10 +57,10 @@ void server_reply_error(struct http_request *r, const struct req_error *e) {
 
 json_t *server_body(struct server *s, struct http_request *r) {
     struct req_error e = {0};
-    json_t *v = jr_parse_body(r->body, r->body_len, &e);
+    json_t *v = jr_parse_body(r->body.data, r->body.len, &e);
     if (!v) server_reply_error(r, &e);
     else if (s->opt->log_requests)
-        log_info("request %s %s: %.*s", r->method, r->path, (int)(r->body_len > 4096 ? 4096 : r->body_len), r->body);
+        log_info("request %s %s: %.*s", r->method, r->path, (int)(r->body.len > 4096 ? 4096 : r->body.len), r->body.data);
     return v;
 }
 
@@ -151,46 +153,14 @@ void server_new_id(struct server *s, const char *prefix, char *buf, size_t n) {
     snprintf(buf, n, "%s%08lx%016llx", prefix, (unsigned long)s->created & 0xffffffffu, (unsigned long long)x);
 }
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0. */
-static size_t utf8_seq(const unsigned char *p, size_t n) {
-    unsigned c = p[0];
-    size_t len;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
-    else return 0;
-    if (n < len) return 0;
-    unsigned cp = c & (0x3f >> (len - 1));
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xc0) != 0x80) return 0;
-        cp = cp << 6 | (p[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    return len;
-}
-
 json_t *server_json_text(const char *s, size_t n) {
-    json_t *v = json_stringn(s, n);
+    json_t *v = json_stringn(s ? s : "", n);
     if (v) return v;
-    /* invalid UTF-8 (or NUL): replace the bad bytes, as decoders do */
-    char *buf = xmalloc(n * 3 + 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        size_t k = s[i] ? utf8_seq((const unsigned char *)s + i, n - i) : 0;
-        if (k) {
-            memcpy(buf + o, s + i, k);
-            o += k;
-            i += k;
-        } else {
-            memcpy(buf + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i++;
-        }
-    }
-    v = json_stringn(buf, o);
-    free(buf);
+    /* invalid UTF-8: each maximal invalid subpart becomes U+FFFD, as decoders do */
+    struct buf b = {0};
+    utf8_lossy_append(&b, s, n, 1);
+    v = json_stringn(b.data, b.len);
+    buf_free(&b);
     return v ? v : json_string("");
 }
 
@@ -234,7 +204,7 @@ static void offload_work(void *a) {
 
 static void offload_done(void *a, struct http_request *r) {
     struct offload *o = a;
-    trace_req_tokenize(r->trace, o->t0, o->t1, o->on_pool, r->body_len);
+    trace_req_tokenize(r->trace, o->t0, o->t1, o->on_pool, r->body.len);
     o->done(o->arg, r);
 }
 
@@ -246,7 +216,7 @@ static void offload_release(void *a) {
 
 void server_offload(struct server *s, struct http_request *r, tok_work_fn work, tok_done_fn done,
                     tok_release_fn release, void *arg) {
-    int on_pool = s->tokpool && r->body_len >= s->opt->tokenizer_inline_bytes;
+    int on_pool = s->tokpool && r->body.len >= s->opt->tokenizer_inline_bytes;
     if (r->trace) {
         struct offload *o = xmalloc(sizeof *o);
         *o = (struct offload){work, done, release, arg, 0, 0, on_pool};
@@ -258,7 +228,7 @@ void server_offload(struct server *s, struct http_request *r, tok_work_fn work, 
         release(arg);
         return;
     }
-    tok_pool_submit(s->tokpool, r, r->body_len, work, done, release, arg);
+    tok_pool_submit(s->tokpool, r, r->body.len, work, done, release, arg);
 }
 
 int server_refuse_late(struct server *s, struct http_request *r) {
@@ -584,7 +554,7 @@ static void handle(void *ctx, struct http_request *r) {
         if (!strcmp(r->method, "GET")) match = &model_get;
         else snprintf(allow, sizeof allow, "GET");
     }
-    if (log_enabled(LOG_LEVEL_DEBUG)) log_debug("%s %s (%zu bytes)", r->method, r->path, r->body_len);
+    if (log_enabled(LOG_LEVEL_DEBUG)) log_debug("%s %s (%zu bytes)", r->method, r->path, r->body.len);
     /* every request but the probes (health, metrics) is traced */
     if (s->tracer && !(match && (match->fn == route_health || match->fn == route_metrics))) {
         struct trace_req *tq = trace_req_begin(s->tracer, r);

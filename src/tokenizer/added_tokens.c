@@ -174,8 +174,7 @@ const struct added_token *added_vocab_token(const struct added_vocab *av, int32_
 
 static int is_word_before(const char *s, size_t end) {
     if (end == 0) return 0;
-    size_t i = end - 1;
-    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
+    size_t i = utf8_prev(s, 0, end);
     uint32_t cp;
     utf8_decode(s + i, &cp);
     return uc_is_word(cp);
@@ -223,8 +222,7 @@ void added_vocab_split(const struct added_vocab *av, int normalized, const char 
         if (tok->lstrip) {
             size_t ns = start;
             while (ns > 0) {
-                size_t i = ns - 1;
-                while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
+                size_t i = utf8_prev(s, 0, ns);
                 uint32_t cp;
                 utf8_decode(s + i, &cp);
                 if (!uc_is_whitespace(cp)) break;

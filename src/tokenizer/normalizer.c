@@ -234,8 +234,7 @@ static void strip(const struct normalizer *n, struct tok_piece *p) {
         }
     if (n->strip_right)
         while (e > a) {
-            size_t s = e - 1;
-            while (s > a && ((unsigned char)p->s[s] & 0xC0) == 0x80) s--;
+            size_t s = utf8_prev(p->s, a, e);
             uint32_t cp;
             utf8_decode(p->s + s, &cp);
             if (!uc_is_whitespace(cp)) break;

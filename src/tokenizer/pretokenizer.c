@@ -174,13 +174,7 @@ static void byte_level_map(struct tok_ctx *ctx, struct tok_piece *pc) {
     char *d = tok_arena_alloc(&ctx->arena, 2 * pc->len);
     size_t o = 0, zp = 0;
     for (size_t i = 0; i < pc->len; i++) {
-        uint32_t cp = bytelevel_cp((unsigned char)pc->s[i]);
-        if (cp < 0x80) {
-            d[o++] = (char)cp;
-        } else {
-            d[o++] = (char)(0xC0 | (cp >> 6));
-            d[o++] = (char)(0x80 | (cp & 0x3F));
-        }
+        o += utf8_encode(bytelevel_cp((unsigned char)pc->s[i]), d + o);
         if (i < pc->zp) zp = o;
     }
     pc->s = d;

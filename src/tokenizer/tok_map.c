@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/error.h"
 #include "base/mem.h"
 #include "tokenizer/tok_util.h"
@@ -22,7 +23,7 @@ void tok_strmap_init(struct tok_strmap *m, size_t expected) {
 
 void tok_strmap_free(struct tok_strmap *m) {
     free(m->slots);
-    free(m->pool);
+    buf_free(&m->pool);
     memset(m, 0, sizeof *m);
 }
 
@@ -54,23 +55,16 @@ uint32_t tok_strmap_put(struct tok_strmap *m, const char *key, size_t len, int32
     for (;;) {
         struct tok_strmap_slot *s = &m->slots[i];
         if (!s->hash) break;
-        if (s->hash == h && s->len == len && !memcmp(m->pool + s->off, key, len)) {
+        if (s->hash == h && s->len == len && !memcmp(m->pool.data + s->off, key, len)) {
             s->value = value;
             return s->off;
         }
         i = (i + 1) & m->mask;
     }
-    if (m->pool_len + len + 1 > m->pool_cap) {
-        size_t cap = m->pool_cap ? m->pool_cap : 4096;
-        while (cap < m->pool_len + len + 1) cap *= 2;
-        KILN_ASSERT(cap <= UINT32_MAX);
-        m->pool = xrealloc(m->pool, cap);
-        m->pool_cap = cap;
-    }
-    uint32_t off = (uint32_t)m->pool_len;
-    if (len) memcpy(m->pool + off, key, len);
-    m->pool[off + len] = 0;
-    m->pool_len += len + 1;
+    KILN_ASSERT(m->pool.len + len + 1 <= UINT32_MAX);
+    uint32_t off = (uint32_t)m->pool.len;
+    buf_append(&m->pool, key, len);
+    buf_push(&m->pool, 0); /* the key's end is part of the pool */
     struct tok_strmap_slot *s = &m->slots[i];
     s->hash = h;
     s->off = off;
@@ -87,7 +81,7 @@ int32_t tok_strmap_get(const struct tok_strmap *m, const char *key, size_t len) 
     for (;;) {
         const struct tok_strmap_slot *s = &m->slots[i];
         if (!s->hash) return -1;
-        if (s->hash == h && s->len == len && !memcmp(m->pool + s->off, key, len)) return s->value;
+        if (s->hash == h && s->len == len && !memcmp(m->pool.data + s->off, key, len)) return s->value;
         i = (i + 1) & m->mask;
     }
 }

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
+
 struct tok_strmap_slot {
     uint64_t hash;   /* 0 marks an empty slot */
     uint32_t off;    /* key offset in the pool */
@@ -23,8 +25,7 @@ struct tok_strmap {
     struct tok_strmap_slot *slots;
     size_t mask;     /* slot count - 1 */
     size_t count;
-    char *pool;      /* keys, each NUL-terminated */
-    size_t pool_len, pool_cap;
+    struct buf pool; /* keys, each NUL-terminated */
 };
 
 void tok_strmap_init(struct tok_strmap *m, size_t expected);
@@ -34,7 +35,7 @@ uint32_t tok_strmap_put(struct tok_strmap *m, const char *key, size_t len, int32
 /* Returns the value or -1. */
 int32_t tok_strmap_get(const struct tok_strmap *m, const char *key, size_t len);
 /* Pointer to a key stored at `off` (from put). */
-static inline const char *tok_strmap_key(const struct tok_strmap *m, uint32_t off) { return m->pool + off; }
+static inline const char *tok_strmap_key(const struct tok_strmap *m, uint32_t off) { return m->pool.data + off; }
 
 struct tok_pairmap_slot {
     uint64_t key;    /* (a << 32) | b; UINT64_MAX marks an empty slot */

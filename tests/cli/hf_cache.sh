@@ -8,6 +8,7 @@
 # ids for the bundled model.
 export SERVE_NODE=0
 source "$KILN_SRC/tests/server/serve.sh"
+source "$KILN_SRC/tests/knob_line.sh"
 M="$(cd "$KILN_MODELS/stories260K" && pwd)"
 tmp="$SERVE_TMP"
 fail=0
@@ -61,7 +62,7 @@ expect_err() { # expect_err NAME PATTERN -- env/args
   local err rc
   # the start-up line listing the KILN_* knobs the test environment sets is not an error
   err=$(env "$@" 2>&1 >/dev/null); rc=$?
-  err=$(printf '%s\n' "$err" | grep -v 'INFO\] knobs not at their defaults')
+  err=$(printf '%s\n' "$err" | drop_knob_line)
   if [ $rc -eq 1 ] && printf '%s' "$err" | grep -Fq -- "$pat" && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ]; then ok "$name: $err"
   else bad "$name (rc=$rc, want 1 and '$pat'): $err"; fi
 }

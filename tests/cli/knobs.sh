@@ -8,6 +8,7 @@
 set -u
 KILN="${KILN:?KILN must point at the kiln binary}"
 SRC="${KILN_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}"
+source "$SRC/tests/knob_line.sh"
 M="${KILN_MODELS:-$SRC/models}/stories260K"
 fails=0
 tmp="$(mktemp -d)"
@@ -62,7 +63,7 @@ out=$(KILN_CUDA_GEMV_MAX_ROWS=99 "$KILN" generate --model "$M" --ids 1 --max-tok
 # 4. the knobs not at their defaults are one INFO line at start-up; kiln
 # knobs lists them
 out=$(KILN_CUDA_PDL=off KILN_CUDA_FUSE=1 KILN_LOG=info "$KILN" generate --model "$M" --ids 1 --max-tokens 1 2>&1 >/dev/null)
-line=$(grep -E 'INFO\] knobs not at their defaults: ' <<<"$out")
+line=$(grep -E "$KNOB_LINE_RE" <<<"$out")
 [[ $(wc -l <<<"$line") == 1 && $line == *KILN_CUDA_PDL=0* && $line != *KILN_CUDA_FUSE* && $line != *KILN_LOG* ]] &&
     ok "start-up line lists the knobs not at their defaults" || fail "start-up line: $out"
 [[ $(env -i PATH="$PATH" "$KILN" knobs) == "every knob is at its default" ]] && ok "kiln knobs, none set" ||

@@ -51,18 +51,18 @@ static void check_chunk_size(const char *line, size_t n) {
 static void handler(void *ctx, struct http_request *r) {
     (void)ctx;
     KILN_ASSERT(r->path && r->path[0] == '/' && r->query);
-    KILN_ASSERT(r->body && r->body[r->body_len] == 0);
+    KILN_ASSERT(r->body.data && r->body.data[r->body.len] == 0);
     if (!strncmp(r->path, "/stream", 7)) {
         http_stream_begin(r, 200, "text/event-stream", NULL);
         /* a stream longer than the output bound: cut unless the client reads */
-        for (int k = 0; k < 8; k++) http_stream_write(r, r->body, r->body_len);
+        for (int k = 0; k < 8; k++) http_stream_write(r, r->body.data, r->body.len);
         http_stream_write(r, "data: [DONE]\n\n", 14);
         http_stream_end(r);
     } else if (!strncmp(r->path, "/err", 4)) {
-        http_error_respond(r, 400, "bad", "p", "body of %zu bytes", r->body_len);
+        http_error_respond(r, 400, "bad", "p", "body of %zu bytes", r->body.len);
     } else {
         const char *h = http_header_get(r, "x-echo");
-        http_respond(r, 200, "text/plain", h ? h : r->body, h ? strlen(h) : r->body_len, NULL);
+        http_respond(r, 200, "text/plain", h ? h : r->body.data, h ? strlen(h) : r->body.len, NULL);
     }
 }
 

@@ -1,6 +1,7 @@
 /* test_buf.c — base/buf: appends of every size keep the text and its NUL,
  * printf output longer than the stack scratch, code points as UTF-8
- * (encodings from the Unicode Standard, table 3-4 examples), clear and take. */
+ * (encodings from the Unicode Standard, table 3-4 examples), clear and take,
+ * reserves of a known size, and filling and draining it in place. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -87,6 +88,57 @@ static void test_clear_take(void **state) {
     free(s);
 }
 
+/* A reserve of a known size (an HTTP body's Content-Length) takes that
+ * size, not the next power of two; even an empty reserve leaves a string. */
+static void test_reserve(void **state) {
+    struct buf b = {0};
+    buf_reserve(&b, 0);
+    assert_non_null(b.data);
+    assert_int_equal(b.len, 0);
+    assert_string_equal(b.data, "");
+    buf_reserve(&b, 100000);
+    assert_int_equal(b.cap, 100001);
+    char *keep = b.data;
+    buf_append(&b, "x", 1);
+    buf_reserve(&b, 99999); /* fits: no move */
+    assert_ptr_equal(b.data, keep);
+    buf_free(&b);
+    for (int i = 0; i < 1000; i++) buf_push(&b, 'a'); /* small appends still double */
+    assert_true(b.cap >= 1001 && b.cap <= 2048);
+    buf_free(&b);
+}
+
+/* A reader filling the buffer: grow, fill, give back what it did not fill;
+ * a queue draining from the front. */
+static void test_grow_truncate_consume(void **state) {
+    struct buf b = {0};
+    buf_puts(&b, "head:");
+    char *p = buf_grow(&b, 10);
+    assert_ptr_equal(p, b.data + 5);
+    assert_int_equal(b.len, 15);
+    assert_int_equal(b.data[15], 0);
+    memcpy(p, "abc", 3); /* the reader got 3 of 10 */
+    buf_truncate(&b, b.len - 10 + 3);
+    assert_string_equal(b.data, "head:abc");
+    buf_consume(&b, 5);
+    assert_string_equal(b.data, "abc");
+    assert_int_equal(b.len, 3);
+    buf_consume(&b, 0);
+    assert_string_equal(b.data, "abc");
+    buf_append(&b, "def", 3);
+    buf_consume(&b, 2);
+    assert_string_equal(b.data, "cdef");
+    buf_consume(&b, 4);
+    assert_int_equal(b.len, 0);
+    assert_string_equal(b.data, "");
+    buf_free(&b);
+    buf_truncate(&b, 0); /* empty and never allocated */
+    assert_null(b.data);
+    assert_non_null(buf_grow(&b, 0));
+    assert_string_equal(b.data, "");
+    buf_free(&b);
+}
+
 /* utf8_lossy_append against the Unicode Standard's table 3-8 example, whole
  * and fed in pieces (a cut sequence waits for the next piece). */
 static void test_lossy(void **state) {
@@ -114,7 +166,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_append_grow), cmocka_unit_test(test_printf),
         cmocka_unit_test(test_code_points), cmocka_unit_test(test_clear_take),
-        cmocka_unit_test(test_lossy),
+        cmocka_unit_test(test_lossy),       cmocka_unit_test(test_reserve),
+        cmocka_unit_test(test_grow_truncate_consume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

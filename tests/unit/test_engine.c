@@ -21,63 +21,7 @@
 #include "model/safetensors.h"
 #include "scheduler/engine.h"
 
-struct sink {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-    int32_t ids[4096];
-    int n_ids;
-    char text[65536];
-    size_t text_len;
-    enum engine_finish finish;
-    int n_final;
-    int prompt_tokens, completion_tokens, cached_tokens;
-    float scores[16];
-    int n_scores;
-    const char *matched_stop;
-};
-
-static void on_event(void *user, const struct engine_event *ev) {
-    struct sink *s = user;
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < ev->n_tokens && s->n_ids < 4096; i++) s->ids[s->n_ids++] = ev->tokens[i];
-    if (ev->text_len && s->text_len + ev->text_len < sizeof s->text) {
-        memcpy(s->text + s->text_len, ev->text, ev->text_len);
-        s->text_len += ev->text_len;
-    }
-    s->prompt_tokens = ev->prompt_tokens;
-    s->completion_tokens = ev->completion_tokens;
-    s->cached_tokens = ev->cached_tokens;
-    if (ev->finish != ENGINE_FINISH_NONE) {
-        s->finish = ev->finish;
-        s->n_final++;
-        s->done = 1;
-        s->matched_stop = ev->matched_stop;
-        for (int i = 0; i < ev->n_scores && i < 16; i++) s->scores[i] = ev->scores[i];
-        s->n_scores = ev->n_scores;
-        pthread_cond_broadcast(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-static struct sink *sink_new(void) {
-    struct sink *s = xcalloc(1, sizeof *s);
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    return s;
-}
-
-static void sink_wait(struct sink *s) {
-    pthread_mutex_lock(&s->mu);
-    while (!s->done) pthread_cond_wait(&s->cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void sink_free(struct sink *s) {
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
-}
+#include "../engine_sink.h"
 
 static char model_dir[4096];
 
@@ -118,7 +62,7 @@ static uint64_t submit(struct engine *e, struct sink *s, const int32_t *p, int n
     r.ignore_eos = 1;
     r.skip_special_tokens = 1;
     r.cache_salt = salt;
-    r.callback = on_event;
+    r.callback = sink_on_event;
     r.user = s;
     struct kiln_error err;
     uint64_t id = engine_submit(e, &r, &err);
@@ -190,7 +134,7 @@ static void test_invariance_and_retraction(void **state) {
         assert_memory_equal(alone[i]->ids, batch[i]->ids, NEW * sizeof(int32_t));
         assert_memory_equal(alone[i]->ids, noradix[i]->ids, NEW * sizeof(int32_t));
         assert_memory_equal(alone[i]->ids, tiny[i]->ids, NEW * sizeof(int32_t));
-        assert_string_equal(alone[i]->text, tiny[i]->text);
+        assert_string_equal(alone[i]->text.data, tiny[i]->text.data);
         sink_free(alone[i]), sink_free(batch[i]), sink_free(noradix[i]), sink_free(tiny[i]);
     }
 }
@@ -220,9 +164,9 @@ static void test_stop_and_abort(void **state) {
     submit(e, s, p, 5, 100, NULL);
     sink_wait(s);
     /* stop strings: rerun with a stop string taken from the middle of the text */
-    assert_true(s->text_len > 20);
+    assert_true(s->text.len > 20);
     char stop[8];
-    memcpy(stop, s->text + 10, 5);
+    memcpy(stop, s->text.data + 10, 5);
     stop[5] = 0;
     const char *stops[] = {stop};
     struct sink *t = sink_new();
@@ -236,17 +180,17 @@ static void test_stop_and_abort(void **state) {
     r.skip_special_tokens = 1;
     r.n_stop = 1;
     r.stop = stops;
-    r.callback = on_event;
+    r.callback = sink_on_event;
     r.user = t;
     struct kiln_error err;
     assert_true(engine_submit(e, &r, &err) > 0);
     sink_wait(t);
     assert_int_equal(t->finish, ENGINE_FINISH_STOP);
     assert_non_null(t->matched_stop);
-    const char *first = strstr(s->text, stop);
+    const char *first = strstr(s->text.data, stop);
     assert_non_null(first);
-    assert_int_equal(t->text_len, (size_t)(first - s->text)); /* text up to the stop, excluded */
-    assert_memory_equal(t->text, s->text, t->text_len);
+    assert_int_equal(t->text.len, (size_t)(first - s->text.data)); /* text up to the stop, excluded */
+    assert_memory_equal(t->text.data, s->text.data, t->text.len);
 
     /* abort: a long request is cut short with its reason */
     struct sink *a = sink_new();
@@ -290,7 +234,7 @@ static void test_scores(void **state) {
             r.n_label_ids = 4;
             r.label_ids = labels;
             r.apply_softmax = apply;
-            r.callback = on_event;
+            r.callback = sink_on_event;
             r.user = s;
             assert_true(engine_submit(e, &r, &err) > 0);
             sink_wait(s);

@@ -23,62 +23,7 @@
 #include "model/safetensors.h"
 #include "scheduler/engine.h"
 
-struct sink {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-    int32_t ids[512];
-    int n_ids;
-    char text[8192];
-    size_t text_len;
-    enum engine_finish finish;
-    /* prompt logprobs by position; lp_seen counts deliveries per position */
-    struct sample_result lp[256];
-    int lp_seen[256];
-    int lp_events_after_token; /* prompt logprobs that came after an output token */
-    int cached_tokens;
-};
-
-static void on_event(void *user, const struct engine_event *ev) {
-    struct sink *s = user;
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < ev->n_prompt_logprobs; i++) {
-        int pos = ev->prompt_logprob_pos + i;
-        if (pos >= 0 && pos < 256) s->lp[pos] = ev->prompt_logprobs[i], s->lp_seen[pos]++;
-    }
-    if (ev->n_prompt_logprobs && s->n_ids) s->lp_events_after_token++;
-    for (int i = 0; i < ev->n_tokens && s->n_ids < 512; i++) s->ids[s->n_ids++] = ev->tokens[i];
-    if (ev->text_len && s->text_len + ev->text_len < sizeof s->text) {
-        memcpy(s->text + s->text_len, ev->text, ev->text_len);
-        s->text_len += ev->text_len;
-    }
-    s->cached_tokens = ev->cached_tokens;
-    if (ev->finish != ENGINE_FINISH_NONE) {
-        s->finish = ev->finish;
-        s->done = 1;
-        pthread_cond_broadcast(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-static struct sink *sink_new(void) {
-    struct sink *s = xcalloc(1, sizeof *s);
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    return s;
-}
-
-static void sink_wait(struct sink *s) {
-    pthread_mutex_lock(&s->mu);
-    while (!s->done) pthread_cond_wait(&s->cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void sink_free(struct sink *s) {
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
-}
+#include "../engine_sink.h"
 
 static struct engine *start(const char *dir, int chunk, enum engine_sampling_defaults sd) {
     struct engine_options o;
@@ -104,7 +49,7 @@ static void request_init(struct engine_request *r, const int32_t *p, int n, int 
     r->max_new_tokens = max_new;
     r->ignore_eos = 1;
     r->skip_special_tokens = 1;
-    r->callback = on_event;
+    r->callback = sink_on_event;
     r->user = s;
 }
 
@@ -337,9 +282,9 @@ static void leading_space(void **state) {
     assert_int_equal(kiln_tokenizer_decode(tok, all, (size_t)(n + s->n_ids), 1, &full, &fl, NULL), 0);
     assert_int_equal(kiln_tokenizer_decode(tok, p, (size_t)n, 1, &pre, &pl, NULL), 0);
     assert_true(fl > pl && !memcmp(full, pre, pl));
-    assert_int_equal(s->text_len, fl - pl);
-    assert_memory_equal(s->text, full + pl, fl - pl);
-    assert_true(s->text[0] == ' ');
+    assert_int_equal(s->text.len, fl - pl);
+    assert_memory_equal(s->text.data, full + pl, fl - pl);
+    assert_true(s->text.data[0] == ' ');
     free(full), free(pre);
     sink_free(s);
     /* a stop string with the leading space ends the request at once */
@@ -351,7 +296,7 @@ static void leading_space(void **state) {
     assert_true(engine_submit(e, &r, &err) > 0);
     sink_wait(s);
     assert_int_equal(s->finish, ENGINE_FINISH_STOP);
-    assert_int_equal(s->text_len, 0);
+    assert_int_equal(s->text.len, 0);
     assert_int_equal(s->n_ids, 1);
     sink_free(s);
     engine_destroy(e);

@@ -3,7 +3,8 @@
  * 1-, 2- and 3-byte sequence and every 4-byte lead/second-byte pair against
  * an independent arithmetic reading of definition D92), the U+FFFD
  * substitution example of table 3-8 (maximal subparts), overlong forms,
- * surrogates, values above U+10FFFF and sequences cut short. */
+ * surrogates, values above U+10FFFF and sequences cut short, and where text
+ * cut at a byte limit must end (never inside a character). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -212,12 +213,43 @@ static void test_counts(void **state) {
     assert_int_equal(utf8_count(s, 4), 3);
 }
 
+/* A cut at every byte of every sequence length: the text keeps whole
+ * characters only; bytes invalid before the cut are not the cut's doing. */
+static void test_cut(void **state) {
+    const char *s = "a\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80z"; /* a é € 😀 z */
+    static const size_t want[] = {0, 1, 1, 3, 3, 3, 6, 6, 6, 6, 10, 11}; /* for n = 0..11 */
+    for (size_t n = 0; n <= 11; n++) assert_int_equal(utf8_cut(s, n), want[n]);
+    assert_int_equal(utf8_cut("\xC3", 1), 0);
+    assert_int_equal(utf8_cut("\x80\x80", 2), 2);           /* stray continuations: no sequence was cut */
+    assert_int_equal(utf8_cut("\x80\x80\x80\x80", 4), 4);
+    assert_int_equal(utf8_cut("a\xE0\x80", 3), 3);          /* E0 80 is invalid, not a prefix */
+    assert_int_equal(utf8_cut("a\xED\xA0", 3), 3);          /* a surrogate's start */
+    assert_int_equal(utf8_cut("a\xF4\x90", 3), 3);          /* above U+10FFFF */
+    assert_int_equal(utf8_cut("a\xF5", 2), 2);
+    assert_int_equal(utf8_cut("a\xC3\xA9\xA9", 4), 4);      /* a valid é, then a stray byte */
+    assert_int_equal(utf8_cut("ab\xF4\x8F\xBF", 5), 2);     /* U+10FFFF cut before its last byte */
+}
+
+/* Stepping back one character, over every sequence length, bounded. */
+static void test_prev(void **state) {
+    const char *s = "a\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80z";
+    assert_int_equal(utf8_prev(s, 0, 11), 10);
+    assert_int_equal(utf8_prev(s, 0, 10), 6);
+    assert_int_equal(utf8_prev(s, 0, 6), 3);
+    assert_int_equal(utf8_prev(s, 0, 3), 1);
+    assert_int_equal(utf8_prev(s, 0, 1), 0);
+    assert_int_equal(utf8_prev(s, 8, 10), 8); /* never before start */
+    assert_true(utf8_is_cont(0x80) && utf8_is_cont(0xBF));
+    assert_false(utf8_is_cont(0x7F) || utf8_is_cont(0xC0) || utf8_is_cont(0xF4));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exhaustive_short), cmocka_unit_test(test_exhaustive_four),
         cmocka_unit_test(test_encode_decode_all), cmocka_unit_test(test_boundaries),
         cmocka_unit_test(test_table_3_8),        cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_counts),
+        cmocka_unit_test(test_counts),           cmocka_unit_test(test_cut),
+        cmocka_unit_test(test_prev),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -325,8 +325,6 @@ void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm, float *y,
 /* The product path's internals. */
 void cuda_matmul_init(struct cuda_ctx *c);    /* cuBLASLt handle when use_lt */
 void cuda_matmul_release(struct cuda_ctx *c);
-/* y[n][rows] (stride ldy) += bias */
-void cuda_bias_add(struct cuda_ctx *c, float *y, long ldy, const float *bias, long n, long rows);
 /* The GEMV (cuda_gemv.cu): whether it serves w for n rows, whether x rows
  * allow its 16-byte activation loads, and y = x · wᵀ (+ bias); swiglu: w is
  * gate|up stacked and y[n][w.rows / 2] = silu(x·gateᵀ) · (x·upᵀ). */

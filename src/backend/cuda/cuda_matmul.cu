@@ -156,6 +156,24 @@ static struct lt_plan *lt_plan_get(struct cuda_ctx *c, float *y, long ldy, const
     return p;
 }
 
+/* y[n][rows] (stride ldy) += bias[rows] */
+static __global__ void bias_add_kernel(float *y, long ldy, const float *__restrict__ bias, long n,
+                                       long rows) {
+    pdl_trigger();
+    pdl_wait();
+    long total = n * rows;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        long r = i / rows, k = i % rows;
+        y[r * ldy + k] += bias[k];
+    }
+}
+
+static void bias_add(struct cuda_ctx *c, float *y, long ldy, const float *bias, long n, long rows) {
+    pdl_launch(c, bias_add_kernel, dim3(grid_for(n * rows, 256)), dim3(256), 0, y, ldy, bias, n,
+               rows);
+}
+
 /* y[n][rows] (stride ldy) = beta·y + bias + x16 · wᵀ, x16 [n][cols] (row
  * stride ldb) in w's 16-bit type; bias only with beta = 0 or on the last of
  * several accumulating products. */
@@ -182,7 +200,7 @@ static void product16(struct cuda_ctx *c, float *y, long ldy, const void *x16, l
     CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols,
                               &alpha, w->data, t, (int)cols, x16, t, (int)ldb, &beta, y, CUDA_R_32F,
                               (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (bias) cuda_bias_add(c, y, ldy, bias, n, rows);
+    if (bias) bias_add(c, y, ldy, bias, n, rows);
 }
 
 /* xb[n][cols] = x[n][cols] (stride ldx), rounded to nearest in T */
@@ -216,25 +234,6 @@ static __global__ void split16_kernel(T *__restrict__ xb, const float *x, long l
     }
 }
 
-/* y[n][rows] (stride ldy) += bias[rows] */
-static __global__ void bias_add_kernel(float *y, long ldy, const float *__restrict__ bias, long n,
-                                       long rows) {
-    pdl_trigger();
-    pdl_wait();
-    long total = n * rows;
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long)gridDim.x * blockDim.x) {
-        long r = i / rows, k = i % rows;
-        y[r * ldy + k] += bias[k];
-    }
-}
-
-extern "C" void cuda_bias_add(struct cuda_ctx *c, float *y, long ldy, const float *bias, long n,
-                              long rows) {
-    pdl_launch(c, bias_add_kernel, dim3(grid_for(n * rows, 256)), dim3(256), 0, y, ldy, bias, n,
-               rows);
-}
-
 /* The activations' 16-bit copy (parts = 2: hi and lo halves) in act16. */
 static void *to16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt,
                   int parts) {
@@ -265,14 +264,14 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
                 ldy >= rows);
     if (c->deterministic) return cuda_matmul_det(c, y, ldy, x, ldx, w, bias, n);
-    int half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
-    CUDA_ASSERT_MSG(half || w->dtype == DTYPE_F32, "matmul: weights must be BF16, F16 or F32");
+    int w16 = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
+    CUDA_ASSERT_MSG(w16 || w->dtype == DTYPE_F32, "matmul: weights must be BF16, F16 or F32");
 
     if (cuda_gemv_ok(c, w, n)) {
         cuda_gemv(c, y, ldy, x, ldx, w, bias, n, 0);
         return;
     }
-    if (half) {
+    if (w16) {
         int parts = c->split_act ? 2 : 1;
         const char *xb = (const char *)to16(c, x, ldx, n, cols, w->dtype, parts);
         if (!xb) return;
@@ -286,7 +285,7 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     CUBLAS_CHECK(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols,
                               &alpha, w->data, CUDA_R_32F, (int)cols, x, CUDA_R_32F, (int)ldx, &beta,
                               y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (bias) cuda_bias_add(c, y, ldy, bias, n, rows);
+    if (bias) bias_add(c, y, ldy, bias, n, rows);
 }
 
 /* matmul_heads: each head's product on the path cuda_op_matmul would take
@@ -305,11 +304,11 @@ extern "C" void cuda_op_matmul_heads(void *ctx, float *y, long ldy, long hy, con
     CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
                 ldy >= rows && hx >= 0 && hy >= 0 && w_stride >= 0);
     if (c->deterministic) return cuda_matmul_det_heads(c, y, ldy, hy, x, ldx, hx, w, w_stride, n_heads, n);
-    int half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
-    if (half && cuda_gemv_heads_ok(c, w, w_stride, n_heads, n))
+    int w16 = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
+    if (w16 && cuda_gemv_heads_ok(c, w, w_stride, n_heads, n))
         return cuda_gemv_heads(c, y, ldy, hy, x, ldx, hx, w, w_stride, n_heads, n);
     long width = (long)(n_heads - 1) * hx + cols; /* columns of x the heads read */
-    if (half && width <= INT32_MAX && width <= ldx) {
+    if (w16 && width <= INT32_MAX && width <= ldx) {
         int parts = c->split_act ? 2 : 1;
         const char *xb = (const char *)to16(c, x, ldx, n, width, w->dtype, parts);
         if (!xb) return;

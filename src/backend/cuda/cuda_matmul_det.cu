@@ -159,8 +159,8 @@ static void det_run(struct cuda_ctx *c, float *y, long ldy, long hy, const float
     long rows = w->rows, cols = w->cols;
     if (n <= 0 || rows <= 0) return;
     cudaStream_t s = c->stream;
-    bool half = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
-    bool vec = half && cols % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 &&
+    bool w16 = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
+    bool vec = w16 && cols % 8 == 0 && ldx % 4 == 0 && (uintptr_t)x % 16 == 0 &&
                (uintptr_t)w->data % 16 == 0 && (n_heads == 1 || (hx % 4 == 0 && hw % 8 == 0));
     CUDA_ASSERT(n_heads >= 1 && n_heads <= 65535);
     if (vec) {

@@ -324,7 +324,7 @@ static void moe_fill(const struct moe_experts *e, const void **h) {
     for (long i = 0; i < E; i++) h[i] = e->gate[i].data, h[E + i] = e->up[i].data, h[2 * E + i] = e->down[i].data;
 }
 
-static void *const *moe_table(struct cuda_ctx *c, const struct moe_experts *e) {
+static void *const *moe_table_find(struct cuda_ctx *c, const struct moe_experts *e) {
     struct moe_tables *ts = (struct moe_tables *)c->moe_tables;
     if (!ts) {
         ts = (struct moe_tables *)calloc(1, sizeof *ts);
@@ -521,7 +521,7 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
     if (n <= 0 || c->oom.bytes) return;
     int device = moe_device_ok(c, e, top_k, n);
     void *const *tab = NULL;
-    if (device && !(tab = moe_table(c, e))) return;
+    if (device && !(tab = moe_table_find(c, e))) return;
     /* equal chunks of at most backend_moe_chunk_tokens tokens: the
      * scratch holds one chunk's rows; a token's k outputs are summed in
      * its own order inside its chunk */

@@ -19,22 +19,22 @@
 
 /* x[n][ldx], heads at h * head_stride; pos[n] */
 static __global__ void rope_kernel(float *x, long ldx, long n, int n_heads, long head_stride,
-                                   int half, const int32_t *__restrict__ pos,
+                                   int rot_half, const int32_t *__restrict__ pos,
                                    const float *__restrict__ cos_sin, int interleaved) {
     pdl_trigger();
     pdl_wait();
-    long total = n * n_heads * half;
+    long total = n * n_heads * rot_half;
     for (long w = (long)blockIdx.x * blockDim.x + threadIdx.x; w < total;
          w += (long)gridDim.x * blockDim.x) {
-        int d = (int)(w % half);
-        long th = w / half;
+        int d = (int)(w % rot_half);
+        long th = w / rot_half;
         int h = (int)(th % n_heads);
         long i = th / n_heads;
-        const float *cs = cos_sin + ((size_t)pos[i] * (size_t)half + (size_t)d) * 2;
+        const float *cs = cos_sin + ((size_t)pos[i] * (size_t)rot_half + (size_t)d) * 2;
         float c = cs[0], s = cs[1];
         float *v = x + i * ldx + h * head_stride;
         float *a = interleaved ? v + 2 * d : v + d;
-        float *b = interleaved ? v + 2 * d + 1 : v + d + half;
+        float *b = interleaved ? v + 2 * d + 1 : v + d + rot_half;
         float x0 = *a, x1 = *b;
         *a = x0 * c - x1 * s;
         *b = x1 * c + x0 * s;
@@ -92,7 +92,7 @@ template <typename T>
 static __global__ void __launch_bounds__(QKR_WARPS * 32)
     qk_rope_store_kernel(float *q, float *k, const float *v, long ld, long n,
                          int n_heads, int n_kv_heads, int hd, const float *__restrict__ q_norm,
-                         const float *__restrict__ k_norm, float eps, int half,
+                         const float *__restrict__ k_norm, float eps, int rot_half,
                          const int32_t *__restrict__ pos, const float *__restrict__ cos_sin,
                          int interleaved, T *__restrict__ k_cache, T *__restrict__ v_cache,
                          long kv_stride, const int32_t *__restrict__ slots) {
@@ -114,13 +114,13 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
     float rc[QKR_PER_LANE], rs[QKR_PER_LANE];
     const bool vhead = j >= n_heads + n_kv_heads;
     if (!vhead) {
-        const float *cs = cos_sin + (size_t)pos[i] * (size_t)half * 2;
+        const float *cs = cos_sin + (size_t)pos[i] * (size_t)rot_half * 2;
 #pragma unroll
         for (int r = 0; r < QKR_PER_LANE; r++) {
             int e = lane + 32 * r;
             rc[r] = rs[r] = 0.0f;
-            if (e < 2 * half) {
-                int d = interleaved ? e >> 1 : e < half ? e : e - half;
+            if (e < 2 * rot_half) {
+                int d = interleaved ? e >> 1 : e < rot_half ? e : e - rot_half;
                 rc[r] = cs[2 * d], rs[r] = cs[2 * d + 1];
             }
         }
@@ -161,15 +161,15 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
         int e = lane + 32 * r;
         if (e >= hd) break;
         float val = s[e];
-        if (e < 2 * half) {
+        if (e < 2 * rot_half) {
             int partner;
             bool first;
             if (interleaved) {
                 first = !(e & 1);
                 partner = e ^ 1;
             } else {
-                first = e < half;
-                partner = first ? e + half : e - half;
+                first = e < rot_half;
+                partner = first ? e + rot_half : e - rot_half;
             }
             float c = rc[r], sn = rs[r], o = s[partner];
             val = first ? val * c - o * sn : val * c + o * sn;

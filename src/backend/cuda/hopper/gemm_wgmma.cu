@@ -417,8 +417,8 @@ template <int BN, bool F16> void setup_kernel(struct wg_state *st, int bi, int n
     }
 }
 
-int encode(const struct wg_state *st, CUtensorMap *m, const void *p, long rows, long cols, long ld,
-           int dtype, int box) {
+static int encode(const struct wg_state *st, CUtensorMap *m, const void *p, long rows, long cols,
+                  long ld, int dtype, int box) {
     cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
     cuuint64_t stride[1] = {(cuuint64_t)ld * 2};
     cuuint32_t boxd[2] = {BK, (cuuint32_t)box}, es[2] = {1, 1};
@@ -432,8 +432,8 @@ int encode(const struct wg_state *st, CUtensorMap *m, const void *p, long rows, 
 
 /* The weight's map: cached by pointer and shape (weights never move; a new
  * weight at a freed one's address with another shape gets its own entry). */
-const CUtensorMap *weight_map(struct wg_state *st, const struct backend_weight *w, int box,
-                              CUtensorMap *tmp) {
+static const CUtensorMap *weight_map(struct wg_state *st, const struct backend_weight *w, int box,
+                                     CUtensorMap *tmp) {
     uint64_t h = ((uint64_t)(uintptr_t)w->data >> 8) * 0x9E3779B97F4A7C15ull;
     unsigned i = (unsigned)(h >> 53) & (WMAP_SLOTS - 1);
     for (int probe = 0; probe < WMAP_SLOTS; probe++, i = (i + 1) & (WMAP_SLOTS - 1)) {
@@ -453,8 +453,8 @@ const CUtensorMap *weight_map(struct wg_state *st, const struct backend_weight *
     return tmp; /* table full: encoded for this call only */
 }
 
-const CUtensorMap *act_map(struct wg_state *st, const void *x, long n, long cols, long ldx,
-                           int dtype) {
+static const CUtensorMap *act_map(struct wg_state *st, const void *x, long n, long cols, long ldx,
+                                  int dtype) {
     for (int i = 0; i < XMAP_SLOTS; i++) {
         struct tmap_entry *e = &st->x[i];
         if (e->p == x && e->rows == n && e->cols == cols && e->ld == ldx && e->dtype == dtype)
@@ -472,7 +472,7 @@ const CUtensorMap *act_map(struct wg_state *st, const void *x, long n, long cols
  * clusters of S CTAs take at most WG_FILL% of the clusters resident at once
  * on an empty GPU and whose splits keep at least WG_MIN_STEPS k-steps each
  * (each CTA pays a pipeline ramp and the cluster reduction). */
-int choose_splits(const struct wg_state *st, int bi, long tiles, int nk) {
+static int choose_splits(const struct wg_state *st, int bi, long tiles, int nk) {
     int best = 1;
     for (int s = 2; s <= MAX_SPLIT && s * WG_MIN_STEPS <= nk; s++)
         if (tiles * 100 <= (long)st->clusters[bi][s] * WG_FILL) best = s;
