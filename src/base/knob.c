@@ -116,8 +116,9 @@ static const struct knob_def table[KNOB_COUNT] = {
                               BOOL(KNOB_DEBUG, "1",
                                    "rope and the K/V store in the wgmma q|k|v product's epilogue")},
     [KNOB_CUDA_MOE_MAX] = {"KILN_CUDA_MOE_MAX",
-                           INT(KNOB_DEBUG, "256", 0, 1 << 20,
-                               "largest batch (tokens) of the MoE device path")},
+                           INT(KNOB_DEBUG, "1048576", 0, 1 << 20,
+                               "largest batch (tokens) of the MoE device path; larger ones sort "
+                               "on the host")},
     [KNOB_CUDA_PROFILE] = {"KILN_CUDA_PROFILE",
                            BOOL(KNOB_DEBUG, "0",
                                 "time every GPU operation per shape; a table at exit (slows every step)")},

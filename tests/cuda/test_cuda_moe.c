@@ -202,6 +202,7 @@ int main(void) {
     struct backend_options bo = {0};
     if (backend_create(&cpu, "cpu", &bo, &err)) return 1;
     setenv("KILN_CUDA_MOE", "device", 1); /* the default, whatever the environment says */
+    setenv("KILN_CUDA_MOE_MAX", "256", 1); /* larger batches: the host path's cases below */
     knob_reload(NULL);
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) printf("test_cuda_moe: %s; the tests below fail\n", err.msg);

@@ -443,12 +443,12 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->wgmma_glu = knob_bool(KNOB_CUDA_WGMMA_GLU);
     c->wgmma_rope = knob_bool(KNOB_CUDA_WGMMA_ROPE);
 #endif
-    /* KILN_CUDA_MOE=device (the default): MoE batches of up to 256 tokens
-     * (every decode graph bucket; KILN_CUDA_MOE_MAX sets the bound) sort
-     * their rows on the device and MoE models decode from graphs; larger
-     * batches take the host sort (docs/cuda.md, "Mixture of experts").
-     * Measured faster than the host path at 1 and 64 sequences on an H100
-     * (Qwen3-30B-A3B and DeepSeek-V2-Lite, docs/perf.md). */
+    /* KILN_CUDA_MOE=device (the default): MoE steps of any size (up to
+     * KILN_CUDA_MOE_MAX tokens) sort their rows on the device and MoE
+     * models decode from graphs (docs/cuda.md, "Mixture of experts").
+     * Measured faster than the host sort at every size tried on an H100
+     * (Qwen3-30B-A3B and DeepSeek-V2-Lite, decode at 1 and 64 sequences,
+     * prefill of 512 and 8192 tokens: docs/perf.md). */
     c->moe_device_max = knob_enum(KNOB_CUDA_MOE) == 1 ? (int)knob_int(KNOB_CUDA_MOE_MAX) : 0;
     be->ops = &cuda_ops;
     be->ctx = c;

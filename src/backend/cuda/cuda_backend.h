@@ -105,7 +105,7 @@ struct cuda_ctx {
     /* MoE on the device (cuda_moe.cu): batches of up to moe_device_max
      * tokens with 16-bit experts sort their rows by expert on the device
      * and run grouped products, no host round trip (graph-capturable);
-     * larger ones (prefill) take the host sort and cuBLAS per expert.
+     * larger ones take the host sort and cuBLAS per expert.
      * KILN_CUDA_MOE=device turns it on (0 otherwise: always the host
      * path); KILN_CUDA_MOE_MAX: the bound */
     int moe_device_max;

@@ -13,8 +13,8 @@
  *
  * Expert MLPs, two paths; both end in a kernel that sums each token's k
  * expert outputs in the token's own top-k order, as the CPU does.
- *  - Device (batches of up to moe_device_max tokens, 16-bit experts: every
- *    decode step): one CTA counts the n·k (token, j) rows per expert,
+ *  - Device (batches of up to moe_device_max tokens, by default every
+ *    step; 16-bit experts): one CTA counts the n·k (token, j) rows per expert,
  *    scans, scatters them into expert order and writes a list of tiles
  *    (expert, first row, up to 16 or 64 rows); gate|up then runs as one
  *    grouped product over the list with SwiGLU in its epilogue (16-bit
@@ -24,7 +24,8 @@
  *    experts' weight pointers live in a device table per layer, built on
  *    the layer's first call (never inside a recording: the first step of
  *    every batch size runs eagerly).
- *  - Host (larger batches: prefill): the routing ids come back to the host
+ *  - Host (--deterministic, bf16x2, fp32 experts, or batches past
+ *    KILN_CUDA_MOE_MAX): the routing ids come back to the host
  *    (one stream sync per MoE layer and chunk), rows are grouped by
  *    expert, and each expert with rows runs gate/up/down through
  *    cuda_op_matmul (cuBLAS) on its contiguous block of gathered rows.
