@@ -21,12 +21,15 @@
  *    results are thrown away, only its first-run costs matter. Device
  *    memory starts zeroed, so such weights are finite (no NaN paths).
  *
- * Weights are carved out of 512 MiB slabs of device memory (cudaMalloc
- * rounds every allocation up to 2 MiB pages: Qwen3-30B-A3B's 18432 expert
- * matrices of 3 MiB would take 4 MiB each, 18 GiB lost); a tensor of
- * 64 MiB or more gets an allocation of its own, where the rounding costs
- * under 3%. A slab goes back to the device when its last tensor is
- * released.
+ * Weights whose 2 MiB rounding would waste memory are carved out of
+ * 512 MiB slabs of device memory (cudaMalloc rounds every allocation up
+ * to 2 MiB pages: Qwen3-30B-A3B's 18432 expert matrices of 3 MiB would
+ * take 4 MiB each, 18 GiB lost). A tensor of 64 MiB or more, or one whose
+ * rounding wastes at most 1/16 of it (every dense model's products: their
+ * sizes are whole MiB multiples), gets an allocation of its own: packed
+ * into slabs, Qwen3-0.6B's decode at 64 sequences ran 5% slower on an
+ * H100 (1.82 against 1.75 ms/step), with the same bytes. A slab goes
+ * back to the device when its last tensor is released.
  *
  * The loader's copies run on a stream of their own; the staging buffers
  * belong to whoever holds `lock` (the loader per queued tensor, a large
@@ -194,7 +197,8 @@ static unsigned char *alloc_weight(struct cuda_uploader *u, const size_t *bytes,
     size_t need = (*total + PIECE_ALIGN - 1) & ~(size_t)(PIECE_ALIGN - 1);
     if (!need) need = PIECE_ALIGN;
     struct slab *s = NULL;
-    if (need >= SLAB_MAX_PIECE) {
+    size_t page = (size_t)2 << 20, waste = (need + page - 1) / page * page - need;
+    if (need >= SLAB_MAX_PIECE || waste * 16 <= need) {
         s = slab_new(u, need);
         if (!s) return NULL;
     } else {
