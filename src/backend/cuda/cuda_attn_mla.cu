@@ -34,17 +34,19 @@
  * the chunk states folded in chunk order from the empty state (mla_merge,
  * roundings spelled out). Unsplit, a CTA walks the row's chunks and folds
  * as it goes; split (fewer CTAs than one wave), slot y takes chunks y, y +
- * slots, … and writes the chunk states to scratch, and the last CTA of the
- * (row, head block) to finish (arrival counter, reset by it) stages them in
- * shared memory, four at a time, and folds them.
+ * slots, … and writes the chunk states to scratch, and mla_combine_kernel
+ * (launched after it) folds them, a thread per (row, head, 4 columns), so
+ * the fold of a long context's states spreads over the GPU (a single CTA
+ * folding 128 states of 16 × 512 was most of a layer's time at 32k
+ * positions on an H100).
  * The choice depends on the number of rows and max_context only (fixed
  * launch shapes per batch size: graph-capturable), and both ways give the
  * same bits, so a row's result does not depend on its batch.
  *
  * Programmatic dependent launch (cuda_pdl.cuh): the page-table lookups of
  * a CTA's first tile and, when that tile ends before this step's token,
- * its copies, go out before pdl_wait; q, the step's cache row, scratch and
- * counters are touched after it. */
+ * its copies, go out before pdl_wait; q, the step's cache row and scratch
+ * are touched after it. */
 #include <math.h>
 #include <stdint.h>
 
@@ -65,7 +67,6 @@ enum {
     MLA_COLS = MLA_DV / MLA_W, /* output columns per warp */
     MLA_DT = MLA_COLS / 8,     /* 8-column mma tiles per warp */
     MLA_C16 = MLA_DK / 8,      /* 16-byte pieces per cache row */
-    MLA_COUNTERS = CUDA_ATTN_COUNTER_BYTES / 4,
 };
 
 static constexpr size_t MLA_TILE = (size_t)MLA_BN * MLA_LDK; /* elements */
@@ -86,7 +87,6 @@ struct mla_args {
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
     int max_chunks;     /* chunk states per (row, head) in partial; 0: no split */
     float *partial;     /* [rows][n_heads][max_chunks][MLA_DS] */
-    unsigned *counters; /* [rows · hblocks], zero between launches */
 };
 
 /* Folds (mc, lc, oc) into (m, l, o), log2 domain; (m, l, o) may be empty. */
@@ -113,7 +113,6 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
     float *red_m = (float *)(ps + MLA_HB * MLA_LDP);             /* [W][HB] */
     float *red_l = red_m + MLA_W * MLA_HB;                       /* [W][HB] */
     long long *slot_s = (long long *)(red_l + MLA_W * MLA_HB);   /* [2][BN] */
-    __shared__ int last_s;
     pdl_trigger();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -321,76 +320,52 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
         c = cn, tile = tn, buf ^= 1;
     }
 
-    auto write_out = [&]() {
+    if (split) return; /* mla_combine_kernel folds the chunk states */
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int h = hr + 8 * r;
-            if (h >= nh) continue;
-            float inv = 1.0f / rl[r];
-            float *o = a.out + t * a.ldo + (long)(h0 + h) * MLA_DV + col0 + 2 * tq;
+    for (int r = 0; r < 2; r++) {
+        int h = hr + 8 * r;
+        if (h >= nh) continue;
+        float inv = 1.0f / rl[r];
+        float *o = a.out + t * a.ldo + (long)(h0 + h) * MLA_DV + col0 + 2 * tq;
 #pragma unroll
-            for (int j = 0; j < MLA_DT; j++)
-                *(float2 *)(o + j * 8) = make_float2(__fmul_rn(ro[j][2 * r], inv), __fmul_rn(ro[j][2 * r + 1], inv));
-        }
-    };
-    if (!split) {
-        write_out();
-        return;
+        for (int j = 0; j < MLA_DT; j++)
+            *(float2 *)(o + j * 8) = make_float2(__fmul_rn(ro[j][2 * r], inv), __fmul_rn(ro[j][2 * r + 1], inv));
     }
+}
 
-    /* Split: the last CTA of the (row, head block) folds the chunk states
-     * in chunk order, each thread its own elements. */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        unsigned active = (unsigned)min((int)gridDim.y, nch);
-        unsigned prev = atomicAdd(a.counters + unit, 1u);
-        last_s = prev == active - 1;
-        if (last_s) atomicExch(a.counters + unit, 0u); /* zero for the next launch */
+/* The split rows' results: the chunk states of (row, head) folded in chunk
+ * order from the empty state, each thread its 4 columns — the unsplit
+ * fold's operations in its order, so the same bits. grid (units, MLA_HB),
+ * MLA_DV / 4 threads. */
+static __global__ void __launch_bounds__(MLA_DV / 4) mla_combine_kernel(const struct mla_args a) {
+    pdl_trigger();
+    pdl_wait();
+    const long unit = blockIdx.x;
+    const int hb = (int)(unit % a.hblocks), h = hb * MLA_HB + (int)blockIdx.y;
+    const long row = unit / a.hblocks;
+    const long t = a.q_start[row];
+    if (h >= a.n_heads || a.q_start[row + 1] - t != 1) return;
+    const int nch = (a.positions[t] + MLA_CHUNK) / MLA_CHUNK;
+    if (nch <= 1 || nch > a.max_chunks) return; /* the decode kernel wrote it */
+    const int d = threadIdx.x * 4;
+    const float *st = a.partial + (row * a.n_heads + h) * (long)a.max_chunks * MLA_DS;
+    float rm = -INFINITY, rl = 0.0f, ro[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c = 0; c < nch; c++, st += MLA_DS) {
+        float2 ml = *(const float2 *)(st + MLA_DV);
+        float4 v = *(const float4 *)(st + d);
+        float m2, fa, fc;
+        mla_factors(rm, ml.x, &m2, &fa, &fc);
+        rm = m2;
+        rl = mla_fold(rl, fa, ml.y, fc);
+        ro[0] = mla_fold(ro[0], fa, v.x, fc);
+        ro[1] = mla_fold(ro[1], fa, v.y, fc);
+        ro[2] = mla_fold(ro[2], fa, v.z, fc);
+        ro[3] = mla_fold(ro[3], fa, v.w, fc);
     }
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
-    /* Batches of chunk states staged in shared memory (the tile stages are
-     * free: every copy has landed), all copies of a batch in flight at once
-     * (cp.async.cg reads L2, where the other CTAs' states are), then folded
-     * in chunk order. */
-    float *stg = (float *)mla_smem4; /* [chunk of the batch][HB][DS] */
-    constexpr int Q4 = MLA_DS / 4, NB = (int)(2 * MLA_TILE * 2 / 4 / (MLA_HB * MLA_DS));
-    static_assert(NB >= 1, "one chunk state fits the stage");
-    for (int cb = 0; cb < nch; cb += NB) {
-        const int nb = min(NB, nch - cb);
-        for (int i = tid; i < nb * nh * Q4; i += MLA_THREADS) {
-            int cc = i / (nh * Q4), h = i / Q4 % nh, r4 = i % Q4;
-            const float *src =
-                a.partial + ((row * a.n_heads + h0 + h) * (long)a.max_chunks + cb + cc) * MLA_DS + r4 * 4;
-            ptx_cp_async16_zfill(stg + ((cc * MLA_HB + h) * MLA_DS + r4 * 4), src, true);
-        }
-        ptx_cp_async_commit();
-        ptx_cp_async_wait<0>();
-        __syncthreads();
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int h = hr + 8 * r;
-            if (h >= nh) continue;
-            for (int cc = 0; cc < nb; cc++) {
-                const float *st = stg + (cc * MLA_HB + h) * MLA_DS;
-                float2 ml = *(const float2 *)(st + MLA_DV);
-                float m2, fa, fc;
-                mla_factors(rm[r], ml.x, &m2, &fa, &fc);
-                rm[r] = m2;
-                rl[r] = mla_fold(rl[r], fa, ml.y, fc);
-#pragma unroll
-                for (int j = 0; j < MLA_DT; j++) {
-                    float2 v = *(const float2 *)(st + col0 + j * 8 + 2 * tq);
-                    ro[j][2 * r] = mla_fold(ro[j][2 * r], fa, v.x, fc);
-                    ro[j][2 * r + 1] = mla_fold(ro[j][2 * r + 1], fa, v.y, fc);
-                }
-            }
-        }
-        __syncthreads(); /* the stage is refilled by the next batch */
-    }
-    write_out();
+    float inv = 1.0f / rl;
+    float *o = a.out + t * a.ldo + (long)h * MLA_DV + d; /* 8-byte aligned */
+    *(float2 *)o = make_float2(__fmul_rn(ro[0], inv), __fmul_rn(ro[1], inv));
+    *(float2 *)(o + 2) = make_float2(__fmul_rn(ro[2], inv), __fmul_rn(ro[3], inv));
 }
 
 extern "C" int cuda_attn_mla_ok(const struct cuda_ctx *c, const float *out, long ldo,
@@ -414,8 +389,7 @@ extern "C" void cuda_attn_mla(struct cuda_ctx *c, float *out, long ldo, const fl
     int hblocks = (p->n_heads + MLA_HB - 1) / MLA_HB;
     struct mla_args a = {out, ldo, q, ldq, (const __nv_bfloat16 *)k_cache, p->k_stride, p->n_heads,
                          hblocks, p->scale * 1.4426950408889634f, b->page_size, b->positions,
-                         b->q_start, b->kv_page_start, b->kv_pages, 0, cuda_attn_states(c),
-                         (unsigned *)c->attn.p};
+                         b->q_start, b->kv_page_start, b->kv_pages, 0, cuda_attn_states(c)};
     long units = rows * hblocks;
     CUDA_ASSERT(units < (1l << 31));
     CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -427,7 +401,7 @@ extern "C" void cuda_attn_mla(struct cuda_ctx *c, float *out, long ldo, const fl
     long wave = (long)occ * c->n_sm;
     long chunks = (c->max_context + MLA_CHUNK - 1) / MLA_CHUNK;
     long slots = 1;
-    if (units < wave && chunks > 1 && units <= MLA_COUNTERS) {
+    if (units < wave && chunks > 1) {
         long per_chunk = rows * p->n_heads * (long)MLA_DS * 4;
         long cap = (long)(cuda_attn_states_bytes(c) / (size_t)per_chunk);
         if (cap > chunks) cap = chunks;
@@ -439,5 +413,7 @@ extern "C" void cuda_attn_mla(struct cuda_ctx *c, float *out, long ldo, const fl
     }
     pdl_launch(c, mla_decode_kernel, dim3((unsigned)units, (unsigned)slots), dim3(MLA_THREADS),
                MLA_SMEM, a);
+    if (a.max_chunks)
+        pdl_launch(c, mla_combine_kernel, dim3((unsigned)units, MLA_HB), dim3(MLA_DV / 4), 0, a);
     c->mla_decode_calls++;
 }
