@@ -76,6 +76,31 @@ static __device__ __forceinline__ float4 kv_get4(const __nv_bfloat16 *p) {
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
+/* 8 bf16 / f16 values packed in a uint4, widened to fp32 (the third
+ * argument picks the type) */
+static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __nv_bfloat16 *) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __half *) {
+    const __half2 *h = (const __half2 *)&p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+/* v rounded to the 16-bit type */
+static __device__ __forceinline__ void store16(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+static __device__ __forceinline__ void store16(__half *p, float v) { *p = __float2half_rn(v); }
+
 static inline cudaStream_t ctx_stream(void *ctx) { return ((struct cuda_ctx *)ctx)->stream; }
 
 #endif

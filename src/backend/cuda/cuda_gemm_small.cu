@@ -70,8 +70,6 @@ struct grouped {
 
 enum { MODE_GROUPED, MODE_GLU };
 
-__device__ __forceinline__ void store16(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store16(__half *p, float v) { *p = __float2half_rn(v); }
 
 /* MT: n8 tiles of activation rows (M <= 8·MT); MTE: MT rounded up to even
  * (ldmatrix.x4 reads two tiles at a time; the odd one's partner is loaded

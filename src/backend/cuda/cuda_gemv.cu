@@ -42,25 +42,6 @@ enum {
     GEMV_LOADS = 8, /* 16-byte weight loads in flight per lane */
 };
 
-/* 8 bf16 / f16 values packed in a uint4, widened to fp32 */
-static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __nv_bfloat16 *) {
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-static __device__ __forceinline__ void widen8(const uint4 &p, float *f, const __half *) {
-    const __half2 *h = (const __half2 *)&p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __half22float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
 
 /* Weight rows are read with ptx_ld_stream_v4: they are streamed once, so
  * they bypass L1 (activations stay cached there) and L2 fetches whole

@@ -42,25 +42,6 @@ constexpr int MG_THREADS = 32 * MG_WARPS;
  * a warp, gave 3.71-3.77 and 3.26-3.29. */
 constexpr int MG_U = 4;
 
-__device__ __forceinline__ void widen8(const uint4 &p, float *f, const __nv_bfloat16 *) {
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-__device__ __forceinline__ void widen8(const uint4 &p, float *f, const __half *) {
-    const __half2 *h = (const __half2 *)&p;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __half22float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-
 /* 8 activations at column 8·v of a row: fp32 rows (two 16-byte loads) or
  * 16-bit rows of the weights' type (one). Ordinary loads: the rows were
  * written by the kernels before (cuda_pdl.cuh, rule 2). */
@@ -76,8 +57,6 @@ __device__ __forceinline__ void load_act8(const T *row, long v, float *xv) {
     widen8(p, xv, (const T *)0);
 }
 
-__device__ __forceinline__ void store16(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store16(__half *p, float v) { *p = __float2half_rn(v); }
 
 /* T: the weights' 16-bit type; XT: the activations' (float or T); G = 2:
  * gate|up with the SwiGLU epilogue into y (T), G = 1: y fp32; NR: the most
