@@ -38,6 +38,7 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
+#include "cuda_test_attn.h"
 #include "cuda_test_rng.h"
 
 enum { D = 128, MAX_TOKENS = 2048, MAX_CONTEXT = 4096, MAX_HEADS = 32 };
@@ -46,86 +47,6 @@ static struct backend cpu, gpu;     /* gpu: the default kernels */
 static struct backend gpu_fa2;      /* KILN_CUDA_FA=fa2 */
 static struct backend gpu_fa3;      /* KILN_CUDA_FA=fa3 (Hopper builds on cc 9.0 only) */
 static int have_gpu, have_fa3;
-
-static void *dev_from(const void *h, size_t bytes) {
-    void *d = gpu.ops->alloc(gpu.ctx, bytes);
-    assert_non_null(d);
-    gpu.ops->upload(gpu.ctx, d, h, bytes);
-    return d;
-}
-
-/* One batch: host and device copies of the metadata. */
-struct batch {
-    int n_tokens, n_seqs, page_size;
-    int32_t *pos, *q_start, *page_start, *pages;
-    struct backend_batch hb, db;
-    void *dpos, *dqs, *dps, *dpg;
-};
-
-static void batch_make(struct batch *b, int page_size, int n_seqs, const int *first_pos,
-                       const int *n_new, const int32_t *const *seq_pages, const int *n_pages) {
-    b->page_size = page_size, b->n_seqs = n_seqs, b->n_tokens = 0;
-    int tp = 0;
-    for (int s = 0; s < n_seqs; s++) b->n_tokens += n_new[s], tp += n_pages[s];
-    b->pos = xmalloc((size_t)b->n_tokens * 4 + 4);
-    b->q_start = xmalloc((size_t)(n_seqs + 1) * 4);
-    b->page_start = xmalloc((size_t)(n_seqs + 1) * 4);
-    b->pages = xmalloc((size_t)tp * 4 + 4);
-    int t = 0, pg = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        b->q_start[s] = t, b->page_start[s] = pg;
-        for (int i = 0; i < n_new[s]; i++) b->pos[t++] = first_pos[s] + i;
-        for (int i = 0; i < n_pages[s]; i++) b->pages[pg++] = seq_pages[s][i];
-    }
-    b->q_start[n_seqs] = t, b->page_start[n_seqs] = pg;
-    b->dpos = dev_from(b->pos, (size_t)t * 4 + 4);
-    b->dqs = dev_from(b->q_start, (size_t)(n_seqs + 1) * 4);
-    b->dps = dev_from(b->page_start, (size_t)(n_seqs + 1) * 4);
-    b->dpg = dev_from(b->pages, (size_t)pg * 4 + 4);
-    b->hb = (struct backend_batch){t, n_seqs, page_size, b->pos, b->q_start, b->page_start, b->pages};
-    b->db = (struct backend_batch){t, n_seqs, page_size, b->dpos, b->dqs, b->dps, b->dpg};
-}
-
-static void batch_free(struct batch *b) {
-    free(b->pos), free(b->q_start), free(b->page_start), free(b->pages);
-    gpu.ops->free(gpu.ctx, b->dpos), gpu.ops->free(gpu.ctx, b->dqs);
-    gpu.ops->free(gpu.ctx, b->dps), gpu.ops->free(gpu.ctx, b->dpg);
-}
-
-/* Runs be's attention on batch b (q rows from dq), returns the output rows
- * [n_tokens][ldo] downloaded (poisoned with NaN before the run). */
-static float *run_gpu(struct backend *be, const struct batch *b, const float *dq, long ldq, long ldo,
-                      const void *kc, const void *vc, const struct attn_params *p) {
-    size_t n = (size_t)b->n_tokens * (size_t)ldo;
-    float *h = xmalloc(n * 4 + 4);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *dout = dev_from(h, n * 4);
-    be->ops->attention(be->ctx, dout, ldo, dq, ldq, kc, vc, p, &b->db);
-    be->ops->synchronize(be->ctx);
-    gpu.ops->download(gpu.ctx, h, dout, n * 4);
-    gpu.ops->free(gpu.ctx, dout);
-    return h;
-}
-
-static double rel_err(const float *g, const float *c, long rows, long width, long ld) {
-    double num = 0, den = 0;
-    for (long r = 0; r < rows; r++)
-        for (long k = 0; k < width; k++) {
-            double a = g[r * ld + k], b = c[r * ld + k];
-            if (isnan(a) || isnan(b)) fail_msg("NaN at row %ld col %ld (gpu %g cpu %g)", r, k, a, b);
-            num += (a - b) * (a - b), den += b * b;
-        }
-    return sqrt(num / den);
-}
-
-/* rows [0, rows) of x and y, `width` floats each, the same bits */
-static void expect_same_bits(const char *what, const float *x, long ldx, const float *y, long ldy,
-                             long rows, long width) {
-    for (long r = 0; r < rows; r++)
-        if (memcmp(x + r * ldx, y + r * ldy, (size_t)width * 4))
-            fail_msg("%s: row %ld differs", what, r);
-    printf("    %s: %ld rows, same bits\n", what, rows);
-}
 
 static void check_case(int H, int KVH, int page_size, const int *len, const int *nw, int n_seqs) {
     /* page pool, shuffled; each sequence's pages */
@@ -154,17 +75,17 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
         kb[i] = f32_to_bf16(frand(1.0f)), kh[i] = bf16_to_f32(kb[i]);
         vb[i] = f32_to_bf16(frand(1.0f)), vh[i] = bf16_to_f32(vb[i]);
     }
-    void *kd = dev_from(kb, nkv * 2), *vd = dev_from(vb, nkv * 2);
+    void *kd = dev_from(&gpu, kb, nkv * 2), *vd = dev_from(&gpu, vb, nkv * 2);
     long ldq = (long)H * D + 4, ldo = (long)H * D + 2;
     size_t nq = (size_t)n_tokens * (size_t)ldq;
     float *qh = xmalloc(nq * 4);
     for (size_t i = 0; i < nq; i++) qh[i] = frand(1.0f);
-    float *qd = dev_from(qh, nq * 4);
+    float *qd = dev_from(&gpu, qh, nq * 4);
     struct attn_params p = {.n_heads = H, .n_kv_heads = KVH, .dk = D, .dv = D, .k_stride = stride,
                             .v_stride = stride, .scale = 1.0f / sqrtf((float)D)};
 
     struct batch b;
-    batch_make(&b, page_size, n_seqs, first, nw, sp, np);
+    batch_make(&gpu, &b, page_size, n_seqs, first, nw, sp, np);
     printf("  H=%d KVH=%d page=%d seqs=%d tokens=%d\n", H, KVH, page_size, n_seqs, n_tokens);
     float *ref = xmalloc((size_t)n_tokens * (size_t)ldo * 4);
     for (size_t i = 0; i < (size_t)n_tokens * (size_t)ldo; i++) ref[i] = NAN;
@@ -189,28 +110,28 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
      * new tokens in two chunks (the second after a cached prefix) */
     if (nw[0] >= 4) {
         struct batch b1;
-        batch_make(&b1, page_size, 1, first, nw, sp, np);
+        batch_make(&gpu, &b1, page_size, 1, first, nw, sp, np);
         float *o1 = run_gpu(&gpu, &b1, qd, ldq, ldo, kd, vd, &p);
         expect_same_bits("seq 0 alone vs in the batch", o1, ldo, outs[0], ldo, nw[0], W);
         free(o1);
-        batch_free(&b1);
+        batch_free(&gpu, &b1);
         int c1 = nw[0] / 3, c2 = nw[0] - c1, f2 = first[0] + c1;
         int np1 = (first[0] + c1 + page_size - 1) / page_size;
         struct batch bc1, bc2;
-        batch_make(&bc1, page_size, 1, first, &c1, sp, &np1);
-        batch_make(&bc2, page_size, 1, &f2, &c2, sp, np);
+        batch_make(&gpu, &bc1, page_size, 1, first, &c1, sp, &np1);
+        batch_make(&gpu, &bc2, page_size, 1, &f2, &c2, sp, np);
         float *oc1 = run_gpu(&gpu, &bc1, qd, ldq, ldo, kd, vd, &p);
         float *oc2 = run_gpu(&gpu, &bc2, qd + (size_t)c1 * (size_t)ldq, ldq, ldo, kd, vd, &p);
         expect_same_bits("chunk 1 vs in the batch", oc1, ldo, outs[0], ldo, c1, W);
         expect_same_bits("chunk 2 vs in the batch", oc2, ldo, outs[0] + (size_t)c1 * (size_t)ldo, ldo,
                          c2, W);
         free(oc1), free(oc2);
-        batch_free(&bc1), batch_free(&bc2);
+        batch_free(&gpu, &bc1), batch_free(&gpu, &bc2);
     }
 
     for (int v = 0; v < 3; v++) free(outs[v]);
     free(ref);
-    batch_free(&b);
+    batch_free(&gpu, &b);
     gpu.ops->free(gpu.ctx, kd), gpu.ops->free(gpu.ctx, vd), gpu.ops->free(gpu.ctx, qd);
     free(kh), free(vh), free(kb), free(vb), free(qh), free(perm), free(sp), free(np), free(first);
 }

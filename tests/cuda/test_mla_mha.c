@@ -31,88 +31,13 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
+#include "cuda_test_attn.h"
 #include "cuda_test_rng.h"
 
 enum { DK = 192, DV = 128, MAX_TOKENS = 2048, MAX_CONTEXT = 4096, MAX_HEADS = 32 };
 
 static struct backend cpu, gpu, gpu_fa2;
 static int have_gpu;
-
-static void *dev_from(const void *h, size_t bytes) {
-    void *d = gpu.ops->alloc(gpu.ctx, bytes);
-    assert_non_null(d);
-    gpu.ops->upload(gpu.ctx, d, h, bytes);
-    return d;
-}
-
-struct batch {
-    int n_tokens, n_seqs, page_size;
-    int32_t *pos, *q_start, *page_start, *pages;
-    struct backend_batch hb, db;
-    void *dpos, *dqs, *dps, *dpg;
-};
-
-static void batch_make(struct batch *b, int page_size, int n_seqs, const int *first_pos,
-                       const int *n_new, const int32_t *const *seq_pages, const int *n_pages) {
-    b->page_size = page_size, b->n_seqs = n_seqs, b->n_tokens = 0;
-    int tp = 0;
-    for (int s = 0; s < n_seqs; s++) b->n_tokens += n_new[s], tp += n_pages[s];
-    b->pos = xmalloc((size_t)b->n_tokens * 4 + 4);
-    b->q_start = xmalloc((size_t)(n_seqs + 1) * 4);
-    b->page_start = xmalloc((size_t)(n_seqs + 1) * 4);
-    b->pages = xmalloc((size_t)tp * 4 + 4);
-    int t = 0, pg = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        b->q_start[s] = t, b->page_start[s] = pg;
-        for (int i = 0; i < n_new[s]; i++) b->pos[t++] = first_pos[s] + i;
-        for (int i = 0; i < n_pages[s]; i++) b->pages[pg++] = seq_pages[s][i];
-    }
-    b->q_start[n_seqs] = t, b->page_start[n_seqs] = pg;
-    b->dpos = dev_from(b->pos, (size_t)t * 4 + 4);
-    b->dqs = dev_from(b->q_start, (size_t)(n_seqs + 1) * 4);
-    b->dps = dev_from(b->page_start, (size_t)(n_seqs + 1) * 4);
-    b->dpg = dev_from(b->pages, (size_t)pg * 4 + 4);
-    b->hb = (struct backend_batch){t, n_seqs, page_size, b->pos, b->q_start, b->page_start, b->pages};
-    b->db = (struct backend_batch){t, n_seqs, page_size, b->dpos, b->dqs, b->dps, b->dpg};
-}
-
-static void batch_free(struct batch *b) {
-    free(b->pos), free(b->q_start), free(b->page_start), free(b->pages);
-    gpu.ops->free(gpu.ctx, b->dpos), gpu.ops->free(gpu.ctx, b->dqs);
-    gpu.ops->free(gpu.ctx, b->dps), gpu.ops->free(gpu.ctx, b->dpg);
-}
-
-static float *run_gpu(struct backend *be, const struct batch *b, const float *dq, long ldq, long ldo,
-                      const void *kc, const void *vc, const struct attn_params *p) {
-    size_t n = (size_t)b->n_tokens * (size_t)ldo;
-    float *h = xmalloc(n * 4 + 4);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *dout = dev_from(h, n * 4);
-    be->ops->attention(be->ctx, dout, ldo, dq, ldq, kc, vc, p, &b->db);
-    be->ops->synchronize(be->ctx);
-    gpu.ops->download(gpu.ctx, h, dout, n * 4);
-    gpu.ops->free(gpu.ctx, dout);
-    return h;
-}
-
-static double rel_err(const float *g, const float *c, long rows, long width, long ld) {
-    double num = 0, den = 0;
-    for (long r = 0; r < rows; r++)
-        for (long k = 0; k < width; k++) {
-            double a = g[r * ld + k], b = c[r * ld + k];
-            if (isnan(a) || isnan(b)) fail_msg("NaN at row %ld col %ld (gpu %g cpu %g)", r, k, a, b);
-            num += (a - b) * (a - b), den += b * b;
-        }
-    return sqrt(num / den);
-}
-
-static void expect_same_bits(const char *what, const float *x, long ldx, const float *y, long ldy,
-                             long rows, long width) {
-    for (long r = 0; r < rows; r++)
-        if (memcmp(x + r * ldx, y + r * ldy, (size_t)width * 4))
-            fail_msg("%s: row %ld differs", what, r);
-    printf("    %s: %ld rows, same bits\n", what, rows);
-}
 
 /* page_size 0: one page holding the whole context (the workspace's view) */
 static void check_case(int H, int KVH, int page_size, const int *len, const int *nw, int n_seqs) {
@@ -142,17 +67,17 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
     uint16_t *kb = xmalloc(nk * 2), *vb = xmalloc(nv * 2);
     for (size_t i = 0; i < nk; i++) kb[i] = f32_to_bf16(frand(1.0f)), kh[i] = bf16_to_f32(kb[i]);
     for (size_t i = 0; i < nv; i++) vb[i] = f32_to_bf16(frand(1.0f)), vh[i] = bf16_to_f32(vb[i]);
-    void *kd = dev_from(kb, nk * 2), *vd = dev_from(vb, nv * 2);
+    void *kd = dev_from(&gpu, kb, nk * 2), *vd = dev_from(&gpu, vb, nv * 2);
     long ldq = (long)H * DK, ldo = (long)H * DV;
     size_t nq = (size_t)n_tokens * (size_t)ldq;
     float *qh = xmalloc(nq * 4);
     for (size_t i = 0; i < nq; i++) qh[i] = frand(1.0f);
-    float *qd = dev_from(qh, nq * 4);
+    float *qd = dev_from(&gpu, qh, nq * 4);
     struct attn_params p = {.n_heads = H, .n_kv_heads = KVH, .dk = DK, .dv = DV, .k_stride = ks,
                             .v_stride = vs, .scale = 1.0f / sqrtf((float)DK)};
 
     struct batch b;
-    batch_make(&b, page_size, n_seqs, first, nw, sp, np);
+    batch_make(&gpu, &b, page_size, n_seqs, first, nw, sp, np);
     printf("  H=%d KVH=%d page=%d seqs=%d tokens=%d\n", H, KVH, page_size, n_seqs, n_tokens);
     float *ref = xmalloc((size_t)n_tokens * (size_t)ldo * 4);
     for (size_t i = 0; i < (size_t)n_tokens * (size_t)ldo; i++) ref[i] = NAN;
@@ -169,27 +94,27 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
     }
     if (nw[0] >= 4) {
         struct batch b1;
-        batch_make(&b1, page_size, 1, first, nw, sp, np);
+        batch_make(&gpu, &b1, page_size, 1, first, nw, sp, np);
         float *o1 = run_gpu(&gpu, &b1, qd, ldq, ldo, kd, vd, &p);
         expect_same_bits("seq 0 alone vs in the batch", o1, ldo, outs[0], ldo, nw[0], ldo);
         free(o1);
-        batch_free(&b1);
+        batch_free(&gpu, &b1);
         int c1 = nw[0] / 3, c2 = nw[0] - c1, f2 = first[0] + c1;
         int np1 = (first[0] + c1 + page_size - 1) / page_size;
         struct batch bc1, bc2;
-        batch_make(&bc1, page_size, 1, first, &c1, sp, &np1);
-        batch_make(&bc2, page_size, 1, &f2, &c2, sp, np);
+        batch_make(&gpu, &bc1, page_size, 1, first, &c1, sp, &np1);
+        batch_make(&gpu, &bc2, page_size, 1, &f2, &c2, sp, np);
         float *oc1 = run_gpu(&gpu, &bc1, qd, ldq, ldo, kd, vd, &p);
         float *oc2 = run_gpu(&gpu, &bc2, qd + (size_t)c1 * (size_t)ldq, ldq, ldo, kd, vd, &p);
         expect_same_bits("chunk 1 vs in the batch", oc1, ldo, outs[0], ldo, c1, ldo);
         expect_same_bits("chunk 2 vs in the batch", oc2, ldo, outs[0] + (size_t)c1 * (size_t)ldo,
                          ldo, c2, ldo);
         free(oc1), free(oc2);
-        batch_free(&bc1), batch_free(&bc2);
+        batch_free(&gpu, &bc1), batch_free(&gpu, &bc2);
     }
     for (int v = 0; v < 2; v++) free(outs[v]);
     free(ref);
-    batch_free(&b);
+    batch_free(&gpu, &b);
     gpu.ops->free(gpu.ctx, kd), gpu.ops->free(gpu.ctx, vd), gpu.ops->free(gpu.ctx, qd);
     free(kh), free(vh), free(kb), free(vb), free(qh), free(perm), free(sp), free(np), free(first);
 }
@@ -231,10 +156,10 @@ static void test_gather_expand(void **state) {
     }
     int32_t pages[NP];
     for (int i = 0; i < NP; i++) pages[i] = NP - 1 - (i * 7) % NP;
-    void *cdev = dev_from(cdev_h, (size_t)(slots * LW) * es), *pdev = dev_from(pages, sizeof pages);
+    void *cdev = dev_from(&gpu, cdev_h, (size_t)(slots * LW) * es), *pdev = dev_from(&gpu, pages, sizeof pages);
     float *g_cpu = xmalloc((size_t)(cnt * LW) * 4), *g_gpu = xmalloc((size_t)(cnt * LW) * 4);
     for (long i = 0; i < cnt * LW; i++) g_cpu[i] = NAN, g_gpu[i] = NAN;
-    float *gdev = dev_from(g_gpu, (size_t)(cnt * LW) * 4);
+    float *gdev = dev_from(&gpu, g_gpu, (size_t)(cnt * LW) * 4);
     cpu.ops->kv_gather(cpu.ctx, g_cpu, LW, cache, LW, LW, pages, PS, p0, cnt);
     gpu.ops->kv_gather(gpu.ctx, gdev, LW, cdev, LW, LW, pdev, PS, p0, cnt);
     gpu.ops->download(gpu.ctx, g_gpu, gdev, (size_t)(cnt * LW) * 4);
@@ -244,7 +169,7 @@ static void test_gather_expand(void **state) {
     long ldkv = H * (NOPE + VD) + 8, kw = H * (NOPE + ROPE), vw = H * VD;
     float *kv = xmalloc((size_t)(cnt * ldkv) * 4);
     for (long i = 0; i < cnt * ldkv; i++) kv[i] = frand(3.0f);
-    float *kvd = dev_from(kv, (size_t)(cnt * ldkv) * 4);
+    float *kvd = dev_from(&gpu, kv, (size_t)(cnt * ldkv) * 4);
     float *k_cpu = xmalloc((size_t)(cnt * kw) * 4), *v_cpu = xmalloc((size_t)(cnt * vw) * 4);
     cpu.ops->mla_kv_expand(cpu.ctx, k_cpu, v_cpu, kv, ldkv, g_cpu + KVR, LW, cnt, H, NOPE, ROPE, VD);
     void *kdev = gpu.ops->alloc(gpu.ctx, (size_t)(cnt * kw) * es);
