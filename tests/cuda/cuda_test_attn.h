@@ -60,18 +60,19 @@ static void batch_free(struct backend *dev, struct batch *b) {
     dev->ops->free(dev->ctx, b->dps), dev->ops->free(dev->ctx, b->dpg);
 }
 
-/* Runs be's attention on batch b (q rows from dq), returns the output rows
- * [n_tokens][ldo] downloaded (poisoned with NaN before the run). */
-static float *run_gpu(struct backend *be, const struct batch *b, const float *dq, long ldq, long ldo,
-                      const void *kc, const void *vc, const struct attn_params *p) {
+/* Runs be's attention on batch b (q rows from dq; buffers on dev, the
+ * backend that made the batch), returns the output rows [n_tokens][ldo]
+ * downloaded (poisoned with NaN before the run). */
+static float *run_gpu(struct backend *dev, struct backend *be, const struct batch *b, const float *dq,
+                      long ldq, long ldo, const void *kc, const void *vc, const struct attn_params *p) {
     size_t n = (size_t)b->n_tokens * (size_t)ldo;
     float *h = xmalloc(n * 4 + 4);
     for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *dout = dev_from(be, h, n * 4);
+    float *dout = dev_from(dev, h, n * 4);
     be->ops->attention(be->ctx, dout, ldo, dq, ldq, kc, vc, p, &b->db);
     be->ops->synchronize(be->ctx);
-    be->ops->download(be->ctx, h, dout, n * 4);
-    be->ops->free(be->ctx, dout);
+    dev->ops->download(dev->ctx, h, dout, n * 4);
+    dev->ops->free(dev->ctx, dout);
     return h;
 }
 

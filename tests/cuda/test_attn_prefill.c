@@ -96,7 +96,7 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
     float *outs[3] = {NULL, NULL, NULL};
     for (int v = 0; v < 3; v++) {
         if (v >= 2 && !have_fa3) continue;
-        outs[v] = run_gpu(bes[v], &b, qd, ldq, ldo, kd, vd, &p);
+        outs[v] = run_gpu(&gpu, bes[v], &b, qd, ldq, ldo, kd, vd, &p);
         double e = rel_err(outs[v], ref, n_tokens, (long)H * D, ldo);
         printf("    %-8s rel err %.3g (tol 1e-2)\n", names[v], e);
         if (!(e <= 1e-2)) fail_msg("%s: relative error %.3g above 1e-2", names[v], e);
@@ -111,7 +111,7 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
     if (nw[0] >= 4) {
         struct batch b1;
         batch_make(&gpu, &b1, page_size, 1, first, nw, sp, np);
-        float *o1 = run_gpu(&gpu, &b1, qd, ldq, ldo, kd, vd, &p);
+        float *o1 = run_gpu(&gpu, &gpu, &b1, qd, ldq, ldo, kd, vd, &p);
         expect_same_bits("seq 0 alone vs in the batch", o1, ldo, outs[0], ldo, nw[0], W);
         free(o1);
         batch_free(&gpu, &b1);
@@ -120,8 +120,8 @@ static void check_case(int H, int KVH, int page_size, const int *len, const int 
         struct batch bc1, bc2;
         batch_make(&gpu, &bc1, page_size, 1, first, &c1, sp, &np1);
         batch_make(&gpu, &bc2, page_size, 1, &f2, &c2, sp, np);
-        float *oc1 = run_gpu(&gpu, &bc1, qd, ldq, ldo, kd, vd, &p);
-        float *oc2 = run_gpu(&gpu, &bc2, qd + (size_t)c1 * (size_t)ldq, ldq, ldo, kd, vd, &p);
+        float *oc1 = run_gpu(&gpu, &gpu, &bc1, qd, ldq, ldo, kd, vd, &p);
+        float *oc2 = run_gpu(&gpu, &gpu, &bc2, qd + (size_t)c1 * (size_t)ldq, ldq, ldo, kd, vd, &p);
         expect_same_bits("chunk 1 vs in the batch", oc1, ldo, outs[0], ldo, c1, W);
         expect_same_bits("chunk 2 vs in the batch", oc2, ldo, outs[0] + (size_t)c1 * (size_t)ldo, ldo,
                          c2, W);
