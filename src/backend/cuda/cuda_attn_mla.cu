@@ -392,13 +392,15 @@ extern "C" void cuda_attn_mla(struct cuda_ctx *c, float *out, long ldo, const fl
                          b->q_start, b->kv_page_start, b->kv_pages, 0, cuda_attn_states(c)};
     long units = rows * hblocks;
     CUDA_ASSERT(units < (1l << 31));
-    CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)MLA_SMEM));
-    int occ = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mla_decode_kernel, MLA_THREADS,
-                                                             MLA_SMEM));
-    if (occ < 1) occ = 1;
-    long wave = (long)occ * c->n_sm;
+    if (!c->mla_occ) { /* once per device: the shared-memory limit and the occupancy it allows */
+        CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)MLA_SMEM));
+        int occ = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mla_decode_kernel, MLA_THREADS,
+                                                                 MLA_SMEM));
+        c->mla_occ = occ < 1 ? 1 : occ;
+    }
+    long wave = (long)c->mla_occ * c->n_sm;
     long chunks = (c->max_context + MLA_CHUNK - 1) / MLA_CHUNK;
     long slots = 1;
     if (units < wave && chunks > 1) {

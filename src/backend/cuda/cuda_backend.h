@@ -152,6 +152,7 @@ struct cuda_ctx {
                                     qk_rope_store kernel (KILN_CUDA_WGMMA_ROPE=0: off) */
     long rope_fused;             /* products that did (host count, for tests) */
     long mla_decode_calls;       /* launches of the MLA decode kernel (host count, for tests) */
+    int mla_occ;                 /* MLA decode CTAs an SM holds (cuda_attn_mla.cu; 0: not set up yet) */
     long wgmma_calls;            /* products it ran (host count, for tests) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     int ad_warps;                /* decode attention at head size 128: warps per CTA, 2 or 4
