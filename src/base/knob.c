@@ -119,6 +119,10 @@ static const struct knob_def table[KNOB_COUNT] = {
                            INT(KNOB_DEBUG, "1048576", 0, 1 << 20,
                                "largest batch (tokens) of the MoE device path; larger ones sort "
                                "on the host")},
+    [KNOB_CUDA_DUAL_STREAM] = {"KILN_CUDA_DUAL_STREAM",
+                               INT(KNOB_PUBLIC, "1024", 0, 1 << 20,
+                                   "MoE steps of up to this many tokens run the shared experts on a "
+                                   "second stream beside the routed ones (0: one stream)")},
     [KNOB_CUDA_PROFILE] = {"KILN_CUDA_PROFILE",
                            BOOL(KNOB_DEBUG, "0",
                                 "time every GPU operation per shape; a table at exit (slows every step)")},

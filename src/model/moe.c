@@ -121,6 +121,15 @@ void mlp_forward_norm(const struct fwd *f, const struct layer *L, const struct b
     }
 }
 
+/* The shared expert's MLP into act.shared (and Qwen2-MoE's gate logit
+ * into act.gate1). */
+static void moe_shared(const struct fwd *f, const struct mlp_moe *moe, const float *x) {
+    struct model *m = f->m;
+    dense_forward(f, &moe->shared, moe->shared_inter, x, m->act.shared);
+    if (moe->shared_gate.data)
+        m->be->ops->matmul(m->be->ctx, m->act.gate1, 1, x, m->cfg.hidden_size, &moe->shared_gate, NULL, f->n);
+}
+
 void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x, float *out) {
     struct model *m = f->m;
     const struct backend_ops *ops = m->be->ops;
@@ -130,13 +139,21 @@ void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x,
     struct moe_route_params rp = moe->route;
     if (rp.uniform) rp.key_slot = f->slot, rp.key_pos = f->pos;
     rp.count = moe->count[f->bb->n_tokens == f->bb->n_seqs ? 0 : 1];
+    int shared = moe->has_shared && !moe->shared_fused;
+    /* Dual stream (backends that have one, small steps): the shared
+     * expert's MLP runs beside the routed chain and joins before the add. */
+    int side = shared && ops->side_begin && ops->side_begin(ctx, n);
+    if (side) {
+        moe_shared(f, moe, x);
+        ops->side_end(ctx);
+    }
     ops->matmul(ctx, m->act.router, E, x, d, &moe->router, NULL, n);
     ops->moe_route(ctx, m->act.moe_ids, m->act.moe_w, m->act.router, moe->correction_bias, &rp, n);
     ops->moe_ffn(ctx, out, x, m->act.moe_ids, m->act.moe_w, k, &moe->experts, n);
-    if (!moe->has_shared || moe->shared_fused) return;
-    dense_forward(f, &moe->shared, moe->shared_inter, x, m->act.shared);
+    if (!shared) return;
+    if (side) ops->side_join(ctx);
+    else moe_shared(f, moe, x);
     if (moe->shared_gate.data) {
-        ops->matmul(ctx, m->act.gate1, 1, x, d, &moe->shared_gate, NULL, n);
         ops->gated_add(ctx, out, m->act.shared, m->act.gate1, 1, n, d);
     } else {
         ops->add(ctx, out, m->act.shared, n * d);

@@ -316,6 +316,16 @@ struct backend_ops {
     /* Whether moe_ffn of up to n tokens with these experts runs without
      * the host (a step with it can be recorded as a graph). */
     int (*moe_ffn_graphable)(void *ctx, const struct moe_experts *e, int top_k, long n);
+    /* Optional (NULL: one stream). Dual-stream overlap for a step of n
+     * tokens: side_begin returns 1 when the operations that follow run on
+     * a second stream, after everything enqueued before (0: declined, one
+     * stream as usual, call nothing else); side_end returns to the main
+     * stream while the side work goes on; side_join makes what the main
+     * stream runs next wait for the side work. Scratch is the side
+     * stream's own; the results are the same bits. */
+    int (*side_begin)(void *ctx, long n);
+    void (*side_end)(void *ctx);
+    void (*side_join)(void *ctx);
     /* Device scratch (bytes) the operations take at most for steps up to
      * shape s, library workspaces included: what the memory plan counts
      * for the backend (src/runner/mem_plan.h). NULL: none on the device. */

@@ -1,10 +1,12 @@
 /* test_cuda_graphs.c — decode steps replayed from CUDA graphs give the
- * logits eager execution gives.
+ * logits eager execution gives, on one stream or two.
  *
- * Two copies of one tiny oracle model (same weights) share a CUDA backend:
- * A runs every step eagerly (no_graphs), B pads decode batches to a graph
- * bucket and replays them (its first step of a size runs eagerly, the
- * second records, the rest replay). Both prefill the same sequences, then
+ * Two copies of one tiny oracle model (same weights), each on its own
+ * CUDA backend: A runs every step eagerly (no_graphs) on one stream
+ * (KILN_CUDA_DUAL_STREAM=0), B pads decode batches to a graph bucket and
+ * replays them (its first step of a size runs eagerly, the second
+ * records, the rest replay) with the MoE models' shared experts on the
+ * second stream (the default). Dense, MoE and MLA models. Both prefill the same sequences, then
  * decode the same tokens; their logits must match: bitwise where both take
  * the GEMV path (≤ 8 rows: each row's sums run in a fixed order whatever
  * the batch), within 1e-6 of the logit range where cuBLAS sees different
@@ -25,12 +27,13 @@
 
 #include "backend/registry.h"
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "model/model.h"
 #include "runner/runner.h"
 #include "tensor/backend.h"
 
-static struct backend gpu;
+static struct backend gpu, gpu1; /* default; one stream */
 static int have_gpu;
 
 enum { MAX_SEQS = 16, MAX_CTX = 64, PROMPT = 6, STEPS = 5 };
@@ -43,7 +46,7 @@ static void run_arch(const char *arch, int page_size) {
     struct model *ma, *mb;
     struct model_options o = {.max_batch_tokens = MAX_SEQS * PROMPT, .max_seqs = MAX_SEQS,
                               .max_context = MAX_CTX};
-    if (model_load(&ma, dir, &gpu, &o, &err) || model_load(&mb, dir, &gpu, &o, &err))
+    if (model_load(&ma, dir, &gpu1, &o, &err) || model_load(&mb, dir, &gpu, &o, &err))
         fail_msg("%s: %s", dir, err.msg);
     const struct model_config *c = model_config(ma);
     long V = c->vocab_size;
@@ -138,8 +141,8 @@ static void run_arch(const char *arch, int page_size) {
 
 static void test_graphs(void **state) {
     if (!have_gpu) fail_msg("no CUDA GPU: gpu-labelled tests run on the GPU machine (ctest -L gpu)");
-    const char *archs[] = {"llama", "qwen2", "qwen3"};
-    for (int a = 0; a < 3; a++) {
+    const char *archs[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"};
+    for (int a = 0; a < (int)(sizeof archs / sizeof archs[0]); a++) {
         run_arch(archs[a], 1);
         run_arch(archs[a], 4);
     }
@@ -148,10 +151,15 @@ static void test_graphs(void **state) {
 int main(void) {
     struct kiln_error err = {0};
     struct backend_options bo = {.n_threads = 0, .device = 0};
-    have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
+    setenv("KILN_CUDA_DUAL_STREAM", "0", 1);
+    knob_reload(NULL); /* knobs are read once per backend: the one-stream backend */
+    have_gpu = backend_create(&gpu1, "cuda", &bo, &err) == 0;
+    unsetenv("KILN_CUDA_DUAL_STREAM");
+    knob_reload(NULL);
+    have_gpu = have_gpu && backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) printf("test_cuda_graphs: %s; the tests below fail\n", err.msg);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_graphs)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (have_gpu) backend_destroy(&gpu);
+    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu1);
     return rc;
 }

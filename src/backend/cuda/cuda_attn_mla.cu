@@ -67,7 +67,9 @@ enum {
     MLA_COLS = MLA_DV / MLA_W, /* output columns per warp */
     MLA_DT = MLA_COLS / 8,     /* 8-column mma tiles per warp */
     MLA_C16 = MLA_DK / 8,      /* 16-byte pieces per cache row */
+    MLA_QL = MLA_HB * (MLA_DK / 4) / MLA_THREADS, /* float4 loads of Q per thread */
 };
+static_assert(MLA_HB * (MLA_DK / 4) % MLA_THREADS == 0, "Q loads divide over the threads");
 
 static constexpr size_t MLA_TILE = (size_t)MLA_BN * MLA_LDK; /* elements */
 static constexpr size_t MLA_SMEM = 2 * MLA_TILE * 2 + (size_t)MLA_HB * MLA_LDK * 2 +
@@ -166,14 +168,25 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
     pdl_wait();
     if (!early) load(stage, slot_s);
 
-    /* Q of the block's heads, pre-scaled, as bf16; heads past H are zeros */
-    for (int i = tid; i < MLA_HB * (MLA_DK / 4); i += MLA_THREADS) {
-        int h = i / (MLA_DK / 4), d = (i % (MLA_DK / 4)) * 4;
-        float4 v = h < nh ? *(const float4 *)(a.q + t * a.ldq + (long)(h0 + h) * MLA_DK + d)
+    /* Q of the block's heads, pre-scaled, as bf16; heads past H are zeros.
+     * Every load of the thread is issued before the first is used: one
+     * round trip to L2 instead of MLA_QL in a row (a short context's whole
+     * kernel was mostly these waits). */
+    {
+        float4 v[MLA_QL];
+#pragma unroll
+        for (int j = 0; j < MLA_QL; j++) {
+            int i = tid + j * MLA_THREADS, h = i / (MLA_DK / 4), d = (i % (MLA_DK / 4)) * 4;
+            v[j] = h < nh ? __ldcg((const float4 *)(a.q + t * a.ldq + (long)(h0 + h) * MLA_DK + d))
                           : make_float4(0.f, 0.f, 0.f, 0.f);
-        uint2 pk = make_uint2(mla_pack(__fmul_rn(v.x, a.scale_log2), __fmul_rn(v.y, a.scale_log2)),
-                              mla_pack(__fmul_rn(v.z, a.scale_log2), __fmul_rn(v.w, a.scale_log2)));
-        *(uint2 *)(qs + h * MLA_LDK + d) = pk;
+        }
+#pragma unroll
+        for (int j = 0; j < MLA_QL; j++) {
+            int i = tid + j * MLA_THREADS, h = i / (MLA_DK / 4), d = (i % (MLA_DK / 4)) * 4;
+            uint2 pk = make_uint2(mla_pack(__fmul_rn(v[j].x, a.scale_log2), __fmul_rn(v[j].y, a.scale_log2)),
+                                  mla_pack(__fmul_rn(v[j].z, a.scale_log2), __fmul_rn(v[j].w, a.scale_log2)));
+            *(uint2 *)(qs + h * MLA_LDK + d) = pk;
+        }
     }
 
     /* this thread's rows hr and hr + 8; columns col0 + 8j + 2tq (+1) */

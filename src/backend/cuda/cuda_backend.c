@@ -100,7 +100,8 @@ static int cuda_step_status(void *ctx, struct kiln_error *err) {
     struct cuda_ctx *c = ctx;
     if (!c->oom.bytes) return 0;
     CUDA_ASSERT(!c->capturing);
-    struct cuda_scratch *s[] = {&c->act16, &c->moe_dev};
+    CUDA_ASSERT(!c->on_side);
+    struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->moe_dev};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         if (s[i]->p) CUDA_CHECK(cudaFreeAsync(s[i]->p, c->stream));
         s[i]->p = NULL;
@@ -266,7 +267,7 @@ static void cuda_destroy(void *ctx) {
     if (!c) return;
     if (c->stream) {
         (void)cudaStreamSynchronize(c->stream);
-        struct cuda_scratch *s[] = {&c->act16, &c->attn, &c->moe_dev, &c->sample_part};
+        struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->attn, &c->moe_dev, &c->sample_part};
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
             if (s[i]->p) (void)cudaFreeAsync(s[i]->p, c->stream);
         (void)cudaStreamSynchronize(c->stream);
@@ -279,10 +280,47 @@ static void cuda_destroy(void *ctx) {
 #endif
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
+    if (c->side_stream) cudaStreamDestroy(c->side_stream);
+    if (c->side_fork) cudaEventDestroy(c->side_fork);
+    if (c->side_done) cudaEventDestroy(c->side_done);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c->moe_host_ids);
     free(c->moe_host_list);
     free(c);
+}
+
+/* backend_ops.side_begin / side_end / side_join: a fork and a join through
+ * two events, which a graph being recorded takes in as two branches. The
+ * cuBLAS handle follows the current stream; act16 swaps with the side's
+ * own so that the two streams' 16-bit copies never share memory. */
+static void side_switch(struct cuda_ctx *c, int on) {
+    struct cuda_scratch t = c->act16;
+    c->act16 = c->act16_side, c->act16_side = t;
+    c->on_side = on;
+    c->stream = on ? c->side_stream : c->main_stream;
+    CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
+}
+
+static int cuda_side_begin(void *ctx, long n) {
+    struct cuda_ctx *c = ctx;
+    if (!c->side_stream || n > c->dual_max || c->on_side) return 0;
+    CUDA_CHECK(cudaEventRecord(c->side_fork, c->main_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(c->side_stream, c->side_fork, 0));
+    side_switch(c, 1);
+    return 1;
+}
+
+static void cuda_side_end(void *ctx) {
+    struct cuda_ctx *c = ctx;
+    CUDA_ASSERT(c->on_side);
+    CUDA_CHECK(cudaEventRecord(c->side_done, c->side_stream));
+    side_switch(c, 0);
+}
+
+static void cuda_side_join(void *ctx) {
+    struct cuda_ctx *c = ctx;
+    CUDA_ASSERT(!c->on_side);
+    CUDA_CHECK(cudaStreamWaitEvent(c->main_stream, c->side_done, 0));
 }
 
 static enum dtype cuda_kv_dtype(void *ctx) {
@@ -324,6 +362,9 @@ static const struct backend_ops cuda_ops = {
     .moe_route = cuda_op_moe_route,
     .moe_ffn = cuda_op_moe_ffn,
     .moe_ffn_graphable = cuda_op_moe_ffn_graphable,
+    .side_begin = cuda_side_begin,
+    .side_end = cuda_side_end,
+    .side_join = cuda_side_join,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .graph_begin = cuda_graph_begin,
@@ -450,6 +491,20 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
      * (Qwen3-30B-A3B and DeepSeek-V2-Lite, decode at 1 and 64 sequences,
      * prefill of 512 and 8192 tokens: docs/perf.md). */
     c->moe_device_max = knob_enum(KNOB_CUDA_MOE) == 1 ? (int)knob_int(KNOB_CUDA_MOE_MAX) : 0;
+    /* Shared experts beside the routed ones (SGLang's dual stream, the
+     * same threshold): at small steps the routed chain (router, top-k,
+     * sort, grouped products, combine) is latency-bound and the shared
+     * MLP's products fill the gaps; docs/perf.md measures it. */
+    c->main_stream = c->stream;
+    c->dual_max = knob_int(KNOB_CUDA_DUAL_STREAM);
+    if (c->dual_max > 0 &&
+        ((e = cudaStreamCreateWithFlags(&c->side_stream, cudaStreamNonBlocking)) != cudaSuccess ||
+         (e = cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming)) != cudaSuccess ||
+         (e = cudaEventCreateWithFlags(&c->side_done, cudaEventDisableTiming)) != cudaSuccess)) {
+        (void)cudaGetLastError();
+        kiln_errorf(err, "cannot set up the second CUDA stream on device %d: %s", dev, cudaGetErrorString(e));
+        goto fail;
+    }
     be->ops = &cuda_ops;
     be->ctx = c;
     if (knob_bool(KNOB_CUDA_PROFILE)) cuda_profile_install(be);

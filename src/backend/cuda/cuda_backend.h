@@ -126,6 +126,15 @@ struct cuda_ctx {
     int kv_bf16;                 /* 1: the KV cache holds bf16 (default); 0: fp32
                                     (KILN_CUDA_KV=f32, KILN_CUDA_MATMUL=bf16x2) */
     struct cuda_scratch sample_part; /* sampling: per-chunk argmax partials */
+    /* the second stream (backend_ops.side_begin): MoE steps of up to
+     * dual_max tokens (KILN_CUDA_DUAL_STREAM; 0: off) run the shared
+     * experts on it. While on_side, `stream` is the side stream and act16
+     * holds the side's 16-bit scratch (swapped with act16_side). */
+    cudaStream_t main_stream, side_stream;
+    cudaEvent_t side_fork, side_done;
+    struct cuda_scratch act16_side;
+    int on_side;
+    long dual_max;
     int sample_ready;            /* the row kernel's shared-memory limit is set */
     /* the product path (cuda_matmul.cu, cuda_gemv.cu, cuda_pdl.cuh) */
     int pdl;                     /* 1: small kernels use programmatic dependent launch

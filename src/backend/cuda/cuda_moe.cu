@@ -66,12 +66,16 @@ static __device__ int warp_argmax(const float *v, int n) {
  * the distinct experts the flags mark (the other blocks' flag stores are
  * visible to it after their fences) and clears them for the next call. */
 static __device__ void route_count_finish(struct moe_route_count *c, int E, long n) {
-    int lane = threadIdx.x, last = 0;
-    __threadfence();
-    if (lane == 0) last = atomicAdd(&c->pending, 1) == (int)gridDim.x - 1;
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (!last) return;
-    __threadfence();
+    int lane = threadIdx.x, last = 1;
+    if (gridDim.x > 1) { /* one block is last by itself */
+        __threadfence();
+        if (lane == 0) last = atomicAdd(&c->pending, 1) == (int)gridDim.x - 1;
+        last = __shfl_sync(0xffffffffu, last, 0);
+        if (!last) return;
+        __threadfence();
+    } else {
+        __syncwarp(); /* the lanes' flag stores are visible to the lanes that read them */
+    }
     volatile int32_t *touched = (volatile int32_t *)(c + 1);
     int d = 0;
     for (int e = lane; e < E; e += 32) {
@@ -99,16 +103,22 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
     extern __shared__ float sh[];
     int E = p.n_experts, lane = threadIdx.x;
     float *scores = sh, *choice = sh + E, *gscore = sh + 2 * E;
+    int *sel = (int *)(gscore + (p.n_group > 0 ? p.n_group : 1)); /* [top_k] */
+    pdl_trigger();
+    pdl_wait();
     int counting = p.count && *(volatile int32_t *)&p.count->enabled;
     int32_t *touched = counting ? (int32_t *)(p.count + 1) : NULL;
     for (long i = blockIdx.x; i < n; i += gridDim.x) {
-        const float *lg = logits + i * E;
-        if (p.uniform) { /* the draw is the logits and the choice (exact floats) */
+        /* the row's logits (or its uniform draw: the logits and the choice,
+         * exact floats) in shared memory, read once */
+        if (p.uniform) {
             uint64_t row = route_uniform_row(p.key_slot[i], p.key_pos[i], p.layer);
             for (int e = lane; e < E; e += 32) choice[e] = route_uniform_score(row, e);
-            __syncwarp();
-            lg = choice;
+        } else {
+            for (int e = lane; e < E; e += 32) choice[e] = __ldcg(logits + i * E + e);
         }
+        __syncwarp();
+        const float *lg = choice;
         if (p.scoring == MOE_ROUTE_SOFTMAX) {
             float mx = -INFINITY;
             for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
@@ -148,28 +158,35 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ ids, float *__rest
                 if (gscore[e / per] != -INFINITY) choice[e] = 0.0f;
             __syncwarp();
         }
-        int32_t *out_ids = ids + i * (p.top_k + p.n_fused);
-        float *out_w = weights + i * (p.top_k + p.n_fused);
+        /* the choices in shared memory, the weights' sum in order by one
+         * lane, then every output written once (no global round trips) */
         for (int j = 0; j < p.top_k; j++) {
             int e = warp_argmax(choice, E);
             __syncwarp();
-            if (lane == 0) {
-                out_ids[j] = e;
-                choice[e] = -INFINITY;
-                if (counting) touched[e] = 1;
-            }
+            if (lane == 0) sel[j] = e, choice[e] = -INFINITY;
             __syncwarp();
         }
+        float inv = 1.0f, post = 1.0f;
         if (lane == 0) {
             float sum = 0.0f;
-            for (int j = 0; j < p.top_k; j++) sum += out_w[j] = scores[out_ids[j]];
-            if (p.renormalize) {
-                float inv = 1.0f / (sum + 1e-20f);
-                for (int j = 0; j < p.top_k; j++) out_w[j] *= inv;
+            for (int j = 0; j < p.top_k; j++) sum += scores[sel[j]];
+            if (p.renormalize) inv = 1.0f / (sum + 1e-20f);
+            if (!p.renormalize || p.scale_when_renormalized) post = p.scaling;
+        }
+        inv = __shfl_sync(0xffffffffu, inv, 0);
+        post = __shfl_sync(0xffffffffu, post, 0);
+        int32_t *out_ids = ids + i * (p.top_k + p.n_fused);
+        float *out_w = weights + i * (p.top_k + p.n_fused);
+        for (int j = lane; j < p.top_k + p.n_fused; j += 32) {
+            if (j < p.top_k) {
+                int e = sel[j];
+                float w = scores[e];
+                if (p.renormalize) w *= inv;
+                out_ids[j] = e, out_w[j] = w * post;
+                if (counting) touched[e] = 1;
+            } else {
+                out_ids[j] = E + (j - p.top_k), out_w[j] = 1.0f;
             }
-            if (!p.renormalize || p.scale_when_renormalized)
-                for (int j = 0; j < p.top_k; j++) out_w[j] *= p.scaling;
-            for (int j = 0; j < p.n_fused; j++) out_ids[p.top_k + j] = E + j, out_w[p.top_k + j] = 1.0f;
         }
         __syncwarp();
     }
@@ -183,10 +200,9 @@ extern "C" void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const
                 (p->n_experts % p->n_group == 0 && p->topk_group <= p->n_group));
     CUDA_ASSERT(!p->uniform || (p->key_slot && p->key_pos));
     if (n <= 0) return;
-    size_t smem = (size_t)(2 * p->n_experts + (p->n_group > 0 ? p->n_group : 1)) * 4;
-    moe_route_kernel<<<grid_for(n, 1), 32, smem, ctx_stream(ctx)>>>(ids, weights, logits, bias, *p,
-                                                                    n);
-    CUDA_CHECK_LAUNCH();
+    size_t smem = (size_t)(2 * p->n_experts + (p->n_group > 0 ? p->n_group : 1) + p->top_k) * 4;
+    pdl_launch((const struct cuda_ctx *)ctx, moe_route_kernel, dim3(grid_for(n, 1)), dim3(32), smem, ids,
+               weights, logits, bias, *p, n);
 }
 
 /* xg[i][H] = x[order[i] / top_k][H] */
