@@ -479,10 +479,14 @@ static int step_content(struct tool_parser *p, int final) {
         if (f && (size_t)(f - s) < best) best = (size_t)(f - s), which = k;
     }
     if (which > 0) {
-        /* deepseek's section markers: dropped */
-        size_t ml = strlen(marks[which]);
+        /* deepseek's section markers: dropped. What comes before them is
+         * decided first (whitespace aside), so that no text joined across
+         * a dropped marker can form a new one. */
+        size_t ml = strlen(marks[which]), w = ws_back(s, best);
+        emit_content(p, s, w);
         memmove(p->pend.data + best, p->pend.data + best + ml, n - best - ml);
         buf_truncate(&p->pend, n - ml);
+        buf_consume(&p->pend, w);
         return 1;
     }
     if (which == 0) {

@@ -87,8 +87,9 @@ void chat_template_needs_read(const char *src, struct chat_template_needs *n) {
     for (size_t i = 0; i < sizeof mapping / sizeof mapping[0]; i++)
         if (strstr(src, mapping[i])) n->object_arguments = 1;
     if (strstr(src, "arguments is string") || strstr(src, "arguments is not string")) n->object_arguments = 0;
-    static const char *const nulls[] = {"content is none", "content is not none", "content'] is none",
-                                        "content'] is not none", "content\"] is none", "content\"] is not none"};
+    static const char *const nulls[] = {"message.content is none",         "message.content is not none",
+                                        "message['content'] is none",      "message['content'] is not none",
+                                        "message[\"content\"] is none",    "message[\"content\"] is not none"};
     for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++)
         if (strstr(src, nulls[i])) n->null_content = 1;
 }
