@@ -219,6 +219,8 @@ static void test_deepseek_v3_template(void **state) {
           DS_CALLS_BEGIN DS_CALL_BEGIN "get_weather" DS_SEP "{\"city\": \"Paris\", \"unit\": \"c\"}" DS_CALL_END
               DS_CALL_BEGIN "get_time" DS_SEP "{\"tz\": \"Europe/Paris\"}" DS_CALL_END DS_CALLS_END,
           "", 2, NAMES2, ARGS2);
+    /* a dropped marker does not join the text around it into a new one */
+    check(TOOL_FORMAT_DEEPSEEK_V3, "<｜tool▁calls▁beg" DS_CALL_END "in｜>x", "<｜tool▁calls▁begin｜>x", 0, NULL, NULL);
     /* a malformed call is content; the section and call-end markers go */
     check(TOOL_FORMAT_DEEPSEEK_V3, DS_CALLS_BEGIN DS_CALL_BEGIN "function" DS_SEP "f\n```json\n{oops}\n```" DS_CALL_END,
           DS_CALL_BEGIN "function" DS_SEP "f\n```json\n{oops}\n```", 0, NULL, NULL);
