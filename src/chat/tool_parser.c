@@ -572,6 +572,8 @@ static int step_call(struct tool_parser *p, int final) {
     return 1;
 }
 
+static int is_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
 /* 2: s starts with marker m; 1: s is a proper prefix of it; 0: neither. */
 static int marker_at(const char *s, size_t n, const char *m) {
     size_t ml = strlen(m);
@@ -587,8 +589,7 @@ static int step_mistral_name(struct tool_parser *p, int final) {
         return 1;
     }
     while (j < n && j - i <= NAME_MAX_BYTES &&
-           ((s[j] >= 'a' && s[j] <= 'z') || (s[j] >= 'A' && s[j] <= 'Z') || (s[j] >= '0' && s[j] <= '9') ||
-            s[j] == '_' || s[j] == '-' || s[j] == '.'))
+           (is_alnum(s[j]) || s[j] == '_' || s[j] == '-' || s[j] == '.'))
         j++;
     if (j - i > NAME_MAX_BYTES || (j == i && j < n)) {
         fail_call(p);
@@ -600,8 +601,7 @@ static int step_mistral_name(struct tool_parser *p, int final) {
         if (r == 1 && !final) return 0;
         if (r == 2) {
             k += strlen(MI_CALL_ID);
-            while (k < n && ((s[k] >= 'a' && s[k] <= 'z') || (s[k] >= 'A' && s[k] <= 'Z') || (s[k] >= '0' && s[k] <= '9')))
-                k++;
+            while (k < n && is_alnum(s[k])) k++;
         }
     }
     if (k < n && s[k] == '[') {

@@ -700,7 +700,8 @@ static void load_chat_template(struct server *s) {
     const char *tcp = s->opt->tool_call_parser;
     if (tcp && !strcmp(tcp, "auto")) {
         s->tool_format = s->have_chat ? tool_format_detect(s->chat.source) : TOOL_FORMAT_NONE;
-        if (s->tool_format) log_info("tool calls: the %s format (from the chat template)", tool_format_name(s->tool_format));
+        if (s->tool_format)
+            log_info("tool calls: the %s format (from the chat template)", tool_format_name(s->tool_format));
         else log_warn("--tool-call-parser auto: the chat template writes no tool-call format kiln knows; "
                       "tool calls are not parsed");
     } else if (tcp && tool_format_from_name(tcp, &s->tool_format)) {

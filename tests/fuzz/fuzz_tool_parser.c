@@ -22,6 +22,10 @@ struct agg {
     struct buf content, calls;
 };
 
+static int same(const struct buf *a, const struct buf *b) {
+    return a->len == b->len && (!a->len || !memcmp(a->data, b->data, a->len));
+}
+
 static void add(struct agg *a, const struct tool_events *ev) {
     for (int i = 0; i < ev->n; i++) {
         const struct tool_event *v = &ev->v[i];
@@ -68,9 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         add(&split, tool_parser_feed(&p, text + c2, len - c2));
         add(&split, tool_parser_finish(&p));
         tool_parser_free(&p);
-        KILN_ASSERT(whole.content.len == split.content.len &&
-                    !memcmp(whole.content.data, split.content.data, whole.content.len));
-        KILN_ASSERT(whole.calls.len == split.calls.len && !memcmp(whole.calls.data, split.calls.data, whole.calls.len));
+        KILN_ASSERT(same(&whole.content, &split.content));
+        KILN_ASSERT(same(&whole.calls, &split.calls));
         if (fs[k] == TOOL_FORMAT_NONE) KILN_ASSERT(whole.content.len == len && !whole.calls.len);
         buf_free(&whole.content), buf_free(&whole.calls), buf_free(&split.content), buf_free(&split.calls);
     }
@@ -87,8 +90,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         reasoning_parser_feed(&r, text + c2, len - c2, &r2, &t2);
         reasoning_parser_finish(&r, &r2, &t2);
         reasoning_parser_free(&r);
-        KILN_ASSERT(r1.len == r2.len && !memcmp(r1.data, r2.data, r1.len));
-        KILN_ASSERT(t1.len == t2.len && !memcmp(t1.data, t2.data, t1.len));
+        KILN_ASSERT(same(&r1, &r2));
+        KILN_ASSERT(same(&t1, &t2));
         buf_free(&r1), buf_free(&t1), buf_free(&r2), buf_free(&t2);
     }
     return 0;

@@ -71,7 +71,8 @@ static void feed_cuts(enum tool_format f, const char *text, size_t len, const si
 }
 
 static void same(const struct result *a, const struct result *b, const char *what, size_t at) {
-    if (a->content.len != b->content.len || memcmp(a->content.data, b->content.data, a->content.len))
+    if (a->content.len != b->content.len ||
+        (a->content.len && memcmp(a->content.data, b->content.data, a->content.len)))
         fail_msg("%s at %zu: content \"%s\" vs \"%s\"", what, at, a->content.data ? a->content.data : "",
                  b->content.data ? b->content.data : "");
     assert_int_equal(a->n, b->n);
@@ -279,8 +280,10 @@ static void test_frames(void **state) {
         struct tool_call_frame fr;
         assert_int_equal(tool_format_frame(fs[i], &fr), 0);
         char text[1024];
+        /* a second call in a deepseek section opens no second section */
+        int ds = fs[i] == TOOL_FORMAT_DEEPSEEK_V3 || fs[i] == TOOL_FORMAT_DEEPSEEK_V31;
         snprintf(text, sizeof text, "%s%s%s%s%s%s%s%s", fr.before_name, "get_weather", fr.after_name, ARGS2[0],
-                 fr.end, fr.separator, fr.before_name + (fs[i] >= TOOL_FORMAT_DEEPSEEK_V3 && fs[i] <= TOOL_FORMAT_DEEPSEEK_V31 ? strlen(DS_CALLS_BEGIN) : 0), "get_time");
+                 fr.end, fr.separator, fr.before_name + (ds ? strlen(DS_CALLS_BEGIN) : 0), "get_time");
         snprintf(text + strlen(text), sizeof text - strlen(text), "%s%s%s", fr.after_name, ARGS2[1], fr.end);
         assert_non_null(strstr(text, fr.trigger));
         check(fs[i], text, "", 2, NAMES2, ARGS2);
