@@ -12,6 +12,8 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "chat/chat_template.h"
+#include "chat/reasoning.h"
+#include "chat/tool_parser.h"
 #include "cli/cli.h"
 #include "cli/cli_common.h"
 #include "cli/listen.h"
@@ -73,6 +75,11 @@ int cmd_serve(int argc, char **argv) {
         CLI_OPT_STR("--served-model-name", &so.served_model_name, "NAME",
                     "the model name clients use (default: the Hugging Face id, else the folder's name)"),
         CLI_OPT_STR("--chat-template", &so.chat_template, "FILE", "Jinja chat template overriding the model's"),
+        CLI_OPT_STR("--tool-call-parser", &so.tool_call_parser, "NAME",
+                    "return tool calls in this format: auto (from the chat template),\n"
+                    "hermes, llama3_json, deepseek_v3, deepseek_v31, mistral (default: none)"),
+        CLI_OPT_STR("--reasoning-parser", &so.reasoning_parser, "NAME",
+                    "split <think> reasoning into reasoning_content: qwen3, deepseek_r1"),
         CLI_OPT_SIZE("--max-body-bytes", &so.max_body_bytes, 1024, 1LL << 34, "N",
                      "larger request bodies get 413 (default 33554432)"),
         CLI_OPT_INT("--max-connections", &so.max_connections, 1, 1 << 20, "N",
@@ -148,6 +155,18 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (so.chat_template && check_chat_template(so.chat_template)) return 2;
+    enum tool_format tf;
+    if (so.tool_call_parser && strcmp(so.tool_call_parser, "auto") && tool_format_from_name(so.tool_call_parser, &tf)) {
+        fprintf(stderr, "kiln serve: --tool-call-parser %s: unknown; choose one of %s\n", so.tool_call_parser,
+                tool_format_choices());
+        return 2;
+    }
+    enum reasoning_format rf;
+    if (so.reasoning_parser && reasoning_format_from_name(so.reasoning_parser, &rf)) {
+        fprintf(stderr, "kiln serve: --reasoning-parser %s: unknown; choose one of %s\n", so.reasoning_parser,
+                reasoning_format_choices());
+        return 2;
+    }
     if ((rc = model_args_finish(&ma, "serve", n_pos ? positional[0] : NULL))) return rc;
     if (!so.served_model_name && ma.hf_id) so.served_model_name = ma.hf_id;
     struct kiln_error err = {0};

@@ -26,6 +26,7 @@
 struct choice {
     struct gen_output out;
     size_t offset; /* completions logprobs: text offset of the next token */
+    struct chat_output co; /* chat: the text as reasoning, content and tool calls */
 };
 
 struct oai {
@@ -36,6 +37,7 @@ struct oai {
     int echo;
     int n, n_prompts;
     struct prompt_list prompts;
+    struct chat_output_opts co; /* chat: the request's tools and reasoning */
     struct choice *ch;
     char id[64];
     long created;
@@ -239,6 +241,33 @@ static void stream_open(struct oai *st, struct http_request *r) {
     }
 }
 
+/* A chat stream's chunks for one event: one per delta the text decided
+ * (content, reasoning, a tool call's start and its arguments); logprobs go
+ * with the first, finish_reason with the last. */
+static void chat_event(struct oai *st, int i, const struct gen_event *ev, int has_lp, struct http_request *r) {
+    struct choice *c = &st->ch[i];
+    int final = ev->finish != ENGINE_FINISH_NONE;
+    json_t *deltas = chat_output_feed(&c->co, ev->text, ev->text_len, final);
+    size_t n = json_array_size(deltas);
+    if (!n && !has_lp && !final) {
+        json_decref(deltas);
+        return;
+    }
+    if (!n) json_array_append_new(deltas, json_object()), n = 1;
+    const char *fr = final ? chat_output_finish_reason(&c->co, finish_reason(ev->finish)) : NULL;
+    for (size_t k = 0; k < n; k++) {
+        json_t *choice = json_pack("{s:i,s:O}", "index", i, "delta", json_array_get(deltas, k));
+        json_object_set_new(choice, "logprobs",
+                            has_lp && k == 0 ? chat_logprobs(st, token_before(st, i, c->out.n_tokens - ev->n_tokens),
+                                                             ev->samples, ev->n_tokens)
+                                             : json_null());
+        json_object_set_new(choice, "finish_reason", fr && k + 1 == n ? json_string(fr) : json_null());
+        if (final && k + 1 == n) json_object_set_new(choice, "matched_stop", matched_stop_json(&c->out));
+        sse_send_json(r, envelope(st, "chat.completion.chunk", json_pack("[o]", choice)));
+    }
+    json_decref(deltas);
+}
+
 static void on_event(struct gen *g, int i, const struct gen_event *ev) {
     struct oai *st = g->state;
     struct choice *c = &st->ch[i];
@@ -257,17 +286,13 @@ static void on_event(struct gen *g, int i, const struct gen_event *ev) {
         return;
     }
     int has_lp = st->logprobs && ev->samples && ev->n_tokens;
+    if (st->chat) {
+        chat_event(st, i, ev, has_lp, g->req);
+        return;
+    }
     if (!ev->text_len && !has_lp && !final) return;
     json_t *choice;
-    if (st->chat) {
-        json_t *delta = json_object();
-        if (ev->text_len || !final) json_object_set_new(delta, "content", server_json_text(ev->text, ev->text_len));
-        choice = json_pack("{s:i,s:o}", "index", i, "delta", delta);
-        json_object_set_new(choice, "logprobs",
-                            has_lp ? chat_logprobs(st, token_before(st, i, c->out.n_tokens - ev->n_tokens), ev->samples,
-                                                   ev->n_tokens)
-                                   : json_null());
-    } else {
+    {
         choice = json_pack("{s:i,s:o}", "index", i, "text", server_json_text(ev->text, ev->text_len));
         json_object_set_new(choice, "logprobs",
                             has_lp ? completion_logprobs(st, token_before(st, i, c->out.n_tokens - ev->n_tokens),
@@ -288,9 +313,11 @@ static json_t *build_reply(struct oai *st) {
     for (int i = 0; i < total; i++) {
         struct gen_output *c = &st->ch[i].out;
         json_t *choice;
+        const char *fr = finish_reason(c->finish);
         if (st->chat) {
-            choice = json_pack("{s:i,s:{s:s,s:o}}", "index", i, "message", "role", "assistant", "content",
-                               server_json_text(c->text.data, c->text.len));
+            json_decref(chat_output_feed(&st->ch[i].co, c->text.data, c->text.len, 1));
+            fr = chat_output_finish_reason(&st->ch[i].co, fr);
+            choice = json_pack("{s:i,s:o}", "index", i, "message", chat_output_message(&st->ch[i].co));
             json_object_set_new(choice, "logprobs",
                                 st->logprobs ? chat_logprobs(st, token_before(st, i, 0), c->samples, c->n_samples)
                                              : json_null());
@@ -312,7 +339,7 @@ static json_t *build_reply(struct oai *st) {
             }
             json_object_set_new(choice, "logprobs", lp ? lp : json_null());
         }
-        json_object_set_new(choice, "finish_reason", json_string(finish_reason(c->finish)));
+        json_object_set_new(choice, "finish_reason", json_string(fr));
         json_object_set_new(choice, "matched_stop", matched_stop_json(c));
         json_array_append_new(choices, choice);
     }
@@ -381,7 +408,10 @@ static void on_done(struct gen *g) {
 
 static void oai_free(struct oai *st) {
     int total = st->n_prompts * st->n;
-    for (int i = 0; st->ch && i < total; i++) gen_output_free(&st->ch[i].out);
+    for (int i = 0; st->ch && i < total; i++) {
+        gen_output_free(&st->ch[i].out);
+        if (st->chat) chat_output_free(&st->ch[i].co);
+    }
     free(st->ch);
     prompt_list_free(&st->prompts);
     free(st->reply);
@@ -413,6 +443,13 @@ static void oai_start(struct server *s, struct http_request *r, struct oai *st, 
     for (int i = 0; i < total; i++) gen_output_init(&st->ch[i].out);
     st->created = (long)time(NULL);
     server_new_id(s, st->chat ? "chatcmpl-" : "cmpl-", st->id, sizeof st->id);
+    /* tool call ids: random per response, different per choice */
+    uint64_t seed = (uint64_t)st->created * 0x9e3779b97f4a7c15ull;
+    for (const char *p = st->id; *p; p++) seed = seed * 131 + (unsigned char)*p;
+    for (int i = 0; st->chat && i < total; i++) {
+        const struct prompt *p = &st->prompts.v[i / st->n];
+        chat_output_init(&st->ch[i].co, &st->co, p->text, p->text ? strlen(p->text) : 0, seed + (uint64_t)i * 7919);
+    }
     struct gen *g = gen_create(&s->hub, r, total, &oai_ops, st);
     for (int i = 0; i < total; i++) {
         const struct prompt *p = &st->prompts.v[i / st->n];
@@ -538,7 +575,7 @@ bad:
 
 /* Messages as templates expect them: content parts of type "text" joined
  * into one string (what vLLM does for text-only models). */
-static json_t *normalize_messages(const json_t *msgs, struct req_error *e) {
+static json_t *normalize_messages(const struct server *s, const json_t *msgs, struct req_error *e) {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
         req_errorf(e, 400, json_is_array(msgs) ? "invalid_value" : "invalid_type", "messages",
                    "'messages' must be a non-empty array of message objects");
@@ -559,6 +596,7 @@ static json_t *normalize_messages(const json_t *msgs, struct req_error *e) {
         }
         json_t *copy = json_deep_copy(m);
         json_array_append_new(out, copy);
+        if (chat_message_prepare(copy, i, &s->chat_needs, e)) goto fail;
         json_t *content = json_object_get(m, "content");
         if (!content || json_is_null(content) || json_is_string(content)) continue;
         if (!json_is_array(content)) {
@@ -605,7 +643,7 @@ int server_chat_prompt(struct server *s, const json_t *body, struct prompt_list 
         return req_errorf(e, 400, "invalid_type", "chat_template_kwargs", "'chat_template_kwargs' must be an object");
     int add_gen = 1;
     if (jr_bool(body, "add_generation_prompt", &add_gen, e) < 0) return -1;
-    json_t *msgs = normalize_messages(json_object_get(body, "messages"), e);
+    json_t *msgs = normalize_messages(s, json_object_get(body, "messages"), e);
     if (!msgs) return -1;
     struct chat_template_args a = {.messages = msgs, .add_generation_prompt = add_gen,
                                    .tools = json_is_array(tools) ? tools : NULL,
@@ -650,6 +688,7 @@ void route_chat_completions(struct server *s, struct http_request *r) {
         goto bad;
     }
     st->top_logprobs = (int)top;
+    if (chat_output_parse_request(body, s->tool_format, s->reasoning_format, &st->co, &gp.r, &e)) goto bad;
     json_t *rf = json_object_get(body, "response_format");
     if (rf && !json_is_null(rf)) {
         json_t *type = json_object_get(rf, "type");

@@ -695,6 +695,20 @@ static void load_chat_template(struct server *s) {
     }
     if (s->have_chat) log_info("chat template loaded%s", s->opt->chat_template ? " from --chat-template" : "");
     else log_info("no chat template (/v1/chat/completions will answer 400): %s", s->chat_error);
+    if (s->have_chat) chat_template_needs_read(s->chat.source, &s->chat_needs);
+    /* the names were checked by the command line */
+    const char *tcp = s->opt->tool_call_parser;
+    if (tcp && !strcmp(tcp, "auto")) {
+        s->tool_format = s->have_chat ? tool_format_detect(s->chat.source) : TOOL_FORMAT_NONE;
+        if (s->tool_format)
+            log_info("tool calls: the %s format (from the chat template)", tool_format_name(s->tool_format));
+        else log_warn("--tool-call-parser auto: the chat template writes no tool-call format kiln knows; "
+                      "tool calls are not parsed");
+    } else if (tcp && tool_format_from_name(tcp, &s->tool_format)) {
+        s->tool_format = TOOL_FORMAT_NONE;
+    }
+    if (s->opt->reasoning_parser && reasoning_format_from_name(s->opt->reasoning_parser, &s->reasoning_format))
+        s->reasoning_format = REASONING_NONE;
 }
 
 int server_run(struct engine *e, const struct server_options *o, struct kiln_error *err) {

@@ -26,6 +26,8 @@ struct server_options {
     const char *served_model_name; /* NULL: the model folder's name */
     const char *model_dir;         /* for the chat template */
     const char *chat_template;     /* a Jinja file overriding the model's template */
+    const char *tool_call_parser;  /* NULL: none; "auto": from the chat template; else a format's name */
+    const char *reasoning_parser;  /* NULL: none; else a format's name (chat/reasoning.h) */
     const char *allowed_origins;   /* CORS: comma-separated origins, "*" any (default), "" none */
     size_t max_body_bytes;         /* default 32 MiB */
     int max_connections;           /* default 4096 */

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "chat/chat_template.h"
+#include "server/chat_output.h"
 #include "server/gen.h"
 #include "server/http.h"
 #include "server/json_req.h"
@@ -27,6 +28,9 @@ struct server {
     struct chat_template chat;
     int have_chat;
     char chat_error[KILN_ERROR_MAX + 32]; /* why there is no chat template */
+    struct chat_template_needs chat_needs;
+    enum tool_format tool_format;           /* --tool-call-parser, "auto" resolved */
+    enum reasoning_format reasoning_format; /* --reasoning-parser */
     const char *model_name;
     int vocab, context_length;
     long created;         /* start time, for /v1/models */

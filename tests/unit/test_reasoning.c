@@ -1,0 +1,114 @@
+/* test_reasoning.c — chat/reasoning on the text Qwen3 and DeepSeek-R1
+ * write, fed whole, split at every byte and one byte at a time (the parts
+ * must agree and never end inside a UTF-8 character), and whether a prompt
+ * rendered by the real Qwen3 template (enable_thinking true and false)
+ * starts generation inside the think block. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/buf.h"
+#include "base/error.h"
+#include "base/utf8.h"
+#include "chat/chat_template.h"
+#include "chat/reasoning.h"
+
+static void run_cuts(int in_think, const char *text, size_t len, size_t step, size_t first, struct buf *r,
+                     struct buf *c) {
+    struct reasoning_parser p;
+    reasoning_parser_init(&p, in_think);
+    size_t at = 0;
+    while (at < len) {
+        size_t n = at == 0 && first ? first : step;
+        if (n > len - at) n = len - at;
+        size_t r0 = r->len, c0 = c->len;
+        reasoning_parser_feed(&p, text + at, n, r, c);
+        assert_int_equal(utf8_cut(r->data ? r->data + r0 : "", r->len - r0), r->len - r0);
+        assert_int_equal(utf8_cut(c->data ? c->data + c0 : "", c->len - c0), c->len - c0);
+        at += n;
+    }
+    reasoning_parser_finish(&p, r, c);
+    reasoning_parser_free(&p);
+}
+
+static void check(int in_think, const char *text, const char *reasoning, const char *content) {
+    size_t len = strlen(text);
+    for (size_t cut = 0; cut <= len + 1; cut++) {
+        struct buf r = {0}, c = {0};
+        if (cut == len + 1) run_cuts(in_think, text, len, 1, 0, &r, &c); /* byte by byte */
+        else run_cuts(in_think, text, len, len, cut, &r, &c);
+        if (strcmp(r.data ? r.data : "", reasoning) || strcmp(c.data ? c.data : "", content))
+            fail_msg("cut %zu: reasoning \"%s\" content \"%s\"", cut, r.data ? r.data : "", c.data ? c.data : "");
+        buf_free(&r);
+        buf_free(&c);
+    }
+}
+
+static void test_qwen3(void **state) {
+    (void)state;
+    check(0, "<think>\nThe user greets me. 你好\n</think>\n\nHello! 😀", "The user greets me. 你好", "Hello! 😀");
+    check(0, "Hello, no thoughts.\n", "", "Hello, no thoughts.\n");
+    check(0, "Not <think> at the start", "", "Not <think> at the start");
+    check(0, "<think>\nstill thinking when stopped", "still thinking when stopped", "");
+    check(0, "<think>\n\n</think>\n\nanswer", "", "answer");
+    check(0, "<thin", "", "<thin");
+}
+
+static void test_opened_by_template(void **state) {
+    (void)state;
+    check(1, "Okay, the user wants x.\n</think>\n\nx", "Okay, the user wants x.", "x");
+    check(1, "<think>\nrepeated open\n</think>\nanswer", "repeated open", "answer");
+    check(1, "never closed", "never closed", "");
+    check(1, "</think>", "", "");
+}
+
+static void test_starts_in_think(void **state) {
+    (void)state;
+    const char *root = getenv("KILN_TOKENIZERS");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/qwen3", root ? root : ".cache/tokenizers");
+    struct chat_template ct;
+    struct kiln_error err;
+    if (chat_template_load(&ct, dir, &err)) fail_msg("%s: %s", dir, err.msg);
+    json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
+    for (int thinking = 0; thinking < 2; thinking++) {
+        json_t *kw = json_pack("{s:b}", "enable_thinking", thinking);
+        struct chat_template_args a = {.messages = msgs, .add_generation_prompt = 1, .kwargs = kw};
+        char *out;
+        size_t len;
+        if (chat_template_render(&ct, &a, &out, &len, &err)) fail_msg("render: %s", err.msg);
+        /* false: the template closes an empty block; true: the model opens it */
+        const char *tail = thinking ? "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+        assert_true(len >= strlen(tail) && !strcmp(out + len - strlen(tail), tail));
+        assert_int_equal(reasoning_starts_in_think(REASONING_QWEN3, out, len), 0);
+        assert_int_equal(reasoning_starts_in_think(REASONING_DEEPSEEK_R1, out, len), thinking);
+        free(out);
+        json_decref(kw);
+    }
+    json_decref(msgs);
+    chat_template_free(&ct);
+    const char *p = "<|im_start|>assistant\n<think>\n";
+    assert_int_equal(reasoning_starts_in_think(REASONING_QWEN3, p, strlen(p)), 1);
+    p = "<｜User｜>hi<｜Assistant｜>";
+    assert_int_equal(reasoning_starts_in_think(REASONING_DEEPSEEK_R1, p, strlen(p)), 1);
+    enum reasoning_format f;
+    assert_int_equal(reasoning_format_from_name("deepseek-r1", &f), 0);
+    assert_int_equal(f, REASONING_DEEPSEEK_R1);
+    assert_int_equal(reasoning_format_from_name("qwen3", &f), 0);
+    assert_int_equal(reasoning_format_from_name("o1", &f), -1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_opened_by_template),
+        cmocka_unit_test(test_starts_in_think),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
