@@ -75,6 +75,10 @@ static const struct gcase cases[] = {
     /* comments, rules over several lines, ';' ends a rule, names with - and _ */
     {"# a comment\nroot ::= (\n  item-a # trailing\n  | item_b\n) ;\nitem-a ::= \"a\"\nitem_b ::=\n  \"b\"\n",
      {"a", "b"}, {"ab", ""}},
+    /* no byte edges at all; an empty class (found by fuzz_ebnf: both once
+     * did pointer arithmetic on NULL, which UBSan refuses) */
+    {"root ::= \"\"", {""}, {"a"}},
+    {"root ::= \"a\" | []", {"a"}, {"", "b"}},
     /* a rule that is used in several places and not recursive (inlined) */
     {"root ::= w \"=\" w\nw ::= [a-z]+", {"a=b", "abc=de"}, {"=b", "a=", "a==b"}},
 };
