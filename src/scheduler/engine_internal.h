@@ -96,6 +96,7 @@ struct engine {
     uint32_t *g_masks;
     int g_words, g_n;
     int32_t *g_slots;                  /* [rows] mask slot per logit row, -1 none */
+    struct threadpool *g_pool;         /* fills masks of many rows at once (NULL: one thread) */
     double g_fill_us;                  /* mask time so far (all steps) */
     long g_fill_rows;
 };

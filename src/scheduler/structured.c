@@ -14,12 +14,19 @@
  * stop ids and (unless ignore_eos) the model's end-of-sequence ids are
  * allowed; once nothing can follow, only they are (the end-of-sequence ids
  * too under ignore_eos, when no stop id is given: the output is over).
+ *
+ * Rows are independent (each its own matcher and slot; the grammar and
+ * the vocabulary are read-only once prepared, which engine_submit makes
+ * sure of), so a step with many constrained rows fills them on a small
+ * pool of threads (up to 8, half the cores), started on first need.
  */
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/threadpool.h"
 #include "grammar/grammar.h"
 #include "kiln/tokenizer.h"
 #include "scheduler/engine_internal.h"
@@ -54,6 +61,8 @@ int sg_init(struct engine *e, struct kiln_error *err) {
 }
 
 void sg_free(struct engine *e) {
+    if (e->g_pool) threadpool_destroy(e->g_pool);
+    e->g_pool = NULL;
     if (e->gvocab) grammar_vocab_free(e->gvocab);
     e->gvocab = NULL;
     free(e->g_reqs);
@@ -65,6 +74,9 @@ const struct grammar_vocab *engine_grammar_vocab(const struct engine *e) { retur
 int sg_request_init(struct engine *e, struct req *r, struct kiln_error *err) {
     if (!r->in.grammar) return 0;
     if (!e->gvocab) return kiln_errorf(err, "structured outputs need the model's tokenizer, which did not load");
+    /* prepared here, off the engine thread (a no-op when the server did it):
+     * the engine's threads then only read the grammar */
+    if (grammar_prepare(r->in.grammar, e->gvocab, err)) return -1;
     r->gm = grammar_matcher_create(r->in.grammar, e->gvocab, err);
     return r->gm ? 0 : -1;
 }
@@ -98,11 +110,24 @@ static void fill_one(struct engine *e, struct req *r, uint32_t *m) {
     }
 }
 
+static void fill_part(void *arg, int ith, int nth) {
+    struct engine *e = arg;
+    for (int k = ith; k < e->g_n; k += nth) fill_one(e, e->g_reqs[k], e->g_masks + (size_t)k * (size_t)e->g_words);
+}
+
+enum { POOL_MIN_ROWS = 4, POOL_MAX_THREADS = 8 };
+
 void sg_fill_masks(void *user) {
     struct engine *e = user;
     if (!e->g_n) return;
     double t0 = time_now();
-    for (int k = 0; k < e->g_n; k++) fill_one(e, e->g_reqs[k], e->g_masks + (size_t)k * (size_t)e->g_words);
+    if (e->g_n >= POOL_MIN_ROWS && !e->g_pool) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int n = (int)(cores / 2 < POOL_MAX_THREADS ? cores / 2 : POOL_MAX_THREADS);
+        if (n > 1) e->g_pool = threadpool_create(n);
+    }
+    if (e->g_n >= POOL_MIN_ROWS && e->g_pool) threadpool_run(e->g_pool, fill_part, e);
+    else fill_part(e, 0, 1);
     double us = (time_now() - t0) * 1e6;
     e->g_fill_us += us;
     e->g_fill_rows += e->g_n;
