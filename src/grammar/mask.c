@@ -1,14 +1,234 @@
-/* mask.c — token masks and the per-vocabulary cache behind them. */
+/* mask.c — token masks and the per-vocabulary cache behind them (the idea
+ * of xgrammar's adaptive token mask cache).
+ *
+ * A stack in a matcher's set has a top state with byte edges. Which tokens
+ * that stack accepts splits in three by the top state alone: tokens whose
+ * bytes all fit inside the top rule (accepted whatever lies below), tokens
+ * that die inside it (rejected whatever lies below), and tokens that
+ * complete the top rule with bytes left over (the rest depends on the
+ * stack below: "context-dependent"). The cache holds, per state, the
+ * accepted tokens (a list or a bitmap, whichever is smaller) and the
+ * context-dependent ones in trie order. A mask is then the union of the
+ * accepted sets of the stacks, plus the context-dependent tokens checked
+ * against their real stacks; consecutive ones share their common prefix's
+ * work, as in a trie walk.
+ *
+ * A cache belongs to one grammar and one vocabulary (keyed by the
+ * vocabulary's id). grammar_prepare makes it and fills the entries of up
+ * to EAGER_STATES states; the rest are filled on first use. Entries are
+ * published with release stores, so readers take no lock.
+ */
 #include <stdlib.h>
+#include <string.h>
 
+#include "base/error.h"
+#include "base/mem.h"
 #include "grammar/grammar_internal.h"
 
-struct gr_cache {
-    struct gr_cache *next;
+#define EAGER_STATES 4096
+
+struct gr_entry {
+    uint32_t *accept; /* token ids, or a bitmap of mask_words words */
+    uint32_t n_accept;
+    int accept_bitmap;
+    uint32_t *dep; /* positions in vocab.order (trie order) */
+    uint32_t n_dep;
 };
 
-void gr_cache_free(struct gr_cache *c) { free(c); }
+struct gr_cache {
+    struct gr_cache *next; /* first: grammar_unref walks the list through it */
+    uint64_t vocab_id;
+    const struct grammar_vocab *v;
+    uint32_t n_states;
+    _Atomic(struct gr_entry *) *entries;
+    pthread_mutex_t lock; /* fills entries, one at a time */
+    struct grammar_matcher *scratch;
+};
 
-int grammar_prepare(struct grammar *g, const struct grammar_vocab *v, struct kiln_error *err) { return 0; }
+static void entry_free(struct gr_entry *e) {
+    if (!e) return;
+    free(e->accept);
+    free(e->dep);
+    free(e);
+}
 
-void grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *bits) { gr_fill_mask_nocache(m, bits); }
+/* A matcher used only for its arena and level scratch: it holds no
+ * reference on the grammar (the grammar owns it through the cache). */
+static struct grammar_matcher *scratch_new(struct grammar *g, const struct grammar_vocab *v) {
+    struct grammar_matcher *m = xcalloc(1, sizeof *m);
+    m->g = g;
+    m->v = v;
+    gr_arena_init(&m->arena);
+    gr_levels_reserve(m, v->max_len);
+    return m;
+}
+
+static void scratch_free(struct grammar_matcher *m) {
+    if (!m) return;
+    m->g = NULL;
+    gr_arena_free(&m->arena);
+    gr_vec_free(&m->cur);
+    gr_vec_free(&m->work);
+    gr_vec_free(&m->tmp);
+    gr_vec_free(&m->tmp2);
+    gr_vec_free(&m->lv_nodes);
+    free(m->lv_off);
+    free(m->lv_mark);
+    free(m->lv_flags);
+    free(m);
+}
+
+void gr_cache_free(struct gr_cache *c) {
+    for (uint32_t s = 0; s < c->n_states; s++) entry_free(atomic_load(&c->entries[s]));
+    free(c->entries);
+    scratch_free(c->scratch);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+/* The entry of state s: one walk of the whole trie from the stack
+ * (s, GR_NODE_CONTEXT). Called with c->lock held. */
+static struct gr_entry *entry_build(struct grammar *g, struct gr_cache *c, uint32_t s) {
+    const struct grammar_vocab *v = c->v;
+    if (!c->scratch) c->scratch = scratch_new(g, v);
+    struct grammar_matcher *w = c->scratch;
+    struct gr_vec acc = {0}, dep = {0};
+    uint32_t root = gr_arena_intern(&w->arena, s, GR_NODE_CONTEXT);
+    gr_levels_start(w, &root, 1);
+    for (uint32_t i = 0; i < v->n_trie;) {
+        const struct gr_trie_node *nd = &v->trie[i];
+        uint32_t d = nd->depth;
+        uint32_t flags = gr_level_step(w, d - 1, nd->byte);
+        uint32_t ctx = w->lv_flags[d - 1] | (flags & GR_FLAG_CONTEXT);
+        w->lv_flags[d] = ctx;
+        if (w->lv_off[d + 1] > w->lv_off[d]) {
+            for (uint32_t k = nd->tok_begin; k < nd->tok_end; k++) gr_vec_push(&acc, v->order[k]);
+            i++;
+            continue;
+        }
+        if (ctx) {
+            uint32_t end = nd->end < v->n_trie ? v->trie[nd->end].tok_begin : v->n_order;
+            for (uint32_t k = nd->tok_begin; k < end; k++) gr_vec_push(&dep, k);
+        }
+        i = nd->end;
+    }
+    gr_arena_rollback(&w->arena, 2);
+    struct gr_entry *e = xcalloc(1, sizeof *e);
+    uint32_t words = (uint32_t)grammar_mask_words(v);
+    if (acc.n > words) {
+        e->accept_bitmap = 1;
+        e->accept = xcalloc(words, sizeof *e->accept);
+        for (uint32_t k = 0; k < acc.n; k++) e->accept[acc.v[k] >> 5] |= 1u << (acc.v[k] & 31);
+        e->n_accept = acc.n;
+        gr_vec_free(&acc);
+    } else {
+        e->accept = acc.v; /* NULL when empty */
+        e->n_accept = acc.n;
+    }
+    e->dep = dep.v;
+    e->n_dep = dep.n;
+    return e;
+}
+
+static struct gr_entry *entry_get(struct grammar *g, struct gr_cache *c, uint32_t s) {
+    struct gr_entry *e = atomic_load_explicit(&c->entries[s], memory_order_acquire);
+    if (e) return e;
+    pthread_mutex_lock(&c->lock);
+    e = atomic_load_explicit(&c->entries[s], memory_order_relaxed);
+    if (!e) {
+        e = entry_build(g, c, s);
+        atomic_store_explicit(&c->entries[s], e, memory_order_release);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return e;
+}
+
+static struct gr_cache *cache_get(struct grammar *g, const struct grammar_vocab *v) {
+    pthread_mutex_lock(&g->lock);
+    struct gr_cache *c = g->caches;
+    while (c && c->vocab_id != v->id) c = c->next;
+    if (!c) {
+        c = xcalloc(1, sizeof *c);
+        c->vocab_id = v->id;
+        c->v = v;
+        c->n_states = g->n_states;
+        c->entries = xcalloc(g->n_states, sizeof *c->entries);
+        pthread_mutex_init(&c->lock, NULL);
+        c->next = g->caches;
+        g->caches = c;
+    }
+    pthread_mutex_unlock(&g->lock);
+    return c;
+}
+
+int grammar_prepare(struct grammar *g, const struct grammar_vocab *v, struct kiln_error *err) {
+    if (!g || !v) return kiln_errorc(err, KILN_ERR_INTERNAL, "grammar_prepare: no grammar or vocabulary");
+    struct gr_cache *c = cache_get(g, v);
+    uint32_t done = 0;
+    for (uint32_t s = 0; s < g->n_states && done < EAGER_STATES; s++) {
+        if (!g->states[s].n_edges) continue;
+        entry_get(g, c, s);
+        done++;
+    }
+    return 0;
+}
+
+static inline void set_bit(uint32_t *bits, uint32_t t) { bits[t >> 5] |= 1u << (t & 31); }
+static inline int get_bit(const uint32_t *bits, uint32_t t) { return (bits[t >> 5] >> (t & 31)) & 1; }
+
+/* Checks the context-dependent tokens of one stack against the stack
+ * itself, sharing the work of common prefixes between consecutive tokens. */
+static void walk_dep(struct grammar_matcher *m, uint32_t id, const struct gr_entry *e, uint32_t *bits) {
+    const struct grammar_vocab *v = m->v;
+    gr_levels_start(m, &id, 1);
+    const char *prev = NULL;
+    uint32_t prev_len = 0, have = 0;
+    for (uint32_t q = 0; q < e->n_dep; q++) {
+        uint32_t t = v->order[e->dep[q]];
+        if (get_bit(bits, t)) continue;
+        const char *b = v->bytes[t];
+        uint32_t len = v->lens[t], l = 0;
+        while (l < len && l < prev_len && l < have && b[l] == prev[l]) l++;
+        uint32_t j = l;
+        int alive = 1;
+        while (j < len) {
+            if (j > 0 && m->lv_off[j + 1] == m->lv_off[j]) {
+                alive = 0;
+                break;
+            }
+            m->lv_flags[j + 1] = gr_level_step(m, j, (uint8_t)b[j]);
+            j++;
+        }
+        have = j;
+        prev = b;
+        prev_len = len;
+        if (alive && (m->lv_off[len + 1] > m->lv_off[len] || (m->lv_flags[len] & GR_FLAG_END))) set_bit(bits, t);
+    }
+}
+
+void grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *bits) {
+    if (!m->use_cache) {
+        gr_fill_mask_nocache(m, bits);
+        return;
+    }
+    const struct grammar_vocab *v = m->v;
+    uint32_t words = (uint32_t)grammar_mask_words(v);
+    memset(bits, 0, words * sizeof *bits);
+    if (!m->cur.n) return;
+    if (!m->cache) m->cache = cache_get(m->g, v);
+    gr_levels_reserve(m, v->max_len);
+    uint32_t mark = m->arena.n;
+    for (uint32_t i = 0; i < m->cur.n; i++) {
+        const struct gr_entry *e = entry_get(m->g, m->cache, m->arena.nodes[m->cur.v[i]].state);
+        if (e->accept_bitmap) {
+            for (uint32_t k = 0; k < words; k++) bits[k] |= e->accept[k];
+        } else {
+            for (uint32_t k = 0; k < e->n_accept; k++) set_bit(bits, e->accept[k]);
+        }
+    }
+    for (uint32_t i = 0; i < m->cur.n; i++) {
+        const struct gr_entry *e = entry_get(m->g, m->cache, m->arena.nodes[m->cur.v[i]].state);
+        if (e->n_dep) walk_dep(m, m->cur.v[i], e, bits);
+    }
+    gr_arena_rollback(&m->arena, mark);
+}
