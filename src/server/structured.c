@@ -236,11 +236,18 @@ static struct grammar *lookup(struct so_cache *c, enum so_kind kind, int strict,
 
 static struct grammar *compile(const struct so_spec *sp, struct kiln_error *err) {
     switch (sp->kind) {
+    /* compact JSON, as OpenAI's structured outputs are: a grammar that
+     * allows whitespace anywhere lets a model loop on newlines until
+     * max_tokens, leaving no JSON at all */
     case SO_JSON_SCHEMA: {
-        struct grammar_json_opts o = {.any_whitespace = sp->strict ? 0 : -1, .strict = sp->strict};
+        struct grammar_json_opts o = {.any_whitespace = 0, .strict = sp->strict};
         return grammar_compile_json_schema(sp->text, sp->len, &o, err);
     }
-    case SO_JSON_OBJECT: return grammar_compile_json_object(err);
+    case SO_JSON_OBJECT: {
+        struct grammar_json_opts o = {.any_whitespace = 0, .strict = 0};
+        static const char obj[] = "{\"type\":\"object\"}";
+        return grammar_compile_json_schema(obj, sizeof obj - 1, &o, err);
+    }
     case SO_REGEX: return grammar_compile_regex(sp->text, sp->len, err);
     case SO_EBNF:
     case SO_CHOICE: return grammar_compile_ebnf(sp->text, sp->len, NULL, err);

@@ -12,6 +12,8 @@
  *  - /generate (sampling_params): SGLang's regex, json_schema (a schema's
  *    text, or the object) and ebnf.
  * What kiln cannot enforce (structural tags, whitespace patterns) is a 400.
+ * JSON comes out compact (no whitespace between tokens), schemas and
+ * json_object alike.
  *
  * Compiling happens on the thread that prepares the request (the tokenizer
  * pool or the loop), never the engine's; the grammar is met with the
