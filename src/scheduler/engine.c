@@ -198,6 +198,10 @@ static void log_step(struct engine *e) {
     log_info("Decode batch. #running-req: %d, #token: %ld, token usage: %.2f, gen throughput (token/s): %.2f, "
              "#queue-req: %d",
              si->decode_rows, used * e->page_size, usage, dt > 0 ? (double)e->log_tokens / dt : 0.0, e->n_waiting);
+    if (e->g_fill_rows) /* structured outputs: what the masks cost the host (overlapped on a GPU) */
+        log_info("Grammar masks. #rows: %ld, %.1f us a row", e->g_fill_rows, e->g_fill_us / (double)e->g_fill_rows);
+    e->g_fill_rows = 0;
+    e->g_fill_us = 0;
     e->log_tokens = 0;
     e->log_t = now;
 }

@@ -5,7 +5,7 @@
  * an end-of-sequence id: "stop"; max_new_tokens first: "length"), greedy
  * and seeded sampling, batches mixing grammars with free requests (the
  * free ones unchanged), a grammar that starts after a given token
- * sequence, ignore_eos and min_new_tokens, and requests retracted for
+ * sequence, ignore_eos, min_new_tokens and stop strings, and requests retracted for
  * lack of KV memory keeping their grammar's place. */
 #include <ctype.h>
 #include <pthread.h>
@@ -168,7 +168,15 @@ static void finish_reasons(void **state) {
     request_init(&r, g, 64, sink_new());
     r.min_new_tokens = 40;
     struct sink *c = submit(e, &r);
-    sink_wait(a), sink_wait(b), sink_wait(c);
+    /* a stop string inside the structure ends it there, as without a grammar */
+    static const char *const stops[] = {" ate"};
+    request_init(&r, g, 64, sink_new());
+    r.stop = stops, r.n_stop = 1;
+    struct sink *d = submit(e, &r);
+    sink_wait(a), sink_wait(b), sink_wait(c), sink_wait(d);
+    assert_int_equal(d->finish, ENGINE_FINISH_STOP);
+    assert_true(!strcmp(d->text.data, "The cat") || !strcmp(d->text.data, "The dog"));
+    sink_free(d);
     assert_int_equal(a->finish, ENGINE_FINISH_LENGTH);
     assert_int_equal(a->n_ids, 3);
     assert_true(is_sentence_prefix(a->text.data));
