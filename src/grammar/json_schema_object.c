@@ -216,15 +216,16 @@ int js_gen_object(struct js_ctx *c, const json_t *s, struct buf *out) {
         buf_free(&nm);
         buf_printf(&kv, "%s\":\"%s", w, w);
         buf_append(&kv, p[i].expr.data, p[i].expr.len);
-        /* R[i] */
-        R[i] = js_new_rule(c);
+        /* R[i] (R[0] would follow nothing: never used) */
+        R[i] = -1;
+        if (i > 0) R[i] = js_new_rule(c);
         buf_clear(&body);
         buf_printf(&body, "%s%s\",\"%s%s%s", p[i].required ? "" : "(", w, w, kv.data, p[i].required ? "" : ")?");
         if (R[i + 1] >= 0) {
             buf_push(&body, ' ');
             js_put_rule_ref(&body, R[i + 1]);
         }
-        js_add_rule(c, R[i], body.data, body.len);
+        if (i > 0) js_add_rule(c, R[i], body.data, body.len);
         /* S[i] */
         S[i] = js_new_rule(c);
         buf_clear(&body);

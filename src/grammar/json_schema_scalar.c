@@ -181,7 +181,8 @@ static void put_digits_between(struct buf *out, const char *a, const char *b, in
         if (alts++) buf_puts(&t, " | ");
         if (s == e) buf_printf(&t, "\"%c\"", s);
         else buf_printf(&t, "[%c-%c]", s, e);
-        buf_printf(&t, " [0-9]{%d}", n - 1);
+        if (n == 2) buf_puts(&t, " [0-9]");
+        else buf_printf(&t, " [0-9]{%d}", n - 1);
     }
     if (!hi_nine) {
         if (alts++) buf_puts(&t, " | ");

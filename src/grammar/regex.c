@@ -677,11 +677,13 @@ static int is_single(const struct rx_node *nd) {
     return nd->kind == RX_SET && nd->nr == 1 && nd->r[0].lo == nd->r[0].hi;
 }
 
-static void rx_emit_cat(struct buf *out, const struct rx_node *nd, enum regex_mode mode) {
-    int first = 1;
+/* Returns the number of items written (a literal run is one). */
+static int rx_emit_cat(struct buf *out, const struct rx_node *nd, enum regex_mode mode) {
+    int first = 1, items = 0;
     for (int i = 0; i < nd->nkid;) {
         if (!first) buf_push(out, ' ');
         first = 0;
+        items++;
         /* a run of plain characters becomes one literal */
         int j = i;
         if (mode == REGEX_RAW) {
@@ -702,6 +704,7 @@ static void rx_emit_cat(struct buf *out, const struct rx_node *nd, enum regex_mo
         i++;
     }
     if (first) buf_puts(out, "\"\"");
+    return items;
 }
 
 static void rx_emit(struct buf *out, const struct rx_node *nd, enum regex_mode mode) {
@@ -718,14 +721,13 @@ static void rx_emit(struct buf *out, const struct rx_node *nd, enum regex_mode m
             put_class(out, nd->r, nd->nr);
         }
         break;
-    case RX_CAT:
-        if (nd->nkid == 1) rx_emit(out, nd->kid[0], mode);
-        else {
-            buf_push(out, '(');
-            rx_emit_cat(out, nd, mode);
-            buf_push(out, ')');
-        }
+    case RX_CAT: {
+        struct buf t = {0};
+        if (rx_emit_cat(&t, nd, mode) > 1) buf_printf(out, "(%s)", t.data);
+        else buf_append(out, t.data, t.len);
+        buf_free(&t);
         break;
+    }
     case RX_ALT:
         if (nd->nkid == 1) {
             rx_emit(out, nd->kid[0], mode);
@@ -739,9 +741,13 @@ static void rx_emit(struct buf *out, const struct rx_node *nd, enum regex_mode m
         buf_push(out, ')');
         break;
     case RX_REP:
-        buf_push(out, '(');
-        rx_emit(out, nd->kid[0], mode);
-        buf_push(out, ')');
+        if (nd->kid[0]->kind == RX_SET && (mode == REGEX_RAW || nd->kid[0]->nr == 0)) {
+            rx_emit(out, nd->kid[0], mode); /* one literal character or class */
+        } else {
+            buf_push(out, '(');
+            rx_emit(out, nd->kid[0], mode);
+            buf_push(out, ')');
+        }
         if (nd->min == 0 && nd->max < 0) buf_push(out, '*');
         else if (nd->min == 1 && nd->max < 0) buf_push(out, '+');
         else if (nd->min == 0 && nd->max == 1) buf_push(out, '?');
@@ -768,7 +774,9 @@ int regex_to_ebnf_expr(const char *pattern, size_t len, enum regex_mode mode, st
         goto done;
     }
     if (mode == REGEX_RAW) {
-        rx_emit(out, root, mode);
+        /* the caller puts it at the top of a rule: a sequence needs no parentheses */
+        if (root->nkid == 1) rx_emit_cat(out, root->kid[0], mode);
+        else rx_emit(out, root, mode);
     } else {
         buf_push(out, '(');
         for (int i = 0; i < root->nkid; i++) {

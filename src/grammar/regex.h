@@ -30,8 +30,8 @@ struct kiln_error;
 
 enum regex_mode { REGEX_RAW, REGEX_JSON };
 
-/* Appends one EBNF expression (parenthesised where it needs to be) to
- * out. Errors: "regex: <what> at offset N", code KILN_ERR_UNSUPPORTED for
+/* Appends one EBNF expression to out (REGEX_RAW: a sequence, for the top
+ * of a rule; REGEX_JSON: parenthesised). Errors: "regex: <what> at offset N", code KILN_ERR_UNSUPPORTED for
  * valid syntax kiln does not translate (lookaround, backreferences),
  * KILN_ERR_BAD_INPUT for a malformed pattern. Returns 0 or -1. */
 int regex_to_ebnf_expr(const char *pattern, size_t len, enum regex_mode mode, struct buf *out,
