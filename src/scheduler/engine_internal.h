@@ -97,6 +97,7 @@ struct engine {
     int g_words, g_n;
     int32_t *g_slots;                  /* [rows] mask slot per logit row, -1 none */
     struct threadpool *g_pool;         /* fills masks of many rows at once (NULL: one thread) */
+    int g_use_pool;                    /* the last step's masks were slow on one thread */
     double g_fill_us;                  /* mask time and rows since the last decode log line */
     long g_fill_rows;
 };

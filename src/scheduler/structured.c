@@ -17,8 +17,10 @@
  *
  * Rows are independent (each its own matcher and slot; the grammar and
  * the vocabulary are read-only once prepared, which engine_submit makes
- * sure of), so a step with many constrained rows fills them on a small
- * pool of threads (up to 8, half the cores), started on first need.
+ * sure of), so a step whose masks took more than SERIAL_US on one thread
+ * fills them on a small pool of threads (up to 8, half the cores), started
+ * on first need. (Cached masks cost about a microsecond a row, where waking
+ * sleeping workers would cost more than it saves.)
  */
 #include <math.h>
 #include <string.h>
@@ -115,20 +117,25 @@ static void fill_part(void *arg, int ith, int nth) {
     for (int k = ith; k < e->g_n; k += nth) fill_one(e, e->g_reqs[k], e->g_masks + (size_t)k * (size_t)e->g_words);
 }
 
-enum { POOL_MIN_ROWS = 4, POOL_MAX_THREADS = 8 };
+enum { POOL_MIN_ROWS = 4, POOL_MAX_THREADS = 8, SERIAL_US = 200 };
 
 void sg_fill_masks(void *user) {
     struct engine *e = user;
     if (!e->g_n) return;
     double t0 = time_now();
-    if (e->g_n >= POOL_MIN_ROWS && !e->g_pool) {
+    int pooled = e->g_n >= POOL_MIN_ROWS && e->g_use_pool;
+    if (pooled && !e->g_pool) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int n = (int)(cores / 2 < POOL_MAX_THREADS ? cores / 2 : POOL_MAX_THREADS);
         if (n > 1) e->g_pool = threadpool_create(n);
+        else pooled = 0;
     }
-    if (e->g_n >= POOL_MIN_ROWS && e->g_pool) threadpool_run(e->g_pool, fill_part, e);
+    if (pooled) threadpool_run(e->g_pool, fill_part, e);
     else fill_part(e, 0, 1);
     double us = (time_now() - t0) * 1e6;
+    /* what one thread would have taken: the next step's choice */
+    double serial = pooled ? us * threadpool_size(e->g_pool) : us;
+    e->g_use_pool = serial > SERIAL_US;
     e->g_fill_us += us;
     e->g_fill_rows += e->g_n;
     log_debug("grammar masks: %d rows in %.1f us (%.1f us a row)", e->g_n, us, us / e->g_n);
