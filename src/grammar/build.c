@@ -197,8 +197,15 @@ static uint32_t ct_canon(struct ctrie *t, uint32_t node, uint32_t *canon, uint32
     return canon[node] = (*n_canon)++;
 }
 
-static uint32_t build_class(struct builder *b, const struct gr_ast *a, uint32_t from) {
-    if (a->n_ranges == 0) return new_state(b); /* matches nothing: an end no edge reaches */
+/* The minimal byte automaton of a class, as (lo, hi, target) triples per
+ * state: state 0 is the start, state n_states - 1 the end. */
+struct class_dfa {
+    uint32_t n_states;
+    uint32_t *off; /* [n_states + 1] into trip, in triples */
+    uint32_t *trip;
+};
+
+static void class_dfa_make(const struct gr_ast *a, struct class_dfa *out) {
     struct ctrie t = {0};
     ct_node(&t); /* CT_END */
     ct_node(&t); /* the root */
@@ -206,27 +213,63 @@ static uint32_t build_class(struct builder *b, const struct gr_ast *a, uint32_t 
     uint32_t *canon = xmalloc(t.n_nodes * sizeof *canon);
     for (uint32_t k = 0; k < t.n_nodes; k++) canon[k] = GR_NIL;
     uint32_t **sig = xcalloc(t.n_nodes, sizeof *sig), *sig_len = xcalloc(t.n_nodes, sizeof *sig_len), n_canon = 0;
-    ct_canon(&t, CT_END, canon, sig, sig_len, &n_canon);
+    uint32_t end = ct_canon(&t, CT_END, canon, sig, sig_len, &n_canon);
     uint32_t root = ct_canon(&t, 1, canon, sig, sig_len, &n_canon);
-    uint32_t end = new_state(b);
-    uint32_t *state = xmalloc(n_canon * sizeof *state);
+    /* renumber: root first, end last */
+    uint32_t *num = xmalloc(n_canon * sizeof *num), next = 1;
+    for (uint32_t c = 0; c < n_canon; c++) num[c] = c == root ? 0 : c == end ? n_canon - 1 : next++;
+    out->n_states = n_canon;
+    out->off = xcalloc(n_canon + 1, sizeof *out->off);
+    uint32_t total = 0;
+    for (uint32_t c = 0; c < n_canon; c++) total += sig_len[c];
+    out->trip = xmalloc((total + 1) * sizeof *out->trip);
+    uint32_t *at = xcalloc(n_canon, sizeof *at);
+    for (uint32_t c = 0; c < n_canon; c++) out->off[num[c] + 1] = sig_len[c] / 3;
+    for (uint32_t k = 0; k < n_canon; k++) out->off[k + 1] += out->off[k];
     for (uint32_t c = 0; c < n_canon; c++)
-        state[c] = c == canon[CT_END] ? end : c == root ? from : (end == GR_NIL ? GR_NIL : new_state(b));
-    if (!b->failed) {
-        for (uint32_t c = 0; c < n_canon; c++)
-            for (uint32_t k = 0; k < sig_len[c]; k += 3)
-                add_edge(b, state[c], BE_BYTE, (uint8_t)sig[c][k], (uint8_t)sig[c][k + 1], 0,
-                         state[sig[c][k + 2]]);
-    }
+        for (uint32_t k = 0; k < sig_len[c]; k += 3) {
+            uint32_t *o = out->trip + 3 * (out->off[num[c]] + at[num[c]]++);
+            o[0] = sig[c][k];
+            o[1] = sig[c][k + 1];
+            o[2] = num[sig[c][k + 2]];
+        }
     for (uint32_t c = 0; c < n_canon; c++) free(sig[c]);
+    free(at);
+    free(num);
     free(sig);
     free(sig_len);
-    free(state);
     free(canon);
     free(t.first);
     free(t.nxt);
     free(t.e);
-    return b->failed ? GR_NIL : end;
+}
+
+static uint32_t build_class(struct builder *b, const struct gr_ast *a, uint32_t from) {
+    if (a->n_ranges == 0) return new_state(b); /* matches nothing: an end no edge reaches */
+    struct gr_ast *memo = (struct gr_ast *)a; /* the automaton is made once per class node */
+    if (!memo->class_dfa) {
+        memo->class_dfa = xcalloc(1, sizeof(struct class_dfa));
+        class_dfa_make(a, memo->class_dfa);
+    }
+    const struct class_dfa *dfa = memo->class_dfa;
+    uint32_t n = dfa->n_states, base = b->n_states;
+    for (uint32_t k = 1; k < n; k++)
+        if (new_state(b) == GR_NIL) return GR_NIL;
+    /* state k of the automaton is `from` for k == 0, else base + k - 1 */
+    for (uint32_t k = 0; k < n; k++)
+        for (uint32_t e = dfa->off[k]; e < dfa->off[k + 1]; e++) {
+            const uint32_t *t3 = dfa->trip + 3 * e;
+            add_edge(b, k ? base + k - 1 : from, BE_BYTE, (uint8_t)t3[0], (uint8_t)t3[1], 0, base + t3[2] - 1);
+        }
+    return base + n - 2;
+}
+
+void gr_class_dfa_free(void *p) {
+    struct class_dfa *d = p;
+    if (!d) return;
+    free(d->off);
+    free(d->trip);
+    free(d);
 }
 
 /* ---- Thompson construction; a fragment never adds an edge into `from` ---- */
@@ -288,6 +331,16 @@ static uint32_t build(struct builder *b, const struct gr_ast *a, uint32_t from) 
     case GR_AST_REF: return build_ref(b, a, from);
     case GR_AST_REPEAT: {
         uint32_t cur = from;
+        if (a->min == 1 && a->max < 0) { /* x+: one copy, its end loops back to a fresh start */
+            uint32_t loop = new_state(b);
+            if (loop == GR_NIL) return GR_NIL;
+            add_edge(b, from, BE_EPS, 0, 0, 0, loop);
+            uint32_t e = build(b, a->kids[0], loop), end = new_state(b);
+            if (e == GR_NIL || end == GR_NIL) return GR_NIL;
+            add_edge(b, e, BE_EPS, 0, 0, 0, end);
+            add_edge(b, end, BE_EPS, 0, 0, 0, loop);
+            return end;
+        }
         for (int k = 0; k < a->min && cur != GR_NIL; k++) cur = build(b, a->kids[0], cur);
         if (cur == GR_NIL) return GR_NIL;
         if (a->max < 0) { /* a loop through a fresh state, so `cur` gets no edge back */
@@ -390,8 +443,8 @@ static void eps_state(struct builder *b, struct raw *rw, uint32_t q, uint32_t r,
     st->n_edges = rw->n_edges - st->edge_off;
     st->n_calls = rw->n_calls - st->call_off;
     /* sort, drop duplicates, merge touching ranges with one target */
-    struct gr_edge *ed = rw->edges + st->edge_off;
-    qsort(ed, st->n_edges, sizeof *ed, cmp_edge);
+    struct gr_edge *ed = st->n_edges ? rw->edges + st->edge_off : NULL;
+    if (st->n_edges > 1) qsort(ed, st->n_edges, sizeof *ed, cmp_edge);
     uint32_t m = 0;
     for (uint32_t k = 0; k < st->n_edges; k++) {
         if (m && ed[m - 1].target == ed[k].target && ed[k].lo <= ed[m - 1].hi + 1u) {
@@ -402,7 +455,7 @@ static void eps_state(struct builder *b, struct raw *rw, uint32_t q, uint32_t r,
     }
     st->n_edges = m;
     rw->n_edges = st->edge_off + m;
-    struct gr_call *ca = rw->calls + st->call_off;
+    struct gr_call *ca = st->n_calls ? rw->calls + st->call_off : NULL;
     m = 0;
     for (uint32_t k = 0; k < st->n_calls; k++) {
         int dup = 0;

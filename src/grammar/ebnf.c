@@ -238,7 +238,7 @@ static int cmp_range(const void *x, const void *y) {
  * removes the surrogates (not encodable in UTF-8). */
 static void normalize_ranges(struct gr_ast *a, int negate) {
     uint32_t *r = a->ranges, n = a->n_ranges;
-    qsort(r, n, 2 * sizeof *r, cmp_range);
+    if (n > 1) qsort(r, n, 2 * sizeof *r, cmp_range);
     uint32_t m = 0;
     for (uint32_t k = 0; k < n; k++) {
         if (m && r[2 * k] <= r[2 * (m - 1) + 1] + 1) {
@@ -672,6 +672,7 @@ void gr_parsed_free(struct gr_parsed *p) {
         free(a->bytes);
         free(a->ranges);
         free(a->name);
+        gr_class_dfa_free(a->class_dfa);
         free(a);
     }
     free(p->all);

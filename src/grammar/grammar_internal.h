@@ -38,9 +38,9 @@ struct kiln_error;
 
 /* Limits that keep compile time and memory bounded; a grammar past them is
  * refused with a message saying which. */
-#define GR_MAX_STATES (1u << 21)   /* automaton states after expansion */
+#define GR_MAX_STATES (1u << 20)   /* automaton states after expansion */
 #define GR_MAX_REPEAT 100000       /* the largest m or n of {m,n} */
-#define GR_MAX_STACKS 8192         /* stacks in one position (ambiguity) */
+#define GR_MAX_STACKS 1024         /* stacks in one position (ambiguity) */
 
 struct gr_edge {
     uint8_t lo, hi;
@@ -102,6 +102,7 @@ struct gr_ast {
     char *name; /* REF */
     int rule;   /* REF: the rule's index once resolved */
     int min, max; /* REPEAT; max -1: unbounded */
+    void *class_dfa; /* CLASS: its byte automaton, made by build.c on first use */
 };
 
 struct gr_ast_rule {
@@ -128,6 +129,7 @@ int gr_errorf_at(struct kiln_error *err, const char *text, size_t len, uint32_t 
     __attribute__((format(printf, 5, 6)));
 
 /* build.c: the automaton of a parsed grammar, root rule `root`. */
+void gr_class_dfa_free(void *p);
 struct grammar *gr_build(const struct gr_parsed *p, const char *root, struct kiln_error *err);
 
 /* ---- the stack arena (matcher.c) ---- */
@@ -210,6 +212,9 @@ struct grammar_matcher {
     uint32_t lv_cap;
     struct gr_cache *cache; /* NULL until first fill_mask */
     int use_cache;
+    /* set when a step passed GR_MAX_STACKS (the step was refused); masks
+     * near such a step may offer tokens whose step is then refused */
+    int overflowed;
 };
 
 /* Fills the mask by walking the whole trie from the current set, without

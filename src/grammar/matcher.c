@@ -7,7 +7,10 @@
  * Nullable rules and loops through them only revisit stacks, which the
  * per-closure visit stamp drops. Ambiguity is bounded by GR_MAX_STACKS:
  * a step that would pass it is refused like a byte the grammar does not
- * allow.
+ * allow. The mask cache does not see that bound (it works on one stack at a
+ * time), so at such a step a mask may offer a token whose step is then
+ * refused; callers treat a refused accept_token as the end of the
+ * constraint's reach (the matcher records it in `overflowed`).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -95,11 +98,16 @@ uint32_t gr_closure(const struct grammar *g, struct gr_arena *a, struct gr_vec *
         for (uint32_t k = 0; k < a->n; k++) a->nodes[k].stamp = 0;
         a->gen = 1;
     }
-    uint32_t gen = ++a->gen, flags = 0;
+    uint32_t gen = ++a->gen, flags = 0, visited = 0;
     while (work->n) {
         uint32_t id = work->v[--work->n];
         if (a->nodes[id].stamp == gen) continue;
         a->nodes[id].stamp = gen;
+        if (++visited > 8 * GR_MAX_STACKS) { /* stacks without byte edges count too */
+            flags |= GR_FLAG_OVERFLOW;
+            work->n = 0;
+            break;
+        }
         uint32_t parent = a->nodes[id].parent;
         const struct gr_state *st = &g->states[a->nodes[id].state];
         if (st->n_edges) {
@@ -219,6 +227,7 @@ int grammar_matcher_accept_bytes(struct grammar_matcher *m, const char *s, size_
     for (size_t i = 0; i < n; i++) {
         dst->n = 0;
         flags = gr_advance(m->g, a, src->v, src->n, (uint8_t)s[i], &m->work, dst);
+        if (flags & GR_FLAG_OVERFLOW) m->overflowed = 1;
         if ((flags & GR_FLAG_OVERFLOW) || (!dst->n && !(flags & GR_FLAG_END)) || (!dst->n && i + 1 < n)) {
             gr_arena_rollback(a, mark);
             return -1;

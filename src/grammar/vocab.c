@@ -111,7 +111,7 @@ uint32_t gr_level_step(struct grammar_matcher *m, uint32_t d, uint8_t b) {
     m->tmp.n = 0;
     uint32_t flags = gr_advance(m->g, a, m->lv_nodes.v + m->lv_off[d], m->lv_off[d + 1] - m->lv_off[d], b,
                                 &m->work, &m->tmp);
-    if (flags & GR_FLAG_OVERFLOW) m->tmp.n = 0, flags = 0;
+    if (flags & GR_FLAG_OVERFLOW) m->tmp.n = 0, flags = 0, m->overflowed = 1;
     for (uint32_t k = 0; k < m->tmp.n; k++) gr_vec_push(&m->lv_nodes, m->tmp.v[k]);
     m->lv_off[d + 2] = m->lv_nodes.n;
     m->lv_mark[d + 1] = a->n;

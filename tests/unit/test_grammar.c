@@ -75,6 +75,10 @@ static const struct gcase cases[] = {
     /* comments, rules over several lines, ';' ends a rule, names with - and _ */
     {"# a comment\nroot ::= (\n  item-a # trailing\n  | item_b\n) ;\nitem-a ::= \"a\"\nitem_b ::=\n  \"b\"\n",
      {"a", "b"}, {"ab", ""}},
+    /* no byte edges at all; an empty class (found by fuzz_ebnf: both once
+     * did pointer arithmetic on NULL, which UBSan refuses) */
+    {"root ::= \"\"", {""}, {"a"}},
+    {"root ::= \"a\" | []", {"a"}, {"", "b"}},
     /* a rule that is used in several places and not recursive (inlined) */
     {"root ::= w \"=\" w\nw ::= [a-z]+", {"a=b", "abc=de"}, {"=b", "a=", "a==b"}},
 };
@@ -246,11 +250,11 @@ static void test_ambiguity_bounded(void **state) {
     struct grammar *g = compile("root ::= x root | \"\"\nx ::= \"a\" | \"a\" \"a\" | \"a\"+");
     static char s[20000];
     memset(s, 'a', sizeof s);
-    assert_true(matches(g, s, 2000));
+    assert_true(matches(g, s, 200));
     struct grammar_matcher *m = grammar_matcher_create(g, NULL, NULL);
     size_t k = 0;
     while (k < sizeof s && grammar_matcher_accept_bytes(m, s + k, 1) == 0) k++;
-    assert_true(k > 2000 && k < sizeof s); /* refused once past the bound */
+    assert_true(k > 200 && k < sizeof s); /* refused once past the bound */
     assert_true(grammar_matcher_can_end(m)); /* the last accepted state is intact */
     grammar_matcher_free(m);
     grammar_unref(g);
