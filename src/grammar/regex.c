@@ -758,6 +758,25 @@ static void rx_emit(struct buf *out, const struct rx_node *nd, enum regex_mode m
     }
 }
 
+/* Whether no text matches nd (an empty class such as [^\s\S] in every way
+ * through it): the grammar engine refuses a rule that matches nothing, so
+ * the pattern is refused here, with a clearer message. */
+static int rx_matches_nothing(const struct rx_node *nd) {
+    switch (nd->kind) {
+    case RX_SET: return nd->nr == 0;
+    case RX_REP: return nd->min > 0 && rx_matches_nothing(nd->kid[0]);
+    case RX_CAT:
+        for (int i = 0; i < nd->nkid; i++)
+            if (rx_matches_nothing(nd->kid[i])) return 1;
+        return 0;
+    case RX_ALT:
+        for (int i = 0; i < nd->nkid; i++)
+            if (!rx_matches_nothing(nd->kid[i])) return 0;
+        return 1;
+    }
+    return 0;
+}
+
 /* Any JSON string character, in any of its forms (the text around an
  * unanchored pattern). */
 static const char json_any_char[] =
@@ -771,6 +790,10 @@ int regex_to_ebnf_expr(const char *pattern, size_t len, enum regex_mode mode, st
     if (rx_alt(&p, 1, &root)) goto done;
     if (p.pos < p.n) { /* only a ')' stops the top level early */
         rx_fail(&p, KILN_ERR_BAD_INPUT, p.pos, "unmatched ')'");
+        goto done;
+    }
+    if (rx_matches_nothing(root)) {
+        rx_fail(&p, KILN_ERR_BAD_INPUT, 0, "the pattern matches no text (an empty class)");
         goto done;
     }
     if (mode == REGEX_RAW) {
