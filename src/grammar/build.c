@@ -334,10 +334,12 @@ static int cmp_edge(const void *x, const void *y) {
     return a->target < b->target ? -1 : a->target > b->target;
 }
 
-/* The eps-free state for builder state q of parsed rule r: edges of every
+/* The eps-free state for builder state q of parsed rule r (rule qi of the
+ * output): edges of every
  * state q reaches by epsilon edges. map[] gives builder states their raw
  * ids (queued in `pending` when new). */
-static void eps_state(struct builder *b, struct raw *rw, uint32_t q, uint32_t r, uint32_t *map, uint32_t *stamp,
+static void eps_state(struct builder *b, struct raw *rw, uint32_t q, uint32_t r, uint32_t qi, uint32_t *map,
+                      uint32_t *stamp,
                       uint32_t gen, struct gr_vec *stack, struct gr_vec *pending) {
     uint32_t id = map[q];
     struct gr_state *st = &rw->states[id];
@@ -365,7 +367,7 @@ static void eps_state(struct builder *b, struct raw *rw, uint32_t q, uint32_t r,
                     rw->states = xrealloc(rw->states, rw->cap_states * sizeof *rw->states);
                 }
                 map[e->target] = rw->n_states;
-                rw->states[rw->n_states].rule = r;
+                rw->states[rw->n_states].rule = qi;
                 rw->n_states++;
                 gr_vec_push(pending, e->target);
             }
@@ -410,6 +412,8 @@ static void eps_state(struct builder *b, struct raw *rw, uint32_t q, uint32_t r,
     st->n_calls = m;
     rw->n_calls = st->call_off + m;
 }
+
+static void compute_follow(struct grammar *g);
 
 struct grammar *gr_build(const struct gr_parsed *p, const char *root, struct kiln_error *err) {
     int root_rule = -1;
@@ -464,7 +468,7 @@ struct grammar *gr_build(const struct gr_parsed *p, const char *root, struct kil
         pending.n = 0;
         gr_vec_push(&pending, b.rule_start[r]);
         for (uint32_t pi = 0; pi < pending.n; pi++)
-            eps_state(&b, &rw, pending.v[pi], r, map, stamp, ++gen, &stack, &pending);
+            eps_state(&b, &rw, pending.v[pi], r, qi, map, stamp, ++gen, &stack, &pending);
     }
     for (uint32_t k = 0; k < rw.n_calls; k++) rw.calls[k].rule = rule_id[rw.calls[k].rule];
     uint32_t *start = xmalloc(b.n_queue * sizeof *start);
@@ -559,6 +563,7 @@ struct grammar *gr_build(const struct gr_parsed *p, const char *root, struct kil
         }
         o->n_calls = g->n_calls - o->call_off;
     }
+    compute_follow(g);
     free(num);
     free(rnum);
     gr_vec_free(&order);
@@ -581,6 +586,72 @@ done:
     free(b.rule_end);
     free(b.queue);
     return g;
+}
+
+static int set_or(uint32_t *dst, const uint32_t *src) {
+    int changed = 0;
+    for (int w = 0; w < 8; w++) {
+        uint32_t x = dst[w] | src[w];
+        changed |= x != dst[w];
+        dst[w] = x;
+    }
+    return changed;
+}
+
+/* FOLLOW sets of the rules, as in LL(1) parsing: what a state can read
+ * first (its edges, its callees' first bytes, and past nullable callees),
+ * then for each call what the return state reads first, and past a
+ * return state that can complete, what follows the caller's rule. */
+static void compute_follow(struct grammar *g) {
+    uint32_t n = g->n_states;
+    uint8_t *nullable = xcalloc(n, 1);
+    uint32_t(*first)[8] = xcalloc(n, sizeof *first);
+    g->follow = xcalloc(g->n_rules, sizeof *g->follow);
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (uint32_t s = n; s-- > 0;) {
+            const struct gr_state *st = &g->states[s];
+            if (nullable[s]) continue;
+            int nl = st->final;
+            for (uint32_t k = 0; k < st->n_calls && !nl; k++) {
+                const struct gr_call *c = &g->calls[st->call_off + k];
+                nl = nullable[g->rules[c->rule].start] && nullable[c->ret];
+            }
+            if (nl) nullable[s] = 1, changed = 1;
+        }
+    }
+    for (uint32_t s = 0; s < n; s++) {
+        const struct gr_state *st = &g->states[s];
+        for (uint32_t k = 0; k < st->n_edges; k++) {
+            const struct gr_edge *e = &g->edges[st->edge_off + k];
+            for (uint32_t b = e->lo; b <= e->hi; b++) first[s][b >> 5] |= 1u << (b & 31);
+        }
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (uint32_t s = n; s-- > 0;) {
+            const struct gr_state *st = &g->states[s];
+            for (uint32_t k = 0; k < st->n_calls; k++) {
+                const struct gr_call *c = &g->calls[st->call_off + k];
+                uint32_t cs = g->rules[c->rule].start;
+                changed |= set_or(first[s], first[cs]);
+                if (nullable[cs]) changed |= set_or(first[s], first[c->ret]);
+            }
+        }
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (uint32_t s = 0; s < n; s++) {
+            const struct gr_state *st = &g->states[s];
+            for (uint32_t k = 0; k < st->n_calls; k++) {
+                const struct gr_call *c = &g->calls[st->call_off + k];
+                changed |= set_or(g->follow[c->rule], first[c->ret]);
+                if (nullable[c->ret]) changed |= set_or(g->follow[c->rule], g->follow[st->rule]);
+            }
+        }
+    }
+    free(nullable);
+    free(first);
 }
 
 struct grammar *grammar_compile_ebnf(const char *text, size_t len, const char *root, struct kiln_error *err) {
@@ -609,6 +680,7 @@ void grammar_unref(struct grammar *g) {
     pthread_mutex_destroy(&g->lock);
     for (uint32_t k = 0; k < g->n_rules; k++) free(g->rules[k].name);
     free(g->rules);
+    free(g->follow);
     free(g->states);
     free(g->edges);
     free(g->calls);

@@ -77,6 +77,10 @@ struct grammar {
     struct gr_rule *rules; /* the rules that kept a body of their own */
     uint32_t n_rules;
     uint32_t root; /* index into rules */
+    /* per rule: the bytes that may come right after it completes, in any
+     * context (256-bit sets); lets the mask cache reject tokens that
+     * finish a rule and go on with a byte no caller takes */
+    uint32_t (*follow)[8];
     /* per-vocabulary mask caches (mask.c), built under the lock */
     pthread_mutex_t lock;
     struct gr_cache *caches;

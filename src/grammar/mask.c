@@ -92,38 +92,59 @@ static struct gr_entry *entry_build(struct grammar *g, struct gr_cache *c, uint3
     const struct grammar_vocab *v = c->v;
     if (!c->scratch) c->scratch = scratch_new(g, v);
     struct grammar_matcher *w = c->scratch;
-    struct gr_vec acc = {0}, dep = {0};
+    struct gr_vec acc_tok = {0}, dep = {0};
     uint32_t root = gr_arena_intern(&w->arena, s, GR_NODE_CONTEXT);
+    const uint32_t *fol = g->follow[g->states[s].rule];
+#define FOLLOWS(b) ((fol[(b) >> 5] >> ((b) & 31)) & 1)
+    /* lv_flags[d]: GR_FLAG_CONTEXT when level d's closure completed the
+     * rule (popped to the context); ACC when some earlier completion was
+     * followed by a byte that some caller may take */
+    const uint32_t ACC = 1u << 16;
     gr_levels_start(w, &root, 1);
     for (uint32_t i = 0; i < v->n_trie;) {
         const struct gr_trie_node *nd = &v->trie[i];
-        uint32_t d = nd->depth;
-        uint32_t flags = gr_level_step(w, d - 1, nd->byte);
-        uint32_t ctx = w->lv_flags[d - 1] | (flags & GR_FLAG_CONTEXT);
-        w->lv_flags[d] = ctx;
+        uint32_t d = nd->depth, pf = w->lv_flags[d - 1];
+        uint32_t acc = (pf & ACC) || ((pf & GR_FLAG_CONTEXT) && FOLLOWS(nd->byte)) ? ACC : 0;
+        uint32_t flags = gr_level_step(w, d - 1, nd->byte) & GR_FLAG_CONTEXT;
+        w->lv_flags[d] = acc | flags;
         if (w->lv_off[d + 1] > w->lv_off[d]) {
-            for (uint32_t k = nd->tok_begin; k < nd->tok_end; k++) gr_vec_push(&acc, v->order[k]);
+            for (uint32_t k = nd->tok_begin; k < nd->tok_end; k++) gr_vec_push(&acc_tok, v->order[k]);
             i++;
             continue;
         }
-        if (ctx) {
+        /* no stack inside the rule: a token ending here is accepted when it
+         * just completed the rule (every caller's return state is live) */
+        for (uint32_t k = nd->tok_begin; k < nd->tok_end; k++) {
+            if (flags)
+                gr_vec_push(&acc_tok, v->order[k]);
+            else if (acc)
+                gr_vec_push(&dep, k);
+        }
+        if (acc) {
             uint32_t end = nd->end < v->n_trie ? v->trie[nd->end].tok_begin : v->n_order;
-            for (uint32_t k = nd->tok_begin; k < end; k++) gr_vec_push(&dep, k);
+            for (uint32_t k = nd->tok_end; k < end; k++) gr_vec_push(&dep, k);
+        } else if (flags) {
+            for (uint32_t j = i + 1; j < nd->end; j = v->trie[j].end) {
+                if (!FOLLOWS(v->trie[j].byte)) continue;
+                uint32_t je = v->trie[j].end, end = je < v->n_trie ? v->trie[je].tok_begin : v->n_order;
+                for (uint32_t k = v->trie[j].tok_begin; k < end; k++) gr_vec_push(&dep, k);
+            }
         }
         i = nd->end;
     }
+#undef FOLLOWS
     gr_arena_rollback(&w->arena, 2);
     struct gr_entry *e = xcalloc(1, sizeof *e);
     uint32_t words = (uint32_t)grammar_mask_words(v);
-    if (acc.n > words) {
+    if (acc_tok.n > words) {
         e->accept_bitmap = 1;
         e->accept = xcalloc(words, sizeof *e->accept);
-        for (uint32_t k = 0; k < acc.n; k++) e->accept[acc.v[k] >> 5] |= 1u << (acc.v[k] & 31);
-        e->n_accept = acc.n;
-        gr_vec_free(&acc);
+        for (uint32_t k = 0; k < acc_tok.n; k++) e->accept[acc_tok.v[k] >> 5] |= 1u << (acc_tok.v[k] & 31);
+        e->n_accept = acc_tok.n;
+        gr_vec_free(&acc_tok);
     } else {
-        e->accept = acc.v; /* NULL when empty */
-        e->n_accept = acc.n;
+        e->accept = acc_tok.v; /* NULL when empty */
+        e->n_accept = acc_tok.n;
     }
     e->dep = dep.v;
     e->n_dep = dep.n;

@@ -149,9 +149,14 @@ static void check_walks(struct grammar *g, struct tvocab *tv, int gi, int seeds,
             m->use_cache = 0;
             grammar_matcher_fill_mask(m, plain);
             for (int w = 0; w < words; w++) {
-                if (want[w] != cached[w] || want[w] != plain[w])
+                if (want[w] != cached[w] || want[w] != plain[w]) {
+                    for (int t = 32 * w; t < 32 * w + 32; t++)
+                        if (((want[w] ^ cached[w]) | (want[w] ^ plain[w])) >> (t & 31) & 1)
+                            print_message("token %d (%zu bytes): truth %d cached %d plain %d\n", t, tv->len[t],
+                                          want[w] >> (t & 31) & 1, cached[w] >> (t & 31) & 1, plain[w] >> (t & 31) & 1);
                     fail_msg("grammar %d seed %d step %d after \"%s\": word %d: truth %08x cached %08x plain %08x", gi,
                              seed, step, text.data, w, want[w], cached[w], plain[w]);
+                }
             }
             int n_allowed = 0;
             for (int t = 0; t < tv->n; t++) n_allowed += (want[t >> 5] >> (t & 31)) & 1;
