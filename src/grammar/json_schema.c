@@ -6,8 +6,10 @@
  *  - object keys come in the schema's "properties" order, each at most once;
  *    keys the schema does not name (when additionalProperties allows them)
  *    come after, and differ from every named key in their canonical form;
- *  - strings checked against a pattern or a key set write each character
- *    canonically (JSON.stringify's escapes); other strings take any escape;
+ *  - strings checked against a pattern, a length or a key set write each
+ *    character canonically (raw, or JSON.stringify's escapes: \" \\ \b \f
+ *    \n \r \t and \u00XX for other control characters); other strings
+ *    take any escape (a \u surrogate only as half of a pair);
  *  - numbers under bounds are written without an exponent;
  *  - const and enum values are written canonically, keys in their order.
  * Keywords kiln cannot enforce exactly are refused, naming the keyword and

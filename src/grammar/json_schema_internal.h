@@ -32,6 +32,7 @@ enum js_common {
     JSC_CHAR = 1u << 3,   /* char: one character of a JSON string, any form */
     JSC_NUMBER = 1u << 4, /* number */
     JSC_INT = 1u << 5,    /* integer */
+    JSC_CCHAR = 1u << 6,  /* cchar: one character of a JSON string, canonical form */
 };
 
 struct js_ref {

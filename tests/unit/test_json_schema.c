@@ -239,18 +239,24 @@ static void test_formats(void **state) {
 }
 
 static void test_strings(void **state) {
-    /* lengths count code points: an escape is one, a surrogate pair one */
+    /* lengths count code points (an escape is one), written canonically */
     struct checker k = make("{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}", NULL);
     assert_false(accepts(&k, "\"a\""));
     assert_true(accepts(&k, "\"ab\""));
-    assert_true(accepts(&k, "\"a\\n\\u00e9\""));
+    assert_true(accepts(&k, "\"a\\n\\u001f\""));
     assert_false(accepts(&k, "\"abcd\""));
-    assert_true(accepts(&k, "\"\xF0\x9F\x98\x80\xC3\xA9\""));         /* two code points, six bytes */
-    assert_true(accepts(&k, "\"\\ud83d\\ude00\\ud83d\\ude00\""));      /* two code points, four escapes */
-    assert_false(accepts(&k, "\"\\ud83d\\ude00\""));                   /* one */
-    assert_false(accepts(&k, "\"\\ud83dx\""));                        /* a lone surrogate */
+    assert_true(accepts(&k, "\"\xF0\x9F\x98\x80\xC3\xA9\""));          /* two code points, six bytes */
+    assert_false(accepts(&k, "\"\xF0\x9F\x98\x80\""));                  /* one */
+    assert_false(accepts(&k, "\"\xF0\x9F\x98\x80\xF0\x9F\x98\x80\xF0\x9F\x98\x80\xF0\x9F\x98\x80\""));
+    assert_false(accepts(&k, "\"a\\u00e9\""));                          /* not the canonical form */
     assert_false(accepts(&k, "\"a\nb\""));                            /* raw control character */
     assert_false(accepts(&k, "\"a\\x\""));                            /* no such escape */
+    done(&k);
+    /* without bounds every escape is allowed; surrogates only in pairs */
+    k = make("{\"type\": \"string\"}", NULL);
+    assert_true(accepts(&k, "\"\\u00e9\\ud83d\\ude00\\/\""));
+    assert_false(accepts(&k, "\"\\ud83dx\""));
+    assert_false(accepts(&k, "\"\\ude00\""));
     done(&k);
 
     /* patterns are unanchored: "contains"; ^ and $ anchor */
