@@ -6,14 +6,18 @@
  *  - object keys come in the schema's "properties" order, each at most once;
  *    keys the schema does not name (when additionalProperties allows them)
  *    come after, and differ from every named key in their canonical form;
- *  - strings checked against a pattern or a key set write each character
- *    canonically (JSON.stringify's escapes); other strings take any escape;
+ *  - strings checked against a pattern, a length or a key set write each
+ *    character canonically (raw, or JSON.stringify's escapes: \" \\ \b \f
+ *    \n \r \t and \u00XX for other control characters); other strings
+ *    take any escape (a \u surrogate only as half of a pair);
  *  - numbers under bounds are written without an exponent;
  *  - const and enum values are written canonically, keys in their order.
  * Keywords kiln cannot enforce exactly are refused, naming the keyword and
  * its JSON pointer; annotations and keywords JSON Schema does not define
  * are ignored, as every validator does.
  *
+ * allOf, and anyOf / oneOf next to keywords of their own, are merged into
+ * single schemas where the keywords combine exactly (json_schema_merge.c).
  * oneOf is enforced only when its branches cannot both match: disjoint JSON
  * types, disjoint constant sets, or objects told apart by a required
  * property with disjoint constants (a discriminator). Otherwise it is
@@ -57,6 +61,8 @@ static int in_list(const char *const *list, const char *k) {
         if (!strcmp(*list, k)) return 1;
     return 0;
 }
+
+int js_is_annotation(const char *key) { return in_list(annotation_keys, key); }
 
 /* ---- context helpers ---- */
 
@@ -115,7 +121,7 @@ static int gen_at(struct js_ctx *c, const json_t *s, const char *key, long i, st
 
 /* The schema a local reference names: "#", "#/$defs/a", any JSON pointer
  * fragment (percent-decoded, ~0 ~1 unescaped). NULL with err set. */
-static const json_t *resolve_ref(struct js_ctx *c, const char *ref) {
+const json_t *js_resolve_ref(struct js_ctx *c, const char *ref) {
     if (ref[0] != '#')
         return kiln_errorc(c->err, KILN_ERR_UNSUPPORTED,
                            "json_schema: '$ref' \"%s\" at %s: only local references (\"#...\") are supported", ref,
@@ -164,7 +170,7 @@ static const json_t *resolve_ref(struct js_ctx *c, const char *ref) {
 }
 
 static int gen_ref(struct js_ctx *c, const char *ref, struct buf *out) {
-    const json_t *t = resolve_ref(c, ref);
+    const json_t *t = js_resolve_ref(c, ref);
     if (!t) return JS_ERR;
     for (int i = 0; i < c->n_refs; i++) {
         if (c->refs[i].target != t) continue;
@@ -211,7 +217,7 @@ static const json_t *deref(struct js_ctx *c, const json_t *s) {
         struct kiln_error junk;
         struct kiln_error *save = c->err;
         c->err = &junk;
-        const json_t *t = resolve_ref(c, json_string_value(r));
+        const json_t *t = js_resolve_ref(c, json_string_value(r));
         c->err = save;
         if (!t) return NULL;
         s = t;
@@ -416,6 +422,23 @@ static int has_any(const json_t *s, const char *const *keys) {
     return 0;
 }
 
+/* A keyword of JSON Schema that kiln reads (others are annotations or not
+ * JSON Schema at all). */
+static int is_keyword(const char *k) {
+    static const char *const more[] = {"type", "enum", "const", "allOf", "anyOf", "oneOf", "$ref", NULL};
+    return in_list(string_keys, k) || in_list(number_keys, k) || in_list(object_keys, k) || in_list(array_keys, k) ||
+           in_list(more, k) || in_list(unsupported_keys, k);
+}
+
+/* Whether s has keywords besides `except` that assert something. */
+static int has_assertions(const json_t *s, const char *except) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)s, k, v)
+        if (strcmp(k, except) && is_keyword(k)) return 1;
+    return 0;
+}
+
 static int gen_object_schema(struct js_ctx *c, const json_t *s, struct buf *out) {
     const char *key;
     json_t *v;
@@ -435,21 +458,14 @@ static int gen_object_schema(struct js_ctx *c, const json_t *s, struct buf *out)
                            "json_schema: '$id' at %s is not supported below the root (it would move references)",
                            js_where(c));
     const json_t *ref = json_object_get(s, "$ref");
-    const char *combs[] = {"$ref", "allOf", "anyOf", "oneOf"};
-    for (int i = 0; i < 4; i++) {
-        const json_t *x = json_object_get(s, combs[i]);
-        if (!x) continue;
-        json_object_foreach((json_t *)s, key, v) {
-            if (!strcmp(key, combs[i]) || in_list(annotation_keys, key)) continue;
-            if (!in_list(string_keys, key) && !in_list(number_keys, key) && !in_list(object_keys, key) &&
-                !in_list(array_keys, key) && strcmp(key, "type") && strcmp(key, "enum") && strcmp(key, "const") &&
-                strcmp(key, "allOf") && strcmp(key, "anyOf") && strcmp(key, "oneOf") && strcmp(key, "$ref"))
-                continue; /* not a keyword of JSON Schema */
-            return kiln_errorc(c->err, KILN_ERR_UNSUPPORTED,
-                               "json_schema: '%s' next to '%s' at %s is not supported", combs[i], key, js_where(c));
-        }
-    }
     if (ref) {
+        /* drafts differ on the keywords next to $ref (draft-07 ignores
+         * them, 2019-09 on applies them): refused rather than guessed */
+        json_object_foreach((json_t *)s, key, v) {
+            if (!strcmp(key, "$ref") || in_list(annotation_keys, key) || !is_keyword(key)) continue;
+            return kiln_errorc(c->err, KILN_ERR_UNSUPPORTED, "json_schema: '$ref' next to '%s' at %s is not supported",
+                               key, js_where(c));
+        }
         if (!json_is_string(ref)) return kiln_errorf(c->err, "json_schema: '$ref' at %s must be a string", js_where(c));
         return gen_ref(c, json_string_value(ref), out);
     }
@@ -457,13 +473,42 @@ static int gen_object_schema(struct js_ctx *c, const json_t *s, struct buf *out)
     if (all) {
         if (!json_is_array(all) || json_array_size(all) == 0)
             return kiln_errorf(c->err, "json_schema: 'allOf' at %s must be a non-empty array", js_where(c));
-        if (json_array_size(all) > 1)
-            return kiln_errorc(c->err, KILN_ERR_UNSUPPORTED,
-                               "json_schema: 'allOf' with more than one schema at %s is not supported", js_where(c));
-        return gen_at(c, json_array_get(all, 0), "allOf", 0, out);
+        if (json_array_size(all) == 1 && !has_assertions(s, "allOf"))
+            return gen_at(c, json_array_get(all, 0), "allOf", 0, out);
+        /* the schemas merged into one, with the keywords next to allOf */
+        json_t *m = json_copy((json_t *)s);
+        json_object_del(m, "allOf");
+        for (size_t i = 0; i < json_array_size(all) && m; i++) {
+            json_t *n = js_merge(c, m, json_array_get(all, i), "'allOf'");
+            json_decref(m);
+            m = n;
+        }
+        if (!m) return JS_ERR;
+        int r = gen(c, m, out);
+        json_decref(m);
+        return r;
     }
-    if (json_object_get(s, "anyOf")) return gen_union(c, s, "anyOf", json_object_get(s, "anyOf"), out);
-    if (json_object_get(s, "oneOf")) return gen_union(c, s, "oneOf", json_object_get(s, "oneOf"), out);
+    const char *uk = json_object_get(s, "anyOf") ? "anyOf" : json_object_get(s, "oneOf") ? "oneOf" : NULL;
+    if (uk) {
+        const json_t *arr = json_object_get(s, uk);
+        if (!has_assertions(s, uk) || !json_is_array(arr)) return gen_union(c, s, uk, arr, out);
+        /* keywords next to anyOf / oneOf hold in every branch */
+        json_t *base = json_copy((json_t *)s), *branches = json_array();
+        json_object_del(base, uk);
+        int r = JS_OK;
+        for (size_t i = 0; i < json_array_size(arr); i++) {
+            json_t *n = js_merge(c, base, json_array_get(arr, i), uk[0] == 'a' ? "'anyOf'" : "'oneOf'");
+            if (!n) {
+                r = JS_ERR;
+                break;
+            }
+            json_array_append_new(branches, n);
+        }
+        if (r == JS_OK) r = gen_union(c, s, uk, branches, out);
+        json_decref(base);
+        json_decref(branches);
+        return r;
+    }
 
     /* the types */
     unsigned types = T_ALL;

@@ -32,6 +32,7 @@ enum js_common {
     JSC_CHAR = 1u << 3,   /* char: one character of a JSON string, any form */
     JSC_NUMBER = 1u << 4, /* number */
     JSC_INT = 1u << 5,    /* integer */
+    JSC_CCHAR = 1u << 6,  /* cchar: one character of a JSON string, canonical form */
 };
 
 struct js_ref {
@@ -67,6 +68,16 @@ void js_add_rule(struct js_ctx *c, int rule, const char *body, size_t len);
 /* The pointer for messages: "/properties/a", or "the root" for "". */
 const char *js_where(struct js_ctx *c);
 int js_unsupported(struct js_ctx *c, const char *keyword);
+
+/* Keywords that assert nothing (title, $defs, ...). */
+int js_is_annotation(const char *key);
+/* The schema a local reference ("#/$defs/a") names; NULL with err set. */
+const json_t *js_resolve_ref(struct js_ctx *c, const char *ref);
+
+/* json_schema_merge.c: a new schema meaning a and b both (what: the
+ * keyword asking, for messages), or NULL with err set when they do not
+ * combine exactly. */
+json_t *js_merge(struct js_ctx *c, const json_t *a, const json_t *b, const char *what);
 
 /* json_schema_scalar.c */
 int js_gen_string(struct js_ctx *c, const json_t *s, struct buf *out);

@@ -136,11 +136,13 @@ int js_gen_string(struct js_ctx *c, const json_t *s, struct buf *out) {
         buf_puts(out, "string");
         return JS_OK;
     }
-    c->used |= JSC_CHAR;
+    /* counted characters are written canonically: one form per character
+     * keeps the grammar small (the engine expands the repetition) */
+    c->used |= JSC_CCHAR;
     if (mn < 0) mn = 0;
-    if (mx < 0) buf_printf(out, "\"\\\"\" char{%lld,} \"\\\"\"", mn);
-    else if (mx == mn) buf_printf(out, "\"\\\"\" char{%lld} \"\\\"\"", mn);
-    else buf_printf(out, "\"\\\"\" char{%lld,%lld} \"\\\"\"", mn, mx);
+    if (mx < 0) buf_printf(out, "\"\\\"\" cchar{%lld,} \"\\\"\"", mn);
+    else if (mx == mn) buf_printf(out, "\"\\\"\" cchar{%lld} \"\\\"\"", mn);
+    else buf_printf(out, "\"\\\"\" cchar{%lld,%lld} \"\\\"\"", mn, mx);
     return JS_OK;
 }
 
@@ -461,10 +463,13 @@ void js_put_common(struct js_ctx *c, struct buf *out) {
     }
     if (u & JSC_STRING) buf_puts(out, "string ::= \"\\\"\" char* \"\\\"\"\n");
     if (u & JSC_CHAR)
-        /* one character: raw, a short escape, or \u with surrogates paired
-         * (so that maxLength counts characters as JSON Schema does) */
+        /* one character: raw, a short escape, or \u with surrogates paired */
         buf_puts(out, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3}"
                       " | [dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2}))\n");
+    if (u & JSC_CCHAR)
+        /* one character as JSON.stringify writes it: raw, a short escape,
+         * \u00XX for the other control characters */
+        buf_puts(out, "cchar ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u00\" [01] [0-9a-fA-F])\n");
     if (u & JSC_NUMBER)
         buf_puts(out, "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [+\\x2D]? [0-9]+)?\n");
     if (u & JSC_INT) buf_puts(out, "integer ::= \"-\"? (\"0\" | [1-9] [0-9]*)\n");

@@ -601,19 +601,16 @@ static int set_has(const struct rx_node *nd, uint32_t cp) {
     return 0;
 }
 
-/* The canonical JSON escape of a character that cannot appear raw in a
- * JSON string, as EBNF (hex digits of \u00XX in either case). */
+/* The escape of '"', '\\' or a short-escaped control character, as EBNF. */
 static void put_json_escape(struct buf *out, uint32_t cp) {
-    static const char short_esc[] = {['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't'};
     if (cp == '"') buf_puts(out, "\"\\\\\\\"\"");
     else if (cp == '\\') buf_puts(out, "\"\\\\\\\\\"");
-    else if (cp < sizeof short_esc && short_esc[cp]) buf_printf(out, "\"\\\\%c\"", short_esc[cp]);
-    else {
-        unsigned lo = cp & 0xF;
-        buf_printf(out, "\"\\\\u00%u\" ", (unsigned)(cp >> 4));
-        if (lo < 10) buf_printf(out, "\"%u\"", lo);
-        else buf_printf(out, "[%c%c]", 'a' + (lo - 10), 'A' + (lo - 10));
-    }
+    else buf_printf(out, "\"\\\\%c\"", cp == '\b' ? 'b' : cp == '\f' ? 'f' : cp == '\n' ? 'n' : cp == '\r' ? 'r' : 't');
+}
+
+/* \b \f \n \r \t: the control characters JSON writes with a letter. */
+static int is_short_escape(uint32_t cp) {
+    return cp == '\b' || cp == '\f' || cp == '\n' || cp == '\r' || cp == '\t';
 }
 
 /* A code-point set inside a JSON string: the raw characters as a class,
@@ -646,10 +643,26 @@ static void put_json_set(struct buf *out, const struct rx_node *nd) {
     }
     free(raw.r);
     for (uint32_t cp = 0; cp < 0x60; cp++) {
-        if (!(cp < 0x20 || cp == '"' || cp == '\\' || cp == '/') || !set_has(nd, cp)) continue;
+        if (!(cp == '"' || cp == '\\' || cp == '/' || is_short_escape(cp)) || !set_has(nd, cp)) continue;
         if (n_alt++) buf_puts(&alts, " | ");
         if (cp == '/') buf_puts(&alts, "\"\\\\/\"");
         else put_json_escape(&alts, cp);
+    }
+    /* the other control characters as \u00XX, one alternative per first
+     * hex digit: "\\u000" [0-7bBeEfF] */
+    for (uint32_t hi = 0; hi < 2; hi++) {
+        struct buf cls = {0};
+        for (uint32_t lo = 0; lo < 16; lo++) {
+            uint32_t cp = hi * 16 + lo;
+            if (is_short_escape(cp) || !set_has(nd, cp)) continue;
+            if (lo < 10) buf_push(&cls, (char)('0' + lo));
+            else buf_printf(&cls, "%c%c", 'a' + (lo - 10), 'A' + (lo - 10));
+        }
+        if (cls.len) {
+            if (n_alt++) buf_puts(&alts, " | ");
+            buf_printf(&alts, "\"\\\\u00%u\" [%s]", hi, cls.data);
+        }
+        buf_free(&cls);
     }
     if (n_alt == 0) buf_puts(out, "[^\\x00-\\U0010FFFF]"); /* an empty set: matches nothing */
     else if (n_alt == 1) buf_append(out, alts.data, alts.len);
@@ -758,6 +771,25 @@ static void rx_emit(struct buf *out, const struct rx_node *nd, enum regex_mode m
     }
 }
 
+/* Whether no text matches nd (an empty class such as [^\s\S] in every way
+ * through it): the grammar engine refuses a rule that matches nothing, so
+ * the pattern is refused here, with a clearer message. */
+static int rx_matches_nothing(const struct rx_node *nd) {
+    switch (nd->kind) {
+    case RX_SET: return nd->nr == 0;
+    case RX_REP: return nd->min > 0 && rx_matches_nothing(nd->kid[0]);
+    case RX_CAT:
+        for (int i = 0; i < nd->nkid; i++)
+            if (rx_matches_nothing(nd->kid[i])) return 1;
+        return 0;
+    case RX_ALT:
+        for (int i = 0; i < nd->nkid; i++)
+            if (!rx_matches_nothing(nd->kid[i])) return 0;
+        return 1;
+    }
+    return 0;
+}
+
 /* Any JSON string character, in any of its forms (the text around an
  * unanchored pattern). */
 static const char json_any_char[] =
@@ -771,6 +803,10 @@ int regex_to_ebnf_expr(const char *pattern, size_t len, enum regex_mode mode, st
     if (rx_alt(&p, 1, &root)) goto done;
     if (p.pos < p.n) { /* only a ')' stops the top level early */
         rx_fail(&p, KILN_ERR_BAD_INPUT, p.pos, "unmatched ')'");
+        goto done;
+    }
+    if (rx_matches_nothing(root)) {
+        rx_fail(&p, KILN_ERR_BAD_INPUT, 0, "the pattern matches no text (an empty class)");
         goto done;
     }
     if (mode == REGEX_RAW) {

@@ -3,6 +3,10 @@
 // and candidate text T, kiln's grammar accepts T exactly when
 // new RegExp('^(?:' + P + ')$', 'u') matches it.
 //
+// The same patterns are then checked as JSON Schema string patterns
+// ({"type": "string", "pattern": P} against JSON.stringify(T)), which are
+// unanchored: the truth there is new RegExp(P, 'u').test(T).
+//
 // Patterns: a hand-written table (escapes, classes, negation, quantifier
 // forms, alternation, Unicode) and patterns drawn at random from a small
 // regex grammar (seeded: the run is the same every time). Candidates: texts
@@ -158,26 +162,47 @@ try {
             fs.writeFileSync(f, c);
             return f;
         });
-        const r = spawnSync(kiln, ['grammar', '--regex', p.src, '--check', ...files], { encoding: 'utf8' });
-        const verdict = new Map();
-        for (const line of r.stdout.split('\n')) {
-            const m = /^(.*): (accepted|rejected.*|incomplete.*)$/.exec(line);
-            if (m) verdict.set(m[1], m[2] === 'accepted');
-        }
-        if (verdict.size !== files.length) {
-            fail++;
-            console.log(`FAIL /${p.src}/: kiln gave no verdicts (status ${r.status}): ${r.stderr.trim()}`);
-            continue;
-        }
-        p.cands.forEach((c, k) => {
-            const want = re.test(c);
-            const got = verdict.get(files[k]);
+        const verdicts = (args, fs2) => {
+            const r = spawnSync(kiln, ['grammar', ...args, '--check', ...fs2], { encoding: 'utf8' });
+            const verdict = new Map();
+            for (const line of r.stdout.split('\n')) {
+                const m = /^(.*): (accepted|rejected.*|incomplete.*)$/.exec(line);
+                if (m) verdict.set(m[1], m[2] === 'accepted');
+            }
+            if (verdict.size !== fs2.length) {
+                fail++;
+                console.log(`FAIL /${p.src}/ (${args[0]}): kiln gave no verdicts (status ${r.status}): ${r.stderr.trim()}`);
+                return null;
+            }
+            return verdict;
+        };
+        const compare = (verdict, fs2, truth, how) => p.cands.forEach((c, k) => {
+            const want = truth(c);
+            const got = verdict.get(fs2[k]);
             if (want === got) pass++;
             else {
                 fail++;
-                console.log(`FAIL /${p.src}/ on ${JSON.stringify(c)}: RegExp says ${want}, kiln says ${got}`);
+                console.log(`FAIL /${p.src}/ ${how} on ${JSON.stringify(c)}: RegExp says ${want}, kiln says ${got}`);
             }
         });
+        const whole = verdicts(['--regex', p.src], files);
+        if (whole) compare(whole, files, (c) => re.test(c), 'whole text');
+        // as a JSON Schema pattern: unanchored, over the JSON string's value
+        let search;
+        try {
+            search = new RegExp(p.src, 'u');
+        } catch (e) {
+            search = new RegExp(p.src);
+        }
+        const schemaFile = path.join(tmp, `p${pi}.schema.json`);
+        fs.writeFileSync(schemaFile, JSON.stringify({ type: 'string', pattern: p.src }));
+        const jfiles = p.cands.map((c, k) => {
+            const f = path.join(tmp, `p${pi}_${k}.json`);
+            fs.writeFileSync(f, JSON.stringify(c));
+            return f;
+        });
+        const inJson = verdicts(['--json-schema', schemaFile], jfiles);
+        if (inJson) compare(inJson, jfiles, (c) => search.test(c), 'as a schema pattern');
     }
 } finally {
     fs.rmSync(tmp, { recursive: true, force: true });

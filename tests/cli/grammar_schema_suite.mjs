@@ -34,6 +34,7 @@ import path from 'node:path';
 
 const [kiln, suiteDir] = process.argv.slice(2);
 const minShare = Number(process.argv[process.argv.indexOf('--min-share') + 1] || 0);
+const CAP = 16;
 const skipFiles = new Set(['optional/bignum.json', 'optional/zeroTerminatedFloats.json']);
 const skipTests = new Set(['optional/format.json / validation of URIs / a valid protocol-relative URI']);
 
@@ -61,21 +62,49 @@ function resolve(root, ref) {
     return cur;
 }
 
-// The schemas that may apply to a value: $ref and single allOf followed,
-// anyOf/oneOf branches each.
+// Two schemas' property and item keywords together, in kiln's order: the
+// first one's properties, then the second one's new ones.
+function combine(a, b) {
+    const o = (x) => (x !== null && typeof x === 'object' ? x : {});
+    a = o(a), b = o(b);
+    const props = { ...(a.properties || {}), ...(b.properties || {}) };
+    return {
+        properties: props,
+        additionalProperties: a.additionalProperties ?? b.additionalProperties,
+        items: a.items ?? b.items,
+        prefixItems: a.prefixItems ?? b.prefixItems,
+        additionalItems: a.additionalItems ?? b.additionalItems,
+    };
+}
+
+// The schemas that may apply to a value, as kiln orders their keys: $ref
+// followed, allOf merged into its owner, anyOf/oneOf branches each merged
+// with the keywords next to them.
 function applicable(root, s, depth = 0) {
     if (depth > 20 || s === null || typeof s !== 'object') return [s];
     if (s.$ref !== undefined) {
         const t = resolve(root, s.$ref);
         return t === undefined ? [s] : applicable(root, t, depth + 1);
     }
-    if (Array.isArray(s.allOf) && s.allOf.length === 1) return applicable(root, s.allOf[0], depth + 1);
-    const alts = s.anyOf || s.oneOf;
-    if (Array.isArray(alts)) return alts.flatMap((b) => applicable(root, b, depth + 1));
+    if (Array.isArray(s.allOf)) {
+        const { allOf, ...base } = s;
+        let acc = applicable(root, base, depth + 1);
+        for (const part of allOf) {
+            const next = [];
+            for (const a of acc) for (const b of applicable(root, part, depth + 1)) next.push(combine(a, b));
+            acc = next.slice(0, CAP);
+        }
+        return acc;
+    }
+    const key = Array.isArray(s.anyOf) ? 'anyOf' : Array.isArray(s.oneOf) ? 'oneOf' : null;
+    if (key) {
+        const { [key]: alts, ...base } = s;
+        return applicable(root, base, depth + 1).flatMap((a) =>
+            alts.flatMap((b) => applicable(root, b, depth + 1).map((x) => combine(a, x))));
+    }
     return [s];
 }
 
-const CAP = 16;
 function product(lists, join) {
     let acc = [[]];
     for (const l of lists) {

@@ -69,8 +69,14 @@ static void test_refusals(void **state) {
     expect_error("{\"patternProperties\": {\"a\": {}}}", KILN_ERR_UNSUPPORTED, "'patternProperties' at the root");
     expect_error("{\"$defs\": {\"a~b/c\": {\"multipleOf\": 2}}, \"$ref\": \"#/$defs/a~0b~1c\"}", KILN_ERR_UNSUPPORTED,
                  "'multipleOf' at /$defs/a~0b~1c is not supported");
-    expect_error("{\"allOf\": [{}, {}]}", KILN_ERR_UNSUPPORTED, "'allOf' with more than one schema at the root");
-    expect_error("{\"type\": \"object\", \"anyOf\": [{}, {}]}", KILN_ERR_UNSUPPORTED, "'anyOf' next to 'type'");
+    /* keywords that do not combine */
+    expect_error("{\"properties\": {\"p\": {\"allOf\": [{\"pattern\": \"a\"}, {\"pattern\": \"b\"}]}}}",
+                 KILN_ERR_UNSUPPORTED, "json_schema: 'allOf' at /properties/p: 'pattern' of two schemas cannot be combined");
+    expect_error("{\"additionalProperties\": false, \"anyOf\": [{\"properties\": {\"a\": {}}}]}", KILN_ERR_UNSUPPORTED,
+                 "'anyOf' at the root: 'additionalProperties' of two schemas cannot be combined");
+    expect_error("{\"allOf\": [{\"items\": [{}]}, {\"items\": {}}]}", KILN_ERR_UNSUPPORTED, "'items' of two schemas");
+    expect_error("{\"allOf\": [{\"minimum\": 1, \"exclusiveMinimum\": true}, {\"minimum\": 2}]}",
+                 KILN_ERR_UNSUPPORTED, "'exclusiveMinimum' of two schemas");
     expect_error("{\"$ref\": \"#/$defs/a\", \"$defs\": {\"a\": {}}, \"maxLength\": 2}", KILN_ERR_UNSUPPORTED,
                  "'$ref' next to 'maxLength'");
     /* oneOf whose branches may both match: an alternation would not enforce it */
@@ -239,18 +245,24 @@ static void test_formats(void **state) {
 }
 
 static void test_strings(void **state) {
-    /* lengths count code points: an escape is one, a surrogate pair one */
+    /* lengths count code points (an escape is one), written canonically */
     struct checker k = make("{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}", NULL);
     assert_false(accepts(&k, "\"a\""));
     assert_true(accepts(&k, "\"ab\""));
-    assert_true(accepts(&k, "\"a\\n\\u00e9\""));
+    assert_true(accepts(&k, "\"a\\n\\u001f\""));
     assert_false(accepts(&k, "\"abcd\""));
-    assert_true(accepts(&k, "\"\xF0\x9F\x98\x80\xC3\xA9\""));         /* two code points, six bytes */
-    assert_true(accepts(&k, "\"\\ud83d\\ude00\\ud83d\\ude00\""));      /* two code points, four escapes */
-    assert_false(accepts(&k, "\"\\ud83d\\ude00\""));                   /* one */
-    assert_false(accepts(&k, "\"\\ud83dx\""));                        /* a lone surrogate */
+    assert_true(accepts(&k, "\"\xF0\x9F\x98\x80\xC3\xA9\""));          /* two code points, six bytes */
+    assert_false(accepts(&k, "\"\xF0\x9F\x98\x80\""));                  /* one */
+    assert_false(accepts(&k, "\"\xF0\x9F\x98\x80\xF0\x9F\x98\x80\xF0\x9F\x98\x80\xF0\x9F\x98\x80\""));
+    assert_false(accepts(&k, "\"a\\u00e9\""));                          /* not the canonical form */
     assert_false(accepts(&k, "\"a\nb\""));                            /* raw control character */
     assert_false(accepts(&k, "\"a\\x\""));                            /* no such escape */
+    done(&k);
+    /* without bounds every escape is allowed; surrogates only in pairs */
+    k = make("{\"type\": \"string\"}", NULL);
+    assert_true(accepts(&k, "\"\\u00e9\\ud83d\\ude00\\/\""));
+    assert_false(accepts(&k, "\"\\ud83dx\""));
+    assert_false(accepts(&k, "\"\\ude00\""));
     done(&k);
 
     /* patterns are unanchored: "contains"; ^ and $ anchor */
@@ -360,6 +372,35 @@ static void test_arrays_enums_unions(void **state) {
     done(&k);
 }
 
+/* allOf, and anyOf / oneOf next to keywords of their own: merged */
+static void test_merged(void **state) {
+    struct checker k = make("{\"allOf\": [{\"type\": [\"integer\", \"string\"], \"minimum\": 2}, "
+                            "{\"type\": \"number\", \"maximum\": 5}, {\"maximum\": 4}]}", NULL);
+    for (int x = -3; x <= 9; x++) {
+        char num[8];
+        snprintf(num, sizeof num, "%d", x);
+        assert_int_equal(accepts(&k, num), x >= 2 && x <= 4);
+    }
+    assert_false(accepts(&k, "2.5"));
+    assert_false(accepts(&k, "\"a\""));
+    done(&k);
+    /* properties of both, in order; a property both name holds both schemas */
+    k = make("{\"properties\": {\"a\": {\"type\": \"integer\"}}, \"allOf\": [{\"properties\": {\"b\": {}, "
+             "\"a\": {\"minimum\": 3}}, \"required\": [\"a\"]}, {\"required\": [\"b\"]}]}", NULL);
+    assert_true(accepts(&k, "{\"a\": 3, \"b\": null}"));
+    assert_false(accepts(&k, "{\"a\": 2, \"b\": null}"));
+    assert_false(accepts(&k, "{\"a\": 3}"));
+    done(&k);
+    /* enum against const, and the base of a oneOf in every branch */
+    k = make("{\"type\": \"string\", \"enum\": [\"x\", \"y\", 3], \"oneOf\": [{\"const\": \"x\"}, {\"const\": 3}, "
+             "{\"enum\": [\"y\", \"z\"]}]}", NULL);
+    assert_true(accepts(&k, "\"x\""));
+    assert_true(accepts(&k, "\"y\""));
+    assert_false(accepts(&k, "\"z\""));
+    assert_false(accepts(&k, "3"));
+    done(&k);
+}
+
 static void test_json_object(void **state) {
     struct kiln_error err = {0};
     struct grammar *g = grammar_compile_json_object(&err);
@@ -379,7 +420,8 @@ int main(void) {
         cmocka_unit_test(test_refusals),      cmocka_unit_test(test_integer_ranges),
         cmocka_unit_test(test_number_ranges), cmocka_unit_test(test_formats),
         cmocka_unit_test(test_strings),       cmocka_unit_test(test_objects),
-        cmocka_unit_test(test_arrays_enums_unions), cmocka_unit_test(test_json_object),
+        cmocka_unit_test(test_arrays_enums_unions), cmocka_unit_test(test_merged),
+        cmocka_unit_test(test_json_object),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -67,6 +67,7 @@ static void test_errors(void **state) {
     ERR("ab\xC3(", KILN_ERR_BAD_INPUT, "regex: invalid UTF-8 at offset 2");
     ERR("\\01", KILN_ERR_UNSUPPORTED, "regex: octal escape is not supported at offset 0");
     ERR("(?<1a>x)", KILN_ERR_BAD_INPUT, "regex: bad group name at offset 0");
+    ERR("a[^\\s\\S]+", KILN_ERR_BAD_INPUT, "regex: the pattern matches no text (an empty class) at offset 0");
     /* nesting is bounded: the parser is recursive */
     char deep[200];
     memset(deep, '(', 100);
@@ -95,6 +96,8 @@ static void test_ebnf(void **state) {
     expect_ebnf("\"\\\\", "root ::= \"\\\"\\\\\"\n");
     /* Python's literal braces */
     expect_ebnf("a{,2}}", "root ::= \"a{,2}}\"\n");
+    /* an empty class in one branch of several is no error */
+    expect_ebnf("a|[^\\s\\S]", "root ::= (\"a\" | [^\\x00-\\U0010FFFF])\n");
 }
 
 int main(void) {
