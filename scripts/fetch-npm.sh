@@ -7,10 +7,12 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dest="${KILN_NPM:-$repo/.cache/npm}"
-# pinned: the openai client, and the OpenTelemetry SDK the tracing test
-# uses as the reference for trace context and the OTLP JSON encoding
-pkgs=(openai@4.104.0 @opentelemetry/api@1.10.0 @opentelemetry/core@3.1.1 @opentelemetry/sdk-trace@3.1.1
-      @opentelemetry/otlp-transformer@0.301.1)
+# pinned: the openai client, ajv (the JSON Schema validator the structured
+# output tests check outputs with), the OpenTelemetry SDK the tracing test
+# uses as the reference for trace context and the OTLP JSON encoding, and
+# the JSON Schema test suite the grammar translator is checked against
+pkgs=(openai@4.104.0 ajv@8.17.1 @opentelemetry/api@1.10.0 @opentelemetry/core@3.1.1 @opentelemetry/sdk-trace@3.1.1
+      @opentelemetry/otlp-transformer@0.301.1 json-schema-test-suite@0.0.10)
 have_all() {
     local p name ver
     for p in "${pkgs[@]}"; do

@@ -91,6 +91,26 @@ int kiln_tokenizer_add_eos_token(const struct kiln_tokenizer *tok);
 /* Whether decode with skip_special_tokens drops this id. */
 int kiln_tokenizer_is_special(const struct kiln_tokenizer *tok, int32_t id);
 
+/* Every id's raw bytes: what the token stands for inside a generated text,
+ * for grammar-constrained decoding (a grammar matches bytes). Byte-level
+ * BPE tokens go through GPT-2's byte map (a token may be part of a UTF-8
+ * sequence), SentencePiece's U+2581 is a space, "<0xNN>" byte-fallback
+ * tokens are that byte, added tokens are their content; special tokens are
+ * flagged. Indexed by id up to kiln_tokenizer_id_limit; ids without a
+ * token have bytes NULL. Decoding a sequence of ids gives the
+ * concatenation of their bytes wherever that is valid UTF-8 (and the
+ * decoder strips nothing at the start of the text). */
+struct kiln_token_bytes {
+    int32_t n;            /* ids covered: kiln_tokenizer_id_limit */
+    const char **bytes;   /* [n] into data; NULL for unused ids */
+    size_t *lens;         /* [n] */
+    uint8_t *special;     /* [n] 1: a special added token */
+    char *data;           /* the bytes of all tokens */
+};
+int kiln_tokenizer_token_bytes(const struct kiln_tokenizer *tok, struct kiln_token_bytes *out,
+                               struct kiln_error *err);
+void kiln_token_bytes_free(struct kiln_token_bytes *v);
+
 /* Incremental detokenization of one sequence. */
 int kiln_detok_stream_init(struct kiln_detok_stream **out, const struct kiln_tokenizer *tok,
                            int skip_special_tokens);

@@ -18,5 +18,6 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_knobs(int argc, char **argv);
+int cmd_grammar(int argc, char **argv);
 
 #endif

@@ -22,6 +22,7 @@ static const struct subcommand subcommands[] = {
     {"tokenize", cmd_tokenize, "text (JSON string per line) to token ids"},
     {"detokenize", cmd_detokenize, "token ids (JSON array per line) to text"},
     {"profile-report", cmd_profile_report, "GPU time of traces by kernel category (HTML and CSV)"},
+    {"grammar", cmd_grammar, "JSON Schema / regex to EBNF; check texts against a grammar"},
     {"knobs", cmd_knobs, "the KILN_* environment variables (--markdown: all of them)"},
     {"help", NULL, "this list"},
 };

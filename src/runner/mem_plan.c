@@ -27,7 +27,9 @@ size_t mem_plan_runner_bytes(long T, long S, long max_context, int page_size, lo
     struct mem_plan_runner l;
     mem_plan_runner_layout(T, S, max_context, page_size, device_sampling, &l);
     size_t b = (size_t)l.logit_chunk * (size_t)vocab * 4 + (size_t)l.stage_ints * 4;
-    if (device_sampling) b += (size_t)l.adj_cap * sizeof(struct backend_sample_adj) + (size_t)S * 4;
+    if (device_sampling)
+        b += (size_t)l.adj_cap * sizeof(struct backend_sample_adj) + (size_t)S * 4 +
+             (size_t)S * (size_t)((vocab + 31) / 32) * 4; /* grammar masks */
     return b;
 }
 

@@ -15,6 +15,8 @@ struct model *runner_model(const struct runner *r) { return r->m; }
 struct kv_pool *runner_kv(struct runner *r) { return &r->kv; }
 int runner_can_sample(const struct runner *r) { return r->sample_on; }
 int runner_sample_adj_capacity(const struct runner *r) { return r->adj_cap; }
+uint32_t *runner_mask_host(struct runner *r) { return r->smask_host; }
+int runner_mask_words(const struct runner *r) { return r->mask_words; }
 
 /* The staging buffer, the logits of one chunk and the device sampler's
  * buffers, for the model's largest batch. */
@@ -42,6 +44,8 @@ static int reserve_buffers(struct runner *r, struct kiln_error *err) {
         ALLOC(sadj, r->adj_cap, struct backend_sample_adj);
         ALLOC(stok, S, int32_t);
     }
+    r->mask_words = (int)((r->vocab + 31) / 32);
+    if (ops->sample) ALLOC(smask, S * r->mask_words, uint32_t);
 #undef ALLOC
     r->ids = r->stage;
     r->pos = r->ids + T;
@@ -63,18 +67,21 @@ static int reserve_buffers(struct runner *r, struct kiln_error *err) {
         if (ops->host_alloc && (r->stok_host = ops->host_alloc(ctx, (size_t)S * 4))) r->stok_pinned = 1;
         else r->stok_host = xmalloc((size_t)S * 4);
     }
+    size_t mb = (size_t)S * (size_t)r->mask_words * 4;
+    if (ops->sample && ops->host_alloc && (r->smask_host = ops->host_alloc(ctx, mb))) r->smask_pinned = 1;
+    else r->smask_host = xcalloc(mb, 1);
     return 0;
 }
 
 static void free_buffers(struct runner *r) {
     const struct backend_ops *ops = r->be->ops;
     runner_drop_graphs(r);
-    void *bufs[] = {r->logits, r->stage, r->sadj, r->stok};
+    void *bufs[] = {r->logits, r->stage, r->sadj, r->stok, r->smask};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) ops->free(r->be->ctx, bufs[i]);
-    void *host[] = {r->stage_host, r->sadj_host, r->stok_host};
-    int pinned[] = {r->stage_pinned, r->sadj_pinned, r->stok_pinned};
-    for (int i = 0; i < 3; i++) {
+    void *host[] = {r->stage_host, r->sadj_host, r->stok_host, r->smask_host};
+    int pinned[] = {r->stage_pinned, r->sadj_pinned, r->stok_pinned, r->smask_pinned};
+    for (int i = 0; i < 4; i++) {
         if (pinned[i]) ops->host_free(r->be->ctx, host[i]);
         else free(host[i]);
     }

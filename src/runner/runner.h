@@ -97,7 +97,26 @@ struct runner_sampling {
     const struct backend_sample_row *rows;  /* [n_logit_rows] */
     const struct backend_sample_adj *adj;   /* [n_adj] */
     int n_adj;
+    /* Grammar masks (structured outputs). mask_slot[j] >= 0 (NULL: none)
+     * gives row j the bitmask in that slot of runner_mask_host (rows[j].mask
+     * is set by the runner). fill_masks(fill_user), when set, is called
+     * once the step's layers are enqueued and before its sampling kernels,
+     * so the host computes the masks while the device runs the forward;
+     * slots [0, n_mask_slots) are then uploaded to the device buffer the
+     * sampler reads. Such a step replays the layers' graph and runs the
+     * tail (final norm, lm_head, sampling) eagerly. */
+    const int32_t *mask_slot;
+    int n_mask_slots;
+    void (*fill_masks)(void *user);
+    void *fill_user;
 };
+
+/* Grammar mask slots: runner_mask_words(r) 32-bit words per slot (the
+ * vocabulary rounded up), max_running_requests slots, host memory (pinned
+ * where the backend has it). Filled by the caller, in fill_masks for
+ * device-sampled rows; rows sampled on the host read them after the step. */
+uint32_t *runner_mask_host(struct runner *r);
+int runner_mask_words(const struct runner *r);
 
 /* 1 when the backend samples on the device and KILN_GPU_SAMPLE is not 0. */
 int runner_can_sample(const struct runner *r);

@@ -41,6 +41,10 @@ struct runner {
     int32_t *stok, *stok_host;          /* [max_seqs] device, host (pinned when possible) */
     int stok_pinned;
     int32_t *perm;                      /* [T] host: logit rows, want_logits first */
+    /* grammar masks: [max_seqs][mask_words] host (pinned when possible)
+     * and device (backends that sample) */
+    uint32_t *smask_host, *smask;
+    int smask_pinned, mask_words;
 
     /* graphs (backends with graph_begin; models whose layers can be recorded) */
     int graphs_on;

@@ -98,7 +98,12 @@ static void stage_batch(struct runner *r, const struct batch *b, int pad,
     if (smp) {
         struct backend_sample_row *sr = (struct backend_sample_row *)(h + r->stage_srows_off);
         int n_sample = b->n_logit_rows - n_want;
-        for (int j = 0; j < n_sample; j++) sr[j] = smp->rows[r->perm[n_want + j]];
+        for (int j = 0; j < n_sample; j++) {
+            int row = r->perm[n_want + j];
+            int ms = smp->mask_slot ? smp->mask_slot[row] : -1;
+            sr[j] = smp->rows[row];
+            sr[j].mask = ms >= 0 ? r->smask + (size_t)ms * (size_t)r->mask_words : NULL;
+        }
         if (n_fill > n_sample) memset(sr + n_sample, 0, (size_t)(n_fill - n_sample) * sizeof *sr);
         if (smp->n_adj > 0) {
             memcpy(r->sadj_host, smp->adj, (size_t)smp->n_adj * sizeof *smp->adj);
@@ -156,10 +161,14 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
         if (smp->n_adj < 0 || smp->n_adj > r->adj_cap)
             return kiln_errorf(err, "%d sampling adjustments, more than the reserved %d", smp->n_adj,
                                r->adj_cap);
+        if (smp->n_mask_slots < 0 || smp->n_mask_slots > r->max_seqs)
+            return kiln_errorf(err, "%d grammar mask slots, more than the reserved %d", smp->n_mask_slots,
+                               r->max_seqs);
         for (int j = 0; j < n_lr; j++) {
             const struct backend_sample_row *sr = &smp->rows[j];
             if (smp->want_logits && smp->want_logits[j]) continue;
             KILN_ASSERT(sr->n_adj >= 0 && sr->adj_start >= 0 && sr->adj_start + sr->n_adj <= smp->n_adj);
+            KILN_ASSERT(!smp->mask_slot || smp->mask_slot[j] < smp->n_mask_slots);
         }
     }
     int n_sample = n_lr - n_want;
@@ -181,7 +190,10 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
     }
     /* A decode step whose every row samples on the device runs the whole
      * step, sampling included, from graphs [1]. */
-    int kind = smp && gi >= 0 && n_want == 0 && n_lr == n && r->graph_sample_on;
+    /* A step with grammar masks keeps its tail out of the graph: the masks
+     * are computed while the layers run and uploaded before the sampler. */
+    int masked = smp && smp->fill_masks;
+    int kind = smp && !masked && gi >= 0 && n_want == 0 && n_lr == n && r->graph_sample_on;
     for (int j = 0; kind && j < n_lr; j++) kind = b->logit_rows[j] == j;
     stage_batch(r, b, pad, smp, n_want, kind ? (int)n + pad : n_sample);
     long np = n + pad;
@@ -213,6 +225,14 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
             r->graphs_on = 0;
             run_step(r, &s, kind);
         }
+    }
+    if (masked) {
+        /* the device runs the layers meanwhile; the upload is queued after
+         * them and before the sampling kernels (one stream) */
+        smp->fill_masks(smp->fill_user);
+        if (smp->n_mask_slots > 0 && r->smask)
+            ops->upload(ctx, r->smask, r->smask_host,
+                        (size_t)smp->n_mask_slots * (size_t)r->mask_words * 4);
     }
     if (kind) {
         ops->download(ctx, r->stok_host, r->stok, (size_t)n * 4);

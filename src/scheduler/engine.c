@@ -68,6 +68,9 @@ uint64_t engine_submit(struct engine *e, const struct engine_request *in, struct
         if (r.stop_ids[i] < 0 || r.stop_ids[i] >= e->vocab)
             return kiln_errorf(err, "stop token id %d is outside the vocabulary of %d",
                                r.stop_ids[i], e->vocab), 0;
+    if (r.grammar && r.score) return kiln_errorf(err, "a score request cannot have a grammar"), 0;
+    if (r.grammar && !e->gvocab)
+        return kiln_errorc(err, KILN_ERR_UNSUPPORTED, "structured outputs need the model's tokenizer"), 0;
 
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {
@@ -86,6 +89,10 @@ uint64_t engine_submit(struct engine *e, const struct engine_request *in, struct
     pthread_mutex_unlock(&e->mu);
 
     struct req *q = req_create(id, &r, e->vocab, e->tok);
+    if (sg_request_init(e, q, err)) {
+        req_free(q);
+        return 0;
+    }
     q->t_arrival = time_now();
     pthread_mutex_lock(&e->mu);
     q->next = NULL;
@@ -191,6 +198,10 @@ static void log_step(struct engine *e) {
     log_info("Decode batch. #running-req: %d, #token: %ld, token usage: %.2f, gen throughput (token/s): %.2f, "
              "#queue-req: %d",
              si->decode_rows, used * e->page_size, usage, dt > 0 ? (double)e->log_tokens / dt : 0.0, e->n_waiting);
+    if (e->g_fill_rows) /* structured outputs: what the masks cost the host (overlapped on a GPU) */
+        log_info("Grammar masks. #rows: %ld, %.1f us a row", e->g_fill_rows, e->g_fill_us / (double)e->g_fill_rows);
+    e->g_fill_rows = 0;
+    e->g_fill_us = 0;
     e->log_tokens = 0;
     e->log_t = now;
 }
@@ -288,6 +299,7 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     while (base > md && base[-1] != '/') base--;
     e->model_name = xstrndup(base, (size_t)(md + ml - base));
     if (!(ml > 5 && !strncmp(md + ml - 5, ".json", 5))) load_tokenizer(e, md);
+    if (sg_init(e, err)) goto fail;
     if (!opt->skip_sampler_warmup) {
         int sizes[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
         double s = sampler_warmup(e->vocab, sizes, (int)(sizeof sizes / sizeof sizes[0]));
@@ -326,6 +338,7 @@ void engine_destroy(struct engine *e) {
         in = next;
     }
     if (e->model) sched_abort_all(e);
+    sg_free(e);
     sched_free(e);
     kiln_tokenizer_free(e->tok);
     backend_destroy(&e->be);

@@ -28,6 +28,7 @@
 
 struct kiln_error;
 struct engine;
+struct grammar;
 struct kiln_tokenizer;
 
 enum engine_finish {
@@ -109,6 +110,19 @@ struct engine_request {
     int n_label_ids;
     const int32_t *label_ids;
     int apply_softmax;
+    /* structured output: the output must match this compiled grammar
+     * (NULL: free text). engine_submit takes a reference of its own (the
+     * caller drops its own when it likes); refused when the engine has no
+     * tokenizer. Tokens the grammar cannot continue with are masked out;
+     * once it can end, the end-of-sequence and stop ids are allowed, and
+     * once nothing can follow, only they are: drawing one ends the request
+     * with "stop". max_new_tokens before the end: "length". */
+    struct grammar *grammar;
+    /* the grammar applies only to what follows these output tokens (e.g. a
+     * reasoning model's end of thinking); until they are generated the
+     * output is free. NULL / 0: from the first token. Copied. */
+    const int32_t *grammar_after;
+    int n_grammar_after;
     engine_callback callback;
     void *user;
 };
@@ -166,6 +180,11 @@ void engine_abort(struct engine *e, uint64_t request_id);
 
 /* Read-only facts for the server. */
 const struct kiln_tokenizer *engine_tokenizer(const struct engine *e);
+/* The tokenizer's tokens as a grammar vocabulary (built at start, for the
+ * model's vocabulary size), to compile and prepare grammars against; NULL
+ * when the engine has no tokenizer. */
+struct grammar_vocab;
+const struct grammar_vocab *engine_grammar_vocab(const struct engine *e);
 const char *engine_model_name(const struct engine *e);
 int engine_context_length(const struct engine *e);
 int engine_vocab_size(const struct engine *e);

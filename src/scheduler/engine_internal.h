@@ -88,7 +88,38 @@ struct engine {
      * (0: max_seqs), grown the first time a step has prompt rows */
     int rows_cap;
     struct sample_result *lp_buf;      /* [max prompt rows of a step] */
+    /* structured outputs (structured.c): the grammar vocabulary, and this
+     * step's mask slots: g_reqs[k] owns slot k of g_masks (the runner's
+     * host mask buffer, g_words words a slot) */
+    struct grammar_vocab *gvocab;
+    struct req **g_reqs;               /* [max_seqs] */
+    uint32_t *g_masks;
+    int g_words, g_n;
+    int32_t *g_slots;                  /* [rows] mask slot per logit row, -1 none */
+    struct threadpool *g_pool;         /* fills masks of many rows at once (NULL: one thread) */
+    int g_use_pool;                    /* the last step's masks were slow on one thread */
+    double g_fill_us;                  /* mask time and rows since the last decode log line */
+    long g_fill_rows;
 };
+
+/* structured.c */
+int sg_init(struct engine *e, struct kiln_error *err);
+void sg_free(struct engine *e);
+/* The request's matcher (engine_submit): 0, or -1 with err. */
+int sg_request_init(struct engine *e, struct req *r, struct kiln_error *err);
+void sg_step_begin(struct engine *e);
+/* A mask slot for r's sampling row this step, or -1 (no active grammar). */
+int sg_assign(struct engine *e, struct req *r);
+/* Fills every assigned slot (runner_sampling.fill_masks). */
+void sg_fill_masks(void *engine);
+/* logits[vocab]: the tokens r's mask clears are -inf (CPU sampling). */
+void sg_apply(const struct engine *e, const struct req *r, float *logits);
+/* After r drew token: 0 go on, 1 the grammar ended with an end id (finish
+ * with "stop"), -1 the grammar refused the token. */
+int sg_accept(struct engine *e, struct req *r, int32_t token);
+/* After the token joined r->tokens: activates a grammar waiting for
+ * in.grammar_after. */
+void sg_follow(struct req *r);
 
 int sched_init(struct engine *e, struct kiln_error *err);
 void sched_free(struct engine *e);

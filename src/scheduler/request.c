@@ -13,6 +13,7 @@
 
 #include "base/buf.h"
 #include "base/mem.h"
+#include "grammar/grammar.h"
 #include "kiln/tokenizer.h"
 #include "sample/sampling.h"
 
@@ -33,6 +34,11 @@ struct req *req_create(uint64_t id, const struct engine_request *in, int vocab,
     r->in.prompt = NULL;
     r->in.stop_ids = dup_array(in->stop_ids, (size_t)in->n_stop_ids, sizeof *in->stop_ids);
     r->in.label_ids = dup_array(in->label_ids, (size_t)in->n_label_ids, sizeof *in->label_ids);
+    r->in.grammar_after = dup_array(in->grammar_after, (size_t)in->n_grammar_after, sizeof *in->grammar_after);
+    if (!r->in.grammar_after) r->in.n_grammar_after = 0;
+    if (in->grammar) grammar_ref(in->grammar);
+    r->g_active = in->grammar && r->in.n_grammar_after == 0;
+    r->g_slot = -1;
     r->in.sampling.logit_bias = dup_array(in->sampling.logit_bias, (size_t)in->sampling.n_logit_bias,
                                           sizeof *in->sampling.logit_bias);
     if (in->n_stop > 0) {
@@ -71,6 +77,9 @@ void req_free(struct req *r) {
     if (!r) return;
     free((void *)r->in.stop_ids);
     free((void *)r->in.label_ids);
+    free((void *)r->in.grammar_after);
+    if (r->gm) grammar_matcher_free(r->gm);
+    if (r->in.grammar) grammar_unref(r->in.grammar);
     free((void *)r->in.sampling.logit_bias);
     for (int i = 0; i < r->in.n_stop; i++) free((void *)r->in.stop[i]);
     free((void *)r->in.stop);

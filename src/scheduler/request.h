@@ -47,6 +47,12 @@ struct req {
     int n_prefill_chunks;       /* prompt chunks run, retracted re-runs included */
     int lp_next;                /* prompt logprobs: the next prompt position whose logprob is
                                    owed (n_prompt: none owed) */
+    /* structured output (in.grammar): the matcher follows the output once
+     * the grammar is active (at once, or after in.grammar_after) */
+    struct grammar_matcher *gm;
+    int g_active;
+    int g_done;                 /* the grammar was done when this step's mask was made */
+    int g_slot;                 /* this step's mask slot (runner_mask_host), -1 none */
     struct sampler_state *sampler;
     struct kiln_detok_stream *detok;
     struct buf pending;         /* text held back while it may start a stop string */

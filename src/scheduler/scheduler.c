@@ -376,8 +376,9 @@ static void score_finish(struct engine *e, struct req *r, const float *logits) {
     free(scores);
 }
 
+/* (A finished grammar allows only the end ids: min_new_tokens gives way.) */
 static void mask_stops(const struct engine *e, const struct req *r, float *logits) {
-    if (r->n_output >= r->in.min_new_tokens) return;
+    if (r->n_output >= r->in.min_new_tokens || (r->g_slot >= 0 && r->g_done)) return;
     for (int i = 0; i < r->in.n_stop_ids; i++) logits[r->in.stop_ids[i]] = -INFINITY;
     if (!r->in.ignore_eos) {
         const struct generation_config *g = model_generation_config(e->model);
@@ -389,7 +390,7 @@ static void mask_stops(const struct engine *e, const struct req *r, float *logit
 
 /* The ids mask_stops sets to -inf for r this step, into e->s_mask. */
 static int stop_mask_ids(struct engine *e, const struct req *r) {
-    if (r->n_output >= r->in.min_new_tokens) return 0;
+    if (r->n_output >= r->in.min_new_tokens || (r->g_slot >= 0 && r->g_done)) return 0;
     const struct generation_config *g = model_generation_config(e->model);
     int need = r->in.n_stop_ids + g->n_eos;
     if (need > e->s_mask_cap) {
@@ -435,14 +436,32 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             memset(&res, 0, sizeof res);
             res.token = e->s_tokens[j];
         } else {
+            sg_apply(e, r, lg);
             mask_stops(e, r, lg);
             struct sampling_params sp = r->in.sampling;
             sp.seed = r->in.sampling.seed;
             sampler_sample(&sp, r->sampler, lg, e->vocab, (uint64_t)r->n_output, e->scratch, &res);
         }
         struct req_output o;
+        int gs = sg_accept(e, r, res.token);
+        if (gs < 0) { /* a mask let through what the grammar refuses: a bug, reported */
+            char why[96];
+            snprintf(why, sizeof why, "the output's grammar refused token %d", (int)res.token);
+            log_error("request %llu: %s", (unsigned long long)r->id, why);
+            e->step_error = KILN_ERR_INTERNAL;
+            struct req_output eo = {.text = "", .matched_stop_id = -1};
+            req_flush_text(r, &eo);
+            finish(e, r, ENGINE_FINISH_ERROR, &eo, NULL, NULL, why, NULL, 0);
+            continue;
+        }
         e->log_tokens++;
         req_append_token(r, res.token, g->eos_token_ids, g->n_eos, e->context_length, &o);
+        if (gs == 1 && o.finish == ENGINE_FINISH_NONE) { /* the grammar's end, under ignore_eos or min_tokens */
+            o.finish = ENGINE_FINISH_STOP;
+            o.matched_stop_id = res.token;
+            req_flush_text(r, &o);
+        }
+        if (o.finish == ENGINE_FINISH_NONE) sg_follow(r);
         if (o.finish != ENGINE_FINISH_NONE) finish(e, r, o.finish, &o, &res.token, &res, NULL, NULL, 0);
         else send(e, r, &res.token, &res, &o, ENGINE_FINISH_NONE, NULL, NULL, 0);
     }
@@ -468,6 +487,7 @@ static int run_batch(struct engine *e, const struct plan *p) {
         if (e->b_to[s] == r->n_tokens) e->b_rows[n_rows++] = t - 1;
     }
     ensure_rows(e, n_rows);
+    sg_step_begin(e);
     e->b_qstart[p->n_seqs] = t;
     e->b_pagestart[p->n_seqs] = pg;
     struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = t, .input_ids = e->b_ids,
@@ -487,9 +507,11 @@ static int run_batch(struct engine *e, const struct plan *p) {
             int first, n_lp = lp_rows(r, e->b_from[s], e->b_to[s], &first);
             for (int k = 0; k < n_lp; k++, j++) { /* prompt logprob rows: logits to the host */
                 e->s_want[j] = 1;
+                e->g_slots[j] = -1;
                 memset(&e->s_rows[j], 0, sizeof e->s_rows[j]);
             }
             if (e->b_to[s] != r->n_tokens) continue;
+            e->g_slots[j] = sg_assign(e, r);
             const struct sampling_params *sp = &r->in.sampling;
             int want = r->in.score || sp->logprobs || sp->top_logprobs > 0;
             struct backend_sample_row *sr = &e->s_rows[j];
@@ -508,10 +530,15 @@ static int run_batch(struct engine *e, const struct plan *p) {
             e->s_want[j++] = (unsigned char)want;
         }
         struct runner_sampling smp = {.want_logits = e->s_want, .rows = e->s_rows, .adj = e->s_adj,
-                                      .n_adj = n_adj};
+                                      .n_adj = n_adj, .mask_slot = e->g_n ? e->g_slots : NULL,
+                                      .n_mask_slots = e->g_n, .fill_masks = e->g_n ? sg_fill_masks : NULL,
+                                      .fill_user = e};
         rc = runner_forward_sample(e->runner, &b, &smp, e->s_tokens, e->logits, &err);
     } else {
+        for (int s = 0; s < p->n_seqs; s++)
+            if (e->b_to[s] == e->b_reqs[s]->n_tokens) sg_assign(e, e->b_reqs[s]);
         rc = runner_forward(e->runner, &b, e->logits, &err);
+        if (rc == 0) sg_fill_masks(e); /* the CPU's forward is done: nothing to overlap */
     }
     if (rc) {
         log_error("forward failed: %s", err.msg);
@@ -684,6 +711,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
         e->s_tokens = xcalloc((size_t)S, sizeof *e->s_tokens);
     }
     e->match_pages = xmalloc((size_t)(e->context_length / e->page_size + 2) * 4);
+    e->g_slots = xmalloc((size_t)(S + PROMPT_LOGPROB_ROWS) * sizeof *e->g_slots);
     return 0;
 }
 
@@ -698,5 +726,5 @@ void sched_free(struct engine *e) {
         free(e->b_kvlen), free(e->b_pagestart), free(e->b_pages), free(e->b_reqs), free(e->b_from),
         free(e->b_to), free(e->logits), free(e->scratch), free(e->match_pages);
     free(e->s_want), free(e->s_rows), free(e->s_adj), free(e->s_slot), free(e->s_tokens),
-        free(e->s_mask), free(e->lp_buf);
+        free(e->s_mask), free(e->lp_buf), free(e->g_slots);
 }

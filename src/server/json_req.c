@@ -9,6 +9,7 @@
 
 #include "base/mem.h"
 #include "base/utf8.h"
+#include "grammar/grammar.h"
 #include "kiln/tokenizer.h"
 #include "sample/sampling.h"
 #include "server/http_error.h"
@@ -150,6 +151,8 @@ void gen_params_free(struct gen_params *p) {
     free(p->stop_ids);
     free(p->bias);
     free(p->salt);
+    so_spec_free(&p->so);
+    if (p->grammar) grammar_unref(p->grammar);
     memset(p, 0, sizeof *p);
 }
 
@@ -287,6 +290,7 @@ int gen_params_parse(struct gen_params *p, const json_t *o, const json_t *top, e
     if (jr_bool(o, "ignore_eos", &p->r.ignore_eos, e) < 0) return -1;
     if (jr_bool(o, "skip_special_tokens", &p->r.skip_special_tokens, e) < 0) return -1;
     if (parse_logit_bias(p, o, vocab, e)) return -1;
+    if (so_parse(&p->so, o, d == JR_NATIVE, e)) return -1;
 
     /* scheduling and cache isolation: the body's top level in both dialects */
     if ((rc = jr_int(top, "priority", INT32_MIN, INT32_MAX, &i, e)) < 0) return -1;

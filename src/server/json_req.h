@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "scheduler/engine.h"
+#include "server/structured.h"
 
 struct kiln_tokenizer;
 
@@ -58,12 +59,16 @@ struct gen_params {
     int32_t *stop_ids;
     struct logit_bias_entry *bias;
     char *salt;
+    struct so_spec so;        /* the structured-output constraint asked for */
+    struct grammar *grammar;  /* its compiled grammar (a reference), once compiled */
 };
 
 void gen_params_init(struct gen_params *p);
 void gen_params_free(struct gen_params *p);
 /* `o` is the body (OpenAI) or sampling_params (native); `top` is the body,
- * where cache_salt / extra_key / priority live in both dialects. */
+ * where cache_salt / extra_key / priority live in both dialects. The
+ * structured-output fields are read into p->so (compiled later, off the
+ * loop: server_structured). */
 int gen_params_parse(struct gen_params *p, const json_t *o, const json_t *top, enum jr_dialect d, int vocab,
                      struct req_error *e);
 

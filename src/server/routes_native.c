@@ -249,6 +249,7 @@ struct native_job {
 static void generate_work(void *arg) {
     struct native_job *j = arg;
     j->rc = jr_prompts(j->prompt, j->param, j->s->tok, j->s->vocab, 0, &j->st->prompts, &j->e);
+    if (!j->rc) j->rc = server_structured(j->s, &j->gp, &j->e);
 }
 
 static void native_job_done(void *arg, struct http_request *r) {

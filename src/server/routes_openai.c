@@ -500,11 +500,13 @@ static void completions_work(void *arg) {
     struct oai_job *j = arg;
     j->rc = jr_prompts(json_object_get(j->body, "prompt"), "prompt", j->s->tok, j->s->vocab, 0, &j->st->prompts,
                        &j->e);
+    if (!j->rc) j->rc = server_structured(j->s, &j->gp, &j->e);
 }
 
 static void chat_work(void *arg) {
     struct oai_job *j = arg;
     j->rc = server_chat_prompt(j->s, j->body, &j->st->prompts, &j->e);
+    if (!j->rc) j->rc = server_structured(j->s, &j->gp, &j->e);
 }
 
 static void oai_job_done(void *arg, struct http_request *r) {
@@ -689,15 +691,6 @@ void route_chat_completions(struct server *s, struct http_request *r) {
     }
     st->top_logprobs = (int)top;
     if (chat_output_parse_request(body, s->tool_format, s->reasoning_format, &st->co, &gp.r, &e)) goto bad;
-    json_t *rf = json_object_get(body, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *type = json_object_get(rf, "type");
-        if (!json_is_object(rf) || !json_is_string(type) || strcmp(json_string_value(type), "text")) {
-            req_errorf(&e, 400, "unsupported", "response_format",
-                       "'response_format' other than {\"type\": \"text\"} (structured output) is not supported");
-            goto bad;
-        }
-    }
     gp.r.sampling_unset = server_sampling_unset(body);
     oai_offload(s, r, body, &gp, st, chat_work);
     return;

@@ -734,6 +734,7 @@ int server_run(struct engine *e, const struct server_options *o, struct kiln_err
         goto out;
     }
     load_chat_template(s);
+    s->so_cache = so_cache_create(64);
     if (o->otlp_traces_endpoint) {
         struct tracer_options to = {.endpoint = o->otlp_traces_endpoint, .model_name = s->model_name,
                                     .export_interval_s = o->otlp_export_interval_s};
@@ -792,6 +793,7 @@ out:
     if (s->grace) event_free(s->grace);
     if (s->shutdown_tick) event_free(s->shutdown_tick);
     if (s->have_chat) chat_template_free(&s->chat);
+    so_cache_free(s->so_cache);
     if (s->base) event_base_free(s->base);
     free(s);
     return rc;

@@ -40,6 +40,7 @@ struct server {
     struct tok_pool *tokpool; /* NULL: tokenize on the loop thread */
     struct metrics metrics;
     struct tracer *tracer; /* NULL: tracing off */
+    struct so_cache *so_cache; /* compiled structured-output grammars (structured.h) */
     int shutting_down;
     int aborting; /* shutdown's grace is over: what is left is aborted */
     struct event *sigint, *sigterm, *grace, *shutdown_tick;

@@ -364,7 +364,8 @@ struct backend_ops {
 
     /* Sampling on the device (NULL on the CPU, whose engine samples on the
      * host with src/sample). For each of n rows of logits[n][ld] (vocab
-     * columns): applies the row's adjustments in place (entries
+     * columns): applies the row's grammar mask (rows[i].mask) and its
+     * adjustments in place (entries
      * adj[rows[i].adj_start, + n_adj), see struct backend_sample_adj), then
      * writes tokens[i] with the CPU sampler's semantics (sample/sampling.h:
      * greedy, temperature, top_k, top_p, min_p, the (seed, step) draw).
@@ -415,6 +416,10 @@ struct backend_sample_row {
     uint64_t step;     /* index of the output token being drawn */
     int32_t adj_start; /* this row's adjustments: adj[adj_start, adj_start + n_adj) */
     int32_t n_adj;
+    /* grammar mask (structured outputs), device memory: bit (i & 31) of
+     * word i >> 5 clear means token i is -inf before anything else; NULL:
+     * no mask. Covers the whole vocabulary. */
+    const uint32_t *mask;
 };
 
 /* One token's adjustment, applied in the CPU's order (the engine's

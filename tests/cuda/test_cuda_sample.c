@@ -28,6 +28,10 @@
  *    tail, eager, mixed with want_logits rows) against runner_forward + the
  *    host argmax on a tiny oracle model, bitwise on a --deterministic
  *    backend;
+ *  - grammar masks (backend_sample_row.mask): processed rows bitwise as
+ *    the CPU's masking, greedy identical, draws inside the mask;
+ *  - the engine under a grammar: greedy ids equal with device and host
+ *    sampling, every output a word of the grammar;
  *  - the engine: penalties, logit_bias, min_new_tokens masks and a logprobs
  *    row give the same ids with device sampling as with KILN_GPU_SAMPLE=0
  *    (deterministic mode, so both see the same logits), and a seeded
@@ -50,6 +54,8 @@
 #include "base/error.h"
 #include "base/knob.h"
 #include "base/mem.h"
+#include "grammar/grammar.h"
+#include "kiln/tokenizer.h"
 #include "model/model.h"
 #include "runner/runner.h"
 #include "sample/sampling.h"
@@ -297,6 +303,104 @@ static void test_adjustments(void **state) {
                                                want + r * V, V, 0));
         free(rows), free(want), free(got), free(adj), free(slot);
     }
+}
+
+/* ---- grammar masks ------------------------------------------------------------ */
+
+static int argmax_first(const float *l, long V);
+
+/* Rows with a grammar bitmask (backend_sample_row.mask): the processed row
+ * equals the CPU's (masked tokens -inf first, then the stop mask and
+ * sampler_process_logits), greedy tokens are identical, and a sampled
+ * token always has its bit set. Masks of every density (one token, a few,
+ * half, all but one, none set but the last id), vocabularies that are and
+ * are not multiples of 32 and of the argmax chunk. */
+static void test_grammar_mask(void **state) {
+    (void)state;
+    NEED_GPU();
+    const long vocabs[] = {151936, 128256, 1003, 7};
+    int checked = 0;
+    for (int vi = 0; vi < 4; vi++) {
+        long V = vocabs[vi], W = (V + 31) / 32;
+        enum { N = 24 };
+        float *rows = xmalloc((size_t)(N * V) * 4), *want = xmalloc((size_t)(N * V) * 4);
+        float *got = xmalloc((size_t)(N * V) * 4);
+        uint32_t *masks = xcalloc((size_t)(N * W), 4);
+        struct backend_sample_row pr[N];
+        struct sampling_params sp[N];
+        struct backend_sample_adj adj[N * 4];
+        int n_adj = 0;
+        for (int r = 0; r < N; r++) {
+            float *l = rows + r * V;
+            uint32_t *m = masks + r * W;
+            gen_row(l, V, r % ROW_KINDS);
+            switch (r % 6) {
+            case 0: m[(V - 1) / 32] |= 1u << ((V - 1) & 31); break; /* only the last id */
+            case 1: /* a few random ids */
+                for (int k = 0; k < 5; k++) {
+                    long i = (long)(rnext() % (uint64_t)V);
+                    m[i / 32] |= 1u << (i & 31);
+                }
+                break;
+            case 2: /* about half */
+                for (long w = 0; w < W; w++) m[w] = (uint32_t)rnext();
+                break;
+            case 3: /* all but the row's argmax */
+                for (long w = 0; w < W; w++) m[w] = 0xffffffffu;
+                m[argmax_first(l, V) / 32] &= ~(1u << (argmax_first(l, V) & 31));
+                break;
+            case 4: /* every 37th id */
+                for (long i = 0; i < V; i += 37) m[i / 32] |= 1u << (i & 31);
+                break;
+            default: /* a run across word boundaries */
+                for (long i = V / 3; i < V / 3 + 70 && i < V; i++) m[i / 32] |= 1u << (i & 31);
+                break;
+            }
+            if (!(m[0] | m[(V - 1) / 32])) m[0] |= 1; /* never empty */
+            sampling_params_default(&sp[r]);
+            sp[r].temperature = r < N / 2 ? 0.0f : 1.0f;
+            if (r >= N / 2) sp[r].top_p = r % 3 ? 0.9f : 1.0f, sp[r].top_k = r % 4 ? 0 : 20;
+            params_of(&sp[r], (uint64_t)r * 7, &pr[r]);
+            /* a bias on a masked id must not bring it back */
+            if (r % 2) {
+                adj[n_adj] = (struct backend_sample_adj){.id = (int32_t)((r * 977) % V),
+                                                         .flags = BACKEND_ADJ_BIAS, .bias = 50.0f};
+                pr[r].adj_start = n_adj++, pr[r].n_adj = 1;
+            }
+            float *w = want + r * V;
+            memcpy(w, l, (size_t)V * 4);
+            for (long i = 0; i < V; i++)
+                if (!(m[i / 32] >> (i & 31) & 1)) w[i] = -INFINITY;
+            if (r % 2) w[adj[n_adj - 1].id] += 50.0f;
+        }
+        const struct backend_ops *o = gpu.ops;
+        uint32_t *dm = o->alloc(gpu.ctx, (size_t)(N * W) * 4);
+        assert_non_null(dm);
+        o->upload(gpu.ctx, dm, masks, (size_t)(N * W) * 4);
+        for (int r = 0; r < N; r++) pr[r].mask = r == N - 1 ? NULL : dm + r * W;
+        /* the last row has no mask: its row is the raw one (bias aside) */
+        memcpy(want + (N - 1) * V, rows + (N - 1) * V, (size_t)V * 4);
+        if ((N - 1) % 2) want[(N - 1) * V + adj[n_adj - 1].id] += 50.0f;
+        int32_t tok[N];
+        dev_sample(&gpu, rows, V, N, V, pr, adj, n_adj, tok, NULL, got);
+        o->free(gpu.ctx, dm);
+        for (long i = 0; i < N * V; i++)
+            if (memcmp(&got[i], &want[i], 4) && !(isnan(got[i]) && isnan(want[i])))
+                fail_msg("mask V=%ld row %ld id %ld: gpu %g, cpu %g", V, i / V, i % V, (double)got[i],
+                         (double)want[i]);
+        for (int r = 0; r < N; r++) {
+            const uint32_t *m = masks + r * W;
+            if (r < N - 1 && !(m[tok[r] / 32] >> (tok[r] & 31) & 1))
+                fail_msg("mask V=%ld row %d: token %d is masked out", V, r, tok[r]);
+            if (sp[r].temperature == 0) {
+                int c = cpu_token(&sp[r], want + r * V, V, (uint64_t)r * 7);
+                if (tok[r] != c) fail_msg("mask V=%ld greedy row %d: gpu %d, cpu %d", V, r, tok[r], c);
+            }
+            checked++;
+        }
+        free(rows), free(want), free(got), free(masks);
+    }
+    printf("  grammar masks: %d rows (processed rows bitwise, greedy identical, draws inside the mask)\n", checked);
 }
 
 /* ---- kept sets ------------------------------------------------------------- */
@@ -816,6 +920,86 @@ static void test_engine(void **state) {
     for (int i = 0; i < dev[1].n; i++) assert_true(dev[1].ids[i] != 378);
 }
 
+/* Grammar-constrained requests on the engine (runner_sampling.fill_masks:
+ * masks made while the layers run, uploaded before the sampler; a
+ * logprobs row sampled on the host from the same masks): greedy ids equal
+ * with device and host sampling, and every output, sampled ones included,
+ * spells a word of the grammar. */
+enum { G_REQS = 6 };
+static void run_engine_grammar(int device_sampling, struct sink *out, char texts[G_REQS][256]) {
+    setenv("KILN_GPU_SAMPLE", device_sampling ? "1" : "0", 1);
+    knob_reload(NULL);
+    struct engine_options o;
+    engine_options_default(&o);
+    const char *mdir = getenv("KILN_MODELS");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/stories260K", mdir ? mdir : "models");
+    o.model_dir = dir, o.device = "cuda", o.deterministic = 1, o.max_running_requests = 8;
+    struct kiln_error err = {0};
+    struct engine *e;
+    if (engine_create(&e, &o, &err)) fail_msg("engine: %s", err.msg);
+    const char *ebnf = "root ::= \"The \" (\"cat\" | \"dog\") \" ate \" [1-9] [0-9]? \" apples.\"";
+    struct grammar *g = grammar_compile_ebnf(ebnf, strlen(ebnf), NULL, &err);
+    if (!g) fail_msg("grammar: %s", err.msg);
+    int32_t prompt[6] = {1, 403, 407, 261, 9, 27};
+    for (int q = 0; q < G_REQS; q++) {
+        struct engine_request r;
+        memset(&r, 0, sizeof r);
+        r.prompt = prompt, r.n_prompt = 6;
+        sampling_params_default(&r.sampling);
+        r.sampling.temperature = q < 3 ? 0.0f : 1.2f;
+        if (q >= 3) r.sampling.has_seed = 1, r.sampling.seed = (uint64_t)q;
+        if (q == 2) r.sampling.logprobs = 1; /* sampled on the host */
+        r.max_new_tokens = q == 1 ? 24 : 64, r.skip_special_tokens = 1;
+        r.grammar = q == 1 ? NULL : g; /* one free request in the batch */
+        r.ignore_eos = q == 1;
+        memset(&out[q], 0, sizeof out[q]);
+        pthread_mutex_init(&out[q].mu, NULL);
+        pthread_cond_init(&out[q].cv, NULL);
+        r.callback = on_event, r.user = &out[q];
+        if (!engine_submit(e, &r, &err)) fail_msg("submit: %s", err.msg);
+    }
+    for (int q = 0; q < G_REQS; q++) {
+        pthread_mutex_lock(&out[q].mu);
+        while (!out[q].done) pthread_cond_wait(&out[q].cv, &out[q].mu);
+        pthread_mutex_unlock(&out[q].mu);
+        char *t;
+        size_t n;
+        kiln_tokenizer_decode(engine_tokenizer(e), out[q].ids, (size_t)out[q].n, 1, &t, &n, &err);
+        snprintf(texts[q], 256, "%s", t);
+        free(t);
+    }
+    grammar_unref(g);
+    engine_destroy(e);
+    unsetenv("KILN_GPU_SAMPLE");
+    knob_reload(NULL);
+}
+
+static int is_sentence(const char *s) {
+    char a[4], w[64];
+    int k, n = -1;
+    if (sscanf(s, "The %3[a-z] ate %2d apples.%n", a, &k, &n) != 2 || n < 0 || s[n]) return 0;
+    snprintf(w, sizeof w, "The %s ate %d apples.", a, k);
+    return (!strcmp(a, "cat") || !strcmp(a, "dog")) && k >= 1 && !strcmp(s, w);
+}
+
+static void test_engine_grammar(void **state) {
+    (void)state;
+    NEED_GPU();
+    static struct sink dev[G_REQS], host[G_REQS];
+    static char tdev[G_REQS][256], thost[G_REQS][256];
+    run_engine_grammar(1, dev, tdev);
+    run_engine_grammar(0, host, thost);
+    for (int q = 0; q < G_REQS; q++) {
+        printf("  grammar request %d: device \"%s\", host \"%s\"\n", q, tdev[q], thost[q]);
+        if (q < 3) {
+            assert_int_equal(dev[q].n, host[q].n);
+            assert_memory_equal(dev[q].ids, host[q].ids, (size_t)dev[q].n * 4);
+        }
+        if (q != 1) assert_true(is_sentence(tdev[q]) && is_sentence(thost[q]));
+    }
+}
+
 int main(void) {
     struct kiln_error err = {0};
     struct backend_options bo = {.n_threads = 0, .device = 0};
@@ -829,7 +1013,8 @@ int main(void) {
         cmocka_unit_test(test_greedy),      cmocka_unit_test(test_adjustments),
         cmocka_unit_test(test_kept_sets),   cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_model),
-        cmocka_unit_test(test_engine),
+        cmocka_unit_test(test_engine),      cmocka_unit_test(test_grammar_mask),
+        cmocka_unit_test(test_engine_grammar),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_det);

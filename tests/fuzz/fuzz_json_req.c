@@ -1,13 +1,15 @@
 /* fuzz_json_req.c — arbitrary bytes as an API request body through the
  * validation the routes use (src/server/json_req.c): the body parse, the
  * sampling fields in all three dialects and the prompt forms (token ids; no
- * tokenizer). Anything accepted must be in range for the engine, and
- * logit_bias keys must have been plain decimal token ids. */
+ * tokenizer), the structured-output fields. Anything accepted must be in
+ * range for the engine, logit_bias keys must have been plain decimal token
+ * ids, and guided_choice strings must make an EBNF grammar that compiles. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "grammar/grammar.h"
 #include "sample/sampling.h"
 #include "server/json_req.h"
 
@@ -43,6 +45,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     KILN_ASSERT(*key);
                     for (const char *c = key; *c; c++) KILN_ASSERT(*c >= '0' && *c <= '9');
                 }
+            /* a structured-output constraint: its text is there; choices
+             * become EBNF that must compile and match each choice exactly */
+            KILN_ASSERT(p.so.kind == SO_NONE || p.so.kind == SO_JSON_OBJECT || p.so.text);
+            if (p.so.kind == SO_CHOICE) {
+                struct kiln_error ge;
+                struct grammar *g = grammar_compile_ebnf(p.so.text, p.so.len, NULL, &ge);
+                KILN_ASSERT(g);
+                grammar_unref(g);
+            }
         } else {
             KILN_ASSERT(e.msg[0]);
             /* the body was valid UTF-8, so is the message quoting it, cut or not */

@@ -6,6 +6,7 @@
  * in a graph and a row's token never depends on the other rows:
  *
  *  1. argmax_kernel (n x splits CTAs of 8192 logits): first the row's
+ *     grammar mask (a bitmask: cleared tokens -inf), then its
  *     sparse adjustments that fall in the chunk (stop masks, logit_bias,
  *     repetition, frequency / presence; one entry per token), in place,
  *     with the CPU's float operations; then the first index of the largest
@@ -209,7 +210,22 @@ argmax_kernel(float *logits, long ld, long vocab, long chunk, bool vec,
     pdl_wait();
     long r = blockIdx.y, s = blockIdx.x, lo = s * chunk;
     long hi = lo + chunk < vocab ? lo + chunk : vocab;
-    /* first the row's adjustments that fall in this chunk (one entry per
+    /* first the row's grammar mask over this chunk: a token whose bit is
+     * clear is -inf before anything else (what adjustments then do to it
+     * leaves it -inf) */
+    const uint32_t *mask = rows[r].mask;
+    if (mask) {
+        float *row = logits + r * ld;
+        for (long w = lo / 32 + threadIdx.x; w * 32 < hi; w += blockDim.x) {
+            uint32_t bits = mask[w];
+            if (bits == FULL_MASK) continue;
+            long a = w * 32 > lo ? w * 32 : lo, b = w * 32 + 32 < hi ? w * 32 + 32 : hi;
+            for (long i = a; i < b; i++)
+                if (!(bits >> (i & 31) & 1)) row[i] = -INFINITY;
+        }
+        __syncthreads();
+    }
+    /* then the row's adjustments that fall in this chunk (one entry per
      * token, so no two threads touch one logit), in place */
     int start = rows[r].adj_start, na = rows[r].n_adj;
     if (na > 0) {
