@@ -98,6 +98,14 @@ int grammar_ebnf_from_regex(const char *pattern, size_t len, struct buf *out, st
 int grammar_ebnf_from_json_schema(const json_t *schema, const struct grammar_json_opts *opts,
                                   struct buf *out, struct kiln_error *err);
 
+/* Copies EBNF text to out with every rule name (definitions and
+ * references) prefixed, so that several translated grammars (each with
+ * its own "root", "value", "r3", ...) can live in one: a name is a word
+ * outside literals, classes and bounds. Returns 0, or -1 on an
+ * unterminated literal or class (err set). */
+int grammar_ebnf_prefix_rules(const char *text, size_t len, const char *prefix, struct buf *out,
+                              struct kiln_error *err);
+
 void grammar_ref(struct grammar *g);
 void grammar_unref(struct grammar *g);
 

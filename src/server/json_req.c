@@ -153,6 +153,7 @@ void gen_params_free(struct gen_params *p) {
     free(p->salt);
     so_spec_free(&p->so);
     if (p->grammar) grammar_unref(p->grammar);
+    free(p->grammar_after);
     memset(p, 0, sizeof *p);
 }
 

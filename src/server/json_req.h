@@ -61,6 +61,7 @@ struct gen_params {
     char *salt;
     struct so_spec so;        /* the structured-output constraint asked for */
     struct grammar *grammar;  /* its compiled grammar (a reference), once compiled */
+    int32_t *grammar_after;   /* r.grammar_after's storage (a reasoning model's end of thinking) */
 };
 
 void gen_params_init(struct gen_params *p);

@@ -22,6 +22,7 @@
 #include "server/http_error.h"
 #include "server/server_internal.h"
 #include "server/sse.h"
+#include "server/tool_choice.h"
 
 struct choice {
     struct gen_output out;
@@ -503,10 +504,27 @@ static void completions_work(void *arg) {
     if (!j->rc) j->rc = server_structured(j->s, &j->gp, &j->e);
 }
 
+/* A reasoning model thinks first: its constraint (structured output, forced
+ * tool call) applies once the think block has ended, after "</think>" —
+ * unless thinking is off (the template wrote an empty block). */
+static int constrain_after_thinking(struct oai_job *j) {
+    const struct chat_output_opts *o = &j->st->co;
+    if (!j->gp.grammar || j->s->reasoning_format == REASONING_NONE || o->thinking_off) return 0;
+    struct kiln_token_ids ids = {0};
+    struct kiln_error err = {0};
+    if (kiln_tokenizer_encode(j->s->tok, "</think>", 8, 0, &ids, &err))
+        return req_errorf(&j->e, 500, "internal_error", NULL, "cannot tokenize the end of thinking: %s", err.msg);
+    j->gp.grammar_after = ids.ids;
+    j->gp.r.grammar_after = ids.ids;
+    j->gp.r.n_grammar_after = (int)ids.n;
+    return 0;
+}
+
 static void chat_work(void *arg) {
     struct oai_job *j = arg;
     j->rc = server_chat_prompt(j->s, j->body, &j->st->prompts, &j->e);
     if (!j->rc) j->rc = server_structured(j->s, &j->gp, &j->e);
+    if (!j->rc) j->rc = constrain_after_thinking(j);
 }
 
 static void oai_job_done(void *arg, struct http_request *r) {
@@ -691,6 +709,9 @@ void route_chat_completions(struct server *s, struct http_request *r) {
     }
     st->top_logprobs = (int)top;
     if (chat_output_parse_request(body, s->tool_format, s->reasoning_format, &st->co, &gp.r, &e)) goto bad;
+    if (st->co.tools != TOOL_FORMAT_NONE &&
+        tool_choice_grammar(body, st->co.tools, st->co.parallel_tool_calls, &gp.so, &e))
+        goto bad;
     gp.r.sampling_unset = server_sampling_unset(body);
     oai_offload(s, r, body, &gp, st, chat_work);
     return;
