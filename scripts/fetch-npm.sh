@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Installs the npm packages the server tests use (the official `openai`
-# client, the OpenTelemetry JS SDK) into ${KILN_NPM:-<repo>/.cache/npm}/
-# node_modules. Idempotent: does nothing when the pinned versions are
-# already there. Prints the folder that holds node_modules (tests set
-# NODE_PATH to its node_modules).
+# client, the OpenTelemetry JS SDK, the Vercel AI SDK) into
+# ${KILN_NPM:-<repo>/.cache/npm}/node_modules. Idempotent: does nothing when
+# the pinned versions are already there. Prints the folder that holds
+# node_modules (tests set NODE_PATH to its node_modules).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dest="${KILN_NPM:-$repo/.cache/npm}"
 # pinned: the openai client, ajv (the JSON Schema validator the structured
 # output tests check outputs with), the OpenTelemetry SDK the tracing test
-# uses as the reference for trace context and the OTLP JSON encoding, and
-# the JSON Schema test suite the grammar translator is checked against
+# uses as the reference for trace context and the OTLP JSON encoding, the
+# JSON Schema test suite the grammar translator is checked against, and the
+# Vercel AI SDK (ai, its OpenAI-compatible provider, zod for tool schemas)
+# the agent test runs a tool loop with: its 6.x line, the newest that runs
+# on Debian 12's node 18 (ai 7 needs node 22)
 pkgs=(openai@4.104.0 ajv@8.17.1 @opentelemetry/api@1.10.0 @opentelemetry/core@3.1.1 @opentelemetry/sdk-trace@3.1.1
-      @opentelemetry/otlp-transformer@0.301.1 json-schema-test-suite@0.0.10)
+      @opentelemetry/otlp-transformer@0.301.1 json-schema-test-suite@0.0.10
+      ai@6.0.325 @ai-sdk/openai-compatible@2.0.92 zod@4.6.7)
 have_all() {
     local p name ver
     for p in "${pkgs[@]}"; do
