@@ -58,12 +58,36 @@ static const char fmt_email[] =
     " [A-Za-z0-9] ([A-Za-z0-9\\x2D]* [A-Za-z0-9])? (\".\" [A-Za-z0-9] ([A-Za-z0-9\\x2D]* [A-Za-z0-9])?)*)";
 static const char fmt_uuid[] =
     "([0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12})";
-/* a scheme, ':', then the characters RFC 3986 allows in a URI (its parts'
- * structure is not checked) */
+#define IPV4_OCTET "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])"
+static const char fmt_ipv4[] = IPV4_OCTET;
+/* RFC 3986's URI: scheme ":" hier-part ["?" query] ["#" fragment], where
+ * hier-part is "//" authority path-abempty, path-absolute, path-rootless or
+ * empty, and the authority [userinfo "@"] host [":" port], the host an
+ * IP-literal ("[" IPv6address or IPvFuture "]") or a reg-name (which holds
+ * IPv4address). '[' and ']' only around an IP-literal, one '#'. */
+#define URI_PCT "\"%\" [0-9a-fA-F] [0-9a-fA-F]"
+#define URI_PCHAR "([A-Za-z0-9._~!$&'()*+,;=:@\\x2D] | " URI_PCT ")"
+#define URI_H16 "[0-9a-fA-F]{1,4}"
+#define URI_H16C "(" URI_H16 " \":\")"
+#define URI_IPV4 "(" IPV4_OCTET " \".\" " IPV4_OCTET " \".\" " IPV4_OCTET " \".\" " IPV4_OCTET ")"
+#define URI_LS32 "(" URI_H16 " \":\" " URI_H16 " | " URI_IPV4 ")"
 static const char fmt_uri[] =
-    "([A-Za-z] [A-Za-z0-9+.\\x2D]* \":\" ([A-Za-z0-9._~:/?#@!$&'()*+,;=\\x2D\\x5B\\x5D] | \"%\" [0-9a-fA-F] [0-9a-fA-F])*)";
-static const char fmt_ipv4[] =
-    "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])";
+    "([A-Za-z] [A-Za-z0-9+.\\x2D]* \":\""
+    " (\"//\" (([A-Za-z0-9._~!$&'()*+,;=:\\x2D] | " URI_PCT ")* \"@\")?"
+    " (\"[\" (" URI_H16C "{6} " URI_LS32
+    " | \"::\" " URI_H16C "{5} " URI_LS32
+    " | (" URI_H16 ")? \"::\" " URI_H16C "{4} " URI_LS32
+    " | (" URI_H16C "{0,1} " URI_H16 ")? \"::\" " URI_H16C "{3} " URI_LS32
+    " | (" URI_H16C "{0,2} " URI_H16 ")? \"::\" " URI_H16C "{2} " URI_LS32
+    " | (" URI_H16C "{0,3} " URI_H16 ")? \"::\" " URI_H16C " " URI_LS32
+    " | (" URI_H16C "{0,4} " URI_H16 ")? \"::\" " URI_LS32
+    " | (" URI_H16C "{0,5} " URI_H16 ")? \"::\" " URI_H16
+    " | (" URI_H16C "{0,6} " URI_H16 ")? \"::\""
+    " | [vV] [0-9a-fA-F]+ \".\" [A-Za-z0-9._~!$&'()*+,;=:\\x2D]+) \"]\""
+    " | ([A-Za-z0-9._~!$&'()*+,;=\\x2D] | " URI_PCT ")*) (\":\" [0-9]*)? (\"/\" " URI_PCHAR "*)*"
+    " | \"/\" (" URI_PCHAR "+ (\"/\" " URI_PCHAR "*)*)?"
+    " | " URI_PCHAR "+ (\"/\" " URI_PCHAR "*)*)?"
+    " (\"?\" (" URI_PCHAR " | [/?])*)? (\"#\" (" URI_PCHAR " | [/?])*)?)";
 
 static int put_format(struct js_ctx *c, const char *f, struct buf *out) {
     int r = js_new_rule(c);

@@ -17,37 +17,18 @@
 // Schemas kiln refuses must be refused with a "json_schema: ..." message
 // and exit status 1; they are counted and the share supported is printed.
 //
-// Left out, with the reason:
-//  - optional/bignum.json: integers beyond 2^53 and their float forms, which
-//    JSON.parse cannot carry to the grammar unchanged;
-//  - optional/zeroTerminatedFloats.json: draft 4 alone holds 1.0 not to be
-//    an integer; JSON.parse reads it as 1, which every later draft accepts;
-//  - "a valid protocol-relative URI" (format uri): draft 4's suite took
-//    "//foo.bar/..." for a URI; from draft 6 on it is a uri-reference and
-//    not a uri, the reading kiln follows.
+// The files and tests left out, and why, are in schema_suite.mjs.
 //
 // usage: node grammar_schema_suite.mjs KILN SUITE_TESTS_DIR [--min-share X]
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { suiteGroups } from './schema_suite.mjs';
 
 const [kiln, suiteDir] = process.argv.slice(2);
 const minShare = Number(process.argv[process.argv.indexOf('--min-share') + 1] || 0);
 const CAP = 16;
-const skipFiles = new Set(['optional/bignum.json', 'optional/zeroTerminatedFloats.json']);
-const skipTests = new Set(['optional/format.json / validation of URIs / a valid protocol-relative URI']);
-
-function files(dir) {
-    const out = [];
-    for (const f of fs.readdirSync(dir).sort()) {
-        if (f.endsWith('.json')) out.push(f);
-    }
-    if (fs.existsSync(path.join(dir, 'optional')))
-        for (const f of fs.readdirSync(path.join(dir, 'optional')).sort()) out.push('optional/' + f);
-    return out.filter((f) => !skipFiles.has(f));
-}
-
 // A local reference ("#", "#/definitions/a") in root.
 function resolve(root, ref) {
     if (typeof ref !== 'string' || !ref.startsWith('#')) return undefined;
@@ -144,56 +125,53 @@ const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'kiln-schema-suite-'));
 let nSchemas = 0, nSupported = 0, nPass = 0, nFail = 0;
 const refusedBy = new Map();
 try {
-    for (const f of files(suiteDir)) {
-        const groups = JSON.parse(fs.readFileSync(path.join(suiteDir, f), 'utf8'));
-        for (const [gi, g] of groups.entries()) {
-            nSchemas++;
-            const name = `${f} #${gi} "${g.description}"`;
-            const schemaFile = path.join(tmp, 'schema.json');
-            fs.writeFileSync(schemaFile, JSON.stringify(g.schema));
-            const texts = [];
-            const owner = [];
-            const tests = g.tests.filter((t) => !skipTests.has(`${f} / ${g.description} / ${t.description}`));
-            tests.forEach((t, ti) => {
-                for (const w of writings(g.schema, t.data, g.schema)) {
-                    const tf = path.join(tmp, `t${texts.length}.json`);
-                    fs.writeFileSync(tf, w);
-                    texts.push(tf);
-                    owner.push(ti);
-                }
-            });
-            const r = spawnSync(kiln, ['grammar', '--json-schema', schemaFile, '--check', ...texts], { encoding: 'utf8' });
-            const verdicts = new Map(); // file -> accepted
-            for (const line of r.stdout.split('\n')) {
-                const m = /^(.*): (accepted|rejected at byte \d+|incomplete.*)$/.exec(line);
-                if (m) verdicts.set(m[1], m[2] === 'accepted');
+    for (const g of suiteGroups(suiteDir)) {
+        nSchemas++;
+        const name = g.name;
+        const schemaFile = path.join(tmp, 'schema.json');
+        fs.writeFileSync(schemaFile, JSON.stringify(g.schema));
+        const texts = [];
+        const owner = [];
+        const tests = g.tests;
+        tests.forEach((t, ti) => {
+            for (const w of writings(g.schema, t.data, g.schema)) {
+                const tf = path.join(tmp, `t${texts.length}.json`);
+                fs.writeFileSync(tf, w);
+                texts.push(tf);
+                owner.push(ti);
             }
-            if (verdicts.size === 0) {
-                // refused: a clean error, never a crash
-                const msg = r.stderr.trim();
-                if (r.status !== 1 || !/json_schema: /.test(msg)) {
-                    console.log(`FAIL ${name}: no verdicts and no clean refusal (status ${r.status} ${r.signal || ''}): ${msg}`);
-                    nFail++;
-                    continue;
-                }
-                const kw = (/'([^']+)'/.exec(msg) || [, 'other'])[1];
-                refusedBy.set(kw, (refusedBy.get(kw) || 0) + 1);
-                if (process.env.VERBOSE) console.log(`refused ${name}: ${msg}`);
+        });
+        const r = spawnSync(kiln, ['grammar', '--json-schema', schemaFile, '--check', ...texts], { encoding: 'utf8' });
+        const verdicts = new Map(); // file -> accepted
+        for (const line of r.stdout.split('\n')) {
+            const m = /^(.*): (accepted|rejected at byte \d+|incomplete.*)$/.exec(line);
+            if (m) verdicts.set(m[1], m[2] === 'accepted');
+        }
+        if (verdicts.size === 0) {
+            // refused: a clean error, never a crash
+            const msg = r.stderr.trim();
+            if (r.status !== 1 || !/json_schema: /.test(msg)) {
+                console.log(`FAIL ${name}: no verdicts and no clean refusal (status ${r.status} ${r.signal || ''}): ${msg}`);
+                nFail++;
                 continue;
             }
-            nSupported++;
-            tests.forEach((t, ti) => {
-                const mine = texts.filter((_, k) => owner[k] === ti);
-                const accepted = mine.some((tf) => verdicts.get(tf));
-                if (accepted === t.valid) {
-                    nPass++;
-                } else {
-                    nFail++;
-                    console.log(`FAIL ${name} / "${t.description}": valid=${t.valid} but the grammar ` +
-                        `${accepted ? 'accepted' : 'rejected'} ${JSON.stringify(t.data)}`);
-                }
-            });
+            const kw = (/'([^']+)'/.exec(msg) || [, 'other'])[1];
+            refusedBy.set(kw, (refusedBy.get(kw) || 0) + 1);
+            if (process.env.VERBOSE) console.log(`refused ${name}: ${msg}`);
+            continue;
         }
+        nSupported++;
+        tests.forEach((t, ti) => {
+            const mine = texts.filter((_, k) => owner[k] === ti);
+            const accepted = mine.some((tf) => verdicts.get(tf));
+            if (accepted === t.valid) {
+                nPass++;
+            } else {
+                nFail++;
+                console.log(`FAIL ${name} / "${t.description}": valid=${t.valid} but the grammar ` +
+                    `${accepted ? 'accepted' : 'rejected'} ${JSON.stringify(t.data)}`);
+            }
+        });
     }
 } finally {
     fs.rmSync(tmp, { recursive: true, force: true });

@@ -241,6 +241,21 @@ static void test_formats(void **state) {
     assert_true(accepts(&k, "\"urn:isbn:0451450523\""));
     assert_false(accepts(&k, "\"//foo.bar\""));
     assert_false(accepts(&k, "\"http://a b\""));
+    /* RFC 3986's structure, not only its characters: '[' and ']' only
+     * around an IP-literal host, one '#', a port of digits (the first was
+     * written by a random-weight model, and ajv-formats rejects it too) */
+    assert_false(accepts(&k, "\"ting:@@]::pies]:ow\""));
+    assert_false(accepts(&k, "\"a:b[c\""));
+    assert_false(accepts(&k, "\"a:#x#y\""));
+    assert_false(accepts(&k, "\"a://x:y:z\""));
+    assert_false(accepts(&k, "\"http://[::1/\""));
+    assert_false(accepts(&k, "\"http://[1:2:3:4:5:6:7:8:9]/\""));
+    assert_true(accepts(&k, "\"a:\""));
+    assert_true(accepts(&k, "\"a://u:p@h:8/p/?q/?#f/?\""));
+    assert_true(accepts(&k, "\"http://[::1]:80/\""));
+    assert_true(accepts(&k, "\"http://[1:2:3:4:5:6:1.2.3.4]/\""));
+    assert_true(accepts(&k, "\"http://[v7.x:y]/\""));
+    assert_true(accepts(&k, "\"mailto:joe@example.com\""));
     done(&k);
 }
 
