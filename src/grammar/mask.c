@@ -15,17 +15,24 @@
  *
  * A cache belongs to one grammar and one vocabulary (keyed by the
  * vocabulary's id). grammar_prepare makes it and fills the entries of up
- * to EAGER_STATES states; the rest are filled on first use. Entries are
- * published with release stores, so readers take no lock.
+ * to EAGER_STATES states, on up to PREPARE_THREADS threads (each entry is
+ * one walk of the whole trie: a 20-property JSON Schema has ~4,400 states
+ * at ~1.5 ms each against a 150k-token vocabulary); the rest are filled on
+ * first use. Entries are published with release stores (first one wins),
+ * so readers take no lock.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "base/mem.h"
 #include "grammar/grammar_internal.h"
 
 #define EAGER_STATES 4096
+#define PREPARE_THREADS 16
+/* states a helper thread of grammar_prepare is worth starting for */
+#define PREPARE_PER_THREAD 32
 
 struct gr_entry {
     uint32_t *accept; /* token ids, or a bitmap of mask_words words */
@@ -87,11 +94,10 @@ void gr_cache_free(struct gr_cache *c) {
 }
 
 /* The entry of state s: one walk of the whole trie from the stack
- * (s, GR_NODE_CONTEXT). Called with c->lock held. */
-static struct gr_entry *entry_build(struct grammar *g, struct gr_cache *c, uint32_t s) {
+ * (s, GR_NODE_CONTEXT), with w's arena and levels as scratch (c->scratch
+ * under c->lock, or a thread's own). */
+static struct gr_entry *entry_build(struct grammar *g, struct gr_cache *c, struct grammar_matcher *w, uint32_t s) {
     const struct grammar_vocab *v = c->v;
-    if (!c->scratch) c->scratch = scratch_new(g, v);
-    struct grammar_matcher *w = c->scratch;
     struct gr_vec acc_tok = {0}, dep = {0};
     uint32_t root = gr_arena_intern(&w->arena, s, GR_NODE_CONTEXT);
     const uint32_t *fol = g->follow[g->states[s].rule];
@@ -157,8 +163,14 @@ static struct gr_entry *entry_get(struct grammar *g, struct gr_cache *c, uint32_
     pthread_mutex_lock(&c->lock);
     e = atomic_load_explicit(&c->entries[s], memory_order_relaxed);
     if (!e) {
-        e = entry_build(g, c, s);
-        atomic_store_explicit(&c->entries[s], e, memory_order_release);
+        if (!c->scratch) c->scratch = scratch_new(g, c->v);
+        struct gr_entry *mine = entry_build(g, c, c->scratch, s);
+        /* a thread of grammar_prepare may have published one meanwhile */
+        if (atomic_compare_exchange_strong_explicit(&c->entries[s], &e, mine, memory_order_acq_rel,
+                                                    memory_order_acquire))
+            e = mine;
+        else
+            entry_free(mine);
     }
     pthread_mutex_unlock(&c->lock);
     return e;
@@ -182,15 +194,53 @@ static struct gr_cache *cache_get(struct grammar *g, const struct grammar_vocab 
     return c;
 }
 
+/* The eager fill: threads take the listed states one at a time. */
+struct prepare_job {
+    struct grammar *g;
+    struct gr_cache *c;
+    const uint32_t *states;
+    uint32_t n;
+    _Atomic uint32_t next;
+};
+
+static void *prepare_worker(void *arg) {
+    struct prepare_job *j = arg;
+    struct grammar_matcher *w = NULL;
+    for (;;) {
+        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->n) break;
+        uint32_t s = j->states[i];
+        if (atomic_load_explicit(&j->c->entries[s], memory_order_acquire)) continue;
+        if (!w) w = scratch_new(j->g, j->c->v);
+        struct gr_entry *e = entry_build(j->g, j->c, w, s), *none = NULL;
+        if (!atomic_compare_exchange_strong_explicit(&j->c->entries[s], &none, e, memory_order_acq_rel,
+                                                     memory_order_acquire))
+            entry_free(e); /* a matcher filled it first */
+    }
+    scratch_free(w);
+    return NULL;
+}
+
 int grammar_prepare(struct grammar *g, const struct grammar_vocab *v, struct kiln_error *err) {
     if (!g || !v) return kiln_errorc(err, KILN_ERR_INTERNAL, "grammar_prepare: no grammar or vocabulary");
     struct gr_cache *c = cache_get(g, v);
-    uint32_t done = 0;
-    for (uint32_t s = 0; s < g->n_states && done < EAGER_STATES; s++) {
-        if (!g->states[s].n_edges) continue;
-        entry_get(g, c, s);
-        done++;
-    }
+    struct prepare_job j = {.g = g, .c = c};
+    uint32_t *list = xmalloc((size_t)(g->n_states ? g->n_states : 1) * sizeof *list);
+    for (uint32_t s = 0; s < g->n_states && j.n < EAGER_STATES; s++)
+        if (g->states[s].n_edges) list[j.n++] = s;
+    j.states = list;
+    atomic_init(&j.next, 0);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long nt = (long)(j.n / PREPARE_PER_THREAD);
+    if (nt > cpus) nt = cpus;
+    if (nt > PREPARE_THREADS) nt = PREPARE_THREADS;
+    pthread_t tid[PREPARE_THREADS];
+    int started = 0;
+    for (long t = 1; t < nt; t++) /* this thread is the first worker */
+        if (pthread_create(&tid[started], NULL, prepare_worker, &j) == 0) started++;
+    prepare_worker(&j);
+    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    free(list);
     return 0;
 }
 
