@@ -328,7 +328,7 @@ void route_generate(struct server *s, struct http_request *r) {
     j->param = has_text ? "text" : "input_ids";
     j->gp = gp; /* moved */
     j->st = st;
-    server_offload(s, r, generate_work, native_job_done, native_job_release, j);
+    server_offload(s, r, j->gp.so.kind != SO_NONE, generate_work, native_job_done, native_job_release, j);
     return;
 bad:
     json_decref(body);
@@ -448,7 +448,7 @@ void route_score(struct server *s, struct http_request *r) {
     j->labels = labels; /* moved */
     j->item_first = item_first;
     j->st = st;
-    server_offload(s, r, score_work, native_job_done, native_job_release, j);
+    server_offload(s, r, 0, score_work, native_job_done, native_job_release, j);
     return;
 bad:
     json_decref(body);
@@ -587,7 +587,7 @@ void route_tokenize(struct server *s, struct http_request *r) {
     struct tokenize_job *j = xcalloc(1, sizeof *j);
     j->s = s;
     j->body = body;
-    server_offload(s, r, tokenize_work, tokenize_done, tokenize_release, j);
+    server_offload(s, r, 0, tokenize_work, tokenize_done, tokenize_release, j);
 }
 
 /* /detokenize's work, on the tokenizer pool or inline: the body (a copy, so
@@ -674,5 +674,5 @@ void route_detokenize(struct server *s, struct http_request *r) {
     memcpy(j->body, r->body.data, r->body.len);
     j->body[r->body.len] = 0;
     j->body_len = r->body.len;
-    server_offload(s, r, detokenize_work, detokenize_done, detokenize_release, j);
+    server_offload(s, r, 0, detokenize_work, detokenize_done, detokenize_release, j);
 }

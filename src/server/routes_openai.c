@@ -553,7 +553,7 @@ static void oai_offload(struct server *s, struct http_request *r, json_t *body, 
     j->body = body;
     j->gp = *gp; /* moved: the caller does not free it */
     j->st = st;
-    server_offload(s, r, work, oai_job_done, oai_job_release, j);
+    server_offload(s, r, gp->so.kind != SO_NONE, work, oai_job_done, oai_job_release, j);
 }
 
 void route_completions(struct server *s, struct http_request *r) {

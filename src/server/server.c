@@ -214,9 +214,9 @@ static void offload_release(void *a) {
     free(o);
 }
 
-void server_offload(struct server *s, struct http_request *r, tok_work_fn work, tok_done_fn done,
+void server_offload(struct server *s, struct http_request *r, int heavy, tok_work_fn work, tok_done_fn done,
                     tok_release_fn release, void *arg) {
-    int on_pool = s->tokpool && r->body.len >= s->opt->tokenizer_inline_bytes;
+    int on_pool = s->tokpool && (heavy || r->body.len >= s->opt->tokenizer_inline_bytes);
     if (r->trace) {
         struct offload *o = xmalloc(sizeof *o);
         *o = (struct offload){work, done, release, arg, 0, 0, on_pool};

@@ -79,14 +79,17 @@ json_t *server_json_text(const char *s, size_t n);
  * kept), decoded after `prev` (-1 for none). */
 json_t *server_token_text(struct server *s, int32_t prev, int32_t id);
 
-/* Runs work(arg) — tokenization, chat rendering — then done(arg, r) on the
- * loop thread, then release(arg). Inline when the body is small
- * (--tokenizer-inline-bytes) or there is no pool; otherwise on the tokenizer
- * pool, and `done` is skipped if the client disconnects meanwhile. work must
- * touch only arg and read-only server state (tokenizer, chat template). */
 /* A job finished after shutdown's grace: answers 503 and returns 1. */
 int server_refuse_late(struct server *s, struct http_request *r);
-void server_offload(struct server *s, struct http_request *r, tok_work_fn work, tok_done_fn done,
+/* Runs work(arg) — tokenization, chat rendering, grammar compilation — then
+ * done(arg, r) on the loop thread, then release(arg). Inline when the body
+ * is small (--tokenizer-inline-bytes) and the job is not `heavy`, or there
+ * is no pool; otherwise on the tokenizer pool, and `done` is skipped if the
+ * client disconnects meanwhile. heavy: the job compiles a grammar (a new
+ * JSON Schema meets the vocabulary in up to seconds: never on the loop).
+ * work must touch only arg and read-only server state (tokenizer, chat
+ * template, the grammar cache). */
+void server_offload(struct server *s, struct http_request *r, int heavy, tok_work_fn work, tok_done_fn done,
                     tok_release_fn release, void *arg);
 
 /* The token ids of a chat body (messages, tools, chat_template_kwargs,

@@ -5,7 +5,7 @@
 // JSON Schemas, JavaScript's RegExp for regular expressions.
 // Usage: node structured.js URL (a server with a chat template)
 'use strict';
-const { test, run, client, post, assert } = require('./lib');
+const { test, run, client, post, metrics, assert } = require('./lib');
 const Ajv = require('ajv');
 
 const url = process.argv[2];
@@ -57,6 +57,27 @@ test('chat response_format json_schema (strict), greedy: valid JSON that ajv acc
   const again = await oa.chat.completions.create({ model: MODEL, messages: MSGS, response_format: RF,
                                                    temperature: 0, max_tokens: 300 });
   assert.strictEqual(again.choices[0].message.content, r.choices[0].message.content);
+});
+
+test('a small request with a constraint compiles its grammar on the tokenizer pool, not the HTTP loop', async () => {
+  // the server runs with the default --tokenizer-inline-bytes: a small
+  // body without a constraint stays on the loop, one with a constraint
+  // goes to the pool (a new schema can take seconds to meet a vocabulary)
+  const jobs = async () => (await metrics(url))['kiln:tokenizer_batch_size_sum'] || 0;
+  const j0 = await jobs();
+  const plain = await post(url, '/v1/completions', { model: MODEL, prompt: 'Lily', max_tokens: 2 });
+  assert.strictEqual(plain.status, 200, plain.text);
+  const j1 = await jobs();
+  assert.strictEqual(j1, j0, 'a small plain request went to the pool');
+  const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 0, maximum: 9 } }, required: ['n'] };
+  const rf = { type: 'json_schema', json_schema: { name: 'n', schema, strict: true } };
+  const r = await post(url, '/v1/completions', { model: MODEL, prompt: 'Lily', max_tokens: 20, response_format: rf });
+  assert.strictEqual(r.status, 200, r.text);
+  assert.ok(JSON.stringify(rf).length < 4096);
+  assert.strictEqual(await jobs(), j1 + 1, 'the constrained request did not go through the pool');
+  const g = await post(url, '/generate', { text: 'Lily', sampling_params: { max_new_tokens: 8, regex: '[ab]{3}' } });
+  assert.strictEqual(g.status, 200, g.text);
+  assert.strictEqual(await jobs(), j1 + 2, '/generate with a regex did not go through the pool');
 });
 
 test('chat json_schema sampled: seeds, n=2, streaming and not, every choice validates', async () => {
