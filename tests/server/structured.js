@@ -157,6 +157,65 @@ test('/generate json_schema (a JSON string, SGLang) and ebnf', async () => {
   assert.ok(/^(yes|no|[1-9][0-9]?)$/.test(g.json.text), JSON.stringify(g.json.text));
 });
 
+// A recursive grammar (the pushdown part: nesting the automaton cannot
+// inline) and a recogniser of its language written by hand.
+const ARITH = 'root ::= expr\n' +
+  'expr ::= term (("+" | "-") term)*\n' +
+  'term ::= factor ("*" factor)*\n' +
+  'factor ::= [0-9] [0-9]? | "(" expr ")" | "[" expr ("," expr)* "]"\n';
+function arithOk(t) {
+  let i = 0;
+  const digits = () => { const s = i; while (i < t.length && i - s < 2 && t[i] >= '0' && t[i] <= '9') i++; return i > s; };
+  const factor = () => {
+    if (t[i] === '(') { i++; if (!expr() || t[i] !== ')') return false; i++; return true; }
+    if (t[i] === '[') {
+      i++;
+      if (!expr()) return false;
+      while (t[i] === ',') { i++; if (!expr()) return false; }
+      if (t[i] !== ']') return false;
+      i++;
+      return true;
+    }
+    return digits();
+  };
+  const term = () => { if (!factor()) return false; while (t[i] === '*') { i++; if (!factor()) return false; } return true; };
+  const expr = () => {
+    if (!term()) return false;
+    while (t[i] === '+' || t[i] === '-') { i++; if (!term()) return false; }
+    return true;
+  };
+  return expr() && i === t.length;
+}
+
+test('a recursive EBNF (/generate ebnf, vLLM guided_grammar): every output is in its language', async () => {
+  assert.ok(arithOk('(1+2)*[3,(4)]-56') && !arithOk('(1+2') && !arithOk('123') && !arithOk('[1,]'), 'the recogniser');
+  // stories260K seldom writes a bracket: a logit_bias towards them (closing
+  // ones more) makes the outputs nest, so the recursion (a call the
+  // automaton cannot inline) is exercised; the grammar alone decides what
+  // is valid, the bias only which valid text is drawn
+  const bias = {};
+  for (const [ch, b] of [['(', 3], ['[', 3], [')', 5], [']', 5]]) {
+    const t = await post(url, '/tokenize', { prompt: ch, add_special_tokens: false });
+    bias[t.json.tokens[t.json.tokens.length - 1]] = b;
+  }
+  const depth = (t) => { let d = 0, m = 0; for (const c of t) { d += '(['.includes(c) ? 1 : ')]'.includes(c) ? -1 : 0; m = Math.max(m, d); } return m; };
+  let deepest = 0;
+  for (const seed of [0, 2, 4, 6, 8, 10]) {
+    const g = await post(url, '/generate', { text: 'Lily', sampling_params: { ebnf: ARITH, temperature: 1, seed,
+                                                                                 max_new_tokens: 256, logit_bias: bias } });
+    assert.strictEqual(g.status, 200, g.text);
+    assert.strictEqual(g.json.meta_info.finish_reason.type, 'stop', JSON.stringify(g.json));
+    assert.ok(arithOk(g.json.text), `${JSON.stringify(g.json.text)} is not in the language`);
+    deepest = Math.max(deepest, depth(g.json.text));
+    const c = await oa.completions.create({ model: MODEL, prompt: 'Lily', max_tokens: 256, temperature: 1, seed,
+                                            logit_bias: bias, guided_grammar: ARITH });
+    assert.strictEqual(c.choices[0].finish_reason, 'stop');
+    assert.ok(arithOk(c.choices[0].text), `guided_grammar: ${JSON.stringify(c.choices[0].text)}`);
+    deepest = Math.max(deepest, depth(c.choices[0].text));
+  }
+  assert.ok(deepest >= 2, `brackets nested at most ${deepest} deep: the recursion was not exercised`);
+});
+
 test('guided_choice: the output is one of the choices (chat and completions, n=3)', async () => {
   const choices = ['red apple', 'blue "sky"', 'green\\tea', 'yellow'];
   const r = await oa.chat.completions.create({ model: MODEL, messages: MSGS, guided_choice: choices, temperature: 1,
