@@ -25,11 +25,20 @@ struct backend_sample_row;
 struct backend_sample_adj;
 struct dummy_part;
 
-/* A weight matrix on the device: [rows][cols] contiguous, in its dtype. */
+/* A weight matrix on the device: [rows][cols] contiguous, in its dtype.
+ * DTYPE_F8_E4M3 (block-quantized checkpoints, DeepSeek-V3 / Qwen3-FP8
+ * format) carries one fp32 scale per block of block_rows x block_cols
+ * elements, row-major over the ceil(rows / block_rows) x ceil(cols /
+ * block_cols) blocks (the last ones may be partial): element (r, c) is
+ * fp8(data[r][c]) * scale[(r / block_rows) * ceil(cols / block_cols) +
+ * c / block_cols], the product rounded to fp32 once. Other dtypes: scale
+ * NULL. */
 struct backend_weight {
     const void *data;
     enum dtype dtype;
     long rows, cols;
+    const float *scale;
+    int block_rows, block_cols;
 };
 
 /* Batch metadata on the device (see model/batch.h for the meaning). */

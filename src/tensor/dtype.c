@@ -59,3 +59,49 @@ uint16_t f32_to_f16(float f) {
     if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
     return (uint16_t)h;
 }
+
+float fp8_e4m3_to_f32(uint8_t v) {
+    uint32_t sign = (uint32_t)(v & 0x80) << 24, exp = (v >> 3) & 0xf, man = v & 7, u;
+    if (exp == 0xf && man == 7) {
+        u = sign | 0x7fc00000u; /* e4m3fn has no infinity: S.1111.111 is NaN */
+    } else if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: man / 8 * 2^-6 */
+            exp = 127 - 7 + 1;
+            while (!(man & 8)) {
+                man <<= 1;
+                exp--;
+            }
+            u = sign | (exp << 23) | ((man & 7) << 20);
+        }
+    } else {
+        u = sign | ((exp + 127 - 7) << 23) | (man << 20);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint8_t f32_to_fp8_e4m3(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7f); /* NaN */
+    /* 448 = 1.75 * 2^8 is the largest finite value; from 464 (the midpoint
+     * to the next step, 480, which is NaN's code) on, saturate */
+    if (a >= 0x43e80000u) return (uint8_t)(sign | 0x7e);
+    int32_t exp = (int32_t)(a >> 23) - 127; /* unbiased */
+    uint32_t man = (a & 0x7fffff) | 0x800000;
+    if (exp < -6) { /* subnormal in e4m3: steps of 2^-9 */
+        if (exp < -10) return sign; /* below half the smallest subnormal */
+        uint32_t shift = (uint32_t)(20 + (-6 - exp)); /* keep man's top (3 - (-6 - exp)) bits */
+        uint32_t q = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (q & 1))) q++;
+        return (uint8_t)(sign | q); /* q == 8 is the smallest normal, exp field 1 */
+    }
+    uint32_t q = (uint32_t)(exp + 7) << 3 | ((man >> 20) & 7), rem = man & 0xfffff;
+    if (rem > 0x80000 || (rem == 0x80000 && (q & 1))) q++;
+    return (uint8_t)(sign | q);
+}

@@ -57,5 +57,11 @@ static inline uint16_t f32_to_bf16(float f) {
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+/* float8 e4m3fn (4 exponent bits, bias 7, no infinities, S.1111.111 NaN,
+ * largest finite 448): exact widening, and rounding to nearest even with
+ * values past 448 saturated to ±448 (what block quantization wants: its
+ * scales keep every value in range). */
+float fp8_e4m3_to_f32(uint8_t v);
+uint8_t f32_to_fp8_e4m3(float f);
 
 #endif
