@@ -95,7 +95,8 @@ int main(int argc, char **argv) {
         long n = 8192, k = 4096, m = 4096;
         uint16_t *wh = xmalloc((size_t)m * k * 2);
         for (long i = 0; i < m * k; i++) wh[i] = f32_to_bf16(frand() * 0.05f);
-        struct backend_weight w = {ops->weight_upload(be->ctx, wh, (size_t)m * k * 2), DTYPE_BF16, m, k};
+        struct backend_weight w = {.data = ops->weight_upload(be->ctx, wh, (size_t)m * k * 2), .dtype = DTYPE_BF16,
+                                   .rows = m, .cols = k};
         float *xh = xmalloc((size_t)n * k * 4);
         for (long i = 0; i < n * k; i++) xh[i] = frand();
         float *x = ops->alloc(be->ctx, (size_t)n * k * 4), *y = ops->alloc(be->ctx, (size_t)n * m * 4);

@@ -170,7 +170,8 @@ static double run_shape(struct backend *base, long rows, long cols, const long *
     }
     struct backend_weight *w = xmalloc((size_t)copies * sizeof *w);
     for (int c = 0; c < copies; c++) {
-        w[c] = (struct backend_weight){ops->weight_upload(base->ctx, h, wbytes), DTYPE_BF16, rows, cols};
+        w[c] = (struct backend_weight){.data = ops->weight_upload(base->ctx, h, wbytes), .dtype = DTYPE_BF16,
+                                       .rows = rows, .cols = cols};
         if (!w[c].data) {
             fprintf(stderr, "out of device memory\n");
             exit(1);

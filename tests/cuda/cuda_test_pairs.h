@@ -111,8 +111,8 @@ static struct wpair weight_rand(enum dtype dt, long rows, long cols, float scale
         else if (dt == DTYPE_F16) ((uint16_t *)h)[i] = f32_to_f16(v);
         else ((float *)h)[i] = v;
     }
-    struct wpair w = {{cpu.ops->weight_upload(cpu.ctx, h, n * es), dt, rows, cols},
-                      {gpu.ops->weight_upload(gpu.ctx, h, n * es), dt, rows, cols}, h};
+    struct wpair w = {{.data = cpu.ops->weight_upload(cpu.ctx, h, n * es), .dtype = dt, .rows = rows, .cols = cols},
+                      {.data = gpu.ops->weight_upload(gpu.ctx, h, n * es), .dtype = dt, .rows = rows, .cols = cols}, h};
     assert_non_null(w.g.data);
     return w;
 }

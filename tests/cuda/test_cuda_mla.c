@@ -87,8 +87,8 @@ static void check_heads(struct backend *be, const char *mode, int H, long rows, 
                         long head_rows, long off_rows, long hx, long hy, long n) {
     struct wpair w = weight_rand(DTYPE_BF16, H * head_rows, cols, 1.0f / sqrtf((float)cols));
     size_t off = (size_t)(off_rows * cols) * 2;
-    struct backend_weight wc = {(const char *)w.c.data + off, DTYPE_BF16, rows, cols},
-                          wg = {(const char *)w.g.data + off, DTYPE_BF16, rows, cols};
+    struct backend_weight wc = {.data = (const char *)w.c.data + off, .dtype = DTYPE_BF16, .rows = rows, .cols = cols},
+                          wg = {.data = (const char *)w.g.data + off, .dtype = DTYPE_BF16, .rows = rows, .cols = cols};
     long w_stride = head_rows * cols, ldx = H * hx, ldy = H * hy;
     struct pair x = pair_rand((size_t)(n * ldx), 1.0f), y = pair_poison((size_t)(n * ldy)),
                 y1 = pair_poison((size_t)(n * ldy));

@@ -146,7 +146,7 @@ static void check_kernel(const struct kcase *t) {
     void *dx = dev_from(x, (size_t)(m * ldx) * 2), *dw = dev_from(w, (size_t)(N * K) * 2);
     float *db = bias ? dev_from(bias, (size_t)N * 4) : NULL;
     float *dy = dev_from(y, (size_t)(m * ldy) * 4);
-    struct backend_weight bw = {dw, t->dt, N, K};
+    struct backend_weight bw = {.data = dw, .dtype = t->dt, .rows = N, .cols = K};
     assert_true(cuda_wgmma_ok(c, &bw, dx, ldx, m));
     long calls = c->wgmma_calls;
     cuda_wgmma_run(c, dy, ldy, dx, ldx, &bw, db, m, t->bn, t->splits);
@@ -244,7 +244,7 @@ static void check_glu(const struct gcase *t) {
     void *dyu = dev_from(init, (size_t)(m * I) * 2); /* cuda_silu16 writes [m][inter] */
     float *dgu = NULL;
     assert_int_equal(cudaMalloc((void **)&dgu, (size_t)(m * N) * 4), cudaSuccess);
-    struct backend_weight bw = {dw, t->dt, N, K};
+    struct backend_weight bw = {.data = dw, .dtype = t->dt, .rows = N, .cols = K};
     assert_true(cuda_wgmma_glu_ok(c, &bw, dx, K, dy, ldy, m));
     cuda_wgmma_glu_run(c, dy, ldy, dx, K, &bw, m, t->bn, t->splits);
     /* the unfused path: the fp32 product, then the SwiGLU kernel */
@@ -326,10 +326,10 @@ static void test_glu_mlp(void **state) {
             struct backend *be = bes[b];
             const struct backend_ops *ops = be->ops;
             struct cuda_ctx *c = be->ctx;
-            struct backend_weight gu = {ops->weight_upload(be->ctx, wgu, (size_t)(2 * inter * d) * 2),
-                                        DTYPE_BF16, 2 * inter, d};
-            struct backend_weight dw = {ops->weight_upload(be->ctx, wd, (size_t)(d * inter) * 2),
-                                        DTYPE_BF16, d, inter};
+            struct backend_weight gu = {.data = ops->weight_upload(be->ctx, wgu, (size_t)(2 * inter * d) * 2),
+                                        .dtype = DTYPE_BF16, .rows = 2 * inter, .cols = d};
+            struct backend_weight dw = {.data = ops->weight_upload(be->ctx, wd, (size_t)(d * inter) * 2),
+                                        .dtype = DTYPE_BF16, .rows = d, .cols = inter};
             float *dh = ops->alloc(be->ctx, (size_t)(n * d) * 4), *ddl = ops->alloc(be->ctx, (size_t)(n * d) * 4);
             float *dx = ops->alloc(be->ctx, (size_t)(n * d) * 4), *dy = ops->alloc(be->ctx, (size_t)(n * d) * 4);
             float *dgu = ops->alloc(be->ctx, (size_t)(n * 2 * inter) * 4), *dnw = ops->alloc(be->ctx, (size_t)d * 4);
@@ -388,7 +388,8 @@ static void check_rope(struct backend *be, long n, int H, int KH, int bias, int 
     size_t cache_bytes = (size_t)(slots * kw) * 2;
     uint16_t *poison = xmalloc(cache_bytes);
     for (size_t i = 0; i < cache_bytes / 2; i++) poison[i] = 0x7fc1; /* a NaN pattern */
-    struct backend_weight bw = {ops->weight_upload(be->ctx, w, (size_t)(N * d) * 2), DTYPE_BF16, N, d};
+    struct backend_weight bw = {.data = ops->weight_upload(be->ctx, w, (size_t)(N * d) * 2), .dtype = DTYPE_BF16,
+                                .rows = N, .cols = d};
     float *dh = ops->alloc(be->ctx, (size_t)(n * d) * 4), *dnw = ops->alloc(be->ctx, (size_t)d * 4),
           *db = ops->alloc(be->ctx, (size_t)N * 4), *dqn = ops->alloc(be->ctx, (size_t)hd * 4),
           *dcs = ops->alloc(be->ctx, (size_t)maxpos * 64 * 2 * 4), *dx = ops->alloc(be->ctx, (size_t)(n * d) * 4);
@@ -519,7 +520,7 @@ static void test_attn_out(void **state) {
         for (long i = 0; i < m * N; i++) y[i] = NAN;
         void *dx = dev_from(x, (size_t)(m * K) * 2), *dw = dev_from(w, (size_t)(N * K) * 2);
         float *dy = dev_from(y, (size_t)(m * N) * 4);
-        struct backend_weight bw = {dw, DTYPE_BF16, N, K};
+        struct backend_weight bw = {.data = dw, .dtype = DTYPE_BF16, .rows = N, .cols = K};
         long calls = c->wgmma_calls;
         int ran = cuda_wgmma_attn_out(c, dy, N, dx, K, &bw, NULL, m);
         assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
@@ -556,7 +557,8 @@ static void check_matmul(struct backend *be, long n, long N, long K, enum dtype 
     float *dx = ops->alloc(be->ctx, (size_t)(n * K) * 4), *dy = ops->alloc(be->ctx, (size_t)(n * N) * 4);
     ops->upload(be->ctx, dx, x, (size_t)(n * K) * 4);
     ops->upload(be->ctx, dy, y, (size_t)(n * N) * 4);
-    struct backend_weight bw = {ops->weight_upload(be->ctx, w, (size_t)(N * K) * 2), dt, N, K};
+    struct backend_weight bw = {.data = ops->weight_upload(be->ctx, w, (size_t)(N * K) * 2), .dtype = dt, .rows = N,
+                                .cols = K};
     assert_non_null(bw.data);
     long calls = c->wgmma_calls;
     ops->matmul(be->ctx, dy, N, dx, K, &bw, NULL, n);

@@ -42,7 +42,7 @@ static void check(const struct backend *be, enum dtype dt, int H, long rows, lon
         else if (dt == DTYPE_F16) ((uint16_t *)w)[i] = f32_to_f16(v);
         else ((float *)w)[i] = v;
     }
-    struct backend_weight wv = {w + (size_t)(off_rows * cols) * es, dt, rows, cols};
+    struct backend_weight wv = {.data = w + (size_t)(off_rows * cols) * es, .dtype = dt, .rows = rows, .cols = cols};
     long w_stride = head_rows * cols, ldx = H * hx, ldy = H * hy;
     float *x = xmalloc((size_t)(n * ldx) * 4), *y = xmalloc((size_t)(n * ldy) * 4),
           *y1 = xmalloc((size_t)(n * ldy) * 4);
