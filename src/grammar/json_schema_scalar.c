@@ -248,6 +248,7 @@ struct bound {
     int has;    /* 0: unbounded */
     double v;
     int excl;
+    const char *key; /* the keyword v came from */
 };
 
 /* minimum / exclusiveMinimum (or the maximum pair, upper = 1) as one
@@ -262,6 +263,7 @@ static int get_bound(struct js_ctx *c, const json_t *s, int upper, struct bound 
         if (!json_is_number(inc)) return kiln_errorf(c->err, "json_schema: '%s' at %s must be a number", inc_key, js_where(c));
         b->has = 1;
         b->v = json_number_value(inc);
+        b->key = inc_key;
     }
     if (exc && json_is_boolean(exc)) {
         if (json_is_true(exc)) {
@@ -276,6 +278,7 @@ static int get_bound(struct js_ctx *c, const json_t *s, int upper, struct bound 
             b->has = 1;
             b->v = v;
             b->excl = 1;
+            b->key = exc_key;
         }
     }
     if (b->has && !isfinite(b->v)) return kiln_errorf(c->err, "json_schema: bad '%s' at %s", inc_key, js_where(c));
@@ -348,9 +351,10 @@ int js_gen_number(struct js_ctx *c, const json_t *s, int integer, struct buf *ou
             hi.v = v, hi.excl = 0;
         }
     } else if ((lo.has && lo.v != floor(lo.v)) || (hi.has && hi.v != floor(hi.v))) {
+        const struct bound *b = lo.has && lo.v != floor(lo.v) ? &lo : &hi;
         return kiln_errorc(c->err, KILN_ERR_UNSUPPORTED,
-                           "json_schema: a 'number' bound that is not an integer at %s is not supported",
-                           js_where(c));
+                           "json_schema: '%s': %g at %s is not supported (a 'number' bound must be an integer)",
+                           b->key, b->v, js_where(c));
     }
     if (lo.has && hi.has && (lo.v > hi.v || (lo.v == hi.v && (lo.excl || hi.excl)))) return JS_NEVER;
     struct buf alts = {0};

@@ -274,7 +274,10 @@ int so_compile(struct so_cache *c, const struct grammar_vocab *v, const struct s
     struct kiln_error err = {0};
     double t0 = time_now();
     g = compile(sp, &err);
-    if (!g) return req_errorf(e, 400, "invalid_value", sp->param, "'%s': %s", sp->param, err.msg);
+    /* a valid schema or pattern kiln cannot constrain: "unsupported" */
+    if (!g)
+        return req_errorf(e, 400, err.code == KILN_ERR_UNSUPPORTED ? "unsupported" : "invalid_value", sp->param,
+                          "'%s': %s", sp->param, err.msg);
     double t1 = time_now();
     if (grammar_prepare(g, v, &err)) {
         grammar_unref(g);

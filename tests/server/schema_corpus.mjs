@@ -359,7 +359,7 @@ for (const { m, entry, mode, res } of results) {
             fail(`${where}: 400 without an OpenAI error body: ${res.text}`);
             continue;
         }
-        if (e.param !== 'response_format.json_schema.schema' ||
+        if (e.param !== 'response_format.json_schema.schema' || e.code !== 'unsupported' ||
             !/json_schema: .*(is not supported|only .* supported)/.test(e.message) ||
             !/ at (the root|\/)/.test(e.message) || !/'[^']+'/.test(e.message)) {
             fail(`${where}: the refusal does not say what is not supported, and where: ${JSON.stringify(e)}`);

@@ -84,7 +84,9 @@ static void test_refusals(void **state) {
                  "'oneOf' at the root is not supported: branches 0 and 1 may both match");
     expect_error("{\"type\": \"array\", \"uniqueItems\": true}", KILN_ERR_UNSUPPORTED, "'uniqueItems'");
     expect_error("{\"type\": \"string\", \"format\": \"hostname\"}", KILN_ERR_UNSUPPORTED, "format 'hostname'");
-    expect_error("{\"type\": \"number\", \"minimum\": 1.5}", KILN_ERR_UNSUPPORTED, "not an integer");
+    expect_error("{\"type\": \"number\", \"minimum\": 1.5}", KILN_ERR_UNSUPPORTED, "'minimum': 1.5 at");
+    expect_error("{\"type\": \"number\", \"minimum\": 1, \"exclusiveMaximum\": 2.5}", KILN_ERR_UNSUPPORTED,
+                 "'exclusiveMaximum': 2.5 at");
     expect_error("{\"type\": \"string\", \"pattern\": \"a\", \"maxLength\": 3}", KILN_ERR_UNSUPPORTED, "only one of");
     expect_error("{\"type\": \"string\", \"pattern\": \"(?=a)\"}", KILN_ERR_UNSUPPORTED,
                  "json_schema: 'pattern' at the root: regex: lookahead is not supported at offset 0");
