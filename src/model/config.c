@@ -394,6 +394,132 @@ static int parse_deepseek(struct model_config *c, const struct jr *r) {
     return 0;
 }
 
+/* ---- quantization_config ---------------------------------------------------- */
+
+/* FNV-1a over bytes, continued from h (start: FNV_OFFSET). */
+#define FNV_OFFSET 0xcbf29ce484222325ull
+static uint64_t fnv1a(uint64_t h, const char *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* modules_to_not_convert / ignored_layers: a list of module names (null:
+ * none). Names only: a regular expression would match other modules than
+ * its spelling, so one is refused rather than half honoured. */
+static int rd_skip_list(struct model_quant *q, const struct jr *r, const char *key) {
+    const json_t *v = field(r, key);
+    if (!v) return 0;
+    if (!json_is_array(v)) return type_error(r, key, "a list of module names", v);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_string(e))
+            return kiln_errorf(r->err, "%s: field '%s%s[%zu]' must be a string, found %s", r->file,
+                               r->prefix, key, i, json_kind(e));
+        const char *s = json_string_value(e);
+        size_t n = json_string_length(e);
+        while (n && s[n - 1] == '.') n--; /* "model.layers.3." names the module too */
+        if (!n || memchr(s, 0, n))
+            return kiln_errorf(r->err, "%s: field '%s%s[%zu]' must be a module name, found '%.64s'",
+                               r->file, r->prefix, key, i, s);
+        for (size_t k = 0; k < n; k++)
+            if (strchr("*?[](){}|^$\\+", s[k]))
+                return kiln_errorf(r->err, "%s: field '%s%s[%zu]' is '%.64s': patterns are not "
+                                           "supported, only module names",
+                                   r->file, r->prefix, key, i, s);
+        if (q->n_skip == MODEL_QUANT_MAX_SKIP)
+            return kiln_errorf(r->err, "%s: field '%s%s' lists more than %d modules", r->file,
+                               r->prefix, key, MODEL_QUANT_MAX_SKIP);
+        q->skip[q->n_skip++] = fnv1a(FNV_OFFSET, s, n);
+    }
+    return 0;
+}
+
+/* quantization_config: FP8 block quantization (DeepSeek-V3, Qwen3-FP8) or
+ * nothing; every other method, format or scheme is refused by name. */
+static int parse_quant(struct model_config *c, const struct jr *top) {
+    struct model_quant *q = &c->quant;
+    const json_t *v = json_object_get(top->obj, "quantization_config");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v)) return type_error(top, "quantization_config", "an object or null", v);
+    struct jr r = {v, top->file, "quantization_config.", top->err};
+    const char *method, *fmt, *act;
+    if (rd_str(&r, "quant_method", &method)) return -1;
+    if (!method) return missing(&r, "quant_method");
+    if (strcmp(method, "fp8"))
+        return kiln_errorf(r.err, "%s: quantization_config.quant_method '%.64s' is not supported "
+                                  "(only fp8: block-quantized float8 e4m3 weights, the DeepSeek-V3 "
+                                  "/ Qwen3-FP8 format)",
+                           r.file, method);
+    if (rd_str(&r, "fmt", &fmt) || rd_str(&r, "activation_scheme", &act)) return -1;
+    if (fmt && strcmp(fmt, "e4m3"))
+        return kiln_errorf(r.err, "%s: quantization_config.fmt '%.64s' is not supported (only "
+                                  "e4m3: float8_e4m3fn weights)",
+                           r.file, fmt);
+    if (act && !strcmp(act, "static"))
+        return kiln_errorf(r.err, "%s: quantization_config.activation_scheme 'static' is not "
+                                  "supported (it needs the checkpoint's activation scales, which "
+                                  "kiln does not read; only dynamic)",
+                           r.file);
+    if (act && strcmp(act, "dynamic"))
+        return kiln_errorf(r.err, "%s: field 'quantization_config.activation_scheme' is '%.64s', "
+                                  "expected dynamic",
+                           r.file, act);
+    const json_t *b = field(&r, "weight_block_size");
+    if (!b)
+        return kiln_errorf(r.err, "%s: field 'quantization_config.weight_block_size' is missing: "
+                                  "per-tensor FP8 scales are not supported (only block scales, "
+                                  "weight_block_size [B0, B1])",
+                           r.file);
+    int bs[2];
+    for (int i = 0; i < 2; i++) {
+        const json_t *e = json_is_array(b) && json_array_size(b) == 2 ? json_array_get(b, (size_t)i) : NULL;
+        if (!e || !json_is_integer(e) || json_integer_value(e) < 1 || json_integer_value(e) > INT_MAX)
+            return kiln_errorf(r.err, "%s: field 'quantization_config.weight_block_size' must be "
+                                      "two positive integers [B0, B1]",
+                               r.file);
+        bs[i] = (int)json_integer_value(e);
+    }
+    q->method = MODEL_QUANT_FP8;
+    q->block_rows = bs[0], q->block_cols = bs[1];
+    if (rd_skip_list(q, &r, "modules_to_not_convert") || rd_skip_list(q, &r, "ignored_layers"))
+        return -1;
+    qsort(q->skip, (size_t)q->n_skip, sizeof q->skip[0], cmp_u64);
+    int n = 0;
+    for (int i = 0; i < q->n_skip; i++)
+        if (!n || q->skip[i] != q->skip[n - 1]) q->skip[n++] = q->skip[i];
+    q->n_skip = n;
+    return 0;
+}
+
+static int skip_has(const struct model_quant *q, uint64_t h) {
+    return bsearch(&h, q->skip, (size_t)q->n_skip, sizeof h, cmp_u64) != NULL;
+}
+
+int model_quant_skips(const struct model_quant *q, const char *name) {
+    if (!q->n_skip) return 0;
+    size_t n = strlen(name);
+    if (n > 7 && !strcmp(name + n - 7, ".weight")) n -= 7;
+    /* the module itself and its ancestors: every prefix ending before a dot */
+    uint64_t h = FNV_OFFSET;
+    size_t done = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n && name[i] != '.') continue;
+        h = fnv1a(h, name + done, i - done);
+        if (skip_has(q, h)) return 1;
+        h = fnv1a(h, ".", 1);
+        done = i + 1;
+    }
+    /* tails after a dot */
+    for (size_t i = 0; i < n; i++)
+        if (name[i] == '.' && skip_has(q, fnv1a(FNV_OFFSET, name + i + 1, n - i - 1))) return 1;
+    return 0;
+}
+
 /* ---- variants -------------------------------------------------------------- */
 
 /* The activation, partial rotary and sliding-window fields. The window is
@@ -527,6 +653,8 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
     if (c->n_experts && c->n_experts_per_tok > c->n_experts)
         return kiln_errorf(err, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
                            file, c->n_experts_per_tok, c->n_experts);
+
+    if (parse_quant(c, &r)) return -1;
 
     int present;
     if (rd_bos(&r, &c->bos_token_id) ||

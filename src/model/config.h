@@ -10,6 +10,7 @@
 #define KILN_MODEL_CONFIG_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tensor/dtype.h"
 
@@ -55,6 +56,31 @@ enum moe_scoring { MOE_SCORING_SOFTMAX = 0, MOE_SCORING_SIGMOID };
 enum moe_topk_method { MOE_TOPK_GREEDY = 0, MOE_TOPK_GROUP_LIMITED, MOE_TOPK_NOAUX_TC };
 
 #define MODEL_MAX_EOS 8
+
+/* Weight quantization: config.json's quantization_config, or what
+ * model_options.quantization made of an unquantized checkpoint at load. */
+enum model_quant_method { MODEL_QUANT_NONE = 0, MODEL_QUANT_FP8 };
+
+/* Module names quantization_config lists as not converted, at most (real
+ * FP8 checkpoints list up to about a thousand: every layer's norms, router
+ * and gates). */
+#define MODEL_QUANT_MAX_SKIP 4096
+
+/* FP8 block quantization as DeepSeek-V3 and Qwen3-FP8 write it:
+ * quant_method "fp8", fmt "e4m3" (or absent), activation_scheme "dynamic"
+ * (or absent), weight_block_size [B0, B1]. A projection stored as
+ * F8_E4M3 `<name>` has its fp32 (or bf16/f16) block scales in
+ * `<name>_scale_inv`, [ceil(rows / B0)][ceil(cols / B1)] (struct
+ * backend_weight). Other methods, formats and static activation scales
+ * are refused by the parser. */
+struct model_quant {
+    enum model_quant_method method;
+    int block_rows, block_cols;   /* weight_block_size [B0, B1] */
+    /* modules_to_not_convert and ignored_layers together: the names'
+     * 64-bit FNV-1a hashes, sorted, without repeats (model_quant_skips) */
+    int n_skip;
+    uint64_t skip[MODEL_QUANT_MAX_SKIP];
+};
 
 struct model_config {
     enum model_arch arch;
@@ -115,6 +141,8 @@ struct model_config {
     int bos_token_id;                    /* -1 when null/absent */
     int n_eos;
     int eos_token_ids[MODEL_MAX_EOS];
+
+    struct model_quant quant;            /* quantization_config; method NONE when absent */
 };
 
 struct generation_config {
@@ -140,6 +168,13 @@ int generation_config_load(struct generation_config *gc, const char *path,
 int generation_config_parse(struct generation_config *gc, const char *text, size_t len,
                             const char *file, const struct model_config *cfg,
                             struct kiln_error *err);
+
+/* 1 when quantization_config lists module `name` as not converted (a
+ * tensor name's ".weight" is dropped first): an entry equal to it, to one
+ * of its ancestors ("model.layers.3.mlp" covers "model.layers.3.mlp.gate")
+ * or to a tail of its dotted path ("mlp.gate", "lm_head"), as transformers
+ * matches them. */
+int model_quant_skips(const struct model_quant *q, const char *name);
 
 /* Whether layer `l` has a mixture-of-experts MLP. */
 int model_config_layer_is_moe(const struct model_config *cfg, int layer);

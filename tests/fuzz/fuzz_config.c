@@ -1,6 +1,7 @@
 /* fuzz_config.c — arbitrary bytes as config.json, then as
  * generation_config.json over the result: parse or fail with a message, and
- * a parsed config must satisfy what the model code relies on. */
+ * a parsed config must satisfy what the model code relies on (its
+ * quantization_config's module list is matched against a few names). */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -30,6 +31,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int n = cfg.n_layers < 4096 ? cfg.n_layers : 4096;
         for (int l = -1; l <= n; l++) (void)model_config_layer_is_moe(&cfg, l);
         (void)model_arch_name(cfg.arch);
+        KILN_ASSERT(cfg.quant.n_skip >= 0 && cfg.quant.n_skip <= MODEL_QUANT_MAX_SKIP);
+        KILN_ASSERT(cfg.quant.method == MODEL_QUANT_NONE ||
+                    (cfg.quant.block_rows > 0 && cfg.quant.block_cols > 0));
+        static const char *const names[] = {"lm_head.weight", "model.layers.0.mlp.gate.weight", "", ".",
+                                            "a..b.weight", "model.layers.1.self_attn.q_proj"};
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+            (void)model_quant_skips(&cfg.quant, names[i]);
     } else {
         KILN_ASSERT(err.msg[0] != 0);
     }
