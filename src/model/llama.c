@@ -83,7 +83,7 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
     for (int i = 0; i < 3; i++)
         snprintf(names[i], sizeof names[i], "model.layers.%d.self_attn.%s.weight", l, proj[i]);
     if (ws_matrix_cat(ws, np, qkv_rows, 3, d, &a->wqkv, parts, err) ||
-        ws_matrix(ws, P("o_proj.weight"), d, qw, &a->wo, err))
+        ws_proj(ws, P("o_proj.weight"), d, qw, &a->wo, err))
         return -1;
     a->wq = parts[0], a->wk = parts[1], a->wv = parts[2];
     if (c->attention_bias) {
@@ -145,7 +145,7 @@ int dense_load(struct weight_source *ws, const char *prefix, long inter, struct 
     snprintf(gu[0], sizeof gu[0], "%s.gate_proj.weight", prefix);
     snprintf(gu[1], sizeof gu[1], "%s.up_proj.weight", prefix);
     if (ws_matrix_cat(ws, np, rows, 2, d, &dm->gate_up, parts, err) ||
-        ws_matrix(ws, P("down_proj.weight"), d, inter, &dm->down, err))
+        ws_proj(ws, P("down_proj.weight"), d, inter, &dm->down, err))
         return -1;
     dm->gate = parts[0], dm->up = parts[1];
 #undef P

@@ -73,6 +73,12 @@ static int load_weights(struct model *m, struct weight_source *ws, struct kiln_e
     const struct model_config *c = &m->cfg;
     long d = c->hidden_size, V = c->vocab_size;
     if (ws_matrix(ws, "model.embed_tokens.weight", V, d, &m->embed, err)) return -1;
+    if (m->embed.dtype == DTYPE_F8_E4M3) {
+        const struct st_tensor *t = st_find(&m->st, "model.embed_tokens.weight");
+        return kiln_errorf(err, "%s: tensor 'model.embed_tokens.weight' is FP8: the embedding table "
+                                "must be BF16, F16 or F32",
+                           t ? m->st.paths[t->file] : "model.safetensors");
+    }
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
     } else if (ws_matrix(ws, "lm_head.weight", V, d, &m->lm_head, err)) {
@@ -92,6 +98,44 @@ static int load_weights(struct model *m, struct weight_source *ws, struct kiln_e
     return 0;
 }
 
+static int quant_option(const struct model_options *opt, struct kiln_error *err) {
+    const char *q = opt ? opt->quantization : NULL;
+    if (!q || !*q || !strcmp(q, "fp8")) return 0;
+    return kiln_errorf(err, "--quantization '%.64s' is not supported (only fp8: FP8 e4m3 weights "
+                            "with 128x128 block scales, made at load)",
+                       q);
+}
+
+/* What --quantization fp8 makes of the weights: every projection not
+ * already FP8 becomes FP8 at load unless quantization_config lists it as
+ * not converted, in the config's blocks, else 128x128. So an FP8
+ * checkpoint stays as it is (its unquantized projections are those it
+ * lists), a bf16 one or dummy weights become FP8. Dummy weights without
+ * the option are never FP8: cfg.quant then says none. */
+static int quant_setup(struct model *m, struct weight_source *ws, const struct model_options *opt,
+                       struct kiln_error *err) {
+    struct model_quant *q = &m->cfg.quant;
+    if (quant_option(opt, err)) return -1;
+    if (!(opt && opt->quantization && *opt->quantization)) {
+        if (!ws->st && q->method != MODEL_QUANT_NONE) {
+            log_info("dummy weights: unquantized (--quantization fp8 makes them FP8 as config.json's "
+                     "quantization_config says)");
+            memset(q, 0, sizeof *q);
+        }
+        return 0;
+    }
+    if (!m->be->ops->fp8_weights)
+        return kiln_errorf(err, "--quantization fp8: the %s backend does not run FP8 weights yet; use "
+                                "--device cpu",
+                           m->be->ops->name);
+    if (q->method == MODEL_QUANT_NONE) {
+        q->method = MODEL_QUANT_FP8;
+        q->block_rows = q->block_cols = 128;
+    }
+    m->quantize_online = 1;
+    return 0;
+}
+
 static int finish_load(struct model *m, struct weight_source *ws, const struct model_options *opt,
                        struct kiln_error *err) {
     const struct model_config *c = &m->cfg;
@@ -105,7 +149,7 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     const struct backend_ops *ops = m->be->ops;
     m->defer_uploads = opt && opt->defer_weights && ops->weight_upload_later &&
                        ops->weights_finish && !ops->weights_in_place;
-    if (load_weights(m, ws, err) || moe_finish_load(m, err)) return -1;
+    if (quant_setup(m, ws, opt, err) || load_weights(m, ws, err) || moe_finish_load(m, err)) return -1;
 
     m->rope_dim = m->fam->rope_dim(c);
     float *table = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));
@@ -147,6 +191,7 @@ int model_load(struct model **out, const char *dir, struct backend *be,
     int rc = model_config_load(&cfg, cfg_path, err);
     free(cfg_path);
     if (rc) return -1;
+    if (quant_option(opt, err)) return -1;
     if (opt && opt->load_format && !strcmp(opt->load_format, "dummy"))
         return model_load_dummy(out, &cfg, be, opt, err);
     if (is_json)

@@ -52,6 +52,15 @@ struct model_options {
     enum model_routing dummy_routing; /* benchmarks; any weights, with a warning */
     /* Benchmarks: reserve touched-expert counts (model_moe_count_set) */
     int moe_count;
+    /* NULL or "fp8" (SGLang's --quantization): the attention and MLP
+     * projections not already FP8 (all of an unquantized checkpoint, or
+     * of dummy weights) become FP8 with 128x128 block scales at load (a
+     * config whose quantization_config is fp8: its blocks), except what
+     * quantization_config lists as not converted; embeddings, lm_head,
+     * norms and routers stay as they are. An FP8 checkpoint is loaded as
+     * it is. The backend must run FP8 (backend_ops.fp8_weights). Without
+     * the option, dummy weights are never FP8. */
+    const char *quantization;
 };
 
 int model_load(struct model **out, const char *dir, struct backend *be,

@@ -16,6 +16,8 @@ struct weight_source {
     struct model *m;   /* owner of converted / generated host buffers */
     const void *last_host; /* host bytes of the last matrix ws_matrix loaded (NULL: made on
                               the device; ws_last_host makes them) */
+    const float *last_scale; /* ... its host fp32 block scales when FP8, else NULL (valid for
+                                the model's life) */
     uint64_t last_tensor;  /* ... its dummy tensor index, elements and columns */
     size_t last_n;
     long last_cols;
@@ -128,6 +130,9 @@ struct model {
     int max_batch_tokens, max_seqs, max_context;
     size_t weight_bytes;
     int defer_uploads;   /* model_options.defer_weights and the backend can */
+    int quantize_online; /* model_options.quantization fp8: ws_proj and ws_matrix_cat make
+                            FP8 of projections not FP8 already (cfg.quant says the blocks
+                            and the modules left alone) */
     int weights_pending; /* copies queued by weight_upload_later not yet waited for */
 
     struct backend_weight embed, lm_head;
@@ -198,20 +203,38 @@ int family_check_common(const struct model_config *c, const char *file, struct k
 /* The residual add + norm in front of layer l's attention (w = its norm). */
 struct backend_norm layer_norm_in(const struct fwd *f, int l, const float *w);
 
-/* weights.c */
+/* weights.c. A matrix keeps its checkpoint dtype: BF16, F16, F32, or
+ * F8_E4M3 with its `<name>_scale_inv` block scales where config.json's
+ * quantization_config says fp8 (out->scale, block_rows, block_cols; the
+ * backend must have fp8_weights). ws_matrix loads matrices that online
+ * quantization leaves alone (embeddings, lm_head, routers, gates);
+ * ws_proj loads an attention or MLP projection, which under
+ * model_options.quantization fp8 becomes FP8 with 128x128 blocks unless
+ * quantization_config lists it as not converted. */
 int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
               struct backend_weight *out, struct kiln_error *err);
+int ws_proj(struct weight_source *ws, const char *name, long rows, long cols,
+            struct backend_weight *out, struct kiln_error *err);
+/* The FP8 layout of w[rows][cols] (dtype BF16, F16 or F32) in blocks of
+ * br x bc, as scripts/oracle/make_fp8_oracle.py makes it: per block,
+ * scale = max(max |w|, 1e-12) / 448 and q = f32_to_fp8_e4m3(w / scale)
+ * (so the block's largest element becomes ±448 exactly). q[rows][cols],
+ * scale[ceil(rows / br)][ceil(cols / bc)]. */
+void fp8_quantize_blocks(const void *w, enum dtype dt, long rows, long cols, int br, int bc,
+                         uint8_t *q, float *scale);
 /* fp32 vector on the device; `fill` is the dummy value (NAN = random). */
 int ws_vector(struct weight_source *ws, const char *name, long len, float fill, const float **out,
               struct kiln_error *err);
-/* Matrices of `count` tensors stacked by rows into one device matrix `out`
- * (all of one dtype), with `parts[i]` the views of each; the products of a
- * layer that read the same input become one (q|k|v, gate|up). */
 /* y = x · catᵀ, where cat stacks parts[0..count) by rows; with weights kept
  * in place (cat->data NULL) the parts run one by one into the same columns. */
 void model_matmul_cat(struct model *m, float *y, long ldy, const float *x, long ldx,
                       const struct backend_weight *cat, const struct backend_weight *parts,
                       int count, const float *bias, long n);
+/* Matrices of `count` tensors stacked by rows into one device matrix `out`
+ * (all of one dtype), with `parts[i]` the views of each; the products of a
+ * layer that read the same input become one (q|k|v, gate|up). They are
+ * projections (ws_proj). FP8 parts: on in-place backends (the CPU) only,
+ * for now. */
 int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows, int count,
                   long cols, struct backend_weight *out, struct backend_weight *parts,
                   struct kiln_error *err);

@@ -36,11 +36,11 @@ int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struc
     moe->down = model_own(m, xcalloc((size_t)E, sizeof *moe->down));
     for (long e = 0; e < E; e++) {
         snprintf(name, sizeof name, "%s.experts.%ld.gate_proj.weight", prefix, e);
-        if (ws_matrix(ws, name, F, d, &moe->gate[e], err)) return -1;
+        if (ws_proj(ws, name, F, d, &moe->gate[e], err)) return -1;
         snprintf(name, sizeof name, "%s.experts.%ld.up_proj.weight", prefix, e);
-        if (ws_matrix(ws, name, F, d, &moe->up[e], err)) return -1;
+        if (ws_proj(ws, name, F, d, &moe->up[e], err)) return -1;
         snprintf(name, sizeof name, "%s.experts.%ld.down_proj.weight", prefix, e);
-        if (ws_matrix(ws, name, d, F, &moe->down[e], err)) return -1;
+        if (ws_proj(ws, name, d, F, &moe->down[e], err)) return -1;
     }
     moe->experts = (struct moe_experts){.n_experts = (int)E, .hidden = (int)d, .inter = (int)F,
                                         .gate = moe->gate, .up = moe->up, .down = moe->down};

@@ -1,8 +1,11 @@
 /* weights.c — getting weights onto the backend, from a checkpoint or, for
  * speed work, random ("dummy") values. Matrices keep their checkpoint
- * dtype; 1-D tensors (norms, biases) are widened to fp32 once, they are
- * tiny and read often. */
+ * dtype (FP8 ones with their block scales, widened to fp32), or become FP8
+ * at load under --quantization fp8; 1-D tensors (norms, biases) are
+ * widened to fp32 once, they are tiny and read often. */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,19 +115,176 @@ const void *ws_last_host(struct weight_source *ws) {
     return ws->last_host = buf;
 }
 
-int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
-              struct backend_weight *out, struct kiln_error *err) {
+/* ---- FP8 --------------------------------------------------------------- */
+
+static long ceil_div(long a, long b) { return (a + b - 1) / b; }
+
+static float elem_f32(const void *w, enum dtype dt, size_t i) {
+    uint16_t h;
+    float f;
+    switch (dt) {
+    case DTYPE_BF16: memcpy(&h, (const char *)w + 2 * i, 2); return bf16_to_f32(h);
+    case DTYPE_F16: memcpy(&h, (const char *)w + 2 * i, 2); return f16_to_f32(h);
+    default: memcpy(&f, (const char *)w + 4 * i, 4); return f;
+    }
+}
+
+void fp8_quantize_blocks(const void *w, enum dtype dt, long rows, long cols, int br, int bc,
+                         uint8_t *q, float *scale) {
+    long nbc = ceil_div(cols, bc);
+    float *x = xmalloc((size_t)br * (size_t)cols * sizeof *x); /* one row of blocks, widened */
+    for (long r0 = 0; r0 < rows; r0 += br) {
+        long nr = r0 + br < rows ? br : rows - r0;
+        float *s = scale + (r0 / br) * nbc;
+        for (long i = 0; i < nr * cols; i++) x[i] = elem_f32(w, dt, (size_t)(r0 * cols + i));
+        for (long j = 0, c0 = 0; j < nbc; j++, c0 += bc) {
+            long c1 = c0 + bc < cols ? c0 + bc : cols;
+            float amax = 0;
+            for (long r = 0; r < nr; r++)
+                for (long c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(x[r * cols + c]));
+            s[j] = fmaxf(amax, 1e-12f) / 448.0f;
+            for (long r = 0; r < nr; r++)
+                for (long c = c0; c < c1; c++)
+                    q[(r0 + r) * cols + c] = f32_to_fp8_e4m3(x[r * cols + c] / s[j]);
+        }
+    }
+    free(x);
+}
+
+static int fp8_backend_refused(const struct model *m, const char *file, const char *name,
+                               struct kiln_error *err) {
+    return kiln_errorf(err, "%s: tensor '%s' is FP8 (quantization_config fp8): the %s backend does "
+                            "not run FP8 weights yet; use --device cpu",
+                       file, name, m->be->ops->name);
+}
+
+/* A 2-D F8_E4M3 tensor of the checkpoint: only under an fp8
+ * quantization_config, on a backend that runs FP8. */
+static int fp8_allowed(const struct model *m, const char *file, const char *name,
+                       struct kiln_error *err) {
+    if (m->cfg.quant.method != MODEL_QUANT_FP8)
+        return kiln_errorf(err, "%s: tensor '%s' is F8_E4M3 but config.json has no fp8 "
+                                "quantization_config (its block scales and their layout)",
+                           file, name);
+    if (!m->be->ops->fp8_weights) return fp8_backend_refused(m, file, name, err);
+    return 0;
+}
+
+static void shape_str(const struct st_tensor *t, char *buf, size_t size) {
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < t->ndim && n < size; d++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+}
+
+/* Uploads host fp32 scales that live as long as the model and fills out's
+ * scale fields. */
+static int upload_scales(struct weight_source *ws, const float *host, size_t n, const char *name,
+                         struct backend_weight *out, struct kiln_error *err) {
+    struct model *m = ws->m;
+    const void *h = host;
+    size_t bytes = n * 4;
+    out->scale = upload_stable(m, &h, &bytes, 1);
+    if (!out->scale)
+        return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the scales of '%s'", name);
+    out->block_rows = m->cfg.quant.block_rows;
+    out->block_cols = m->cfg.quant.block_cols;
+    ws->last_scale = host;
+    m->weight_bytes += bytes;
+    return 0;
+}
+
+/* The block scales of FP8 tensor `name` [rows][cols]: `<name>_scale_inv`,
+ * [ceil(rows / B0)][ceil(cols / B1)], F32 (BF16 and F16 widened), finite. */
+static int load_scales(struct weight_source *ws, const char *name, const char *file, long rows,
+                       long cols, struct backend_weight *out, struct kiln_error *err) {
+    struct model *m = ws->m;
+    const struct model_quant *q = &m->cfg.quant;
+    char sname[512], have[96];
+    if ((size_t)snprintf(sname, sizeof sname, "%s_scale_inv", name) >= sizeof sname)
+        return kiln_errorf(err, "%s: tensor name '%.64s...' is too long", file, name);
+    const struct st_tensor *s = st_find(ws->st, sname);
+    if (!s)
+        return kiln_errorf(err, "%s: tensor '%s' is FP8 but its block scales '%s' are missing", file,
+                           name, sname);
+    const char *sfile = ws->st->paths[s->file];
+    long nbr = ceil_div(rows, q->block_rows), nbc = ceil_div(cols, q->block_cols);
+    if (s->ndim != 2 || s->shape[0] != nbr || s->shape[1] != nbc) {
+        shape_str(s, have, sizeof have);
+        return kiln_errorf(err, "%s: tensor '%s' has shape %s, expected [%ld, %ld]: one scale per "
+                                "%dx%d block (quantization_config weight_block_size) of '%s' [%ld, %ld]",
+                           sfile, sname, have, nbr, nbc, q->block_rows, q->block_cols, name, rows,
+                           cols);
+    }
+    if (s->dtype != DTYPE_F32 && s->dtype != DTYPE_BF16 && s->dtype != DTYPE_F16)
+        return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected F32, BF16 or F16 (the block "
+                                "scales of '%s')",
+                           sfile, sname, dtype_name(s->dtype), name);
+    size_t n = (size_t)nbr * (size_t)nbc;
+    const float *host = s->data;
+    if (s->dtype != DTYPE_F32 || ((uintptr_t)s->data & 3)) {
+        float *f = model_own(m, xaligned_alloc(n * 4));
+        for (size_t i = 0; i < n; i++) f[i] = elem_f32(s->data, s->dtype, i);
+        host = f;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(host[i]))
+            return kiln_errorf(err, "%s: tensor '%s' has a non-finite scale (%g) at block [%zu, %zu]",
+                               sfile, sname, (double)host[i], i / (size_t)nbc, i % (size_t)nbc);
+    return upload_scales(ws, host, n, name, out, err);
+}
+
+/* Online quantization: w[rows][cols] (dtype dt, host) becomes FP8 in
+ * cfg.quant's blocks, in buffers the model owns. */
+static int quantize_upload(struct weight_source *ws, const char *name, const void *w, enum dtype dt,
+                           long rows, long cols, struct backend_weight *out,
+                           struct kiln_error *err) {
+    struct model *m = ws->m;
+    const struct model_quant *q = &m->cfg.quant;
+    size_t n = (size_t)rows * (size_t)cols;
+    size_t nb = (size_t)ceil_div(rows, q->block_rows) * (size_t)ceil_div(cols, q->block_cols);
+    uint8_t *qd = aligned_alloc(64, (n + 63) & ~(size_t)63);
+    if (!qd) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for tensor '%s' (%zu bytes)", name, n);
+    model_own(m, qd);
+    float *sc = model_own(m, xaligned_alloc(nb * 4));
+    fp8_quantize_blocks(w, dt, rows, cols, q->block_rows, q->block_cols, qd, sc);
+    const void *h = qd;
+    out->data = upload_stable(m, &h, &n, 1);
+    if (!out->data) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
+    out->dtype = DTYPE_F8_E4M3;
+    out->rows = rows;
+    out->cols = cols;
+    m->weight_bytes += n;
+    ws->last_host = qd;
+    return upload_scales(ws, sc, nb, name, out, err);
+}
+
+/* ---- matrices ------------------------------------------------------------- */
+
+static int load_matrix(struct weight_source *ws, const char *name, long rows, long cols, int proj,
+                       struct backend_weight *out, struct kiln_error *err) {
     struct model *m = ws->m;
     const void *host;
     size_t bytes;
     enum dtype dt;
+    int quantize = proj && m->quantize_online && !model_quant_skips(&m->cfg.quant, name);
+    *out = (struct backend_weight){0};
+    ws->last_scale = NULL;
     if (ws->st) {
         const struct st_tensor *t;
         int64_t shape[2] = {rows, cols};
         if (st_expect(ws->st, name, 2, shape, &t, err)) return -1;
-        if (t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16 && t->dtype != DTYPE_F32)
-            return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
-                               ws->st->paths[t->file], name, dtype_name(t->dtype));
+        const char *file = ws->st->paths[t->file];
+        int fp8 = m->cfg.quant.method == MODEL_QUANT_FP8;
+        if (t->dtype == DTYPE_F8_E4M3) {
+            if (fp8_allowed(m, file, name, err) || load_scales(ws, name, file, rows, cols, out, err))
+                return -1;
+        } else if (t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16 && t->dtype != DTYPE_F32) {
+            return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s", file, name,
+                               dtype_name(t->dtype), fp8 ? "BF16, F16, F32 or F8_E4M3" : "BF16, F16 or F32");
+        } else if (quantize) {
+            return quantize_upload(ws, name, t->data, t->dtype, rows, cols, out, err);
+        }
         host = t->data;
         bytes = t->nbytes;
         dt = t->dtype;
@@ -134,14 +294,19 @@ int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
         bytes = n * es;
         struct dummy_part p = dummy_next(ws, n, cols, dt);
         ws->last_tensor = p.tensor, ws->last_n = n, ws->last_cols = cols;
-        if ((out->data = dummy_on_device(m, &p, 1))) {
+        if (!quantize && (out->data = dummy_on_device(m, &p, 1))) {
             ws->last_host = NULL; /* ws_last_host makes them when asked */
             goto done;
         }
         unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
         if (!buf) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for dummy tensor '%s' (%zu bytes)", name, bytes);
-        model_own(m, buf);
         fill_dummy(&p, buf);
+        if (quantize) { /* the same values as unquantized, then FP8 */
+            int rc = quantize_upload(ws, name, buf, dt, rows, cols, out, err);
+            free(buf);
+            return rc;
+        }
+        model_own(m, buf);
         host = buf;
     }
     ws->last_host = host; /* the mapping or a buffer the model owns */
@@ -153,6 +318,16 @@ done:
     out->cols = cols;
     m->weight_bytes += bytes;
     return 0;
+}
+
+int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
+              struct backend_weight *out, struct kiln_error *err) {
+    return load_matrix(ws, name, rows, cols, 0, out, err);
+}
+
+int ws_proj(struct weight_source *ws, const char *name, long rows, long cols,
+            struct backend_weight *out, struct kiln_error *err) {
+    return load_matrix(ws, name, rows, cols, 1, out, err);
 }
 
 /* Fills v[len] with the fp32 values of vector `name` (or dummy values). */
@@ -277,12 +452,18 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
          * the parts one after the other into the same output layout. */
         long total = 0;
         for (int i = 0; i < count; i++) {
-            if (ws_matrix(ws, names[i], rows[i], cols, &parts[i], err)) return -1;
+            if (ws_proj(ws, names[i], rows[i], cols, &parts[i], err)) return -1;
             total += rows[i];
         }
         *out = (struct backend_weight){.data = NULL, .dtype = parts[0].dtype, .rows = total, .cols = cols};
         return 0;
     }
+    /* One copy of the stack: FP8 parts would need their scale rows
+     * stacked too (and whole blocks per part); not yet. */
+    if (m->quantize_online)
+        return kiln_errorf(err, "--quantization fp8: stacked FP8 matrices ('%s' ...) are not "
+                                "supported on the %s backend yet; use --device cpu",
+                           names[0], m->be->ops->name);
     enum dtype dt = dummy_dtype(m);
     long total = 0;
     for (int i = 0; i < count; i++) {
@@ -290,6 +471,13 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
         if (!ws->st) continue;
         int64_t shape[2] = {rows[i], cols};
         if (st_expect(ws->st, names[i], 2, shape, &t[i], err)) return -1;
+        if (t[i]->dtype == DTYPE_F8_E4M3) {
+            const char *file = ws->st->paths[t[i]->file];
+            if (fp8_allowed(m, file, names[i], err)) return -1;
+            return kiln_errorf(err, "%s: tensor '%s' is FP8: stacked FP8 matrices are not supported "
+                                    "on the %s backend yet; use --device cpu",
+                               file, names[i], m->be->ops->name);
+        }
         if (i == 0) dt = t[0]->dtype;
         if (t[i]->dtype != dt || (dt != DTYPE_BF16 && dt != DTYPE_F16 && dt != DTYPE_F32))
             return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s like '%s'",

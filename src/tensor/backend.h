@@ -176,6 +176,11 @@ struct backend_ops {
      * the host pointer): weights must stay zero-copy views of the mmapped
      * checkpoint, so the model does not stack them into new buffers. */
     int weights_in_place;
+    /* The backend's matmul (and the layer-level products built on it) and
+     * moe_ffn take DTYPE_F8_E4M3 weights with block scales (struct
+     * backend_weight); the model refuses to load FP8 weights (an FP8
+     * checkpoint, --quantization fp8) on a backend without. */
+    int fp8_weights;
     void (*destroy)(void *ctx);
     /* Reserves scratch for batches of up to max_tokens rows and contexts of up
      * to max_context positions; called once before the first forward. */
