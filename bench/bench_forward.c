@@ -32,7 +32,9 @@
  *   bench_forward --model DIR|config.json [--load-format dummy] [--prompt-len 128]
  *                 [--decode 32] [--batch 1] [--threads N] [--device cpu] [--repeat 3]
  *                 [--no-graphs] [--logits] [--both] [--prefill-batch]
- *                 [--dummy-routing model|uniform]
+ *                 [--dummy-routing model|uniform] [--quantization fp8]
+ *
+ * --quantization fp8 times FP8 weights (model_options.quantization).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,7 +156,7 @@ static int count_moe(struct runner *run, struct model *m, const struct seqs *q, 
 }
 
 int main(int argc, char **argv) {
-    const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128";
+    const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128", *quant = NULL;
     int prompt_len = 0, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
     int deterministic = 0, pps[16], n_pp = 0, want_logits = 0, both = 0, prefill_batch = 0;
     const char *routing_name = "model";
@@ -163,6 +165,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--model")) model_dir = v, i++;
         else if (!strcmp(a, "--load-format")) format = v, i++;
+        else if (!strcmp(a, "--quantization")) quant = v, i++;
         else if (!strcmp(a, "--device")) device = v, i++;
         else if (!strcmp(a, "--prompt-len")) pp_list = v, i++;
         else if (!strcmp(a, "--deterministic")) deterministic = 1;
@@ -197,7 +200,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!model_dir || n_pp == 0 || n_decode < 0 || repeat < 1 || batch < 1) {
-        fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] "
+        fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] [--quantization fp8] "
                         "[--prompt-len N[,N...]] [--decode N] [--batch N] [--threads N] [--repeat N] "
                         "[--no-graphs] [--deterministic] [--logits] [--both] [--prefill-batch] "
                         "[--dummy-routing model|uniform]\n");
@@ -215,7 +218,7 @@ int main(int argc, char **argv) {
     struct backend_options bo = {.n_threads = threads, .deterministic = deterministic};
     if (backend_create(&be, device, &bo, &err)) goto fail;
     int ctx = prompt_len + n_decode + 1;
-    struct model_options mo = {.load_format = format,
+    struct model_options mo = {.load_format = format, .quantization = quant,
                                .max_batch_tokens = prefill_batch ? prompt_len * batch
                                                    : prompt_len > batch ? prompt_len : batch,
                                .max_seqs = batch, .max_context = ctx, .dummy_routing = routing,

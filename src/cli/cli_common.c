@@ -47,6 +47,10 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
     const struct cli_opt t[] = {
         CLI_OPT_STR("--device", &a->device, "auto|cpu|cuda", "default auto: the GPU when one is found ($KILN_DEVICE)"),
         CLI_OPT_STR("--load-format", &a->load_format, "auto|dummy", "dummy: random weights, no safetensors read"),
+        CLI_OPT_STR("--quantization", &a->quantization, "fp8",
+                    "fp8: attention and MLP projections become FP8 (e4m3, 128x128 block\n"
+                    "scales) at load, dummy weights too; FP8 checkpoints load as FP8\n"
+                    "without it (CPU only for now)"),
         CLI_OPT_INT("--threads", &a->threads, 1, 1024, "N", "CPU threads (default: the cores)"),
         CLI_OPT_INT("--page-size", &a->page_size, 1, 4096, "N", "tokens per KV page (default 1)"),
         CLI_OPT_FLAG("--deterministic", &a->deterministic, "a request's results do not depend on the batch (GPU)"),
@@ -70,6 +74,10 @@ int model_args_finish(struct model_args *a, const char *cmd, const char *positio
         return 2;
     }
     a->dummy_routing = (int)routing;
+    if (a->quantization && strcmp(a->quantization, "fp8")) {
+        fprintf(stderr, "kiln %s: --quantization '%s': only fp8 is supported\n", cmd, a->quantization);
+        return 2;
+    }
     if (positional) {
         if (a->model && strcmp(a->model, positional)) {
             fprintf(stderr, "kiln %s: the model is given twice: '%s' and --model '%s'\n", cmd, positional, a->model);

@@ -335,6 +335,7 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.model_dir = o.engine.model_dir;
         eo.device = o.engine.device;
         eo.load_format = o.engine.load_format;
+        eo.quantization = o.engine.quantization;
         eo.threads = o.engine.threads;
         eo.deterministic = o.engine.deterministic;
         eo.page_size = o.engine.page_size;

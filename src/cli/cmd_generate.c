@@ -100,7 +100,8 @@ int cmd_generate(int argc, char **argv) {
     float *logits = NULL;
     struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic};
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
-    struct model_options mo = {.load_format = ma.load_format, .no_shared_expert_fusion = ma.no_shared_fusion,
+    struct model_options mo = {.load_format = ma.load_format, .quantization = ma.quantization,
+                               .no_shared_expert_fusion = ma.no_shared_fusion,
                                .dummy_routing = (enum model_routing)ma.dummy_routing,
                                .max_batch_tokens = n_prompt,
                                .max_seqs = 1};

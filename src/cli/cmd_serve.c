@@ -185,6 +185,7 @@ int cmd_serve(int argc, char **argv) {
     so.max_queued_requests = eo.max_queued_requests;
     eo.device = ma.device;
     eo.load_format = ma.load_format;
+    eo.quantization = ma.quantization;
     eo.threads = ma.threads;
     eo.deterministic = ma.deterministic;
     eo.no_shared_expert_fusion = ma.no_shared_fusion;

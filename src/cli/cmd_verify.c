@@ -284,7 +284,8 @@ int cmd_verify(int argc, char **argv) {
         pages += (v.seqs[i].len + v.page_size - 1) / v.page_size;
         v.seqs[i].pages = xmalloc((size_t)(v.seqs[i].len / v.page_size + 2) * 4);
     }
-    struct model_options mo = {.load_format = ma.load_format, .no_shared_expert_fusion = ma.no_shared_fusion,
+    struct model_options mo = {.load_format = ma.load_format, .quantization = ma.quantization,
+                               .no_shared_expert_fusion = ma.no_shared_fusion,
                                .max_batch_tokens = total,
                                .max_seqs = v.n_seqs,
                                .max_context = longest > cfg.max_position_embeddings

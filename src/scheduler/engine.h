@@ -138,6 +138,7 @@ struct engine_options {
     const char *model_dir;
     const char *device;           /* cpu | cuda | auto */
     const char *load_format;      /* auto | dummy */
+    const char *quantization;     /* NULL | fp8 (model_options.quantization) */
     int no_shared_expert_fusion;  /* model_options.no_shared_expert_fusion */
     int dummy_routing;            /* model_options.dummy_routing (enum model_routing; benchmarks) */
     int moe_count;                /* count touched experts from the start (engine_moe_counts) */

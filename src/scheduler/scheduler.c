@@ -667,7 +667,8 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     const struct engine_options *o = &e->opt;
     e->max_seqs = o->max_running_requests;
     e->max_batch_tokens = o->chunked_prefill_size + o->max_running_requests;
-    struct model_options mo = {.load_format = o->load_format, .max_batch_tokens = e->max_batch_tokens,
+    struct model_options mo = {.load_format = o->load_format, .quantization = o->quantization,
+                               .max_batch_tokens = e->max_batch_tokens,
                                .max_seqs = e->max_seqs, .max_context = o->context_length,
                                .no_shared_expert_fusion = o->no_shared_expert_fusion,
                                .dummy_routing = (enum model_routing)o->dummy_routing, .moe_count = o->moe_count};

@@ -379,6 +379,7 @@ static void route_server_info(struct server *s, struct http_request *r) {
     json_object_set_new(v, "vocab_size", json_integer(s->vocab));
     json_object_set_new(v, "device", json_string(eo->device ? eo->device : ""));
     json_object_set_new(v, "load_format", json_string(eo->load_format ? eo->load_format : "auto"));
+    json_object_set_new(v, "quantization", eo->quantization ? json_string(eo->quantization) : json_null());
     json_object_set_new(v, "page_size", json_integer(st.page_size));
     json_object_set_new(v, "max_total_tokens", json_integer((json_int_t)st.kv_pages_total * st.page_size));
     json_object_set_new(v, "max_running_requests", json_integer(eo->max_running_requests));
