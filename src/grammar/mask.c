@@ -13,6 +13,16 @@
  * against their real stacks; consecutive ones share their common prefix's
  * work, as in a trie walk.
  *
+ * States that no token can tell apart share one entry: two states whose
+ * automata agree on every path of up to max_len bytes (the longest token)
+ * — same rule, same final marks, edges and calls into agreeing states —
+ * accept, reject and defer the same tokens. They are found by refining a
+ * partition for that many steps (plus the byte-less steps calls and
+ * returns can take), not to the fixpoint: the positions of a bounded
+ * repetition (a string of maxLength 64) differ only in how far the bound
+ * is, which no token longer than that distance can see, so all but the
+ * last max_len of them share an entry.
+ *
  * A cache belongs to one grammar and one vocabulary (keyed by the
  * vocabulary's id). grammar_prepare makes it and fills the entries of up
  * to EAGER_STATES states, on up to PREPARE_THREADS threads (each entry is
@@ -47,6 +57,7 @@ struct gr_cache {
     uint64_t vocab_id;
     const struct grammar_vocab *v;
     uint32_t n_states;
+    uint32_t *rep; /* [n_states]: the state whose entry a state uses */
     _Atomic(struct gr_entry *) *entries;
     pthread_mutex_t lock; /* fills entries, one at a time */
     struct grammar_matcher *scratch;
@@ -88,6 +99,7 @@ static void scratch_free(struct grammar_matcher *m) {
 void gr_cache_free(struct gr_cache *c) {
     for (uint32_t s = 0; s < c->n_states; s++) entry_free(atomic_load(&c->entries[s]));
     free(c->entries);
+    free(c->rep);
     scratch_free(c->scratch);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -158,6 +170,7 @@ static struct gr_entry *entry_build(struct grammar *g, struct gr_cache *c, struc
 }
 
 static struct gr_entry *entry_get(struct grammar *g, struct gr_cache *c, uint32_t s) {
+    s = c->rep[s];
     struct gr_entry *e = atomic_load_explicit(&c->entries[s], memory_order_acquire);
     if (e) return e;
     pthread_mutex_lock(&c->lock);
@@ -176,6 +189,92 @@ static struct gr_entry *entry_get(struct grammar *g, struct gr_cache *c, uint32_
     return e;
 }
 
+/* One round's signatures, interned: equal signatures get one id. */
+struct sig_table {
+    struct gr_vec words;      /* the signatures, back to back */
+    uint32_t *slot_off;       /* [cap]: offset + 1 of a signature in words, 0: empty */
+    uint32_t *slot_len, *slot_id;
+    uint32_t cap, n;
+};
+
+static uint64_t sig_hash(const uint32_t *w, uint32_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint32_t i = 0; i < n; i++) h = (h ^ w[i]) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+}
+
+/* The id of the signature words[start..], dropping it when seen before. */
+static uint32_t sig_intern(struct sig_table *t, uint32_t start) {
+    const uint32_t *w = t->words.v + start;
+    uint32_t len = t->words.n - start;
+    for (uint64_t i = sig_hash(w, len) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+        if (!t->slot_off[i]) {
+            t->slot_off[i] = start + 1, t->slot_len[i] = len, t->slot_id[i] = t->n;
+            return t->n++;
+        }
+        if (t->slot_len[i] == len && !memcmp(t->words.v + t->slot_off[i] - 1, w, (size_t)len * 4)) {
+            t->words.n = start;
+            return t->slot_id[i];
+        }
+    }
+}
+
+/* rep[s] for every state (the head of this file): the partition by (rule,
+ * final), refined by each state's edges and calls into the last round's
+ * classes, for max_len byte steps and the byte-less call and return steps
+ * (at most two per rule on a path that reads no byte), or until stable. */
+static uint32_t *entry_reps(const struct grammar *g, uint32_t max_len) {
+    uint32_t n = g->n_states, *cls = xmalloc((size_t)(n ? n : 1) * 4), *nxt = xmalloc((size_t)(n ? n : 1) * 4);
+    struct sig_table t = {0};
+    t.cap = 16;
+    while (t.cap < 2 * n) t.cap <<= 1;
+    t.slot_off = xmalloc((size_t)t.cap * 4), t.slot_len = xmalloc((size_t)t.cap * 4);
+    t.slot_id = xmalloc((size_t)t.cap * 4);
+    uint64_t rounds = (uint64_t)max_len + 2ull * g->n_rules + 2;
+    uint32_t classes = 0;
+    for (uint64_t r = 0; r <= rounds; r++) {
+        memset(t.slot_off, 0, (size_t)t.cap * 4);
+        t.n = 0, t.words.n = 0;
+        for (uint32_t s = 0; s < n; s++) {
+            const struct gr_state *st = &g->states[s];
+            uint32_t start = t.words.n;
+            if (r == 0) {
+                gr_vec_push(&t.words, st->rule);
+                gr_vec_push(&t.words, st->final);
+            } else {
+                gr_vec_push(&t.words, cls[s]);
+                for (uint32_t k = 0; k < st->n_edges; k++) {
+                    const struct gr_edge *e = &g->edges[st->edge_off + k];
+                    gr_vec_push(&t.words, (uint32_t)e->lo << 8 | e->hi);
+                    gr_vec_push(&t.words, cls[e->target]);
+                }
+                gr_vec_push(&t.words, GR_NIL);
+                for (uint32_t k = 0; k < st->n_calls; k++) {
+                    const struct gr_call *cl = &g->calls[st->call_off + k];
+                    gr_vec_push(&t.words, cl->rule);
+                    gr_vec_push(&t.words, cls[cl->ret]);
+                }
+            }
+            nxt[s] = sig_intern(&t, start);
+        }
+        uint32_t *tmp = cls;
+        cls = nxt, nxt = tmp;
+        if (r > 0 && t.n == classes) break; /* stable: no later round splits more */
+        classes = t.n;
+    }
+    /* the first state of each class represents it */
+    uint32_t *first = nxt; /* [classes] */
+    for (uint32_t k = 0; k < classes; k++) first[k] = GR_NIL;
+    for (uint32_t s = 0; s < n; s++) {
+        if (first[cls[s]] == GR_NIL) first[cls[s]] = s;
+        cls[s] = first[cls[s]];
+    }
+    free(nxt);
+    free(t.slot_off), free(t.slot_len), free(t.slot_id);
+    gr_vec_free(&t.words);
+    return cls;
+}
+
 static struct gr_cache *cache_get(struct grammar *g, const struct grammar_vocab *v) {
     pthread_mutex_lock(&g->lock);
     struct gr_cache *c = g->caches;
@@ -186,6 +285,7 @@ static struct gr_cache *cache_get(struct grammar *g, const struct grammar_vocab 
         c->v = v;
         c->n_states = g->n_states;
         c->entries = xcalloc(g->n_states, sizeof *c->entries);
+        c->rep = entry_reps(g, v->max_len);
         pthread_mutex_init(&c->lock, NULL);
         c->next = g->caches;
         g->caches = c;
@@ -227,7 +327,7 @@ int grammar_prepare(struct grammar *g, const struct grammar_vocab *v, struct kil
     struct prepare_job j = {.g = g, .c = c};
     uint32_t *list = xmalloc((size_t)(g->n_states ? g->n_states : 1) * sizeof *list);
     for (uint32_t s = 0; s < g->n_states && j.n < EAGER_STATES; s++)
-        if (g->states[s].n_edges) list[j.n++] = s;
+        if (g->states[s].n_edges && c->rep[s] == s) list[j.n++] = s;
     j.states = list;
     atomic_init(&j.next, 0);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

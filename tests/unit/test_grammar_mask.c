@@ -41,6 +41,10 @@ static const char *grammars[] = {
     "root ::= ([^a-z\\u00e9] | \"\\u00e9\")+ \".\" | [\\U0001F600-\\U0001F64F]{2} ",
     "root ::= list\nlist ::= \"[\" (elem (\",\" elem)*)? \"]\"\nelem ::= list | [0-9]+ | \"\\\"\" [a-z\"]* \"\\\"\"",
     "root ::= \"{\" ( \"\\\"a\\\":\" v | \"\\\"ab\\\":\" v ) \"}\"\nv ::= \"1\" | \"{\" \"}\" | \"[\" v? \"]\"",
+    /* bounded repetitions longer than any token (their positions share
+     * cache entries), one of them through a nullable call */
+    "root ::= \"\\\"\" [a-z0-9 ]{0,40} \"\\\"\" (\",\" \"\\\"\" [abc\"]{2,30} \"\\\"\")* \"!\"",
+    "root ::= (n [ab]){0,24} \"c\"{1,3} \"!\"\nn ::= \"\" | \"x\" n",
 };
 
 /* A deterministic generator (xorshift). */
