@@ -2,6 +2,8 @@
  * backend_compose.h). */
 #include "tensor/backend_compose.h"
 
+#include "base/error.h"
+
 void compose_matmul_stack(const struct backend_ops *ops, void *ctx, float *y, long ldy,
                           const float *x, long ldx, const struct backend_stack *w,
                           const float *bias, long n) {
@@ -20,9 +22,19 @@ void compose_matmul_heads(const struct backend_ops *ops, void *ctx, float *y, lo
                           const float *x, long ldx, long hx, const struct backend_weight *w,
                           long w_stride, int n_heads, long n) {
     size_t es = dtype_size(w->dtype);
+    /* F8_E4M3: head h's scales are the rows of w's grid of scales its rows
+     * start on; a head starting inside a block row has no grid of its own */
+    long scale_stride = 0;
+    if (w->dtype == DTYPE_F8_E4M3 && n_heads > 1) {
+        KILN_ASSERT_MSG(w->cols > 0 && w->block_rows > 0 && w->block_cols > 0 &&
+                            w_stride % (w->cols * w->block_rows) == 0,
+                        "matmul_heads: F8_E4M3 heads must start on a row of scale blocks");
+        scale_stride = w_stride / (w->cols * w->block_rows) * ((w->cols + w->block_cols - 1) / w->block_cols);
+    }
     for (int h = 0; h < n_heads; h++) {
         struct backend_weight wh = *w;
         wh.data = (const unsigned char *)w->data + (size_t)h * (size_t)w_stride * es;
+        if (scale_stride) wh.scale = w->scale + h * scale_stride;
         ops->matmul(ctx, y + h * hy, ldy, x + h * hx, ldx, &wh, NULL, n);
     }
 }

@@ -15,7 +15,8 @@
 void compose_matmul_stack(const struct backend_ops *ops, void *ctx, float *y, long ldy,
                           const float *x, long ldx, const struct backend_stack *w,
                           const float *bias, long n);
-/* matmul_heads as one matmul per head on a view of the head's weights. */
+/* matmul_heads as one matmul per head on a view of the head's weights
+ * (F8_E4M3: each head must start on a row of scale blocks; asserted). */
 void compose_matmul_heads(const struct backend_ops *ops, void *ctx, float *y, long ldy, long hy,
                           const float *x, long ldx, long hx, const struct backend_weight *w,
                           long w_stride, int n_heads, long n);

@@ -21,10 +21,24 @@
 
 #include "backend/cpu/cpu_matmul.h"
 #include "base/threadpool.h"
+#include "tensor/backend.h"
 #include "tensor/dtype.h"
 
 typedef void (*matmul_fn)(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
                           const void *w, enum dtype wt, const float *bias, long n, long m, long k);
+
+/* cpu_matmul and cpu_matmul_bf16 on a [m][k] weight of dtype wt. */
+static void mm_f32(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
+                   enum dtype wt, const float *bias, long n, long m, long k) {
+    struct backend_weight bw = {.data = w, .dtype = wt, .rows = m, .cols = k};
+    cpu_matmul(tp, y, ldy, x, ldx, &bw, bias, n);
+}
+
+static void mm_bf16(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
+                    enum dtype wt, const float *bias, long n, long m, long k) {
+    struct backend_weight bw = {.data = w, .dtype = wt, .rows = m, .cols = k};
+    cpu_matmul_bf16(tp, y, ldy, x, ldx, &bw, bias, n);
+}
 
 static const enum dtype kDtypes[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
 /* A NaN with a payload no arithmetic produces: marks unwritten outputs. */
@@ -167,7 +181,7 @@ static int use_isa(enum cpu_matmul_isa isa) {
 
 static void test_accuracy(enum cpu_matmul_isa isa) {
     if (!use_isa(isa)) skip();
-    run_accuracy(cpu_matmul);
+    run_accuracy(mm_f32);
     cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
 }
 
@@ -244,7 +258,7 @@ static void run_invariance(matmul_fn fn) {
 
 static void test_invariance(enum cpu_matmul_isa isa) {
     if (!use_isa(isa)) skip();
-    run_invariance(cpu_matmul);
+    run_invariance(mm_f32);
     cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
 }
 
@@ -275,9 +289,9 @@ static void test_avx512_equals_avx2(void **state) {
                 float *bias = rng_next(&s) & 1 ? make_floats(&s, (size_t)m) : NULL;
                 float *y2 = make_poisoned((size_t)(n * ldy)), *y5 = make_poisoned((size_t)(n * ldy));
                 cpu_matmul_cap_isa(CPU_MATMUL_AVX2);
-                cpu_matmul(tp, y2, ldy, x, ldx, w, wt, bias, n, m, k);
+                mm_f32(tp, y2, ldy, x, ldx, w, wt, bias, n, m, k);
                 cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
-                cpu_matmul(tp, y5, ldy, x, ldx, w, wt, bias, n, m, k);
+                mm_f32(tp, y5, ldy, x, ldx, w, wt, bias, n, m, k);
                 if (memcmp(y2, y5, (size_t)(n * ldy) * sizeof(float)))
                     fail_msg("avx512 != avx2: dtype %s n=%ld m=%ld k=%ld bias=%d", dtype_name(wt), n, m, k,
                              bias != NULL);
@@ -367,7 +381,7 @@ static void check_bf16_case(struct threadpool *tp, uint64_t *s, long n, long m, 
     float *x = make_x_bf16(s, (size_t)(n * ldx));
     float *bias = with_bias ? make_floats(s, (size_t)m) : NULL;
     float *y = make_poisoned((size_t)(n * ldy));
-    cpu_matmul_bf16(tp, y, ldy, x, ldx, w, DTYPE_BF16, bias, n, m, k);
+    mm_bf16(tp, y, ldy, x, ldx, w, DTYPE_BF16, bias, n, m, k);
     int bad = 0;
     for (long i = 0; i < n && bad < 5; i++)
         for (long j = 0; j < ldy && bad < 5; j++) {
@@ -436,7 +450,7 @@ static void test_bf16_invariance(void **state) {
     for (int f = 0; f < nf; f++) {
         cpu_matmul_cap_isa(fam[f]);
         print_message("      bf16 mode, %s kernel\n", cpu_matmul_isa_name(fam[f]));
-        run_invariance(cpu_matmul_bf16);
+        run_invariance(mm_bf16);
     }
     cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
 }
@@ -453,8 +467,8 @@ static void test_bf16_mode_other_dtypes(void **state) {
             void *w = make_weights(&s, dts[d], m, k, &we);
             float *x = make_floats(&s, (size_t)(n * k));
             float *a = make_poisoned((size_t)(n * m)), *b = make_poisoned((size_t)(n * m));
-            cpu_matmul(tp, a, m, x, k, w, dts[d], NULL, n, m, k);
-            cpu_matmul_bf16(tp, b, m, x, k, w, dts[d], NULL, n, m, k);
+            mm_f32(tp, a, m, x, k, w, dts[d], NULL, n, m, k);
+            mm_bf16(tp, b, m, x, k, w, dts[d], NULL, n, m, k);
             assert_memory_equal(a, b, (size_t)(n * m) * sizeof(float));
             free(w);
             free(we);

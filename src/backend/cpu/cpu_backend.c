@@ -270,8 +270,7 @@ static void cpu_mla_kv_expand(void *ctx, void *k_v, void *v_v, const float *kv, 
 void cpu_matmul_op(void *ctx, float *y, long ldy, const float *x, long ldx,
                    const struct backend_weight *w, const float *bias, long n) {
     struct cpu_ctx *c = ctx;
-    (c->matmul_bf16 ? cpu_matmul_bf16 : cpu_matmul)(c->tp, y, ldy, x, ldx, w->data, w->dtype, bias, n, w->rows,
-                                                     w->cols);
+    (c->matmul_bf16 ? cpu_matmul_bf16 : cpu_matmul)(c->tp, y, ldy, x, ldx, w, bias, n);
 }
 
 /* The layer-level operations: no fusions here, the primitives in turn. */
@@ -316,6 +315,7 @@ static void cpu_attention_matmul(void *ctx, float *y, long ldy, float *att, long
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .weights_in_place = 1,
+    .fp8_weights = 1, /* cpu_matmul dequantizes F8_E4M3 blocks (cpu_matmul_fp8.c) */
     .destroy = cpu_destroy,
     .reserve = cpu_reserve,
     .alloc = cpu_alloc,

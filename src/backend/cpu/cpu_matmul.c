@@ -1,5 +1,6 @@
-/* cpu_matmul.c — thread split, ISA dispatch, the portable kernel, and the
- * bf16 mode's entry (rounding x, then the same thread split).
+/* cpu_matmul.c — thread split, ISA dispatch, the portable kernel (FP8
+ * weights: row by row dequantized, then as F32), and the bf16 mode's entry
+ * (rounding x, then the same thread split).
  *
  * Threads split the outputs (columns j of y, i.e. rows of w) into contiguous
  * ranges; k is never split, so an output's arithmetic is the same whoever
@@ -18,6 +19,7 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "base/threadpool.h"
+#include "tensor/backend.h"
 
 enum {
     /* Threads take outputs in multiples of this, so tiles stay whole. */
@@ -54,12 +56,30 @@ static __attribute__((noinline)) float dot_portable(const float *x, const void *
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/* Every call goes through this pointer: the compiler cannot specialise a
+ * copy of dot_portable for one call site's constant arguments (gcc did, for
+ * the FP8 path's), whose code could order an addition's operands otherwise
+ * and so propagate another NaN's sign. */
+static float (*volatile dot_portable_fn)(const float *, const void *, long, enum dtype, long) = dot_portable;
+
 void cpu_matmul_range_portable(const struct cpu_matmul_job *job, long j0, long j1) {
+    if (job->wt == DTYPE_F8_E4M3) { /* each row dequantized, then as F32 */
+        float *row = xmalloc((size_t)((job->k + 7) & ~7L) * sizeof(float) + 1);
+        for (long j = j0; j < j1; j++) {
+            cpu_matmul_fp8_row(job, j, row, 8, 0);
+            for (long i = 0; i < job->n; i++) {
+                float s = dot_portable_fn(job->x + i * job->ldx, row, 0, DTYPE_F32, job->k);
+                job->y[i * job->ldy + j] = job->bias ? s + job->bias[j] : s;
+            }
+        }
+        free(row);
+        return;
+    }
     for (long i = 0; i < job->n; i++) {
         const float *x = job->x + i * job->ldx;
         float *y = job->y + i * job->ldy;
         for (long j = j0; j < j1; j++) {
-            float s = dot_portable(x, job->w, j * job->k, job->wt, job->k);
+            float s = dot_portable_fn(x, job->w, j * job->k, job->wt, job->k);
             y[j] = job->bias ? s + job->bias[j] : s;
         }
     }
@@ -88,15 +108,24 @@ static void matmul_job_run(struct threadpool *tp, range_fn range, const struct c
         threadpool_run(tp, matmul_worker, &task);
 }
 
-static void matmul_run(struct threadpool *tp, range_fn range, float *y, long ldy, const float *x,
-                       long ldx, const void *w, enum dtype wt, const float *bias, long n, long m,
-                       long k) {
-    KILN_ASSERT(wt == DTYPE_F32 || wt == DTYPE_F16 || wt == DTYPE_BF16);
+/* The job of a product by w, checked. */
+static struct cpu_matmul_job make_job(float *y, long ldy, const float *x, long ldx,
+                                      const struct backend_weight *w, const float *bias, long n) {
+    const long m = w->rows, k = w->cols;
+    KILN_ASSERT_MSG(w->dtype == DTYPE_F32 || w->dtype == DTYPE_F16 || w->dtype == DTYPE_BF16 ||
+                        w->dtype == DTYPE_F8_E4M3,
+                    "cpu_matmul: weights must be F32, F16, BF16 or F8_E4M3");
+    KILN_ASSERT_MSG(w->dtype != DTYPE_F8_E4M3 || (w->scale && w->block_rows > 0 && w->block_cols > 0),
+                    "cpu_matmul: F8_E4M3 weights need their block scales");
     KILN_ASSERT(n >= 0 && m >= 0 && k >= 0 && ldx >= k && ldy >= m);
-    if (n == 0 || m == 0) return;
-    struct cpu_matmul_job job = {
-        .y = y, .ldy = ldy, .x = x, .ldx = ldx, .w = w, .wt = wt, .bias = bias, .n = n, .m = m, .k = k};
-    matmul_job_run(tp, range, &job);
+    struct cpu_matmul_job job = {.y = y, .ldy = ldy, .x = x, .ldx = ldx, .w = w->data, .wt = w->dtype,
+                                 .bias = bias, .n = n, .m = m, .k = k};
+    if (w->dtype == DTYPE_F8_E4M3) {
+        job.scale = w->scale;
+        job.block_rows = w->block_rows;
+        job.block_cols = w->block_cols;
+    }
+    return job;
 }
 
 static enum cpu_matmul_isa detect_isa(void) {
@@ -167,9 +196,11 @@ static range_fn best_range(void) {
     }
 }
 
-void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
-                enum dtype wt, const float *bias, long n, long m, long k) {
-    matmul_run(tp, best_range(), y, ldy, x, ldx, w, wt, bias, n, m, k);
+void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
+                const struct backend_weight *w, const float *bias, long n) {
+    struct cpu_matmul_job job = make_job(y, ldy, x, ldx, w, bias, n);
+    if (n == 0 || job.m == 0) return;
+    matmul_job_run(tp, best_range(), &job);
 }
 
 /* ---- bf16 mode ------------------------------------------------------------ */
@@ -187,12 +218,13 @@ static void round_worker(void *arg, int ith, int nth) {
 }
 
 void cpu_matmul_bf16(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
-                     const void *w, enum dtype wt, const float *bias, long n, long m, long k) {
-    if (wt != DTYPE_BF16) {
-        cpu_matmul(tp, y, ldy, x, ldx, w, wt, bias, n, m, k);
+                     const struct backend_weight *w, const float *bias, long n) {
+    if (w->dtype != DTYPE_BF16) {
+        cpu_matmul(tp, y, ldy, x, ldx, w, bias, n);
         return;
     }
-    KILN_ASSERT(n >= 0 && m >= 0 && k >= 0 && ldx >= k && ldy >= m);
+    struct cpu_matmul_job job = make_job(y, ldy, x, ldx, w, bias, n);
+    const long m = job.m, k = job.k;
     if (n == 0 || m == 0) return;
     const enum cpu_matmul_isa isa = cpu_matmul_isa();
     range_fn range = cpu_matmul_bf16_range_portable;
@@ -206,8 +238,8 @@ void cpu_matmul_bf16(struct threadpool *tp, float *y, long ldy, const float *x, 
     if (ldxh % 512 == 0) ldxh += 32;
     _Alignas(64) uint16_t local[XH_STACK];
     uint16_t *xh = n * ldxh <= XH_STACK ? local : xaligned_alloc((size_t)(n * ldxh) * sizeof(uint16_t));
-    struct cpu_matmul_job job = {.y = y, .ldy = ldy, .x = x, .ldx = ldx, .w = w, .wt = wt, .bias = bias,
-                                 .n = n, .m = m, .k = k, .xh = xh, .ldxh = ldxh};
+    job.xh = xh;
+    job.ldxh = ldxh;
     struct round_task rt = {.job = &job, .avx2 = isa >= CPU_MATMUL_AVX2};
     if (tp && threadpool_size(tp) > 1 && n > 1 && n * k >= ROUND_PARALLEL_MIN)
         threadpool_run(tp, round_worker, &rt);

@@ -1,13 +1,18 @@
 /* cpu_matmul.h — matrix products of fp32 activations with weights that stay
- * in their checkpoint dtype (BF16, F16 or F32) in memory.
+ * in their checkpoint dtype (BF16, F16, F32 or block-scaled F8_E4M3) in
+ * memory.
  *
  *   y[i][j] = sum_k x[i][k] * w[j][k]  (+ bias[j] when bias != NULL)
  *   x: fp32 [n][k], row stride ldx (floats)
- *   w: [m][k] of dtype wt, rows contiguous (row stride k elements)
+ *   w: [m][k] = [w->rows][w->cols] of dtype w->dtype, rows contiguous
  *   y: fp32 [n][m], row stride ldy (floats)
  *
  * Weights are widened to fp32 in registers, never converted at load: decode
- * is bound by memory bandwidth and bf16 halves the bytes read.
+ * is bound by memory bandwidth and bf16 halves the bytes read. F8_E4M3
+ * weights (struct backend_weight's block scales) are dequantized a few rows
+ * at a time into fp32 (each value fp8 * scale, rounded once) and take the
+ * F32 arithmetic: the results are bitwise those of F32 weights holding the
+ * dequantized values.
  *
  * Invariance contract (the scheduler relies on it): every y[i][j] is
  * computed with the same sequence of floating-point operations whatever n,
@@ -21,19 +26,20 @@
 #include "tensor/dtype.h"
 
 struct threadpool;
+struct backend_weight;
 
-void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx, const void *w,
-                enum dtype wt, const float *bias, long n, long m, long k);
+void cpu_matmul(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
+                const struct backend_weight *w, const float *bias, long n);
 
 /* The bf16 mode (KILN_CPU_MATMUL=bf16), for BF16 weights: each x row is
  * rounded to bf16 (to nearest even, subnormals to zero) once per product,
  * and every y[i][j] is the bf16 x bf16 dot product accumulated in fp32 in
  * a fixed order (cpu_matmul_kernels.h) -- the arithmetic of AVX512-BF16's
  * vdpbf16ps, which computes it where the CPU has it. Same signature and
- * invariance contract as cpu_matmul; F16 and F32 weights go to cpu_matmul.
+ * invariance contract as cpu_matmul; other weights go to cpu_matmul.
  * Results agree with cpu_matmul's to about 2^-9 relative per product. */
 void cpu_matmul_bf16(struct threadpool *tp, float *y, long ldy, const float *x, long ldx,
-                     const void *w, enum dtype wt, const float *bias, long n, long m, long k);
+                     const struct backend_weight *w, const float *bias, long n);
 
 /* Kernel families, in order: cpu_matmul (and the CPU attention, which
  * follows its choice) uses the highest one the CPU runs. AVX2 needs

@@ -13,6 +13,11 @@
  *    then serves every x-row of an L2-sized block of x; widening bf16/f16 is
  *    exact, so the values fed to the FMAs are the same as in stream mode.
  *
+ * FP8 weights (cpu_matmul_kernels.h) stream through tile_fp8, which widens
+ * and scales them in registers to the values cpu_matmul_fp8_row gives, and
+ * are dequantized into the panel when packed: the F32 arithmetic on the
+ * dequantized values either way.
+ *
  * Compiled per function with target attributes; the caller checks the CPU.
  */
 #if defined(__x86_64__)
@@ -29,7 +34,8 @@
 #define KILN_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KILN_AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
-enum wkind { WK_F32, WK_F16, WK_BF16 };
+/* WK_FP8: block-scaled e4m3 rows, widened and scaled in registers (stream). */
+enum wkind { WK_F32, WK_F16, WK_BF16, WK_FP8 };
 
 enum {
     /* Largest tile; the accumulators must fit the 16 ymm registers. */
@@ -75,6 +81,16 @@ KILN_AVX2_INLINE __m256 load_tail_w(const void *w, long off, long cnt, int kind)
     return load8_w(buf, 0, kind);
 }
 
+/* FP8: 8 codes widened to fp32 and multiplied by s256 (the block's scale
+ * times 2^8): cpu_matmul_fp8_row's values, except for the NaN code (the
+ * caller keeps rows with one away: cpu_matmul_fp8_has_nan). The int8 lanes
+ * sign-extend, so code << 7 is the float16 with the code's fields and the
+ * sign in bits 15 and 14 (cleared); see cpu_matmul_fp8.c. */
+KILN_AVX2_INLINE __m256 widen_fp8(__m128i v, float s256) {
+    __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(v), 7), _mm_set1_epi16((short)0xbf80));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(s256));
+}
+
 KILN_AVX2_INLINE __m256 load_tail_x(const float *x, long cnt) {
     float buf[8] = {0};
     memcpy(buf, x, (size_t)cnt * sizeof(float));
@@ -109,6 +125,10 @@ struct tile_io {
     const char *pf;       /* block to prefetch alongside, or NULL */
     const float *acc_in;  /* accumulators to continue, or NULL to start at 0 */
     float *acc_out;       /* where to leave them, or NULL to reduce into y */
+    /* WK_FP8: each w-row's row of block scales, and the block width, a
+     * multiple of 8 (so an 8-block has one scale) */
+    const float *const *srow;
+    long bc;
 };
 
 /* y[r][c] = x[r] . w[c] for r < R, c < C over k. R, C and kind are
@@ -116,8 +136,11 @@ struct tile_io {
 KILN_AVX2_INLINE void tile(const int R, const int C, const int kind, const float *x, long ldx,
                            const void *w, long ldw, long k, float *y, long ldy,
                            const struct tile_io *io) {
-    const int esz = kind == WK_F32 ? 4 : 2;
+    const int esz = kind == WK_F32 ? 4 : kind == WK_FP8 ? 1 : 2;
     const char *pf = io->pf;
+    const uint8_t *w8 = w;
+    float s256[TILE_CMAX] = {0}; /* WK_FP8: the column block's scales times 2^8 */
+    long next_cb = 0;            /* WK_FP8: where the next column block starts */
     __m256 acc[TILE_RMAX][TILE_CMAX];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++)
@@ -125,7 +148,16 @@ KILN_AVX2_INLINE void tile(const int R, const int C, const int kind, const float
     const long k8 = k & ~7L;
     for (long kk = 0; kk < k8; kk += 8) {
         __m256 wv[TILE_CMAX];
-        for (int c = 0; c < C; c++) wv[c] = load8_w(w, c * ldw + kk, kind);
+        if (kind == WK_FP8) {
+            if (kk == next_cb) {
+                for (int c = 0; c < C; c++) s256[c] = io->srow[c][kk / io->bc] * 256.0f;
+                next_cb += io->bc;
+            }
+            for (int c = 0; c < C; c++)
+                wv[c] = widen_fp8(_mm_loadl_epi64((const __m128i *)(w8 + c * ldw + kk)), s256[c]);
+        } else {
+            for (int c = 0; c < C; c++) wv[c] = load8_w(w, c * ldw + kk, kind);
+        }
         if (pf)
             for (int o = 0; o < C * 8 * esz; o += 64) _mm_prefetch(pf + kk * C * esz + o, _MM_HINT_T0);
         for (int r = 0; r < R; r++) {
@@ -135,7 +167,21 @@ KILN_AVX2_INLINE void tile(const int R, const int C, const int kind, const float
     }
     if (k8 < k) {
         __m256 wv[TILE_CMAX];
-        for (int c = 0; c < C; c++) wv[c] = load_tail_w(w, c * ldw + k8, k - k8, kind);
+        if (kind == WK_FP8) {
+            if (k8 == next_cb)
+                for (int c = 0; c < C; c++) s256[c] = io->srow[c][k8 / io->bc] * 256.0f;
+            /* the padding lanes +0, as the F32 path's, whatever the scale */
+            static const int32_t lanes[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+            const __m256 live = _mm256_castsi256_ps(
+                _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k - k8)), _mm256_loadu_si256((const __m256i *)lanes)));
+            for (int c = 0; c < C; c++) {
+                uint8_t b[8] = {0};
+                memcpy(b, w8 + c * ldw + k8, (size_t)(k - k8));
+                wv[c] = _mm256_and_ps(live, widen_fp8(_mm_loadl_epi64((const __m128i *)b), s256[c]));
+            }
+        } else {
+            for (int c = 0; c < C; c++) wv[c] = load_tail_w(w, c * ldw + k8, k - k8, kind);
+        }
         for (int r = 0; r < R; r++) {
             __m256 xv = load_tail_x(x + r * ldx + k8, k - k8);
             for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
@@ -195,6 +241,12 @@ static KILN_AVX2 __attribute__((noinline)) void tile_f16(int R, int C, const flo
     tile_any(R, C, WK_F16, x, ldx, w, ldw, k, y, ldy, io);
 }
 
+static KILN_AVX2 __attribute__((noinline)) void tile_fp8(int R, int C, const float *x, long ldx,
+                                                          const void *w, long ldw, long k, float *y,
+                                                          long ldy, const struct tile_io *io) {
+    tile_any(R, C, WK_FP8, x, ldx, w, ldw, k, y, ldy, io);
+}
+
 static KILN_AVX2 __attribute__((noinline)) void tile_bf16(int R, int C, const float *x, long ldx,
                                                            const void *w, long ldw, long k, float *y,
                                                            long ldy, const struct tile_io *io) {
@@ -225,24 +277,46 @@ static int tile_cols(int cmax, long left) {
 }
 
 /* Small n: each group of C w-rows is read from memory once, widened in
- * registers, and reused from cache by all n rows of x. */
+ * registers, and reused from cache by all n rows of x. FP8 rows are widened
+ * in registers by tile_fp8 where the block width is a multiple of 8, the
+ * scales allow (cpu_matmul_fp8_scales_ok) and the group has no NaN code;
+ * otherwise into deq by cpu_matmul_fp8_row, for tile_f32. For FP8, fn is
+ * tile_f32 and esz 1. */
 static void range_stream(const struct cpu_matmul_job *job, long j0, long j1, tile_fn fn, size_t esz) {
-    const long n = job->n, k = job->k;
+    const long n = job->n, k = job->k, kp = (k + 7) & ~7L;
     const char *w = job->w;
     /* Shapes whose accumulators and w vectors fit the 16 ymm registers. */
     const int rs = n < 4 ? (int)n : 4, cs = n == 1 ? 8 : n == 2 ? 4 : 3;
+    const int fp8 = job->wt == DTYPE_F8_E4M3;
+    const int in_tiles = fp8 && job->block_cols % 8 == 0 && cpu_matmul_fp8_scales_ok(job, j0, j1);
+    float *deq = NULL; /* rows widened by cpu_matmul_fp8_row, allocated when needed */
+    const float *srow[TILE_CMAX];
+    const long nbc = fp8 ? (k + job->block_cols - 1) / job->block_cols : 0;
     /* Rows shorter than a page are too short for the hardware prefetcher to
      * ramp up on each of the C streams; longer ones it handles better alone. */
-    const int prefetch = (size_t)k * esz < 4096;
+    const int prefetch = (!fp8 || in_tiles) && (size_t)k * esz < 4096;
     for (long jb = j0, c; jb < j1; jb += c) {
         c = tile_cols(cs, j1 - jb);
+        const void *wc = w + jb * k * esz;
+        long ldw = k;
+        tile_fn f = fn;
+        if (in_tiles && !cpu_matmul_fp8_has_nan(wc, c * k, 1)) {
+            for (long r = 0; r < c; r++) srow[r] = job->scale + (jb + r) / job->block_rows * nbc;
+            f = tile_fp8;
+        } else if (fp8) {
+            if (!deq) deq = xaligned_alloc((size_t)(cs * kp + 8) * sizeof(float));
+            for (long r = 0; r < c; r++) cpu_matmul_fp8_row(job, jb + r, deq + r * kp, 8, 1);
+            wc = deq;
+            ldw = kp;
+        }
         for (long i = 0; i < n; i += rs) {
-            struct tile_io io = {.bias = job->bias ? job->bias + jb : NULL};
+            struct tile_io io = {.bias = job->bias ? job->bias + jb : NULL, .srow = srow, .bc = job->block_cols};
             if (prefetch && i == 0 && jb + PF_BLOCKS * c < j1) io.pf = w + (jb + PF_BLOCKS * c) * k * esz;
-            fn(min_int(rs, n - i), (int)c, job->x + i * job->ldx, job->ldx, w + jb * k * esz, k, k,
-               job->y + i * job->ldy + jb, job->ldy, &io);
+            f(min_int(rs, n - i), (int)c, job->x + i * job->ldx, job->ldx, wc, ldw, k,
+              job->y + i * job->ldy + jb, job->ldy, &io);
         }
     }
+    free(deq);
 }
 
 /* Large n: C w-rows at a time are widened into an fp32 panel that serves a
@@ -257,8 +331,9 @@ static void range_packed(const struct cpu_matmul_job *job, long j0, long j1, int
     xb = xb < XBLOCK_MIN_ROWS ? XBLOCK_MIN_ROWS : xb / PACK_R * PACK_R;
     if (xb > n) xb = (n + PACK_R - 1) / PACK_R * PACK_R;
     /* fp32 weights need no packing: their rows are the panel. */
-    const long kp = kind == WK_F32 ? k : (k + 7) & ~7L;
-    float *panel = kind == WK_F32 ? NULL : xmalloc((size_t)(PACK_C * kp) * sizeof(float));
+    const int fp8 = job->wt == DTYPE_F8_E4M3;
+    const long kp = kind == WK_F32 && !fp8 ? k : (k + 7) & ~7L;
+    float *panel = kind == WK_F32 && !fp8 ? NULL : xmalloc((size_t)(PACK_C * kp + 8) * sizeof(float));
     float *acc = kc < k ? xmalloc((size_t)(xb * PACK_C * 8) * sizeof(float)) : NULL;
     const long tiles = (k > 0 ? (k + kc - 1) / kc : 1) * ((xb + PACK_R - 1) / PACK_R);
     for (long i0 = 0; i0 < n; i0 += xb) {
@@ -266,7 +341,10 @@ static void range_packed(const struct cpu_matmul_job *job, long j0, long j1, int
         for (long jb = j0, c; jb < j1; jb += c) {
             c = min_int(PACK_C, j1 - jb);
             const float *p = (const float *)w + jb * k;
-            if (panel) {
+            if (fp8) {
+                for (long r = 0; r < c; r++) cpu_matmul_fp8_row(job, jb + r, panel + r * kp, 8, 1);
+                p = panel;
+            } else if (panel) {
                 pack_panel(panel, kp, w + jb * k * esz, k, c, kind);
                 p = panel;
             }
@@ -300,8 +378,10 @@ static void range_packed(const struct cpu_matmul_job *job, long j0, long j1, int
 }
 
 void cpu_matmul_range_avx2(const struct cpu_matmul_job *job, long j0, long j1) {
-    int kind = job->wt == DTYPE_F32 ? WK_F32 : job->wt == DTYPE_F16 ? WK_F16 : WK_BF16;
-    size_t esz = kind == WK_F32 ? 4 : 2;
+    /* FP8: the F32 tiles on dequantized rows; esz is that of the rows in memory */
+    const int fp8 = job->wt == DTYPE_F8_E4M3;
+    int kind = job->wt == DTYPE_F32 || fp8 ? WK_F32 : job->wt == DTYPE_F16 ? WK_F16 : WK_BF16;
+    size_t esz = fp8 ? 1 : kind == WK_F32 ? 4 : 2;
     if (job->n <= STREAM_MAX_N)
         range_stream(job, j0, j1, kind == WK_F32 ? tile_f32 : kind == WK_F16 ? tile_f16 : tile_bf16, esz);
     else

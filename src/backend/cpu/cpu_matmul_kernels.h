@@ -49,6 +49,10 @@ struct cpu_matmul_job {
     long ldx;
     const void *w;     /* [m][k] of dtype wt */
     enum dtype wt;
+    /* DTYPE_F8_E4M3: one fp32 scale per block of block_rows x block_cols,
+     * row-major over ceil(m / block_rows) x ceil(k / block_cols) blocks */
+    const float *scale;
+    long block_rows, block_cols;
     const float *bias; /* [m] or NULL */
     long n, m, k;
     const uint16_t *xh; /* bf16 mode: x rounded, [n][ldxh], zero-padded past k */
@@ -61,6 +65,24 @@ void cpu_matmul_range_portable(const struct cpu_matmul_job *job, long j0, long j
 void cpu_matmul_range_avx2(const struct cpu_matmul_job *job, long j0, long j1);
 void cpu_matmul_range_avx512(const struct cpu_matmul_job *job, long j0, long j1);
 #endif
+
+/* FP8 weights (DTYPE_F8_E4M3) take the f32 arithmetic on their
+ * dequantized values: every kernel widens a w-row into fp32 (each value
+ * fp8_e4m3_to_f32(w[r][c]) * scale of its block, rounded once, exactly as
+ * torch's q.float() * s) where it would read or pack the row, and runs its
+ * F32 tiles on it. The products are bitwise those of F32 weights holding the
+ * dequantized values, in every path. cpu_matmul_fp8_row writes row r: the
+ * 8-block of k-indices [8b, 8b + 8) at dst + b * bstride, the last one
+ * zero-padded; avx2 selects the vector widening (the same values). */
+void cpu_matmul_fp8_row(const struct cpu_matmul_job *job, long r, float *dst, long bstride, int avx2);
+/* The SIMD kernels' stream tiles widen FP8 rows in registers instead, with
+ * a float16 route that gives the same values for every code but NaN and
+ * every scale up to 2^100 in magnitude: cpu_matmul_fp8_scales_ok says
+ * whether the scales of rows [j0, j1) are, cpu_matmul_fp8_has_nan whether
+ * bytes of codes hold a NaN (S.1111.111). Rows that fail go through
+ * cpu_matmul_fp8_row. */
+int cpu_matmul_fp8_scales_ok(const struct cpu_matmul_job *job, long j0, long j1);
+int cpu_matmul_fp8_has_nan(const uint8_t *p, long bytes, int avx2);
 
 /* The bf16 mode's kernels (job->xh set, BF16 weights). */
 void cpu_matmul_bf16_range_portable(const struct cpu_matmul_job *job, long j0, long j1);
