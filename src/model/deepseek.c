@@ -20,6 +20,28 @@
 #include "base/mem.h"
 #include "model/model_internal.h"
 
+/* kv_b_proj of an FP8 checkpoint, dequantized once into fp32 (the W_UK
+ * transpose and the per-head W_UV views below are byte-level views of it,
+ * which a block-scaled layout does not allow): w becomes an F32 weight.
+ * The CPU holds the weights in place (a backend without FP8 weights has
+ * refused the load). Returns the fp32 host rows, NULL when out of memory. */
+static const unsigned char *mla_dequant_kv_b(struct model *m, struct backend_weight *w) {
+    KILN_ASSERT(m->be->ops->weights_in_place && w->scale && w->block_rows > 0 && w->block_cols > 0);
+    long rows = w->rows, cols = w->cols, nbc = (cols + w->block_cols - 1) / w->block_cols;
+    float *f = xaligned_alloc((size_t)(rows * cols) * 4);
+    const uint8_t *q = w->data;
+    for (long r = 0; r < rows; r++)
+        for (long j = 0; j < cols; j++)
+            f[r * cols + j] =
+                fp8_e4m3_to_f32(q[r * cols + j]) * w->scale[(r / w->block_rows) * nbc + j / w->block_cols];
+    model_own(m, f);
+    const void *dev = model_upload(m, f, (size_t)(rows * cols) * 4);
+    if (!dev) return NULL;
+    m->weight_bytes += (size_t)(rows * cols) * 4;
+    *w = (struct backend_weight){.data = dev, .dtype = DTYPE_F32, .rows = rows, .cols = cols};
+    return (const unsigned char *)f;
+}
+
 static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err) {
     struct model *m = ws->m;
     const struct model_config *c = &m->cfg;
@@ -29,25 +51,25 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
     char name[256];
 #define P(suffix) (snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, suffix), name)
     if (qr > 0) {
-        if (ws_matrix(ws, P("q_a_proj.weight"), qr, d, &a->wq_a, err) ||
+        if (ws_proj(ws, P("q_a_proj.weight"), qr, d, &a->wq_a, err) ||
             ws_vector(ws, P("q_a_layernorm.weight"), qr, 1.0f, &a->q_a_norm, err) ||
-            ws_matrix(ws, P("q_b_proj.weight"), H * qh, qr, &a->wq_b, err))
+            ws_proj(ws, P("q_b_proj.weight"), H * qh, qr, &a->wq_b, err))
             return -1;
-    } else if (ws_matrix(ws, P("q_proj.weight"), H * qh, d, &a->wq, err)) {
+    } else if (ws_proj(ws, P("q_proj.weight"), H * qh, d, &a->wq, err)) {
         return -1;
     }
-    if (ws_matrix(ws, P("kv_a_proj_with_mqa.weight"), kvr + rope, d, &a->wkv_a, err) ||
+    if (ws_proj(ws, P("kv_a_proj_with_mqa.weight"), kvr + rope, d, &a->wkv_a, err) ||
         ws_vector(ws, P("kv_a_layernorm.weight"), kvr, 1.0f, &a->kv_a_norm, err) ||
-        ws_matrix(ws, P("kv_b_proj.weight"), H * (nope + vd), kvr, &a->wkv_b, err))
+        ws_proj(ws, P("kv_b_proj.weight"), H * (nope + vd), kvr, &a->wkv_b, err))
         return -1;
     /* W_UK_h^T [kvr][nope] per head, in the checkpoint dtype (a transpose
      * is exact), made from kv_b_proj's host bytes: all heads stacked in one
      * [H][kvr][nope] tensor (w_uk_t[h] are views into it), so the q_nope
      * products of every head run as one matmul_heads. W_UV stays strided
      * views into kv_b_proj (head stride (nope + vd)·kvr elements). */
-    const unsigned char *src = ws_last_host(ws);
+    const unsigned char *src = a->wkv_b.dtype == DTYPE_F8_E4M3 ? mla_dequant_kv_b(m, &a->wkv_b) : ws_last_host(ws);
     if (!src) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for MLA weights");
-    if (ws_matrix(ws, P("o_proj.weight"), d, H * vd, &a->wo, err)) return -1;
+    if (ws_proj(ws, P("o_proj.weight"), d, H * vd, &a->wo, err)) return -1;
 #undef P
     enum dtype dt = a->wkv_b.dtype;
     size_t es = dtype_size(dt), head_bytes = (size_t)(kvr * nope) * es;
