@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # kiln verify on every oracle model (page sizes 1 and 16, chunks 3 and 64)
 # (deepseek_v2 and deepseek_v3 also with MLA's absorbed and MHA forms
-# forced) and on the bundled stories260K model; every row must be within 1e-3 of
-# the Hugging Face fp32 logits.
+# forced), on the FP8 oracle models (float8_e4m3fn projections with 32x32
+# block scales, the DeepSeek-V3 / Qwen3-FP8 format: the CPU dequantizes
+# exactly and multiplies in fp32, as the reference does) and on the bundled
+# stories260K model; every row must be within 1e-3 of the Hugging Face
+# fp32 logits.
 set -u
 fail=0; runs=0
 check() {
@@ -36,11 +39,30 @@ for form in absorbed mha; do
     done
   done
 done
+for arch in llama qwen3 qwen3_moe deepseek_v3; do
+  dir="$KILN_FIXTURES/oracle/tiny-models-fp8/${arch}_fp8"
+  for ps in 1 16; do
+    for chunk in 3 64; do
+      check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
+    done
+  done
+done
+for form in absorbed mha; do
+  dir="$KILN_FIXTURES/oracle/tiny-models-fp8/deepseek_v3_fp8"
+  KILN_MLA_FORM=$form check --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk 3
+done
 check --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
 # A tolerance that cannot hold must fail: the check really compares.
 if "$KILN" verify --model "$KILN_FIXTURES/oracle/tiny-models/llama" \
      --reference "$KILN_FIXTURES/oracle/tiny-models/qwen2/reference.safetensors" >/dev/null 2>&1; then
   echo "FAIL: verify against another model's reference passed"; fail=$((fail + 1))
+fi
+runs=$((runs + 1))
+# FP8 moved these logits 1-6 from the bf16 model's: the FP8 checkpoint
+# must fail against the bf16 reference (its FP8 weights were read)
+if "$KILN" verify --model "$KILN_FIXTURES/oracle/tiny-models-fp8/llama_fp8" \
+     --reference "$KILN_FIXTURES/oracle/tiny-models/llama/reference.safetensors" >/dev/null 2>&1; then
+  echo "FAIL: the FP8 model passed against the bf16 model's reference"; fail=$((fail + 1))
 fi
 runs=$((runs + 1))
 echo "$((runs - fail)) passed, $fail failed"
