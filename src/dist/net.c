@@ -66,7 +66,7 @@ int dist_sock_setup(int fd, struct kiln_error *err) {
 
 static struct addrinfo *resolve(const char *hp, int passive, struct kiln_error *err) {
     char host[256];
-    int port;
+    int port = 0;
     if (dist_addr_split(hp, host, sizeof host, &port, err)) return NULL;
     char service[16];
     snprintf(service, sizeof service, "%d", port);

@@ -133,7 +133,7 @@ static int take_str(struct rd *r, char *dst, size_t max, const char *what, struc
 int dist_wire_parse(const uint8_t *data, size_t len, struct dist_msg *m, struct kiln_error *err) {
     memset(m, 0, sizeof *m);
     if (len < DIST_WIRE_HEADER) return kiln_errorf(err, "rendezvous message of %zu bytes, shorter than its header", len);
-    enum dist_msg_type type;
+    enum dist_msg_type type = DIST_MSG_HELLO;
     long body = dist_wire_header(data, &type, err);
     if (body < 0) return -1;
     if ((size_t)body != len - DIST_WIRE_HEADER)
