@@ -8,7 +8,8 @@
  * kv_lora_rank floats of K (`v_in_k`), so no V buffer exists.
  *
  * Elements are of the backend's KV type (backend_kv_dtype: fp32 on the
- * CPU, bf16 on CUDA by default).
+ * CPU, bf16 on CUDA by default; e4m3 with --kv-cache-dtype fp8_e4m3, one
+ * byte per element, the model keeping each layer's scales).
  *
  * Pages are handed out from a free list; the radix cache and the scheduler
  * decide who owns them. The pool itself is single-threaded (the engine

@@ -110,7 +110,8 @@ static void mla_absorbed(const struct fwd *f, int l, const struct attn_mla *a, c
     ops->matmul_heads(ctx, q2, H * lw, lw, q, H * qh, qh, &a->w_uk_t[0], kvr * nope, (int)H, n);
     ops->copy_rows(ctx, q2 + kvr, lw, q + nope, qh, n * H, rope);
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = 1, .dk = (int)lw, .dv = (int)kvr,
-                            .k_stride = lw, .v_stride = lw, .scale = m->attn_scale};
+                            .k_stride = lw, .v_stride = lw, .scale = m->attn_scale,
+                            .k_scale = m->layers[l].k_scale, .v_scale = m->layers[l].k_scale};
     ops->attention(ctx, att, H * kvr, q2, H * lw, f->kv->k[l], f->kv->k[l], &p, f->bb);
     ops->matmul_heads(ctx, o, H * vd, vd, att, H * kvr, kvr, &a->w_uv[0], (nope + vd) * kvr,
                       (int)H, n);
@@ -139,7 +140,7 @@ static void mla_forward(const struct fwd *f, int l, const struct attn_mla *a, co
     ops->rmsnorm(ctx, kva, lw, kva, lw, a->kv_a_norm, n, kvr, eps);
     ops->rope(ctx, kva + kvr, lw, n, 1, lw, (int)rope, f->pos, m->rope_table, 1);
     ops->rope(ctx, q + nope, H * qh, n, (int)H, qh, (int)rope, f->pos, m->rope_table, 1);
-    ops->kv_store(ctx, f->kv->k[l], lw, kva, lw, lw, f->slot, n);
+    ops->kv_store(ctx, f->kv->k[l], lw, kva, lw, lw, f->slot, n, m->layers[l].k_scale);
 
     mla_attend(f, l, a, q, o, mla_absorbed); /* each sequence in its form (deepseek_mha.c) */
     ops->matmul(ctx, out, d, o, H * vd, &a->wo, NULL, n);

@@ -115,13 +115,21 @@ size_t mla_ws_bytes(const struct model_config *c, long max_context, size_t es) {
     return (size_t)(tokens * per_token) + MLA_CHUNK_BYTES;
 }
 
+/* Bytes of an expanded K/V element: the KV type's, fp32 on an FP8 cache
+ * (backend.h mla_kv_expand: the expansion is no cache, nothing is gained
+ * rounding it to e4m3 again). */
+static size_t mla_expand_size(const struct backend *be) {
+    enum dtype dt = backend_kv_dtype(be);
+    return dt == DTYPE_F8_E4M3 ? 4 : dtype_size(dt);
+}
+
 int mla_ws_reserve(struct model *m, struct kiln_error *err) {
     const struct model_config *c = &m->cfg;
     const struct backend_ops *ops = m->be->ops;
     if (!ops->kv_gather || !ops->mla_kv_expand) return 0; /* absorbed only */
     long H = c->n_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim,
          vd = c->v_head_dim, kvr = c->kv_lora_rank;
-    size_t es = dtype_size(backend_kv_dtype(m->be));
+    size_t es = mla_expand_size(m->be);
     long per_token = H * (nope + rope + vd) * (long)es;
     long tokens = MLA_WS_BYTES / per_token;
     if (tokens > m->max_context) tokens = m->max_context;
@@ -238,12 +246,13 @@ static void mha_sequence(const struct fwd *f, int l, const struct attn_mla *a,
     struct mla_ws *w = m->act.mla;
     long H = c->n_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim,
          vd = c->v_head_dim, kvr = c->kv_lora_rank, qh = nope + rope, lw = kvr + rope;
-    size_t es = dtype_size(backend_kv_dtype(m->be));
+    size_t es = mla_expand_size(m->be);
+    float ks = m->layers[l].k_scale;
     const struct batch *b = f->host;
     const int32_t *pages = f->bb->kv_pages + b->kv_page_start[p->s0];
     for (long c0 = 0; c0 < p->ctx; c0 += w->chunk) {
         long cn = p->ctx - c0 < w->chunk ? p->ctx - c0 : w->chunk;
-        ops->kv_gather(ctx, w->lat, lw, f->kv->k[l], lw, lw, pages, b->page_size, c0, cn);
+        ops->kv_gather(ctx, w->lat, lw, f->kv->k[l], lw, lw, pages, b->page_size, c0, cn, ks);
         ops->matmul(ctx, w->kv, H * (nope + vd), w->lat, lw, &a->wkv_b, NULL, cn);
         ops->mla_kv_expand(ctx, (char *)w->k + (size_t)(c0 * H * qh) * es,
                            (char *)w->v + (size_t)(c0 * H * vd) * es, w->kv, H * (nope + vd),
@@ -254,7 +263,9 @@ static void mha_sequence(const struct fwd *f, int l, const struct attn_mla *a,
                                .q_start = w->meta + p->meta_off, .kv_page_start = w->meta,
                                .kv_pages = w->meta};
     struct attn_params ap = {.n_heads = (int)H, .n_kv_heads = (int)H, .dk = (int)qh, .dv = (int)vd,
-                             .k_stride = H * qh, .v_stride = H * vd, .scale = m->attn_scale};
+                             .k_stride = H * qh, .v_stride = H * vd, .scale = m->attn_scale,
+                             .k_scale = 1.0f, .v_scale = 1.0f,
+                             .f32_cache = backend_kv_dtype(m->be) == DTYPE_F8_E4M3};
     ops->attention(ctx, o + p->r0 * H * vd, H * vd, q + p->r0 * H * qh, H * qh, w->k, w->v, &ap,
                    &sb);
 }

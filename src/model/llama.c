@@ -108,7 +108,8 @@ static struct backend_rope_store rope_args(const struct fwd *f, int l, const str
         .q_norm = a->q_norm, .k_norm = a->k_norm, .eps = (float)c->rms_norm_eps,
         .rot_dim = m->rope_dim, .pos = f->pos, .cos_sin = m->rope_table,
         .interleaved = c->rope.interleaved, .k_cache = f->kv->k[l], .v_cache = f->kv->v[l],
-        .kv_stride = (long)c->n_kv_heads * c->head_dim, .slots = f->slot};
+        .kv_stride = (long)c->n_kv_heads * c->head_dim, .slots = f->slot,
+        .k_scale = m->layers[l].k_scale, .v_scale = m->layers[l].v_scale};
 }
 
 /* The layer's attention input norm (nm), the q|k|v product with the
@@ -128,7 +129,8 @@ void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
     struct backend_rope_store r = rope_args(f, l, a);
     ops->norm_matmul_rope(ctx, nm, m->act.qkv, L, &w, a->bqkv, n, &r);
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = (int)KH, .dk = (int)hd,
-                            .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale};
+                            .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale,
+                            .k_scale = r.k_scale, .v_scale = r.v_scale};
     ops->attention_matmul(ctx, out, d, m->act.att, qw, m->act.qkv, L, r.k_cache, r.v_cache, &p,
                           f->bb, &a->wo, a->bo, n);
 }

@@ -69,6 +69,44 @@ static void free_activations(struct model *m) {
     memset(a, 0, sizeof *a);
 }
 
+/* One layer's KV scale: the first of names[] the checkpoint holds, a
+ * scalar (F32, BF16 or F16; positive and finite), else 1 as SGLang's
+ * default. The names vLLM and SGLang read: self_attn.k_scale / v_scale,
+ * the quantizers' k_proj / v_proj.output_scale, and the older kv_scale
+ * (one for both). */
+static int kv_scale_load(const struct model *m, int l, const char *const *names, int count,
+                         float *out, struct kiln_error *err) {
+    *out = 1.0f;
+    if (!m->st.n_files) return 0; /* dummy weights */
+    for (int i = 0; i < count; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, names[i]);
+        const struct st_tensor *t = st_find(&m->st, name);
+        if (!t) continue;
+        float v = NAN;
+        if (t->numel == 1 && t->dtype == DTYPE_F32) memcpy(&v, t->data, 4);
+        else if (t->numel == 1 && t->dtype == DTYPE_BF16) v = bf16_to_f32(*(const uint16_t *)t->data);
+        else if (t->numel == 1 && t->dtype == DTYPE_F16) v = f16_to_f32(*(const uint16_t *)t->data);
+        if (!(v > 0.0f) || !isfinite(v))
+            return kiln_errorf(err, "%s: tensor '%s': expected one positive F32, BF16 or F16 "
+                                    "value (a KV cache scale)",
+                               m->st.paths[t->file], name);
+        *out = v;
+        return 0;
+    }
+    return 0;
+}
+
+static int kv_scales_load(struct model *m, struct kiln_error *err) {
+    static const char *const k_names[] = {"k_scale", "k_proj.output_scale", "kv_scale"};
+    static const char *const v_names[] = {"v_scale", "v_proj.output_scale", "kv_scale"};
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        if (kv_scale_load(m, l, k_names, 3, &m->layers[l].k_scale, err) ||
+            kv_scale_load(m, l, v_names, 3, &m->layers[l].v_scale, err))
+            return -1;
+    return 0;
+}
+
 static int load_weights(struct model *m, struct weight_source *ws, struct kiln_error *err) {
     const struct model_config *c = &m->cfg;
     long d = c->hidden_size, V = c->vocab_size;
@@ -149,7 +187,9 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     const struct backend_ops *ops = m->be->ops;
     m->defer_uploads = opt && opt->defer_weights && ops->weight_upload_later &&
                        ops->weights_finish && !ops->weights_in_place;
-    if (quant_setup(m, ws, opt, err) || load_weights(m, ws, err) || moe_finish_load(m, err)) return -1;
+    if (quant_setup(m, ws, opt, err) || load_weights(m, ws, err) || moe_finish_load(m, err) ||
+        kv_scales_load(m, err))
+        return -1;
 
     m->rope_dim = m->fam->rope_dim(c);
     float *table = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));

@@ -91,6 +91,9 @@ struct layer {
     struct attn_mla mla;
     struct mlp_dense dense;
     struct mlp_moe moe;
+    /* An FP8 KV cache's scales (kv_store; MLA's latent rows use k_scale):
+     * the checkpoint's self_attn.k_scale / v_scale, else 1 (model.c). */
+    float k_scale, v_scale;
 };
 
 /* Activation buffers, reserved for max_batch_tokens rows. */

@@ -55,6 +55,12 @@ struct attn_params {
     int dk, dv;              /* per-head widths of q·k and of v */
     long k_stride, v_stride; /* elements between consecutive slots of the K / V cache */
     float scale;             /* softmax scale */
+    /* An FP8 (DTYPE_F8_E4M3) cache's per-layer scales: an element reads as
+     * fp8_e4m3_to_f32(q) * k_scale (v_scale for V). Unused by other KV
+     * types. */
+    float k_scale, v_scale;
+    int f32_cache; /* the caches are fp32 whatever kv_dtype is (the MLA MHA form's
+                      expanded K/V, which mla_kv_expand writes in fp32 on an FP8 cache) */
 };
 
 enum moe_route_scoring { MOE_ROUTE_SOFTMAX = 0, MOE_ROUTE_SIGMOID };
@@ -168,6 +174,7 @@ struct backend_rope_store {
     void *k_cache, *v_cache;
     long kv_stride;
     const int32_t *slots;
+    float k_scale, v_scale; /* an FP8 cache's scales, as kv_store's */
 };
 
 struct backend_ops {
@@ -240,9 +247,11 @@ struct backend_ops {
     void (*copy_rows)(void *ctx, float *dst, long ldd, const float *src, long lds, long n,
                       long width);
     /* cache[slots[i] * stride + 0..width) = src[i][0..width), converted to
-     * the KV element type (kv_dtype below; strides count elements). */
+     * the KV element type (kv_dtype below; strides count elements). An FP8
+     * cache stores f32_to_fp8_e4m3(x / scale) (the layer's k_scale or
+     * v_scale; saturating at ±448); other types ignore scale. */
     void (*kv_store)(void *ctx, void *cache, long stride, const float *src, long ld, long width,
-                     const int32_t *slots, long n);
+                     const int32_t *slots, long n, float scale);
     /* Causal paged attention: out[n][n_heads * dv] from q[n][n_heads * dk]
      * against the sequence's cached positions 0..position (caches of
      * kv_dtype elements). */
@@ -253,14 +262,16 @@ struct backend_ops {
      * kv_gather: dst[i][0..width) (row stride ldd) = the cache row of
      * position p0 + i of a sequence whose page list is pages (slot
      * pages[p / page_size]·page_size + p % page_size; row stride `stride`
-     * elements of kv_dtype), widened to fp32: kv_store read back.
-     * mla_kv_expand: per-head K and V of n positions, in kv_dtype, as a
+     * elements of kv_dtype), widened to fp32: kv_store read back (an FP8
+     * element as fp8_e4m3_to_f32(q) * scale).
+     * mla_kv_expand: per-head K and V of n positions, in kv_dtype (fp32
+     * where kv_dtype is FP8: attn_params.f32_cache), as a
      * cache the attention reads: k[i][h][0..nope) = kv[i][h·(nope+vd) + 0..nope),
      * k[i][h][nope..nope+rope) = k_rope[i][0..rope) (one rope key shared by
      * every head), v[i][h][0..vd) = kv[i][h·(nope+vd) + nope + 0..vd);
      * k rows are n_heads·(nope+rope) elements, v rows n_heads·vd. */
     void (*kv_gather)(void *ctx, float *dst, long ldd, const void *cache, long stride, long width,
-                      const int32_t *pages, int page_size, long p0, long n);
+                      const int32_t *pages, int page_size, long p0, long n, float scale);
     void (*mla_kv_expand)(void *ctx, void *k, void *v, const float *kv, long ldkv,
                           const float *k_rope, long ldr, long n, int n_heads, int nope, int rope,
                           int vd);
@@ -372,8 +383,10 @@ struct backend_ops {
 
     /* The element type of the KV cache the backend reads and writes
      * (kv_store, qk_rope_store, attention): NULL means DTYPE_F32. Fixed for
-     * the backend's life. CPU: fp32 (its exactness tests rely on it); CUDA:
-     * bf16 unless KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2. */
+     * the backend's life. CPU: fp32 (its exactness tests rely on it), or
+     * DTYPE_F8_E4M3 with backend_options.kv_fp8 (--kv-cache-dtype fp8_e4m3);
+     * CUDA: bf16 unless KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2 (it
+     * refuses kv_fp8 for now). */
     enum dtype (*kv_dtype)(void *ctx);
 
     /* Sampling on the device (NULL on the CPU, whose engine samples on the
@@ -466,6 +479,8 @@ struct backend_options {
     int device;    /* GPU ordinal */
     int deterministic; /* 1: a row's results do not depend on the batch it is in (GPU: fixed
                           reduction orders for matmuls; the CPU backend always is) */
+    int kv_fp8;    /* 1: an FP8 (e4m3) KV cache, --kv-cache-dtype fp8_e4m3 (0: auto, the
+                      backend's own type); a backend without one fails to create */
 };
 
 /* Backends are created by name in backend/registry.h; this frees one made

@@ -50,8 +50,8 @@ void compose_qk_rope_store(const struct backend_ops *ops, void *ctx, float *q, f
     }
     ops->rope(ctx, q, ld, n, r->n_heads, hd, r->rot_dim, r->pos, r->cos_sin, r->interleaved);
     ops->rope(ctx, k, ld, n, r->n_kv_heads, hd, r->rot_dim, r->pos, r->cos_sin, r->interleaved);
-    ops->kv_store(ctx, r->k_cache, r->kv_stride, k, ld, kw, r->slots, n);
-    ops->kv_store(ctx, r->v_cache, r->kv_stride, v, ld, kw, r->slots, n);
+    ops->kv_store(ctx, r->k_cache, r->kv_stride, k, ld, kw, r->slots, n, r->k_scale);
+    ops->kv_store(ctx, r->v_cache, r->kv_stride, v, ld, kw, r->slots, n, r->v_scale);
 }
 
 void compose_norm_matmul(const struct backend_ops *ops, void *ctx, const struct backend_norm *nm,

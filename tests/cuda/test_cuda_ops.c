@@ -241,8 +241,8 @@ static void test_qk_rope_store(void **state) {
         }
         cpu.ops->rope(cpu.ctx, q, ld, n, (int)H, hd, (int)rot, (int32_t *)pp.h, pc.h, inter);
         cpu.ops->rope(cpu.ctx, k, ld, n, (int)KH, hd, (int)rot, (int32_t *)pp.h, pc.h, inter);
-        cpu.ops->kv_store(cpu.ctx, kc.h, kw, k, ld, kw, (int32_t *)ps.h, n);
-        cpu.ops->kv_store(cpu.ctx, vc.h, kw, v, ld, kw, (int32_t *)ps.h, n);
+        cpu.ops->kv_store(cpu.ctx, kc.h, kw, k, ld, kw, (int32_t *)ps.h, n, 1.0f);
+        cpu.ops->kv_store(cpu.ctx, vc.h, kw, v, ld, kw, (int32_t *)ps.h, n, 1.0f);
         float *qd = x.d;
         struct backend_rope_store r = {.n_heads = (int)H, .n_kv_heads = (int)KH, .head_dim = (int)hd,
                                        .q_norm = norm ? qn.d : NULL, .k_norm = norm ? kn.d : NULL,
@@ -317,8 +317,8 @@ static void test_elementwise(void **state) {
         sl[i] = s;
     }
     struct pair psl = pair_from(sl, sizeof sl), src = pair_rand((size_t)(40 * 50), 1.0f);
-    cpu.ops->kv_store(cpu.ctx, cache.h, stride, src.h, 50, width, (int32_t *)psl.h, 40);
-    gpu.ops->kv_store(gpu.ctx, cache.d, stride, src.d, 50, width, psl.d, 40);
+    cpu.ops->kv_store(cpu.ctx, cache.h, stride, src.h, 50, width, (int32_t *)psl.h, 40, 1.0f);
+    gpu.ops->kv_store(gpu.ctx, cache.d, stride, src.d, 50, width, psl.d, 40, 1.0f);
     /* the GPU's copy is the CPU's rounded to the KV dtype, bit for bit */
     float *gc = kv_fetch(&gpu, &cache, 0, (size_t)(slots * stride));
     for (int i = 0; i < 40; i++) {

@@ -160,8 +160,8 @@ static void test_gather_expand(void **state) {
     float *g_cpu = xmalloc((size_t)(cnt * LW) * 4), *g_gpu = xmalloc((size_t)(cnt * LW) * 4);
     for (long i = 0; i < cnt * LW; i++) g_cpu[i] = NAN, g_gpu[i] = NAN;
     float *gdev = dev_from(&gpu, g_gpu, (size_t)(cnt * LW) * 4);
-    cpu.ops->kv_gather(cpu.ctx, g_cpu, LW, cache, LW, LW, pages, PS, p0, cnt);
-    gpu.ops->kv_gather(gpu.ctx, gdev, LW, cdev, LW, LW, pdev, PS, p0, cnt);
+    cpu.ops->kv_gather(cpu.ctx, g_cpu, LW, cache, LW, LW, pages, PS, p0, cnt, 1.0f);
+    gpu.ops->kv_gather(gpu.ctx, gdev, LW, cdev, LW, LW, pdev, PS, p0, cnt, 1.0f);
     gpu.ops->download(gpu.ctx, g_gpu, gdev, (size_t)(cnt * LW) * 4);
     expect_same_bits("kv_gather", g_gpu, LW, g_cpu, LW, cnt, LW);
 

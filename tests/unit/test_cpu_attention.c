@@ -14,6 +14,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_matmul.h"
+#include "backend/registry.h"
+#include "base/error.h"
 #include "base/threadpool.h"
 
 static uint64_t rng_next(uint64_t *s) {
@@ -84,12 +86,18 @@ static void free_setup(struct setup *st) {
     free(st->v);
 }
 
-static void run_attention(struct setup *st, int threads, float *out, long ldo) {
-    struct cpu_ctx ctx = {.tp = threadpool_create(threads), .n_threads = threads, .max_context = 512};
+static void run_attention_on(struct setup *st, int threads, float *out, long ldo, int fp8,
+                             const void *k, const void *v) {
+    struct cpu_ctx ctx = {.tp = threadpool_create(threads), .n_threads = threads, .max_context = 512,
+                          .kv_fp8 = fp8};
     ctx.attn_scratch = malloc((size_t)threads * 512 * sizeof(float));
-    cpu_attention(&ctx, out, ldo, st->q, st->ldq, st->k, st->v, &st->p, &st->b);
+    cpu_attention(&ctx, out, ldo, st->q, st->ldq, k, v, &st->p, &st->b);
     free(ctx.attn_scratch);
     threadpool_destroy(ctx.tp);
+}
+
+static void run_attention(struct setup *st, int threads, float *out, long ldo) {
+    run_attention_on(st, threads, out, ldo, 0, st->k, st->v);
 }
 
 /* Double-precision softmax(q k^T * scale) v for token t, head h, dim d. */
@@ -165,9 +173,82 @@ static void test_attention(void **state) {
     check_case(&s, 72, 136, 2, 1, 11, 2, 5, 1, 4);
 }
 
+/* An FP8 cache (--kv-cache-dtype fp8_e4m3): the backend's kv_store keeps
+ * e4m3(x / scale) (saturated at ±448), kv_gather reads e4m3 · scale, and
+ * the attention over the e4m3 cache is the fp32 attention over those
+ * dequantized values bit for bit, on every family and thread count (the
+ * error of the FP8 cache is the rounding of K and V alone). */
+static void fp8_case(uint64_t *s, int dk, int dv, int heads, int kv_heads, int ctx0, int nq0, int ctx1,
+                     int nq1, int page_size, float k_scale, float v_scale) {
+    struct setup st;
+    make_setup(&st, s, dk, dv, heads, kv_heads, ctx0, nq0, ctx1, nq1, page_size);
+    st.p.k_scale = k_scale;
+    st.p.v_scale = v_scale;
+    struct backend be;
+    struct kiln_error err = {0};
+    struct backend_options bo = {.n_threads = 1, .kv_fp8 = 1};
+    assert_int_equal(backend_create(&be, "cpu", &bo, &err), 0);
+    assert_int_equal(backend_kv_dtype(&be), DTYPE_F8_E4M3);
+    long nk = st.n_slots * st.p.k_stride, nv = st.n_slots * st.p.v_stride;
+    uint8_t *kq = malloc((size_t)nk), *vq = malloc((size_t)nv);
+    int32_t *slots = malloc((size_t)st.n_slots * sizeof(int32_t));
+    for (long i = 0; i < st.n_slots; i++) slots[i] = (int32_t)i;
+    be.ops->kv_store(be.ctx, kq, st.p.k_stride, st.k, st.p.k_stride, st.p.k_stride, slots, st.n_slots, k_scale);
+    be.ops->kv_store(be.ctx, vq, st.p.v_stride, st.v, st.p.v_stride, st.p.v_stride, slots, st.n_slots, v_scale);
+    /* the dequantized cache, and the stored bytes are e4m3(x / scale) */
+    float *kd = malloc((size_t)nk * sizeof(float)), *vd = malloc((size_t)nv * sizeof(float));
+    for (long i = 0; i < nk; i++) {
+        assert_int_equal(kq[i], f32_to_fp8_e4m3(st.k[i] / k_scale));
+        kd[i] = fp8_e4m3_to_f32(kq[i]) * k_scale;
+    }
+    for (long i = 0; i < nv; i++) vd[i] = fp8_e4m3_to_f32(vq[i]) * v_scale;
+    /* kv_gather reads the same values back (one page list of all slots) */
+    float g[512];
+    int32_t pages1[1] = {0};
+    long w = st.p.k_stride < 512 ? st.p.k_stride : 512;
+    be.ops->kv_gather(be.ctx, g, w, kq, st.p.k_stride, w, pages1, (int)st.n_slots, 1, 1, k_scale);
+    assert_memory_equal(g, kd + st.p.k_stride, (size_t)w * sizeof(float));
+    long ldo = (long)heads * dv + 2, rows = st.b.n_tokens;
+    float *want = calloc((size_t)(rows * ldo), sizeof(float)), *got = calloc((size_t)(rows * ldo), sizeof(float));
+    for (enum cpu_matmul_isa isa = CPU_MATMUL_PORTABLE; isa <= CPU_MATMUL_AVX512BF16; isa++) {
+        if (cpu_matmul_cap_isa(isa) != isa) continue;
+        for (int threads = 1; threads <= 3; threads += 2) {
+            memset(want, 0, (size_t)(rows * ldo) * sizeof(float));
+            memset(got, 0, (size_t)(rows * ldo) * sizeof(float));
+            run_attention_on(&st, threads, want, ldo, 0, kd, vd);
+            run_attention_on(&st, threads, got, ldo, 1, kq, vq);
+            if (memcmp(want, got, (size_t)(rows * ldo) * sizeof(float)))
+                fail_msg("%s FP8 attention differs from fp32 over the dequantized cache: dk=%d dv=%d",
+                         cpu_matmul_isa_name(isa), dk, dv);
+        }
+    }
+    cpu_matmul_cap_isa(CPU_MATMUL_AVX512BF16);
+    backend_destroy(&be);
+    free(want);
+    free(got);
+    free(kq);
+    free(vq);
+    free(kd);
+    free(vd);
+    free(slots);
+    free_setup(&st);
+}
+
+static void test_attention_fp8(void **state) {
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    /* K in [-3, 3): scale 1/256 puts some of it past 448 (saturated), 1 and
+     * 0.01 not; the shapes as test_attention's (vectorised and scalar). */
+    fp8_case(&s, 128, 128, 4, 2, 37, 5, 9, 9, 3, 1.0f, 1.0f);
+    fp8_case(&s, 128, 128, 2, 1, 130, 2, 1, 1, 16, 1.0f / 256, 0.01f);
+    fp8_case(&s, 192, 128, 2, 2, 22, 3, 3, 2, 5, 0.01f, 0.5f);
+    fp8_case(&s, 64, 64, 4, 1, 19, 4, 7, 7, 2, 2.0f, 1.0f);
+    fp8_case(&s, 72, 136, 2, 1, 11, 2, 5, 1, 4, 1.0f, 0.25f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

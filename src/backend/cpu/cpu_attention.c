@@ -13,8 +13,14 @@
  * weighted sum of values held in registers across positions. Each lane does
  * the multiply and then the add that the scalar code does (the build is ISO
  * C, which does not contract them into an FMA), so the results are the same
- * bits. */
+ * bits.
+ *
+ * An FP8 cache (kv_dtype e4m3) is read row by row: each key or value row
+ * is widened (fp8_e4m3_to_f32(q) * scale) into the thread's row buffer and
+ * the fp32 code runs on it, so the result is the fp32 attention's over
+ * the dequantized cache, bit for bit (test_cpu_attention checks it). */
 #include <math.h>
+#include <stdlib.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -24,17 +30,30 @@
 #include "base/error.h"
 #include "base/threadpool.h"
 
+enum { ATTN_KEYS_MAX = 8 }; /* the most key rows a thread widens at once (ATTN_KEYS) */
+
 struct attn_job {
     float *out;
     long ldo;
     const float *q;
     long ldq;
-    const float *k_cache, *v_cache;
+    const void *k_cache, *v_cache;
     const struct attn_params *p;
     const struct backend_batch *b;
     float *scratch; /* [nth][max_context] */
     long max_context;
+    int fp8;        /* the caches hold e4m3 (p->k_scale, p->v_scale) */
+    float *rows;    /* fp8: [nth][row_floats] widened K rows (ATTN_KEYS of dk) and a V chunk */
+    long row_floats;
 };
+
+/* Row `off` (elements) of a cache, n elements: in place when fp32, else
+ * widened into buf. */
+static const float *kv_row(const void *cache, long off, int n, int fp8, float scale, float *buf) {
+    if (!fp8) return (const float *)cache + off;
+    cpu_fp8_widen(buf, (const uint8_t *)cache + off, n, scale);
+    return buf;
+}
 
 static int seq_of_token(const struct backend_batch *b, long t) {
     int lo = 0, hi = b->n_seqs - 1; /* last s with q_start[s] <= t */
@@ -72,7 +91,7 @@ static float dot(const float *a, const float *b, int n) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-static void attn_one(const struct attn_job *j, long t, int h, float *scores) {
+static void attn_one(const struct attn_job *j, long t, int h, float *scores, float *rows) {
     const struct attn_params *p = j->p;
     const struct backend_batch *b = j->b;
     int s = seq_of_token(b, t);
@@ -86,7 +105,8 @@ static void attn_one(const struct attn_job *j, long t, int h, float *scores) {
     struct slot_iter ki = {pages, b->page_size, 0, 0};
     for (long i = 0; i < n; i++) {
         long slot = slot_next(&ki);
-        const float *k = j->k_cache + slot * p->k_stride + (long)g * p->dk;
+        const float *k = kv_row(j->k_cache, slot * p->k_stride + (long)g * p->dk, p->dk, j->fp8,
+                                p->k_scale, rows);
         float sc = dot(q, k, p->dk) * p->scale;
         scores[i] = sc;
         if (sc > mx) mx = sc;
@@ -101,7 +121,8 @@ static void attn_one(const struct attn_job *j, long t, int h, float *scores) {
     struct slot_iter vi = {pages, b->page_size, 0, 0};
     for (long i = 0; i < n; i++) {
         long slot = slot_next(&vi);
-        const float *v = j->v_cache + slot * p->v_stride + (long)g * p->dv;
+        const float *v = kv_row(j->v_cache, slot * p->v_stride + (long)g * p->dv, p->dv, j->fp8,
+                                p->v_scale, rows);
         float w = scores[i];
         for (int d = 0; d < p->dv; d++) o[d] += w * v[d];
     }
@@ -117,7 +138,7 @@ static float reduce8(const float *a) {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-enum { ATTN_KEYS = 8 }; /* keys whose dot products run side by side */
+enum { ATTN_KEYS = ATTN_KEYS_MAX }; /* keys whose dot products run side by side */
 
 /* dot(q, k[c]) for cnt (1..ATTN_KEYS) keys; n is a multiple of 8. Each
  * key's sum is a chain of dependent adds: eight chains keep the adder busy
@@ -140,7 +161,8 @@ static KILN_AVX512 void dot_keys(const float *q, const float *const *k, int cnt,
 enum { ATTN_DV_CHUNK = 128 }; /* 8 zmm of output held across positions */
 
 /* attn_one for dk % 8 == 0 and dv % ATTN_DV_CHUNK == 0. */
-static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h, float *scores) {
+static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h, float *scores,
+                                        float *rows) {
     const struct attn_params *p = j->p;
     const struct backend_batch *b = j->b;
     int s = seq_of_token(b, t);
@@ -154,7 +176,9 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
     for (long i0 = 0; i0 < n; i0 += ATTN_KEYS) {
         const float *k[ATTN_KEYS];
         int cnt = n - i0 < ATTN_KEYS ? (int)(n - i0) : ATTN_KEYS;
-        for (int c = 0; c < cnt; c++) k[c] = j->k_cache + slot_next(&ki) * p->k_stride + (long)g * p->dk;
+        for (int c = 0; c < cnt; c++)
+            k[c] = kv_row(j->k_cache, slot_next(&ki) * p->k_stride + (long)g * p->dk, p->dk, j->fp8,
+                          p->k_scale, rows + (long)c * p->dk);
         dot_keys(q, k, cnt, p->dk, scores + i0);
         for (int c = 0; c < cnt; c++) scores[i0 + c] *= p->scale;
     }
@@ -174,7 +198,8 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
         struct slot_iter vi = {pages, b->page_size, 0, 0};
         for (long i = 0; i < n; i++) {
             long slot = slot_next(&vi);
-            const float *v = j->v_cache + slot * p->v_stride + (long)g * p->dv + d0;
+            const float *v = kv_row(j->v_cache, slot * p->v_stride + (long)g * p->dv + d0,
+                                    ATTN_DV_CHUNK, j->fp8, p->v_scale, rows);
             __m512 w = _mm512_set1_ps(scores[i]);
             for (int c = 0; c < ATTN_DV_CHUNK / 16; c++)
                 acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(w, _mm512_loadu_ps(v + 16 * c)));
@@ -192,20 +217,30 @@ static void attn_worker(void *arg, int ith, int nth) {
     const struct attn_job *j = arg;
     long total = (long)j->b->n_tokens * j->p->n_heads;
     float *scores = j->scratch + (long)ith * j->max_context;
+    float *rows = j->rows ? j->rows + (long)ith * j->row_floats : NULL;
 #if defined(__x86_64__)
     if (cpu_matmul_isa() >= CPU_MATMUL_AVX512 && j->p->dk % 8 == 0 && j->p->dv % ATTN_DV_CHUNK == 0) {
         for (long w = ith; w < total; w += nth)
-            attn_one_avx512(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores);
+            attn_one_avx512(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores, rows);
         return;
     }
 #endif
-    for (long w = ith; w < total; w += nth) attn_one(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores);
+    for (long w = ith; w < total; w += nth)
+        attn_one(j, w / j->p->n_heads, (int)(w % j->p->n_heads), scores, rows);
 }
 
 void cpu_attention(void *ctx, float *out, long ldo, const float *q, long ldq, const void *k_cache,
                    const void *v_cache, const struct attn_params *p, const struct backend_batch *b) {
     struct cpu_ctx *c = ctx;
     KILN_ASSERT_MSG(c->attn_scratch, "cpu backend: reserve() was not called");
-    struct attn_job j = {out, ldo, q, ldq, k_cache, v_cache, p, b, c->attn_scratch, c->max_context};
+    struct attn_job j = {out, ldo, q, ldq, k_cache, v_cache, p, b, c->attn_scratch, c->max_context,
+                         c->kv_fp8 && !p->f32_cache, NULL, 0};
+    if (j.fp8) { /* ATTN_KEYS key rows (the vectorised path), or a value row */
+        long kr = (long)ATTN_KEYS_MAX * p->dk;
+        j.row_floats = kr > p->dv ? kr : p->dv;
+        j.rows = malloc((size_t)c->n_threads * (size_t)j.row_floats * sizeof(float));
+        KILN_ASSERT_MSG(j.rows, "cpu attention: out of memory for FP8 row buffers");
+    }
     threadpool_run(c->tp, attn_worker, &j);
+    free(j.rows);
 }

@@ -236,23 +236,47 @@ static void cpu_copy_rows(void *ctx, float *dst, long ldd, const float *src, lon
     for (long i = 0; i < n; i++) memmove(dst + i * ldd, src + i * lds, (size_t)width * 4);
 }
 
-/* The CPU's KV cache is fp32 (kv_dtype NULL). */
+/* The CPU's KV cache is fp32, or e4m3 with a scale per layer and K / V
+ * (backend_options.kv_fp8): q = e4m3(x / scale), read as e4m3(q) * scale. */
+static enum dtype cpu_kv_dtype(void *ctx) {
+    return ((const struct cpu_ctx *)ctx)->kv_fp8 ? DTYPE_F8_E4M3 : DTYPE_F32;
+}
+
 static void cpu_kv_store(void *ctx, void *cache_v, long stride, const float *src, long ld,
-                         long width, const int32_t *slots, long n) {
+                         long width, const int32_t *slots, long n, float scale) {
+    if (((const struct cpu_ctx *)ctx)->kv_fp8) {
+        uint8_t *cache = cache_v;
+        for (long i = 0; i < n; i++) {
+            uint8_t *dst = cache + (size_t)slots[i] * (size_t)stride;
+            for (long k = 0; k < width; k++) dst[k] = f32_to_fp8_e4m3(src[i * ld + k] / scale);
+        }
+        return;
+    }
     float *cache = cache_v;
     for (long i = 0; i < n; i++)
         memcpy(cache + (size_t)slots[i] * (size_t)stride, src + i * ld, (size_t)width * 4);
 }
 
 static void cpu_kv_gather(void *ctx, float *dst, long ldd, const void *cache_v, long stride,
-                          long width, const int32_t *pages, int page_size, long p0, long n) {
-    const float *cache = cache_v;
+                          long width, const int32_t *pages, int page_size, long p0, long n,
+                          float scale) {
+    int fp8 = ((const struct cpu_ctx *)ctx)->kv_fp8;
     for (long i = 0; i < n; i++) {
         long p = p0 + i, slot = (long)pages[p / page_size] * page_size + p % page_size;
-        memcpy(dst + i * ldd, cache + (size_t)slot * (size_t)stride, (size_t)width * 4);
+        if (fp8)
+            cpu_fp8_widen(dst + i * ldd, (const uint8_t *)cache_v + (size_t)slot * (size_t)stride,
+                          width, scale);
+        else
+            memcpy(dst + i * ldd, (const float *)cache_v + (size_t)slot * (size_t)stride,
+                   (size_t)width * 4);
     }
 }
 
+void cpu_fp8_widen(float *dst, const uint8_t *src, long n, float scale) {
+    for (long k = 0; k < n; k++) dst[k] = fp8_e4m3_to_f32(src[k]) * scale;
+}
+
+/* fp32 output whatever the cache type (attn_params.f32_cache). */
 static void cpu_mla_kv_expand(void *ctx, void *k_v, void *v_v, const float *kv, long ldkv,
                               const float *k_rope, long ldr, long n, int n_heads, int nope,
                               int rope, int vd) {
@@ -347,6 +371,7 @@ static const struct backend_ops cpu_ops = {
     .norm_matmul_rope = cpu_norm_matmul_rope,
     .norm_swiglu_mlp = cpu_norm_swiglu_mlp,
     .attention_matmul = cpu_attention_matmul,
+    .kv_dtype = cpu_kv_dtype,
 };
 
 int cpu_backend_create(struct backend *be, const struct backend_options *opt,
@@ -355,6 +380,7 @@ int cpu_backend_create(struct backend *be, const struct backend_options *opt,
     c->tp = threadpool_create(opt ? opt->n_threads : 0);
     c->n_threads = threadpool_size(c->tp);
     c->matmul_bf16 = knob_enum(KNOB_CPU_MATMUL) == 1;
+    c->kv_fp8 = opt && opt->kv_fp8;
     be->ops = &cpu_ops;
     be->ctx = c;
     return 0;

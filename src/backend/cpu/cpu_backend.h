@@ -18,6 +18,7 @@ struct cpu_ctx {
     struct threadpool *tp;
     int n_threads;
     int matmul_bf16; /* KILN_CPU_MATMUL=bf16: products with bf16 weights in bf16 */
+    int kv_fp8;      /* backend_options.kv_fp8: the KV cache holds e4m3 (kv_dtype) */
     long max_tokens, max_context;
     int max_heads;
     float *attn_scratch; /* [n_threads][max_context] scores */
@@ -30,6 +31,9 @@ struct cpu_ctx {
 
 int cpu_backend_create(struct backend *be, const struct backend_options *opt,
                        struct kiln_error *err);
+
+/* dst[k] = fp8_e4m3_to_f32(src[k]) * scale: an FP8 KV row read back. */
+void cpu_fp8_widen(float *dst, const uint8_t *src, long n, float scale);
 
 /* Operations implemented in their own files. */
 void cpu_attention(void *ctx, float *out, long ldo, const float *q, long ldq, const void *k_cache,

@@ -390,6 +390,9 @@ static const struct backend_ops cuda_ops = {
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
                         struct kiln_error *err) {
     int count = 0, dev = opt ? opt->device : 0;
+    if (opt && opt->kv_fp8)
+        return kiln_errorf(err, "the cuda backend does not support an FP8 KV cache yet "
+                                "(--kv-cache-dtype fp8_e4m3 runs on --device cpu)");
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();

@@ -211,7 +211,7 @@ void cuda_op_add_rmsnorm(void *ctx, float *h, const float *delta, float *y, cons
 void cuda_op_rope(void *ctx, float *x, long ldx, long n, int n_heads, long head_stride,
                   int rot_dim, const int32_t *pos, const float *cos_sin, int interleaved);
 void cuda_op_kv_store(void *ctx, void *cache, long stride, const float *src, long ld, long width,
-                      const int32_t *slots, long n);
+                      const int32_t *slots, long n, float scale);
 void cuda_op_silu_mul(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
                       long ldu, long n, long dim);
 void cuda_op_add(void *ctx, float *y, const float *x, long count);
@@ -226,7 +226,7 @@ void cuda_op_attention(void *ctx, float *out, long ldo, const float *q, long ldq
                        const struct backend_batch *b);
 /* cuda_mla.cu: backend_ops.kv_gather and mla_kv_expand */
 void cuda_op_kv_gather(void *ctx, float *dst, long ldd, const void *cache, long stride, long width,
-                       const int32_t *pages, int page_size, long p0, long n);
+                       const int32_t *pages, int page_size, long p0, long n, float scale);
 void cuda_op_mla_kv_expand(void *ctx, void *k, void *v, const float *kv, long ldkv,
                            const float *k_rope, long ldr, long n, int n_heads, int nope, int rope,
                            int vd);

@@ -25,7 +25,9 @@ static __global__ void kv_gather_kernel(float *dst, long ldd, const T *__restric
 }
 
 extern "C" void cuda_op_kv_gather(void *ctx, float *dst, long ldd, const void *cache, long stride,
-                                  long width, const int32_t *pages, int page_size, long p0, long n) {
+                                  long width, const int32_t *pages, int page_size, long p0, long n,
+                                  float scale) {
+    (void)scale; /* no FP8 cache on CUDA yet */
     if (n <= 0 || width <= 0) return;
     const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
     dim3 grid(grid_for(n, 1)), block(128);

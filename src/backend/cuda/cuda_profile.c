@@ -272,9 +272,9 @@ static void w_copy_rows(void *ctx, float *dst, long ldd, const float *src, long 
 }
 
 static void w_kv_store(void *ctx, void *cache, long stride, const float *src, long ld, long width,
-                       const int32_t *slots, long n) {
+                       const int32_t *slots, long n, float scale) {
     int s = begin(ctx, "kv_store", 0, 0);
-    P(ctx)->orig.kv_store(ctx, cache, stride, src, ld, width, slots, n);
+    P(ctx)->orig.kv_store(ctx, cache, stride, src, ld, width, slots, n, scale);
     end(ctx, s);
 }
 
