@@ -36,6 +36,7 @@ void model_args_defaults(struct model_args *a) {
     a->device = backend_default_name();
     a->load_format = "auto";
     a->page_size = 1;
+    a->kv_cache_dtype = "auto";
     a->dummy_routing_name = "model";
 }
 
@@ -53,6 +54,9 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
                     "without it (CPU only for now)"),
         CLI_OPT_INT("--threads", &a->threads, 1, 1024, "N", "CPU threads (default: the cores)"),
         CLI_OPT_INT("--page-size", &a->page_size, 1, 4096, "N", "tokens per KV page (default 1)"),
+        CLI_OPT_STR("--kv-cache-dtype", &a->kv_cache_dtype, "auto|fp8_e4m3",
+                    "KV cache elements: auto (default) fp32 on the CPU, bf16 on CUDA;\n"
+                    "fp8_e4m3 with a scale per layer for K and V (CPU only for now)"),
         CLI_OPT_FLAG("--deterministic", &a->deterministic, "a request's results do not depend on the batch (GPU)"),
         CLI_OPT_FLAG("--disable-shared-experts-fusion", &a->no_shared_fusion,
                      "DeepSeek: keep the shared expert a separate MLP"),
@@ -74,6 +78,11 @@ int model_args_finish(struct model_args *a, const char *cmd, const char *positio
         return 2;
     }
     a->dummy_routing = (int)routing;
+    if (strcmp(a->kv_cache_dtype, "auto") && strcmp(a->kv_cache_dtype, "fp8_e4m3")) {
+        fprintf(stderr, "kiln %s: --kv-cache-dtype '%s': expected auto or fp8_e4m3\n", cmd, a->kv_cache_dtype);
+        return 2;
+    }
+    a->kv_fp8 = !strcmp(a->kv_cache_dtype, "fp8_e4m3");
     if (a->quantization && strcmp(a->quantization, "fp8")) {
         fprintf(stderr, "kiln %s: --quantization '%s': only fp8 is supported\n", cmd, a->quantization);
         return 2;

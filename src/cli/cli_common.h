@@ -20,6 +20,8 @@ struct model_args {
     const char *quantization; /* --quantization fp8, or NULL (model_options.quantization) */
     int threads;             /* --threads N */
     int page_size;           /* --page-size N */
+    const char *kv_cache_dtype; /* --kv-cache-dtype auto|fp8_e4m3 */
+    int kv_fp8;              /* it is fp8_e4m3 (backend_options.kv_fp8): set by model_args_finish */
     int deterministic;       /* --deterministic: batch-invariant results (GPU) */
     int no_shared_fusion;    /* --disable-shared-experts-fusion */
     const char *dummy_routing_name; /* --dummy-routing model|uniform */
@@ -27,14 +29,14 @@ struct model_args {
     char *owned;             /* model_dir when it was built here */
 };
 
-#define MODEL_ARGS_MAX_OPTS 9
+#define MODEL_ARGS_MAX_OPTS 10
 
 void model_args_defaults(struct model_args *a);
 /* Writes the model options into out[MODEL_ARGS_MAX_OPTS] and returns how
  * many; with_model 0 leaves out --model (bench offline names the model its
  * own way). */
 size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *out);
-/* After parsing: checks --dummy-routing and --quantization (exit 2), takes the positional
+/* After parsing: checks --dummy-routing, --quantization and --kv-cache-dtype (exit 2), takes the positional
  * model (NULL: none), refuses a model given twice (exit 2), resolves it (exit 1 when it is neither a path nor
  * in the Hugging Face cache) and defaults to cli_default_model(). Returns
  * 0 or the exit code, after printing the reason as "kiln CMD: ...". */

@@ -338,6 +338,7 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.quantization = o.engine.quantization;
         eo.threads = o.engine.threads;
         eo.deterministic = o.engine.deterministic;
+        eo.kv_fp8 = o.engine.kv_fp8;
         eo.page_size = o.engine.page_size;
         eo.no_shared_expert_fusion = o.engine.no_shared_fusion;
         eo.dummy_routing = o.engine.dummy_routing;

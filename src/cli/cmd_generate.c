@@ -98,7 +98,8 @@ int cmd_generate(int argc, char **argv) {
     int rc = 1, page_size = ma.page_size;
     int32_t *seq = NULL, *pages = NULL, *rows = NULL, *pos = NULL, *slot = NULL;
     float *logits = NULL;
-    struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic};
+    struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic,
+                                 .kv_fp8 = ma.kv_fp8};
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
     struct model_options mo = {.load_format = ma.load_format, .quantization = ma.quantization,
                                .no_shared_expert_fusion = ma.no_shared_fusion,

@@ -188,6 +188,7 @@ int cmd_serve(int argc, char **argv) {
     eo.quantization = ma.quantization;
     eo.threads = ma.threads;
     eo.deterministic = ma.deterministic;
+    eo.kv_fp8 = ma.kv_fp8;
     eo.no_shared_expert_fusion = ma.no_shared_fusion;
     eo.dummy_routing = ma.dummy_routing;
     eo.page_size = ma.page_size;

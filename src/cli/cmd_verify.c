@@ -263,7 +263,8 @@ int cmd_verify(int argc, char **argv) {
     struct st_set ref = {0};
     struct verify v = {0};
     int rc = 1;
-    struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic};
+    struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic,
+                                 .kv_fp8 = ma.kv_fp8};
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
 
     /* Size everything from the reference: the longest sequence, and all of

@@ -157,6 +157,7 @@ struct engine_options {
     int skip_warmup;              /* no kernel/graph prewarm by bucket (GPU) */
     int log_requests;
     int deterministic;            /* batch-invariant results (backend_options.deterministic) */
+    int kv_fp8;                   /* an FP8 KV cache (backend_options.kv_fp8) */
     enum engine_sampling_defaults sampling_defaults;
     int decode_log_interval;      /* a "Decode batch" log line every N decode steps; 0 = none
                                      (engine_options_default: 40, as SGLang) */

@@ -5,7 +5,7 @@
 # block scales, the DeepSeek-V3 / Qwen3-FP8 format: the CPU dequantizes
 # exactly and multiplies in fp32, as the reference does) and on the bundled
 # stories260K model; every row must be within 1e-3 of the Hugging Face
-# fp32 logits.
+# fp32 logits; with an FP8 KV cache, within a tolerance derived below.
 set -u
 fail=0; runs=0
 check() {
@@ -50,6 +50,39 @@ done
 for form in absorbed mha; do
   dir="$KILN_FIXTURES/oracle/tiny-models-fp8/deepseek_v3_fp8"
   KILN_MLA_FORM=$form check --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk 3
+done
+# FP8 KV cache (--kv-cache-dtype fp8_e4m3, scales 1: these checkpoints have
+# none). e4m3 keeps 3 mantissa bits, so every cached K/V element moves by
+# up to 2^-4 of itself; through the layers of these random tiny models
+# that moved the logits by (measured, the same for page sizes 1/16, chunks
+# 3/64 and both MLA forms) llama 1.95, qwen2 1.77, qwen3 0.963,
+# deepseek_v2 2.73, deepseek_v3 4.03 (FP8 weights moved them 1-6 alike).
+# Tolerance 6: the largest (4.03) with a 1.5x margin. And the error must be
+# at least 0.1: 5000x the fp32 cache's 2e-5 and 10x under the smallest
+# measured, so a cache that stayed fp32 (the option ignored) fails.
+check_fp8() {
+  local out err
+  out=$("$KILN" verify --kv-cache-dtype fp8_e4m3 --tolerance 6 "$@" 2>&1)
+  local rc=$?
+  runs=$((runs + 1))
+  err=$(printf '%s\n' "$out" | tail -1 | sed -n 's/^max_abs_err=\([0-9.e+-]*\) rows=[1-9][0-9]*$/\1/p')
+  if [ $rc -ne 0 ] || [ -z "$err" ] || ! awk -v e="$err" 'BEGIN { exit !(e >= 0.1) }'; then
+    echo "FAIL: kiln verify --kv-cache-dtype fp8_e4m3 $*"; printf '%s\n' "$out"; fail=$((fail + 1))
+  else
+    echo "ok: fp8 KV cache $* -> max_abs_err=$err"
+  fi
+}
+for arch in llama qwen2 qwen3 deepseek_v2 deepseek_v3; do
+  dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
+  for ps in 1 16; do
+    check_fp8 --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk 3
+  done
+done
+for form in absorbed mha; do
+  for arch in deepseek_v2 deepseek_v3; do
+    dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
+    KILN_MLA_FORM=$form check_fp8 --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk 64
+  done
 done
 check --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
 # A tolerance that cannot hold must fail: the check really compares.
