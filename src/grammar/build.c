@@ -378,7 +378,14 @@ struct raw {
     uint32_t n_edges, cap_edges;
     struct gr_call *calls;
     uint32_t n_calls, cap_calls;
+    uint64_t work; /* builder edges visited by the epsilon closures */
 };
+
+/* The epsilon closures' total work (and so the edges they can make): a
+ * repetition of a repetition of an optional part ("a{164}{1,34}{1,3}" with
+ * a nullable a) lets every state skip to every later copy, quadratic in
+ * the copies; past this the grammar is refused rather than built. */
+#define GR_MAX_EPS_WORK (1ull << 22)
 
 static int cmp_edge(const void *x, const void *y) {
     const struct gr_edge *a = x, *b = y;
@@ -407,6 +414,7 @@ static void eps_state(struct builder *b, struct raw *rw, uint32_t q, uint32_t r,
         if (s == b->rule_end[r]) st = &rw->states[id], st->final = 1;
         for (uint32_t k = b->head[s]; k != GR_NIL; k = b->edges[k].next) {
             const struct bedge *e = &b->edges[k];
+            if (++rw->work > GR_MAX_EPS_WORK) break;
             if (e->kind == BE_EPS) {
                 if (stamp[e->target] != gen) {
                     stamp[e->target] = gen;
@@ -520,8 +528,15 @@ struct grammar *gr_build(const struct gr_parsed *p, const char *root, struct kil
         rw.n_states++;
         pending.n = 0;
         gr_vec_push(&pending, b.rule_start[r]);
-        for (uint32_t pi = 0; pi < pending.n; pi++)
+        for (uint32_t pi = 0; pi < pending.n && rw.work <= GR_MAX_EPS_WORK; pi++)
             eps_state(&b, &rw, pending.v[pi], r, qi, map, stamp, ++gen, &stack, &pending);
+    }
+    if (rw.work > GR_MAX_EPS_WORK) {
+        kiln_errorc(err, KILN_ERR_TOO_LARGE,
+                    "grammar: too large once its empty steps are removed (more than %llu edge visits: "
+                    "nested repetitions of a part that can be empty?)",
+                    (unsigned long long)GR_MAX_EPS_WORK);
+        goto done;
     }
     for (uint32_t k = 0; k < rw.n_calls; k++) rw.calls[k].rule = rule_id[rw.calls[k].rule];
     uint32_t *start = xmalloc(b.n_queue * sizeof *start);
