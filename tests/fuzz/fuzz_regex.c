@@ -2,7 +2,8 @@
  * translator (src/grammar/regex.c), as a whole-text pattern and as a JSON
  * Schema string pattern. A pattern is either refused with its byte offset
  * (an offset inside the pattern), or translated to EBNF that the grammar
- * engine compiles. */
+ * engine compiles, or refuses only for its size limits (KILN_ERR_TOO_LARGE:
+ * nested counted repetitions can pass a million states). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,7 +24,8 @@ static void check(const char *text, size_t len, int ok, struct kiln_error *err, 
         return;
     }
     struct grammar *g = grammar_compile_ebnf(text, len, "root", err);
-    if (!g) kiln_assert_fail("translated pattern compiles", __FILE__, __LINE__, err->msg);
+    if (!g && err->code != KILN_ERR_TOO_LARGE)
+        kiln_assert_fail("translated pattern compiles", __FILE__, __LINE__, err->msg);
     grammar_unref(g);
 }
 
