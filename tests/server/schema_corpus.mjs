@@ -303,11 +303,11 @@ async function ask(m, entry, mode) {
 // connections to a server (one file descriptor each, here and there).
 const IN_FLIGHT = 64;
 async function askAll(m) {
-    const todo = [];
-    for (const mode of MODES) for (const entry of schemas) todo.push({ m, entry, mode });
+    const queue = [];
+    for (const mode of MODES) for (const entry of schemas) queue.push({ m, entry, mode });
     const out = [];
     const worker = async () => {
-        for (let job; (job = todo.shift());) out.push({ ...job, res: await ask(m, job.entry, job.mode) });
+        for (let job; (job = queue.shift());) out.push({ ...job, res: await ask(m, job.entry, job.mode) });
     };
     await Promise.all(Array.from({ length: IN_FLIGHT }, worker));
     return out;
