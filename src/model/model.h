@@ -24,8 +24,23 @@
 #include "model/config.h"
 
 struct backend;
+struct dist_comm;
 struct kiln_error;
 struct model;
+
+/* This rank's place when one model is split over several ranks
+ * (docs/distributed.md). Tensor parallel: every layer's heads, MLP
+ * columns, experts' intermediate columns and the vocabulary are split
+ * over the tp_size ranks of the group; each rank reads only its slices
+ * of the checkpoint and the partial sums meet in all-reduces of comm.
+ * Expert parallel (ep_size == tp_size): the routed experts are split
+ * whole over the same ranks instead. Zeroed: one rank. */
+struct model_parallel {
+    int tp_size;            /* 0 or 1: not split */
+    int tp_rank;            /* 0 .. tp_size - 1 */
+    int ep_size;            /* 0 or 1: experts split by columns like the MLP; tp_size: whole */
+    struct dist_comm *comm; /* the group's collectives, on the backend's memory */
+};
 
 /* How MoE layers choose experts: as the router computes (the model), or,
  * for benchmarks on dummy weights whose router would send every token to
@@ -61,6 +76,7 @@ struct model_options {
      * it is. The backend must run FP8 (backend_ops.fp8_weights). Without
      * the option, dummy weights are never FP8. */
     const char *quantization;
+    struct model_parallel par;
 };
 
 int model_load(struct model **out, const char *dir, struct backend *be,

@@ -44,6 +44,11 @@ struct runner_options {
     int chunked_prefill_size;
     int no_graphs;              /* 1: never replay decode steps from graphs (also KILN_GRAPHS=0) */
     int skip_warmup;            /* runner_load: no warm-up (and no overlapped weight copy) */
+    /* Several ranks running one model in lockstep (model_options.par):
+     * the job's host-memory communicator (the TCP mesh of dist/), NULL for
+     * one rank. Rank 0 leads: every step it runs is first broadcast on
+     * ctrl; the other ranks replay them in runner_follow. */
+    struct dist_comm *ctrl;
 };
 
 /* Loads the model of a checkpoint folder (model_load with *mo; the
