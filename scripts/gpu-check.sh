@@ -76,8 +76,19 @@ if [ -n "${KILN_GPU_FORCE_DEBS:-}" ] || ! command -v pkg-config >/dev/null || ! 
   say "deps: unpacked $(ls "$DEBS"/*.deb | wc -l) .deb files into $P"
 fi
 
+# NCCL (the communicator between GPUs): in the CUDA toolkit, or from the
+# nvidia-nccl wheel of the machine's Python (NCCL_HOME for CMake)
+if [ -z "${NCCL_HOME:-}" ] && [ ! -e "$(dirname "$(command -v nvcc)")/../include/nccl.h" ]; then
+  nh=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+  if [ -n "$nh" ] && [ -e "$nh/include/nccl.h" ]; then
+    export NCCL_HOME=$nh LD_LIBRARY_PATH=$nh/lib:${LD_LIBRARY_PATH:-}
+    say "NCCL: $nh"
+  fi
+fi
+
 if [ "$envonly" = 1 ]; then
   exec 1>&3
+  [ -n "${NCCL_HOME:-}" ] && echo "export NCCL_HOME='$NCCL_HOME' LD_LIBRARY_PATH='$LD_LIBRARY_PATH'"
   [ -n "${PKG_CONFIG_LIBDIR:-}" ] && echo "export PKG_CONFIG_LIBDIR='$PKG_CONFIG_LIBDIR' LD_LIBRARY_PATH='${LD_LIBRARY_PATH:-}'"
   echo "export PKGCONF='${PKGCONF:-$(command -v pkg-config)}'"
   exit 0
@@ -93,7 +104,7 @@ if [ "$benchmx" = 1 ]; then
   ctest_rc=0
   if [ -z "${KILN_BENCH_ONLY:-}" ]; then # KILN_BENCH_ONLY=1: the benchmarks alone
     say "== ctest -L gpu"
-    KILN_TOKENIZERS=/nonexistent timeout 420 ctest --test-dir "$B" -L gpu --output-on-failure >"$O/ctest-gpu.log" 2>&1
+    KILN_TOKENIZERS=/nonexistent timeout 420 ctest --test-dir "$B" -L '^gpu$' --output-on-failure >"$O/ctest-gpu.log" 2>&1
     ctest_rc=$?
     grep -E 'tests passed|tests failed|Test +#' "$O/ctest-gpu.log" | tail -12 | tee -a "$LOG"
   fi
@@ -214,7 +225,7 @@ if [ "$decode" = 1 ]; then
   timeout 90 "$B/bench_gemv" 2>&1 | tee -a "$LOG"
   command -v cuobjdump >/dev/null && cuobjdump -sass "$B/CMakeFiles/kiln_backend_cuda.dir/src/backend/cuda/cuda_matmul.cu.o" >"$O/gemv.sass" 2>&1
   say "== ctest -L gpu"
-  KILN_TOKENIZERS=/nonexistent timeout ${KILN_CTEST_TIMEOUT:-200} ctest --test-dir "$B" -L gpu --output-on-failure -V >"$O/ctest-gpu.log" 2>&1
+  KILN_TOKENIZERS=/nonexistent timeout ${KILN_CTEST_TIMEOUT:-200} ctest --test-dir "$B" -L '^gpu$' --output-on-failure -V >"$O/ctest-gpu.log" 2>&1
   ctest_rc=$?
   grep -E 'passed, |Test +#|tests passed|FAIL' "$O/ctest-gpu.log" | tail -12 | tee -a "$LOG"
   say "ctest -L gpu: $([ $ctest_rc = 0 ] && echo PASS || echo FAIL rc=$ctest_rc)"
@@ -222,7 +233,7 @@ if [ "$decode" = 1 ]; then
 fi
 
 say "== ctest -L gpu"
-KILN_TOKENIZERS=/nonexistent ctest --test-dir "$B" -L gpu --output-on-failure -V >"${OUT:-/tmp}/ctest-gpu.log" 2>&1
+KILN_TOKENIZERS=/nonexistent ctest --test-dir "$B" -L '^gpu$' --output-on-failure -V >"${OUT:-/tmp}/ctest-gpu.log" 2>&1
 ctest_rc=$?
 grep -E 'rel err|  (matmul|attention|route|moe_ffn) |PASSED  \]|FAILED|ERROR|ok:|FAIL|passed|KILN_TEST_SEED|Test +#' "${OUT:-/tmp}/ctest-gpu.log" | tee -a "$LOG" | tail -80
 

@@ -33,7 +33,7 @@ if [ $lrc = 0 ]; then
 fi
 
 say "ctest -L gpu"
-KILN_TOKENIZERS=/nonexistent timeout 150 ctest --test-dir build-gpu -L gpu --output-on-failure -V >"$OUT/ctest.log" 2>&1
+KILN_TOKENIZERS=/nonexistent timeout 150 ctest --test-dir build-gpu -L '^gpu$' --output-on-failure -V >"$OUT/ctest.log" 2>&1
 say "ctest rc=$?"
 grep -E "R alone|  attention .*tokens|deterministic n=|FAILED|Test +#|tests passed|FAIL:" "$OUT/ctest.log" | tail -40 | tee -a "$S"
 

@@ -39,9 +39,9 @@ eval "$(scripts/gpu-check.sh --env)"
 # ctest_gpu [LINES]: `ctest -L gpu` when the budget has 150 s left, its
 # summary (the last LINES lines, default 14) in summary.log.
 ctest_gpu() {
-  [ "$(left)" -gt 150 ] || { say "skip ctest -L gpu (time)"; return; }
+  [ "$(left)" -gt 150 ] || { say "skip ctest -L '^gpu$' (time)"; return; }
   say "ctest -L gpu"
-  KILN_TOKENIZERS=/nonexistent timeout "$(lim 400)" ctest --test-dir "$B" -L gpu --output-on-failure >"$OUT/ctest-gpu.log" 2>&1
+  KILN_TOKENIZERS=/nonexistent timeout "$(lim 400)" ctest --test-dir "$B" -L '^gpu$' --output-on-failure >"$OUT/ctest-gpu.log" 2>&1
   say "ctest rc=$?"
   grep -E 'tests passed|tests failed|Test +#' "$OUT/ctest-gpu.log" | tail -"${1:-14}" | tee -a "$S"
 }

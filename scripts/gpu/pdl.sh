@@ -47,7 +47,7 @@ say "profile rc=$?"
 
 say "ctest"
 lim=$(left); [ "$lim" -gt 5 ] || lim=5
-timeout $lim env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu -R 'ops|graphs|deterministic|generate' -V >"$OUT/tests.log" 2>&1
+timeout $lim env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L '^gpu$' -R 'ops|graphs|deterministic|generate' -V >"$OUT/tests.log" 2>&1
 say "ctest rc=$?"
 grep -E "tests passed|Test +#|FAIL|Failure|differ" "$OUT/tests.log" | tail -16 | tee -a "$S"
 bench "llama b1 pdl (2)" 30 "" --model $L $A

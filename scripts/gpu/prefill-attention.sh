@@ -55,7 +55,7 @@ if want fwd; then
 fi
 if want ctest; then
   say "ctest"
-  timeout "$(lim 150)" env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu -R 'ops|graphs|deterministic|verify' -V >"$OUT/ctest.log" 2>&1
+  timeout "$(lim 150)" env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L '^gpu$' -R 'ops|graphs|deterministic|verify' -V >"$OUT/ctest.log" 2>&1
   say "ctest rc=$?"
   grep -E "tests passed|Test +#|FAIL|Failure|relative error|NaN|differ" "$OUT/ctest.log" | tail -15 | tee -a "$S"
 fi

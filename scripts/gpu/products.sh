@@ -54,7 +54,7 @@ if want test; then
 fi
 
 if want ctest; then
-  run "ctest -L gpu" 120 env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu --output-on-failure
+  run "ctest -L gpu" 120 env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L '^gpu$' --output-on-failure
   grep -E "tests passed|Test +#|FAIL" "$OUT/tests.log" | tail -8 | tee -a "$S"
 fi
 

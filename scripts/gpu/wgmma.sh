@@ -4,7 +4,7 @@
 # stage under its own time limit: build, the SASS check (HGMMA / UTMALDG),
 # test_matmul_wgmma, bench_gemv --wgmma (cuBLASLt vs the kernel, % of the
 # copy bandwidth), Llama-3.1-8B decode at 64 sequences with KILN_CUDA_WGMMA=1
-# and =0, ctest -L gpu -R 'ops|graphs|deterministic', then Llama at 32 and
+# and =0, ctest -L '^gpu$' -R 'ops|graphs|deterministic', then Llama at 32 and
 # Qwen3-0.6B at 64 sequences (dummy weights). Logs go to $OUT; summary.log
 # is the short version. On the device machine:
 #
@@ -63,7 +63,7 @@ want llama64 && bench "llama b64 wgmma=0" 45 "KILN_CUDA_WGMMA=0" --model $L --pr
 if want ctest && [ "$(left)" -gt 40 ]; then
   say "ctest"
   lim=$(( $(left) - 30 )); [ $lim -gt 120 ] && lim=120
-  timeout $lim env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L gpu -R 'ops|graphs|deterministic|wgmma' -V >"$OUT/tests.log" 2>&1
+  timeout $lim env KILN_TOKENIZERS=/nonexistent ctest --test-dir $B -L '^gpu$' -R 'ops|graphs|deterministic|wgmma' -V >"$OUT/tests.log" 2>&1
   say "ctest rc=$?"
   grep -E "tests passed|Test +#|FAIL|Failure|NaN" "$OUT/tests.log" | tail -10 | tee -a "$S"
 fi

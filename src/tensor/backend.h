@@ -20,6 +20,8 @@
 #include "tensor/dtype.h"
 
 struct kiln_error;
+struct dist_comm;
+struct dist_group;
 struct moe_route_count;
 struct backend_sample_row;
 struct backend_sample_adj;
@@ -362,6 +364,16 @@ struct backend_ops {
      * on the host and uploads. Saves a host fill and a copy of every
      * byte of a model of tens of GB. */
     const void *(*weight_dummy)(void *ctx, const struct dummy_part *parts, int count);
+
+    /* Several ranks (dist/comm.h). NULL: the TCP communicator of
+     * dist/comm.h serves this backend (its buffers are host memory).
+     * comm_id: rank 0's start-up token for the group (CUDA: an NCCL unique
+     * id), at most *len bytes into blob, *len set; it travels to every
+     * rank as the rendezvous blob. comm_init: this rank's communicator
+     * over the group on the backend's memory, ordered with its operations
+     * (CUDA: NCCL on the backend's stream). */
+    int (*comm_id)(void *ctx, void *blob, size_t *len, struct kiln_error *err);
+    int (*comm_init)(void *ctx, struct dist_comm *c, const struct dist_group *g, struct kiln_error *err);
 
     /* Host memory the device copies from without staging (CUDA: pinned).
      * An upload from it may still be in flight when `upload` returns: the

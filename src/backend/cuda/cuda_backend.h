@@ -26,6 +26,7 @@
  *   cuda_gemm_small.cu  the experts' grouped products on the device (mma.sync)
  *   cuda_moe_gemv.cu    the experts' products for a few rows per expert (grouped GEMV)
  *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
+ *   cuda_nccl.c         the communicator between ranks (NCCL on the stream)
  *   hopper/gemm_wgmma.cu small-M product on wgmma + TMA (sm_90a, cc 9.0)
  *
  * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
@@ -403,6 +404,9 @@ int cuda_moe_gemv_ok(long hidden, long inter, const float *x);
 void cuda_moe_gemv(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *h, float *out,
                    const float *x, long H, long F, const int32_t *order, int top_k,
                    void *const *tab, long E, const void *tiles, const int *n_tiles, long max_tiles);
+/* The NCCL communicator (cuda_nccl.c): backend_ops.comm_id / comm_init. */
+int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err);
+int cuda_comm_init(void *ctx, struct dist_comm *c, const struct dist_group *g, struct kiln_error *err);
 /* x16 [n][cols] = x in dt (16-bit), in the act16 scratch (cuda_matmul.cu);
  * NULL when the scratch could not grow (nothing run) */
 void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt);

@@ -446,14 +446,16 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
      * batch-1 decode 4.50 -> 3.86 ms/step with the GEMV; at 64 tokens with
      * skewed routing (a few experts take most rows) the GEMV's 8-row
      * tiles re-read the weights and lose (13.4 -> 30.3 ms/step), hence
-     * the bound of two rows per expert on average. Measured and left:
-     * for one token, no sort and the top-k sum folded into the down
-     * product (a CTA per 4 output features, a warp per slot: two kernels
-     * instead of four) gave DeepSeek-V2-Lite 2.54 ms/step either way on an
-     * H200, and with the routing's top-k counted as places in one pass
-     * (instead of k rounds of warp_argmax) Qwen3-30B-A3B went 3.19 -> 3.30:
-     * not traced, likely the down product's second wave (95 registers a
-     * thread) and a longer routing kernel. (The scratch plan,
+     * the bound of two rows per expert on average. Measured and left
+     * (H200, batch 1, uniform routing): the top-k sum folded into the down
+     * product — a CTA per 4 output features and a warp per slot, or a warp
+     * per feature over the slots with the k rows of h in shared memory —
+     * and the router's product fused with the routing (its last CTA
+     * routes) were each as slow or slower: Qwen3-30B-A3B 3.20 -> 3.30 /
+     * 3.39 ms/step, DeepSeek-V2-Lite 2.54 -> 2.54 / 2.63 (the traced
+     * routing of one token costs ~6 µs wherever it runs); one token's slots
+     * taken as its tiles without the sort went both ways (Qwen3 3.19 ->
+     * 3.24, DeepSeek 2.54 -> 2.49). (The scratch plan,
      * cuda_moe_scratch_bytes, counts 16-row tiles of the largest chunk,
      * which covers these smaller chunks.) */
     int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E;

@@ -1,0 +1,195 @@
+/* cuda_nccl.c — the CUDA backend's communicator (dist/comm.h) over NCCL:
+ * the collectives of several ranks on device buffers, enqueued on the
+ * backend's stream like any kernel (so they are ordered with the step's
+ * kernels, never wait for the host, and record into graphs).
+ *
+ * Start-up: rank 0 makes an ncclUniqueId (cuda_comm_id) and hands it to
+ * every rank as the rendezvous blob (dist/rendezvous.h); each rank then
+ * joins the NCCL communicator of the group with it (cuda_comm_init). NCCL
+ * finds the fastest transport between the GPUs (NVLink, PCIe, shared
+ * memory, sockets or InfiniBand across machines).
+ *
+ * Results: every rank gets the same bits (NCCL reduces each element once
+ * and sends the result around), in an order that is fixed for a given
+ * group, message size and NCCL configuration but is not the rank order
+ * of the TCP communicator.
+ *
+ * Errors: a failed call is reported with NCCL's message; asynchronous
+ * failures (a peer that died) surface in the next call or at the stream's
+ * next synchronization. A build without NCCL refuses to create one.
+ * Without KILN_HAVE_NCCL (NCCL's header and library not found at
+ * configure time) both entry points fail with a message saying so. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "base/error.h"
+#include "base/mem.h"
+#include "dist/comm.h"
+#include "dist/rendezvous.h"
+
+#ifdef KILN_HAVE_NCCL
+#include <nccl.h>
+
+struct nccl_ctx {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int rank, size;
+    float *one; /* device scratch of the barrier */
+};
+
+static int nccl_fail(const char *op, ncclResult_t r, struct kiln_error *err) {
+    return kiln_errorc(err, KILN_ERR_IO, "NCCL %s: %s", op, ncclGetErrorString(r));
+}
+
+#define NCCL_TRY(op, call)                                      \
+    do {                                                        \
+        ncclResult_t r_ = (call);                               \
+        if (r_ != ncclSuccess) return nccl_fail(op, r_, err);   \
+    } while (0)
+
+static ncclRedOp_t red_op(enum dist_reduce op) { return op == DIST_MAX ? ncclMax : ncclSum; }
+
+static int n_all_reduce(void *ctx, float *buf, size_t n, enum dist_reduce op, struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    NCCL_TRY("all_reduce", ncclAllReduce(buf, buf, n, ncclFloat32, red_op(op), c->comm, c->stream));
+    return 0;
+}
+
+static int n_all_gather(void *ctx, const void *send, void *recv, size_t bytes, struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    NCCL_TRY("all_gather", ncclAllGather(send, recv, bytes, ncclUint8, c->comm, c->stream));
+    return 0;
+}
+
+static int n_reduce_scatter(void *ctx, const float *send, float *recv, size_t n, enum dist_reduce op,
+                            struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    NCCL_TRY("reduce_scatter", ncclReduceScatter(send, recv, n, ncclFloat32, red_op(op), c->comm, c->stream));
+    return 0;
+}
+
+/* point-to-point pairs of every peer in one group call */
+static int n_all_to_allv(void *ctx, const void *send, const size_t *send_bytes, const size_t *send_off, void *recv,
+                         const size_t *recv_bytes, const size_t *recv_off, struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    NCCL_TRY("all_to_all", ncclGroupStart());
+    for (int p = 0; p < c->size; p++) {
+        if (send_bytes[p]) {
+            ncclResult_t r = ncclSend((const char *)send + send_off[p], send_bytes[p], ncclUint8, p, c->comm, c->stream);
+            if (r != ncclSuccess) {
+                (void)ncclGroupEnd();
+                return nccl_fail("all_to_all send", r, err);
+            }
+        }
+        if (recv_bytes[p]) {
+            ncclResult_t r = ncclRecv((char *)recv + recv_off[p], recv_bytes[p], ncclUint8, p, c->comm, c->stream);
+            if (r != ncclSuccess) {
+                (void)ncclGroupEnd();
+                return nccl_fail("all_to_all recv", r, err);
+            }
+        }
+    }
+    NCCL_TRY("all_to_all", ncclGroupEnd());
+    return 0;
+}
+
+static int n_all_to_all(void *ctx, const void *send, void *recv, size_t bytes, struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    size_t *v = xmalloc((size_t)c->size * 2 * sizeof *v);
+    for (int p = 0; p < c->size; p++) v[p] = bytes, v[c->size + p] = (size_t)p * bytes;
+    int rc = n_all_to_allv(ctx, send, v, v + c->size, recv, v, v + c->size, err);
+    free(v);
+    return rc;
+}
+
+static int n_broadcast(void *ctx, void *buf, size_t bytes, int root, struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    NCCL_TRY("broadcast", ncclBroadcast(buf, buf, bytes, ncclUint8, root, c->comm, c->stream));
+    return 0;
+}
+
+static int n_barrier(void *ctx, struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    NCCL_TRY("barrier", ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclSum, c->comm, c->stream));
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) return kiln_errorc(err, KILN_ERR_IO, "NCCL barrier: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+static void n_free(void *ctx) {
+    struct nccl_ctx *c = ctx;
+    if (!c) return;
+    (void)cudaStreamSynchronize(c->stream);
+    ncclResult_t async = ncclSuccess;
+    (void)ncclCommGetAsyncError(c->comm, &async);
+    if (async != ncclSuccess) (void)ncclCommAbort(c->comm);
+    else (void)ncclCommDestroy(c->comm);
+    (void)cudaFree(c->one);
+    free(c);
+}
+
+static const struct dist_comm_ops nccl_ops = {
+    .name = "nccl",
+    .all_reduce = n_all_reduce,
+    .all_gather = n_all_gather,
+    .reduce_scatter = n_reduce_scatter,
+    .all_to_all = n_all_to_all,
+    .all_to_allv = n_all_to_allv,
+    .broadcast = n_broadcast,
+    .barrier = n_barrier,
+    .free = n_free,
+};
+
+int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err) {
+    (void)ctx;
+    if (*len < sizeof(ncclUniqueId)) return kiln_errorf(err, "NCCL unique id: %zu bytes of room, needs %zu", *len,
+                                                        sizeof(ncclUniqueId));
+    ncclUniqueId id;
+    NCCL_TRY("get unique id", ncclGetUniqueId(&id));
+    memcpy(blob, &id, sizeof id);
+    *len = sizeof id;
+    return 0;
+}
+
+int cuda_comm_init(void *ctx, struct dist_comm *out, const struct dist_group *g, struct kiln_error *err) {
+    struct cuda_ctx *cc = ctx;
+    if (g->blob_len != sizeof(ncclUniqueId))
+        return kiln_errorf(err, "NCCL: the rendezvous carried %zu bytes, not an ncclUniqueId (%zu): rank 0 must "
+                                "run on the CUDA backend too", g->blob_len, sizeof(ncclUniqueId));
+    cudaError_t e = cudaSetDevice(cc->device);
+    if (e != cudaSuccess) return kiln_errorf(err, "NCCL: CUDA device %d: %s", cc->device, cudaGetErrorString(e));
+    struct nccl_ctx *c = xcalloc(1, sizeof *c);
+    c->stream = cc->stream, c->rank = g->rank, c->size = g->size;
+    if ((e = cudaMalloc((void **)&c->one, sizeof(float))) != cudaSuccess) {
+        free(c);
+        return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "NCCL: %s", cudaGetErrorString(e));
+    }
+    ncclUniqueId id;
+    memcpy(&id, g->blob, sizeof id);
+    ncclResult_t r = ncclCommInitRank(&c->comm, g->size, id, g->rank);
+    if (r != ncclSuccess) {
+        (void)cudaFree(c->one);
+        free(c);
+        return kiln_errorc(err, KILN_ERR_IO, "NCCL: rank %d of %d could not join the group: %s", g->rank, g->size,
+                           ncclGetErrorString(r));
+    }
+    *out = (struct dist_comm){.ops = &nccl_ops, .ctx = c, .rank = g->rank, .size = g->size};
+    return 0;
+}
+
+#else
+
+int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err) {
+    (void)ctx, (void)blob, (void)len;
+    return kiln_errorf(err, "this kiln was built without NCCL (nccl.h and libnccl were not found when it was "
+                            "configured), so several CUDA ranks cannot communicate");
+}
+
+int cuda_comm_init(void *ctx, struct dist_comm *out, const struct dist_group *g, struct kiln_error *err) {
+    (void)out, (void)g;
+    return cuda_comm_id(ctx, NULL, NULL, err);
+}
+
+#endif
