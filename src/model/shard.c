@@ -49,7 +49,7 @@ static int split_check(const struct model_config *c, int tp, int ep, const char 
         return indivisible(file, "intermediate_size", c->intermediate_size, "tensor", tp, err);
     if (!any_layer(c, 1)) return 0;
     if (ep > 1 && c->n_experts % ep)
-        return indivisible(file, mla ? "n_routed_experts" : "num_experts", c->n_experts, "expert",
+        return indivisible(file, mla ? "n_routed_experts" : "num_experts (or num_local_experts)", c->n_experts, "expert",
                            ep, err);
     if (ep <= 1 && c->moe_intermediate_size % tp)
         return indivisible(file, "moe_intermediate_size", c->moe_intermediate_size, "tensor", tp, err);
@@ -65,21 +65,22 @@ static int split_check(const struct model_config *c, int tp, int ep, const char 
 int model_shard_split(struct model_config *c, const struct model_parallel *p, const char *file,
                       struct kiln_error *err) {
     int tp = p ? p->tp_size : 0, ep = p ? p->ep_size : 0, rank = p ? p->tp_rank : 0;
-    if (tp <= 1 && ep <= 1) return 0;
-    if (tp < 1 || rank < 0 || rank >= tp)
+    if (tp <= 1 && ep <= 1 && rank == 0) return 0;
+    if (tp < 0) return kiln_errorc(err, KILN_ERR_BAD_INPUT, "tensor parallel size %d is below 1", tp);
+    if (tp == 0) tp = 1;
+    if (rank < 0 || rank >= tp)
         return kiln_errorc(err, KILN_ERR_BAD_INPUT,
-                           "tensor parallel rank %d is outside the group of %d rank(s)", rank,
-                           tp > 1 ? tp : 1);
+                           "tensor parallel rank %d is outside the group of %d rank(s)", rank, tp);
     if (ep > 1 && ep != tp)
         return kiln_errorc(err, KILN_ERR_UNSUPPORTED,
                            "the expert parallel size (%d) must equal the tensor parallel size (%d): "
                            "experts are split over the same ranks",
                            ep, tp);
+    if (split_check(c, tp, ep, file, err)) return -1;
     if (!p->comm || p->comm->size != tp || p->comm->rank != rank)
         return kiln_errorc(err, KILN_ERR_BAD_INPUT,
                            "tensor parallel rank %d of %d needs a communicator of that rank and size", rank,
                            tp);
-    if (split_check(c, tp, ep, file, err)) return -1;
     struct model_shard *s = &c->shard;
     *s = (struct model_shard){.tp_size = tp, .tp_rank = rank, .ep_size = ep > 1 ? ep : 1,
                               .kv_heads = c->n_kv_heads};
