@@ -82,6 +82,25 @@ struct model_quant {
     uint64_t skip[MODEL_QUANT_MAX_SKIP];
 };
 
+/* One rank's share of a model split over ranks (model_options.par;
+ * docs/distributed.md), set by model_load; zeroed for a whole model. The
+ * config of a split model describes its rank, so that every shape the
+ * kernels, the KV cache and the memory plan see is the rank's:
+ * n_heads, n_kv_heads (1 where a KV head is replicated),
+ * intermediate_size, shared_expert_intermediate_size and, when the
+ * experts are split by columns, moe_intermediate_size are this rank's
+ * (the whole model's divided by tp_size). vocab_size and n_experts stay
+ * the whole model's (the router and the logits are whole); the rank's
+ * rows and experts are below. */
+struct model_shard {
+    int tp_size, tp_rank; /* 0: not split */
+    int ep_size;          /* 1: experts split by columns; tp_size: whole experts split */
+    int kv_heads;         /* the whole model's num_key_value_heads (MHA) */
+    int expert0, n_experts; /* this rank's routed experts [expert0, expert0 + n_experts) */
+    long vocab0, vocab_rows; /* this rank's rows of the embedding and lm_head */
+    long vocab_stride;       /* the most rows any rank holds: ceil(vocab_size / tp_size) */
+};
+
 struct model_config {
     enum model_arch arch;
     char model_type[32];
@@ -143,6 +162,7 @@ struct model_config {
     int eos_token_ids[MODEL_MAX_EOS];
 
     struct model_quant quant;            /* quantization_config; method NONE when absent */
+    struct model_shard shard;            /* zeroed: the whole model */
 };
 
 struct generation_config {

@@ -47,9 +47,11 @@ static void llama_forward_layer(const struct fwd *f, int l, const struct layer *
     struct activations *a = &f->m->act;
     struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
     mha_forward_norm(f, l, &L->mha, &nm, a->delta);
+    model_reduce_delta(f);
     nm.delta = a->delta;
     nm.w = L->ln_mlp;
     dense_forward_norm(f, &L->dense, f->m->cfg.intermediate_size, &nm, a->delta);
+    model_reduce_delta(f);
 }
 
 static int dense_only(const struct model_config *c, int layer) {
@@ -69,29 +71,40 @@ const struct model_family family_llama = {
     .forward_layer = llama_forward_layer,
 };
 
+/* Tensor parallel: the rank's query heads (q rows, o_proj columns, their
+ * biases) and KV heads (k, v rows; one replicated head where there are
+ * more ranks than KV heads); o_proj's bias is added by rank 0 only, so
+ * the all-reduce of the ranks' outputs adds it once. */
 int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_error *err) {
     const struct model_config *c = &ws->m->cfg;
+    int tp = model_tp(c);
     long d = c->hidden_size, hd = c->head_dim, qw = (long)c->n_heads * hd,
          kw = (long)c->n_kv_heads * hd;
+    long kv_whole = (long)(tp > 1 ? c->shard.kv_heads : c->n_kv_heads) * hd;
     char name[256];
 #define P(suffix) (snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, suffix), name)
     char names[3][256];
     const char *np[3] = {names[0], names[1], names[2]};
-    const long qkv_rows[3] = {qw, kw, kw};
+    const long qkv_rows[3] = {qw * tp, kv_whole, kv_whole};
+    long kv0 = model_shard_kv_head0(c) * hd;
+    const struct ws_slice qkv_sl[3] = {{0, c->shard.tp_rank * qw, qw}, {0, kv0, kw}, {0, kv0, kw}};
+    const struct ws_slice *sl = tp > 1 ? qkv_sl : NULL;
+    struct ws_slice o_sl;
     static const char *const proj[3] = {"q_proj", "k_proj", "v_proj"};
     struct backend_weight parts[3];
     for (int i = 0; i < 3; i++)
         snprintf(names[i], sizeof names[i], "model.layers.%d.self_attn.%s.weight", l, proj[i]);
-    if (ws_matrix_cat(ws, np, qkv_rows, 3, d, &a->wqkv, parts, err) ||
-        ws_proj(ws, P("o_proj.weight"), d, qw, &a->wo, err))
+    if (ws_matrix_cat(ws, np, qkv_rows, sl, 3, d, &a->wqkv, parts, err) ||
+        ws_proj(ws, P("o_proj.weight"), d, qw * tp, ws_split(&o_sl, c, 1, qw), &a->wo, err))
         return -1;
     a->wq = parts[0], a->wk = parts[1], a->wv = parts[2];
     if (c->attention_bias) {
         for (int i = 0; i < 3; i++)
             snprintf(names[i], sizeof names[i], "model.layers.%d.self_attn.%s.bias", l, proj[i]);
-        if (ws_vector_cat(ws, np, qkv_rows, 3, NAN, &a->bqkv, err)) return -1;
+        if (ws_vector_cat(ws, np, qkv_rows, sl, 3, NAN, &a->bqkv, err)) return -1;
     }
-    if (c->o_proj_bias && ws_vector(ws, P("o_proj.bias"), d, NAN, &a->bo, err)) return -1;
+    if (c->o_proj_bias && c->shard.tp_rank == 0 && ws_vector(ws, P("o_proj.bias"), d, NAN, &a->bo, err))
+        return -1;
     if (c->qk_norm && (ws_vector(ws, P("q_norm.weight"), hd, 1.0f, &a->q_norm, err) ||
                        ws_vector(ws, P("k_norm.weight"), hd, 1.0f, &a->k_norm, err)))
         return -1;
@@ -135,19 +148,25 @@ void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
                           f->bb, &a->wo, a->bo, n);
 }
 
+/* Tensor parallel: inter is the rank's share of the intermediate
+ * columns (gate and up rows, down columns), inter x tp_size the whole. */
 int dense_load(struct weight_source *ws, const char *prefix, long inter, struct mlp_dense *dm,
                struct kiln_error *err) {
-    long d = ws->m->cfg.hidden_size;
+    const struct model_config *c = &ws->m->cfg;
+    long d = c->hidden_size, whole = inter * model_tp(c);
     char name[256];
 #define P(suffix) (snprintf(name, sizeof name, "%s.%s", prefix, suffix), name)
     char gu[2][256];
     const char *np[2] = {gu[0], gu[1]};
-    const long rows[2] = {inter, inter};
+    const long rows[2] = {whole, whole};
+    struct ws_slice sl[2], down_sl;
+    ws_split(&sl[0], c, 0, inter);
+    const struct ws_slice *slp = ws_split(&sl[1], c, 0, inter) ? sl : NULL;
     struct backend_weight parts[2];
     snprintf(gu[0], sizeof gu[0], "%s.gate_proj.weight", prefix);
     snprintf(gu[1], sizeof gu[1], "%s.up_proj.weight", prefix);
-    if (ws_matrix_cat(ws, np, rows, 2, d, &dm->gate_up, parts, err) ||
-        ws_proj(ws, P("down_proj.weight"), d, inter, &dm->down, err))
+    if (ws_matrix_cat(ws, np, rows, slp, 2, d, &dm->gate_up, parts, err) ||
+        ws_proj(ws, P("down_proj.weight"), d, whole, ws_split(&down_sl, c, 1, inter), &dm->down, err))
         return -1;
     dm->gate = parts[0], dm->up = parts[1];
 #undef P

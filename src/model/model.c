@@ -43,10 +43,10 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
         [ACT_O] = (void **)&a->o, [ACT_G] = (void **)&a->g, [ACT_SHARED] = (void **)&a->shared,
         [ACT_ROUTER] = (void **)&a->router, [ACT_GATE1] = (void **)&a->gate1,
         [ACT_MOE_IDS] = (void **)&a->moe_ids, [ACT_MOE_W] = (void **)&a->moe_w,
-        [ACT_XS] = (void **)&a->xs};
+        [ACT_XS] = (void **)&a->xs, [ACT_LM] = (void **)&a->lm};
     static const char *const names[ACT_COUNT] = {
         "h", "xn", "delta", "q", "k", "v", "qkv", "q2", "att", "o", "g", "shared", "router",
-        "gate1", "moe_ids", "moe_w", "xs"};
+        "gate1", "moe_ids", "moe_w", "xs", "lm"};
     for (int i = 0; i < ACT_COUNT; i++) {
         KILN_ASSERT(bufs[i]);
         if (!counts[i]) continue;
@@ -63,7 +63,7 @@ static void free_activations(struct model *m) {
     struct activations *a = &m->act;
     mla_ws_free(m);
     void *bufs[] = {a->h, a->xn, a->delta, a->q, a->k, a->v, a->qkv, a->q2, a->att, a->o, a->g,
-                    a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->xs};
+                    a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->xs, a->lm};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) m->be->ops->free(m->be->ctx, bufs[i]);
     memset(a, 0, sizeof *a);
@@ -110,7 +110,10 @@ static int kv_scales_load(struct model *m, struct kiln_error *err) {
 static int load_weights(struct model *m, struct weight_source *ws, struct kiln_error *err) {
     const struct model_config *c = &m->cfg;
     long d = c->hidden_size, V = c->vocab_size;
-    if (ws_matrix(ws, "model.embed_tokens.weight", V, d, &m->embed, err)) return -1;
+    /* tensor parallel: the rank's rows of the vocabulary (views) */
+    struct ws_slice vs = {.dim = 0, .start = c->shard.vocab0, .len = c->shard.vocab_rows};
+    const struct ws_slice *vsl = model_tp(c) > 1 ? &vs : NULL;
+    if (ws_matrix(ws, "model.embed_tokens.weight", V, d, vsl, &m->embed, err)) return -1;
     if (m->embed.dtype == DTYPE_F8_E4M3) {
         const struct st_tensor *t = st_find(&m->st, "model.embed_tokens.weight");
         return kiln_errorf(err, "%s: tensor 'model.embed_tokens.weight' is FP8: the embedding table "
@@ -119,7 +122,7 @@ static int load_weights(struct model *m, struct weight_source *ws, struct kiln_e
     }
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
-    } else if (ws_matrix(ws, "lm_head.weight", V, d, &m->lm_head, err)) {
+    } else if (ws_matrix(ws, "lm_head.weight", V, d, vsl, &m->lm_head, err)) {
         return -1;
     }
     if (ws_vector(ws, "model.norm.weight", d, 1.0f, &m->final_norm, err)) return -1;
@@ -181,7 +184,10 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     m->max_seqs = opt && opt->max_seqs > 0 ? opt->max_seqs : 256;
     if (m->max_seqs > m->max_batch_tokens) m->max_seqs = m->max_batch_tokens;
     m->max_context = opt && opt->max_context > 0 ? opt->max_context : c->max_position_embeddings;
-    m->fuse_shared = !(opt && opt->no_shared_expert_fusion) && knob_bool(KNOB_SHARED_EXPERTS_FUSION);
+    /* expert parallel: the routed experts are whole, the shared one split
+     * by columns; they no longer have one shape (moe.c) */
+    m->fuse_shared = !(opt && opt->no_shared_expert_fusion) && knob_bool(KNOB_SHARED_EXPERTS_FUSION) &&
+                     c->shard.ep_size <= 1;
     m->route_uniform = opt && opt->dummy_routing == MODEL_ROUTING_UNIFORM;
     m->moe_count = opt && opt->moe_count;
     const struct backend_ops *ops = m->be->ops;
@@ -200,13 +206,31 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     return reserve_activations(m, err);
 }
 
-int model_load_dummy(struct model **out, const struct model_config *cfg, struct backend *be,
-                     const struct model_options *opt, struct kiln_error *err) {
+/* The model's config for its rank (model_options.par; file names the
+ * config in messages) and the communicator of its ranks. */
+static int split_setup(struct model *m, const struct model_options *opt, const char *file,
+                       struct kiln_error *err) {
+    if (model_shard_split(&m->cfg, opt ? &opt->par : NULL, file, err)) return -1;
+    if (model_tp(&m->cfg) <= 1) return 0;
+    if (!m->be->ops->embed_shard)
+        return kiln_errorc(err, KILN_ERR_UNSUPPORTED,
+                           "the %s backend cannot split a model over ranks (no vocab-parallel embedding)",
+                           m->be->ops->name);
+    m->comm = opt->par.comm;
+    return 0;
+}
+
+static int load_dummy(struct model **out, const struct model_config *cfg, const char *file,
+                      struct backend *be, const struct model_options *opt, struct kiln_error *err) {
     struct model *m = xcalloc(1, sizeof *m);
     *out = NULL;
     m->cfg = *cfg;
     m->fam = model_family_of(cfg);
     m->be = be;
+    if (split_setup(m, opt, file, err)) {
+        model_free(m);
+        return -1;
+    }
     m->gen.bos_token_id = cfg->bos_token_id;
     m->gen.n_eos = cfg->n_eos;
     memcpy(m->gen.eos_token_ids, cfg->eos_token_ids, sizeof cfg->eos_token_ids);
@@ -220,6 +244,11 @@ int model_load_dummy(struct model **out, const struct model_config *cfg, struct 
     return 0;
 }
 
+int model_load_dummy(struct model **out, const struct model_config *cfg, struct backend *be,
+                     const struct model_options *opt, struct kiln_error *err) {
+    return load_dummy(out, cfg, "config.json", be, opt, err);
+}
+
 int model_load(struct model **out, const char *dir, struct backend *be,
                const struct model_options *opt, struct kiln_error *err) {
     *out = NULL;
@@ -229,18 +258,26 @@ int model_load(struct model **out, const char *dir, struct backend *be,
     char *cfg_path = is_json ? xstrdup(dir) : path_join(dir, "config.json");
     struct model_config cfg;
     int rc = model_config_load(&cfg, cfg_path, err);
-    free(cfg_path);
-    if (rc) return -1;
-    if (quant_option(opt, err)) return -1;
-    if (opt && opt->load_format && !strcmp(opt->load_format, "dummy"))
-        return model_load_dummy(out, &cfg, be, opt, err);
-    if (is_json)
+    if (rc || quant_option(opt, err)) {
+        free(cfg_path);
+        return -1;
+    }
+    if (opt && opt->load_format && !strcmp(opt->load_format, "dummy")) {
+        rc = load_dummy(out, &cfg, cfg_path, be, opt, err);
+        free(cfg_path);
+        return rc;
+    }
+    if (is_json) {
+        free(cfg_path);
         return kiln_errorf(err, "%s: a config file alone needs --load-format dummy; give the "
                                 "checkpoint folder to load weights", dir);
+    }
     if (opt && opt->load_format && strcmp(opt->load_format, "auto") &&
-        strcmp(opt->load_format, "safetensors"))
+        strcmp(opt->load_format, "safetensors")) {
+        free(cfg_path);
         return kiln_errorf(err, "--load-format '%s' is not supported (expected auto, safetensors or dummy)",
                            opt->load_format);
+    }
 
     struct model *m = xcalloc(1, sizeof *m);
     m->cfg = cfg;
@@ -249,6 +286,8 @@ int model_load(struct model **out, const char *dir, struct backend *be,
     char *gen_path = path_join(dir, "generation_config.json");
     rc = generation_config_load(&m->gen, gen_path, &cfg, err);
     free(gen_path);
+    if (!rc) rc = split_setup(m, opt, cfg_path, err);
+    free(cfg_path);
     if (rc || st_open_dir(&m->st, dir, err)) goto fail;
     struct weight_source ws = {.st = &m->st, .m = m};
     if (finish_load(m, &ws, opt, err)) goto fail;
@@ -295,8 +334,17 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
     long n = s->bb->n_tokens;
     struct fwd f = {.m = m, .kv = kv, .bb = s->bb, .n = n, .pos = s->bb->positions, .slot = s->slot,
                     .host = s->host};
-    ops->embed(ctx, a->h, &m->embed, s->ids, n);
+    if (model_tp(c) > 1) { /* vocab parallel: each token's row from the rank that holds it */
+        ops->embed_shard(ctx, a->h, &m->embed, s->ids, c->shard.vocab0, n);
+        model_tp_sum(m, a->h, (size_t)n * (size_t)c->hidden_size);
+    } else {
+        ops->embed(ctx, a->h, &m->embed, s->ids, n);
+    }
     for (int l = 0; l < c->n_layers; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
+}
+
+void model_reduce_delta(const struct fwd *f) {
+    model_tp_sum(f->m, f->m->act.delta, (size_t)f->n * (size_t)f->m->cfg.hidden_size);
 }
 
 struct backend_norm layer_norm_in(const struct fwd *f, int l, const float *w) {
@@ -320,14 +368,46 @@ void model_final_norm(struct model *m, const int32_t *rows, long n) {
     ops->add_rmsnorm(ctx, a->xs, a->xn, a->xs, m->final_norm, n, d, eps);
 }
 
+/* Vocab parallel: each rank's logits columns for MODEL_LM_ROWS rows at a
+ * time into its part of act.lm ([tp][rows][vocab_stride]), gathered from
+ * every rank, then copied into place: rank p's columns start at p·V/tp. */
+static void lm_head_split(struct model *m, float *logits, long r0, long r) {
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *ops = m->be->ops;
+    void *ctx = m->be->ctx;
+    int tp = c->shard.tp_size;
+    long d = c->hidden_size, V = c->vocab_size, Vs = c->shard.vocab_stride;
+    long rows = m->max_batch_tokens < MODEL_LM_ROWS ? m->max_batch_tokens : MODEL_LM_ROWS;
+    for (long i0 = 0; i0 < r; i0 += rows) {
+        long cn = r - i0 < rows ? r - i0 : rows;
+        size_t part = (size_t)cn * (size_t)Vs;
+        ops->matmul(ctx, m->act.lm + (size_t)c->shard.tp_rank * part, Vs, m->act.xs + (r0 + i0) * d, d,
+                    &m->lm_head, NULL, cn);
+        model_tp_gather(m, m->act.lm + (size_t)c->shard.tp_rank * part, m->act.lm, part * 4);
+        for (int p = 0; p < tp; p++) {
+            long v0 = p * V / tp, vn = (p + 1) * V / tp - v0;
+            ops->copy_rows(ctx, logits + i0 * V + v0, V, m->act.lm + (size_t)p * part, Vs, cn, vn);
+        }
+    }
+}
+
 void model_lm_head(struct model *m, float *logits, long r0, long r) {
     long d = m->cfg.hidden_size;
+    if (model_tp(&m->cfg) > 1) {
+        lm_head_split(m, logits, r0, r);
+        return;
+    }
     m->be->ops->matmul(m->be->ctx, logits, m->cfg.vocab_size, m->act.xs + r0 * d, d, &m->lm_head,
                        NULL, r);
 }
 
 void model_norm_lm_head(struct model *m, float *logits, long n) {
     const struct backend_ops *ops = m->be->ops;
+    if (model_tp(&m->cfg) > 1) { /* the same norm, then the gathered head */
+        model_final_norm(m, NULL, n);
+        lm_head_split(m, logits, 0, n);
+        return;
+    }
     struct activations *a = &m->act;
     /* one product: a fusing backend's norm hands it its 16-bit operand */
     struct backend_norm nm = {.h = a->h, .delta = a->delta, .x = a->xs, .w = m->final_norm,

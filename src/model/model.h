@@ -34,7 +34,16 @@ struct model;
  * over the tp_size ranks of the group; each rank reads only its slices
  * of the checkpoint and the partial sums meet in all-reduces of comm.
  * Expert parallel (ep_size == tp_size): the routed experts are split
- * whole over the same ranks instead. Zeroed: one rank. */
+ * whole over the same ranks instead. Zeroed: one rank.
+ *
+ * The ranks call model_forward_layers and the head (model_lm_head,
+ * model_norm_lm_head) with the same batches in the same order: each makes
+ * collectives. Every rank gets the whole logits[r][vocab]. A collective
+ * that fails there ends the process ("kiln: rank R: <error>", status 1).
+ * model_config of a split model is its rank's config: its head counts and
+ * intermediate sizes are the rank's, vocab_size and n_experts the whole
+ * model's (config.h struct model_shard); the size functions below count
+ * the rank's share when given it. */
 struct model_parallel {
     int tp_size;            /* 0 or 1: not split */
     int tp_rank;            /* 0 .. tp_size - 1 */
@@ -145,7 +154,8 @@ struct backend *model_backend(const struct model *m);
 /* ---- sizes for the memory plan: pure functions of the config ----------- */
 struct backend_step_shape;
 /* Bytes of the weights model_load gives a dummy model of this config
- * (checkpoints: what model_weight_bytes reports, in their dtypes). */
+ * (checkpoints: what model_weight_bytes reports, in their dtypes); of a
+ * split model's config (model_config), the rank's share. */
 size_t model_config_weight_bytes(const struct model_config *c);
 /* Device copies the model derives from its weights at load (MLA's W_UK^T). */
 size_t model_config_derived_bytes(const struct model_config *c);

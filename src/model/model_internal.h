@@ -23,6 +23,24 @@ struct weight_source {
     long last_cols;
 };
 
+/* The part of a checkpoint tensor a rank loads (tensor parallel): elements
+ * [start, start + len) of dimension dim: 0, a matrix's rows (its output
+ * features: column-parallel, a view into the mapping) or a vector's
+ * elements; 1, a matrix's columns (its input features: row-parallel, a
+ * host copy). Loaders take the checkpoint's whole shape and a slice, NULL
+ * for the whole tensor. */
+struct ws_slice {
+    int dim;
+    long start, len;
+};
+/* shard.c: rank tp_rank's slice when every rank holds `local` of
+ * dimension dim (ranks in order); NULL on one rank. */
+const struct ws_slice *ws_split(struct ws_slice *s, const struct model_config *c, int dim, long local);
+/* The tensor parallel size (1: not split). */
+static inline int model_tp(const struct model_config *c) {
+    return c->shard.tp_size > 1 ? c->shard.tp_size : 1;
+}
+
 /* The host bytes of the last matrix ws_matrix loaded (the checkpoint's, or
  * dummy values made again on the host when the device made them), valid
  * for the model's life. NULL when out of memory. */
@@ -111,6 +129,7 @@ struct activations {
     int32_t *moe_ids;         /* [T][top_k] */
     float *moe_w;             /* [T][top_k] */
     float *xs;                /* [T][d] rows that need logits */
+    float *lm;                /* tensor parallel: [tp][lm_rows][vocab_stride] the ranks' logits */
     struct mla_ws *mla;       /* deepseek_mha.c's workspace (MLA models), or NULL */
 };
 
@@ -120,8 +139,12 @@ struct activations {
  * them up (model_activation_bytes). */
 enum {
     ACT_H, ACT_XN, ACT_DELTA, ACT_Q, ACT_K, ACT_V, ACT_QKV, ACT_Q2, ACT_ATT, ACT_O, ACT_G,
-    ACT_SHARED, ACT_ROUTER, ACT_GATE1, ACT_MOE_IDS, ACT_MOE_W, ACT_XS, ACT_COUNT
+    ACT_SHARED, ACT_ROUTER, ACT_GATE1, ACT_MOE_IDS, ACT_MOE_W, ACT_XS, ACT_LM, ACT_COUNT
 };
+/* Rows of logits model_lm_head gathers from the ranks at once (tensor
+ * parallel): the gather buffer is tp x this x vocab_stride floats, about
+ * as large as the runner's own logits chunk. */
+enum { MODEL_LM_ROWS = 64 };
 void model_act_counts(const struct model_config *c, long T, size_t counts[ACT_COUNT]);
 
 struct model {
@@ -155,6 +178,7 @@ struct model {
     int n_owned, cap_owned;
     const void **uploaded; /* device buffers from weight_upload / alloc to release */
     int n_uploaded, cap_uploaded;
+    struct dist_comm *comm; /* model_options.par.comm; NULL on one rank */
 };
 
 /* The state one layer's forward needs. */
@@ -215,9 +239,9 @@ struct backend_norm layer_norm_in(const struct fwd *f, int l, const float *w);
  * model_options.quantization fp8 becomes FP8 with 128x128 blocks unless
  * quantization_config lists it as not converted. */
 int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
-              struct backend_weight *out, struct kiln_error *err);
+              const struct ws_slice *slice, struct backend_weight *out, struct kiln_error *err);
 int ws_proj(struct weight_source *ws, const char *name, long rows, long cols,
-            struct backend_weight *out, struct kiln_error *err);
+            const struct ws_slice *slice, struct backend_weight *out, struct kiln_error *err);
 /* The FP8 layout of w[rows][cols] (dtype BF16, F16 or F32) in blocks of
  * br x bc, as scripts/oracle/make_fp8_oracle.py makes it: per block,
  * scale = max(max |w|, 1e-12) / 448 and q = f32_to_fp8_e4m3(w / scale)
@@ -237,15 +261,40 @@ void model_matmul_cat(struct model *m, float *y, long ldy, const float *x, long 
  * (all of one dtype), with `parts[i]` the views of each; the products of a
  * layer that read the same input become one (q|k|v, gate|up). They are
  * projections (ws_proj). FP8 parts: on in-place backends (the CPU) only,
- * for now. */
-int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows, int count,
-                  long cols, struct backend_weight *out, struct backend_weight *parts,
+ * for now. slices: NULL, or [count] row slices (dim 0) of the parts. */
+int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows,
+                  const struct ws_slice *slices, int count, long cols, struct backend_weight *out,
+                  struct backend_weight *parts, struct kiln_error *err);
+/* Vectors concatenated into one device vector (the biases of a stacked
+ * matrix); slices as ws_matrix_cat's. */
+int ws_vector_cat(struct weight_source *ws, const char *const *names, const long *lens,
+                  const struct ws_slice *slices, int count, float fill, const float **out,
                   struct kiln_error *err);
-/* Vectors concatenated into one device vector (the biases of a stacked matrix). */
-int ws_vector_cat(struct weight_source *ws, const char *const *names, const long *lens, int count,
-                  float fill, const float **out, struct kiln_error *err);
 void *model_own(struct model *m, void *host);
 const void *model_upload(struct model *m, const void *host, size_t bytes);
+
+/* shard.c. Splits config c (its file named in messages) for rank p of a
+ * tensor / expert parallel group: refuses sizes that do not divide, then
+ * makes c the rank's config (config.h struct model_shard). A zeroed or
+ * NULL p leaves c whole. */
+int model_shard_split(struct model_config *c, const struct model_parallel *p, const char *file,
+                      struct kiln_error *err);
+/* The rank's first KV head in the whole model's numbering (0 on one rank). */
+long model_shard_kv_head0(const struct model_config *c);
+/* The rank's rows of a shared-expert MLP (Qwen2-MoE's shared expert,
+ * DeepSeek's n_shared_experts x moe_intermediate_size). */
+long moe_shared_inter(const struct model_config *c);
+/* buf[count] summed over the tensor parallel ranks, in place (nothing on
+ * one rank). A failed collective ends the process: it prints
+ * "kiln: rank R: <error>" and exits with status 1. */
+void model_tp_sum(struct model *m, float *buf, size_t count);
+/* recv[tp][bytes] = every rank's send[bytes] in rank order (send may be
+ * recv + tp_rank · bytes); failures as model_tp_sum's. */
+void model_tp_gather(struct model *m, const void *send, void *recv, size_t bytes);
+/* The all-reduce of a layer's sublayer output act.delta (n rows), where
+ * the ranks' partial sums meet (attention after o_proj, the MLP after
+ * down_proj). */
+void model_reduce_delta(const struct fwd *f);
 
 /* rope.c: cos/sin table [max_pos][dim/2][2] and the yarn attention factor. */
 void rope_table_build(const struct rope_config *rc, int dim, int max_pos,

@@ -20,10 +20,7 @@ static int any_layer(const struct model_config *c, int moe) {
 static long mlp_inter(const struct model_config *c) {
     long inter = any_layer(c, 0) ? c->intermediate_size : 0;
     if (any_layer(c, 1)) {
-        if (model_family_of(c) == &family_deepseek)
-            inter = lmax(inter, (long)c->n_shared_experts * c->moe_intermediate_size);
-        else
-            inter = lmax(inter, c->shared_expert_intermediate_size);
+        inter = lmax(inter, moe_shared_inter(c));
     }
     return inter;
 }
@@ -51,6 +48,10 @@ void model_act_counts(const struct model_config *c, long T, size_t counts[ACT_CO
     if (shared) n[ACT_SHARED] = d, n[ACT_GATE1] = 1;
     if (moe) n[ACT_ROUTER] = E, n[ACT_MOE_IDS] = n[ACT_MOE_W] = K;
     for (int i = 0; i < ACT_COUNT; i++) counts[i] = (size_t)T * (size_t)n[i];
+    /* tensor parallel: the lm_head's gather of MODEL_LM_ROWS rows at most */
+    if (model_tp(c) > 1)
+        counts[ACT_LM] = (size_t)(T < MODEL_LM_ROWS ? T : MODEL_LM_ROWS) * (size_t)model_tp(c) *
+                         (size_t)c->shard.vocab_stride;
 }
 
 size_t model_activation_bytes(const struct model_config *c, long max_tokens, long max_context) {
@@ -68,8 +69,13 @@ static size_t weight_es(const struct model_config *c) {
     return c->dtype == DTYPE_F32 ? 4 : 2;
 }
 
+/* A split config (config.h struct model_shard) counts its rank's share:
+ * its heads and intermediate columns are the config's own, its rows of
+ * the vocabulary and its experts the shard's; o_proj's bias is rank 0's. */
 size_t model_config_weight_bytes(const struct model_config *c) {
-    size_t es = weight_es(c), d = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+    int tp = model_tp(c), ep = c->shard.ep_size > 1;
+    size_t es = weight_es(c), d = (size_t)c->hidden_size,
+           V = tp > 1 ? (size_t)c->shard.vocab_rows : (size_t)c->vocab_size;
     size_t total = V * d * es * (c->tie_word_embeddings ? 1 : 2) + d * 4;
     int mla = model_family_of(c) == &family_deepseek;
     for (int l = 0; l < c->n_layers; l++) {
@@ -85,7 +91,7 @@ size_t model_config_weight_bytes(const struct model_config *c) {
                    kw = (size_t)c->n_kv_heads * hd;
             total += ((qw + 2 * kw) * d + d * qw) * es;
             if (c->attention_bias) total += (qw + 2 * kw) * 4;
-            if (c->o_proj_bias) total += d * 4;
+            if (c->o_proj_bias && c->shard.tp_rank == 0) total += d * 4;
             if (c->qk_norm) total += 2 * hd * 4;
         }
         if (!model_config_layer_is_moe(c, l)) {
@@ -93,12 +99,12 @@ size_t model_config_weight_bytes(const struct model_config *c) {
             continue;
         }
         size_t E = (size_t)c->n_experts, F = (size_t)c->moe_intermediate_size;
-        total += E * d * es + 3 * E * F * d * es;
+        size_t El = ep ? (size_t)c->shard.n_experts : E;
+        total += E * d * es + 3 * El * F * d * es;
         if (c->has_score_correction_bias) total += E * 4;
-        if (mla && c->n_shared_experts > 0)
-            total += 3 * (size_t)c->n_shared_experts * F * d * es;
-        else if (!mla && c->shared_expert_intermediate_size > 0)
-            total += 3 * (size_t)c->shared_expert_intermediate_size * d * es + d * es;
+        size_t shared = (size_t)moe_shared_inter(c);
+        if (mla && c->n_shared_experts > 0) total += 3 * shared * d * es;
+        else if (!mla && c->shared_expert_intermediate_size > 0) total += 3 * shared * d * es + d * es;
     }
     return total;
 }
@@ -122,8 +128,9 @@ void model_step_shape(const struct model_config *c, long max_tokens, long max_co
     s->widest = lmax(lmax(d + mlp_inter(c), w.o ? w.o : w.att), lmax(w.v, d));
     for (int l = 0; l < c->n_layers; l++) s->moe_layers += model_config_layer_is_moe(c, l) != 0;
     if (!s->moe_layers) return;
-    int fused = fuse_shared && model_family_of(c) == &family_deepseek && c->n_shared_experts == 1;
-    s->moe_experts = c->n_experts + fused;
+    int ep = c->shard.ep_size > 1; /* the rank's experts; no fusion (model.c) */
+    int fused = fuse_shared && !ep && model_family_of(c) == &family_deepseek && c->n_shared_experts == 1;
+    s->moe_experts = (ep ? c->shard.n_experts : c->n_experts) + fused;
     s->moe_hidden = c->hidden_size;
     s->moe_inter = c->moe_intermediate_size;
     s->moe_slots = c->n_experts_per_tok + fused;

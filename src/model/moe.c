@@ -23,27 +23,38 @@ int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struc
     struct model *m = ws->m;
     const struct model_config *c = &m->cfg;
     long d = c->hidden_size, E = c->n_experts, F = c->moe_intermediate_size;
+    /* Tensor parallel: every expert's intermediate columns split like a
+     * dense MLP's (F is the rank's share); expert parallel: the rank's
+     * experts [e0, e0 + El) whole, the others not loaded. The router is
+     * whole on every rank, so every rank routes the same. */
+    int ep = c->shard.ep_size > 1;
+    long e0 = ep ? c->shard.expert0 : 0, El = ep ? c->shard.n_experts : E, Fw = ep ? F : F * model_tp(c);
+    struct ws_slice gu_sl, down_sl;
+    const struct ws_slice *gu_part = ep ? NULL : ws_split(&gu_sl, c, 0, F);
+    const struct ws_slice *dn_part = ep ? NULL : ws_split(&down_sl, c, 1, F);
     char name[256], prefix[128];
     snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", l);
     snprintf(name, sizeof name, "%s.gate.weight", prefix);
-    if (ws_matrix(ws, name, E, d, &moe->router, err)) return -1;
+    if (ws_matrix(ws, name, E, d, NULL, &moe->router, err)) return -1;
     if (c->has_score_correction_bias) {
         snprintf(name, sizeof name, "%s.gate.e_score_correction_bias", prefix);
         if (ws_vector(ws, name, E, NAN, &moe->correction_bias, err)) return -1;
     }
-    moe->gate = model_own(m, xcalloc((size_t)E, sizeof *moe->gate));
-    moe->up = model_own(m, xcalloc((size_t)E, sizeof *moe->up));
-    moe->down = model_own(m, xcalloc((size_t)E, sizeof *moe->down));
-    for (long e = 0; e < E; e++) {
+    moe->gate = model_own(m, xcalloc((size_t)El, sizeof *moe->gate));
+    moe->up = model_own(m, xcalloc((size_t)El, sizeof *moe->up));
+    moe->down = model_own(m, xcalloc((size_t)El, sizeof *moe->down));
+    for (long i = 0; i < El; i++) {
+        long e = e0 + i;
         snprintf(name, sizeof name, "%s.experts.%ld.gate_proj.weight", prefix, e);
-        if (ws_proj(ws, name, F, d, &moe->gate[e], err)) return -1;
+        if (ws_proj(ws, name, Fw, d, gu_part, &moe->gate[i], err)) return -1;
         snprintf(name, sizeof name, "%s.experts.%ld.up_proj.weight", prefix, e);
-        if (ws_proj(ws, name, F, d, &moe->up[e], err)) return -1;
+        if (ws_proj(ws, name, Fw, d, gu_part, &moe->up[i], err)) return -1;
         snprintf(name, sizeof name, "%s.experts.%ld.down_proj.weight", prefix, e);
-        if (ws_proj(ws, name, d, F, &moe->down[e], err)) return -1;
+        if (ws_proj(ws, name, d, Fw, dn_part, &moe->down[i], err)) return -1;
     }
-    moe->experts = (struct moe_experts){.n_experts = (int)E, .hidden = (int)d, .inter = (int)F,
-                                        .gate = moe->gate, .up = moe->up, .down = moe->down};
+    moe->experts = (struct moe_experts){.n_experts = (int)El, .hidden = (int)d, .inter = (int)F,
+                                        .gate = moe->gate, .up = moe->up, .down = moe->down,
+                                        .first = (int)e0};
     moe->route = (struct moe_route_params){
         .n_experts = (int)E,
         .top_k = c->n_experts_per_tok,
@@ -61,7 +72,7 @@ int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struc
     };
     if (kind->shared_summed && c->n_shared_experts > 0) {
         snprintf(name, sizeof name, "%s.shared_experts", prefix);
-        moe->shared_inter = (long)c->n_shared_experts * F;
+        moe->shared_inter = moe_shared_inter(c);
         if (dense_load(ws, name, moe->shared_inter, &moe->shared, err)) return -1;
         moe->has_shared = 1;
         /* Shared-expert fusion: one shared expert has the routed
@@ -72,8 +83,12 @@ int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struc
          * grouped products. Sums in the same order as the separate MLP
          * plus the add, so results do not change. Several shared experts
          * (DeepSeek-V2's two: one MLP of 2 x F whose down projection would
-         * have to be split by columns) stay separate. */
+         * have to be split by columns) stay separate. Tensor parallel
+         * keeps it: the shared expert's columns split like the routed
+         * ones', same shapes; expert parallel does not fuse (m->fuse_shared
+         * is off: the routed experts are whole, the shared one split). */
         if (m->fuse_shared && c->n_shared_experts == 1) {
+            KILN_ASSERT(!ep && moe->shared_inter == F);
             struct backend_weight *g = model_own(m, xcalloc((size_t)E + 1, sizeof *g));
             struct backend_weight *u = model_own(m, xcalloc((size_t)E + 1, sizeof *u));
             struct backend_weight *dn = model_own(m, xcalloc((size_t)E + 1, sizeof *dn));
@@ -89,10 +104,12 @@ int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struc
         }
     } else if (!kind->shared_summed && c->shared_expert_intermediate_size > 0) {
         snprintf(name, sizeof name, "%s.shared_expert", prefix);
-        moe->shared_inter = c->shared_expert_intermediate_size;
+        moe->shared_inter = moe_shared_inter(c);
         if (dense_load(ws, name, moe->shared_inter, &moe->shared, err)) return -1;
+        /* whole on every rank: sigmoid(x · gate) scales the shared MLP's
+         * output row by row, so it scales each rank's partial sum alike */
         snprintf(name, sizeof name, "%s.shared_expert_gate.weight", prefix);
-        if (ws_matrix(ws, name, 1, d, &moe->shared_gate, err)) return -1;
+        if (ws_matrix(ws, name, 1, d, NULL, &moe->shared_gate, err)) return -1;
         moe->has_shared = 1;
     }
     return 0;

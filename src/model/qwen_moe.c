@@ -24,9 +24,11 @@ static void qwen_moe_forward_layer(const struct fwd *f, int l, const struct laye
     struct activations *a = &f->m->act;
     struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
     mha_forward_norm(f, l, &L->mha, &nm, a->delta);
+    model_reduce_delta(f);
     nm.delta = a->delta;
     nm.w = L->ln_mlp;
     mlp_forward_norm(f, L, &nm, a->delta);
+    model_reduce_delta(f);
 }
 
 const struct model_family family_qwen_moe = {

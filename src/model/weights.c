@@ -194,10 +194,28 @@ static int upload_scales(struct weight_source *ws, const float *host, size_t n, 
     return 0;
 }
 
+/* A slice of FP8 tensor `name` must cover whole blocks: its start on a
+ * block boundary, its end too unless it is the tensor's end. */
+static int fp8_slice_check(const struct model *m, const char *file, const char *name, long rows,
+                           long cols, const struct ws_slice *sl, struct kiln_error *err) {
+    if (!sl) return 0;
+    const struct model_quant *q = &m->cfg.quant;
+    long b = sl->dim ? q->block_cols : q->block_rows, whole = sl->dim ? cols : rows;
+    if (sl->start % b == 0 && (sl->len % b == 0 || sl->start + sl->len == whole)) return 0;
+    return kiln_errorc(err, KILN_ERR_UNSUPPORTED,
+                       "%s: tensor '%s' is FP8 in %dx%d blocks: the tensor parallel split gives rank "
+                       "%d its %s %ld..%ld of %ld, which do not fall on block boundaries; choose a "
+                       "tensor parallel size that splits them into whole blocks of %ld",
+                       file, name, q->block_rows, q->block_cols, m->cfg.shard.tp_rank,
+                       sl->dim ? "columns" : "rows", sl->start, sl->start + sl->len, whole, b);
+}
+
 /* The block scales of FP8 tensor `name` [rows][cols]: `<name>_scale_inv`,
- * [ceil(rows / B0)][ceil(cols / B1)], F32 (BF16 and F16 widened), finite. */
+ * [ceil(rows / B0)][ceil(cols / B1)], F32 (BF16 and F16 widened), finite;
+ * those of slice sl (whole blocks: fp8_slice_check) when given. */
 static int load_scales(struct weight_source *ws, const char *name, const char *file, long rows,
-                       long cols, struct backend_weight *out, struct kiln_error *err) {
+                       long cols, const struct ws_slice *sl, struct backend_weight *out,
+                       struct kiln_error *err) {
     struct model *m = ws->m;
     const struct model_quant *q = &m->cfg.quant;
     char sname[512], have[96];
@@ -231,6 +249,17 @@ static int load_scales(struct weight_source *ws, const char *name, const char *f
         if (!isfinite(host[i]))
             return kiln_errorf(err, "%s: tensor '%s' has a non-finite scale (%g) at block [%zu, %zu]",
                                sfile, sname, (double)host[i], i / (size_t)nbc, i % (size_t)nbc);
+    if (sl && sl->dim == 0) { /* whole rows of blocks: a view */
+        long b0 = sl->start / q->block_rows, nb = ceil_div(sl->len, q->block_rows);
+        host += b0 * nbc;
+        n = (size_t)nb * (size_t)nbc;
+    } else if (sl) { /* columns of blocks: a copy */
+        long b0 = sl->start / q->block_cols, nb = ceil_div(sl->len, q->block_cols);
+        float *f = model_own(m, xaligned_alloc((size_t)(nbr * nb) * 4));
+        for (long r = 0; r < nbr; r++) memcpy(f + r * nb, host + r * nbc + b0, (size_t)nb * 4);
+        host = f;
+        n = (size_t)nbr * (size_t)nb;
+    }
     return upload_scales(ws, host, n, name, out, err);
 }
 
@@ -261,13 +290,44 @@ static int quantize_upload(struct weight_source *ws, const char *name, const voi
 
 /* ---- matrices ------------------------------------------------------------- */
 
+/* The host bytes of slice sl of checkpoint tensor t [rows][cols] (es
+ * bytes an element): rows are a view into the mapping; columns a copy,
+ * *copy set to it (the caller owns or frees it). */
+static const void *slice_host(const struct st_tensor *t, long rows, long cols, const struct ws_slice *sl,
+                              void **copy) {
+    size_t es = dtype_size(t->dtype);
+    *copy = NULL;
+    if (!sl) return t->data;
+    if (sl->dim == 0) return (const unsigned char *)t->data + (size_t)sl->start * (size_t)cols * es;
+    size_t row = (size_t)sl->len * es;
+    unsigned char *buf = xaligned_alloc(((size_t)rows * row + 63) & ~(size_t)63);
+    for (long r = 0; r < rows; r++)
+        memcpy(buf + (size_t)r * row, (const unsigned char *)t->data + ((size_t)r * (size_t)cols + (size_t)sl->start) * es,
+               row);
+    *copy = buf;
+    return buf;
+}
+
+/* A host copy made for a slice, once uploaded: a backend that copied (a
+ * GPU, not deferred) no longer needs it; otherwise the model keeps it. */
+static void slice_done(struct model *m, void *copy, const void *dev) {
+    if (!copy) return;
+    if (dev == copy || m->defer_uploads) model_own(m, copy);
+    else free(copy);
+}
+
 static int load_matrix(struct weight_source *ws, const char *name, long rows, long cols, int proj,
-                       struct backend_weight *out, struct kiln_error *err) {
+                       const struct ws_slice *sl, struct backend_weight *out,
+                       struct kiln_error *err) {
     struct model *m = ws->m;
     const void *host;
+    void *copy = NULL;
     size_t bytes;
     enum dtype dt;
     int quantize = proj && m->quantize_online && !model_quant_skips(&m->cfg.quant, name);
+    /* the rank's part [lr][lc] */
+    long lr = sl && sl->dim == 0 ? sl->len : rows, lc = sl && sl->dim == 1 ? sl->len : cols;
+    KILN_ASSERT(!sl || (sl->start >= 0 && sl->len > 0 && sl->start + sl->len <= (sl->dim ? cols : rows)));
     *out = (struct backend_weight){0};
     ws->last_scale = NULL;
     if (ws->st) {
@@ -277,21 +337,26 @@ static int load_matrix(struct weight_source *ws, const char *name, long rows, lo
         const char *file = ws->st->paths[t->file];
         int fp8 = m->cfg.quant.method == MODEL_QUANT_FP8;
         if (t->dtype == DTYPE_F8_E4M3) {
-            if (fp8_allowed(m, file, name, err) || load_scales(ws, name, file, rows, cols, out, err))
+            if (fp8_allowed(m, file, name, err) || fp8_slice_check(m, file, name, rows, cols, sl, err) ||
+                load_scales(ws, name, file, rows, cols, sl, out, err))
                 return -1;
         } else if (t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16 && t->dtype != DTYPE_F32) {
             return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s", file, name,
                                dtype_name(t->dtype), fp8 ? "BF16, F16, F32 or F8_E4M3" : "BF16, F16 or F32");
-        } else if (quantize) {
-            return quantize_upload(ws, name, t->data, t->dtype, rows, cols, out, err);
         }
-        host = t->data;
-        bytes = t->nbytes;
+        host = slice_host(t, rows, cols, sl, &copy);
+        if (t->dtype != DTYPE_F8_E4M3 && quantize) {
+            int rc = quantize_upload(ws, name, host, t->dtype, lr, lc, out, err);
+            free(copy);
+            return rc;
+        }
+        bytes = (size_t)lr * (size_t)lc * dtype_size(t->dtype);
         dt = t->dtype;
     } else {
         dt = dummy_dtype(m);
-        size_t n = (size_t)rows * (size_t)cols, es = dtype_size(dt);
+        size_t n = (size_t)lr * (size_t)lc, es = dtype_size(dt);
         bytes = n * es;
+        /* values in ±1/√cols of the whole input, whatever the slice */
         struct dummy_part p = dummy_next(ws, n, cols, dt);
         ws->last_tensor = p.tensor, ws->last_n = n, ws->last_cols = cols;
         if (!quantize && (out->data = dummy_on_device(m, &p, 1))) {
@@ -302,7 +367,7 @@ static int load_matrix(struct weight_source *ws, const char *name, long rows, lo
         if (!buf) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for dummy tensor '%s' (%zu bytes)", name, bytes);
         fill_dummy(&p, buf);
         if (quantize) { /* the same values as unquantized, then FP8 */
-            int rc = quantize_upload(ws, name, buf, dt, rows, cols, out, err);
+            int rc = quantize_upload(ws, name, buf, dt, lr, lc, out, err);
             free(buf);
             return rc;
         }
@@ -311,44 +376,48 @@ static int load_matrix(struct weight_source *ws, const char *name, long rows, lo
     }
     ws->last_host = host; /* the mapping or a buffer the model owns */
     out->data = upload_stable(m, &host, &bytes, 1);
+    slice_done(m, copy, out->data);
+    if (copy && out->data != copy && !m->defer_uploads) ws->last_host = NULL; /* freed */
 done:
     if (!out->data) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
     out->dtype = dt;
-    out->rows = rows;
-    out->cols = cols;
+    out->rows = lr;
+    out->cols = lc;
     m->weight_bytes += bytes;
     return 0;
 }
 
 int ws_matrix(struct weight_source *ws, const char *name, long rows, long cols,
-              struct backend_weight *out, struct kiln_error *err) {
-    return load_matrix(ws, name, rows, cols, 0, out, err);
+              const struct ws_slice *slice, struct backend_weight *out, struct kiln_error *err) {
+    return load_matrix(ws, name, rows, cols, 0, slice, out, err);
 }
 
 int ws_proj(struct weight_source *ws, const char *name, long rows, long cols,
-            struct backend_weight *out, struct kiln_error *err) {
-    return load_matrix(ws, name, rows, cols, 1, out, err);
+            const struct ws_slice *slice, struct backend_weight *out, struct kiln_error *err) {
+    return load_matrix(ws, name, rows, cols, 1, slice, out, err);
 }
 
-/* Fills v[len] with the fp32 values of vector `name` (or dummy values). */
-static int vector_host(struct weight_source *ws, const char *name, long len, float fill, float *v,
-                       struct kiln_error *err) {
+/* Fills v[n] with the fp32 values of elements [start, start + n) of
+ * vector `name` [len] (or dummy values). */
+static int vector_host(struct weight_source *ws, const char *name, long len, long start, long n,
+                       float fill, float *v, struct kiln_error *err) {
     if (ws->st) {
         const struct st_tensor *t;
         int64_t shape[1] = {len};
         if (st_expect(ws->st, name, 1, shape, &t, err)) return -1;
-        for (long i = 0; i < len; i++) {
+        for (long i = 0; i < n; i++) {
+            long k = start + i;
             switch (t->dtype) {
-            case DTYPE_F32: memcpy(&v[i], (const char *)t->data + i * 4, 4); break;
+            case DTYPE_F32: memcpy(&v[i], (const char *)t->data + k * 4, 4); break;
             case DTYPE_BF16: {
                 uint16_t h;
-                memcpy(&h, (const char *)t->data + i * 2, 2);
+                memcpy(&h, (const char *)t->data + k * 2, 2);
                 v[i] = bf16_to_f32(h);
                 break;
             }
             case DTYPE_F16: {
                 uint16_t h;
-                memcpy(&h, (const char *)t->data + i * 2, 2);
+                memcpy(&h, (const char *)t->data + k * 2, 2);
                 v[i] = f16_to_f32(h);
                 break;
             }
@@ -359,7 +428,8 @@ static int vector_host(struct weight_source *ws, const char *name, long len, flo
         }
     } else {
         uint64_t t = ws->n_tensors++;
-        for (long i = 0; i < len; i++) v[i] = isnan(fill) ? dummy_unit(ws->seed, t, (uint64_t)i) * 0.1f : fill;
+        for (long i = 0; i < n; i++)
+            v[i] = isnan(fill) ? dummy_unit(ws->seed, t, (uint64_t)(start + i)) * 0.1f : fill;
     }
     return 0;
 }
@@ -368,38 +438,54 @@ int ws_vector(struct weight_source *ws, const char *name, long len, float fill, 
               struct kiln_error *err) {
     struct model *m = ws->m;
     float *v = model_own(m, xaligned_alloc((size_t)len * 4));
-    if (vector_host(ws, name, len, fill, v, err)) return -1;
+    if (vector_host(ws, name, len, 0, len, fill, v, err)) return -1;
     *out = model_upload(m, v, (size_t)len * 4);
     if (!*out) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
     m->weight_bytes += (size_t)len * 4;
     return 0;
 }
 
-int ws_vector_cat(struct weight_source *ws, const char *const *names, const long *lens, int count,
-                  float fill, const float **out, struct kiln_error *err) {
+int ws_vector_cat(struct weight_source *ws, const char *const *names, const long *lens,
+                  const struct ws_slice *slices, int count, float fill, const float **out,
+                  struct kiln_error *err) {
     struct model *m = ws->m;
     long total = 0;
-    for (int i = 0; i < count; i++) total += lens[i];
+    for (int i = 0; i < count; i++) total += slices ? slices[i].len : lens[i];
     float *v = model_own(m, xaligned_alloc((size_t)total * 4));
-    for (int i = 0, off = 0; i < count; off += (int)lens[i], i++)
-        if (vector_host(ws, names[i], lens[i], fill, v + off, err)) return -1;
+    for (long i = 0, off = 0; i < count; i++) {
+        long start = slices ? slices[i].start : 0, n = slices ? slices[i].len : lens[i];
+        KILN_ASSERT(!slices || (slices[i].dim == 0 && start >= 0 && start + n <= lens[i]));
+        if (vector_host(ws, names[i], lens[i], start, n, fill, v + off, err)) return -1;
+        off += n;
+    }
     *out = model_upload(m, v, (size_t)total * 4);
     if (!*out) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", names[0]);
     m->weight_bytes += (size_t)total * 4;
     return 0;
 }
 
+/* The first byte and the rows of part i of a stack (its slice's rows, or
+ * the whole tensor). */
+static const void *part_host(const struct st_tensor *t, const struct ws_slice *slices, int i, long cols,
+                             size_t es) {
+    long r0 = slices ? slices[i].start : 0;
+    return (const unsigned char *)t->data + (size_t)r0 * (size_t)cols * es;
+}
+static long part_rows(const long *rows, const struct ws_slice *slices, int i) {
+    return slices ? slices[i].len : rows[i];
+}
+
 /* The stacked matrix of ws_matrix_cat straight from the checkpoint's parts
  * into one device allocation (backends with weight_upload_cat). NULL when
  * out of device memory. */
 static const void *upload_cat_direct(struct model *m, const struct st_tensor *const *t,
-                                     const long *rows, int count, long cols, size_t es,
-                                     const char *name, struct kiln_error *err) {
+                                     const long *rows, const struct ws_slice *slices, int count,
+                                     long cols, size_t es, const char *name, struct kiln_error *err) {
     const void *hosts[8];
     size_t sizes[8];
     for (int i = 0; i < count; i++) {
-        hosts[i] = t[i]->data;
-        sizes[i] = (size_t)rows[i] * (size_t)cols * es;
+        hosts[i] = part_host(t[i], slices, i, cols, es);
+        sizes[i] = (size_t)part_rows(rows, slices, i) * (size_t)cols * es;
     }
     const void *dev = upload_stable(m, hosts, sizes, count);
     if (!dev) kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
@@ -409,17 +495,18 @@ static const void *upload_cat_direct(struct model *m, const struct st_tensor *co
 /* The stacked matrix built on the host (checkpoint parts or dummy values),
  * then uploaded. NULL when out of host or device memory. */
 static const void *upload_cat_host(struct weight_source *ws, const struct st_tensor *const *t,
-                                   const long *rows, int count, long cols, enum dtype dt,
-                                   const char *name, struct kiln_error *err) {
+                                   const long *rows, const struct ws_slice *slices, int count,
+                                   long cols, enum dtype dt, const char *name, struct kiln_error *err) {
     struct model *m = ws->m;
     struct dummy_part dparts[8];
     if (!ws->st) {
-        for (int i = 0; i < count; i++) dparts[i] = dummy_next(ws, (size_t)rows[i] * (size_t)cols, cols, dt);
+        for (int i = 0; i < count; i++)
+            dparts[i] = dummy_next(ws, (size_t)part_rows(rows, slices, i) * (size_t)cols, cols, dt);
         const void *dev = dummy_on_device(m, dparts, count);
         if (dev) return dev;
     }
     size_t es = dtype_size(dt), bytes = 0;
-    for (int i = 0; i < count; i++) bytes += (size_t)rows[i] * (size_t)cols * es;
+    for (int i = 0; i < count; i++) bytes += (size_t)part_rows(rows, slices, i) * (size_t)cols * es;
     unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!buf) {
         kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for tensor '%s' (%zu bytes)", name, bytes);
@@ -427,8 +514,8 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
     }
     size_t off = 0;
     for (int i = 0; i < count; i++) {
-        size_t pb = (size_t)rows[i] * (size_t)cols * es;
-        if (ws->st) memcpy(buf + off, t[i]->data, pb);
+        size_t pb = (size_t)part_rows(rows, slices, i) * (size_t)cols * es;
+        if (ws->st) memcpy(buf + off, part_host(t[i], slices, i, cols, es), pb);
         else fill_dummy(&dparts[i], buf + off);
         off += pb;
     }
@@ -441,19 +528,22 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
     return dev;
 }
 
-int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows, int count,
-                  long cols, struct backend_weight *out, struct backend_weight *parts,
-                  struct kiln_error *err) {
+int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows,
+                  const struct ws_slice *slices, int count, long cols, struct backend_weight *out,
+                  struct backend_weight *parts, struct kiln_error *err) {
     struct model *m = ws->m;
     const struct st_tensor *t[8];
     KILN_ASSERT(count >= 1 && count <= 8);
+    for (int i = 0; slices && i < count; i++)
+        KILN_ASSERT(slices[i].dim == 0 && slices[i].start >= 0 && slices[i].len > 0 &&
+                    slices[i].start + slices[i].len <= rows[i]);
     if (m->be->ops->weights_in_place) {
         /* Keep each part a view of the checkpoint; model_matmul_cat runs
          * the parts one after the other into the same output layout. */
         long total = 0;
         for (int i = 0; i < count; i++) {
-            if (ws_proj(ws, names[i], rows[i], cols, &parts[i], err)) return -1;
-            total += rows[i];
+            if (ws_proj(ws, names[i], rows[i], cols, slices ? &slices[i] : NULL, &parts[i], err)) return -1;
+            total += parts[i].rows;
         }
         *out = (struct backend_weight){.data = NULL, .dtype = parts[0].dtype, .rows = total, .cols = cols};
         return 0;
@@ -467,7 +557,7 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
     enum dtype dt = dummy_dtype(m);
     long total = 0;
     for (int i = 0; i < count; i++) {
-        total += rows[i];
+        total += part_rows(rows, slices, i);
         if (!ws->st) continue;
         int64_t shape[2] = {rows[i], cols};
         if (st_expect(ws->st, names[i], 2, shape, &t[i], err)) return -1;
@@ -486,15 +576,16 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
     }
     size_t es = dtype_size(dt), bytes = (size_t)total * (size_t)cols * es;
     const void *dev = ws->st && m->be->ops->weight_upload_cat
-                          ? upload_cat_direct(m, t, rows, count, cols, es, names[0], err)
-                          : upload_cat_host(ws, t, rows, count, cols, dt, names[0], err);
+                          ? upload_cat_direct(m, t, rows, slices, count, cols, es, names[0], err)
+                          : upload_cat_host(ws, t, rows, slices, count, cols, dt, names[0], err);
     if (!dev) return -1;
     size_t off = 0;
     *out = (struct backend_weight){.data = dev, .dtype = dt, .rows = total, .cols = cols};
     for (int i = 0; i < count; i++) {
+        long pr = part_rows(rows, slices, i);
         parts[i] = (struct backend_weight){.data = (const unsigned char *)dev + off, .dtype = dt,
-                                           .rows = rows[i], .cols = cols};
-        off += (size_t)rows[i] * (size_t)cols * es;
+                                           .rows = pr, .cols = cols};
+        off += (size_t)pr * (size_t)cols * es;
     }
     m->weight_bytes += bytes;
     return 0;

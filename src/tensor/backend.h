@@ -113,6 +113,11 @@ struct moe_experts {
     const struct backend_weight *gate; /* [n_experts], each [inter][hidden] */
     const struct backend_weight *up;   /* [n_experts], each [inter][hidden] */
     const struct backend_weight *down; /* [n_experts], each [hidden][inter] */
+    /* Expert parallel: gate[i] is routed expert first + i; moe_ffn drops
+     * the (token, slot) rows routed to experts outside [first, first +
+     * n_experts) (they add nothing: another rank holds them). 0 with every
+     * expert here. */
+    int first;
 };
 
 /* moe_ffn runs a long batch's expert products over chunks of tokens, each
@@ -209,6 +214,12 @@ struct backend_ops {
     /* y[n][table.cols] = table[ids[i]] */
     void (*embed)(void *ctx, float *y, const struct backend_weight *table, const int32_t *ids,
                   long n);
+    /* Vocab-parallel embedding (tensor parallel): table holds rows [first,
+     * first + table.rows) of the vocabulary; y[i] = table[ids[i] - first]
+     * for ids in that range, a zero row for the others (the ranks' rows
+     * meet in an all-reduce). NULL: the backend cannot split a model. */
+    void (*embed_shard)(void *ctx, float *y, const struct backend_weight *table, const int32_t *ids,
+                        long first, long n);
     /* y[n][w.rows] = x[n][w.cols] · wᵀ (+ bias[w.rows]) */
     void (*matmul)(void *ctx, float *y, long ldy, const float *x, long ldx,
                    const struct backend_weight *w, const float *bias, long n);
@@ -282,7 +293,8 @@ struct backend_ops {
      * them where p->count says. ids[n][top_k + n_fused], weights likewise. */
     void (*moe_route)(void *ctx, int32_t *ids, float *weights, const float *logits,
                       const float *bias, const struct moe_route_params *p, long n);
-    /* y[n][hidden] = sum_j weights[i][j] * expert_{ids[i][j]}(x[i]) */
+    /* y[n][hidden] = sum_j weights[i][j] * expert_{ids[i][j]}(x[i]), over
+     * the slots j whose expert is one of e's (e->first ..), in j order */
     void (*moe_ffn)(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                     int top_k, const struct moe_experts *e, long n);
 

@@ -94,6 +94,7 @@ struct rows_job {
     const void *table;
     enum dtype dt;
     const int32_t *ids;
+    long first, n_table; /* embed_shard: the table's first vocabulary row, its rows */
 };
 
 static void rows_worker(void *arg, int ith, int nth) {
@@ -136,6 +137,24 @@ static void cpu_embed(void *ctx, float *y, const struct backend_weight *table, c
     struct rows_job j = {.row = embed_row, .n = n, .y = y, .ldy = table->cols, .dim = table->cols,
                          .table = table->data, .dt = table->dtype, .ids = ids};
     for (long i = 0; i < n; i++) KILN_ASSERT(ids[i] >= 0 && ids[i] < table->rows);
+    run_rows(ctx, &j);
+}
+
+static void embed_shard_row(const struct rows_job *j, long i) {
+    long id = (long)j->ids[i] - j->first;
+    if (id < 0 || id >= j->n_table) {
+        memset(j->y + i * j->ldy, 0, (size_t)j->dim * 4);
+        return;
+    }
+    widen_row(j->y + i * j->ldy, (const char *)j->table + (size_t)id * (size_t)j->dim * dtype_size(j->dt),
+              j->dt, j->dim);
+}
+
+static void cpu_embed_shard(void *ctx, float *y, const struct backend_weight *table,
+                            const int32_t *ids, long first, long n) {
+    struct rows_job j = {.row = embed_shard_row, .n = n, .y = y, .ldy = table->cols,
+                         .dim = table->cols, .table = table->data, .dt = table->dtype, .ids = ids,
+                         .first = first, .n_table = table->rows};
     run_rows(ctx, &j);
 }
 
@@ -350,6 +369,7 @@ static const struct backend_ops cpu_ops = {
     .weight_release = cpu_weight_release,
     .synchronize = cpu_synchronize,
     .embed = cpu_embed,
+    .embed_shard = cpu_embed_shard,
     .matmul = cpu_matmul_op,
     .matmul_heads = cpu_matmul_heads,
     .rmsnorm = cpu_rmsnorm,

@@ -6,6 +6,8 @@
  * masked one. The expert MLPs gather each expert's rows, run them through
  * the shared matrix kernel, and sum the k expert outputs of a row in the
  * row's own top-k order, so results do not depend on the rest of the batch.
+ * Under expert parallel the experts of a call are a range of the routed
+ * ones (moe_experts.first): slots routed outside it are skipped.
  * Benchmarks may route at random instead (moe_route_params.uniform, the
  * draw of tensor/route_uniform.h) and count the experts each call touches.
  */
@@ -138,7 +140,7 @@ static void moe_ffn_chunk(struct cpu_ctx *c, float *y, const float *x, const int
     for (int ex = 0; ex < e->n_experts; ex++) {
         long cnt = 0;
         for (long r = 0; r < rows; r++) {
-            if (ids[r] != ex) continue;
+            if (ids[r] != e->first + ex) continue;
             memcpy(xg + cnt * H, x + (r / top_k) * H, (size_t)H * 4);
             which[cnt++] = (int32_t)r;
         }
@@ -153,6 +155,8 @@ static void moe_ffn_chunk(struct cpu_ctx *c, float *y, const float *x, const int
         float *yt = y + t * H;
         for (long d = 0; d < H; d++) yt[d] = 0.0f;
         for (int j = 0; j < top_k; j++) {
+            int id = ids[t * top_k + j];
+            if (id < e->first || id >= e->first + e->n_experts) continue; /* another rank's */
             float wj = weights[t * top_k + j];
             const float *o = out + (t * top_k + j) * H;
             for (long d = 0; d < H; d++) yt[d] += wj * o[d];

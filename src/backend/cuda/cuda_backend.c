@@ -345,6 +345,7 @@ static const struct backend_ops cuda_ops = {
     .weight_release = cuda_weight_release,
     .synchronize = cuda_synchronize,
     .embed = cuda_op_embed,
+    .embed_shard = cuda_op_embed_shard,
     .matmul = cuda_op_matmul,
     .matmul_heads = cuda_op_matmul_heads,
     .rmsnorm = cuda_op_rmsnorm,

@@ -200,6 +200,8 @@ void cuda_oom_record(struct cuda_ctx *c, size_t bytes, const char *what);
 /* Operations, with the signatures of struct backend_ops. */
 void cuda_op_embed(void *ctx, float *y, const struct backend_weight *table, const int32_t *ids,
                    long n);
+void cuda_op_embed_shard(void *ctx, float *y, const struct backend_weight *table,
+                         const int32_t *ids, long first, long n);
 void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
                     const struct backend_weight *w, const float *bias, long n);
 void cuda_op_matmul_heads(void *ctx, float *y, long ldy, long hy, const float *x, long ldx,

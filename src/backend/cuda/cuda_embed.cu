@@ -31,17 +31,23 @@ static __device__ __forceinline__ void embed_row16(float *yr, const void *table,
     }
 }
 
-/* y[n][dim] = table[ids[i]] ; table [rows][dim] in dtype dt. VEC: the
- * 16-byte row copy (embed_row16). It is the step's first kernel, alone on
- * the GPU: element by element it spent 8 µs on Llama-3.1-8B's 64 rows of
- * 4096, by 16 bytes 2.3. */
-template <bool VEC>
+/* y[n][dim] = table[ids[i] - first] ; table [rows][dim] in dtype dt. VEC:
+ * the 16-byte row copy (embed_row16). It is the step's first kernel, alone
+ * on the GPU: element by element it spent 8 µs on Llama-3.1-8B's 64 rows
+ * of 4096, by 16 bytes 2.3. SHARD (embed_shard): ids outside the table's
+ * rows give zero rows. */
+template <bool VEC, bool SHARD>
 static __global__ void embed_kernel(float *__restrict__ y, const void *__restrict__ table, int dt,
-                                    long rows, long dim, const int32_t *__restrict__ ids, long n) {
+                                    long rows, long dim, const int32_t *__restrict__ ids, long first,
+                                    long n) {
     pdl_trigger();
     pdl_wait();
     for (long i = blockIdx.x; i < n; i += gridDim.x) {
-        long id = ids[i];
+        long id = ids[i] - first;
+        if (SHARD && (id < 0 || id >= rows)) { /* another rank's row */
+            for (long k = threadIdx.x; k < dim; k += blockDim.x) y[i * dim + k] = 0.0f;
+            continue;
+        }
         if (id < 0 || id >= rows) __trap(); /* the model checks ids on the host first */
         if (VEC) {
             embed_row16(y + i * dim, table, dt, id, dim);
@@ -53,8 +59,9 @@ static __global__ void embed_kernel(float *__restrict__ y, const void *__restric
     }
 }
 
-extern "C" void cuda_op_embed(void *ctx, float *y, const struct backend_weight *table,
-                              const int32_t *ids, long n) {
+template <bool SHARD>
+static void embed_launch(void *ctx, float *y, const struct backend_weight *table, const int32_t *ids,
+                         long first, long n) {
     if (n <= 0) return;
     CUDA_ASSERT_MSG(table->dtype == DTYPE_BF16 || table->dtype == DTYPE_F16 ||
                         table->dtype == DTYPE_F32,
@@ -64,10 +71,22 @@ extern "C" void cuda_op_embed(void *ctx, float *y, const struct backend_weight *
         ((uintptr_t)y & 15) == 0) {
         int threads = (int)((table->cols / 8 + 31) / 32 * 32);
         if (threads > 1024) threads = 1024;
-        pdl_launch(c, embed_kernel<true>, dim3(grid_for(n, 1)), dim3(threads), 0, y,
-                      (const void *)table->data, (int)table->dtype, table->rows, table->cols, ids, n);
+        pdl_launch(c, embed_kernel<true, SHARD>, dim3(grid_for(n, 1)), dim3(threads), 0, y,
+                      (const void *)table->data, (int)table->dtype, table->rows, table->cols, ids,
+                      first, n);
         return;
     }
-    pdl_launch(c, embed_kernel<false>, dim3(grid_for(n, 1)), dim3(256), 0, y,
-                  (const void *)table->data, (int)table->dtype, table->rows, table->cols, ids, n);
+    pdl_launch(c, embed_kernel<false, SHARD>, dim3(grid_for(n, 1)), dim3(256), 0, y,
+                  (const void *)table->data, (int)table->dtype, table->rows, table->cols, ids, first,
+                  n);
+}
+
+extern "C" void cuda_op_embed(void *ctx, float *y, const struct backend_weight *table,
+                              const int32_t *ids, long n) {
+    embed_launch<false>(ctx, y, table, ids, 0, n);
+}
+
+extern "C" void cuda_op_embed_shard(void *ctx, float *y, const struct backend_weight *table,
+                                    const int32_t *ids, long first, long n) {
+    embed_launch<true>(ctx, y, table, ids, first, n);
 }

@@ -236,8 +236,10 @@ moe_combine_kernel(float *__restrict__ y, const float *__restrict__ out,
     for (long t = blockIdx.y; t < n; t += gridDim.y) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int j = 0; j < top_k; j++) {
+            int p = where[t * top_k + j];
+            if (p < 0) continue; /* another rank's expert (moe_experts.first) */
             float wj = w[t * top_k + j];
-            const float *o = out + (long)where[t * top_k + j] * H + d;
+            const float *o = out + (long)p * H + d;
             if (vec) {
                 float4 v = *(const float4 *)o;
                 acc[0] += wj * v.x, acc[1] += wj * v.y, acc[2] += wj * v.z, acc[3] += wj * v.w;
@@ -291,10 +293,13 @@ static __device__ int block_exclusive_scan(int v, int *warp_sums, int *total) {
 
 /* One CTA: rows r = t·k + j of ids grouped by expert. order[p] = the row at
  * sorted position p, where[r] = its position; tiles[] = (expert, first
- * position, rows <= bm, 0) for every expert's rows, *n_tiles of them. */
+ * position, rows <= bm, 0) for every expert's rows, *n_tiles of them.
+ * Experts are ids - first; rows of other experts (expert parallel) are
+ * dropped: where[r] = -1. */
 static __global__ void __launch_bounds__(ALIGN_THREADS)
-moe_align_kernel(const int32_t *__restrict__ ids, int rows, int E, int bm, int32_t *__restrict__ order,
-                 int32_t *__restrict__ where, int4 *__restrict__ tiles, int *__restrict__ n_tiles) {
+moe_align_kernel(const int32_t *__restrict__ ids, int rows, int E, int first, int bm,
+                 int32_t *__restrict__ order, int32_t *__restrict__ where, int4 *__restrict__ tiles,
+                 int *__restrict__ n_tiles) {
     extern __shared__ float sh[]; /* as ints: cnt [E], warp sums [33] */
     int *cnt = (int *)sh, *ws = cnt + E;
     pdl_trigger();
@@ -302,7 +307,8 @@ moe_align_kernel(const int32_t *__restrict__ ids, int rows, int E, int bm, int32
     const int tid = threadIdx.x;
     for (int e = tid; e < E; e += ALIGN_THREADS) cnt[e] = 0;
     __syncthreads();
-    for (int r = tid; r < rows; r += ALIGN_THREADS) atomicAdd(&cnt[ids[r]], 1);
+    for (int r = tid; r < rows; r += ALIGN_THREADS)
+        if ((unsigned)(ids[r] - first) < (unsigned)E) atomicAdd(&cnt[ids[r] - first], 1);
     __syncthreads();
     /* E <= ALIGN_THREADS: thread e owns expert e */
     int c = tid < E ? cnt[tid] : 0, total;
@@ -316,7 +322,11 @@ moe_align_kernel(const int32_t *__restrict__ ids, int rows, int E, int bm, int32
     if (tid == 0) *n_tiles = total;
     __syncthreads();
     for (int r = tid; r < rows; r += ALIGN_THREADS) {
-        int p = atomicAdd(&cnt[ids[r]], 1);
+        if ((unsigned)(ids[r] - first) >= (unsigned)E) {
+            where[r] = -1;
+            continue;
+        }
+        int p = atomicAdd(&cnt[ids[r] - first], 1);
         order[p] = r;
         where[r] = p;
     }
@@ -473,7 +483,7 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     const void *x16 = gemv ? NULL : cuda_act16(c, x, H, n, H, dt);
     if (!gemv && !x16) return;
     pdl_launch(c, moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), (size_t)(E + 33) * 4, ids, (int)rows, (int)E,
-               bm, order, where, tiles, n_tiles);
+               e->first, bm, order, where, tiles, n_tiles);
     if (gemv) {
         cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles);
     } else {
@@ -505,18 +515,24 @@ static void moe_ffn_host(struct cuda_ctx *c, float *y, const float *x, const int
     int32_t *hid = c->moe_host_ids, *order = c->moe_host_list, *where = order + rows;
     CUDA_CHECK(cudaMemcpyAsync(hid, ids, (size_t)rows * 4, cudaMemcpyDeviceToHost, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    /* counting sort of (token, j) rows by expert, stable in row order */
+    /* counting sort of (token, j) rows by expert, stable in row order;
+     * rows of other ranks' experts (expert parallel) dropped */
     long *start = (long *)calloc((size_t)E + 1, sizeof(long));
     CUDA_ASSERT_MSG(start, "out of host memory");
     for (long r = 0; r < rows; r++) {
-        CUDA_ASSERT(hid[r] >= 0 && hid[r] < E);
-        start[hid[r] + 1]++;
+        CUDA_ASSERT(hid[r] >= 0);
+        hid[r] -= e->first;
+        if (hid[r] >= 0 && hid[r] < E) start[hid[r] + 1]++;
     }
     for (long ex = 0; ex < E; ex++) start[ex + 1] += start[ex];
     long *fill = (long *)malloc((size_t)E * sizeof(long));
     CUDA_ASSERT_MSG(fill, "out of host memory");
     for (long ex = 0; ex < E; ex++) fill[ex] = start[ex];
     for (long r = 0; r < rows; r++) {
+        if (hid[r] < 0 || hid[r] >= E) {
+            where[r] = -1;
+            continue;
+        }
         long at = fill[hid[r]]++;
         order[at] = (int32_t)r;
         where[r] = (int32_t)at;
@@ -524,7 +540,8 @@ static void moe_ffn_host(struct cuda_ctx *c, float *y, const float *x, const int
     free(fill);
     CUDA_CHECK(cudaMemcpyAsync(order_d, order, (size_t)rows * 8, cudaMemcpyHostToDevice,
                                c->stream));
-    moe_gather_kernel<<<grid_for(rows, 1), 256, 0, c->stream>>>(xg, x, order_d, top_k, rows, H);
+    long kept = start[E];
+    if (kept > 0) moe_gather_kernel<<<grid_for(kept, 1), 256, 0, c->stream>>>(xg, x, order_d, top_k, kept, H);
     CUDA_CHECK_LAUNCH();
     for (long ex = 0; ex < E; ex++) {
         long off = start[ex], cnt = start[ex + 1] - start[ex];
