@@ -68,6 +68,19 @@ static const char *sig_name(int sig) {
     }
 }
 
+/* Starts a thread that takes no asynchronous signal (SIGTERM, SIGINT, ...
+ * stay the command's threads' to handle). */
+static int thread_start(pthread_t *t, void *(*fn)(void *), void *arg) {
+    sigset_t all, old;
+    sigfillset(&all);
+    static const int sync_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+    for (size_t i = 0; i < sizeof sync_sigs / sizeof sync_sigs[0]; i++) sigdelset(&all, sync_sigs[i]);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 /* ---- output tagging and the crash handler ------------------------------
  *
  * Process-wide by nature (file descriptors 1 and 2, signal dispositions),
@@ -135,7 +148,7 @@ int dist_tag_output(int rank) {
         return -1;
     }
     g_tag.rank = rank, g_tag.err_fd = err_fd, g_tag.out_fd = out_fd, g_tag.pipe_rd = p[0];
-    if (pthread_create(&g_tag.thread, NULL, tag_main, NULL)) {
+    if (thread_start(&g_tag.thread, tag_main, NULL)) {
         close(p[0]), close(p[1]), close(err_fd), close(out_fd);
         g_tag.err_fd = 2;
         return -1;
@@ -420,7 +433,7 @@ int dist_job_start(struct dist_job *j, const struct dist_launch *l, struct kiln_
         int n_remote = j->node_rank == 0 ? j->size - j->local_size : 1;
         w->pfd = xcalloc((size_t)n_remote, sizeof *w->pfd);
         w->pfd_rank = xcalloc((size_t)n_remote, sizeof *w->pfd_rank);
-        if (pthread_create(&w->thread, NULL, watch_main, w)) {
+        if (thread_start(&w->thread, watch_main, w)) {
             kiln_errorc(err, KILN_ERR_IO, "cannot start the thread that watches the ranks");
             goto fail;
         }

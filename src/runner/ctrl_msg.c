@@ -266,8 +266,8 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
 int ctrl_msg_parse(const uint8_t *data, size_t len, const struct ctrl_limits *lim, struct ctrl_msg *m,
                    struct kiln_error *err) {
     if (len < CTRL_MSG_HEADER) return kiln_errorf(err, "a lockstep message of %zu bytes, shorter than its header", len);
-    enum ctrl_msg_type type;
-    uint32_t seq;
+    enum ctrl_msg_type type = CTRL_MSG_STOP;
+    uint32_t seq = 0;
     long body = ctrl_msg_header(data, &type, &seq, err);
     if (body < 0) return -1;
     if ((size_t)body != len - CTRL_MSG_HEADER)

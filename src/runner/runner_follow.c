@@ -35,8 +35,8 @@ static int recv_msg(struct dist_comm *ctrl, uint8_t **rx, size_t *cap, size_t ma
         *cap = CTRL_MSG_FRAME;
     }
     if (dist_comm_broadcast(ctrl, *rx, CTRL_MSG_FRAME, 0, err)) return -1;
-    enum ctrl_msg_type type;
-    uint32_t seq;
+    enum ctrl_msg_type type = CTRL_MSG_STOP;
+    uint32_t seq = 0;
     long body = ctrl_msg_header(*rx, &type, &seq, err);
     if (body < 0) return -1;
     size_t len = CTRL_MSG_HEADER + (size_t)body;

@@ -19,8 +19,8 @@ static const struct ctrl_limits lim = {.max_tokens = 64, .max_seqs = 8, .max_pag
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct kiln_error err;
     if (size >= CTRL_MSG_HEADER) {
-        enum ctrl_msg_type t;
-        uint32_t seq;
+        enum ctrl_msg_type t = CTRL_MSG_STOP;
+        uint32_t seq = 0;
         long body = ctrl_msg_header(data, &t, &seq, &err);
         KILN_ASSERT(body >= -1);
     }
