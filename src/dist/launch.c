@@ -197,7 +197,15 @@ static void on_crash(int sig) {
     write_all(g_crash.fd, msg, n);
     void *frames[64];
     int nf = backtrace(frames, 64);
-    backtrace_symbols_fd(frames, nf, g_crash.fd);
+    for (int i = 0; i < nf; i++) { /* one tagged line a frame */
+        n = 0;
+        tag_prefix(msg, sizeof msg, &n, g_crash.rank);
+        put_s(msg, sizeof msg, &n, "  #");
+        put_d(msg, sizeof msg, &n, i);
+        put_s(msg, sizeof msg, &n, " ");
+        write_all(g_crash.fd, msg, n);
+        backtrace_symbols_fd(frames + i, 1, g_crash.fd);
+    }
     /* die of the same signal, so the watcher says how */
     struct sigaction sa = {.sa_handler = SIG_DFL};
     sigemptyset(&sa.sa_mask);
