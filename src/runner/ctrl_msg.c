@@ -2,6 +2,7 @@
 #include "runner/ctrl_msg.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,6 +64,8 @@ static int name_ok(const char *s, size_t n) {
         if (s[i] < 0x21 || s[i] > 0x7e) return 0;
     return 1;
 }
+int ctrl_msg_name_ok(const char *s) { return strlen(s) < CTRL_MSG_NAME_MAX && name_ok(s, strlen(s)); }
+
 static void put_name(struct buf *b, const char *s) {
     size_t n = strlen(s);
     KILN_ASSERT(name_ok(s, n));
@@ -71,6 +74,10 @@ static void put_name(struct buf *b, const char *s) {
 }
 
 void ctrl_msg_load(struct buf *out, uint32_t seq, const struct ctrl_load *l) {
+    KILN_ASSERT(l->max_batch_tokens >= 0 && l->max_seqs >= 0 && l->max_context >= 0 && l->page_size >= 0 &&
+                l->page_size <= (1 << 20) && l->kv_tokens >= 0 && l->kv_tokens <= (1L << 40) &&
+                l->max_running_requests >= 0 && l->chunked_prefill_size >= 0 && l->dummy_routing >= 0 &&
+                l->dummy_routing <= 1 && l->mem_fraction_static >= 0 && l->mem_fraction_static <= 1);
     size_t at = begin(out, CTRL_MSG_LOAD, seq);
     put_u32(out, (uint32_t)l->max_batch_tokens);
     put_u32(out, (uint32_t)l->max_seqs);
@@ -157,7 +164,7 @@ static int parse_load(const uint8_t *p, size_t n, struct ctrl_load *l, struct ki
     uint32_t flags = get_u32(p + 20), routing = get_u32(p + 24), ps = get_u32(p + 28);
     uint64_t kv = get_u64(p + 32), fbits = get_u64(p + 40);
     uint32_t mrr = get_u32(p + 48), cps = get_u32(p + 52);
-    const uint32_t big = 1u << 24;
+    const uint32_t big = INT32_MAX;
     if (mbt > big || ms > big || mc > big || mrr > big || cps > big)
         return kiln_errorf(err, "LOAD: a batch or context size above %u", big);
     if (flags & ~15u) return kiln_errorf(err, "LOAD: unknown flags 0x%x", flags);

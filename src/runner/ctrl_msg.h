@@ -49,7 +49,7 @@ enum {
 /* The sizes of rank 0's runner_load: what model_options and
  * runner_options said, so every rank builds the same runner. */
 struct ctrl_load {
-    int max_batch_tokens, max_seqs, max_context; /* 0 .. 1 << 24 */
+    int max_batch_tokens, max_seqs, max_context; /* 0 .. INT32_MAX */
     uint64_t seed;
     int no_shared_expert_fusion, moe_count, no_graphs, skip_warmup; /* 0 or 1 */
     int dummy_routing;                           /* enum model_routing */
@@ -58,7 +58,7 @@ struct ctrl_load {
     int page_size;                               /* 0 .. 1 << 20 */
     long kv_tokens;                              /* 0 .. 1 << 40 */
     double mem_fraction_static;                  /* 0 .. 1 */
-    int max_running_requests, chunked_prefill_size; /* 0 .. 1 << 24 */
+    int max_running_requests, chunked_prefill_size; /* 0 .. INT32_MAX */
 };
 
 /* What a STEP may hold: the receiving runner's reserved sizes. */
@@ -104,6 +104,10 @@ int ctrl_msg_parse(const uint8_t *data, size_t len, const struct ctrl_limits *li
 void ctrl_msg_free(struct ctrl_msg *m);
 /* The longest STEP (header included) a runner of these limits accepts. */
 size_t ctrl_msg_step_max(const struct ctrl_limits *lim);
+
+/* 1 when s may be a LOAD name (load format, quantization): at most
+ * CTRL_MSG_NAME_MAX - 1 printable bytes, no space. */
+int ctrl_msg_name_ok(const char *s);
 
 /* Encoders append one whole message to out (values are the caller's own:
  * out-of-range ones are asserted). */

@@ -67,6 +67,11 @@ int runner_lead_load(struct dist_comm *ctrl, const struct model_options *mo, con
         .mem_fraction_static = ro->mem_fraction_static > 0 ? ro->mem_fraction_static : 0,
         .max_running_requests = ro->max_running_requests > 0 ? ro->max_running_requests : 0,
         .chunked_prefill_size = ro->chunked_prefill_size > 0 ? ro->chunked_prefill_size : 0};
+    const char *names[2] = {mo->load_format, mo->quantization};
+    for (int i = 0; i < 2; i++)
+        if (names[i] && !ctrl_msg_name_ok(names[i]))
+            return kiln_errorf(err, "%s '%.64s': not a name the other ranks can be told (at most %d printable "
+                                    "bytes)", i ? "--quantization" : "--load-format", names[i], CTRL_MSG_NAME_MAX - 1);
     name_copy(l.load_format, mo->load_format);
     name_copy(l.quantization, mo->quantization);
     struct buf b = {0};
