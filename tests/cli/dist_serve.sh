@@ -2,7 +2,9 @@
 # kiln serve with the model over 2 ranks (--tp 2, on the CPU) through the
 # official openai client: the whole OpenAI route suite (tests/server/openai.js:
 # streaming, n > 1, logprobs, ...), 50 concurrent streams and --deterministic
-# batch invariance (tests/server/dist.js), and a server over two nodes
+# batch invariance (tests/server/dist.js), 200 concurrent streams, no radix
+# cache and a pool so small that requests are retracted
+# (tests/server/consistency.js), and a server over two nodes
 # (--nnodes 2, separate processes on this machine). Every server stops
 # gracefully (SIGTERM to rank 0) with status 0, the other ranks with it.
 source "$KILN_SRC/tests/server/serve.sh"
@@ -16,12 +18,15 @@ SERVE_PIDS+=("$node1")
 serve_start A --model "$m" --skip-sampler-warmup --tp 2
 serve_start T --model "$m" --skip-sampler-warmup --tp 2 --chat-template "$KILN_SRC/tests/server/chatml.jinja"
 serve_start D --model "$m" --skip-sampler-warmup --tp 2 --deterministic
+serve_start B --model "$m" --skip-sampler-warmup --tp 2 --disable-radix-cache
+serve_start C --model "$m" --skip-sampler-warmup --tp 2 --max-total-tokens 400 --page-size 4
 serve_start N --model "$m" --skip-sampler-warmup --tp 2 --nnodes 2 --node-rank 0 --dist-init-addr "127.0.0.1:$port"
 grep -h 'job: ' "$LOG_A" "$LOG_N"
 serve_node openai.js "$URL_A" "$URL_T" || exit 1
 serve_node dist.js "$URL_D" "$URL_N" || exit 1
+serve_node consistency.js "$URL_A" "$URL_B" "$URL_C" || exit 1
 # graceful stops: rank 0 tells the other ranks, which exit 0
-for s in A T D N; do
+for s in A T D B C N; do
     pids=$(grep -o 'rank [0-9]* pid [0-9]*' "$SERVE_TMP/$s.log" | awk '{print $4}')
     serve_stop "$s" || exit 1
     for p in $pids; do
