@@ -75,17 +75,19 @@ int cli_job_start(struct cli_job *j, struct model_args *a, const char *cmd, cons
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         a->threads = cores > d->local_size ? (int)(cores / d->local_size) : 1;
     }
+    char pids[512] = ""; /* a node's first process: the node's ranks */
+    size_t o = 0;
+    for (int i = 0; d->pid && i < d->local_size && o < sizeof pids - 32; i++)
+        o += (size_t)snprintf(pids + o, sizeof pids - o, "%srank %d pid %ld", i ? ", " : "", d->rank + i,
+                              (long)d->pid[i]);
     if (d->rank == 0) {
-        char pids[512] = "";
-        size_t o = 0;
-        for (int i = 0; i < d->local_size && o < sizeof pids - 32; i++)
-            o += (size_t)snprintf(pids + o, sizeof pids - o, "%srank %d pid %ld", i ? ", " : "", i, (long)d->pid[i]);
         log_info("job: %d ranks (tp %d, ep %d) on %d node%s, %d each; rendezvous at %s; node 0: %s", d->size, d->size,
                  a->ep, d->nnodes, d->nnodes > 1 ? "s" : "", d->local_size, d->init_addr, pids);
         return -1;
     }
     log_info("rank %d of %d: node %d, local rank %d, device index %d, pid %ld; following rank 0", d->rank, d->size,
              d->node_rank, d->local_rank, j->device_index, (long)getpid());
+    if (d->pid) log_info("node %d: %s", d->node_rank, pids);
     return follow(j, a, cmd);
 }
 

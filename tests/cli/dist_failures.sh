@@ -105,9 +105,10 @@ ready n0; ready n1
 kill -KILL "$n1"
 st=$(ended n0 5)
 ok=0
-[ -n "$st" ] && [ "$st" != 0 ] && grep -Eq "kiln: rank 2 \([0-9.:]+\) closed its connection; ending the job" \
+# (rank 3 dies with its node's first process, rank 2: either may be seen first)
+[ -n "$st" ] && [ "$st" != 0 ] && grep -Eq "kiln: rank [23] \([0-9.:]+\) closed its connection; ending the job" \
     "$tmp/n0.err" && none_left n0 && none_left n1 && ok=1
-result n0 $ok "node 1 SIGKILLed: rank 0 ended the job (status $st) naming rank 2"
+result n0 $ok "node 1 SIGKILLed: rank 0 ended the job (status $st) naming a rank of node 1"
 
 port=$(free_port)
 start m1 --tp 4 --nnodes 2 --node-rank 1 --dist-init-addr "127.0.0.1:$port"
