@@ -56,7 +56,8 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
                     "fp8: attention and MLP projections become FP8 (e4m3, 128x128 block\n"
                     "scales) at load, dummy weights too; FP8 checkpoints load as FP8\n"
                     "without it (CPU only for now)"),
-        CLI_OPT_INT("--threads", &a->threads, 1, 1024, "N", "CPU threads (default: the cores)"),
+        CLI_OPT_INT("--threads", &a->threads, 1, 1024, "N",
+                    "CPU threads (default: the cores, shared by this node's ranks)"),
         CLI_OPT_INT("--page-size", &a->page_size, 1, 4096, "N", "tokens per KV page (default 1)"),
         CLI_OPT_STR("--kv-cache-dtype", &a->kv_cache_dtype, "auto|fp8_e4m3",
                     "KV cache elements: auto (default) fp32 on the CPU, bf16 on CUDA;\n"
