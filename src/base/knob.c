@@ -59,6 +59,14 @@ static const struct knob_def table[KNOB_COUNT] = {
                        ENUM(KNOB_PUBLIC, "device", WORDS("host", "device"),
                             "MoE rows sorted by expert on the host, or on the device (batches up "
                             "to KILN_CUDA_MOE_MAX tokens; MoE models then decode from graphs)")},
+    [KNOB_DIST_RANK] = {"KILN_DIST_RANK",
+                        INT(KNOB_PUBLIC, "0", 0, 4095,
+                            "set by kiln, not by users: the global rank of a process a node's first "
+                            "rank started (--tp > 1; 0: a process the user started)")},
+    [KNOB_DIST_INIT_ADDR] = {"KILN_DIST_INIT_ADDR",
+                             STR(KNOB_PUBLIC, "",
+                                 "set by kiln, not by users: the rendezvous HOST:PORT of the processes "
+                                 "a node's first rank started (overrides --dist-init-addr)")},
     /* DEBUG */
     [KNOB_GRAPHS] = {"KILN_GRAPHS", BOOL(KNOB_DEBUG, "1", "decode steps replay CUDA graphs (0: eager)")},
     [KNOB_GPU_SAMPLE] = {"KILN_GPU_SAMPLE",

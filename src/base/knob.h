@@ -37,6 +37,8 @@ enum knob_id {
     KNOB_CUDA_MATMUL,
     KNOB_CUDA_KV,
     KNOB_CUDA_MOE,
+    KNOB_DIST_RANK,
+    KNOB_DIST_INIT_ADDR,
     /* DEBUG */
     KNOB_GRAPHS,
     KNOB_GPU_SAMPLE,

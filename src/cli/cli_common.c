@@ -12,6 +12,8 @@
 #include "base/file.h"
 #include "base/knob.h"
 #include "base/mem.h"
+#include "dist/net.h"
+#include "dist/wire.h"
 #include "model/model.h"
 
 #ifndef KILN_SOURCE_DIR
@@ -38,6 +40,8 @@ void model_args_defaults(struct model_args *a) {
     a->page_size = 1;
     a->kv_cache_dtype = "auto";
     a->dummy_routing_name = "model";
+    a->tp = a->ep = a->nnodes = 1;
+    a->dist_timeout = 300;
 }
 
 size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *out) {
@@ -52,7 +56,8 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
                     "fp8: attention and MLP projections become FP8 (e4m3, 128x128 block\n"
                     "scales) at load, dummy weights too; FP8 checkpoints load as FP8\n"
                     "without it (CPU only for now)"),
-        CLI_OPT_INT("--threads", &a->threads, 1, 1024, "N", "CPU threads (default: the cores)"),
+        CLI_OPT_INT("--threads", &a->threads, 1, 1024, "N",
+                    "CPU threads (default: the cores, shared by this node's ranks)"),
         CLI_OPT_INT("--page-size", &a->page_size, 1, 4096, "N", "tokens per KV page (default 1)"),
         CLI_OPT_STR("--kv-cache-dtype", &a->kv_cache_dtype, "auto|fp8_e4m3",
                     "KV cache elements: auto (default) fp32 on the CPU, bf16 on CUDA;\n"
@@ -63,12 +68,73 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
         CLI_OPT_STR("--dummy-routing", &a->dummy_routing_name, "model|uniform",
                     "MoE benchmarks: uniform routes each token to uniformly random\n"
                     "experts (outputs meaningless; default model: the router)"),
+        {.name = "--tp", .alias = "--tensor-parallel-size", .type = CLI_INT, .dst = CLI_DST(int *, &a->tp), .lo = 1,
+         .hi = 4096, .meta = "N",
+         .help = "ranks (one process each) the model is split over (default 1); this\n"
+                 "process is rank 0 and starts this node's others"},
+        {.name = "--ep", .alias = "--expert-parallel-size", .type = CLI_INT, .dst = CLI_DST(int *, &a->ep), .lo = 1,
+         .hi = 4096, .meta = "N",
+         .help = "MoE: 1 (default) splits every expert over the --tp ranks; equal to\n"
+                 "--tp, the experts go whole to the ranks of the same group"},
+        CLI_OPT_INT("--nnodes", &a->nnodes, 1, 4096, "M",
+                    "machines the --tp ranks span, --tp / M on each (default 1); run kiln\n"
+                    "with the same options on each, its own --node-rank"),
+        CLI_OPT_INT("--node-rank", &a->node_rank, 0, 4095, "R", "this machine's index (default 0: holds rank 0)"),
+        CLI_OPT_STR("--dist-init-addr", &a->dist_init_addr, "HOST:PORT",
+                    "where rank 0 meets the other ranks: node 0's address (required with\n"
+                    "--nnodes > 1; one node: default 127.0.0.1 and a free port)"),
+        CLI_OPT_DOUBLE("--dist-timeout", &a->dist_timeout, 1, 1e6, "S",
+                       "seconds the ranks' start-up, or a collective, waits for a rank\n"
+                       "(default 300; a rank that dies ends the job at once)"),
     };
     size_t n = 0;
     if (with_model) out[n++] = model;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) out[n++] = t[i];
     KILN_ASSERT(n <= MODEL_ARGS_MAX_OPTS);
     return n;
+}
+
+/* The ranks' layout, before anything starts. */
+static int model_args_check_ranks(const struct model_args *a, const char *cmd) {
+    if (a->ep != 1 && a->ep != a->tp) {
+        fprintf(stderr, "kiln %s: --ep %d: expert parallel reuses the tensor-parallel group: give 1 or --tp (%d)\n",
+                cmd, a->ep, a->tp);
+        return -1;
+    }
+    if (a->node_rank >= a->nnodes) {
+        fprintf(stderr, "kiln %s: --node-rank %d: must be below --nnodes %d\n", cmd, a->node_rank, a->nnodes);
+        return -1;
+    }
+    if (a->nnodes > 1 && !a->dist_init_addr) {
+        fprintf(stderr, "kiln %s: --nnodes %d needs --dist-init-addr HOST:PORT (node 0's address, the same on "
+                        "every node)\n", cmd, a->nnodes);
+        return -1;
+    }
+    if (a->tp % a->nnodes) {
+        fprintf(stderr, "kiln %s: --tp %d is not divisible by --nnodes %d (every node runs as many ranks)\n", cmd,
+                a->tp, a->nnodes);
+        return -1;
+    }
+    if (a->dist_init_addr) {
+        char host[DIST_ADDR_MAX];
+        int port;
+        struct kiln_error err;
+        if (dist_addr_split(a->dist_init_addr, host, sizeof host, &port, &err)) {
+            fprintf(stderr, "kiln %s: --dist-init-addr: %s\n", cmd, err.msg);
+            return -1;
+        }
+        if (port == 0 && a->nnodes > 1) {
+            fprintf(stderr, "kiln %s: --dist-init-addr %s: the other nodes need a port other than 0\n", cmd,
+                    a->dist_init_addr);
+            return -1;
+        }
+    }
+    if (a->tp > 1 && !strcmp(a->device, "cuda")) {
+        fprintf(stderr, "kiln %s: --tp > 1 with --device cuda needs the NCCL communicator, which this kiln does "
+                        "not have yet (use --device cpu)\n", cmd);
+        return -1;
+    }
+    return 0;
 }
 
 int model_args_finish(struct model_args *a, const char *cmd, const char *positional) {
@@ -87,6 +153,7 @@ int model_args_finish(struct model_args *a, const char *cmd, const char *positio
         fprintf(stderr, "kiln %s: --quantization '%s': only fp8 is supported\n", cmd, a->quantization);
         return 2;
     }
+    if (model_args_check_ranks(a, cmd)) return 2;
     if (positional) {
         if (a->model && strcmp(a->model, positional)) {
             fprintf(stderr, "kiln %s: the model is given twice: '%s' and --model '%s'\n", cmd, positional, a->model);

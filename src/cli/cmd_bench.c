@@ -21,6 +21,7 @@
 #include "cli/bench_metrics.h"
 #include "cli/bench_rng.h"
 #include "cli/cli.h"
+#include "cli/cli_job.h"
 #include "kiln/tokenizer.h"
 #include "scheduler/engine.h"
 
@@ -284,12 +285,16 @@ static int warmup(const struct bench_options *o, const struct bench_prompt *p0, 
 static int bench_main(int offline, int argc, char **argv) {
     struct bench_options o;
     options_default(&o);
-    int rc = parse_args(&o, offline, argc, argv);
-    if (rc) {
+    int rc = parse_args(&o, offline, argc, argv), follower = -1;
+    struct cli_job job;
+    memset(&job, 0, sizeof job);
+    /* offline: ranks other than 0 follow rank 0's engine and print nothing */
+    if (rc == 0 && offline) follower = cli_job_start(&job, &o.engine, "bench", "bench", argc, argv);
+    if (rc || follower >= 0) {
         free(o.score_label_ids);
         model_args_free(&o.engine);
-    free(o.tokenizer_owned);
-        return rc < 0 ? 0 : rc;
+        free(o.tokenizer_owned);
+        return rc ? (rc < 0 ? 0 : rc) : follower;
     }
     struct kiln_error err = {0};
     struct kiln_tokenizer *tok = NULL;
@@ -344,6 +349,9 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.dummy_routing = o.engine.dummy_routing;
         eo.moe_count = o.moe_counts;
         eo.mem_fraction_static = o.mem_fraction_static;
+        eo.device_index = job.device_index;
+        eo.par = job.started ? &job.par : NULL;
+        eo.ctrl = job.ctrl;
         if (engine_create(&eng, &eo, &err)) {
             fprintf(stderr, "kiln bench: engine: %s\n", err.msg);
             goto done;
@@ -392,7 +400,7 @@ done:
     model_args_free(&o.engine);
     free(o.tokenizer_owned);
     kiln_tokenizer_free(tok);
-    return rc;
+    return cli_job_end(&job, rc);
 }
 
 int cmd_bench(int argc, char **argv) {

@@ -12,9 +12,11 @@
 
 #include "backend/registry.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "base/mem.h"
 #include "cli/cli.h"
 #include "cli/cli_common.h"
+#include "cli/cli_job.h"
 #include "kiln/tokenizer.h"
 #include "model/model.h"
 #include "runner/runner.h"
@@ -63,6 +65,11 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     if ((prc = model_args_finish(&ma, "generate", n_pos ? positional[0] : NULL))) return prc;
+    struct cli_job job;
+    if ((prc = cli_job_start(&job, &ma, "generate", NULL, argc, argv)) >= 0) { /* a rank other than 0 */
+        model_args_free(&ma);
+        return prc;
+    }
     int32_t *prompt = NULL;
     struct kiln_tokenizer *tok = NULL;
     int n_prompt;
@@ -74,7 +81,7 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "kiln generate: %s\n", terr.msg);
             kiln_tokenizer_free(tok);
             model_args_free(&ma);
-            return 1;
+            return cli_job_end(&job, 1);
         }
         n_prompt = (int)ids.n;
         prompt = xmalloc((size_t)(n_prompt ? n_prompt : 1) * sizeof *prompt);
@@ -88,7 +95,7 @@ int cmd_generate(int argc, char **argv) {
         free(prompt);
         kiln_tokenizer_free(tok);
         model_args_free(&ma);
-        return 2;
+        return cli_job_end(&job, 2);
     }
 
     struct kiln_error err = {0};
@@ -98,20 +105,23 @@ int cmd_generate(int argc, char **argv) {
     int rc = 1, page_size = ma.page_size;
     int32_t *seq = NULL, *pages = NULL, *rows = NULL, *pos = NULL, *slot = NULL;
     float *logits = NULL;
-    struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic,
-                                 .kv_fp8 = ma.kv_fp8};
+    struct backend_options bo;
+    cli_job_backend_options(&job, &ma, &bo);
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
-    struct model_options mo = {.load_format = ma.load_format, .quantization = ma.quantization,
-                               .no_shared_expert_fusion = ma.no_shared_fusion,
-                               .dummy_routing = (enum model_routing)ma.dummy_routing,
-                               .max_batch_tokens = n_prompt,
-                               .max_seqs = 1};
-    if (model_load(&m, ma.model_dir, &be, &mo, &err)) goto out;
-    const struct model_config *cfg = model_config(m);
-    int ctx = model_max_context(m);
+    /* the context (and so the KV pool: one whole sequence) from config.json */
+    struct model_config cfg0;
+    {
+        size_t dl = strlen(ma.model_dir);
+        char *path = dl > 5 && !strcmp(ma.model_dir + dl - 5, ".json") ? xstrdup(ma.model_dir)
+                                                                        : path_join(ma.model_dir, "config.json");
+        int crc = model_config_load(&cfg0, path, &err);
+        free(path);
+        if (crc) goto out;
+    }
+    int ctx = cfg0.max_position_embeddings;
     for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] >= cfg->vocab_size) {
-            kiln_errorf(&err, "--ids: token id %d is outside the vocabulary of %d", prompt[i], cfg->vocab_size);
+        if (prompt[i] >= cfg0.vocab_size) {
+            kiln_errorf(&err, "--ids: token id %d is outside the vocabulary of %d", prompt[i], cfg0.vocab_size);
             goto out;
         }
     if (n_prompt + max_tokens > ctx) max_tokens = ctx - n_prompt;
@@ -120,8 +130,17 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     int n_pages = (ctx + page_size - 1) / page_size;
-    struct runner_options ro = {.page_size = page_size, .kv_tokens = (long)n_pages * page_size};
-    if (runner_create(&run, m, &ro, &err)) goto out;
+    struct model_options mo = {.load_format = ma.load_format, .quantization = ma.quantization,
+                               .no_shared_expert_fusion = ma.no_shared_fusion,
+                               .dummy_routing = (enum model_routing)ma.dummy_routing,
+                               .max_batch_tokens = n_prompt,
+                               .max_seqs = 1, .par = job.par};
+    struct runner_options ro = {.page_size = page_size, .kv_tokens = (long)n_pages * page_size,
+                                .skip_warmup = 1, .ctrl = job.ctrl};
+    if (runner_load(&run, &be, ma.model_dir, &mo, &ro, &err)) goto out;
+    m = runner_model(run);
+    const struct model_config *cfg = model_config(m);
+    KILN_ASSERT(model_max_context(m) == ctx);
     pages = xmalloc((size_t)n_pages * 4);
     KILN_ASSERT(kv_pool_alloc(runner_kv(run), n_pages, pages) == 0);
     seq = xmalloc((size_t)(n_prompt + max_tokens + 1) * 4);
@@ -171,10 +190,9 @@ int cmd_generate(int argc, char **argv) {
 out:
     if (rc) fprintf(stderr, "kiln generate: %s\n", err.msg);
     free(prompt), free(seq), free(pages), free(rows), free(pos), free(slot), free(logits);
-    runner_free(run);
-    model_free(m);
+    runner_free(run); /* and its model */
     backend_destroy(&be);
     kiln_tokenizer_free(tok);
     model_args_free(&ma);
-    return rc;
+    return cli_job_end(&job, rc);
 }

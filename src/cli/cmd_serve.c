@@ -16,6 +16,7 @@
 #include "chat/tool_parser.h"
 #include "cli/cli.h"
 #include "cli/cli_common.h"
+#include "cli/cli_job.h"
 #include "cli/listen.h"
 #include "scheduler/engine.h"
 #include "server/server.h"
@@ -168,13 +169,19 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     if ((rc = model_args_finish(&ma, "serve", n_pos ? positional[0] : NULL))) return rc;
+    /* ranks other than 0 follow rank 0's engine: no HTTP port of their own */
+    struct cli_job job;
+    if ((rc = cli_job_start(&job, &ma, "serve", NULL, argc, argv)) >= 0) {
+        model_args_free(&ma);
+        return rc;
+    }
     if (!so.served_model_name && ma.hf_id) so.served_model_name = ma.hf_id;
     struct kiln_error err = {0};
     so.listen_fd = cli_listen(so.host, so.port, &err);
     if (so.listen_fd < 0) {
         fprintf(stderr, "kiln serve: %s\n", err.msg);
         model_args_free(&ma);
-        return so.listen_fd == -1 ? 2 : 1;
+        return cli_job_end(&job, so.listen_fd == -1 ? 2 : 1);
     }
     char bare[256];
     if (so.host[0] == '[') { /* printed in a URL later, with brackets added once */
@@ -192,13 +199,16 @@ int cmd_serve(int argc, char **argv) {
     eo.no_shared_expert_fusion = ma.no_shared_fusion;
     eo.dummy_routing = ma.dummy_routing;
     eo.page_size = ma.page_size;
+    eo.device_index = job.device_index;
+    eo.par = job.started ? &job.par : NULL;
+    eo.ctrl = job.ctrl;
 
     struct engine *e = NULL;
     if (engine_create(&e, &eo, &err)) {
         fprintf(stderr, "kiln serve: %s\n", err.msg);
         close(so.listen_fd);
         model_args_free(&ma);
-        return 1;
+        return cli_job_end(&job, 1);
     }
     struct engine_stats *st = &li.st;
     engine_stats(e, st);
@@ -213,5 +223,5 @@ int cmd_serve(int argc, char **argv) {
         rc = 1;
     }
     model_args_free(&ma);
-    return rc;
+    return cli_job_end(&job, rc);
 }

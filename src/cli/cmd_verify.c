@@ -20,6 +20,7 @@
 #include "base/mem.h"
 #include "cli/cli.h"
 #include "cli/cli_common.h"
+#include "cli/cli_job.h"
 #include "model/model.h"
 #include "runner/runner.h"
 #include "model/safetensors.h"
@@ -258,13 +259,18 @@ int cmd_verify(int argc, char **argv) {
         model_args_free(&ma);
         return 2;
     }
+    struct cli_job job;
+    if ((prc = cli_job_start(&job, &ma, "verify", NULL, argc, argv)) >= 0) { /* a rank other than 0 */
+        model_args_free(&ma);
+        return prc;
+    }
     struct kiln_error err = {0};
     struct backend be = {0};
     struct st_set ref = {0};
     struct verify v = {0};
     int rc = 1;
-    struct backend_options bo = {.n_threads = ma.threads, .deterministic = ma.deterministic,
-                                 .kv_fp8 = ma.kv_fp8};
+    struct backend_options bo;
+    cli_job_backend_options(&job, &ma, &bo);
     if (backend_create(&be, ma.device, &bo, &err)) goto out;
 
     /* Size everything from the reference: the longest sequence, and all of
@@ -290,11 +296,13 @@ int cmd_verify(int argc, char **argv) {
                                .max_batch_tokens = total,
                                .max_seqs = v.n_seqs,
                                .max_context = longest > cfg.max_position_embeddings
-                                                  ? longest : cfg.max_position_embeddings};
-    if (model_load(&v.m, ma.model_dir, &be, &mo, &err)) goto out;
+                                                  ? longest : cfg.max_position_embeddings,
+                               .par = job.par};
     struct runner_options ro = {.page_size = v.page_size,
-                                .kv_tokens = (long)(pages + v.n_seqs) * v.page_size};
-    if (runner_create(&v.r, v.m, &ro, &err)) goto out;
+                                .kv_tokens = (long)(pages + v.n_seqs) * v.page_size,
+                                .skip_warmup = 1, .ctrl = job.ctrl};
+    if (runner_load(&v.r, &be, ma.model_dir, &mo, &ro, &err)) goto out;
+    v.m = runner_model(v.r);
     v.kv = runner_kv(v.r);
     kv_pool_scramble(v.kv, 12345);
 
@@ -308,12 +316,11 @@ int cmd_verify(int argc, char **argv) {
     }
 out:
     if (rc && err.msg[0]) fprintf(stderr, "kiln verify: %s\n", err.msg);
-    runner_free(v.r);
-    model_free(v.m);
+    runner_free(v.r); /* and its model */
     for (int i = 0; i < v.n_seqs; i++) free(v.seqs[i].pages);
     free(v.seqs);
     st_close(&ref);
     backend_destroy(&be);
     model_args_free(&ma);
-    return rc;
+    return cli_job_end(&job, rc);
 }

@@ -6,6 +6,7 @@
 #include "base/knob.h"
 #include "base/log.h"
 #include "cli/cli.h"
+#include "dist/launch.h"
 
 struct subcommand {
     const char *name;
@@ -52,6 +53,9 @@ int main(int argc, char **argv) {
             fprintf(stderr, "kiln: %s\n", err.msg);
             return 2;
         }
+        /* a rank another kiln process started: its output is tagged from
+         * the first line on (dist/launch.h) */
+        if (subcommands[i].fn != cmd_knobs && dist_launched_rank() > 0) dist_tag_output(dist_launched_rank());
         static const char *const logs[] = {"serve", "generate", "verify", "bench"};
         for (size_t j = 0; j < sizeof logs / sizeof logs[0]; j++)
             if (!strcmp(argv[1], logs[j])) knob_log_set();

@@ -51,6 +51,13 @@ struct dist_comm_ops {
     int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, struct kiln_error *err);
     /* returns once every rank called it */
     int (*barrier)(void *ctx, struct kiln_error *err);
+    /* Optional (NULL: the wrapper answers 1 at once). Blocks until bytes
+     * from rank `peer` can be read, or its connection ended, for at most
+     * timeout_s seconds (< 0: no limit). 1: ready (the next collective
+     * reads them, or reports the end); 0: the time passed; -1: error. No
+     * collective's deadline runs meanwhile: a rank that waits for its
+     * leader's next message, however long, calls this first. */
+    int (*wait)(void *ctx, int peer, double timeout_s, struct kiln_error *err);
     void (*free)(void *ctx);
 };
 
@@ -90,6 +97,9 @@ static inline int dist_comm_broadcast(struct dist_comm *c, void *buf, size_t byt
     return c->ops->broadcast(c->ctx, buf, bytes, root, err);
 }
 static inline int dist_comm_barrier(struct dist_comm *c, struct kiln_error *err) { return c->ops->barrier(c->ctx, err); }
+static inline int dist_comm_wait(struct dist_comm *c, int peer, double timeout_s, struct kiln_error *err) {
+    return c->ops->wait ? c->ops->wait(c->ctx, peer, timeout_s, err) : 1;
+}
 /* Accepts a zeroed communicator. */
 static inline void dist_comm_free(struct dist_comm *c) {
     if (c->ops) c->ops->free(c->ctx);

@@ -40,9 +40,10 @@
 #define SEG_FLOATS ((size_t)1 << 20)
 #define HDR 16
 
-enum op_code { OP_ALL_REDUCE = 1, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_TO_ALL, OP_ALL_TO_ALLV, OP_BROADCAST, OP_BARRIER };
+/* OP_WAIT never goes on the wire: it names wait() in errors */
+enum op_code { OP_ALL_REDUCE = 1, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_TO_ALL, OP_ALL_TO_ALLV, OP_BROADCAST, OP_BARRIER, OP_WAIT };
 static const char *op_name(uint32_t op) {
-    static const char *n[] = {"?", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_allv", "broadcast", "barrier"};
+    static const char *n[] = {"?", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_allv", "broadcast", "barrier", "wait"};
     return op < sizeof n / sizeof *n ? n[op] : "?";
 }
 
@@ -297,6 +298,26 @@ static int tcp_barrier(void *ctx, struct kiln_error *err) {
     return exchange(t, OP_BARRIER, err);
 }
 
+static int tcp_wait(void *ctx, int peer, double timeout_s, struct kiln_error *err) {
+    struct tcp *t = ctx;
+    if (check(t, err)) return -1;
+    KILN_ASSERT(peer >= 0 && peer < t->size && peer != t->rank);
+    double deadline = timeout_s < 0 ? 0 : time_now() + timeout_s;
+    for (;;) {
+        int ms = -1;
+        if (timeout_s >= 0) {
+            double left = deadline - time_now();
+            if (left <= 0) return 0;
+            ms = (int)ceil(left * 1000);
+        }
+        struct pollfd p = {.fd = t->fd[peer], .events = POLLIN};
+        int r = poll(&p, 1, ms);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return fail(t, err, OP_WAIT, peer, "poll: %s", strerror(errno));
+        if (r > 0) return 1; /* data, or the end of the stream (the next read reports it) */
+    }
+}
+
 static void tcp_free(void *ctx) {
     struct tcp *t = ctx;
     if (!t) return;
@@ -316,6 +337,7 @@ static const struct dist_comm_ops tcp_ops = {
     .all_to_allv = tcp_all_to_allv,
     .broadcast = tcp_broadcast,
     .barrier = tcp_barrier,
+    .wait = tcp_wait,
     .free = tcp_free,
 };
 

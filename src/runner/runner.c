@@ -8,6 +8,7 @@
 #include "base/knob.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "dist/comm.h"
 #include "runner/mem_plan.h"
 #include "runner/runner_internal.h"
 
@@ -172,6 +173,15 @@ static int init(struct runner *r, struct model *m, const struct runner_options *
         if (runner_bucket_size(i) <= r->max_seqs && runner_bucket_size(i) <= r->max_batch_tokens)
             biggest = runner_bucket_size(i);
     if (r->graphs_on && !model_graphable(m, biggest)) r->graphs_on = 0;
+    r->ctrl = o ? o->ctrl : NULL;
+    if (r->ctrl && r->ctrl->size > 1) {
+        r->lead = r->ctrl->rank == 0;
+        r->follower = !r->lead;
+    }
+    if (r->follower) {
+        r->f_rows = xcalloc((size_t)r->max_batch_tokens, sizeof *r->f_rows);
+        r->f_tokens = xcalloc((size_t)r->max_batch_tokens, sizeof *r->f_tokens);
+    }
     return reserve_buffers(r, err);
 }
 
@@ -184,14 +194,18 @@ static int create_pool(struct runner *r, const struct runner_options *o, size_t 
     static const struct runner_options none = {0};
     long tokens = 0;
     if (plan_kv_tokens(r, o ? o : &none, per_token, free_before, &tokens, err)) return -1;
+    if (r->ctrl && r->ctrl->size > 1 && runner_ctrl_agree(r, &tokens, err)) return -1;
     int n_pages = (int)((tokens + r->page_size - 1) / r->page_size);
     return kv_pool_init(&r->kv, r->be, layout, nl, r->page_size, n_pages, err);
 }
 
 int runner_create(struct runner **out, struct model *m, const struct runner_options *ro,
                   struct kiln_error *err) {
-    struct runner *r = xcalloc(1, sizeof *r);
     *out = NULL;
+    if (ro && ro->ctrl && ro->ctrl->size > 1)
+        return kiln_errorf(err, "runner_create: a runner of several ranks is made by runner_load "
+                                "(the other ranks must load the same model)");
+    struct runner *r = xcalloc(1, sizeof *r);
     size_t free_now = 0, total = 0;
     const struct backend *be = model_backend(m);
     if (be->ops->mem_info) be->ops->mem_info(be->ctx, &free_now, &total);
@@ -208,6 +222,13 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
                 struct kiln_error *err) {
     *out = NULL;
     struct model_options mo = mo_in ? *mo_in : (struct model_options){0};
+    struct dist_comm *ctrl = ro->ctrl && ro->ctrl->size > 1 ? ro->ctrl : NULL;
+    /* the model's collectives (model_parallel.comm) are the TCP
+     * communicator's: host memory */
+    if ((mo.par.tp_size > 1 || ctrl) && strcmp(be->ops->name, "cpu"))
+        return kiln_errorf(err, "--tp > 1 with --device %s needs the NCCL communicator, which this kiln "
+                                "does not have yet (use --device cpu)", be->ops->name);
+    if (ctrl && ctrl->rank == 0 && runner_lead_load(ctrl, &mo, ro, err)) return -1;
     /* the checkpoint's copy overlaps the KV pool and the warm-up
      * (KILN_LOAD_OVERLAP=0: load first, for comparisons) */
     mo.defer_weights = !ro->skip_warmup && knob_bool(KNOB_LOAD_OVERLAP);
@@ -237,7 +258,8 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
     if (create_pool(r, ro, free_before, err)) goto fail;
     double t_kv = time_now() - t0;
     t0 = time_now();
-    if (!ro->skip_warmup && runner_warmup(r, err)) goto fail;
+    /* the other ranks replay rank 0's warm-up steps in runner_follow */
+    if (!ro->skip_warmup && !r->follower && runner_warmup(r, err)) goto fail;
     double t_warm = time_now() - t0;
     t0 = time_now();
     model_weights_ready(m); /* before any request: the copies are done */
@@ -253,6 +275,7 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
              model_dir, model_arch_name(c->arch), c->n_layers, r->max_context, pool_tokens,
              dtype_name(r->kv.dtype), (double)per_token * (double)pool_tokens / 1048576.0,
              r->page_size);
+    r->ready = 1;
     *out = r;
     return 0;
 fail:
@@ -263,6 +286,12 @@ fail:
 
 void runner_free(struct runner *r) {
     if (!r) return;
+    if (r->lead && r->ready) runner_lead_stop(r);
+    buf_free(&r->msg);
+    ctrl_msg_free(&r->in);
+    free(r->rx);
+    free(r->f_rows);
+    free(r->f_tokens);
     if (r->m) {
         model_weights_ready(r->m); /* no copy may still be writing what is released */
         free_buffers(r);

@@ -47,7 +47,8 @@ struct runner_options {
     /* Several ranks running one model in lockstep (model_options.par):
      * the job's host-memory communicator (the TCP mesh of dist/), NULL for
      * one rank. Rank 0 leads: every step it runs is first broadcast on
-     * ctrl; the other ranks replay them in runner_follow. */
+     * ctrl; the other ranks replay them in runner_follow (see "Lockstep"
+     * below). */
     struct dist_comm *ctrl;
 };
 
@@ -60,9 +61,11 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
                 const struct model_options *mo, const struct runner_options *ro,
                 struct kiln_error *err);
 /* A runner for an already loaded model, which it borrows (free it after
- * the runner): creates the KV pool; no warm-up. */
+ * the runner): creates the KV pool; no warm-up. One rank only (a ctrl of
+ * several ranks is refused: they load through runner_load). */
 int runner_create(struct runner **out, struct model *m, const struct runner_options *ro,
                   struct kiln_error *err);
+/* Rank 0 of a job: sends STOP to the other ranks first. */
 void runner_free(struct runner *r);
 
 struct model *runner_model(const struct runner *r);
@@ -129,6 +132,40 @@ int runner_can_sample(const struct runner *r);
 int runner_sample_adj_capacity(const struct runner *r);
 int runner_forward_sample(struct runner *r, const struct batch *b, const struct runner_sampling *s,
                           int32_t *tokens, float *logits, struct kiln_error *err);
+/* ---- Lockstep: one model over the ranks of a job (runner_options.ctrl) ----
+ *
+ * Rank 0 runs the command (scheduler, verify, ...) and calls runner_load;
+ * the other ranks call runner_follow_load, then runner_follow. Over ctrl,
+ * rank 0's runner sends, as messages of runner/ctrl_msg.h:
+ *   LOAD  at runner_load, before the model loads: the sizes of its
+ *         model_options and runner_options, so every rank builds the
+ *         same runner (each reads its own slices: model_options.par);
+ *   STEP  before every step it runs (runner_forward, runner_forward_sample,
+ *         the warm-up's): the batch's host arrays, its kind and the
+ *         decisions the other ranks must copy (the scratch KV page);
+ *   STOP  at runner_free;
+ *   END   (runner_job_end) when no runner follows.
+ * The KV pool is the smallest any rank's memory plan allows; pages are
+ * rank 0's to allocate (its page lists travel in the steps). Sampling and
+ * everything after the logits is rank 0's: the others compute their part
+ * of each step (the model's collectives need them) and drop the logits.
+ * Without ctrl (or with one rank) nothing of this runs. */
+
+/* Ranks > 0: waits (no time limit) for rank 0's LOAD and does the same
+ * runner_load with its sizes; be, model_dir, mo->par and ro->ctrl are this
+ * rank's, the rest comes from rank 0. Returns 0 with *out, 1 when rank 0
+ * sent END instead (the job ends), -1 on error. */
+int runner_follow_load(struct runner **out, struct backend *be, const char *model_dir,
+                       const struct model_options *mo, const struct runner_options *ro,
+                       struct kiln_error *err);
+/* Ranks > 0: replays rank 0's steps until its STOP, then returns 0 (free
+ * the runner, then runner_follow_load again). -1 with err when the
+ * communicator breaks (rank 0 is gone) or a step fails. */
+int runner_follow(struct runner *r, struct kiln_error *err);
+/* Rank 0: tells the other ranks that no more runners follow (their
+ * runner_follow_load returns 1). Does nothing without several ranks. */
+int runner_job_end(struct dist_comm *ctrl, struct kiln_error *err);
+
 /* Runs the device sampler over representative batch sizes and
  * configurations (first-use costs out of the way); returns seconds, 0
  * where the runner does not sample on the device. */

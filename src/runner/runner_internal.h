@@ -4,6 +4,8 @@
 #ifndef KILN_RUNNER_RUNNER_INTERNAL_H
 #define KILN_RUNNER_RUNNER_INTERNAL_H
 
+#include "base/buf.h"
+#include "runner/ctrl_msg.h"
 #include "runner/runner.h"
 #include "tensor/backend.h"
 
@@ -54,6 +56,19 @@ struct runner {
     unsigned char graph_warm[2][RUNNER_GRAPH_BUCKETS]; /* ran eagerly once at this size */
     int sample_on;                   /* backend samples (and KILN_GPU_SAMPLE != 0) */
     int graph_sample_on;             /* graphs [1] allowed (KILN_GRAPH_SAMPLE != 0) */
+
+    /* lockstep (runner_options.ctrl of more than one rank): rank 0 leads,
+     * broadcasting every step before it runs it; the others follow */
+    struct dist_comm *ctrl;
+    int lead, follower;
+    int ready;                       /* lead: fully made, so runner_free sends STOP */
+    uint32_t seq;                    /* the last message's sequence number */
+    struct buf msg;                  /* lead: the message being sent */
+    struct ctrl_msg in;              /* follower: the last message parsed */
+    uint8_t *rx;                     /* follower: its bytes */
+    size_t rx_cap;
+    struct backend_sample_row *f_rows; /* follower: [max_batch_tokens] greedy rows */
+    int32_t *f_tokens;               /* follower: [max_batch_tokens] sampled ids, unused */
 };
 
 /* runner_step.c */
@@ -61,5 +76,17 @@ int runner_bucket_size(int i);
 /* The index of the smallest graph bucket that holds n, or -1. */
 int runner_bucket_for(const struct runner *r, long n);
 void runner_drop_graphs(struct runner *r);
+int runner_forward_impl(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
+                        int32_t *tokens, float *logits, struct kiln_error *err);
+
+/* runner_follow.c: the lead's side of the lockstep */
+int runner_lead_load(struct dist_comm *ctrl, const struct model_options *mo, const struct runner_options *ro,
+                     struct kiln_error *err);
+int runner_lead_step(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
+                     struct kiln_error *err);
+void runner_lead_stop(struct runner *r);
+/* Every rank's pool size, the least of them in *tokens; the model's shape
+ * must be the same on every rank. */
+int runner_ctrl_agree(struct runner *r, long *tokens, struct kiln_error *err);
 
 #endif

@@ -58,6 +58,7 @@ static int check_batch(const struct runner *r, const struct batch *b, struct kil
  * is first needed). Returns -1 when no page is free. */
 static int take_scratch_page(struct runner *r) {
     struct kv_pool *kv = &r->kv;
+    if (r->follower) return kv->scratch_page >= 0 ? 0 : -1; /* rank 0's, from its step */
     if (kv->scratch_page < 0 && kv_pool_alloc(kv, 1, &kv->scratch_page)) {
         kv->scratch_page = -1;
         return -1;
@@ -195,6 +196,8 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
     int masked = smp && smp->fill_masks;
     int kind = smp && !masked && gi >= 0 && n_want == 0 && n_lr == n && r->graph_sample_on;
     for (int j = 0; kind && j < n_lr; j++) kind = b->logit_rows[j] == j;
+    /* the other ranks run this step too: they hear of it before it runs */
+    if (r->lead && runner_lead_step(r, b, smp, err)) return -1;
     stage_batch(r, b, pad, smp, n_want, kind ? (int)n + pad : n_sample);
     long np = n + pad;
     struct backend_batch bb = {.n_tokens = (int)np, .n_seqs = b->n_seqs + pad,
@@ -236,7 +239,7 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
     }
     if (kind) {
         ops->download(ctx, r->stok_host, r->stok, (size_t)n * 4);
-        memcpy(tokens, r->stok_host, (size_t)n * 4);
+        if (tokens) memcpy(tokens, r->stok_host, (size_t)n * 4);
         r->stage_busy = 0;
         return 0;
     }
@@ -247,7 +250,7 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
     for (long r0 = 0; r0 < n_lr; r0 += r->logit_chunk) {
         long rn = n_lr - r0 < r->logit_chunk ? n_lr - r0 : r->logit_chunk;
         model_lm_head(r->m, r->logits, r0, rn);
-        if (r0 < n_want) {
+        if (r0 < n_want && logits) { /* a follower (logits NULL) drops them */
             long w = n_want - r0 < rn ? n_want - r0 : rn;
             ops->download(ctx, logits + r0 * V, r->logits, (size_t)(w * V) * 4);
         }
@@ -258,7 +261,7 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
     }
     if (n_sample) {
         ops->download(ctx, r->stok_host, r->stok, (size_t)n_sample * 4);
-        for (int j = 0; j < n_sample; j++) tokens[r->perm[n_want + j]] = r->stok_host[j];
+        for (int j = 0; tokens && j < n_sample; j++) tokens[r->perm[n_want + j]] = r->stok_host[j];
     }
     r->stage_busy = 0; /* a download waited for the stream */
     return 0;
@@ -271,7 +274,7 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
  * grow-on-demand scratch back, which makes recorded graphs stale, and a
  * size whose eager first run failed must run eagerly again before it is
  * recorded: the graphs go. */
-static int forward_impl(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
+int runner_forward_impl(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
                         int32_t *tokens, float *logits, struct kiln_error *err) {
     int rc = forward_body(r, b, smp, tokens, logits, err);
     const struct backend_ops *ops = r->be->ops;
@@ -285,10 +288,10 @@ static int forward_impl(struct runner *r, const struct batch *b, const struct ru
 }
 
 int runner_forward(struct runner *r, const struct batch *b, float *logits, struct kiln_error *err) {
-    return forward_impl(r, b, NULL, NULL, logits, err);
+    return runner_forward_impl(r, b, NULL, NULL, logits, err);
 }
 
 int runner_forward_sample(struct runner *r, const struct batch *b, const struct runner_sampling *s,
                           int32_t *tokens, float *logits, struct kiln_error *err) {
-    return forward_impl(r, b, s, tokens, logits, err);
+    return runner_forward_impl(r, b, s, tokens, logits, err);
 }

@@ -281,8 +281,8 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->done_cv, NULL);
     e->seed_state = 0x243f6a8885a308d3ull;
-    struct backend_options bo = {.n_threads = opt->threads, .deterministic = opt->deterministic,
-                                 .kv_fp8 = opt->kv_fp8};
+    struct backend_options bo = {.n_threads = opt->threads, .device = opt->device_index,
+                                 .deterministic = opt->deterministic, .kv_fp8 = opt->kv_fp8};
     if (backend_create(&e->be, opt->device ? opt->device : backend_default_name(), &bo, err)) goto fail;
     /* SGLang's default for large GPUs: one 8k prompt per step; the CPU
      * keeps steps short */

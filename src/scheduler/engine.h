@@ -26,8 +26,10 @@
 #include "base/error.h"
 #include "sample/sampling.h"
 
+struct dist_comm;
 struct kiln_error;
 struct engine;
+struct model_parallel;
 struct grammar;
 struct kiln_tokenizer;
 
@@ -161,6 +163,10 @@ struct engine_options {
     enum engine_sampling_defaults sampling_defaults;
     int decode_log_interval;      /* a "Decode batch" log line every N decode steps; 0 = none
                                      (engine_options_default: 40, as SGLang) */
+    /* rank 0 of a multi-rank job (docs/distributed.md): */
+    int device_index;             /* backend_options.device */
+    const struct model_parallel *par; /* model_options.par; NULL: one rank */
+    struct dist_comm *ctrl;       /* runner_options.ctrl */
 };
 
 void engine_options_default(struct engine_options *o);

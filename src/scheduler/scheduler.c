@@ -672,11 +672,12 @@ int sched_init(struct engine *e, struct kiln_error *err) {
                                .max_seqs = e->max_seqs, .max_context = o->context_length,
                                .no_shared_expert_fusion = o->no_shared_expert_fusion,
                                .dummy_routing = (enum model_routing)o->dummy_routing, .moe_count = o->moe_count};
+    if (o->par) mo.par = *o->par;
     struct runner_options ro = {.page_size = e->page_size, .kv_tokens = o->max_total_tokens,
                                 .mem_fraction_static = o->mem_fraction_static,
                                 .max_running_requests = o->max_running_requests,
                                 .chunked_prefill_size = o->chunked_prefill_size,
-                                .skip_warmup = o->skip_warmup};
+                                .skip_warmup = o->skip_warmup, .ctrl = o->ctrl};
     if (runner_load(&e->runner, &e->be, o->model_dir, &mo, &ro, err)) return -1;
     e->model = runner_model(e->runner);
     e->kv = runner_kv(e->runner);

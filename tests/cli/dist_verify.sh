@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The model over several ranks, on the CPU: kiln verify --tp 2 and --tp 4 on
+# the dense oracle models and --tp 2 --ep 2 on the MoE ones (page sizes 1
+# and 16, chunked prefill of 3), every row within 1e-3 of the reference as
+# in verify_oracle.sh; two "nodes" on this machine (--nnodes 2, separate
+# processes); generate and bench offline over 2 ranks print what one rank
+# prints; bad layouts are refused with a reason. After every job no process
+# of it is left.
+set -u
+: "${KILN:?}" "${KILN_FIXTURES:?}" "${KILN_MODELS:?}"
+tmp=$(mktemp -d)
+STARTED=()
+cleanup() {
+    local p
+    for p in "${STARTED[@]}"; do kill -KILL "$p" 2>/dev/null; done
+    for p in $(grep -ho 'rank [0-9]* pid [0-9]*' "$tmp"/*.err 2>/dev/null | awk '{print $4}'); do
+        kill -KILL "$p" 2>/dev/null
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+fail=0; runs=0
+free_port() { node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
+
+# Every pid the job's layout line named ("rank 1 pid 123") has exited.
+leftovers() {
+    local p left=""
+    for p in $(grep -ho 'rank [0-9]* pid [0-9]*' "$@" | awk '{print $4}'); do
+        kill -0 "$p" 2>/dev/null && left="$left $p"
+    done
+    [ -z "$left" ] && return 1
+    echo "left running:$left"
+}
+
+check() {
+    local name=$1; shift
+    local out rc last
+    out=$("$KILN" verify "$@" 2>"$tmp/v.err"); rc=$?
+    runs=$((runs + 1))
+    last=$(printf '%s\n' "$out" | tail -1)
+    if [ $rc -ne 0 ] || ! printf '%s' "$last" | grep -Eq '^max_abs_err=[0-9.e+-]+ rows=[1-9][0-9]*$' ||
+        [ "$(printf '%s\n' "$out" | grep -c '^max_abs_err=')" != 1 ] || leftovers "$tmp/v.err"; then
+        echo "FAIL: kiln verify $*"; printf '%s\n' "$out"; tail -20 "$tmp/v.err"; fail=$((fail + 1))
+    else
+        echo "ok: $name -> $last"
+    fi
+}
+
+oracle="$KILN_FIXTURES/oracle/tiny-models"
+for arch in llama qwen2 qwen3; do
+    for tp in 2 4; do
+        for ps in 1 16; do
+            check "$arch --tp $tp --page-size $ps" --model "$oracle/$arch" \
+                --reference "$oracle/$arch/reference.safetensors" --tp $tp --page-size $ps --chunk 3
+        done
+    done
+done
+for arch in qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
+    for ps in 1 16; do
+        check "$arch --tp 2 --ep 2 --page-size $ps" --model "$oracle/$arch" \
+            --reference "$oracle/$arch/reference.safetensors" --tp 2 --ep 2 --page-size $ps --chunk 3
+    done
+done
+
+# Two nodes on this machine: node 1 started first (it waits for rank 0).
+two_nodes() { # tp, then verify's arguments
+    local tp=$1; shift
+    local port; port=$(free_port)
+    "$KILN" verify "$@" --tp "$tp" --nnodes 2 --node-rank 1 --dist-init-addr "127.0.0.1:$port" \
+        >"$tmp/n1.out" 2>"$tmp/n1.err" &
+    local n1=$!
+    STARTED+=("$n1")
+    check "node 0 of 2, --tp $tp" "$@" --tp "$tp" --nnodes 2 --node-rank 0 --dist-init-addr "127.0.0.1:$port"
+    wait "$n1"; local rc=$?
+    runs=$((runs + 1))
+    if [ $rc -ne 0 ] || [ -s "$tmp/n1.out" ] || leftovers "$tmp/n1.err"; then
+        echo "FAIL: node 1 of --tp $tp: exit status $rc, stdout $(wc -c <"$tmp/n1.out") bytes"; tail -20 "$tmp/n1.err"
+        fail=$((fail + 1))
+    else
+        echo "ok: node 1 of --tp $tp ended with the job, printed nothing, its ranks tagged:" \
+            "$(grep -o '^\[rank [0-9]*\]' "$tmp/n1.err" | sort -u | tr '\n' ' ')"
+    fi
+}
+two_nodes 2 --model "$oracle/qwen3" --reference "$oracle/qwen3/reference.safetensors" --page-size 16
+two_nodes 4 --model "$oracle/qwen3_moe" --reference "$oracle/qwen3_moe/reference.safetensors" --ep 4
+
+# generate: the same ids and text as one rank; the other rank prints nothing
+m="$KILN_MODELS/stories260K"
+one=$("$KILN" generate --model "$m" --prompt "Once upon a time" --max-tokens 24 --threads 1 2>/dev/null)
+two=$("$KILN" generate --model "$m" --prompt "Once upon a time" --max-tokens 24 --tp 2 2>"$tmp/g.err")
+runs=$((runs + 1))
+if [ -n "$one" ] && [ "$one" = "$two" ] && ! leftovers "$tmp/g.err"; then echo "ok: generate --tp 2 = one rank"; else
+    echo "FAIL: generate --tp 2"; echo " one rank: $one"; echo " --tp 2:   $two"; tail "$tmp/g.err"; fail=$((fail + 1)); fi
+
+# bench offline: one report, every request done
+out=$("$KILN" bench offline --model "$m" --tp 2 --disable-tqdm --num-prompts 6 --random-input-len 24 \
+    --random-output-len 6 --random-range-ratio 1 2>"$tmp/b.err"); rc=$?
+runs=$((runs + 1))
+if [ $rc -eq 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'Serving Benchmark Result')" = 1 ] &&
+    printf '%s\n' "$out" | grep -Eq '^Successful requests: +6 *$' && ! leftovers "$tmp/b.err"; then
+    echo "ok: bench offline --tp 2"
+else
+    echo "FAIL: bench offline --tp 2 (status $rc)"; printf '%s\n' "$out"; tail "$tmp/b.err"; fail=$((fail + 1))
+fi
+
+# bad layouts: exit status 2 and the reason, before anything starts
+refuse() { # expected message, then arguments
+    local want=$1; shift
+    local err rc
+    err=$("$KILN" verify --model "$oracle/llama" --reference "$oracle/llama/reference.safetensors" "$@" 2>&1 >/dev/null)
+    rc=$?
+    err=$(printf '%s\n' "$err" | grep '^kiln verify')
+    runs=$((runs + 1))
+    if [ $rc -eq 2 ] && printf '%s' "$err" | grep -q -- "$want"; then echo "ok: refused $*: $err"; else
+        echo "FAIL: $* (status $rc): $err"; fail=$((fail + 1)); fi
+}
+refuse "expert parallel reuses the tensor-parallel group" --tp 2 --ep 3
+refuse "must be below --nnodes 2" --tp 2 --nnodes 2 --node-rank 2 --dist-init-addr 127.0.0.1:1
+refuse "needs --dist-init-addr" --tp 2 --nnodes 2
+refuse "not divisible by --nnodes 2" --tp 3 --nnodes 2 --dist-init-addr 127.0.0.1:1
+refuse "needs the NCCL communicator" --tp 2 --device cuda
+refuse "dist-init-addr" --tp 2 --dist-init-addr nocolon
+
+echo "$((runs - fail)) passed, $fail failed"
+[ $fail -eq 0 ]
