@@ -129,11 +129,6 @@ static int model_args_check_ranks(const struct model_args *a, const char *cmd) {
             return -1;
         }
     }
-    if (a->tp > 1 && !strcmp(a->device, "cuda")) {
-        fprintf(stderr, "kiln %s: --tp > 1 with --device cuda needs the NCCL communicator, which this kiln does "
-                        "not have yet (use --device cpu)\n", cmd);
-        return -1;
-    }
     return 0;
 }
 

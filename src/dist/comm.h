@@ -29,6 +29,10 @@ struct dist_group;
 
 enum dist_reduce { DIST_SUM = 0, DIST_MAX };
 
+/* The most bytes of a device communicator's start-up token
+ * (backend_ops.comm_id; NCCL's unique id is 128). */
+#define DIST_COMM_ID_MAX 1024
+
 struct dist_comm_ops {
     const char *name;
     /* buf[n] f32, in place: every rank gets op over the ranks' buf */

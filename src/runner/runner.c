@@ -217,18 +217,64 @@ int runner_create(struct runner **out, struct model *m, const struct runner_opti
     return 0;
 }
 
+/* The device backend's communicator for the model's collectives: rank 0
+ * makes the start-up token (backend_ops.comm_id) and broadcasts it on
+ * ctrl, led by its length (0: rank 0 failed, and says why), then every
+ * rank joins. */
+static int device_comm_start(struct backend *be, struct dist_comm *ctrl, struct dist_comm **out,
+                             struct kiln_error *err) {
+    uint8_t msg[8 + DIST_COMM_ID_MAX] = {0};
+    uint64_t len = 0;
+    struct kiln_error e0 = {0};
+    if (ctrl->rank == 0) {
+        size_t l = DIST_COMM_ID_MAX;
+        if (!be->ops->comm_id(be->ctx, msg + 8, &l, &e0)) len = l;
+        memcpy(msg, &len, 8);
+    }
+    if (dist_comm_broadcast(ctrl, msg, sizeof msg, 0, err)) return -1;
+    memcpy(&len, msg, 8);
+    if (!len || len > DIST_COMM_ID_MAX) {
+        if (ctrl->rank == 0) {
+            *err = e0;
+            return -1;
+        }
+        return kiln_errorf(err, "rank 0 could not start the %s communicator", be->ops->name);
+    }
+    struct dist_comm *c = xcalloc(1, sizeof *c);
+    if (be->ops->comm_init(be->ctx, c, ctrl->rank, ctrl->size, msg + 8, (size_t)len, err)) {
+        free(c);
+        return -1;
+    }
+    log_info("rank %d of %d: the model's collectives run on %s's own communicator (%s)", ctrl->rank, ctrl->size,
+             be->ops->name, c->ops->name);
+    *out = c;
+    return 0;
+}
+
+static void device_comm_free(struct dist_comm *c) {
+    if (!c) return;
+    dist_comm_free(c);
+    free(c);
+}
+
 int runner_load(struct runner **out, struct backend *be, const char *model_dir,
                 const struct model_options *mo_in, const struct runner_options *ro,
                 struct kiln_error *err) {
     *out = NULL;
     struct model_options mo = mo_in ? *mo_in : (struct model_options){0};
     struct dist_comm *ctrl = ro->ctrl && ro->ctrl->size > 1 ? ro->ctrl : NULL;
-    /* the model's collectives (model_parallel.comm) are the TCP
-     * communicator's: host memory */
-    if ((mo.par.tp_size > 1 || ctrl) && strcmp(be->ops->name, "cpu"))
-        return kiln_errorf(err, "--tp > 1 with --device %s needs the NCCL communicator, which this kiln "
-                                "does not have yet (use --device cpu)", be->ops->name);
+    /* the model's collectives (model_parallel.comm): the backend's own
+     * communicator where it has one (CUDA: NCCL), else the host ctrl
+     * (the TCP mesh: host memory, the CPU backend's) */
+    if ((mo.par.tp_size > 1 || ctrl) && !be->ops->comm_init && strcmp(be->ops->name, "cpu"))
+        return kiln_errorf(err, "--tp > 1 with --device %s: the backend has no communicator of its own",
+                           be->ops->name);
     if (ctrl && ctrl->rank == 0 && runner_lead_load(ctrl, &mo, ro, err)) return -1;
+    struct dist_comm *dev_comm = NULL;
+    if (ctrl && be->ops->comm_init) {
+        if (device_comm_start(be, ctrl, &dev_comm, err)) return -1;
+        if (mo.par.tp_size > 1) mo.par.comm = dev_comm;
+    }
     /* the checkpoint's copy overlaps the KV pool and the warm-up
      * (KILN_LOAD_OVERLAP=0: load first, for comparisons) */
     mo.defer_weights = !ro->skip_warmup && knob_bool(KNOB_LOAD_OVERLAP);
@@ -237,6 +283,7 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
     double t0 = time_now();
     struct model *m;
     if (model_load(&m, model_dir, be, &mo, err)) {
+        device_comm_free(dev_comm);
         if (be->ops->mem_info && err->code == KILN_ERR_OUT_OF_MEMORY) {
             char msg[sizeof err->msg];
             snprintf(msg, sizeof msg, "%s", err->msg);
@@ -248,6 +295,7 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
     }
     struct runner *r = xcalloc(1, sizeof *r);
     r->own_model = 1;
+    r->dev_comm = dev_comm;
     double t_load = time_now() - t0, t_load0 = t0;
     if (init(r, m, ro, err)) goto fail;
     log_info("load: %.2f GiB of weights and the activations for %d-token batches %s in %.2f s",
@@ -298,5 +346,6 @@ void runner_free(struct runner *r) {
         kv_pool_free(&r->kv);
         if (r->own_model) model_free(r->m);
     }
+    device_comm_free(r->dev_comm);
     free(r);
 }

@@ -16,6 +16,9 @@ enum { RUNNER_GRAPH_BUCKETS = 36 };
 struct runner {
     struct model *m;
     int own_model;
+    /* the model's collectives on a device backend (backend_ops.comm_init,
+     * runner_load), freed after the model; NULL: the host ctrl serves */
+    struct dist_comm *dev_comm;
     struct backend *be;
     struct kv_pool kv;
     int max_batch_tokens, max_seqs, max_context, page_size;

@@ -21,7 +21,6 @@
 
 struct kiln_error;
 struct dist_comm;
-struct dist_group;
 struct moe_route_count;
 struct backend_sample_row;
 struct backend_sample_adj;
@@ -381,11 +380,13 @@ struct backend_ops {
      * dist/comm.h serves this backend (its buffers are host memory).
      * comm_id: rank 0's start-up token for the group (CUDA: an NCCL unique
      * id), at most *len bytes into blob, *len set; it travels to every
-     * rank as the rendezvous blob. comm_init: this rank's communicator
-     * over the group on the backend's memory, ordered with its operations
-     * (CUDA: NCCL on the backend's stream). */
+     * rank (the runner broadcasts it on the job's host communicator).
+     * comm_init: this rank's communicator (rank of size) from that token,
+     * on the backend's memory, ordered with its operations (CUDA: NCCL on
+     * the backend's stream). */
     int (*comm_id)(void *ctx, void *blob, size_t *len, struct kiln_error *err);
-    int (*comm_init)(void *ctx, struct dist_comm *c, const struct dist_group *g, struct kiln_error *err);
+    int (*comm_init)(void *ctx, struct dist_comm *c, int rank, int size, const void *id, size_t id_len,
+                     struct kiln_error *err);
 
     /* Host memory the device copies from without staging (CUDA: pinned).
      * An upload from it may still be in flight when `upload` returns: the

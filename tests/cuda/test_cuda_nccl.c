@@ -255,7 +255,7 @@ static void *rank_main(void *a) {
                                   .listen_fd = k->r == 0 ? k->lfd : -1, .blob = blob, .blob_len = k->r == 0 ? blen : 0};
     if (dist_rendezvous(&cfg, &k->g, &err)) {
         rank_fail(k, "rendezvous: %s", err.msg);
-    } else if (k->be.ops->comm_init(k->be.ctx, &k->c, &k->g, &err)) {
+    } else if (k->be.ops->comm_init(k->be.ctx, &k->c, k->r, k->size, k->g.blob, k->g.blob_len, &err)) {
         rank_fail(k, "comm_init: %s", err.msg);
     } else {
         const size_t sizes[] = {1, 5, 4096, 100003, (size_t)4 << 20};

@@ -408,7 +408,8 @@ void cuda_moe_gemv(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *h, fl
                    void *const *tab, long E, const void *tiles, const int *n_tiles, long max_tiles);
 /* The NCCL communicator (cuda_nccl.c): backend_ops.comm_id / comm_init. */
 int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err);
-int cuda_comm_init(void *ctx, struct dist_comm *c, const struct dist_group *g, struct kiln_error *err);
+int cuda_comm_init(void *ctx, struct dist_comm *c, int rank, int size, const void *id, size_t id_len,
+                   struct kiln_error *err);
 /* x16 [n][cols] = x in dt (16-bit), in the act16 scratch (cuda_matmul.cu);
  * NULL when the scratch could not grow (nothing run) */
 void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt);

@@ -3,9 +3,9 @@
  * backend's stream like any kernel (so they are ordered with the step's
  * kernels, never wait for the host, and record into graphs).
  *
- * Start-up: rank 0 makes an ncclUniqueId (cuda_comm_id) and hands it to
- * every rank as the rendezvous blob (dist/rendezvous.h); each rank then
- * joins the NCCL communicator of the group with it (cuda_comm_init). NCCL
+ * Start-up: rank 0 makes an ncclUniqueId (cuda_comm_id), the job's host
+ * communicator hands it to every rank (runner_load), and each rank joins
+ * the NCCL communicator of the group with it (cuda_comm_init). NCCL
  * finds the fastest transport between the GPUs (NVLink, PCIe, shared
  * memory, sockets or InfiniBand across machines).
  *
@@ -27,7 +27,6 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "dist/comm.h"
-#include "dist/rendezvous.h"
 
 #ifdef KILN_HAVE_NCCL
 #include <nccl.h>
@@ -153,29 +152,30 @@ int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err) {
     return 0;
 }
 
-int cuda_comm_init(void *ctx, struct dist_comm *out, const struct dist_group *g, struct kiln_error *err) {
+int cuda_comm_init(void *ctx, struct dist_comm *out, int rank, int size, const void *id_bytes, size_t id_len,
+                   struct kiln_error *err) {
     struct cuda_ctx *cc = ctx;
-    if (g->blob_len != sizeof(ncclUniqueId))
-        return kiln_errorf(err, "NCCL: the rendezvous carried %zu bytes, not an ncclUniqueId (%zu): rank 0 must "
-                                "run on the CUDA backend too", g->blob_len, sizeof(ncclUniqueId));
+    if (id_len != sizeof(ncclUniqueId))
+        return kiln_errorf(err, "NCCL: rank 0 sent %zu bytes, not an ncclUniqueId (%zu): rank 0 must run on the "
+                                "CUDA backend too", id_len, sizeof(ncclUniqueId));
     cudaError_t e = cudaSetDevice(cc->device);
     if (e != cudaSuccess) return kiln_errorf(err, "NCCL: CUDA device %d: %s", cc->device, cudaGetErrorString(e));
     struct nccl_ctx *c = xcalloc(1, sizeof *c);
-    c->stream = cc->stream, c->rank = g->rank, c->size = g->size;
+    c->stream = cc->stream, c->rank = rank, c->size = size;
     if ((e = cudaMalloc((void **)&c->one, sizeof(float))) != cudaSuccess) {
         free(c);
         return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "NCCL: %s", cudaGetErrorString(e));
     }
     ncclUniqueId id;
-    memcpy(&id, g->blob, sizeof id);
-    ncclResult_t r = ncclCommInitRank(&c->comm, g->size, id, g->rank);
+    memcpy(&id, id_bytes, sizeof id);
+    ncclResult_t r = ncclCommInitRank(&c->comm, size, id, rank);
     if (r != ncclSuccess) {
         (void)cudaFree(c->one);
         free(c);
-        return kiln_errorc(err, KILN_ERR_IO, "NCCL: rank %d of %d could not join the group: %s", g->rank, g->size,
+        return kiln_errorc(err, KILN_ERR_IO, "NCCL: rank %d of %d could not join the group: %s", rank, size,
                            ncclGetErrorString(r));
     }
-    *out = (struct dist_comm){.ops = &nccl_ops, .ctx = c, .rank = g->rank, .size = g->size};
+    *out = (struct dist_comm){.ops = &nccl_ops, .ctx = c, .rank = rank, .size = size};
     return 0;
 }
 
@@ -187,8 +187,9 @@ int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err) {
                             "configured), so several CUDA ranks cannot communicate");
 }
 
-int cuda_comm_init(void *ctx, struct dist_comm *out, const struct dist_group *g, struct kiln_error *err) {
-    (void)out, (void)g;
+int cuda_comm_init(void *ctx, struct dist_comm *out, int rank, int size, const void *id, size_t id_len,
+                   struct kiln_error *err) {
+    (void)out, (void)rank, (void)size, (void)id, (void)id_len;
     return cuda_comm_id(ctx, NULL, NULL, err);
 }
 
