@@ -131,10 +131,6 @@ static const struct knob_def table[KNOB_COUNT] = {
                                INT(KNOB_PUBLIC, "1024", 0, 1 << 20,
                                    "MoE steps of up to this many tokens run the shared experts on a "
                                    "second stream beside the routed ones (0: one stream)")},
-    [KNOB_CUDA_ONE_SHOT] = {"KILN_CUDA_ONE_SHOT",
-                            INT(KNOB_DEBUG, "1048576", 0, 1 << 20,
-                                "all-reduces between the GPUs of one machine of up to this many bytes run "
-                                "as one kernel over CUDA IPC instead of NCCL (0: NCCL always)")},
     [KNOB_CUDA_PROFILE] = {"KILN_CUDA_PROFILE",
                            BOOL(KNOB_DEBUG, "0",
                                 "time every GPU operation per shape; a table at exit (slows every step)")},

@@ -27,7 +27,6 @@
  *   cuda_moe_gemv.cu    the experts' products for a few rows per expert (grouped GEMV)
  *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
  *   cuda_nccl.c         the communicator between ranks (NCCL on the stream)
- *   cuda_allreduce.cu   the one-shot all-reduce over CUDA IPC for small messages
  *   hopper/gemm_wgmma.cu small-M product on wgmma + TMA (sm_90a, cc 9.0)
  *
  * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
@@ -407,23 +406,6 @@ int cuda_moe_gemv_ok(long hidden, long inter, const float *x);
 void cuda_moe_gemv(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *h, float *out,
                    const float *x, long H, long F, const int32_t *order, int top_k,
                    void *const *tab, long E, const void *tiles, const int *n_tiles, long max_tiles);
-/* The one-shot all-reduce (cuda_allreduce.cu): every rank's region, as
- * this rank maps it — buf[p]: rank p's two buffer sets of `size` slots of
- * cap floats ([2][size][cap]), flags[p]: its flag words
- * [CUDA_AR_MAX_BLOCKS][CUDA_AR_MAX_RANKS]. x[n] in place (n <= cap, n % 4
- * == 0, x 16-byte aligned); epoch and done: this rank's device counters
- * (zero at the start). cuda_ar_blocks: the blocks a call of n floats
- * takes. */
-enum { CUDA_AR_MAX_RANKS = 8, CUDA_AR_MAX_BLOCKS = 128 };
-struct cuda_ar_peers {
-    int rank, size;
-    long cap;
-    float *buf[CUDA_AR_MAX_RANKS];
-    uint32_t *flags[CUDA_AR_MAX_RANKS];
-};
-long cuda_ar_blocks(long n);
-void cuda_ar_one_shot(cudaStream_t s, float *x, long n, const struct cuda_ar_peers *pr, uint32_t *epoch,
-                      uint32_t *done);
 /* The NCCL communicator (cuda_nccl.c): backend_ops.comm_id / comm_init. */
 int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err);
 int cuda_comm_init(void *ctx, struct dist_comm *c, int rank, int size, const void *id, size_t id_len,

@@ -22,12 +22,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
-#include "base/knob.h"
-#include "base/log.h"
 #include "base/mem.h"
 #include "dist/comm.h"
 
@@ -39,13 +36,6 @@ struct nccl_ctx {
     cudaStream_t stream;
     int rank, size;
     float *one; /* device scratch of the barrier */
-    /* the one-shot all-reduce (cuda_allreduce.cu), where every rank is on
-     * this machine and reachable: ar_bytes > 0 */
-    size_t ar_bytes;           /* messages up to this size take it */
-    struct cuda_ar_peers peers;
-    void *region;              /* this rank's region (data buffers, flags) */
-    void *mapped[CUDA_AR_MAX_RANKS]; /* peers' regions opened by IPC handle (to close) */
-    uint32_t *counters;        /* epoch, done */
 };
 
 static int nccl_fail(const char *op, ncclResult_t r, struct kiln_error *err) {
@@ -62,10 +52,6 @@ static ncclRedOp_t red_op(enum dist_reduce op) { return op == DIST_MAX ? ncclMax
 
 static int n_all_reduce(void *ctx, float *buf, size_t n, enum dist_reduce op, struct kiln_error *err) {
     struct nccl_ctx *c = ctx;
-    if (op == DIST_SUM && n * 4 <= c->ar_bytes && n <= (size_t)c->peers.cap && n % 4 == 0 && ((uintptr_t)buf & 15) == 0) {
-        cuda_ar_one_shot(c->stream, buf, (long)n, &c->peers, c->counters, c->counters + 1);
-        return 0;
-    }
     NCCL_TRY("all_reduce", ncclAllReduce(buf, buf, n, ncclFloat32, red_op(op), c->comm, c->stream));
     return 0;
 }
@@ -131,20 +117,10 @@ static int n_barrier(void *ctx, struct kiln_error *err) {
     return 0;
 }
 
-static void ar_free(struct nccl_ctx *c) {
-    for (int p = 0; p < CUDA_AR_MAX_RANKS; p++)
-        if (c->mapped[p]) (void)cudaIpcCloseMemHandle(c->mapped[p]);
-    (void)cudaFree(c->region);
-    (void)cudaFree(c->counters);
-    memset(c->mapped, 0, sizeof c->mapped);
-    c->region = NULL, c->counters = NULL, c->ar_bytes = 0;
-}
-
 static void n_free(void *ctx) {
     struct nccl_ctx *c = ctx;
     if (!c) return;
     (void)cudaStreamSynchronize(c->stream);
-    ar_free(c);
     ncclResult_t async = ncclSuccess;
     (void)ncclCommGetAsyncError(c->comm, &async);
     if (async != ncclSuccess) (void)ncclCommAbort(c->comm);
@@ -164,94 +140,6 @@ static const struct dist_comm_ops nccl_ops = {
     .barrier = n_barrier,
     .free = n_free,
 };
-
-/* What each rank tells the others to set up the one-shot all-reduce. */
-struct ar_info {
-    char host[64];
-    int32_t pid, device, ok;
-    cudaIpcMemHandle_t handle;
-    uint64_t region;
-};
-
-/* The one-shot all-reduce's regions: each rank makes its own, the ranks
- * swap their handles (an NCCL all-gather), and each maps the others' (a
- * plain pointer with peer access where a rank is a thread of this process,
- * else the IPC handle). Every rank must reach every other on this machine;
- * otherwise (or with KILN_CUDA_ONE_SHOT=0) NCCL does every all-reduce.
- * Collective: every rank calls it. Returns 0 in both cases. */
-static void ar_setup(struct nccl_ctx *c, int device) {
-    size_t want = (size_t)knob_int(KNOB_CUDA_ONE_SHOT);
-    long cap = (long)((want + 3) / 4);
-    struct ar_info mine = {.pid = (int32_t)getpid(), .device = device, .ok = 0};
-    if (gethostname(mine.host, sizeof mine.host - 1)) mine.host[0] = 0;
-    size_t flags_bytes = (size_t)CUDA_AR_MAX_BLOCKS * CUDA_AR_MAX_RANKS * 4;
-    cap = (cap + 3) & ~3L; /* whole 16-byte rows */
-    size_t bytes = (size_t)cap * 2 * (size_t)c->size * 4 + flags_bytes;
-    if (want && c->size <= CUDA_AR_MAX_RANKS && cudaMalloc(&c->region, bytes) == cudaSuccess &&
-        cudaMalloc((void **)&c->counters, 8) == cudaSuccess && cudaMemset(c->region, 0, bytes) == cudaSuccess &&
-        cudaMemset(c->counters, 0, 8) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
-        cudaIpcGetMemHandle(&mine.handle, c->region) == cudaSuccess) {
-        mine.ok = 1;
-        mine.region = (uint64_t)(uintptr_t)c->region;
-    }
-    (void)cudaGetLastError();
-    /* every rank's info, through NCCL on device memory */
-    struct ar_info *all = xcalloc((size_t)c->size, sizeof *all);
-    void *d = NULL;
-    int ok = cudaMalloc(&d, sizeof *all * (size_t)(c->size + 1)) == cudaSuccess;
-    if (ok) {
-        ok = cudaMemcpy(d, &mine, sizeof mine, cudaMemcpyHostToDevice) == cudaSuccess &&
-             ncclAllGather(d, (char *)d + sizeof mine, sizeof mine, ncclUint8, c->comm, c->stream) == ncclSuccess &&
-             cudaStreamSynchronize(c->stream) == cudaSuccess &&
-             cudaMemcpy(all, (char *)d + sizeof mine, sizeof *all * (size_t)c->size, cudaMemcpyDeviceToHost) ==
-                 cudaSuccess;
-        (void)cudaFree(d);
-    }
-    for (int p = 0; ok && p < c->size; p++) ok = all[p].ok && !strcmp(all[p].host, mine.host);
-    /* map the peers */
-    c->peers = (struct cuda_ar_peers){.rank = c->rank, .size = c->size, .cap = cap};
-    for (int p = 0; ok && p < c->size; p++) {
-        void *base = NULL;
-        if (p == c->rank) {
-            base = c->region;
-        } else if (all[p].pid == mine.pid) {
-            int can = 0;
-            ok = cudaDeviceCanAccessPeer(&can, device, all[p].device) == cudaSuccess && can;
-            if (ok) {
-                cudaError_t e = cudaDeviceEnablePeerAccess(all[p].device, 0);
-                ok = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
-                base = (void *)(uintptr_t)all[p].region;
-            }
-        } else {
-            ok = cudaIpcOpenMemHandle(&base, all[p].handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
-            if (ok) c->mapped[p] = base;
-        }
-        if (ok) {
-            c->peers.buf[p] = (float *)base;
-            c->peers.flags[p] = (uint32_t *)((char *)base + (size_t)cap * 2 * (size_t)c->size * 4);
-        }
-    }
-    (void)cudaGetLastError();
-    /* every rank must have mapped every peer: agree through NCCL (a max of
-     * "failed" flags) before anyone uses it */
-    float bad = ok ? 0.0f : 1.0f;
-    if (cudaMemcpy(c->one, &bad, 4, cudaMemcpyHostToDevice) != cudaSuccess ||
-        ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclMax, c->comm, c->stream) != ncclSuccess ||
-        cudaStreamSynchronize(c->stream) != cudaSuccess || cudaMemcpy(&bad, c->one, 4, cudaMemcpyDeviceToHost))
-        bad = 1.0f;
-    (void)cudaGetLastError();
-    if (want && bad == 0.0f) {
-        c->ar_bytes = want;
-        if (c->rank == 0)
-            log_info("all-reduces of up to %zu bytes: one kernel over CUDA IPC (%d ranks on this machine); larger: NCCL",
-                     want, c->size);
-    } else {
-        ar_free(c);
-        if (want && c->rank == 0)
-            log_info("all-reduces: NCCL only (not every rank could map every other's memory on one machine)");
-    }
-    free(all);
-}
 
 int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err) {
     (void)ctx;
@@ -287,7 +175,6 @@ int cuda_comm_init(void *ctx, struct dist_comm *out, int rank, int size, const v
         return kiln_errorc(err, KILN_ERR_IO, "NCCL: rank %d of %d could not join the group: %s", rank, size,
                            ncclGetErrorString(r));
     }
-    ar_setup(c, cc->device);
     *out = (struct dist_comm){.ops = &nccl_ops, .ctx = c, .rank = rank, .size = size};
     return 0;
 }
