@@ -40,7 +40,7 @@ void model_args_defaults(struct model_args *a) {
     a->page_size = 1;
     a->kv_cache_dtype = "auto";
     a->dummy_routing_name = "model";
-    a->tp = a->ep = a->nnodes = 1;
+    a->tp = a->ep = a->dp = a->nnodes = 1;
     a->dist_timeout = 300;
 }
 
@@ -76,6 +76,15 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
          .hi = 4096, .meta = "N",
          .help = "MoE: 1 (default) splits every expert over the --tp ranks; equal to\n"
                  "--tp, the experts go whole to the ranks of the same group"},
+        {.name = "--dp", .alias = "--data-parallel-size", .type = CLI_INT, .dst = CLI_DST(int *, &a->dp), .lo = 1,
+         .hi = 4096, .meta = "N",
+         .help = "with --enable-dp-attention: N data parallel attention groups of\n"
+                 "--tp / N ranks, each with its own sequences and KV (default 1)"},
+        {.name = "--dp-size", .type = CLI_INT, .dst = CLI_DST(int *, &a->dp), .lo = 1, .hi = 4096, .meta = "N",
+         .help = "the same as --dp"},
+        CLI_OPT_FLAG("--enable-dp-attention", &a->dp_attention,
+                     "MLA models (DeepSeek-V2/V3): attention data parallel over the --dp\n"
+                     "groups, the MLPs split over all --tp ranks"),
         CLI_OPT_INT("--nnodes", &a->nnodes, 1, 4096, "M",
                     "machines the --tp ranks span, --tp / M on each (default 1); run kiln\n"
                     "with the same options on each, its own --node-rank"),
@@ -99,6 +108,20 @@ static int model_args_check_ranks(const struct model_args *a, const char *cmd) {
     if (a->ep != 1 && a->ep != a->tp) {
         fprintf(stderr, "kiln %s: --ep %d: expert parallel reuses the tensor-parallel group: give 1 or --tp (%d)\n",
                 cmd, a->ep, a->tp);
+        return -1;
+    }
+    if (a->dp > 1 && !a->dp_attention) {
+        fprintf(stderr, "kiln %s: --dp %d needs --enable-dp-attention: data parallel replicas of the whole model "
+                        "are not supported, only DP attention\n", cmd, a->dp);
+        return -1;
+    }
+    if (a->dp_attention && a->dp <= 1) {
+        fprintf(stderr, "kiln %s: --enable-dp-attention needs --dp N (N > 1 attention groups)\n", cmd);
+        return -1;
+    }
+    if (a->tp % a->dp) {
+        fprintf(stderr, "kiln %s: --dp %d does not divide --tp %d (each attention group is --tp / --dp ranks)\n", cmd,
+                a->dp, a->tp);
         return -1;
     }
     if (a->node_rank >= a->nnodes) {
@@ -130,6 +153,24 @@ static int model_args_check_ranks(const struct model_args *a, const char *cmd) {
         }
     }
     return 0;
+}
+
+/* DP attention keeps MLA's latent KV per group: the model must have one.
+ * Read from config.json before any rank starts (the model refuses too). */
+static int model_args_check_dp_model(const struct model_args *a, const char *cmd) {
+    if (a->dp <= 1 || !a->model_dir) return 0;
+    size_t n = strlen(a->model_dir);
+    int is_json = n > 5 && !strcmp(a->model_dir + n - 5, ".json");
+    char *path = is_json ? xstrdup(a->model_dir) : path_join(a->model_dir, "config.json");
+    struct model_config c;
+    struct kiln_error err = {0};
+    int rc = model_config_load(&c, path, &err);
+    free(path);
+    if (rc) return 0; /* the load reports it */
+    if (c.kv_lora_rank > 0) return 0;
+    fprintf(stderr, "kiln %s: --enable-dp-attention: model_type %s has no multi-head latent attention; DP "
+                    "attention is for DeepSeek-V2/V3-style (MLA) models only\n", cmd, c.model_type);
+    return 2;
 }
 
 int model_args_finish(struct model_args *a, const char *cmd, const char *positional) {
@@ -167,7 +208,7 @@ int model_args_finish(struct model_args *a, const char *cmd, const char *positio
         return 1;
     }
     a->hf_id = is_id ? a->model : NULL;
-    return 0;
+    return model_args_check_dp_model(a, cmd);
 }
 
 void model_args_free(struct model_args *a) {

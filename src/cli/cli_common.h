@@ -29,13 +29,15 @@ struct model_args {
     /* the ranks (cli/cli_job.h, docs/distributed.md) */
     int tp;                  /* --tp / --tensor-parallel-size N (default 1) */
     int ep;                  /* --ep / --expert-parallel-size: 1 or tp */
+    int dp;                  /* --dp / --data-parallel-size / --dp-size N (default 1): DP attention groups */
+    int dp_attention;        /* --enable-dp-attention (required with --dp > 1) */
     int nnodes, node_rank;   /* --nnodes M (1), --node-rank R (0) */
     const char *dist_init_addr; /* --dist-init-addr HOST:PORT, or NULL */
     double dist_timeout;     /* --dist-timeout S (default 300) */
     char *owned;             /* model_dir when it was built here */
 };
 
-#define MODEL_ARGS_MAX_OPTS 17
+#define MODEL_ARGS_MAX_OPTS 20
 
 void model_args_defaults(struct model_args *a);
 /* Writes the model options into out[MODEL_ARGS_MAX_OPTS] and returns how

@@ -69,7 +69,9 @@ int cli_job_start(struct cli_job *j, struct model_args *a, const char *cmd, cons
     struct dist_job *d = &j->job;
     j->started = 1;
     j->ctrl = &d->comm;
-    j->par = (struct model_parallel){.tp_size = d->size, .tp_rank = d->rank, .ep_size = a->ep, .comm = &d->comm};
+    j->par = (struct model_parallel){.tp_size = d->size, .tp_rank = d->rank, .ep_size = a->ep,
+                                     .dp_size = a->dp > 1 ? a->dp : 0,
+                                     .dp_rank = a->dp > 1 ? d->rank / (d->size / a->dp) : 0, .comm = &d->comm};
     j->device_index = d->local_rank;
     if (a->threads == 0 && d->local_size > 1) { /* the node's cores, shared */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -81,8 +83,8 @@ int cli_job_start(struct cli_job *j, struct model_args *a, const char *cmd, cons
         o += (size_t)snprintf(pids + o, sizeof pids - o, "%srank %d pid %ld", i ? ", " : "", d->rank + i,
                               (long)d->pid[i]);
     if (d->rank == 0) {
-        log_info("job: %d ranks (tp %d, ep %d) on %d node%s, %d each; rendezvous at %s; node 0: %s", d->size, d->size,
-                 a->ep, d->nnodes, d->nnodes > 1 ? "s" : "", d->local_size, d->init_addr, pids);
+        log_info("job: %d ranks (tp %d, ep %d, dp %d) on %d node%s, %d each; rendezvous at %s; node 0: %s", d->size,
+                 d->size, a->ep, a->dp, d->nnodes, d->nnodes > 1 ? "s" : "", d->local_size, d->init_addr, pids);
         return -1;
     }
     log_info("rank %d of %d: node %d, local rank %d, device index %d, pid %ld; following rank 0", d->rank, d->size,

@@ -38,6 +38,7 @@ struct verify {
     struct runner *r;
     struct kv_pool *kv;
     int vocab, page_size;
+    int dp; /* DP attention groups (--dp): sequence i is group i % dp's */
     struct ref_seq *seqs;
     int n_seqs;
     double max_err;
@@ -74,7 +75,8 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
     int32_t *ids = xmalloc((size_t)n * 4), *pos = xmalloc((size_t)n * 4),
             *slot = xmalloc((size_t)n * 4), *rows = xmalloc((size_t)n * 4);
     int32_t *q_start = xmalloc((size_t)(k + 1) * 4), *kv_len = xmalloc((size_t)k * 4),
-            *page_start = xmalloc((size_t)(k + 1) * 4), *pages = xmalloc((size_t)total_pages * 4 + 4);
+            *page_start = xmalloc((size_t)(k + 1) * 4), *pages = xmalloc((size_t)total_pages * 4 + 4),
+            *group = xmalloc((size_t)k * 4);
     int t = 0, pg = 0;
     for (int i = 0; i < k; i++) {
         struct ref_seq *s = &v->seqs[which[i]];
@@ -83,6 +85,7 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
         memcpy(pages + pg, s->pages, (size_t)s->n_pages * 4);
         pg += s->n_pages;
         kv_len[i] = to[i];
+        group[i] = v->dp > 1 ? which[i] % v->dp : 0;
         for (int p = from[i]; p < to[i]; p++, t++) {
             ids[t] = s->ids[p];
             pos[t] = p;
@@ -95,7 +98,7 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
     struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = n, .input_ids = ids, .positions = pos,
                       .out_slot = slot, .n_seqs = k, .q_start = q_start, .kv_len = kv_len,
                       .kv_page_start = page_start, .kv_pages = pages, .page_size = v->page_size,
-                      .n_logit_rows = n, .logit_rows = rows};
+                      .seq_group = v->dp > 1 ? group : NULL, .n_logit_rows = n, .logit_rows = rows};
     float *logits = xmalloc((size_t)n * (size_t)v->vocab * 4);
     int rc = runner_forward(v->r, &b, logits, err);
     if (rc == 0) {
@@ -113,7 +116,7 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
         }
     }
     free(ids), free(pos), free(slot), free(rows), free(q_start), free(kv_len), free(page_start),
-        free(pages), free(logits);
+        free(pages), free(logits), free(group);
     return rc;
 }
 
@@ -283,6 +286,7 @@ int cmd_verify(int argc, char **argv) {
     }
     v.vocab = cfg.vocab_size;
     v.page_size = ma.page_size;
+    v.dp = ma.dp;
     if (load_reference(&v, &ref, ref_path, &err)) goto out;
     int total = 0, longest = 0, pages = 0;
     for (int i = 0; i < v.n_seqs; i++) {

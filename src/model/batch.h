@@ -43,6 +43,10 @@ struct batch {
     const int32_t *kv_page_start; /* [n_seqs + 1] */
     const int32_t *kv_pages;      /* [kv_page_start[n_seqs]] */
     int page_size;
+    /* DP attention (model_parallel.dp_size > 1): the data parallel group
+     * that computes sequence s's attention and holds its KV, [n_seqs]
+     * below dp_size; NULL: every sequence is group 0's. Ignored otherwise. */
+    const int32_t *seq_group;
     int n_logit_rows;
     const int32_t *logit_rows;    /* [n_logit_rows], ascending */
 };

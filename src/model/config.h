@@ -99,6 +99,12 @@ struct model_shard {
     int expert0, n_experts; /* this rank's routed experts [expert0, expert0 + n_experts) */
     long vocab0, vocab_rows; /* this rank's rows of the embedding and lm_head */
     long vocab_stride;       /* the most rows any rank holds: ceil(vocab_size / tp_size) */
+    /* DP attention (model_parallel.dp_size > 1): the attention of the
+     * rank's data parallel group (dp_rank), its heads split over the
+     * attn_tp_size ranks of the group (attn_tp_rank); 0: off, the
+     * attention splits over tp_size like the rest */
+    int dp_size, dp_rank;
+    int attn_tp_size, attn_tp_rank;
 };
 
 struct model_config {

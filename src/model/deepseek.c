@@ -51,21 +51,23 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
     char name[256];
     /* Tensor parallel: H is the rank's heads (rows of q_b / q and kv_b,
      * columns of o_proj); what makes the latent (q_a, kv_a and their
-     * norms) is whole on every rank, as is the latent cache. */
-    long Hw = H * model_tp(c);
+     * norms) is whole on every rank, as is the latent cache. DP attention:
+     * the heads split over the ranks of the rank's group only
+     * (model_attn_tp; whole with one rank a group). */
+    long Hw = H * model_attn_tp(c);
     struct ws_slice q_sl, kv_sl, o_sl;
 #define P(suffix) (snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, suffix), name)
     if (qr > 0) {
         if (ws_proj(ws, P("q_a_proj.weight"), qr, d, NULL, &a->wq_a, err) ||
             ws_vector(ws, P("q_a_layernorm.weight"), qr, 1.0f, &a->q_a_norm, err) ||
-            ws_proj(ws, P("q_b_proj.weight"), Hw * qh, qr, ws_split(&q_sl, c, 0, H * qh), &a->wq_b, err))
+            ws_proj(ws, P("q_b_proj.weight"), Hw * qh, qr, ws_split_attn(&q_sl, c, 0, H * qh), &a->wq_b, err))
             return -1;
-    } else if (ws_proj(ws, P("q_proj.weight"), Hw * qh, d, ws_split(&q_sl, c, 0, H * qh), &a->wq, err)) {
+    } else if (ws_proj(ws, P("q_proj.weight"), Hw * qh, d, ws_split_attn(&q_sl, c, 0, H * qh), &a->wq, err)) {
         return -1;
     }
     if (ws_proj(ws, P("kv_a_proj_with_mqa.weight"), kvr + rope, d, NULL, &a->wkv_a, err) ||
         ws_vector(ws, P("kv_a_layernorm.weight"), kvr, 1.0f, &a->kv_a_norm, err) ||
-        ws_proj(ws, P("kv_b_proj.weight"), Hw * (nope + vd), kvr, ws_split(&kv_sl, c, 0, H * (nope + vd)),
+        ws_proj(ws, P("kv_b_proj.weight"), Hw * (nope + vd), kvr, ws_split_attn(&kv_sl, c, 0, H * (nope + vd)),
                 &a->wkv_b, err))
         return -1;
     /* W_UK_h^T [kvr][nope] per head, in the checkpoint dtype (a transpose
@@ -75,7 +77,7 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
      * views into kv_b_proj (head stride (nope + vd)·kvr elements). */
     const unsigned char *src = a->wkv_b.dtype == DTYPE_F8_E4M3 ? mla_dequant_kv_b(m, &a->wkv_b) : ws_last_host(ws);
     if (!src) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for MLA weights");
-    if (ws_proj(ws, P("o_proj.weight"), d, Hw * vd, ws_split(&o_sl, c, 1, H * vd), &a->wo, err)) return -1;
+    if (ws_proj(ws, P("o_proj.weight"), d, Hw * vd, ws_split_attn(&o_sl, c, 1, H * vd), &a->wo, err)) return -1;
 #undef P
     enum dtype dt = a->wkv_b.dtype;
     size_t es = dtype_size(dt), head_bytes = (size_t)(kvr * nope) * es;
@@ -208,8 +210,12 @@ static void deepseek_forward_layer(const struct fwd *f, int l, const struct laye
     struct activations *a = &m->act;
     struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
     m->be->ops->add_rmsnorm(m->be->ctx, nm.h, nm.delta, nm.x, nm.w, f->n, nm.dim, nm.eps);
-    mla_forward(f, l, &L->mla, a->xn, a->delta);
-    model_reduce_delta(f);
+    if (m->dp) { /* the group's rows only, gathered from every group (dp_attention.c) */
+        dp_attention(f, l, &L->mla, mla_forward);
+    } else {
+        mla_forward(f, l, &L->mla, a->xn, a->delta);
+        model_reduce_delta(f);
+    }
     nm.delta = a->delta;
     nm.w = L->ln_mlp;
     mlp_forward_norm(f, L, &nm, a->delta);

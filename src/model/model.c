@@ -56,12 +56,14 @@ static int reserve_activations(struct model *m, struct kiln_error *err) {
                                names[i]);
     }
     if (c->kv_lora_rank > 0 && mla_ws_reserve(m, err)) return -1;
+    if (dp_reserve(m, err)) return -1;
     return m->be->ops->reserve(m->be->ctx, m->max_batch_tokens, m->max_context, c->n_heads, err);
 }
 
 static void free_activations(struct model *m) {
     struct activations *a = &m->act;
     mla_ws_free(m);
+    dp_free(m);
     void *bufs[] = {a->h, a->xn, a->delta, a->q, a->k, a->v, a->qkv, a->q2, a->att, a->o, a->g,
                     a->shared, a->router, a->gate1, a->moe_ids, a->moe_w, a->xs, a->lm};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -315,7 +317,7 @@ void model_free(struct model *m) {
 
 int model_graphable(const struct model *m, long n) {
     const struct backend_ops *ops = m->be->ops;
-    if (!mla_graphable(m)) return 0;
+    if (!mla_graphable(m) || m->dp) return 0; /* DP attention stages its sub-batch from the host */
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct layer *L = &m->layers[l];
         int k = L->moe.route.top_k + L->moe.route.n_fused; /* the slots moe_forward passes */
@@ -340,6 +342,7 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
     } else {
         ops->embed(ctx, a->h, &m->embed, s->ids, n);
     }
+    if (m->dp) dp_step_begin(m, s);
     for (int l = 0; l < c->n_layers; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
 }
 

@@ -48,6 +48,15 @@ struct model_parallel {
     int tp_size;            /* 0 or 1: not split */
     int tp_rank;            /* 0 .. tp_size - 1 */
     int ep_size;            /* 0 or 1: experts split by columns like the MLP; tp_size: whole */
+    /* DP attention (docs/distributed.md, "DP attention"; MLA models only):
+     * 0 or 1 off; else a divisor of tp_size, the number of data parallel
+     * groups of tp_size / dp_size consecutive ranks. Each group holds its
+     * whole attention (heads split over the group's ranks) and computes it
+     * for its own sequences only (batch.seq_group), against its own KV
+     * rows; the MLPs, the embedding and the lm_head stay split over all
+     * tp_size ranks. dp_rank: this rank's group, tp_rank / (tp_size /
+     * dp_size). */
+    int dp_size, dp_rank;
     struct dist_comm *comm; /* the group's collectives, on the backend's memory */
 };
 

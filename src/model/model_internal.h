@@ -40,6 +40,14 @@ const struct ws_slice *ws_split(struct ws_slice *s, const struct model_config *c
 static inline int model_tp(const struct model_config *c) {
     return c->shard.tp_size > 1 ? c->shard.tp_size : 1;
 }
+/* The ranks one layer's attention heads split over: the tensor parallel
+ * size, or with DP attention the ranks of a data parallel group. */
+static inline int model_attn_tp(const struct model_config *c) {
+    if (c->shard.dp_size > 1) return c->shard.attn_tp_size;
+    return model_tp(c);
+}
+/* ws_split for the attention's weights: over model_attn_tp's ranks. */
+const struct ws_slice *ws_split_attn(struct ws_slice *s, const struct model_config *c, int dim, long local);
 
 /* The host bytes of the last matrix ws_matrix loaded (the checkpoint's, or
  * dummy values made again on the host when the device made them), valid
@@ -179,6 +187,7 @@ struct model {
     const void **uploaded; /* device buffers from weight_upload / alloc to release */
     int n_uploaded, cap_uploaded;
     struct dist_comm *comm; /* model_options.par.comm; NULL on one rank */
+    struct dp_attn *dp;     /* DP attention's step state (dp_attention.c), or NULL */
 };
 
 /* The state one layer's forward needs. */
@@ -339,6 +348,27 @@ void mla_ws_free(struct model *m);
 /* 0 when steps must not be recorded in graphs (the MHA form forced on
  * decode rows: its sizes come from the host). */
 int mla_graphable(const struct model *m);
+
+/* dp_attention.c: DP attention (model_parallel.dp_size > 1, MLA only). */
+enum { DP_MAX_GROUPS = 64 };
+/* Refuses what DP attention cannot run (model_shard_split, dp_size > 1):
+ * a dp_size not dividing tp_size, a model without MLA, a wrong dp_rank. */
+int dp_attention_check(const struct model_config *c, const struct model_parallel *p, const char *file,
+                       struct kiln_error *err);
+/* Floats of device memory dp_reserve takes for batches of T rows (0 off). */
+size_t dp_act_floats(const struct model_config *c, long T);
+int dp_reserve(struct model *m, struct kiln_error *err);
+void dp_free(struct model *m);
+/* Before a step's layers: stages the sub-batch of the rank's group from
+ * the host batch s->host (its seq_group; no graph padding). */
+void dp_step_begin(struct model *m, const struct model_step *s);
+/* Layer l's attention over the rank's group's rows of act.xn (normed
+ * input of every row) by attn (the family's attention + o_proj: out[n][d]
+ * from x[n][d] for the rows of f), then every row's output gathered from
+ * its group into act.delta. */
+typedef void (*dp_attn_fn)(const struct fwd *f, int l, const struct attn_mla *a, const float *x,
+                           float *out);
+void dp_attention(const struct fwd *f, int l, const struct attn_mla *a, dp_attn_fn attn);
 
 /* moe.c: the MoE MLP of qwen_moe.c and deepseek.c */
 int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct mlp_moe *moe,

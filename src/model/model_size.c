@@ -58,6 +58,7 @@ size_t model_activation_bytes(const struct model_config *c, long max_tokens, lon
     size_t counts[ACT_COUNT], total = 0;
     model_act_counts(c, max_tokens, counts);
     for (int i = 0; i < ACT_COUNT; i++) total += counts[i] * 4; /* fp32 and int32 */
+    total += dp_act_floats(c, max_tokens) * 4; /* DP attention's gather */
     /* MLA's MHA-form workspace (deepseek_mha.c), for the 16-bit cache */
     if (c->kv_lora_rank > 0) total += mla_ws_bytes(c, max_context, 2);
     /* the rope table, [max_context][rope_dim] fp32 */

@@ -25,10 +25,12 @@ static int indivisible(const char *file, const char *field, long value, const ch
 }
 
 /* The sizes the split needs to divide, checked on the whole config. */
-static int split_check(const struct model_config *c, int tp, int ep, const char *file,
+static int split_check(const struct model_config *c, int tp, int ep, int attn_tp, const char *file,
                        struct kiln_error *err) {
     int mla = model_family_of(c) == &family_deepseek;
-    if (c->n_heads % tp) return indivisible(file, "num_attention_heads", c->n_heads, "tensor", tp, err);
+    if (c->n_heads % attn_tp)
+        return indivisible(file, "num_attention_heads", c->n_heads, attn_tp < tp ? "attention tensor" : "tensor",
+                           attn_tp, err);
     if (!mla) {
         /* KV heads split evenly, or each replicated on tp / n_kv_heads
          * ranks (a rank's query heads then share one KV head) */
@@ -65,7 +67,7 @@ static int split_check(const struct model_config *c, int tp, int ep, const char 
 int model_shard_split(struct model_config *c, const struct model_parallel *p, const char *file,
                       struct kiln_error *err) {
     int tp = p ? p->tp_size : 0, ep = p ? p->ep_size : 0, rank = p ? p->tp_rank : 0;
-    if (tp <= 1 && ep <= 1 && rank == 0) return 0;
+    if (tp <= 1 && ep <= 1 && rank == 0 && (!p || p->dp_size <= 1)) return 0;
     if (tp < 0) return kiln_errorc(err, KILN_ERR_BAD_INPUT, "tensor parallel size %d is below 1", tp);
     if (tp == 0) tp = 1;
     if (rank < 0 || rank >= tp)
@@ -76,7 +78,9 @@ int model_shard_split(struct model_config *c, const struct model_parallel *p, co
                            "the expert parallel size (%d) must equal the tensor parallel size (%d): "
                            "experts are split over the same ranks",
                            ep, tp);
-    if (split_check(c, tp, ep, file, err)) return -1;
+    int dp = p->dp_size > 1 ? p->dp_size : 1, attn_tp = tp / dp;
+    if (dp > 1 && dp_attention_check(c, p, file, err)) return -1;
+    if (split_check(c, tp, ep, attn_tp, file, err)) return -1;
     if (!p->comm || p->comm->size != tp || p->comm->rank != rank)
         return kiln_errorc(err, KILN_ERR_BAD_INPUT,
                            "tensor parallel rank %d of %d needs a communicator of that rank and size", rank,
@@ -85,7 +89,13 @@ int model_shard_split(struct model_config *c, const struct model_parallel *p, co
     *s = (struct model_shard){.tp_size = tp, .tp_rank = rank, .ep_size = ep > 1 ? ep : 1,
                               .kv_heads = c->n_kv_heads};
     int mla = model_family_of(c) == &family_deepseek;
-    c->n_heads /= tp;
+    if (dp > 1) {
+        s->dp_size = dp;
+        s->dp_rank = rank / attn_tp;
+        s->attn_tp_size = attn_tp;
+        s->attn_tp_rank = rank % attn_tp;
+    }
+    c->n_heads /= attn_tp;
     if (!mla) c->n_kv_heads = tp <= c->n_kv_heads ? c->n_kv_heads / tp : 1;
     c->intermediate_size /= tp;
     c->shared_expert_intermediate_size /= tp;
@@ -121,6 +131,13 @@ long moe_shared_inter(const struct model_config *c) {
 const struct ws_slice *ws_split(struct ws_slice *s, const struct model_config *c, int dim, long local) {
     if (c->shard.tp_size <= 1) return NULL;
     *s = (struct ws_slice){.dim = dim, .start = c->shard.tp_rank * local, .len = local};
+    return s;
+}
+
+const struct ws_slice *ws_split_attn(struct ws_slice *s, const struct model_config *c, int dim, long local) {
+    if (c->shard.dp_size <= 1) return ws_split(s, c, dim, local);
+    if (c->shard.attn_tp_size <= 1) return NULL;
+    *s = (struct ws_slice){.dim = dim, .start = c->shard.attn_tp_rank * local, .len = local};
     return s;
 }
 

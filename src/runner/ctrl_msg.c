@@ -100,10 +100,11 @@ void ctrl_msg_load(struct buf *out, uint32_t seq, const struct ctrl_load *l) {
 
 void ctrl_msg_step(struct buf *out, uint32_t seq, int flags, int scratch_page, const struct batch *b,
                    const unsigned char *want_logits) {
-    KILN_ASSERT((flags & ~7) == 0 && !!want_logits == !!(flags & CTRL_STEP_WANT));
+    KILN_ASSERT((flags & ~15) == 0 && !!want_logits == !!(flags & CTRL_STEP_WANT));
+    flags = (flags & ~CTRL_STEP_GROUPS) | (b->seq_group ? CTRL_STEP_GROUPS : 0);
     int T = b->n_tokens, S = b->n_seqs, P = b->kv_page_start[b->n_seqs], L = b->n_logit_rows;
     size_t at = begin(out, CTRL_MSG_STEP, seq);
-    buf_reserve(out, STEP_FIXED + 4 * ((size_t)3 * T + 3 * (size_t)S + 2 + (size_t)P + (size_t)L) + (size_t)L);
+    buf_reserve(out, STEP_FIXED + 4 * ((size_t)3 * T + 4 * (size_t)S + 2 + (size_t)P + (size_t)L) + (size_t)L);
     uint8_t head[4] = {(uint8_t)b->mode, (uint8_t)flags, 0, 0};
     buf_append(out, head, 4);
     put_u32(out, (uint32_t)b->page_size);
@@ -120,6 +121,7 @@ void ctrl_msg_step(struct buf *out, uint32_t seq, int flags, int scratch_page, c
     put_i32s(out, b->kv_page_start, (size_t)S + 1);
     put_i32s(out, b->kv_pages, (size_t)P);
     put_i32s(out, b->logit_rows, (size_t)L);
+    if (b->seq_group) put_i32s(out, b->seq_group, (size_t)S);
     if (want_logits)
         for (int j = 0; j < L; j++) buf_push(out, (char)(want_logits[j] ? 1 : 0));
     end(out, at);
@@ -230,6 +232,10 @@ static int check_step(const struct ctrl_msg *m, const struct ctrl_limits *lim, s
         if (m->want_logits && m->want_logits[j] > 1) return kiln_errorf(err, "STEP: want_logits %d is not 0 or 1", m->want_logits[j]);
         want += m->want_logits ? m->want_logits[j] : 0;
     }
+    for (int s = 0; b->seq_group && s < S; s++)
+        if (b->seq_group[s] < 0 || b->seq_group[s] >= lim->dp_groups)
+            return kiln_errorf(err, "STEP: sequence %d: DP attention group %d outside 0..%d", s, b->seq_group[s],
+                               lim->dp_groups - 1);
     if ((m->flags & CTRL_STEP_SAMPLE) && L - want > lim->max_seqs)
         return kiln_errorf(err, "STEP: %d rows to sample, more than %d", L - want, lim->max_seqs);
     return 0;
@@ -241,8 +247,10 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
     if (n < STEP_FIXED) return kiln_errorf(err, "STEP: %zu bytes, fewer than %d", n, STEP_FIXED);
     int mode = p[0], flags = p[1];
     if (mode != BATCH_MODE_EXTEND && mode != BATCH_MODE_DECODE) return kiln_errorf(err, "STEP: mode %d", mode);
-    if ((flags & ~7) || p[2] || p[3] || ((flags & (CTRL_STEP_MASKED | CTRL_STEP_WANT)) && !(flags & CTRL_STEP_SAMPLE)))
+    if ((flags & ~15) || p[2] || p[3] || ((flags & (CTRL_STEP_MASKED | CTRL_STEP_WANT)) && !(flags & CTRL_STEP_SAMPLE)))
         return kiln_errorf(err, "STEP: flags 0x%x / reserved bytes", flags);
+    if ((flags & CTRL_STEP_GROUPS) && lim->dp_groups <= 1)
+        return kiln_errorf(err, "STEP: DP attention groups, but the runner has no DP attention");
     int32_t ps = (int32_t)get_u32(p + 4), scratch = (int32_t)get_u32(p + 8);
     uint32_t T = get_u32(p + 12), S = get_u32(p + 16), P = get_u32(p + 20), L = get_u32(p + 24);
     if (ps != lim->page_size) return kiln_errorf(err, "STEP: page size %d, the pool's is %d", ps, lim->page_size);
@@ -251,7 +259,7 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
         L > (uint32_t)lim->max_tokens)
         return kiln_errorf(err, "STEP: %u tokens, %u sequences, %u pages, %u logit rows: beyond %d, %d, %ld, %d", T, S,
                            P, L, lim->max_tokens, lim->max_seqs, lim->max_pages, lim->max_tokens);
-    size_t ints = 3 * (size_t)T + 3 * (size_t)S + 2 + P + L;
+    size_t ints = 3 * (size_t)T + 3 * (size_t)S + 2 + P + L + ((flags & CTRL_STEP_GROUPS) ? S : 0);
     size_t want = (flags & CTRL_STEP_WANT) ? L : 0;
     if (n != STEP_FIXED + 4 * ints + want)
         return kiln_errorf(err, "STEP: %zu bytes, its counts make %zu", n, STEP_FIXED + 4 * ints + want);
@@ -265,7 +273,8 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
     m->want_logits = want ? m->u8 : NULL;
     m->b = (struct batch){.mode = (enum batch_mode)mode, .n_tokens = (int)T, .input_ids = ids, .positions = pos,
                           .out_slot = slot, .n_seqs = (int)S, .q_start = qs, .kv_len = kvl, .kv_page_start = pst,
-                          .kv_pages = pages, .page_size = ps, .n_logit_rows = (int)L, .logit_rows = rows};
+                          .kv_pages = pages, .page_size = ps, .n_logit_rows = (int)L, .logit_rows = rows,
+                          .seq_group = (flags & CTRL_STEP_GROUPS) ? rows + L : NULL};
     if ((long)pst[S] != (long)P) return kiln_errorf(err, "STEP: kv_page_start ends at %d, not %u", pst[S], P);
     return check_step(m, lim, err);
 }
@@ -297,7 +306,7 @@ int ctrl_msg_parse(const uint8_t *data, size_t len, const struct ctrl_limits *li
 
 size_t ctrl_msg_step_max(const struct ctrl_limits *lim) {
     size_t T = (size_t)lim->max_tokens, S = (size_t)lim->max_seqs, P = (size_t)lim->max_pages;
-    return CTRL_MSG_HEADER + STEP_FIXED + 4 * (4 * T + 3 * S + 2 + P) + T;
+    return CTRL_MSG_HEADER + STEP_FIXED + 4 * (4 * T + 4 * S + 2 + P) + T;
 }
 
 void ctrl_msg_free(struct ctrl_msg *m) {

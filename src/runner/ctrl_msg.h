@@ -29,7 +29,7 @@ struct buf;
 struct kiln_error;
 
 #define CTRL_MSG_MAGIC 0x5054534bu
-#define CTRL_MSG_VERSION 1
+#define CTRL_MSG_VERSION 2
 #define CTRL_MSG_HEADER 16
 /* Every message goes out as one broadcast of CTRL_MSG_FRAME bytes (the
  * header and the body's start, zero-padded) and, when longer, a second of
@@ -44,6 +44,8 @@ enum {
     CTRL_STEP_SAMPLE = 1, /* runner_forward_sample (else runner_forward) */
     CTRL_STEP_MASKED = 2, /* with grammar masks filled during the step (SAMPLE only) */
     CTRL_STEP_WANT = 4,   /* want_logits[n_logit_rows] follows (SAMPLE only) */
+    CTRL_STEP_GROUPS = 8, /* seq_group[n_seqs] follows logit_rows (DP attention; the
+                             encoder sets it when the batch has seq_group) */
 };
 
 /* The sizes of rank 0's runner_load: what model_options and
@@ -69,6 +71,7 @@ struct ctrl_limits {
     int max_context;
     int page_size;
     int pool_pages;  /* the KV pool's pages (slots: pool_pages * page_size) */
+    int dp_groups;   /* DP attention groups: seq_group entries below it (0, 1: no seq_group) */
 };
 
 /* A parsed message. A STEP's batch arrays live in the message's storage,
@@ -97,7 +100,8 @@ long ctrl_msg_header(const uint8_t *hdr, enum ctrl_msg_type *type, uint32_t *seq
  * decrease and end at the counts, token ids, positions, slots and pages in
  * range, every position below its sequence's KV length and every KV
  * length within its pages and the context, one token per sequence in a
- * DECODE batch, at most lim->max_seqs rows sampled. Returns 0, or -1 with
+ * DECODE batch, at most lim->max_seqs rows sampled, groups below
+ * lim->dp_groups. Returns 0, or -1 with
  * a message in err. */
 int ctrl_msg_parse(const uint8_t *data, size_t len, const struct ctrl_limits *lim, struct ctrl_msg *m,
                    struct kiln_error *err);

@@ -183,7 +183,8 @@ int runner_follow(struct runner *r, struct kiln_error *err) {
     KILN_ASSERT(r->follower);
     struct ctrl_limits lim = {.max_tokens = r->max_batch_tokens, .max_seqs = r->max_seqs, .max_pages = r->pages_cap,
                               .vocab = r->vocab, .max_context = r->max_context, .page_size = r->page_size,
-                              .pool_pages = r->kv.n_pages};
+                              .pool_pages = r->kv.n_pages,
+                              .dp_groups = model_config(r->m)->shard.dp_size};
     size_t max_len = ctrl_msg_step_max(&lim);
     struct ctrl_msg *m = &r->in;
     for (;;) {

@@ -68,6 +68,11 @@ struct engine {
     int max_batch_tokens, max_seqs;
     long pages_cap;
     int32_t *b_ids, *b_pos, *b_slot, *b_rows, *b_qstart, *b_kvlen, *b_pagestart, *b_pages;
+    /* DP attention: groups (1: off), each one's load in tokens of the
+     * requests it holds, and the step's batch.seq_group */
+    int dp_size;
+    long *dp_load;
+    int32_t *b_group;
     struct req **b_reqs;
     int *b_from, *b_to;
     float *logits;  /* [max_seqs][vocab] */

@@ -35,6 +35,11 @@ struct req {
     int n_pages, cap_pages;
     int n_tree_tokens;
     struct radix_node *lock_node;
+    /* DP attention (engine_options.par->dp_size > 1): the group that holds
+     * the request's KV and computes its attention, chosen at sched_enqueue
+     * and kept (a retracted request finds its cached prefix there); the
+     * tokens it counts in that group's load */
+    int dp_group, dp_tokens;
     int cached_tokens;          /* prompt tokens served from the cache (first admission) */
     int admitted_once;
     int n_retracted;

@@ -166,11 +166,32 @@ static void finish(struct engine *e, struct req *r, enum engine_finish fin,
     e->counters.prompt_tokens_total += r->n_prompt;
     e->counters.cached_tokens_total += r->cached_tokens;
     e->counters.generation_tokens_total += r->n_output;
+    if (e->dp_size > 1) e->dp_load[r->dp_group] -= r->dp_tokens;
     send(e, r, tok, s, o, fin, error, scores, n_scores);
     req_free(r);
 }
 
+/* DP attention: the request goes to the group with the fewest tokens of
+ * requests (the lowest index among equals) for its whole life. Its cache
+ * key gets the group in front ("dp<g>:" + cache_salt), so the radix cache
+ * keeps each group's prefixes apart (their KV is only on that group's
+ * ranks) and only requests of one group share a prefix. */
+static void dp_assign(struct engine *e, struct req *r) {
+    int g = 0;
+    for (int i = 1; i < e->dp_size; i++)
+        if (e->dp_load[i] < e->dp_load[g]) g = i;
+    r->dp_group = g;
+    r->dp_tokens = r->n_tokens;
+    e->dp_load[g] += r->dp_tokens;
+    size_t n = strlen(r->salt) + 16;
+    char *key = xmalloc(n);
+    snprintf(key, n, "dp%d:%s", g, r->salt);
+    free(r->salt);
+    r->salt = key;
+}
+
 void sched_enqueue(struct engine *e, struct req *r) {
+    if (e->dp_size > 1) dp_assign(e, r);
     r->state = REQ_WAITING;
     list_push_back(&e->waiting, &e->waiting_tail, r);
     e->n_waiting++;
@@ -477,6 +498,7 @@ static int run_batch(struct engine *e, const struct plan *p) {
         memcpy(e->b_pages + pg, r->pages, (size_t)r->n_pages * sizeof *r->pages);
         pg += r->n_pages;
         e->b_kvlen[s] = e->b_to[s];
+        e->b_group[s] = r->dp_group;
         for (int q = e->b_from[s]; q < e->b_to[s]; q++, t++) {
             e->b_ids[t] = r->tokens[q];
             e->b_pos[t] = q;
@@ -493,7 +515,8 @@ static int run_batch(struct engine *e, const struct plan *p) {
     struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = t, .input_ids = e->b_ids,
                       .positions = e->b_pos, .out_slot = e->b_slot, .n_seqs = p->n_seqs,
                       .q_start = e->b_qstart, .kv_len = e->b_kvlen, .kv_page_start = e->b_pagestart,
-                      .kv_pages = e->b_pages, .page_size = e->page_size, .n_logit_rows = n_rows,
+                      .kv_pages = e->b_pages, .page_size = e->page_size,
+                      .seq_group = e->dp_size > 1 ? e->b_group : NULL, .n_logit_rows = n_rows,
                       .logit_rows = e->b_rows};
     struct kiln_error err;
     int rc;
@@ -694,6 +717,9 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->b_rows = xmalloc((size_t)T * 4);
     e->b_qstart = xmalloc((size_t)(S + 1) * 4);
     e->b_kvlen = xmalloc((size_t)S * 4);
+    e->b_group = xcalloc((size_t)S, 4);
+    e->dp_size = e->opt.par && e->opt.par->dp_size > 1 ? e->opt.par->dp_size : 1;
+    e->dp_load = xcalloc((size_t)e->dp_size, sizeof *e->dp_load);
     e->b_pagestart = xmalloc((size_t)(S + 1) * 4);
     e->b_pages = xmalloc((size_t)e->pages_cap * 4);
     e->b_reqs = xmalloc((size_t)S * sizeof *e->b_reqs);
@@ -729,4 +755,5 @@ void sched_free(struct engine *e) {
         free(e->b_to), free(e->logits), free(e->scratch), free(e->match_pages);
     free(e->s_want), free(e->s_rows), free(e->s_adj), free(e->s_slot), free(e->s_tokens),
         free(e->s_mask), free(e->lp_buf), free(e->g_slots);
+    free(e->b_group), free(e->dp_load);
 }

@@ -14,7 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* The limits the seeds in tests/fuzz/corpus/fuzz_ctrl_msg/ are made for. */
 static const struct ctrl_limits lim = {.max_tokens = 64, .max_seqs = 8, .max_pages = 64, .vocab = 512,
-                                       .max_context = 256, .page_size = 4, .pool_pages = 32};
+                                       .max_context = 256, .page_size = 4, .pool_pages = 32,
+                                       .dp_groups = 2};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct kiln_error err;
