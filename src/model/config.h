@@ -99,6 +99,9 @@ struct model_shard {
     int expert0, n_experts; /* this rank's routed experts [expert0, expert0 + n_experts) */
     long vocab0, vocab_rows; /* this rank's rows of the embedding and lm_head */
     long vocab_stride;       /* the most rows any rank holds: ceil(vocab_size / tp_size) */
+    /* pipeline parallel (model/pipeline.c): this rank's stage of pp_size
+     * (0: not split) holds layers [layer0, layer1) of n_layers */
+    int pp_size, pp_rank, layer0, layer1;
 };
 
 struct model_config {
