@@ -3,8 +3,8 @@
 # oracle models, alone and with --tp 2 (and --ep 2 on the MoE ones), page
 # sizes 1 and 16, chunked prefill of 3 (its mixed steps are cut into
 # micro-batches), every row within 1e-3 of the reference as in
-# verify_oracle.sh; without --tp the logits are one rank's bit for bit (the
-# same max_abs_err), with it within 1e-4 of one rank's. Layouts that cannot
+# verify_oracle.sh, the same max_abs_err as without --pp (the same bits:
+# one rank's, or --tp's alone) and within 1e-4 of one rank's. Layouts that cannot
 # run are refused with a reason. `kiln serve --pp 2` (and --pp 2 --tp 2)
 # answers concurrent greedy completions as one rank does, stops with
 # status 0, and ends the job, naming the rank, when a stage's process is
@@ -30,16 +30,22 @@ verify() {
         bad "kiln verify $arch $* (status $rc)"; printf '%s\n' "$out"; tail -20 "$D/v.err"; return 1
     fi
 }
-# case ARCH PAGE EXACT ARGS...: within 1e-3 of the reference, and the same
-# max_abs_err as one rank (EXACT 1) or within 1e-4 of it
+# case ARCH PAGE "BASE" ARGS...: within 1e-3 of the reference, the same
+# max_abs_err as with BASE (the options without --pp; "" one rank), and
+# within 1e-4 of one rank's
 case_pp() {
-    local arch=$1 ps=$2 exact=$3; shift 3
+    local arch=$1 ps=$2 base=$3; shift 3
     verify "$arch" --page-size "$ps" || return
-    local one=$last
+    local one=$last want=$last
+    if [ -n "$base" ]; then
+        # shellcheck disable=SC2086
+        verify "$arch" --page-size "$ps" $base || return
+        want=$last
+    fi
     verify "$arch" --page-size "$ps" "$@" || return
     local e1=${one%% *} e2=${last%% *}
-    if [ "$exact" = 1 ] && [ "$one" != "$last" ]; then
-        bad "$arch $* --page-size $ps: $last, one rank $one (expected the same bits)"
+    if [ "$want" != "$last" ]; then
+        bad "$arch $* --page-size $ps: $last, without --pp $want (expected the same bits)"
     elif ! awk -v a="${e1#*=}" -v b="${e2#*=}" 'BEGIN { d = a - b; exit !(d <= 1e-4 && d >= -1e-4) }'; then
         bad "$arch $* --page-size $ps: $last, one rank $one"
     else
@@ -47,14 +53,14 @@ case_pp() {
     fi
 }
 for ps in 1 16; do
-    for arch in llama qwen3; do case_pp "$arch" "$ps" 1 --pp 2; done
-    case_pp qwen3 "$ps" 1 --pp 3
-    case_pp llama "$ps" 0 --pp 2 --tp 2
+    for arch in llama qwen3; do case_pp "$arch" "$ps" "" --pp 2; done
+    case_pp qwen3 "$ps" "" --pp 3
+    case_pp llama "$ps" "--tp 2" --pp 2 --tp 2
 done
-case_pp qwen2 1 0 --pp 3 --tp 2
-case_pp qwen3_moe 16 1 --pp 2
-case_pp deepseek_v2 1 0 --pp 2 --tp 2 --ep 2
-case_pp deepseek_v3 16 1 --pp 2
+case_pp qwen2 1 "--tp 2" --pp 3 --tp 2
+case_pp qwen3_moe 16 "" --pp 2
+case_pp deepseek_v2 1 "--tp 2 --ep 2" --pp 2 --tp 2 --ep 2
+case_pp deepseek_v3 16 "" --pp 2
 
 # refused: more stages than layers; a node's edge through a stage's group
 refused() { # STATUS TEXT ARGS...
