@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/mem.h"
 #include "dist/comm.h"
 #include "runner/runner_internal.h"
@@ -61,6 +62,9 @@ int runner_pp_init(struct runner *r, struct kiln_error *err) {
     p->page_start = xmalloc(S * sizeof *p->page_start);
     p->rows = xmalloc((size_t)r->max_batch_tokens * sizeof *p->rows);
     r->graphs_on = 0; /* a step's host round trips between the stages */
+    log_info("pipeline stage %d of %d (rank %d, tensor parallel rank %d of %d): layers %d to %d of %d%s%s", st.stage,
+             st.stages, st.rank, st.tp_rank, st.tp_size, st.layer0, st.layer1 - 1, model_config(r->m)->n_layers,
+             st.stage == 0 ? ", the embedding" : "", st.stage == st.stages - 1 ? ", the head" : "");
     return 0;
 }
 
