@@ -40,7 +40,7 @@ void model_args_defaults(struct model_args *a) {
     a->page_size = 1;
     a->kv_cache_dtype = "auto";
     a->dummy_routing_name = "model";
-    a->tp = a->ep = a->dp = a->nnodes = 1;
+    a->tp = a->ep = a->dp = a->pp = a->nnodes = 1;
     a->dist_timeout = 300;
 }
 
@@ -85,9 +85,13 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
         CLI_OPT_FLAG("--enable-dp-attention", &a->dp_attention,
                      "MLA models (DeepSeek-V2/V3): attention data parallel over the --dp\n"
                      "groups, the MLPs split over all --tp ranks"),
+        {.name = "--pp", .alias = "--pipeline-parallel-size", .type = CLI_INT, .dst = CLI_DST(int *, &a->pp),
+         .lo = 1, .hi = 4096, .meta = "N",
+         .help = "pipeline stages the layers are split over (default 1), each of --tp\n"
+                 "ranks: --tp x --pp ranks in all (CPU)"},
         CLI_OPT_INT("--nnodes", &a->nnodes, 1, 4096, "M",
-                    "machines the --tp ranks span, --tp / M on each (default 1); run kiln\n"
-                    "with the same options on each, its own --node-rank"),
+                    "machines the --tp x --pp ranks span, as many on each (default 1); run\n"
+                    "kiln with the same options on each, its own --node-rank"),
         CLI_OPT_INT("--node-rank", &a->node_rank, 0, 4095, "R", "this machine's index (default 0: holds rank 0)"),
         CLI_OPT_STR("--dist-init-addr", &a->dist_init_addr, "HOST:PORT",
                     "where rank 0 meets the other ranks: node 0's address (required with\n"
@@ -101,6 +105,30 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) out[n++] = t[i];
     KILN_ASSERT(n <= MODEL_ARGS_MAX_OPTS);
     return n;
+}
+
+/* Pipeline parallel: tp x pp ranks, as many on every node, and no stage's
+ * tensor parallel group cut by a node's edge (each node holds whole stages,
+ * or each stage whole nodes). */
+static int model_args_check_pp(const struct model_args *a, const char *cmd) {
+    long world = (long)a->tp * a->pp;
+    if (world > 4096) {
+        fprintf(stderr, "kiln %s: --tp %d x --pp %d: %ld ranks, more than 4096\n", cmd, a->tp, a->pp, world);
+        return -1;
+    }
+    if (world % a->nnodes) {
+        fprintf(stderr, "kiln %s: --tp %d x --pp %d = %ld ranks is not divisible by --nnodes %d (every node runs "
+                        "as many ranks)\n", cmd, a->tp, a->pp, world, a->nnodes);
+        return -1;
+    }
+    long local = world / a->nnodes;
+    if (local % a->tp && a->tp % local) {
+        fprintf(stderr, "kiln %s: --tp %d --pp %d on --nnodes %d: %ld ranks a node would cut a stage's tensor "
+                        "parallel group at a node's edge; choose sizes where each node holds whole stages or each "
+                        "stage whole nodes\n", cmd, a->tp, a->pp, a->nnodes, local);
+        return -1;
+    }
+    return 0;
 }
 
 /* The ranks' layout, before anything starts. */
@@ -119,6 +147,11 @@ static int model_args_check_ranks(const struct model_args *a, const char *cmd) {
         fprintf(stderr, "kiln %s: --enable-dp-attention needs --dp N (N > 1 attention groups)\n", cmd);
         return -1;
     }
+    if (a->dp > 1 && a->pp > 1) {
+        fprintf(stderr, "kiln %s: --dp %d with --pp %d: DP attention with pipeline stages is not supported\n", cmd,
+                a->dp, a->pp);
+        return -1;
+    }
     if (a->tp % a->dp) {
         fprintf(stderr, "kiln %s: --dp %d does not divide --tp %d (each attention group is --tp / --dp ranks)\n", cmd,
                 a->dp, a->tp);
@@ -133,7 +166,8 @@ static int model_args_check_ranks(const struct model_args *a, const char *cmd) {
                         "every node)\n", cmd, a->nnodes);
         return -1;
     }
-    if (a->tp % a->nnodes) {
+    if (a->pp > 1 && model_args_check_pp(a, cmd)) return -1;
+    if (a->pp <= 1 && a->tp % a->nnodes) {
         fprintf(stderr, "kiln %s: --tp %d is not divisible by --nnodes %d (every node runs as many ranks)\n", cmd,
                 a->tp, a->nnodes);
         return -1;

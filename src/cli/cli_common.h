@@ -31,13 +31,14 @@ struct model_args {
     int ep;                  /* --ep / --expert-parallel-size: 1 or tp */
     int dp;                  /* --dp / --data-parallel-size / --dp-size N (default 1): DP attention groups */
     int dp_attention;        /* --enable-dp-attention (required with --dp > 1) */
+    int pp;                  /* --pp / --pipeline-parallel-size N (default 1): stages of tp ranks each */
     int nnodes, node_rank;   /* --nnodes M (1), --node-rank R (0) */
     const char *dist_init_addr; /* --dist-init-addr HOST:PORT, or NULL */
     double dist_timeout;     /* --dist-timeout S (default 300) */
     char *owned;             /* model_dir when it was built here */
 };
 
-#define MODEL_ARGS_MAX_OPTS 20
+#define MODEL_ARGS_MAX_OPTS 21
 
 void model_args_defaults(struct model_args *a);
 /* Writes the model options into out[MODEL_ARGS_MAX_OPTS] and returns how
@@ -45,7 +46,7 @@ void model_args_defaults(struct model_args *a);
  * own way). */
 size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *out);
 /* After parsing: checks --dummy-routing, --quantization, --kv-cache-dtype and the ranks' layout (--tp,
- * --ep, --nnodes, --node-rank, --dist-init-addr) (exit 2), takes the positional
+ * --ep, --pp, --nnodes, --node-rank, --dist-init-addr) (exit 2), takes the positional
  * model (NULL: none), refuses a model given twice (exit 2), resolves it (exit 1 when it is neither a path nor
  * in the Hugging Face cache) and defaults to cli_default_model(). Returns
  * 0 or the exit code, after printing the reason as "kiln CMD: ...". */

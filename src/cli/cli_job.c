@@ -18,6 +18,23 @@ void cli_job_backend_options(const struct cli_job *j, const struct model_args *a
                                    .deterministic = a->deterministic, .kv_fp8 = a->kv_fp8};
 }
 
+/* Pipeline parallel: rank = stage · tp + tp rank; the stage's ranks make
+ * its tensor parallel group, a communicator over their share of the job's
+ * sockets; the job's communicator carries the stages' sends. */
+static int pp_layout(struct cli_job *j, const struct model_args *a, struct kiln_error *err) {
+    struct dist_job *d = &j->job;
+    int tp = a->tp, stage = d->rank / tp;
+    j->par = (struct model_parallel){.tp_size = tp, .tp_rank = d->rank % tp, .ep_size = a->ep,
+                                     .pp_size = a->pp, .pp_rank = stage, .pp_comm = &d->comm};
+    if (tp <= 1) return 0;
+    int *ranks = xmalloc((size_t)tp * sizeof *ranks);
+    for (int i = 0; i < tp; i++) ranks[i] = stage * tp + i;
+    int rc = dist_comm_tcp_init_sub(&j->stage_comm, &d->group, ranks, tp, a->dist_timeout, err);
+    free(ranks);
+    j->par.comm = &j->stage_comm;
+    return rc;
+}
+
 /* A rank other than 0: runners as rank 0 makes them, until its END. */
 static int follow(struct cli_job *j, struct model_args *a, const char *cmd) {
     struct kiln_error err = {0};
@@ -43,20 +60,21 @@ static int follow(struct cli_job *j, struct model_args *a, const char *cmd) {
 out:
     if (rc) fprintf(stderr, "kiln %s: rank %d: %s\n", cmd, j->job.rank, err.msg);
     backend_destroy(&be);
+    dist_comm_free(&j->stage_comm);
     return dist_job_end(&j->job, rc);
 }
 
 int cli_job_start(struct cli_job *j, struct model_args *a, const char *cmd, const char *pre, int argc,
                   char **argv) {
     memset(j, 0, sizeof *j);
-    if (a->tp <= 1 && a->nnodes <= 1) return -1;
+    if (a->tp <= 1 && a->pp <= 1 && a->nnodes <= 1) return -1;
     /* the other local ranks' command line: the same, after `kiln` */
     char **cargv = xcalloc((size_t)argc + 3, sizeof *cargv);
     int n = 0;
     cargv[n++] = "kiln";
     if (pre) cargv[n++] = (char *)pre;
     for (int i = 0; i < argc; i++) cargv[n++] = argv[i];
-    struct dist_launch l = {.world_size = a->tp, .nnodes = a->nnodes, .node_rank = a->node_rank,
+    struct dist_launch l = {.world_size = a->tp * a->pp, .nnodes = a->nnodes, .node_rank = a->node_rank,
                             .init_addr = a->dist_init_addr, .timeout_s = a->dist_timeout, .argc = n,
                             .argv = cargv};
     struct kiln_error err = {0};
@@ -72,6 +90,10 @@ int cli_job_start(struct cli_job *j, struct model_args *a, const char *cmd, cons
     j->par = (struct model_parallel){.tp_size = d->size, .tp_rank = d->rank, .ep_size = a->ep,
                                      .dp_size = a->dp > 1 ? a->dp : 0,
                                      .dp_rank = a->dp > 1 ? d->rank / (d->size / a->dp) : 0, .comm = &d->comm};
+    if (a->pp > 1 && pp_layout(j, a, &err)) {
+        fprintf(stderr, "kiln %s: rank %d: %s\n", cmd, d->rank, err.msg);
+        return dist_job_end(d, 1);
+    }
     j->device_index = d->local_rank;
     if (a->threads == 0 && d->local_size > 1) { /* the node's cores, shared */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -83,8 +105,10 @@ int cli_job_start(struct cli_job *j, struct model_args *a, const char *cmd, cons
         o += (size_t)snprintf(pids + o, sizeof pids - o, "%srank %d pid %ld", i ? ", " : "", d->rank + i,
                               (long)d->pid[i]);
     if (d->rank == 0) {
-        log_info("job: %d ranks (tp %d, ep %d, dp %d) on %d node%s, %d each; rendezvous at %s; node 0: %s", d->size,
-                 d->size, a->ep, a->dp, d->nnodes, d->nnodes > 1 ? "s" : "", d->local_size, d->init_addr, pids);
+        char pp[32] = "";
+        if (a->pp > 1) snprintf(pp, sizeof pp, "pp %d, ", a->pp);
+        log_info("job: %d ranks (tp %d, %sep %d, dp %d) on %d node%s, %d each; rendezvous at %s; node 0: %s", d->size,
+                 a->tp, pp, a->ep, a->dp, d->nnodes, d->nnodes > 1 ? "s" : "", d->local_size, d->init_addr, pids);
         return -1;
     }
     log_info("rank %d of %d: node %d, local rank %d, device index %d, pid %ld; following rank 0", d->rank, d->size,
@@ -100,5 +124,6 @@ int cli_job_end(struct cli_job *j, int rc) {
         fprintf(stderr, "kiln: %s\n", err.msg);
         rc = 1;
     }
+    dist_comm_free(&j->stage_comm);
     return dist_job_end(&j->job, rc);
 }

@@ -20,6 +20,7 @@ struct cli_job {
     struct dist_job job;
     int started;              /* several ranks */
     struct model_parallel par; /* model_options.par (zeroed: one rank) */
+    struct dist_comm stage_comm; /* pipeline parallel with tp > 1: the stage's tensor parallel group */
     struct dist_comm *ctrl;   /* runner_options.ctrl (NULL: one rank) */
     int device_index;         /* backend_options.device: the local rank */
 };

@@ -55,6 +55,13 @@ struct dist_comm_ops {
     int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, struct kiln_error *err);
     /* returns once every rank called it */
     int (*barrier)(void *ctx, struct kiln_error *err);
+    /* Point to point, between two ranks only (pipeline stages): buf[bytes]
+     * to rank peer, which calls recv with the same size and this rank.
+     * Pairs of ranks must call them in the same order. Optional (NULL:
+     * the communicator has none; the wrappers refuse). TCP: send returns
+     * once the peer is in its recv and every byte went to the socket. */
+    int (*send)(void *ctx, const void *buf, size_t bytes, int peer, struct kiln_error *err);
+    int (*recv)(void *ctx, void *buf, size_t bytes, int peer, struct kiln_error *err);
     /* Optional (NULL: the wrapper answers 1 at once). Blocks until bytes
      * from rank `peer` can be read, or its connection ended, for at most
      * timeout_s seconds (< 0: no limit). 1: ready (the next collective
@@ -75,6 +82,15 @@ struct dist_comm {
  * g must outlive it. timeout_s: how long an operation may wait without a
  * byte moving before it fails (<= 0: 60 s). */
 int dist_comm_tcp_init(struct dist_comm *c, const struct dist_group *g, double timeout_s, struct kiln_error *err);
+/* A TCP communicator over some ranks of g: ranks[0..n) (ascending group
+ * ranks; this rank among them) become its ranks 0..n-1, e.g. the tensor
+ * parallel group of one pipeline stage. It shares g's sockets with any
+ * other communicator over g: every pair of ranks must then run the
+ * operations the two share in the same order on both sides, whichever
+ * communicator each belongs to (lockstep gives that). Errors name the
+ * peers by their rank in g. */
+int dist_comm_tcp_init_sub(struct dist_comm *c, const struct dist_group *g, const int *ranks, int n,
+                           double timeout_s, struct kiln_error *err);
 
 static inline int dist_comm_all_reduce(struct dist_comm *c, float *buf, size_t n, enum dist_reduce op,
                                        struct kiln_error *err) {
@@ -101,6 +117,14 @@ static inline int dist_comm_broadcast(struct dist_comm *c, void *buf, size_t byt
     return c->ops->broadcast(c->ctx, buf, bytes, root, err);
 }
 static inline int dist_comm_barrier(struct dist_comm *c, struct kiln_error *err) { return c->ops->barrier(c->ctx, err); }
+int dist_comm_no_p2p(const struct dist_comm *c, struct kiln_error *err);
+static inline int dist_comm_send(struct dist_comm *c, const void *buf, size_t bytes, int peer,
+                                 struct kiln_error *err) {
+    return c->ops->send ? c->ops->send(c->ctx, buf, bytes, peer, err) : dist_comm_no_p2p(c, err);
+}
+static inline int dist_comm_recv(struct dist_comm *c, void *buf, size_t bytes, int peer, struct kiln_error *err) {
+    return c->ops->recv ? c->ops->recv(c->ctx, buf, bytes, peer, err) : dist_comm_no_p2p(c, err);
+}
 static inline int dist_comm_wait(struct dist_comm *c, int peer, double timeout_s, struct kiln_error *err) {
     return c->ops->wait ? c->ops->wait(c->ctx, peer, timeout_s, err) : 1;
 }

@@ -18,6 +18,12 @@
  * an all-gather of the owners' sums. No rank adds in arrival order, and
  * every rank gets the owner's bits.
  *
+ * Sequence numbers count per pair of ranks (each peer's own), so two ranks
+ * may exchange point-to-point messages (send / recv) between collectives
+ * without the others, and a communicator over some of the ranks
+ * (dist_comm_tcp_init_sub) shares the sockets with the whole group's: each
+ * pair's operations come in one order on both sides.
+ *
  * Large buffers are reduced in segments of at most SEG_FLOATS floats per
  * part, so the scratch memory stays at size x SEG_FLOATS x 4 bytes; gathers,
  * all-to-all and broadcast move straight between the caller's buffers.
@@ -41,9 +47,9 @@
 #define HDR 16
 
 /* OP_WAIT never goes on the wire: it names wait() in errors */
-enum op_code { OP_ALL_REDUCE = 1, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_TO_ALL, OP_ALL_TO_ALLV, OP_BROADCAST, OP_BARRIER, OP_WAIT };
+enum op_code { OP_ALL_REDUCE = 1, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_TO_ALL, OP_ALL_TO_ALLV, OP_BROADCAST, OP_BARRIER, OP_WAIT, OP_P2P };
 static const char *op_name(uint32_t op) {
-    static const char *n[] = {"?", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_allv", "broadcast", "barrier", "wait"};
+    static const char *n[] = {"?", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_allv", "broadcast", "barrier", "wait", "send/recv"};
     return op < sizeof n / sizeof *n ? n[op] : "?";
 }
 
@@ -62,8 +68,12 @@ struct tcp {
     int rank, size;
     const int *fd;
     const char (*addr)[DIST_ADDR_MAX];
+    const int *grank; /* [size] the group's rank of each (a sub-communicator), or NULL */
+    int *own_fd;      /* a sub-communicator's fd[] and addr[], grank[] */
+    char (*own_addr)[DIST_ADDR_MAX];
+    int *own_grank;
     double timeout;
-    uint32_t seq;
+    uint32_t *seq;    /* [size] the next sequence number with each peer */
     int broken;
     char why[KILN_ERROR_MAX];
     struct xfer *x;
@@ -91,8 +101,9 @@ static int fail(struct tcp *t, struct kiln_error *err, uint32_t op, int peer, co
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    snprintf(t->why, sizeof t->why, "%s (rank %d of %d): rank %d (%s) %s", op_name(op), t->rank, t->size, peer,
-             t->addr[peer], what);
+    int me = t->grank ? t->grank[t->rank] : t->rank, them = t->grank ? t->grank[peer] : peer;
+    snprintf(t->why, sizeof t->why, "%s (rank %d%s%d): rank %d (%s) %s", op_name(op), me, t->grank ? ", a group of " : " of ",
+             t->size, them, t->addr[peer], what);
     t->broken = 1;
     return kiln_errorc(err, KILN_ERR_IO, "%s", t->why);
 }
@@ -105,9 +116,8 @@ static void part(struct tcp *t, int peer, const void *s, size_t sn, void *r, siz
 /* Runs the parts set with part() until every byte moved. The deadline is
  * for progress: it moves on whenever a byte does. */
 static int exchange(struct tcp *t, uint32_t op, struct kiln_error *err) {
-    uint32_t seq = t->seq++;
     for (int p = 0; p < t->size; p++)
-        if (t->x[p].on) put_hdr(t->x[p].shdr, op, seq, t->x[p].sn);
+        if (t->x[p].on) put_hdr(t->x[p].shdr, op, t->seq[p], t->x[p].sn);
     double deadline = time_now() + t->timeout;
     for (;;) {
         int n = 0;
@@ -159,9 +169,9 @@ static int exchange(struct tcp *t, uint32_t op, struct kiln_error *err) {
                     if (x->rhd < HDR) continue;
                     uint32_t pop = (uint32_t)get_le(x->rhdr, 4), pseq = (uint32_t)get_le(x->rhdr + 4, 4);
                     uint64_t pn = get_le(x->rhdr + 8, 8);
-                    if (pop != op || pseq != seq)
+                    if (pop != op || pseq != t->seq[p])
                         return fail(t, err, op, p, "is in %s step %u, this rank in %s step %u", op_name(pop), pseq,
-                                    op_name(op), seq);
+                                    op_name(op), t->seq[p]);
                     if (pn != x->rn)
                         return fail(t, err, op, p, "sends %llu bytes, this rank expects %zu", (unsigned long long)pn,
                                     x->rn);
@@ -172,7 +182,8 @@ static int exchange(struct tcp *t, uint32_t op, struct kiln_error *err) {
         }
         if (moved) deadline = time_now() + t->timeout;
     }
-    for (int p = 0; p < t->size; p++) t->x[p].on = 0;
+    for (int p = 0; p < t->size; p++)
+        if (t->x[p].on) t->x[p].on = 0, t->seq[p]++;
     return 0;
 }
 
@@ -298,6 +309,22 @@ static int tcp_barrier(void *ctx, struct kiln_error *err) {
     return exchange(t, OP_BARRIER, err);
 }
 
+static int tcp_send(void *ctx, const void *buf, size_t bytes, int peer, struct kiln_error *err) {
+    struct tcp *t = ctx;
+    if (check(t, err)) return -1;
+    KILN_ASSERT(peer >= 0 && peer < t->size && peer != t->rank);
+    part(t, peer, buf, bytes, NULL, 0);
+    return exchange(t, OP_P2P, err);
+}
+
+static int tcp_recv(void *ctx, void *buf, size_t bytes, int peer, struct kiln_error *err) {
+    struct tcp *t = ctx;
+    if (check(t, err)) return -1;
+    KILN_ASSERT(peer >= 0 && peer < t->size && peer != t->rank);
+    part(t, peer, NULL, 0, buf, bytes);
+    return exchange(t, OP_P2P, err);
+}
+
 static int tcp_wait(void *ctx, int peer, double timeout_s, struct kiln_error *err) {
     struct tcp *t = ctx;
     if (check(t, err)) return -1;
@@ -325,6 +352,10 @@ static void tcp_free(void *ctx) {
     free(t->pfd);
     free(t->pfd_peer);
     free(t->tmp);
+    free(t->seq);
+    free(t->own_fd);
+    free(t->own_addr);
+    free(t->own_grank);
     free(t);
 }
 
@@ -337,26 +368,67 @@ static const struct dist_comm_ops tcp_ops = {
     .all_to_allv = tcp_all_to_allv,
     .broadcast = tcp_broadcast,
     .barrier = tcp_barrier,
+    .send = tcp_send,
+    .recv = tcp_recv,
     .wait = tcp_wait,
     .free = tcp_free,
 };
+
+/* The communicator of ranks 0..size-1 whose sockets are fd[] (t->fd, addr
+ * set by the caller). */
+static int tcp_make(struct dist_comm *c, struct tcp *t, int rank, int size, double timeout_s, struct kiln_error *err) {
+    t->rank = rank, t->size = size;
+    t->timeout = timeout_s > 0 ? timeout_s : 60;
+    t->seq = xcalloc((size_t)size, sizeof *t->seq);
+    t->x = xcalloc((size_t)size, sizeof *t->x);
+    t->pfd = xcalloc((size_t)size, sizeof *t->pfd);
+    t->pfd_peer = xcalloc((size_t)size, sizeof *t->pfd_peer);
+    t->tmp = malloc((size_t)size * SEG_FLOATS * sizeof(float));
+    if (!t->tmp) {
+        tcp_free(t);
+        return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "communicator: no memory for %d x %zu MB of scratch",
+                           size, SEG_FLOATS * sizeof(float) >> 20);
+    }
+    c->ops = &tcp_ops, c->ctx = t, c->rank = rank, c->size = size;
+    return 0;
+}
 
 int dist_comm_tcp_init(struct dist_comm *c, const struct dist_group *g, double timeout_s, struct kiln_error *err) {
     memset(c, 0, sizeof *c);
     if (g->size < 1 || !g->fd) return kiln_errorf(err, "communicator: the group has no ranks (no rendezvous?)");
     struct tcp *t = xcalloc(1, sizeof *t);
-    t->rank = g->rank, t->size = g->size, t->fd = g->fd;
+    t->fd = g->fd;
     t->addr = (const char(*)[DIST_ADDR_MAX])g->addr;
-    t->timeout = timeout_s > 0 ? timeout_s : 60;
-    t->x = xcalloc((size_t)g->size, sizeof *t->x);
-    t->pfd = xcalloc((size_t)g->size, sizeof *t->pfd);
-    t->pfd_peer = xcalloc((size_t)g->size, sizeof *t->pfd_peer);
-    t->tmp = malloc((size_t)g->size * SEG_FLOATS * sizeof(float));
-    if (!t->tmp) {
-        tcp_free(t);
-        return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "communicator: no memory for %d x %zu MB of scratch",
-                           g->size, SEG_FLOATS * sizeof(float) >> 20);
+    return tcp_make(c, t, g->rank, g->size, timeout_s, err);
+}
+
+int dist_comm_tcp_init_sub(struct dist_comm *c, const struct dist_group *g, const int *ranks, int n,
+                           double timeout_s, struct kiln_error *err) {
+    memset(c, 0, sizeof *c);
+    if (g->size < 1 || !g->fd) return kiln_errorf(err, "communicator: the group has no ranks (no rendezvous?)");
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= g->size || (i && ranks[i] <= ranks[i - 1]))
+            return kiln_errorf(err, "communicator: ranks of a subgroup must be ascending ranks of the group of %d",
+                               g->size);
+        if (ranks[i] == g->rank) me = i;
     }
-    c->ops = &tcp_ops, c->ctx = t, c->rank = g->rank, c->size = g->size;
-    return 0;
+    if (me < 0) return kiln_errorf(err, "communicator: rank %d is not in the subgroup", g->rank);
+    struct tcp *t = xcalloc(1, sizeof *t);
+    t->own_fd = xmalloc((size_t)n * sizeof *t->own_fd);
+    t->own_addr = xmalloc((size_t)n * sizeof *t->own_addr);
+    t->own_grank = xmalloc((size_t)n * sizeof *t->own_grank);
+    for (int i = 0; i < n; i++) {
+        t->own_fd[i] = g->fd[ranks[i]];
+        memcpy(t->own_addr[i], g->addr[ranks[i]], DIST_ADDR_MAX);
+        t->own_grank[i] = ranks[i];
+    }
+    t->fd = t->own_fd, t->grank = t->own_grank;
+    t->addr = (const char(*)[DIST_ADDR_MAX])t->own_addr;
+    return tcp_make(c, t, me, n, timeout_s, err);
+}
+
+int dist_comm_no_p2p(const struct dist_comm *c, struct kiln_error *err) {
+    return kiln_errorc(err, KILN_ERR_UNSUPPORTED, "the %s communicator has no point-to-point send and recv",
+                       c->ops->name);
 }

@@ -105,6 +105,9 @@ struct model_shard {
      * attention splits over tp_size like the rest */
     int dp_size, dp_rank;
     int attn_tp_size, attn_tp_rank;
+    /* pipeline parallel (model/pipeline.c): this rank's stage of pp_size
+     * (0: not split) holds layers [layer0, layer1) of n_layers */
+    int pp_size, pp_rank, layer0, layer1;
 };
 
 struct model_config {

@@ -278,7 +278,9 @@ void mla_attend(const struct fwd *f, int l, const struct attn_mla *a, const floa
         absorbed(f, l, a, q, o);
         return;
     }
-    if (l == 0) plan_step(m, f);
+    int l0, l1; /* once a step: at the first layer of the rank's pipeline stage */
+    model_stage_layers(&m->cfg, &l0, &l1);
+    if (l == l0) plan_step(m, f);
     if (w->whole_absorbed) {
         absorbed(f, l, a, q, o);
         return;

@@ -24,9 +24,11 @@ struct backend *model_backend(const struct model *m) { return m->be; }
 
 int model_kv_layout(const struct model *m, struct kv_layer_layout *layout, int max_layers) {
     const struct model_config *c = &m->cfg;
-    KILN_ASSERT(max_layers >= c->n_layers);
-    for (int l = 0; l < c->n_layers; l++) layout[l] = m->fam->kv_layout(c, l);
-    return c->n_layers;
+    int l0, l1; /* a pipeline stage caches its layers only */
+    model_stage_layers(c, &l0, &l1);
+    KILN_ASSERT(max_layers >= l1 - l0);
+    for (int l = l0; l < l1; l++) layout[l - l0] = m->fam->kv_layout(c, l);
+    return l1 - l0;
 }
 
 int model_fuses_shared(const struct model *m) { return m->fuse_shared; }
@@ -115,8 +117,13 @@ static int load_weights(struct model *m, struct weight_source *ws, struct kiln_e
     /* tensor parallel: the rank's rows of the vocabulary (views) */
     struct ws_slice vs = {.dim = 0, .start = c->shard.vocab0, .len = c->shard.vocab_rows};
     const struct ws_slice *vsl = model_tp(c) > 1 ? &vs : NULL;
-    if (ws_matrix(ws, "model.embed_tokens.weight", V, d, vsl, &m->embed, err)) return -1;
-    if (m->embed.dtype == DTYPE_F8_E4M3) {
+    /* a pipeline stage: the embedding on the first, the head on the last */
+    int l0, l1;
+    model_stage_layers(c, &l0, &l1);
+    int first = l0 == 0, last = l1 == c->n_layers;
+    if ((first || c->tie_word_embeddings) && ws_matrix(ws, "model.embed_tokens.weight", V, d, vsl, &m->embed, err))
+        return -1;
+    if (m->embed.data && m->embed.dtype == DTYPE_F8_E4M3) {
         const struct st_tensor *t = st_find(&m->st, "model.embed_tokens.weight");
         return kiln_errorf(err, "%s: tensor 'model.embed_tokens.weight' is FP8: the embedding table "
                                 "must be BF16, F16 or F32",
@@ -124,12 +131,12 @@ static int load_weights(struct model *m, struct weight_source *ws, struct kiln_e
     }
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
-    } else if (ws_matrix(ws, "lm_head.weight", V, d, vsl, &m->lm_head, err)) {
+    } else if (last && ws_matrix(ws, "lm_head.weight", V, d, vsl, &m->lm_head, err)) {
         return -1;
     }
-    if (ws_vector(ws, "model.norm.weight", d, 1.0f, &m->final_norm, err)) return -1;
+    if (last && ws_vector(ws, "model.norm.weight", d, 1.0f, &m->final_norm, err)) return -1;
     m->layers = model_own(m, xcalloc((size_t)c->n_layers, sizeof *m->layers));
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = l0; l < l1; l++) {
         struct layer *L = &m->layers[l];
         char name[256];
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
@@ -212,7 +219,8 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
  * config in messages) and the communicator of its ranks. */
 static int split_setup(struct model *m, const struct model_options *opt, const char *file,
                        struct kiln_error *err) {
-    if (model_shard_split(&m->cfg, opt ? &opt->par : NULL, file, err)) return -1;
+    if (model_shard_split(&m->cfg, opt ? &opt->par : NULL, file, err) || model_pp_setup(m, opt, file, err))
+        return -1;
     if (model_tp(&m->cfg) <= 1) return 0;
     if (!m->be->ops->embed_shard)
         return kiln_errorc(err, KILN_ERR_UNSUPPORTED,
@@ -334,16 +342,20 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
     void *ctx = m->be->ctx;
     struct activations *a = &m->act;
     long n = s->bb->n_tokens;
-    struct fwd f = {.m = m, .kv = kv, .bb = s->bb, .n = n, .pos = s->bb->positions, .slot = s->slot,
-                    .host = s->host};
-    if (model_tp(c) > 1) { /* vocab parallel: each token's row from the rank that holds it */
+    struct kv_pool stage_kv;
+    int l0, l1;
+    model_stage_layers(c, &l0, &l1);
+    struct fwd f = {.m = m, .kv = model_pp_kv(m, kv, &stage_kv), .bb = s->bb, .n = n, .pos = s->bb->positions,
+                    .slot = s->slot, .host = s->host};
+    /* a later pipeline stage starts from the h and delta the stage before sent */
+    if (l0 == 0 && model_tp(c) > 1) { /* vocab parallel: each token's row from the rank that holds it */
         ops->embed_shard(ctx, a->h, &m->embed, s->ids, c->shard.vocab0, n);
         model_tp_sum(m, a->h, (size_t)n * (size_t)c->hidden_size);
-    } else {
+    } else if (l0 == 0) {
         ops->embed(ctx, a->h, &m->embed, s->ids, n);
     }
     if (m->dp) dp_step_begin(m, s);
-    for (int l = 0; l < c->n_layers; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
+    for (int l = l0; l < l1; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
 }
 
 void model_reduce_delta(const struct fwd *f) {

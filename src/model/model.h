@@ -58,6 +58,15 @@ struct model_parallel {
      * dp_size). */
     int dp_size, dp_rank;
     struct dist_comm *comm; /* the group's collectives, on the backend's memory */
+    /* Pipeline parallel (model/pipeline.c): the layers split into pp_size
+     * stages, this rank in stage pp_rank, each stage a tensor parallel
+     * group of its own (comm above: the stage's tp_size ranks). pp_comm
+     * holds every rank of the job, rank pp_rank · tp_size + tp_rank: the
+     * residual stream goes over it to the next stage's rank of the same
+     * tp_rank (model_pp_send_hidden / model_pp_recv_hidden). 0 or 1: one
+     * stage. */
+    int pp_size, pp_rank;
+    struct dist_comm *pp_comm;
 };
 
 /* How MoE layers choose experts: as the router computes (the model), or,
@@ -204,6 +213,30 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
 /* 1 when model_forward_layers of up to n rows runs without the host (MoE
  * layers whose routing the backend keeps on the device). */
 int model_graphable(const struct model *m, long n);
+
+/* ---- Pipeline parallel (model_parallel.pp_size > 1; model/pipeline.c) ----
+ *
+ * model_forward_layers runs the rank's stage: stage 0 starts from the
+ * embedding, a later stage from the residual stream the stage before sent
+ * (model_pp_recv_hidden before the call); the stage's layers only. The
+ * runner moves the stream on (model_pp_send_hidden after the call) and
+ * only the last stage runs the head. The KV pool of a stage holds its
+ * layers (model_kv_layout). Failed transfers end the process as the
+ * collectives do. */
+struct model_stage {
+    int stage, stages;  /* 0, 1 when not split */
+    int layer0, layer1; /* this stage's layers [layer0, layer1) */
+    int rank;           /* this rank in pp_comm (0 when not split) */
+    int tp_size, tp_rank;
+};
+void model_stage_of(const struct model *m, struct model_stage *s);
+/* Rows 0..n-1 of the residual stream (h and the last sublayer's pending
+ * output) to the next stage's rank / from the previous stage's. */
+void model_pp_send_hidden(struct model *m, long n);
+void model_pp_recv_hidden(struct model *m, long n);
+/* buf[count] f32 (device) to / from rank peer of pp_comm. */
+void model_pp_send(struct model *m, const float *buf, size_t count, int peer);
+void model_pp_recv(struct model *m, float *buf, size_t count, int peer);
 
 /* The head, after model_forward_layers. model_final_norm applies the final
  * norm to n rows of the residual stream: rows (device [n]) picks them,

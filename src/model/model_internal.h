@@ -188,6 +188,11 @@ struct model {
     int n_uploaded, cap_uploaded;
     struct dist_comm *comm; /* model_options.par.comm; NULL on one rank */
     struct dp_attn *dp;     /* DP attention's step state (dp_attention.c), or NULL */
+    /* pipeline parallel (pipeline.c): model_options.par.pp_comm, and the
+     * [n_layers] K / V cache arrays the layers index, whose stage's
+     * entries point into the stage's pool (NULL elsewhere) */
+    struct dist_comm *pp_comm;
+    void **pp_k, **pp_v;
 };
 
 /* The state one layer's forward needs. */
@@ -235,6 +240,20 @@ const struct model_family *model_family_of(const struct model_config *c);
 /* config.c: the refusals every family shares (activation, partial rotary,
  * sliding windows). */
 int family_check_common(const struct model_config *c, const char *file, struct kiln_error *err);
+
+/* pipeline.c. The stage's layers [*l0, *l1) (every layer when not split). */
+static inline void model_stage_layers(const struct model_config *c, int *l0, int *l1) {
+    int split = c->shard.pp_size > 1;
+    *l0 = split ? c->shard.layer0 : 0;
+    *l1 = split ? c->shard.layer1 : c->n_layers;
+}
+/* Checks the pipeline layout of opt->par for m's config (file named in
+ * messages), gives the config its stage's layers (config.h struct
+ * model_shard) and m its pipeline state. Nothing when not split. */
+int model_pp_setup(struct model *m, const struct model_options *opt, const char *file, struct kiln_error *err);
+/* The pool the layers of a stage index by their model-wide number: kv,
+ * or (pipeline parallel) *tmp made of it over m->pp_k / pp_v. */
+struct kv_pool *model_pp_kv(struct model *m, struct kv_pool *kv, struct kv_pool *tmp);
 
 /* The residual add + norm in front of layer l's attention (w = its norm). */
 struct backend_norm layer_norm_in(const struct fwd *f, int l, const float *w);

@@ -72,14 +72,20 @@ static size_t weight_es(const struct model_config *c) {
 
 /* A split config (config.h struct model_shard) counts its rank's share:
  * its heads and intermediate columns are the config's own, its rows of
- * the vocabulary and its experts the shard's; o_proj's bias is rank 0's. */
+ * the vocabulary and its experts the shard's; o_proj's bias is rank 0's;
+ * a pipeline stage's layers, the embedding on the first stage (and the
+ * last where tied), lm_head and the final norm on the last. */
 size_t model_config_weight_bytes(const struct model_config *c) {
     int tp = model_tp(c), ep = c->shard.ep_size > 1;
     size_t es = weight_es(c), d = (size_t)c->hidden_size,
            V = tp > 1 ? (size_t)c->shard.vocab_rows : (size_t)c->vocab_size;
-    size_t total = V * d * es * (c->tie_word_embeddings ? 1 : 2) + d * 4;
+    int l0, l1;
+    model_stage_layers(c, &l0, &l1);
+    int first = l0 == 0, last = l1 == c->n_layers;
+    size_t tables = c->tie_word_embeddings ? (size_t)(first || last) : (size_t)first + (size_t)last;
+    size_t total = V * d * es * tables + (last ? d * 4 : 0);
     int mla = model_family_of(c) == &family_deepseek;
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = l0; l < l1; l++) {
         total += 2 * d * 4;
         if (mla) {
             size_t H = (size_t)c->n_heads, nope = (size_t)c->qk_nope_head_dim,
@@ -113,7 +119,9 @@ size_t model_config_weight_bytes(const struct model_config *c) {
 size_t model_config_derived_bytes(const struct model_config *c) {
     if (model_family_of(c) != &family_deepseek) return 0;
     /* MLA: W_UK^T of every head, a transposed copy of kv_b_proj's k rows */
-    return (size_t)c->n_layers * (size_t)c->n_heads * (size_t)c->kv_lora_rank *
+    int l0, l1;
+    model_stage_layers(c, &l0, &l1);
+    return (size_t)(l1 - l0) * (size_t)c->n_heads * (size_t)c->kv_lora_rank *
            (size_t)c->qk_nope_head_dim * weight_es(c);
 }
 

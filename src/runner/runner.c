@@ -182,7 +182,7 @@ static int init(struct runner *r, struct model *m, const struct runner_options *
         r->f_rows = xcalloc((size_t)r->max_batch_tokens, sizeof *r->f_rows);
         r->f_tokens = xcalloc((size_t)r->max_batch_tokens, sizeof *r->f_tokens);
     }
-    return reserve_buffers(r, err);
+    return reserve_buffers(r, err) || runner_pp_init(r, err) ? -1 : 0;
 }
 
 static int create_pool(struct runner *r, const struct runner_options *o, size_t free_before,
@@ -269,6 +269,7 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
     if ((mo.par.tp_size > 1 || ctrl) && !be->ops->comm_init && strcmp(be->ops->name, "cpu"))
         return kiln_errorf(err, "--tp > 1 with --device %s: the backend has no communicator of its own",
                            be->ops->name);
+    if (runner_pp_check(be, &mo, err)) return -1;
     if (ctrl && ctrl->rank == 0 && runner_lead_load(ctrl, &mo, ro, err)) return -1;
     struct dist_comm *dev_comm = NULL;
     if (ctrl && be->ops->comm_init) {
@@ -340,6 +341,7 @@ void runner_free(struct runner *r) {
     free(r->rx);
     free(r->f_rows);
     free(r->f_tokens);
+    runner_pp_free(r);
     if (r->m) {
         model_weights_ready(r->m); /* no copy may still be writing what is released */
         free_buffers(r);

@@ -72,6 +72,8 @@ struct runner {
     size_t rx_cap;
     struct backend_sample_row *f_rows; /* follower: [max_batch_tokens] greedy rows */
     int32_t *f_tokens;               /* follower: [max_batch_tokens] sampled ids, unused */
+
+    struct runner_pp *pp;            /* pipeline parallel (runner_pp.c), NULL: one stage */
 };
 
 /* runner_step.c */
@@ -81,6 +83,18 @@ int runner_bucket_for(const struct runner *r, long n);
 void runner_drop_graphs(struct runner *r);
 int runner_forward_impl(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
                         int32_t *tokens, float *logits, struct kiln_error *err);
+/* Stages b (no padding, no device sampling; logit rows in order) and fills
+ * *bb and *s for model_forward_layers over it. */
+void runner_stage_plain(struct runner *r, const struct batch *b, struct backend_batch *bb, struct model_step *s);
+
+/* runner_pp.c: pipeline parallel. runner_pp_check refuses what it does not
+ * run (before the model loads); runner_pp_init makes r->pp for a model
+ * split into stages (nothing otherwise); runner_pp_step is such a runner's
+ * whole step, after rank 0 broadcast it. */
+int runner_pp_check(const struct backend *be, const struct model_options *mo, struct kiln_error *err);
+int runner_pp_init(struct runner *r, struct kiln_error *err);
+void runner_pp_free(struct runner *r);
+int runner_pp_step(struct runner *r, const struct batch *b, float *logits, struct kiln_error *err);
 
 /* runner_follow.c: the lead's side of the lockstep */
 int runner_lead_load(struct dist_comm *ctrl, const struct model_options *mo, const struct runner_options *ro,

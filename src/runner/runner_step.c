@@ -116,6 +116,15 @@ static void stage_batch(struct runner *r, const struct batch *b, int pad,
     r->stage_busy = r->stage_pinned;
 }
 
+void runner_stage_plain(struct runner *r, const struct batch *b, struct backend_batch *bb, struct model_step *s) {
+    for (int j = 0; j < b->n_logit_rows; j++) r->perm[j] = j;
+    stage_batch(r, b, 0, NULL, b->n_logit_rows, 0);
+    *bb = (struct backend_batch){.n_tokens = b->n_tokens, .n_seqs = b->n_seqs, .page_size = b->page_size,
+                                 .positions = r->pos, .q_start = r->q_start, .kv_page_start = r->page_start,
+                                 .kv_pages = r->pages};
+    *s = (struct model_step){.bb = bb, .ids = r->ids, .slot = r->slot, .host = b};
+}
+
 /* Final norm, lm_head and sampling of all np rows of the residual stream
  * (a decode batch, padding included): what graphs [1] record after the
  * layers. */
@@ -171,6 +180,11 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
             KILN_ASSERT(sr->n_adj >= 0 && sr->adj_start >= 0 && sr->adj_start + sr->n_adj <= smp->n_adj);
             KILN_ASSERT(!smp->mask_slot || smp->mask_slot[j] < smp->n_mask_slots);
         }
+    }
+    if (r->pp) { /* pipeline stages: a step of their own, heard of first */
+        if (smp) return kiln_errorf(err, "pipeline parallel: the logits are sampled on the host only");
+        if (r->lead && runner_lead_step(r, b, NULL, err)) return -1;
+        return runner_pp_step(r, b, logits, err);
     }
     int n_sample = n_lr - n_want;
     /* rows that want logits first (their logits download as one block) */

@@ -1,7 +1,9 @@
 /* test_dist_comm.c — the TCP communicator: every collective on 1..4 ranks
  * (threads on 127.0.0.1) against a direct computation, all-reduce bitwise
- * equal on every rank and summed in rank order, a 64 MB all-reduce, and a
- * peer that dies, stalls or calls another collective. */
+ * equal on every rank and summed in rank order, a 64 MB all-reduce, a
+ * peer that dies, stalls or calls another collective, and the pipeline
+ * layout: point-to-point sends between some ranks and subgroup
+ * communicators sharing the sockets with the whole group's. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -217,11 +219,65 @@ static void test_mismatch(void **s) {
     if (world_run(&w, 2, body_mismatch, &first)) fail_msg("%s", first);
 }
 
+/* Four ranks as two stages of two: each stage a subgroup communicator;
+ * sends from stage 0 to stage 1 rank by rank (one of 8 MB), one back to
+ * rank 0 alone, the whole group's collectives in between: sequence
+ * numbers per pair keep every stream in step. */
+#define P2P_BIG ((size_t)2 << 20)
+static void body_p2p(struct rank *k) {
+    struct dist_comm *c = &k->c, sub;
+    struct kiln_error *e = &k->err;
+    int me = c->rank, stage = me / 2, ranks[2] = {stage * 2, stage * 2 + 1};
+    if (dist_comm_tcp_init_sub(&sub, &k->g, ranks, 2, 10, e)) {
+        rank_fail(k, "sub init: %s", e->msg);
+        return;
+    }
+    CHECK(k, sub.rank == me % 2 && sub.size == 2, "sub rank %d size %d", sub.rank, sub.size);
+    float b[3], want[3];
+    for (int i = 0; i < 3; i++) b[i] = val(me, (size_t)i), want[i] = val(ranks[0], (size_t)i) + val(ranks[1], (size_t)i);
+    CHECK(k, !dist_comm_all_reduce(&sub, b, 3, DIST_SUM, e), "sub all_reduce: %s", e->msg);
+    CHECK(k, memcmp(b, want, sizeof b) == 0, "sub all_reduce differs");
+    uint32_t step = me == 0 ? 7 : 0;
+    CHECK(k, !dist_comm_broadcast(c, &step, sizeof step, 0, e), "broadcast: %s", e->msg);
+    CHECK(k, step == 7, "broadcast gave %u", step);
+    float *big = xmalloc(P2P_BIG * sizeof *big);
+    if (stage == 0) {
+        for (size_t i = 0; i < P2P_BIG; i++) big[i] = val(me, i);
+        CHECK(k, !dist_comm_send(c, big, 5 * sizeof *big, me + 2, e), "send: %s", e->msg);
+        CHECK(k, !dist_comm_send(c, big, P2P_BIG * sizeof *big, me + 2, e), "send big: %s", e->msg);
+    } else {
+        CHECK(k, !dist_comm_recv(c, big, 5 * sizeof *big, me - 2, e), "recv: %s", e->msg);
+        CHECK(k, !dist_comm_recv(c, big, P2P_BIG * sizeof *big, me - 2, e), "recv big: %s", e->msg);
+        for (size_t i = 0; i < P2P_BIG && !k->failed; i++) CHECK(k, big[i] == val(me - 2, i), "recv: element %zu", i);
+    }
+    float back = 0;
+    if (me == 2) CHECK(k, !dist_comm_send(c, big, sizeof *big, 0, e), "send back: %s", e->msg);
+    if (me == 0) CHECK(k, !dist_comm_recv(c, &back, sizeof back, 2, e), "recv back: %s", e->msg);
+    CHECK(k, me != 0 || back == val(0, 0), "rank 0 got %g back", back);
+    CHECK(k, !dist_comm_all_reduce(&sub, b, 3, DIST_SUM, e), "sub all_reduce 2: %s", e->msg);
+    float one = 1;
+    CHECK(k, !dist_comm_all_reduce(c, &one, 1, DIST_SUM, e), "all_reduce: %s", e->msg);
+    CHECK(k, one == 4, "all_reduce gave %g", one);
+    /* both ends sending: each hears it */
+    if (me < 2) {
+        int rc = dist_comm_send(&sub, b, sizeof b, 1 - sub.rank, e);
+        CHECK(k, rc == -1 && strstr(e->msg, "this rank expects 0"), "send against send: '%s'", e->msg);
+    }
+    free(big);
+    dist_comm_free(&sub);
+}
+static void test_p2p_subgroups(void **s) {
+    (void)s;
+    struct world w = {0};
+    const char *first;
+    if (world_run(&w, 4, body_p2p, &first)) fail_msg("%s", first);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size1),     cmocka_unit_test(test_size2),       cmocka_unit_test(test_size3),
         cmocka_unit_test(test_size4),     cmocka_unit_test(test_big),         cmocka_unit_test(test_rank_dies),
-        cmocka_unit_test(test_rank_stalls), cmocka_unit_test(test_mismatch),
+        cmocka_unit_test(test_rank_stalls), cmocka_unit_test(test_mismatch), cmocka_unit_test(test_p2p_subgroups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,6 +117,20 @@ static int n_barrier(void *ctx, struct kiln_error *err) {
     return 0;
 }
 
+/* Enqueued on the stream like the collectives; the peer's matching call
+ * completes the pair. */
+static int n_send(void *ctx, const void *buf, size_t bytes, int peer, struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    NCCL_TRY("send", ncclSend(buf, bytes, ncclUint8, peer, c->comm, c->stream));
+    return 0;
+}
+
+static int n_recv(void *ctx, void *buf, size_t bytes, int peer, struct kiln_error *err) {
+    struct nccl_ctx *c = ctx;
+    NCCL_TRY("recv", ncclRecv(buf, bytes, ncclUint8, peer, c->comm, c->stream));
+    return 0;
+}
+
 static void n_free(void *ctx) {
     struct nccl_ctx *c = ctx;
     if (!c) return;
@@ -138,6 +152,8 @@ static const struct dist_comm_ops nccl_ops = {
     .all_to_allv = n_all_to_allv,
     .broadcast = n_broadcast,
     .barrier = n_barrier,
+    .send = n_send,
+    .recv = n_recv,
     .free = n_free,
 };
 
