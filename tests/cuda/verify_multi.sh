@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# kiln verify --device cuda over two GPUs of one machine (label gpu_multi:
+# `ctest -L gpu_multi` where there are two or more), NCCL carrying the
+# model's collectives, in KILN_CUDA_MATMUL=bf16x2 mode (fp32-grade
+# products) within KILN_CUDA_TOL_X2 (default 1e-3, the CPU's tolerance),
+# page sizes 1 and 16, chunk 3:
+#  - --tp 2 on every oracle model, the MoE ones also --tp 2 --ep 2;
+#  - --tp 2 --dp 2 --enable-dp-attention (and with --ep 2) on the MLA ones.
+# Fails, saying so, with fewer than two GPUs. NVLink multicast stays off
+# (NCCL_NVLS_ENABLE=0) unless the environment says otherwise.
+set -u
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export KILN_CUDA_MATMUL=bf16x2
+tol=${KILN_CUDA_TOL_X2:-1e-3}
+fail=0; runs=0
+n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${n_gpu:-0}" -lt 2 ]; then
+  echo "FAIL: this test needs two or more GPUs (found ${n_gpu:-0}): run it with ctest -L gpu_multi on such a machine"
+  exit 1
+fi
+check() {
+  local out rc last
+  out=$(timeout 300 "$KILN" verify --device cuda --tolerance "$tol" "$@" 2>&1)
+  rc=$?
+  runs=$((runs + 1))
+  last=$(printf '%s\n' "$out" | tail -1)
+  if [ $rc -ne 0 ] || ! printf '%s' "$last" | grep -Eq '^max_abs_err=[0-9.e+-]+ rows=[1-9][0-9]*$'; then
+    echo "FAIL: kiln verify --device cuda $*"; printf '%s\n' "$out" | tail -20; fail=$((fail + 1))
+  else
+    echo "ok: $* -> $last"
+  fi
+}
+for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
+  dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
+  for ps in 1 16; do
+    check --model "$dir" --reference "$dir/reference.safetensors" --tp 2 --page-size $ps --chunk 3
+    case $arch in
+    *moe* | deepseek*) check --model "$dir" --reference "$dir/reference.safetensors" --tp 2 --ep 2 --page-size $ps --chunk 3 ;;
+    esac
+    case $arch in
+    deepseek*)
+      check --model "$dir" --reference "$dir/reference.safetensors" --tp 2 --dp 2 --enable-dp-attention --page-size $ps --chunk 3
+      check --model "$dir" --reference "$dir/reference.safetensors" --tp 2 --ep 2 --dp 2 --enable-dp-attention --page-size $ps --chunk 3
+      ;;
+    esac
+  done
+done
+echo "$((runs - fail)) passed, $fail failed"
+[ $fail -eq 0 ]
