@@ -23,17 +23,22 @@ struct arch_desc {
     int qk_norm;       /* qwen3: RMSNorm on each q and k head */
     int default_head_dim; /* 0 = hidden / heads */
     int slide_switch;  /* sliding_window applies only with use_sliding_window (qwen) */
+    int window_ok;     /* the family runs this type's sliding windows (attn_params.window) */
+    int default_window; /* sliding_window when the field is absent (null: none) */
 };
 
 static const struct arch_desc arch_table[ARCH_COUNT] = {
-    {"llama", ARCH_LLAMA, &family_llama, 2048, 0, 0, 0},
-    {"qwen2", ARCH_QWEN2, &family_llama, 32768, 0, 0, 1},
+    {"llama", ARCH_LLAMA, &family_llama, 2048, 0, 0, 0, 0, 0},
+    {"qwen2", ARCH_QWEN2, &family_llama, 32768, 0, 0, 1, 0, 0},
     /* Qwen3Config declares head_dim = 128 rather than deriving it. */
-    {"qwen3", ARCH_QWEN3, &family_llama, 32768, 1, 128, 1},
-    {"qwen2_moe", ARCH_QWEN2_MOE, &family_qwen_moe, 32768, 0, 0, 1},
-    {"qwen3_moe", ARCH_QWEN3_MOE, &family_qwen_moe, 32768, 1, 0, 1},
-    {"deepseek_v2", ARCH_DEEPSEEK_V2, &family_deepseek, 2048, 0, 0, 0},
-    {"deepseek_v3", ARCH_DEEPSEEK_V3, &family_deepseek, 4096, 0, 0, 0},
+    {"qwen3", ARCH_QWEN3, &family_llama, 32768, 1, 128, 1, 0, 0},
+    {"qwen2_moe", ARCH_QWEN2_MOE, &family_qwen_moe, 32768, 0, 0, 1, 0, 0},
+    {"qwen3_moe", ARCH_QWEN3_MOE, &family_qwen_moe, 32768, 1, 0, 1, 0, 0},
+    {"deepseek_v2", ARCH_DEEPSEEK_V2, &family_deepseek, 2048, 0, 0, 0, 0, 0},
+    {"deepseek_v3", ARCH_DEEPSEEK_V3, &family_deepseek, 4096, 0, 0, 0, 0, 0},
+    /* MistralConfig: 4096 * 32 positions, a window of 4096 unless the file
+     * says (null: none) */
+    {"mistral", ARCH_MISTRAL, &family_llama, 131072, 0, 0, 0, 1, 4096},
 };
 
 const struct model_family *model_family_of(const struct model_config *c) {
@@ -537,7 +542,8 @@ static int parse_variants(struct model_config *c, const struct jr *r, const stru
         rd_pos_double(r, "partial_rotary_factor", 0, 1.0, &c->partial_rotary_factor))
         return -1;
     int window = 0, use = !a->slide_switch, max_window_layers = 0, sliding_layers = 0;
-    if (rd_int(r, "sliding_window", 0, 0, 0, &window) ||
+    int window_def = json_object_get(r->obj, "sliding_window") ? 0 : a->default_window;
+    if (rd_int(r, "sliding_window", 0, window_def, 0, &window) ||
         (a->slide_switch && (rd_bool(r, "use_sliding_window", 0, &use) ||
                              rd_int(r, "max_window_layers", 0, 28, 0, &max_window_layers))))
         return -1;
@@ -548,20 +554,37 @@ static int parse_variants(struct model_config *c, const struct jr *r, const stru
             const json_t *e = json_array_get(lt, i);
             if (!json_is_string(e))
                 return kiln_errorf(r->err, "%s: field 'layer_types[%zu]' must be a string", r->file, i);
-            if (!strcmp(json_string_value(e), "sliding_attention")) sliding_layers++;
-            else if (strcmp(json_string_value(e), "full_attention"))
+            if (!strcmp(json_string_value(e), "sliding_attention")) {
+                sliding_layers++;
+                if (i < MODEL_MAX_WINDOW_LAYERS) c->layer_slides[i] = 1;
+            } else if (strcmp(json_string_value(e), "full_attention"))
                 return kiln_errorf(r->err, "%s: field 'layer_types[%zu]' is '%.32s': only "
                                            "full_attention is supported",
                                    r->file, i, json_string_value(e));
         }
     } else {
         sliding_layers = c->n_layers - max_window_layers;
+        for (int i = max_window_layers; i < c->n_layers && i < MODEL_MAX_WINDOW_LAYERS; i++)
+            c->layer_slides[i] = 1;
     }
-    if (use && window > 0 && window < c->max_position_embeddings && sliding_layers > 0)
+    if (use && window > 0 && window < c->max_position_embeddings && sliding_layers > 0) {
+        if (c->n_layers > MODEL_MAX_WINDOW_LAYERS)
+            return kiln_errorf(r->err, "%s: a sliding window over %d layers: at most %d supported",
+                               r->file, c->n_layers, MODEL_MAX_WINDOW_LAYERS);
         c->sliding_window = window;
+    } else {
+        memset(c->layer_slides, 0, sizeof c->layer_slides);
+    }
     return 0;
 }
 
+int model_config_layer_window(const struct model_config *c, int layer) {
+    if (layer < 0 || layer >= c->n_layers || layer >= MODEL_MAX_WINDOW_LAYERS) return 0;
+    return c->layer_slides[layer] ? c->sliding_window : 0;
+}
+
+/* The sliding window is refused for the model types whose family does not
+ * run it (window_ok). */
 int family_check_common(const struct model_config *c, const char *file, struct kiln_error *err) {
     if (strcmp(c->hidden_act, "silu"))
         return kiln_errorf(err, "%s: %s '%.32s' is not supported (only silu)", file, c->hidden_act_key,
@@ -571,7 +594,7 @@ int family_check_common(const struct model_config *c, const char *file, struct k
         return kiln_errorf(err, "%s: partial_rotary_factor %g is not supported (the whole head is "
                                 "rotated)",
                            file, c->partial_rotary_factor);
-    if (c->sliding_window > 0)
+    if (c->sliding_window > 0 && !arch_table[c->arch].window_ok)
         return kiln_errorf(err, "%s: sliding_window %d is in use (some layers would attend to fewer "
                                 "positions than the context of %d): sliding-window attention is not "
                                 "supported",

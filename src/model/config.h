@@ -24,6 +24,7 @@ enum model_arch {
     ARCH_QWEN3_MOE,
     ARCH_DEEPSEEK_V2,
     ARCH_DEEPSEEK_V3,
+    ARCH_MISTRAL,
     ARCH_COUNT
 };
 
@@ -56,6 +57,8 @@ enum moe_scoring { MOE_SCORING_SOFTMAX = 0, MOE_SCORING_SIGMOID };
 enum moe_topk_method { MOE_TOPK_GREEDY = 0, MOE_TOPK_GROUP_LIMITED, MOE_TOPK_NOAUX_TC };
 
 #define MODEL_MAX_EOS 8
+/* The most layers a model with a sliding window may have. */
+#define MODEL_MAX_WINDOW_LAYERS 1024
 
 /* Weight quantization: config.json's quantization_config, or what
  * model_options.quantization made of an unquantized checkpoint at load. */
@@ -139,6 +142,8 @@ struct model_config {
     char hidden_act_key[24];      /* the field it came from */
     double partial_rotary_factor; /* share of head_dim rotated; 1 when absent */
     int sliding_window;           /* window some layer slides over; 0: every layer attends fully */
+    uint8_t layer_slides[MODEL_MAX_WINDOW_LAYERS]; /* with sliding_window: 1 for the layers that
+                                                      slide (model_config_layer_window) */
     int mlp_bias;                 /* mlp_bias true */
 
     /* Mixture of experts (0 experts = dense everywhere). */
@@ -204,6 +209,10 @@ int generation_config_parse(struct generation_config *gc, const char *text, size
  * or to a tail of its dotted path ("mlp.gate", "lm_head"), as transformers
  * matches them. */
 int model_quant_skips(const struct model_quant *q, const char *name);
+
+/* The sliding window layer `l` attends over (attn_params.window); 0: the
+ * whole context. */
+int model_config_layer_window(const struct model_config *c, int layer);
 
 /* Whether layer `l` has a mixture-of-experts MLP. */
 int model_config_layer_is_moe(const struct model_config *cfg, int layer);

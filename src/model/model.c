@@ -188,6 +188,10 @@ static int quant_setup(struct model *m, struct weight_source *ws, const struct m
 
 static int finish_load(struct model *m, struct weight_source *ws, const struct model_options *opt,
                        struct kiln_error *err) {
+    if (m->cfg.sliding_window > 0 && !m->be->ops->sliding_window)
+        return kiln_errorf(err, "%s: sliding_window %d: the %s backend does not run sliding-window "
+                                "attention yet; use --device cpu",
+                           m->cfg.model_type, m->cfg.sliding_window, m->be->ops->name);
     const struct model_config *c = &m->cfg;
     m->max_batch_tokens = opt && opt->max_batch_tokens > 0 ? opt->max_batch_tokens : 2048;
     m->max_seqs = opt && opt->max_seqs > 0 ? opt->max_seqs : 256;

@@ -407,7 +407,7 @@ static void test_errors(void **state) {
     json_t *j = tiny("llama");
     json_object_set_new(j, "model_type", json_string("foo"));
     expect_error(j, "config.json: model_type 'foo' is not supported (supported: llama, qwen2, "
-                    "qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)");
+                    "qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, mistral)");
     j = tiny("llama");
     json_object_del(j, "model_type");
     expect_error(j, "field 'model_type' is missing");
@@ -560,6 +560,39 @@ static void test_family_refusals(void **state) {
     j = tiny("llama");
     json_object_set_new(j, "sliding_window", json_null());
     expect_ok(j, &c);
+    /* mistral runs its window (every layer); MistralConfig's default is
+     * 4096 when the field is absent, none when null */
+    j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("mistral"));
+    json_object_set_new(j, "sliding_window", json_integer(8));
+    expect_ok(j, &c);
+    assert_int_equal(c.sliding_window, 8);
+    for (int l = 0; l < 3; l++) assert_int_equal(model_config_layer_window(&c, l), 8);
+    assert_int_equal(model_config_layer_window(&c, 3), 0);
+    j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("mistral"));
+    json_object_set_new(j, "sliding_window", json_null());
+    expect_ok(j, &c);
+    assert_int_equal(c.sliding_window, 0);
+    assert_int_equal(model_config_layer_window(&c, 0), 0);
+    j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("mistral"));
+    json_object_set_new(j, "max_position_embeddings", json_integer(8192));
+    expect_ok(j, &c);
+    assert_int_equal(c.sliding_window, 4096);
+    j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("mistral"));
+    json_object_del(j, "max_position_embeddings");
+    expect_ok(j, &c);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_int_equal(c.sliding_window, 4096);
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/mistral/config.json");
+    expect_ok(j, &c);
+    assert_int_equal(c.arch, ARCH_MISTRAL);
+    assert_int_equal(c.sliding_window, 8);
+    assert_int_equal(c.n_kv_heads, 2);
+    assert_int_equal(c.head_dim, 16);
+    assert_near(c.rope.theta, 1e6);
     /* layer_types names the sliding layers itself (under the switch) */
     j = tiny("qwen3");
     json_object_set_new(j, "sliding_window", json_integer(64));
