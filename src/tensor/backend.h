@@ -255,6 +255,13 @@ struct backend_ops {
     /* y[n][dim] = silu(g) * u */
     void (*silu_mul)(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
                      long ldu, long n, long dim);
+    /* y[n][dim] = gelu_tanh(g) * u, gelu_tanh(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+     * (transformers' gelu_pytorch_tanh; Gemma's GeGLU). NULL: the backend
+     * has none; the model refuses a family that needs it. */
+    void (*gelu_tanh_mul)(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
+                          long ldu, long n, long dim);
+    /* x[count] *= s (Gemma's embedding scale). NULL: as gelu_tanh_mul. */
+    void (*scale)(void *ctx, float *x, long count, float s);
     /* y[count] += x[count] */
     void (*add)(void *ctx, float *y, const float *x, long count);
     /* y[n][dim] += sigmoid(gate[i * ldgate]) * x */

@@ -30,7 +30,7 @@ for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
   done
 done
 # model types whose prompts run past their sliding window (8 positions)
-for arch in mistral; do
+for arch in mistral gemma3; do
   dir="$KILN_FIXTURES/oracle/tiny-models-more/$arch"
   for ps in 1 16; do
     for chunk in 3 64; do
