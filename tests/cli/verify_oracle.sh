@@ -88,6 +88,13 @@ for arch in llama qwen2 qwen3 deepseek_v2 deepseek_v3; do
     check_fp8 --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk 3
   done
 done
+# the sliding-window models (measured: mistral 1.57, gemma3 0.371)
+for arch in mistral gemma3; do
+  dir="$KILN_FIXTURES/oracle/tiny-models-more/$arch"
+  for ps in 1 16; do
+    check_fp8 --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk 3
+  done
+done
 for form in absorbed mha; do
   for arch in deepseek_v2 deepseek_v3; do
     dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
