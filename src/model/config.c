@@ -23,17 +23,24 @@ struct arch_desc {
     int qk_norm;       /* qwen3: RMSNorm on each q and k head */
     int default_head_dim; /* 0 = hidden / heads */
     int slide_switch;  /* sliding_window applies only with use_sliding_window (qwen) */
+    int window_ok;     /* the family runs this type's sliding windows (attn_params.window) */
+    int default_window; /* sliding_window when the field is absent (null: none) */
 };
 
 static const struct arch_desc arch_table[ARCH_COUNT] = {
-    {"llama", ARCH_LLAMA, &family_llama, 2048, 0, 0, 0},
-    {"qwen2", ARCH_QWEN2, &family_llama, 32768, 0, 0, 1},
+    {"llama", ARCH_LLAMA, &family_llama, 2048, 0, 0, 0, 0, 0},
+    {"qwen2", ARCH_QWEN2, &family_llama, 32768, 0, 0, 1, 0, 0},
     /* Qwen3Config declares head_dim = 128 rather than deriving it. */
-    {"qwen3", ARCH_QWEN3, &family_llama, 32768, 1, 128, 1},
-    {"qwen2_moe", ARCH_QWEN2_MOE, &family_qwen_moe, 32768, 0, 0, 1},
-    {"qwen3_moe", ARCH_QWEN3_MOE, &family_qwen_moe, 32768, 1, 0, 1},
-    {"deepseek_v2", ARCH_DEEPSEEK_V2, &family_deepseek, 2048, 0, 0, 0},
-    {"deepseek_v3", ARCH_DEEPSEEK_V3, &family_deepseek, 4096, 0, 0, 0},
+    {"qwen3", ARCH_QWEN3, &family_llama, 32768, 1, 128, 1, 0, 0},
+    {"qwen2_moe", ARCH_QWEN2_MOE, &family_qwen_moe, 32768, 0, 0, 1, 0, 0},
+    {"qwen3_moe", ARCH_QWEN3_MOE, &family_qwen_moe, 32768, 1, 0, 1, 0, 0},
+    {"deepseek_v2", ARCH_DEEPSEEK_V2, &family_deepseek, 2048, 0, 0, 0, 0, 0},
+    {"deepseek_v3", ARCH_DEEPSEEK_V3, &family_deepseek, 4096, 0, 0, 0, 0, 0},
+    /* MistralConfig: 4096 * 32 positions, a window of 4096 unless the file
+     * says (null: none) */
+    {"mistral", ARCH_MISTRAL, &family_llama, 131072, 0, 0, 0, 1, 4096},
+    /* Gemma3TextConfig: head_dim 256, a window of 4096 */
+    {"gemma3_text", ARCH_GEMMA3, &family_gemma3, 131072, 1, 256, 0, 1, 4096},
 };
 
 const struct model_family *model_family_of(const struct model_config *c) {
@@ -239,7 +246,8 @@ static int parse_rope(struct model_config *c, const struct jr *top, const struct
 
     /* theta: inside rope_parameters when given there, else at the top. */
     double top_theta;
-    if (rd_pos_double(top, "rope_theta", 0, 10000.0, &top_theta)) return -1;
+    if (rd_pos_double(top, "rope_theta", 0, a->arch == ARCH_GEMMA3 ? 1e6 : 10000.0, &top_theta))
+        return -1;
     rp->theta = top_theta;
     if (params && rd_pos_double(&r, "rope_theta", 0, top_theta, &rp->theta)) return -1;
 
@@ -520,6 +528,42 @@ int model_quant_skips(const struct model_quant *q, const char *name) {
     return 0;
 }
 
+/* ---- gemma-3 --------------------------------------------------------------- */
+
+/* Gemma3TextConfig's fields and defaults. The sliding layers' rope base is
+ * rope_local_base_freq, or (transformers v5) rope_parameters'
+ * sliding_attention.rope_theta; the global layers' rope is parse_rope's. */
+static int parse_gemma3(struct model_config *c, const struct jr *r) {
+    c->norm_plus_one = 1;
+    c->sandwich_norms = 1;
+    /* Gemma3TextScaledWordEmbedding multiplies by √hidden_size cast to the
+     * embedding's dtype */
+    float es = sqrtf((float)c->hidden_size);
+    if (c->dtype == DTYPE_BF16) es = bf16_to_f32(f32_to_bf16(es));
+    else if (c->dtype == DTYPE_F16) es = f16_to_f32(f32_to_f16(es));
+    c->embed_scale = es;
+    if (rd_pos_double(r, "query_pre_attn_scalar", 0, 256.0, &c->query_pre_attn_scalar) ||
+        rd_pos_double(r, "rope_local_base_freq", 0, 10000.0, &c->rope_local_theta) ||
+        rd_double(r, "attn_logit_softcapping", 0, 0.0, &c->attn_logit_softcapping) ||
+        rd_double(r, "final_logit_softcapping", 0, 0.0, &c->final_logit_softcapping) ||
+        rd_bool(r, "use_bidirectional_attention", 0, &c->bidirectional))
+        return -1;
+    const json_t *rp = json_object_get(r->obj, "rope_parameters");
+    const json_t *sl = json_is_object(rp) ? json_object_get(rp, "sliding_attention") : NULL;
+    if (json_is_object(sl)) {
+        struct jr sr = {sl, r->file, "rope_parameters.sliding_attention.", r->err};
+        const char *t;
+        if (rd_pos_double(&sr, "rope_theta", 0, c->rope_local_theta, &c->rope_local_theta) ||
+            rd_str(&sr, "rope_type", &t))
+            return -1;
+        if (t && strcmp(t, "default"))
+            return kiln_errorf(r->err, "%s: rope_parameters.sliding_attention.rope_type '%.32s' is "
+                                       "not supported (only default)",
+                               r->file, t);
+    }
+    return 0;
+}
+
 /* ---- variants -------------------------------------------------------------- */
 
 /* The activation, partial rotary and sliding-window fields. The window is
@@ -537,7 +581,8 @@ static int parse_variants(struct model_config *c, const struct jr *r, const stru
         rd_pos_double(r, "partial_rotary_factor", 0, 1.0, &c->partial_rotary_factor))
         return -1;
     int window = 0, use = !a->slide_switch, max_window_layers = 0, sliding_layers = 0;
-    if (rd_int(r, "sliding_window", 0, 0, 0, &window) ||
+    int window_def = json_object_get(r->obj, "sliding_window") ? 0 : a->default_window;
+    if (rd_int(r, "sliding_window", 0, window_def, 0, &window) ||
         (a->slide_switch && (rd_bool(r, "use_sliding_window", 0, &use) ||
                              rd_int(r, "max_window_layers", 0, 28, 0, &max_window_layers))))
         return -1;
@@ -548,20 +593,51 @@ static int parse_variants(struct model_config *c, const struct jr *r, const stru
             const json_t *e = json_array_get(lt, i);
             if (!json_is_string(e))
                 return kiln_errorf(r->err, "%s: field 'layer_types[%zu]' must be a string", r->file, i);
-            if (!strcmp(json_string_value(e), "sliding_attention")) sliding_layers++;
-            else if (strcmp(json_string_value(e), "full_attention"))
+            if (!strcmp(json_string_value(e), "sliding_attention")) {
+                sliding_layers++;
+                if (i < MODEL_MAX_WINDOW_LAYERS) c->layer_slides[i] = 1;
+            } else if (strcmp(json_string_value(e), "full_attention"))
                 return kiln_errorf(r->err, "%s: field 'layer_types[%zu]' is '%.32s': only "
                                            "full_attention is supported",
                                    r->file, i, json_string_value(e));
         }
+    } else if (a->arch == ARCH_GEMMA3) {
+        /* Gemma-3 without layer_types: every pattern-th layer is global */
+        int pattern;
+        const char *pk = field(r, "sliding_window_pattern") ? "sliding_window_pattern"
+                                                            : "_sliding_window_pattern";
+        if (rd_int(r, pk, 0, 6, 1, &pattern)) return -1;
+        for (int i = 0; i < c->n_layers; i++) {
+            if ((i + 1) % pattern == 0) continue;
+            sliding_layers++;
+            if (i < MODEL_MAX_WINDOW_LAYERS) c->layer_slides[i] = 1;
+        }
     } else {
         sliding_layers = c->n_layers - max_window_layers;
+        for (int i = max_window_layers; i < c->n_layers && i < MODEL_MAX_WINDOW_LAYERS; i++)
+            c->layer_slides[i] = 1;
     }
-    if (use && window > 0 && window < c->max_position_embeddings && sliding_layers > 0)
+    if (use && window > 0 && window < c->max_position_embeddings && sliding_layers > 0) {
+        if (c->n_layers > MODEL_MAX_WINDOW_LAYERS)
+            return kiln_errorf(r->err, "%s: a sliding window over %d layers: at most %d supported",
+                               r->file, c->n_layers, MODEL_MAX_WINDOW_LAYERS);
         c->sliding_window = window;
+    }
     return 0;
 }
 
+int model_config_layer_slides(const struct model_config *c, int layer) {
+    return layer >= 0 && layer < c->n_layers && layer < MODEL_MAX_WINDOW_LAYERS &&
+           c->layer_slides[layer];
+}
+
+int model_config_layer_window(const struct model_config *c, int layer) {
+    if (layer < 0 || layer >= c->n_layers || layer >= MODEL_MAX_WINDOW_LAYERS) return 0;
+    return c->layer_slides[layer] ? c->sliding_window : 0;
+}
+
+/* The sliding window is refused for the model types whose family does not
+ * run it (window_ok). */
 int family_check_common(const struct model_config *c, const char *file, struct kiln_error *err) {
     if (strcmp(c->hidden_act, "silu"))
         return kiln_errorf(err, "%s: %s '%.32s' is not supported (only silu)", file, c->hidden_act_key,
@@ -571,7 +647,7 @@ int family_check_common(const struct model_config *c, const char *file, struct k
         return kiln_errorf(err, "%s: partial_rotary_factor %g is not supported (the whole head is "
                                 "rotated)",
                            file, c->partial_rotary_factor);
-    if (c->sliding_window > 0)
+    if (c->sliding_window > 0 && !arch_table[c->arch].window_ok)
         return kiln_errorf(err, "%s: sliding_window %d is in use (some layers would attend to fewer "
                                 "positions than the context of %d): sliding-window attention is not "
                                 "supported",
@@ -582,11 +658,37 @@ int family_check_common(const struct model_config *c, const char *file, struct k
 /* ---- the whole config ------------------------------------------------------ */
 
 static int parse_config(struct model_config *c, const json_t *root, const char *file,
+                        struct kiln_error *err);
+
+/* gemma3 (Gemma3ForConditionalGeneration): text_config is the language
+ * model, a gemma3_text config; kiln runs it alone, on text (the vision
+ * tower's tensors are not read). The dtype and token ids may be given at
+ * the top only. */
+static int parse_gemma3_multimodal(struct model_config *c, const struct jr *r) {
+    const json_t *tc = json_object_get(r->obj, "text_config");
+    if (!tc || json_is_null(tc)) return missing(r, "text_config");
+    if (!json_is_object(tc)) return type_error(r, "text_config", "an object", tc);
+    json_t *t = json_deep_copy(tc);
+    static const char *const inherit[] = {"torch_dtype", "dtype", "eos_token_id", "bos_token_id",
+                                          "tie_word_embeddings"};
+    for (size_t i = 0; i < sizeof inherit / sizeof inherit[0]; i++) {
+        const json_t *v = json_object_get(r->obj, inherit[i]);
+        if (v && !json_object_get(t, inherit[i])) json_object_set(t, inherit[i], (json_t *)v);
+    }
+    json_object_set_new(t, "model_type", json_string("gemma3_text"));
+    int rc = parse_config(c, t, r->file, r->err);
+    json_decref(t);
+    if (!rc) c->multimodal = 1;
+    return rc;
+}
+
+static int parse_config(struct model_config *c, const json_t *root, const char *file,
                         struct kiln_error *err) {
     struct jr r = {root, file, "", err};
     const char *mt;
     if (rd_str(&r, "model_type", &mt)) return -1;
     if (!mt) return missing(&r, "model_type");
+    if (!strcmp(mt, "gemma3")) return parse_gemma3_multimodal(c, &r);
     const struct arch_desc *a = NULL;
     for (int i = 0; i < ARCH_COUNT; i++)
         if (!strcmp(arch_table[i].name, mt)) a = &arch_table[i];
@@ -617,7 +719,7 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
         rd_int(&r, "max_position_embeddings", 0, a->default_max_positions, 1,
                &c->max_position_embeddings) ||
         rd_pos_double(&r, "rms_norm_eps", 0, 1e-6, &c->rms_norm_eps) ||
-        rd_bool(&r, "tie_word_embeddings", 0, &c->tie_word_embeddings))
+        rd_bool(&r, "tie_word_embeddings", a->arch == ARCH_GEMMA3, &c->tie_word_embeddings))
         return -1;
     int derived = a->default_head_dim ? a->default_head_dim : c->hidden_size / c->n_heads;
     if (rd_int(&r, "head_dim", 0, derived, 1, &c->head_dim)) return -1;
@@ -650,6 +752,7 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
     c->routed_scaling_factor = 1.0;
     if (a->family == &family_qwen_moe && parse_qwen_moe(c, &r)) return -1;
     if (a->family == &family_deepseek && parse_deepseek(c, &r)) return -1;
+    if (a->arch == ARCH_GEMMA3 && parse_gemma3(c, &r)) return -1;
     if (c->n_experts && c->n_experts_per_tok > c->n_experts)
         return kiln_errorf(err, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
                            file, c->n_experts_per_tok, c->n_experts);

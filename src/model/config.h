@@ -24,6 +24,8 @@ enum model_arch {
     ARCH_QWEN3_MOE,
     ARCH_DEEPSEEK_V2,
     ARCH_DEEPSEEK_V3,
+    ARCH_MISTRAL,
+    ARCH_GEMMA3,
     ARCH_COUNT
 };
 
@@ -56,6 +58,8 @@ enum moe_scoring { MOE_SCORING_SOFTMAX = 0, MOE_SCORING_SIGMOID };
 enum moe_topk_method { MOE_TOPK_GREEDY = 0, MOE_TOPK_GROUP_LIMITED, MOE_TOPK_NOAUX_TC };
 
 #define MODEL_MAX_EOS 8
+/* The most layers a model with a sliding window may have. */
+#define MODEL_MAX_WINDOW_LAYERS 1024
 
 /* Weight quantization: config.json's quantization_config, or what
  * model_options.quantization made of an unquantized checkpoint at load. */
@@ -139,7 +143,21 @@ struct model_config {
     char hidden_act_key[24];      /* the field it came from */
     double partial_rotary_factor; /* share of head_dim rotated; 1 when absent */
     int sliding_window;           /* window some layer slides over; 0: every layer attends fully */
+    uint8_t layer_slides[MODEL_MAX_WINDOW_LAYERS]; /* 1 for the sliding layers by the config
+                                                      (model_config_layer_slides) */
     int mlp_bias;                 /* mlp_bias true */
+
+    /* Gemma-3 (gemma3_text; gemma3's text_config) */
+    int norm_plus_one;            /* RMSNorm weights read as 1 + w (every norm, q/k norms too) */
+    int sandwich_norms;           /* post-attention, pre- and post-feedforward norms */
+    double embed_scale;           /* the embedding is multiplied by it; 0: not scaled */
+    double query_pre_attn_scalar; /* the attention scale is its -1/2 power; 0: head_dim's */
+    double rope_local_theta;      /* sliding layers' rope base (rope_local_base_freq); 0: theirs
+                                     is the global rope */
+    double attn_logit_softcapping, final_logit_softcapping; /* 0: none */
+    int bidirectional;            /* use_bidirectional_attention true */
+    int multimodal;               /* gemma3: the language model of an image-text checkpoint
+                                     (text_config; its tensors under language_model.*) */
 
     /* Mixture of experts (0 experts = dense everywhere). */
     int n_experts;
@@ -204,6 +222,13 @@ int generation_config_parse(struct generation_config *gc, const char *text, size
  * or to a tail of its dotted path ("mlp.gate", "lm_head"), as transformers
  * matches them. */
 int model_quant_skips(const struct model_quant *q, const char *name);
+
+/* The sliding window layer `l` attends over (attn_params.window); 0: the
+ * whole context. */
+int model_config_layer_window(const struct model_config *c, int layer);
+/* Whether layer `l` is a sliding layer by the config (layer_types, the
+ * pattern), whether or not its window is shorter than the context. */
+int model_config_layer_slides(const struct model_config *c, int layer);
 
 /* Whether layer `l` has a mixture-of-experts MLP. */
 int model_config_layer_is_moe(const struct model_config *cfg, int layer);

@@ -105,8 +105,8 @@ int mha_load(struct weight_source *ws, int l, struct attn_mha *a, struct kiln_er
     }
     if (c->o_proj_bias && c->shard.tp_rank == 0 && ws_vector(ws, P("o_proj.bias"), d, NAN, &a->bo, err))
         return -1;
-    if (c->qk_norm && (ws_vector(ws, P("q_norm.weight"), hd, 1.0f, &a->q_norm, err) ||
-                       ws_vector(ws, P("k_norm.weight"), hd, 1.0f, &a->k_norm, err)))
+    if (c->qk_norm && (ws_norm(ws, P("q_norm.weight"), hd, &a->q_norm, err) ||
+                       ws_norm(ws, P("k_norm.weight"), hd, &a->k_norm, err)))
         return -1;
 #undef P
     return 0;
@@ -119,7 +119,9 @@ static struct backend_rope_store rope_args(const struct fwd *f, int l, const str
     return (struct backend_rope_store){
         .n_heads = (int)c->n_heads, .n_kv_heads = (int)c->n_kv_heads, .head_dim = (int)c->head_dim,
         .q_norm = a->q_norm, .k_norm = a->k_norm, .eps = (float)c->rms_norm_eps,
-        .rot_dim = m->rope_dim, .pos = f->pos, .cos_sin = m->rope_table,
+        .rot_dim = m->rope_dim, .pos = f->pos,
+        .cos_sin = m->rope_table_local && model_config_layer_slides(c, l) ? m->rope_table_local
+                                                                          : m->rope_table,
         .interleaved = c->rope.interleaved, .k_cache = f->kv->k[l], .v_cache = f->kv->v[l],
         .kv_stride = (long)c->n_kv_heads * c->head_dim, .slots = f->slot,
         .k_scale = m->layers[l].k_scale, .v_scale = m->layers[l].v_scale};
@@ -143,7 +145,8 @@ void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
     ops->norm_matmul_rope(ctx, nm, m->act.qkv, L, &w, a->bqkv, n, &r);
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = (int)KH, .dk = (int)hd,
                             .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale,
-                            .k_scale = r.k_scale, .v_scale = r.v_scale};
+                            .k_scale = r.k_scale, .v_scale = r.v_scale,
+                            .window = model_config_layer_window(c, l)};
     ops->attention_matmul(ctx, out, d, m->act.att, qw, m->act.qkv, L, r.k_cache, r.v_cache, &p,
                           f->bb, &a->wo, a->bo, n);
 }

@@ -134,15 +134,18 @@ static int load_weights(struct model *m, struct weight_source *ws, struct kiln_e
     } else if (last && ws_matrix(ws, "lm_head.weight", V, d, vsl, &m->lm_head, err)) {
         return -1;
     }
-    if (last && ws_vector(ws, "model.norm.weight", d, 1.0f, &m->final_norm, err)) return -1;
+    if (last && ws_norm(ws, "model.norm.weight", d, &m->final_norm, err)) return -1;
     m->layers = model_own(m, xcalloc((size_t)c->n_layers, sizeof *m->layers));
     for (int l = l0; l < l1; l++) {
         struct layer *L = &m->layers[l];
         char name[256];
         snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
-        if (ws_vector(ws, name, d, 1.0f, &L->ln_attn, err)) return -1;
-        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
-        if (ws_vector(ws, name, d, 1.0f, &L->ln_mlp, err)) return -1;
+        if (ws_norm(ws, name, d, &L->ln_attn, err)) return -1;
+        /* sandwich norms: the MLP's input norm is pre_feedforward_layernorm
+         * (the family loads the post norms) */
+        snprintf(name, sizeof name, "model.layers.%d.%s.weight", l,
+                 c->sandwich_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+        if (ws_norm(ws, name, d, &L->ln_mlp, err)) return -1;
         if (m->fam->load_layer(ws, l, L, err)) return -1;
     }
     return 0;
@@ -188,6 +191,15 @@ static int quant_setup(struct model *m, struct weight_source *ws, const struct m
 
 static int finish_load(struct model *m, struct weight_source *ws, const struct model_options *opt,
                        struct kiln_error *err) {
+    if ((m->cfg.norm_plus_one || m->cfg.embed_scale) &&
+        !(m->be->ops->gelu_tanh_mul && m->be->ops->scale))
+        return kiln_errorf(err, "%s: the %s backend does not run this family's operations (GeGLU "
+                                "MLP, scaled embedding) yet; use --device cpu",
+                           m->cfg.model_type, m->be->ops->name);
+    if (m->cfg.sliding_window > 0 && !m->be->ops->sliding_window)
+        return kiln_errorf(err, "%s: sliding_window %d: the %s backend does not run sliding-window "
+                                "attention yet; use --device cpu",
+                           m->cfg.model_type, m->cfg.sliding_window, m->be->ops->name);
     const struct model_config *c = &m->cfg;
     m->max_batch_tokens = opt && opt->max_batch_tokens > 0 ? opt->max_batch_tokens : 2048;
     m->max_seqs = opt && opt->max_seqs > 0 ? opt->max_seqs : 256;
@@ -211,6 +223,14 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
     rope_table_build(&c->rope, m->rope_dim, m->max_context, c->max_position_embeddings, table);
     m->rope_table = model_upload(m, table, (size_t)m->max_context * (size_t)m->rope_dim * 4);
     if (!m->rope_table) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the rope table");
+    if (c->rope_local_theta > 0) { /* the sliding layers' own rope (Gemma) */
+        struct rope_config local = {.type = ROPE_DEFAULT, .theta = c->rope_local_theta};
+        float *lt = model_own(m, xaligned_alloc((size_t)m->max_context * (size_t)m->rope_dim * 4));
+        rope_table_build(&local, m->rope_dim, m->max_context, c->max_position_embeddings, lt);
+        m->rope_table_local = model_upload(m, lt, (size_t)m->max_context * (size_t)m->rope_dim * 4);
+        if (!m->rope_table_local)
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the rope table");
+    }
     m->attn_scale = (float)m->fam->attn_scale(c);
     return reserve_activations(m, err);
 }
@@ -299,6 +319,13 @@ int model_load(struct model **out, const char *dir, struct backend *be,
     if (!rc) rc = split_setup(m, opt, cfg_path, err);
     free(cfg_path);
     if (rc || st_open_dir(&m->st, dir, err)) goto fail;
+    /* a multimodal checkpoint (gemma3): its language model's tensors, under
+     * transformers' older and newer prefixes; the vision tower's stay unused */
+    if (cfg.multimodal &&
+        (st_rename_prefix(&m->st, "language_model.model.", "model.", err) ||
+         st_rename_prefix(&m->st, "model.language_model.", "model.", err) ||
+         st_rename_prefix(&m->st, "language_model.lm_head.", "lm_head.", err)))
+        goto fail;
     struct weight_source ws = {.st = &m->st, .m = m};
     if (finish_load(m, &ws, opt, err)) goto fail;
     *out = m;
@@ -354,6 +381,7 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
     } else if (l0 == 0) {
         ops->embed(ctx, a->h, &m->embed, s->ids, n);
     }
+    if (l0 == 0 && c->embed_scale) ops->scale(ctx, a->h, n * c->hidden_size, (float)c->embed_scale);
     if (m->dp) dp_step_begin(m, s);
     for (int l = l0; l < l1; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
 }

@@ -111,6 +111,7 @@ enum layer_mlp { LAYER_MLP_DENSE = 0, LAYER_MLP_MOE };
 
 struct layer {
     const float *ln_attn, *ln_mlp; /* [d] */
+    const float *ln_post_attn, *ln_post_mlp; /* [d] sandwich norms (Gemma), or NULL */
     enum layer_attn attn_kind;
     enum layer_mlp mlp_kind;
     struct attn_mha mha;
@@ -173,6 +174,7 @@ struct model {
     const float *final_norm;
     struct layer *layers;
     const float *rope_table;    /* device [max_context][rot/2][2] */
+    const float *rope_table_local; /* the sliding layers' (cfg.rope_local_theta), or NULL */
     int rope_dim;
     float attn_scale;
 
@@ -235,7 +237,7 @@ struct model_family {
     void (*forward_layer)(const struct fwd *f, int l, const struct layer *L);
 };
 
-extern const struct model_family family_llama, family_qwen_moe, family_deepseek;
+extern const struct model_family family_llama, family_qwen_moe, family_deepseek, family_gemma3;
 const struct model_family *model_family_of(const struct model_config *c);
 /* config.c: the refusals every family shares (activation, partial rotary,
  * sliding windows). */
@@ -280,6 +282,10 @@ void fp8_quantize_blocks(const void *w, enum dtype dt, long rows, long cols, int
 /* fp32 vector on the device; `fill` is the dummy value (NAN = random). */
 int ws_vector(struct weight_source *ws, const char *name, long len, float fill, const float **out,
               struct kiln_error *err);
+/* An RMSNorm's weight: ws_vector's, read as 1 + w where the config says
+ * (norm_plus_one, Gemma); the dummy weight is 1 either way. */
+int ws_norm(struct weight_source *ws, const char *name, long len, const float **out,
+            struct kiln_error *err);
 /* y = x · catᵀ, where cat stacks parts[0..count) by rows; with weights kept
  * in place (cat->data NULL) the parts run one by one into the same columns. */
 void model_matmul_cat(struct model *m, float *y, long ldy, const float *x, long ldx,

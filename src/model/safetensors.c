@@ -294,6 +294,27 @@ const struct st_tensor *st_find(const struct st_set *s, const char *name) {
     return s->hash[slot] >= 0 ? &s->tensors[s->hash[slot]] : NULL;
 }
 
+int st_rename_prefix(struct st_set *s, const char *from, const char *to, struct kiln_error *err) {
+    size_t nf = strlen(from), nt = strlen(to);
+    int renamed = 0;
+    for (int i = 0; i < s->n_tensors; i++) {
+        char *name = s->tensors[i].name;
+        if (strncmp(name, from, nf)) continue;
+        size_t rest = strlen(name + nf);
+        char *n = xmalloc(nt + rest + 1);
+        memcpy(n, to, nt);
+        memcpy(n + nt, name + nf, rest + 1);
+        free(name);
+        s->tensors[i].name = n;
+        renamed = 1;
+    }
+    if (!renamed) return 0;
+    free(s->hash);
+    s->hash = NULL;
+    s->hash_cap = 0;
+    return set_index(s, err);
+}
+
 /* ---- opening -------------------------------------------------------------- */
 
 void st_close(struct st_set *s) {

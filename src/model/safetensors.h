@@ -64,6 +64,10 @@ int st_open_dir(struct st_set *s, const char *dir, struct kiln_error *err);
 void st_close(struct st_set *s); /* also accepts a half-built or zeroed set */
 
 const struct st_tensor *st_find(const struct st_set *s, const char *name);
+/* Renames every tensor whose name starts with `from` to `to` + the rest
+ * (a multimodal checkpoint's language model under its own prefix) and
+ * rebuilds the index; fails when two names meet. */
+int st_rename_prefix(struct st_set *s, const char *from, const char *to, struct kiln_error *err);
 
 /* Finds `name` and checks its shape (ndim entries of `shape`; -1 matches any
  * size). Errors: "<file>: tensor '<name>': expected shape [a, b], found

@@ -445,6 +445,19 @@ int ws_vector(struct weight_source *ws, const char *name, long len, float fill, 
     return 0;
 }
 
+int ws_norm(struct weight_source *ws, const char *name, long len, const float **out,
+            struct kiln_error *err) {
+    struct model *m = ws->m;
+    if (!m->cfg.norm_plus_one) return ws_vector(ws, name, len, 1.0f, out, err);
+    float *v = model_own(m, xaligned_alloc((size_t)len * 4));
+    if (vector_host(ws, name, len, 0, len, 0.0f, v, err)) return -1;
+    for (long i = 0; i < len; i++) v[i] += 1.0f;
+    *out = model_upload(m, v, (size_t)len * 4);
+    if (!*out) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
+    m->weight_bytes += (size_t)len * 4;
+    return 0;
+}
+
 int ws_vector_cat(struct weight_source *ws, const char *const *names, const long *lens,
                   const struct ws_slice *slices, int count, float fill, const float **out,
                   struct kiln_error *err) {

@@ -62,6 +62,11 @@ struct attn_params {
     float k_scale, v_scale;
     int f32_cache; /* the caches are fp32 whatever kv_dtype is (the MLA MHA form's
                       expanded K/V, which mla_kv_expand writes in fp32 on an FP8 cache) */
+    /* Sliding-window attention: > 0, a query at position pos sees only the
+     * keys at positions pos - window + 1 .. pos (window tokens, itself
+     * included; transformers' sliding-window causal mask); 0, all of 0..pos.
+     * Only a backend with backend_ops.sliding_window honours it. */
+    int window;
 };
 
 enum moe_route_scoring { MOE_ROUTE_SOFTMAX = 0, MOE_ROUTE_SIGMOID };
@@ -194,6 +199,9 @@ struct backend_ops {
      * backend_weight); the model refuses to load FP8 weights (an FP8
      * checkpoint, --quantization fp8) on a backend without. */
     int fp8_weights;
+    /* The backend's attention honours attn_params.window; the model
+     * refuses a checkpoint with a sliding window on a backend without. */
+    int sliding_window;
     void (*destroy)(void *ctx);
     /* Reserves scratch for batches of up to max_tokens rows and contexts of up
      * to max_context positions; called once before the first forward. */
@@ -247,6 +255,13 @@ struct backend_ops {
     /* y[n][dim] = silu(g) * u */
     void (*silu_mul)(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
                      long ldu, long n, long dim);
+    /* y[n][dim] = gelu_tanh(g) * u, gelu_tanh(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+     * (transformers' gelu_pytorch_tanh; Gemma's GeGLU). NULL: the backend
+     * has none; the model refuses a family that needs it. */
+    void (*gelu_tanh_mul)(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
+                          long ldu, long n, long dim);
+    /* x[count] *= s (Gemma's embedding scale). NULL: as gelu_tanh_mul. */
+    void (*scale)(void *ctx, float *x, long count, float s);
     /* y[count] += x[count] */
     void (*add)(void *ctx, float *y, const float *x, long count);
     /* y[n][dim] += sigmoid(gate[i * ldgate]) * x */

@@ -407,7 +407,7 @@ static void test_errors(void **state) {
     json_t *j = tiny("llama");
     json_object_set_new(j, "model_type", json_string("foo"));
     expect_error(j, "config.json: model_type 'foo' is not supported (supported: llama, qwen2, "
-                    "qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3)");
+                    "qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, mistral, gemma3_text)");
     j = tiny("llama");
     json_object_del(j, "model_type");
     expect_error(j, "field 'model_type' is missing");
@@ -560,6 +560,106 @@ static void test_family_refusals(void **state) {
     j = tiny("llama");
     json_object_set_new(j, "sliding_window", json_null());
     expect_ok(j, &c);
+    /* mistral runs its window (every layer); MistralConfig's default is
+     * 4096 when the field is absent, none when null */
+    j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("mistral"));
+    json_object_set_new(j, "sliding_window", json_integer(8));
+    expect_ok(j, &c);
+    assert_int_equal(c.sliding_window, 8);
+    for (int l = 0; l < 3; l++) assert_int_equal(model_config_layer_window(&c, l), 8);
+    assert_int_equal(model_config_layer_window(&c, 3), 0);
+    j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("mistral"));
+    json_object_set_new(j, "sliding_window", json_null());
+    expect_ok(j, &c);
+    assert_int_equal(c.sliding_window, 0);
+    assert_int_equal(model_config_layer_window(&c, 0), 0);
+    j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("mistral"));
+    json_object_set_new(j, "max_position_embeddings", json_integer(8192));
+    expect_ok(j, &c);
+    assert_int_equal(c.sliding_window, 4096);
+    j = tiny("llama");
+    json_object_set_new(j, "model_type", json_string("mistral"));
+    json_object_del(j, "max_position_embeddings");
+    expect_ok(j, &c);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_int_equal(c.sliding_window, 4096);
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/mistral/config.json");
+    expect_ok(j, &c);
+    assert_int_equal(c.arch, ARCH_MISTRAL);
+    assert_int_equal(c.sliding_window, 8);
+    assert_int_equal(c.n_kv_heads, 2);
+    assert_int_equal(c.head_dim, 16);
+    assert_near(c.rope.theta, 1e6);
+    /* gemma3_text: sliding layers by layer_types or every pattern-th layer
+     * global; the local rope base; 1 + w norms; the embedding scale in the
+     * embedding's dtype */
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    expect_ok(j, &c);
+    assert_int_equal(c.arch, ARCH_GEMMA3);
+    assert_int_equal(c.sliding_window, 8);
+    assert_int_equal(model_config_layer_window(&c, 0), 8);
+    assert_int_equal(model_config_layer_window(&c, 1), 8);
+    assert_int_equal(model_config_layer_window(&c, 2), 0);
+    assert_near(c.query_pre_attn_scalar, 24);
+    assert_near(c.rope_local_theta, 1e4);
+    assert_near(c.rope.theta, 1e6);
+    assert_near(c.embed_scale, 8);
+    assert_int_equal(c.norm_plus_one, 1);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.head_dim, 32);
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    json_object_del(j, "layer_types");
+    json_object_set_new(j, "num_hidden_layers", json_integer(12));
+    json_object_set_new(j, "hidden_size", json_integer(3840));
+    expect_ok(j, &c);
+    for (int l = 0; l < 12; l++)
+        assert_int_equal(model_config_layer_slides(&c, l), (l + 1) % 6 != 0);
+    assert_near(c.embed_scale, 62.0); /* √3840 = 61.97 in bf16 */
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    json_object_del(j, "layer_types");
+    json_object_del(j, "_sliding_window_pattern");
+    json_object_set_new(j, "sliding_window_pattern", json_integer(2));
+    json_object_set_new(j, "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "linear", "factor", 8.0));
+    expect_ok(j, &c);
+    assert_int_equal(model_config_layer_slides(&c, 0), 1);
+    assert_int_equal(model_config_layer_slides(&c, 1), 0);
+    assert_int_equal(c.rope.type, ROPE_LINEAR);
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    json_object_set_new(j, "final_logit_softcapping", json_real(30.0));
+    expect_error(j, "config.json: final_logit_softcapping 30 is not supported");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    json_object_set_new(j, "attn_logit_softcapping", json_real(50.0));
+    expect_error(j, "config.json: attn_logit_softcapping 50 is not supported");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    json_object_set_new(j, "use_bidirectional_attention", json_true());
+    expect_error(j, "config.json: use_bidirectional_attention true is not supported");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    json_object_set_new(j, "hidden_activation", json_string("gelu"));
+    expect_error(j, "config.json: hidden_activation 'gelu' is not supported for gemma3");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    json_object_set_new(j, "rope_parameters",
+                        json_pack("{s:{s:s, s:f}}", "sliding_attention", "rope_type", "default",
+                                  "rope_theta", 5000.0));
+    expect_ok(j, &c);
+    assert_near(c.rope_local_theta, 5000);
+    /* gemma3: text_config is the language model; dtype and token ids may
+     * sit at the top */
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gemma3/config.json");
+    json_object_del(j, "torch_dtype");
+    json_object_del(j, "eos_token_id");
+    json_t *mm = json_pack("{s:s, s:s, s:i, s:o}", "model_type", "gemma3", "torch_dtype", "float16",
+                           "eos_token_id", 7, "text_config", j);
+    expect_ok(mm, &c);
+    assert_int_equal(c.arch, ARCH_GEMMA3);
+    assert_int_equal(c.multimodal, 1);
+    assert_int_equal(c.dtype, DTYPE_F16);
+    assert_int_equal(c.eos_token_ids[0], 7);
+    assert_int_equal(c.sliding_window, 8);
+    assert_int_equal(c.hidden_size, 64);
+    expect_error(json_pack("{s:s}", "model_type", "gemma3"), "config.json: field 'text_config' is missing");
     /* layer_types names the sliding layers itself (under the switch) */
     j = tiny("qwen3");
     json_object_set_new(j, "sliding_window", json_integer(64));

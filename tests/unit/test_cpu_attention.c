@@ -105,9 +105,11 @@ static double reference(const struct setup *st, int t, int h, int d) {
     const struct attn_params *p = &st->p;
     int seq = t < st->q_start[1] ? 0 : 1, g = h / (p->n_heads / p->n_kv_heads);
     long n = st->positions[t] + 1;
+    /* a sliding window: the last `window` positions, the query's own included */
+    long i0 = p->window > 0 && n > p->window ? n - p->window : 0;
     const int32_t *pages = st->kv_pages + st->kv_page_start[seq];
     double mx = -INFINITY, sc[512], sum = 0, acc = 0;
-    for (long i = 0; i < n; i++) {
+    for (long i = i0; i < n; i++) {
         long slot = (long)pages[i / st->b.page_size] * st->b.page_size + i % st->b.page_size;
         double dot = 0;
         for (int e = 0; e < p->dk; e++)
@@ -115,7 +117,7 @@ static double reference(const struct setup *st, int t, int h, int d) {
         sc[i] = dot * p->scale;
         if (sc[i] > mx) mx = sc[i];
     }
-    for (long i = 0; i < n; i++) {
+    for (long i = i0; i < n; i++) {
         long slot = (long)pages[i / st->b.page_size] * st->b.page_size + i % st->b.page_size;
         double w = exp(sc[i] - mx);
         sum += w;
@@ -124,10 +126,11 @@ static double reference(const struct setup *st, int t, int h, int d) {
     return acc / sum;
 }
 
-static void check_case(uint64_t *s, int dk, int dv, int heads, int kv_heads, int ctx0, int nq0, int ctx1,
-                       int nq1, int page_size) {
+static void check_window(uint64_t *s, int dk, int dv, int heads, int kv_heads, int ctx0, int nq0,
+                         int ctx1, int nq1, int page_size, int window) {
     struct setup st;
     make_setup(&st, s, dk, dv, heads, kv_heads, ctx0, nq0, ctx1, nq1, page_size);
+    st.p.window = window;
     long ldo = (long)heads * dv + 2, rows = st.b.n_tokens;
     float *scalar = calloc((size_t)(rows * ldo), sizeof(float)), *best = calloc((size_t)(rows * ldo), sizeof(float));
     cpu_matmul_cap_isa(CPU_MATMUL_AVX2); /* the scalar attention */
@@ -160,6 +163,11 @@ static void check_case(uint64_t *s, int dk, int dv, int heads, int kv_heads, int
     free_setup(&st);
 }
 
+static void check_case(uint64_t *s, int dk, int dv, int heads, int kv_heads, int ctx0, int nq0, int ctx1,
+                       int nq1, int page_size) {
+    check_window(s, dk, dv, heads, kv_heads, ctx0, nq0, ctx1, nq1, page_size, 0);
+}
+
 static void test_attention(void **state) {
     uint64_t s = 0x2545f4914f6cdd1dull;
     /* dk 128 / dv 128: the vectorised shape (Qwen3, Llama); 192 / 128 as
@@ -171,6 +179,19 @@ static void test_attention(void **state) {
     check_case(&s, 192, 128, 2, 2, 22, 3, 3, 2, 5);
     check_case(&s, 64, 64, 4, 1, 19, 4, 7, 7, 2);
     check_case(&s, 72, 136, 2, 1, 11, 2, 5, 1, 4);
+}
+
+/* Sliding windows (attn_params.window): each query sees its last `window`
+ * positions; queries before, at and past the window's edge, windows that
+ * start inside a page and on a page boundary, on both paths. */
+static void test_attention_window(void **state) {
+    (void)state;
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    check_window(&s, 128, 128, 4, 2, 37, 12, 9, 9, 3, 8);
+    check_window(&s, 128, 128, 2, 1, 130, 5, 20, 20, 16, 16);
+    check_window(&s, 64, 64, 4, 1, 19, 19, 7, 7, 2, 5);
+    check_window(&s, 72, 136, 2, 1, 11, 2, 5, 1, 4, 1);
+    check_window(&s, 128, 128, 3, 3, 12, 12, 4, 4, 1, 64); /* longer than the contexts */
 }
 
 /* An FP8 cache (--kv-cache-dtype fp8_e4m3): the backend's kv_store keeps
@@ -248,6 +269,7 @@ static void test_attention_fp8(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_window),
         cmocka_unit_test(test_attention_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -118,6 +118,30 @@ static void test_fixture_checkpoints(void **state) {
     free(d);
 }
 
+/* st_rename_prefix: a multimodal checkpoint's language model under its
+ * prefix is found by the text model's names; names that meet fail. */
+static void test_rename_prefix(void **state) {
+    (void)state;
+    char *dir = fixture("oracle/tiny-models-more/gemma3");
+    struct st_set s;
+    struct kiln_error err = {0};
+    if (st_open_dir(&s, dir, &err)) fail_msg("%s", err.msg);
+    int n = s.n_tensors;
+    if (st_rename_prefix(&s, "model.", "model.language_model.", &err)) fail_msg("%s", err.msg);
+    assert_null(st_find(&s, "model.embed_tokens.weight"));
+    expect_shape(&s, "model.language_model.embed_tokens.weight", DTYPE_BF16, 2, 1024, 64);
+    if (st_rename_prefix(&s, "model.language_model.", "model.", &err)) fail_msg("%s", err.msg);
+    expect_shape(&s, "model.embed_tokens.weight", DTYPE_BF16, 2, 1024, 64);
+    assert_int_equal(s.n_tensors, n);
+    for (int k = 0; k < s.n_tensors; k++) assert_ptr_equal(st_find(&s, s.tensors[k].name), &s.tensors[k]);
+    /* nothing under the prefix: unchanged */
+    assert_int_equal(st_rename_prefix(&s, "language_model.", "", &err), 0);
+    /* two names meet */
+    assert_int_equal(st_rename_prefix(&s, "model.layers.0.", "model.layers.1.", &err), -1);
+    st_close(&s);
+    free(dir);
+}
+
 static void test_expect(void **state) {
     (void)state;
     char *d = fixture("oracle/tiny-models/llama");
@@ -494,6 +518,7 @@ static void test_sharded(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixture_checkpoints), cmocka_unit_test(test_expect),
+        cmocka_unit_test(test_rename_prefix),
         cmocka_unit_test(test_parse_ok),           cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_open_errors),        cmocka_unit_test(test_sharded),
     };

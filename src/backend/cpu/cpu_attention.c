@@ -5,7 +5,8 @@
  * exp-sum and the weighted sum of values, all in position order. That order
  * depends only on the row's own position, never on the batch or on how the
  * prompt was chunked, so results are batch-invariant (docs/design.md, "On the
- * CPU").
+ * CPU"). With a sliding window (attn_params.window) the scan starts at
+ * the window's first position instead of 0.
  *
  * Where the CPU has AVX-512 (the family cpu_matmul uses), attn_one_avx512
  * performs the very same operations as attn_one, vectorised: eight keys'
@@ -82,6 +83,16 @@ static long slot_next(struct slot_iter *it) {
     return slot;
 }
 
+/* The iterator at position p0 of a sequence. */
+static struct slot_iter slot_at(const int32_t *pages, long page_size, long p0) {
+    return (struct slot_iter){pages, page_size, p0 / page_size, p0 % page_size};
+}
+
+/* The first position a query at pos sees (attn_params.window). */
+static long window_start(const struct attn_params *p, int pos) {
+    return p->window > 0 && pos >= p->window ? (long)pos - p->window + 1 : 0;
+}
+
 static float dot(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int k = 0;
@@ -99,10 +110,10 @@ static void attn_one(const struct attn_job *j, long t, int h, float *scores, flo
     int group = p->n_heads / p->n_kv_heads, g = h / group;
     const int32_t *pages = b->kv_pages + b->kv_page_start[s];
     const float *q = j->q + t * j->ldq + (long)h * p->dk;
-    long n = (long)pos + 1;
+    long p0 = window_start(p, pos), n = (long)pos + 1 - p0;
     KILN_ASSERT(n <= j->max_context);
     float mx = -INFINITY;
-    struct slot_iter ki = {pages, b->page_size, 0, 0};
+    struct slot_iter ki = slot_at(pages, b->page_size, p0);
     for (long i = 0; i < n; i++) {
         long slot = slot_next(&ki);
         const float *k = kv_row(j->k_cache, slot * p->k_stride + (long)g * p->dk, p->dk, j->fp8,
@@ -118,7 +129,7 @@ static void attn_one(const struct attn_job *j, long t, int h, float *scores, flo
     }
     float *o = j->out + t * j->ldo + (long)h * p->dv;
     for (int d = 0; d < p->dv; d++) o[d] = 0.0f;
-    struct slot_iter vi = {pages, b->page_size, 0, 0};
+    struct slot_iter vi = slot_at(pages, b->page_size, p0);
     for (long i = 0; i < n; i++) {
         long slot = slot_next(&vi);
         const float *v = kv_row(j->v_cache, slot * p->v_stride + (long)g * p->dv, p->dv, j->fp8,
@@ -170,9 +181,9 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
     int group = p->n_heads / p->n_kv_heads, g = h / group;
     const int32_t *pages = b->kv_pages + b->kv_page_start[s];
     const float *q = j->q + t * j->ldq + (long)h * p->dk;
-    long n = (long)pos + 1;
+    long p0 = window_start(p, pos), n = (long)pos + 1 - p0;
     KILN_ASSERT(n <= j->max_context);
-    struct slot_iter ki = {pages, b->page_size, 0, 0};
+    struct slot_iter ki = slot_at(pages, b->page_size, p0);
     for (long i0 = 0; i0 < n; i0 += ATTN_KEYS) {
         const float *k[ATTN_KEYS];
         int cnt = n - i0 < ATTN_KEYS ? (int)(n - i0) : ATTN_KEYS;
@@ -195,7 +206,7 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
     for (int d0 = 0; d0 < p->dv; d0 += ATTN_DV_CHUNK) {
         __m512 acc[ATTN_DV_CHUNK / 16];
         for (int c = 0; c < ATTN_DV_CHUNK / 16; c++) acc[c] = _mm512_setzero_ps();
-        struct slot_iter vi = {pages, b->page_size, 0, 0};
+        struct slot_iter vi = slot_at(pages, b->page_size, p0);
         for (long i = 0; i < n; i++) {
             long slot = slot_next(&vi);
             const float *v = kv_row(j->v_cache, slot * p->v_stride + (long)g * p->dv + d0,

@@ -232,6 +232,27 @@ void cpu_silu_mul(void *ctx, float *y, long ldy, const float *g, long ldg, const
     run_rows(ctx, &j);
 }
 
+static void gelu_tanh_mul_row(const struct rows_job *j, long i) {
+    const float *g = j->x + i * j->ldx, *u = j->u + i * j->ldu;
+    float *y = j->y + i * j->ldy;
+    const float c = 0.7978845608028654f; /* √(2/π) */
+    for (long k = 0; k < j->dim; k++) {
+        float x = g[k];
+        y[k] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[k];
+    }
+}
+
+static void cpu_gelu_tanh_mul(void *ctx, float *y, long ldy, const float *g, long ldg,
+                              const float *u, long ldu, long n, long dim) {
+    struct rows_job j = {.row = gelu_tanh_mul_row, .n = n, .y = y, .ldy = ldy, .x = g, .ldx = ldg,
+                         .u = u, .ldu = ldu, .dim = dim};
+    run_rows(ctx, &j);
+}
+
+static void cpu_scale(void *ctx, float *x, long count, float s) {
+    for (long i = 0; i < count; i++) x[i] *= s;
+}
+
 static void cpu_gated_add(void *ctx, float *y, const float *x, const float *gate, long ldgate,
                           long n, long dim) {
     for (long i = 0; i < n; i++) {
@@ -359,6 +380,7 @@ static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .weights_in_place = 1,
     .fp8_weights = 1, /* cpu_matmul dequantizes F8_E4M3 blocks (cpu_matmul_fp8.c) */
+    .sliding_window = 1, /* cpu_attention starts each row at its window's first key */
     .destroy = cpu_destroy,
     .reserve = cpu_reserve,
     .alloc = cpu_alloc,
@@ -377,6 +399,8 @@ static const struct backend_ops cpu_ops = {
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,
     .gated_add = cpu_gated_add,
+    .gelu_tanh_mul = cpu_gelu_tanh_mul,
+    .scale = cpu_scale,
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .copy_rows = cpu_copy_rows,

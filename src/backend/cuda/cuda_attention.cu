@@ -895,6 +895,8 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     if (b->n_tokens <= 0) return;
     CUDA_ASSERT(p->n_heads % p->n_kv_heads == 0);
     CUDA_ASSERT_MSG(c->max_context > 0, "cuda backend: reserve() was not called");
+    /* the model refuses a sliding window on this backend (backend_ops.sliding_window) */
+    CUDA_ASSERT_MSG(p->window == 0, "cuda attention: sliding windows are not supported");
     CUDA_ASSERT((long)b->n_tokens * p->n_heads < (1l << 31));
     if (c->attn_impl == CUDA_ATTN_SCALAR)
         return attention_scalar(c, out, ldo, q, ldq, k_cache, v_cache, p, b);

@@ -463,6 +463,7 @@ extern "C" void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *a
                                          long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (n <= 0) return;
+    CUDA_ASSERT_MSG(p->window == 0, "cuda attention: sliding windows are not supported");
     if (!attn16_ok(c, q, ldq, k_cache, v_cache, p, b, wo, n)) {
         cuda_op_attention(ctx, att, ldatt, q, ldq, k_cache, v_cache, p, b);
         cuda_op_matmul(ctx, y, ldy, att, ldatt, wo, bias, n);
