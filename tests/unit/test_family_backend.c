@@ -53,7 +53,9 @@ static int load(struct model **m, const char *arch, const struct backend_ops *ta
     char rel[128];
     snprintf(rel, sizeof rel, "oracle/tiny-models-more/%s", arch);
     char *dir = fixture(rel);
-    struct backend b = {table, be.ctx};
+    /* the model keeps the backend's address: one loaded model at a time */
+    static struct backend b;
+    b = (struct backend){table, be.ctx};
     struct model_options mo = {.max_batch_tokens = 4, .max_seqs = 1, .max_context = 16};
     err->msg[0] = 0;
     int rc = model_load(m, dir, &b, &mo, err);
