@@ -58,4 +58,24 @@ static inline void buf_clear(struct buf *b) {
     if (b->data) b->data[0] = 0;
 }
 
+/* Little-endian integers for wire formats (dist/wire.c, runner/ctrl_msg.c):
+ * buf_put_le* append, le_get* read from at least 2, 4 or 8 bytes. */
+static inline void buf_put_le16(struct buf *b, uint32_t v) {
+    uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
+    buf_append(b, x, 2);
+}
+static inline void buf_put_le32(struct buf *b, uint32_t v) {
+    uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    buf_append(b, x, 4);
+}
+static inline void buf_put_le64(struct buf *b, uint64_t v) {
+    buf_put_le32(b, (uint32_t)v);
+    buf_put_le32(b, (uint32_t)(v >> 32));
+}
+static inline uint32_t le_get16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static inline uint32_t le_get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t le_get64(const uint8_t *p) { return (uint64_t)le_get32(p) | (uint64_t)le_get32(p + 4) << 32; }
+
 #endif

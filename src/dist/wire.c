@@ -7,23 +7,6 @@
 #include "base/error.h"
 #include "base/mem.h"
 
-static void put_u16(struct buf *b, uint32_t v) {
-    uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
-    buf_append(b, x, 2);
-}
-static void put_u32(struct buf *b, uint32_t v) {
-    uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    buf_append(b, x, 4);
-}
-static void put_u64(struct buf *b, uint64_t v) {
-    put_u32(b, (uint32_t)v);
-    put_u32(b, (uint32_t)(v >> 32));
-}
-static uint32_t get_u16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
 
 static int printable(const uint8_t *s, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -33,11 +16,11 @@ static int printable(const uint8_t *s, size_t n) {
 
 /* Starts a message; returns the offset of its length field. */
 static size_t begin(struct buf *b, enum dist_msg_type type) {
-    put_u32(b, DIST_WIRE_MAGIC);
-    put_u16(b, DIST_WIRE_VERSION);
-    put_u16(b, (uint32_t)type);
+    buf_put_le32(b, DIST_WIRE_MAGIC);
+    buf_put_le16(b, DIST_WIRE_VERSION);
+    buf_put_le16(b, (uint32_t)type);
     size_t at = b->len;
-    put_u32(b, 0);
+    buf_put_le32(b, 0);
     return at;
 }
 static void end(struct buf *b, size_t at) {
@@ -49,14 +32,14 @@ static void end(struct buf *b, size_t at) {
 static void put_str(struct buf *b, const char *s) {
     size_t n = strlen(s);
     KILN_ASSERT(n >= 1 && n < DIST_ADDR_MAX && printable((const uint8_t *)s, n));
-    put_u16(b, (uint32_t)n);
+    buf_put_le16(b, (uint32_t)n);
     buf_append(b, s, n);
 }
 
 void dist_wire_hello(struct buf *out, uint32_t rank, uint32_t world_size, const char *addr) {
     size_t at = begin(out, DIST_MSG_HELLO);
-    put_u32(out, rank);
-    put_u32(out, world_size);
+    buf_put_le32(out, rank);
+    buf_put_le32(out, world_size);
     put_str(out, addr);
     end(out, at);
 }
@@ -65,9 +48,9 @@ void dist_wire_table(struct buf *out, uint32_t world_size, uint64_t session, con
                      const char (*addr)[DIST_ADDR_MAX]) {
     KILN_ASSERT(world_size >= 1 && world_size <= DIST_WORLD_MAX && blob_len <= DIST_BLOB_MAX);
     size_t at = begin(out, DIST_MSG_TABLE);
-    put_u32(out, world_size);
-    put_u64(out, session);
-    put_u32(out, (uint32_t)blob_len);
+    buf_put_le32(out, world_size);
+    buf_put_le64(out, session);
+    buf_put_le32(out, (uint32_t)blob_len);
     if (blob_len) buf_append(out, blob, blob_len);
     for (uint32_t i = 0; i < world_size; i++) put_str(out, addr[i]);
     end(out, at);
@@ -80,21 +63,21 @@ void dist_wire_error(struct buf *out, const char *text) {
     if (n == 0) t[n++] = '?';
     t[n] = 0;
     size_t at = begin(out, DIST_MSG_ERROR);
-    put_u16(out, (uint32_t)n);
+    buf_put_le16(out, (uint32_t)n);
     buf_append(out, t, n);
     end(out, at);
 }
 
 void dist_wire_greet(struct buf *out, uint32_t rank, uint32_t world_size, uint64_t session) {
     size_t at = begin(out, DIST_MSG_GREET);
-    put_u32(out, rank);
-    put_u32(out, world_size);
-    put_u64(out, session);
+    buf_put_le32(out, rank);
+    buf_put_le32(out, world_size);
+    buf_put_le64(out, session);
     end(out, at);
 }
 
 long dist_wire_header(const uint8_t *hdr, enum dist_msg_type *type, struct kiln_error *err) {
-    uint32_t magic = get_u32(hdr), version = get_u16(hdr + 4), t = get_u16(hdr + 6), len = get_u32(hdr + 8);
+    uint32_t magic = le_get32(hdr), version = le_get16(hdr + 4), t = le_get16(hdr + 6), len = le_get32(hdr + 8);
     if (magic != DIST_WIRE_MAGIC)
         return kiln_errorf(err, "not a kiln rendezvous message (magic %08x, want %08x)", magic, DIST_WIRE_MAGIC);
     if (version != DIST_WIRE_VERSION)
@@ -121,7 +104,7 @@ static const uint8_t *take(struct rd *r, size_t n) {
 static int take_str(struct rd *r, char *dst, size_t max, const char *what, struct kiln_error *err) {
     const uint8_t *p = take(r, 2);
     if (!p) return kiln_errorf(err, "rendezvous message cut short in %s", what);
-    size_t n = get_u16(p);
+    size_t n = le_get16(p);
     if (n == 0 || n >= max) return kiln_errorf(err, "%s of %zu bytes (1 to %zu)", what, n, max - 1);
     if (!(p = take(r, n))) return kiln_errorf(err, "rendezvous message cut short in %s", what);
     if (!printable(p, n)) return kiln_errorf(err, "%s is not printable ASCII", what);
@@ -145,20 +128,20 @@ int dist_wire_parse(const uint8_t *data, size_t len, struct dist_msg *m, struct 
     case DIST_MSG_HELLO:
     case DIST_MSG_GREET:
         if (!(p = take(&r, 8))) return kiln_errorf(err, "rendezvous message cut short in its rank");
-        m->rank = get_u32(p), m->world_size = get_u32(p + 4);
+        m->rank = le_get32(p), m->world_size = le_get32(p + 4);
         if (m->world_size < 1 || m->world_size > DIST_WORLD_MAX)
             return kiln_errorf(err, "world size %u (1 to %d)", m->world_size, DIST_WORLD_MAX);
         if (type == DIST_MSG_HELLO) {
             if (take_str(&r, m->addr_one, DIST_ADDR_MAX, "mesh address", err)) return -1;
         } else {
             if (!(p = take(&r, 8))) return kiln_errorf(err, "rendezvous message cut short in its session");
-            m->session = get_u64(p);
+            m->session = le_get64(p);
         }
         break;
     case DIST_MSG_TABLE: {
         if (!(p = take(&r, 16))) return kiln_errorf(err, "rendezvous table cut short in its header");
-        m->world_size = get_u32(p), m->session = get_u64(p + 4);
-        size_t bl = get_u32(p + 12);
+        m->world_size = le_get32(p), m->session = le_get64(p + 4);
+        size_t bl = le_get32(p + 12);
         if (m->world_size < 1 || m->world_size > DIST_WORLD_MAX)
             return kiln_errorf(err, "world size %u (1 to %d)", m->world_size, DIST_WORLD_MAX);
         if (bl > DIST_BLOB_MAX) return kiln_errorf(err, "blob of %zu bytes (at most %d)", bl, DIST_BLOB_MAX);

@@ -13,18 +13,6 @@
 #define STEP_FIXED 28 /* mode, flags, reserved, page size, scratch page, four counts */
 #define LOAD_FIXED 56 /* the LOAD body before its two names */
 
-static void put_u16(struct buf *b, uint32_t v) {
-    uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
-    buf_append(b, x, 2);
-}
-static void put_u32(struct buf *b, uint32_t v) {
-    uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    buf_append(b, x, 4);
-}
-static void put_u64(struct buf *b, uint64_t v) {
-    put_u32(b, (uint32_t)v);
-    put_u32(b, (uint32_t)(v >> 32));
-}
 static void put_i32s(struct buf *b, const int32_t *v, size_t n) {
     uint8_t *p = (uint8_t *)buf_grow(b, n * 4);
     for (size_t i = 0; i < n; i++) {
@@ -33,22 +21,17 @@ static void put_i32s(struct buf *b, const int32_t *v, size_t n) {
         p[4 * i + 3] = (uint8_t)(x >> 24);
     }
 }
-static uint32_t get_u16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
 static void get_i32s(int32_t *dst, const uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = (int32_t)get_u32(p + 4 * i);
+    for (size_t i = 0; i < n; i++) dst[i] = (int32_t)le_get32(p + 4 * i);
 }
 
 static size_t begin(struct buf *b, enum ctrl_msg_type type, uint32_t seq) {
-    put_u32(b, CTRL_MSG_MAGIC);
-    put_u16(b, CTRL_MSG_VERSION);
-    put_u16(b, (uint32_t)type);
+    buf_put_le32(b, CTRL_MSG_MAGIC);
+    buf_put_le16(b, CTRL_MSG_VERSION);
+    buf_put_le16(b, (uint32_t)type);
     size_t at = b->len;
-    put_u32(b, 0);
-    put_u32(b, seq);
+    buf_put_le32(b, 0);
+    buf_put_le32(b, seq);
     return at;
 }
 static void end(struct buf *b, size_t at) {
@@ -69,7 +52,7 @@ int ctrl_msg_name_ok(const char *s) { return strlen(s) < CTRL_MSG_NAME_MAX && na
 static void put_name(struct buf *b, const char *s) {
     size_t n = strlen(s);
     KILN_ASSERT(name_ok(s, n));
-    put_u16(b, (uint32_t)n);
+    buf_put_le16(b, (uint32_t)n);
     buf_append(b, s, n);
 }
 
@@ -79,19 +62,19 @@ void ctrl_msg_load(struct buf *out, uint32_t seq, const struct ctrl_load *l) {
                 l->max_running_requests >= 0 && l->chunked_prefill_size >= 0 && l->dummy_routing >= 0 &&
                 l->dummy_routing <= 1 && l->mem_fraction_static >= 0 && l->mem_fraction_static <= 1);
     size_t at = begin(out, CTRL_MSG_LOAD, seq);
-    put_u32(out, (uint32_t)l->max_batch_tokens);
-    put_u32(out, (uint32_t)l->max_seqs);
-    put_u32(out, (uint32_t)l->max_context);
-    put_u64(out, l->seed);
-    put_u32(out, (uint32_t)(l->no_shared_expert_fusion | l->moe_count << 1 | l->no_graphs << 2 | l->skip_warmup << 3));
-    put_u32(out, (uint32_t)l->dummy_routing);
-    put_u32(out, (uint32_t)l->page_size);
-    put_u64(out, (uint64_t)l->kv_tokens);
+    buf_put_le32(out, (uint32_t)l->max_batch_tokens);
+    buf_put_le32(out, (uint32_t)l->max_seqs);
+    buf_put_le32(out, (uint32_t)l->max_context);
+    buf_put_le64(out, l->seed);
+    buf_put_le32(out, (uint32_t)(l->no_shared_expert_fusion | l->moe_count << 1 | l->no_graphs << 2 | l->skip_warmup << 3));
+    buf_put_le32(out, (uint32_t)l->dummy_routing);
+    buf_put_le32(out, (uint32_t)l->page_size);
+    buf_put_le64(out, (uint64_t)l->kv_tokens);
     uint64_t f;
     memcpy(&f, &l->mem_fraction_static, 8);
-    put_u64(out, f);
-    put_u32(out, (uint32_t)l->max_running_requests);
-    put_u32(out, (uint32_t)l->chunked_prefill_size);
+    buf_put_le64(out, f);
+    buf_put_le32(out, (uint32_t)l->max_running_requests);
+    buf_put_le32(out, (uint32_t)l->chunked_prefill_size);
     put_name(out, l->load_format);
     put_name(out, l->quantization);
     end(out, at);
@@ -107,12 +90,12 @@ void ctrl_msg_step(struct buf *out, uint32_t seq, int flags, int scratch_page, c
     buf_reserve(out, STEP_FIXED + 4 * ((size_t)3 * T + 4 * (size_t)S + 2 + (size_t)P + (size_t)L) + (size_t)L);
     uint8_t head[4] = {(uint8_t)b->mode, (uint8_t)flags, 0, 0};
     buf_append(out, head, 4);
-    put_u32(out, (uint32_t)b->page_size);
-    put_u32(out, (uint32_t)scratch_page);
-    put_u32(out, (uint32_t)T);
-    put_u32(out, (uint32_t)S);
-    put_u32(out, (uint32_t)P);
-    put_u32(out, (uint32_t)L);
+    buf_put_le32(out, (uint32_t)b->page_size);
+    buf_put_le32(out, (uint32_t)scratch_page);
+    buf_put_le32(out, (uint32_t)T);
+    buf_put_le32(out, (uint32_t)S);
+    buf_put_le32(out, (uint32_t)P);
+    buf_put_le32(out, (uint32_t)L);
     put_i32s(out, b->input_ids, (size_t)T);
     put_i32s(out, b->positions, (size_t)T);
     put_i32s(out, b->out_slot, (size_t)T);
@@ -131,24 +114,24 @@ void ctrl_msg_stop(struct buf *out, uint32_t seq) { end(out, begin(out, CTRL_MSG
 void ctrl_msg_end(struct buf *out, uint32_t seq) { end(out, begin(out, CTRL_MSG_END, seq)); }
 
 long ctrl_msg_header(const uint8_t *hdr, enum ctrl_msg_type *type, uint32_t *seq, struct kiln_error *err) {
-    if (get_u32(hdr) != CTRL_MSG_MAGIC) return kiln_errorf(err, "not a lockstep message (bad magic)");
-    if (get_u16(hdr + 4) != CTRL_MSG_VERSION)
-        return kiln_errorf(err, "lockstep message version %u; this kiln speaks %d (mixed builds?)", get_u16(hdr + 4),
+    if (le_get32(hdr) != CTRL_MSG_MAGIC) return kiln_errorf(err, "not a lockstep message (bad magic)");
+    if (le_get16(hdr + 4) != CTRL_MSG_VERSION)
+        return kiln_errorf(err, "lockstep message version %u; this kiln speaks %d (mixed builds?)", le_get16(hdr + 4),
                            CTRL_MSG_VERSION);
-    uint32_t t = get_u16(hdr + 6);
+    uint32_t t = le_get16(hdr + 6);
     if (t < CTRL_MSG_LOAD || t > CTRL_MSG_END) return kiln_errorf(err, "unknown lockstep message type %u", t);
-    uint32_t body = get_u32(hdr + 8);
+    uint32_t body = le_get32(hdr + 8);
     if (t != CTRL_MSG_STEP && body > CTRL_MSG_FRAME - CTRL_MSG_HEADER)
         return kiln_errorf(err, "lockstep message of type %u has a body of %u bytes, more than %d", t, body,
                            CTRL_MSG_FRAME - CTRL_MSG_HEADER);
     *type = (enum ctrl_msg_type)t;
-    *seq = get_u32(hdr + 12);
+    *seq = le_get32(hdr + 12);
     return (long)body;
 }
 
 static int parse_name(const uint8_t **p, const uint8_t *e, char *out, struct kiln_error *err) {
     if (e - *p < 2) return kiln_errorf(err, "LOAD: truncated");
-    size_t n = get_u16(*p);
+    size_t n = le_get16(*p);
     *p += 2;
     if ((size_t)(e - *p) < n) return kiln_errorf(err, "LOAD: truncated");
     if (!name_ok((const char *)*p, n)) return kiln_errorf(err, "LOAD: a name is not 0..%d printable bytes", CTRL_MSG_NAME_MAX - 1);
@@ -161,11 +144,11 @@ static int parse_name(const uint8_t **p, const uint8_t *e, char *out, struct kil
 static int parse_load(const uint8_t *p, size_t n, struct ctrl_load *l, struct kiln_error *err) {
     if (n < LOAD_FIXED + 4) return kiln_errorf(err, "LOAD: %zu bytes, fewer than %d", n, LOAD_FIXED + 4);
     memset(l, 0, sizeof *l);
-    uint32_t mbt = get_u32(p), ms = get_u32(p + 4), mc = get_u32(p + 8);
-    l->seed = get_u64(p + 12);
-    uint32_t flags = get_u32(p + 20), routing = get_u32(p + 24), ps = get_u32(p + 28);
-    uint64_t kv = get_u64(p + 32), fbits = get_u64(p + 40);
-    uint32_t mrr = get_u32(p + 48), cps = get_u32(p + 52);
+    uint32_t mbt = le_get32(p), ms = le_get32(p + 4), mc = le_get32(p + 8);
+    l->seed = le_get64(p + 12);
+    uint32_t flags = le_get32(p + 20), routing = le_get32(p + 24), ps = le_get32(p + 28);
+    uint64_t kv = le_get64(p + 32), fbits = le_get64(p + 40);
+    uint32_t mrr = le_get32(p + 48), cps = le_get32(p + 52);
     const uint32_t big = INT32_MAX;
     if (mbt > big || ms > big || mc > big || mrr > big || cps > big)
         return kiln_errorf(err, "LOAD: a batch or context size above %u", big);
@@ -251,8 +234,8 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
         return kiln_errorf(err, "STEP: flags 0x%x / reserved bytes", flags);
     if ((flags & CTRL_STEP_GROUPS) && lim->dp_groups <= 1)
         return kiln_errorf(err, "STEP: DP attention groups, but the runner has no DP attention");
-    int32_t ps = (int32_t)get_u32(p + 4), scratch = (int32_t)get_u32(p + 8);
-    uint32_t T = get_u32(p + 12), S = get_u32(p + 16), P = get_u32(p + 20), L = get_u32(p + 24);
+    int32_t ps = (int32_t)le_get32(p + 4), scratch = (int32_t)le_get32(p + 8);
+    uint32_t T = le_get32(p + 12), S = le_get32(p + 16), P = le_get32(p + 20), L = le_get32(p + 24);
     if (ps != lim->page_size) return kiln_errorf(err, "STEP: page size %d, the pool's is %d", ps, lim->page_size);
     if (scratch < -1 || scratch >= lim->pool_pages) return kiln_errorf(err, "STEP: scratch page %d", scratch);
     if (T < 1 || T > (uint32_t)lim->max_tokens || S < 1 || S > (uint32_t)lim->max_seqs || P > (uint64_t)lim->max_pages ||
