@@ -67,6 +67,11 @@ struct attn_params {
      * included; transformers' sliding-window causal mask); 0, all of 0..pos.
      * Only a backend with backend_ops.sliding_window honours it. */
     int window;
+    /* Attention sinks (gpt-oss): NULL, none; else device [n_heads] fp32
+     * logits, one per query head, that join every softmax row's
+     * denominator only (exp(sink - m) added to the sum; no value row).
+     * Only a backend with backend_ops.attention_sinks honours it. */
+    const float *sinks;
 };
 
 enum moe_route_scoring { MOE_ROUTE_SOFTMAX = 0, MOE_ROUTE_SIGMOID };
@@ -202,6 +207,9 @@ struct backend_ops {
     /* The backend's attention honours attn_params.window; the model
      * refuses a checkpoint with a sliding window on a backend without. */
     int sliding_window;
+    /* The backend's attention honours attn_params.sinks; the model refuses
+     * a checkpoint with attention sinks on a backend without. */
+    int attention_sinks;
     void (*destroy)(void *ctx);
     /* Reserves scratch for batches of up to max_tokens rows and contexts of up
      * to max_context positions; called once before the first forward. */
