@@ -6,7 +6,9 @@
  * depends only on the row's own position, never on the batch or on how the
  * prompt was chunked, so results are batch-invariant (docs/design.md, "On the
  * CPU"). With a sliding window (attn_params.window) the scan starts at
- * the window's first position instead of 0.
+ * the window's first position instead of 0. Attention sinks
+ * (attn_params.sinks) add one logit per head to the max and the
+ * denominator.
  *
  * Where the CPU has AVX-512 (the family cpu_matmul uses), attn_one_avx512
  * performs the very same operations as attn_one, vectorised: eight keys'
@@ -102,6 +104,17 @@ static float dot(const float *a, const float *b, int n) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
+/* Attention sinks (attn_params.sinks): head h's sink logit joins the
+ * softmax's max and denominator, with no value row. Raises *mx to the
+ * sink where it is larger and returns the sink's share of the sum,
+ * exp(sink - max); 0 without sinks. */
+static float sink_term(const struct attn_params *p, int h, float *mx) {
+    if (!p->sinks) return 0.0f;
+    float s = p->sinks[h];
+    if (s > *mx) *mx = s;
+    return expf(s - *mx);
+}
+
 static void attn_one(const struct attn_job *j, long t, int h, float *scores, float *rows) {
     const struct attn_params *p = j->p;
     const struct backend_batch *b = j->b;
@@ -122,7 +135,7 @@ static void attn_one(const struct attn_job *j, long t, int h, float *scores, flo
         scores[i] = sc;
         if (sc > mx) mx = sc;
     }
-    float sum = 0.0f;
+    float sum = sink_term(p, h, &mx);
     for (long i = 0; i < n; i++) {
         scores[i] = expf(scores[i] - mx);
         sum += scores[i];
@@ -196,7 +209,7 @@ static KILN_AVX512 void attn_one_avx512(const struct attn_job *j, long t, int h,
     float mx = -INFINITY;
     for (long i = 0; i < n; i++)
         if (scores[i] > mx) mx = scores[i];
-    float sum = 0.0f;
+    float sum = sink_term(p, h, &mx);
     for (long i = 0; i < n; i++) {
         scores[i] = expf(scores[i] - mx);
         sum += scores[i];
