@@ -123,6 +123,10 @@ static const struct knob_def table[KNOB_COUNT] = {
     [KNOB_CUDA_WGMMA_ROPE] = {"KILN_CUDA_WGMMA_ROPE",
                               BOOL(KNOB_DEBUG, "1",
                                    "rope and the K/V store in the wgmma q|k|v product's epilogue")},
+    [KNOB_CUDA_MOE_WGMMA] = {"KILN_CUDA_MOE_WGMMA",
+                             BOOL(KNOB_DEBUG, "1",
+                                  "MoE expert products of long prompts on wgmma on compute capability "
+                                  "9.0 (0: the mma.sync kernel)")},
     [KNOB_CUDA_MOE_MAX] = {"KILN_CUDA_MOE_MAX",
                            INT(KNOB_DEBUG, "1048576", 0, 1 << 20,
                                "largest batch (tokens) of the MoE device path; larger ones sort "

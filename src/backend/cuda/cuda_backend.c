@@ -277,6 +277,7 @@ static void cuda_destroy(void *ctx) {
     cuda_matmul_release(c);
 #ifdef KILN_CUDA_HOPPER
     cuda_wgmma_release(c);
+    cuda_moe_wgmma_release(c);
 #endif
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
@@ -489,6 +490,8 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->wgmma = knob_bool(KNOB_CUDA_WGMMA) && cuda_wgmma_init(c);
     c->wgmma_glu = knob_bool(KNOB_CUDA_WGMMA_GLU);
     c->wgmma_rope = knob_bool(KNOB_CUDA_WGMMA_ROPE);
+    /* the MoE expert products of long prompts on wgmma (hopper/moe_wgmma.cu) */
+    c->moe_wgmma = knob_bool(KNOB_CUDA_MOE_WGMMA) && cuda_moe_wgmma_init(c);
 #endif
     /* KILN_CUDA_MOE=device (the default): MoE steps of any size (up to
      * KILN_CUDA_MOE_MAX tokens) sort their rows on the device and MoE

@@ -165,6 +165,9 @@ struct cuda_ctx {
     int mla_occ;                 /* MLA decode CTAs an SM holds (cuda_attn_mla.cu; 0: not set up yet) */
     long wgmma_calls;            /* products it ran (host count, for tests) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
+    int moe_wgmma;               /* 1: MoE expert products of prefill-sized groups on wgmma
+                                    (hopper/moe_wgmma.cu; KILN_CUDA_MOE_WGMMA=0: mma.sync) */
+    void *moe_wg_state;          /* its tensor-map caches (moe_wgmma.cu) */
     int ad_warps;                /* decode attention at head size 128: warps per CTA, 2 or 4
                                     (chunks of 32 positions per warp); 0: by the batch
                                     (KILN_CUDA_AD_W=2|4 forces) */
@@ -454,6 +457,28 @@ int cuda_wgmma_rope_ok(const struct cuda_ctx *c, const struct backend_weight *w,
 void cuda_wgmma_rope_run(struct cuda_ctx *c, float *y, long ldy, const void *x16, long ldx,
                          const struct backend_weight *w, const float *bias, long n,
                          const struct backend_rope_store *r);
+/* The MoE expert products for prefill-sized groups on wgmma + TMA
+ * (hopper/moe_wgmma.cu, KILN_CUDA_HOPPER builds): init returns 1 on
+ * compute capability 9.0 with the driver's tensor-map encoder (sets
+ * moe_wg_state); ok: it serves these experts now (their tensor maps are
+ * made on the first call, which a graph's capture cannot do: 0 then);
+ * gather writes xs16[p] =
+ * x[order[p] / top_k] in dt for the rows of the device tile list (tiles
+ * of at most 128 rows, cuda_moe.cu); ffn runs h16 = silu(xs16 · gateᵀ) ·
+ * (xs16 · upᵀ) and out = h16 · downᵀ (fp32) per tile's expert, rows
+ * sorted by expert. forget drops the cached maps of the experts. */
+int cuda_moe_wgmma_init(struct cuda_ctx *c);
+void cuda_moe_wgmma_forget(struct cuda_ctx *c);
+void cuda_moe_wgmma_release(struct cuda_ctx *c);
+int cuda_moe_wgmma_ok(const struct cuda_ctx *c, const struct moe_experts *e);
+
+void cuda_moe_wgmma_gather(struct cuda_ctx *c, enum dtype dt, void *xs16, const float *x, long H,
+                           const int32_t *order, int top_k, const void *tiles, const int *n_tiles,
+                           long max_tiles);
+void cuda_moe_wgmma_ffn(struct cuda_ctx *c, const struct moe_experts *e, void *h16, float *out,
+                        const void *xs16, long rows, const void *tiles, const int *n_tiles,
+                        long max_tiles);
+
 /* The tile width and K split cuda_wgmma_run would use for a [N][K] weight
  * (bn, splits: 0 = by shape, else forced), written back. */
 void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *splits);

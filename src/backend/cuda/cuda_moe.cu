@@ -402,6 +402,9 @@ extern "C" void cuda_moe_release(struct cuda_ctx *c) {
     free(ts->t);
     free(ts);
     c->moe_tables = NULL;
+#ifdef KILN_CUDA_HOPPER
+    cuda_moe_wgmma_forget(c);
+#endif
 }
 
 /* The device path serves these experts for n tokens: 16-bit weights of
@@ -443,6 +446,21 @@ static size_t host_scratch_bytes(long rows, long H, long F) {
     return (size_t)rows * (size_t)(2 * H + 2 * F) * 4 + (size_t)rows * 8;
 }
 
+/* Prefill-sized groups (on average MOE_WG_MIN_ROWS rows an expert and
+ * more) take the wgmma products of hopper/moe_wgmma.cu where it serves
+ * the experts: 128 × 256 tiles on the tensor cores' fast path instead of
+ * the mma.sync kernel's 64 × 64. */
+enum { MOE_WG_MIN_ROWS = 32 };
+
+static int moe_wg_ok(const struct cuda_ctx *c, const struct moe_experts *e) {
+#ifdef KILN_CUDA_HOPPER
+    return cuda_moe_wgmma_ok(c, e);
+#else
+    (void)c, (void)e;
+    return 0;
+#endif
+}
+
 /* One chunk of n tokens on the device path. */
 static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const int32_t *ids,
                            const float *weights, int top_k, const struct moe_experts *e, long n,
@@ -469,10 +487,13 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
      * cuda_moe_scratch_bytes, counts 16-row tiles of the largest chunk,
      * which covers these smaller chunks.) */
     int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E;
-    int bm = gemv ? (n == 1 ? 1 : 8) : rows <= 16 * E ? 16 : 64;
+    int wg = !gemv && rows >= MOE_WG_MIN_ROWS * E && moe_wg_ok(c, e);
+    int bm = gemv ? (n == 1 ? 1 : 8) : wg ? 128 : rows <= 16 * E ? 16 : 64;
     long max_tiles;
     size_t bytes = device_scratch_bytes(rows, H, F, E, bm, &max_tiles);
     size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
+    size_t xs_at = (bytes + 255) & ~(size_t)255;
+    if (wg) bytes = xs_at + (size_t)rows * H * 2;
     if (cuda_scratch_reserve(c, &c->moe_dev, bytes, n)) return;
     char *p = (char *)c->moe_dev.p;
     void *h = p;
@@ -480,10 +501,19 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     int4 *tiles = (int4 *)(out + rows * H);
     int32_t *order = (int32_t *)(tiles + max_tiles), *where = order + rows;
     int *n_tiles = (int *)(where + rows);
-    const void *x16 = gemv ? NULL : cuda_act16(c, x, H, n, H, dt);
-    if (!gemv && !x16) return;
+    const void *x16 = gemv || wg ? NULL : cuda_act16(c, x, H, n, H, dt);
+    if (!gemv && !wg && !x16) return;
     pdl_launch(c, moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), (size_t)(E + 33) * 4, ids, (int)rows, (int)E,
                e->first, bm, order, where, tiles, n_tiles);
+#ifdef KILN_CUDA_HOPPER
+    if (wg) {
+        void *xs16 = p + xs_at;
+        cuda_moe_wgmma_gather(c, dt, xs16, x, H, order, top_k, tiles, n_tiles, max_tiles);
+        cuda_moe_wgmma_ffn(c, e, h, out, xs16, rows, tiles, n_tiles, max_tiles);
+        moe_combine(c, true, y, out, where, weights, top_k, n, H);
+        return;
+    }
+#endif
     if (gemv) {
         cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles);
     } else {
@@ -589,6 +619,8 @@ extern "C" size_t cuda_moe_scratch_bytes(const struct cuda_ctx *c, const struct 
     if (c->moe_device_max > 0) {
         long drows = (c->moe_device_max < tok ? c->moe_device_max : tok) * s->moe_slots;
         dev = device_scratch_bytes(drows, H, F, E, 16, &tiles);
+        /* the wgmma products' 16-bit copy of the sorted rows */
+        if (c->moe_wg_state && c->moe_wgmma) dev = ((dev + 255) & ~(size_t)255) + (size_t)drows * H * 2;
     }
     size_t scratch = ((host > dev ? host : dev) + 255) & ~(size_t)255;
     /* the per-layer tables of expert pointers (moe_table) */
