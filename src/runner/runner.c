@@ -324,6 +324,9 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
              model_dir, model_arch_name(c->arch), c->n_layers, r->max_context, pool_tokens,
              dtype_name(r->kv.dtype), (double)per_token * (double)pool_tokens / 1048576.0,
              r->page_size);
+    if (c->shard.dp_size > 1) /* each group's ranks keep their own requests' KV only */
+        log_info("DP attention: %d groups of %d ranks, a KV cache of %ld tokens each: %ld tokens in all",
+                 c->shard.dp_size, c->shard.attn_tp_size, pool_tokens, pool_tokens * c->shard.dp_size);
     r->ready = 1;
     *out = r;
     return 0;
