@@ -14,6 +14,7 @@
 # combinations are refused with a reason.
 SERVE_NODE=0
 source "$KILN_SRC/tests/server/serve.sh"
+source "$KILN_SRC/tests/cli/lib/dist.sh"
 : "${KILN_FIXTURES:?}"
 tmp="$SERVE_TMP/dp"
 mkdir -p "$tmp"
@@ -111,7 +112,10 @@ else
         "one pool $(grep -o 'running-req: [0-9]*' "$LOG_S1" | sort -u | tr '\n' ' ')"
     fail=$((fail + 1))
 fi
+pids=$(job_pids "$LOG_DP")
 for s in S1 DP; do serve_stop $s || fail=$((fail + 1)); done
+# shellcheck disable=SC2086
+none_left $pids || { echo "FAIL: a rank of serve --dp 2 still runs after the job ended"; fail=$((fail + 1)); }
 
 # refusals: exit status 2 and the reason, before anything starts
 refuse() { # expected message, model, then arguments
