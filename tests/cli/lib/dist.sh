@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # dist.sh — sourced by tests/cli/dist_*.sh: kiln jobs of several ranks in
 # the background, free ports, waiting for a job, and checking that no
 # process of a job is left. Source tests/server/serve.sh first where the
