@@ -53,6 +53,19 @@ oom:
                        page_size);
 }
 
+int kv_pool_init_ids(struct kv_pool *p, int page_size, int n_pages, struct kiln_error *err) {
+    memset(p, 0, sizeof *p);
+    if (page_size < 1) return kiln_errorf(err, "page size must be at least 1, got %d", page_size);
+    if (n_pages < 1) return kiln_errorf(err, "KV pool needs at least one page, got %d", n_pages);
+    p->page_size = page_size;
+    p->n_pages = n_pages;
+    p->free_list = xmalloc((size_t)n_pages * sizeof *p->free_list);
+    for (int i = 0; i < n_pages; i++) p->free_list[i] = n_pages - 1 - i;
+    p->n_free = n_pages;
+    p->scratch_page = -1;
+    return 0;
+}
+
 void kv_pool_free(struct kv_pool *p) {
     if (!p) return;
     for (int l = 0; p->k && l < p->n_layers; l++) {

@@ -54,6 +54,10 @@ size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, in
 
 int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
                  int n_layers, int page_size, int n_pages, struct kiln_error *err);
+/* A free list of page ids [0, n_pages) without storage: the pages of a
+ * pool that lives on other ranks (DP attention groups), which the caller
+ * allocates and releases here like a pool's. */
+int kv_pool_init_ids(struct kv_pool *p, int page_size, int n_pages, struct kiln_error *err);
 void kv_pool_free(struct kv_pool *p); /* also accepts a half-built or zeroed pool */
 
 /* Takes n pages into out[]; returns -1 (taking none) when fewer are free. */

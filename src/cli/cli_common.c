@@ -88,7 +88,7 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
         {.name = "--pp", .alias = "--pipeline-parallel-size", .type = CLI_INT, .dst = CLI_DST(int *, &a->pp),
          .lo = 1, .hi = 4096, .meta = "N",
          .help = "pipeline stages the layers are split over (default 1), each of --tp\n"
-                 "ranks: --tp x --pp ranks in all (CPU)"},
+                 "ranks: --tp x --pp ranks in all"},
         CLI_OPT_INT("--nnodes", &a->nnodes, 1, 4096, "M",
                     "machines the --tp x --pp ranks span, as many on each (default 1); run\n"
                     "kiln with the same options on each, its own --node-rank"),

@@ -31,8 +31,13 @@ static void on_listening(void *arg, const char *host, int port) {
     const struct listening_info *li = arg;
     const struct engine_stats *st = &li->st;
     int v6 = strchr(host, ':') != NULL;
-    printf("kiln serve: KV cache %ld tokens (%ld pages of %d)\n", st->kv_pages_total * st->page_size,
-           st->kv_pages_total, st->page_size);
+    if (st->kv_groups > 1)
+        printf("kiln serve: KV cache %ld tokens (%ld pages of %d), %ld in each of %d DP attention groups\n",
+               st->kv_pages_total * st->page_size, st->kv_pages_total, st->page_size,
+               st->kv_pages_total / st->kv_groups * st->page_size, st->kv_groups);
+    else
+        printf("kiln serve: KV cache %ld tokens (%ld pages of %d)\n", st->kv_pages_total * st->page_size,
+               st->kv_pages_total, st->page_size);
     printf("kiln serve: listening on http://%s%s%s:%d (ready %.2f s after start)\n", v6 ? "[" : "",
            host, v6 ? "]" : "", port, time_now() - li->t_start);
     fflush(stdout);

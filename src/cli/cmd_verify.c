@@ -25,6 +25,8 @@
 #include "runner/runner.h"
 #include "model/safetensors.h"
 
+enum { DP_GROUPS_MAX = 64 };
+
 struct ref_seq {
     int len;
     const int32_t *ids;
@@ -36,9 +38,15 @@ struct ref_seq {
 struct verify {
     struct model *m;
     struct runner *r;
-    struct kv_pool *kv;
+    /* the page ids of each DP attention group (one without DP attention):
+     * sequence i is group i % dp's, and group g's ranks keep its sequences'
+     * KV only, each in a pool of its own as large as rank 0's, so kv[0] is
+     * rank 0's pool and the others are free lists of the same ids
+     * (kv_pool_init_ids) naming the other groups' memory */
+    struct kv_pool *kv[DP_GROUPS_MAX];
+    struct kv_pool own[DP_GROUPS_MAX];
     int vocab, page_size;
-    int dp; /* DP attention groups (--dp): sequence i is group i % dp's */
+    int dp; /* DP attention groups (--dp) */
     struct ref_seq *seqs;
     int n_seqs;
     double max_err;
@@ -47,17 +55,21 @@ struct verify {
     long mode_rows;
 };
 
+static struct kv_pool *pool_of(struct verify *v, const struct ref_seq *s) {
+    return v->kv[v->dp > 1 ? (int)(s - v->seqs) % v->dp : 0];
+}
+
 /* Makes sure seq s owns pages for `len` positions. */
 static int ensure_pages(struct verify *v, struct ref_seq *s, int len) {
     int need = (len + v->page_size - 1) / v->page_size;
     if (need <= s->n_pages) return 0;
-    if (kv_pool_alloc(v->kv, need - s->n_pages, s->pages + s->n_pages)) return -1;
+    if (kv_pool_alloc(pool_of(v, s), need - s->n_pages, s->pages + s->n_pages)) return -1;
     s->n_pages = need;
     return 0;
 }
 
 static void release_pages(struct verify *v, struct ref_seq *s) {
-    kv_pool_release(v->kv, s->pages, s->n_pages);
+    kv_pool_release(pool_of(v, s), s->pages, s->n_pages);
     s->n_pages = 0;
 }
 
@@ -288,13 +300,20 @@ int cmd_verify(int argc, char **argv) {
     v.page_size = ma.page_size;
     v.dp = ma.dp;
     if (load_reference(&v, &ref, ref_path, &err)) goto out;
-    int total = 0, longest = 0, pages = 0;
+    /* the pool: every sequence at once, of the group with the most (a
+     * page more a sequence) */
+    int total = 0, longest = 0, group_pages[DP_GROUPS_MAX] = {0}, pages = 0, G = v.dp > 1 ? v.dp : 1;
+    if (G > DP_GROUPS_MAX) {
+        kiln_errorf(&err, "--dp %d is above %d", G, DP_GROUPS_MAX);
+        goto out;
+    }
     for (int i = 0; i < v.n_seqs; i++) {
         total += v.seqs[i].len;
         if (v.seqs[i].len > longest) longest = v.seqs[i].len;
-        pages += (v.seqs[i].len + v.page_size - 1) / v.page_size;
+        group_pages[i % G] += (v.seqs[i].len + v.page_size - 1) / v.page_size + 1;
         v.seqs[i].pages = xmalloc((size_t)(v.seqs[i].len / v.page_size + 2) * 4);
     }
+    for (int g = 0; g < G; g++) pages = group_pages[g] > pages ? group_pages[g] : pages;
     struct model_options mo = {.load_format = ma.load_format, .quantization = ma.quantization,
                                .no_shared_expert_fusion = ma.no_shared_fusion,
                                .max_batch_tokens = total,
@@ -303,12 +322,16 @@ int cmd_verify(int argc, char **argv) {
                                                   ? longest : cfg.max_position_embeddings,
                                .par = job.par};
     struct runner_options ro = {.page_size = v.page_size,
-                                .kv_tokens = (long)(pages + v.n_seqs) * v.page_size,
+                                .kv_tokens = (long)pages * v.page_size,
                                 .skip_warmup = 1, .ctrl = job.ctrl};
     if (runner_load(&v.r, &be, ma.model_dir, &mo, &ro, &err)) goto out;
     v.m = runner_model(v.r);
-    v.kv = runner_kv(v.r);
-    kv_pool_scramble(v.kv, 12345);
+    v.kv[0] = runner_kv(v.r);
+    for (int g = 1; g < G; g++) {
+        if (kv_pool_init_ids(&v.own[g], v.page_size, v.kv[0]->n_pages, &err)) goto out;
+        v.kv[g] = &v.own[g];
+    }
+    for (int g = 0; g < G; g++) kv_pool_scramble(v.kv[g], 12345 + (uint64_t)g);
 
     if (verify_prefill(&v, &err) || verify_decode(&v, &err) || verify_mixed(&v, chunk, &err))
         goto out;
@@ -321,6 +344,7 @@ int cmd_verify(int argc, char **argv) {
 out:
     if (rc && err.msg[0]) fprintf(stderr, "kiln verify: %s\n", err.msg);
     runner_free(v.r); /* and its model */
+    for (int g = 1; g < DP_GROUPS_MAX; g++) kv_pool_free(&v.own[g]);
     for (int i = 0; i < v.n_seqs; i++) free(v.seqs[i].pages);
     free(v.seqs);
     st_close(&ref);

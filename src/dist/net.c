@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "base/net.h"
 
 int dist_addr_split(const char *hp, char *host, size_t host_n, int *port, struct kiln_error *err) {
     const char *colon, *h = hp;
@@ -41,19 +42,6 @@ int dist_addr_split(const char *hp, char *host, size_t host_n, int *port, struct
     host[hl] = 0;
     *port = (int)p;
     return 0;
-}
-
-void dist_addr_text(const struct sockaddr *sa, char *buf, size_t n) {
-    char ip[INET6_ADDRSTRLEN] = "?";
-    if (sa->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
-        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
-        snprintf(buf, n, "[%s]:%d", ip, ntohs(a->sin6_port));
-    } else {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
-        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-        snprintf(buf, n, "%s:%d", ip, ntohs(a->sin_port));
-    }
 }
 
 int dist_sock_setup(int fd, struct kiln_error *err) {
@@ -82,34 +70,11 @@ static struct addrinfo *resolve(const char *hp, int passive, struct kiln_error *
 }
 
 int dist_listen(const char *host_port, int *port_out, struct kiln_error *err) {
-    struct addrinfo *res = resolve(host_port, 1, err);
-    if (!res) return -1;
-    int fd = -1, last = 0;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        int s = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-        if (s < 0) {
-            last = errno;
-            continue;
-        }
-        int one = 1;
-        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(s, ai->ai_addr, ai->ai_addrlen) || listen(s, 1024)) {
-            last = errno;
-            close(s);
-            continue;
-        }
-        fd = s;
-    }
-    freeaddrinfo(res);
-    if (fd < 0) return kiln_errorc(err, KILN_ERR_IO, "cannot listen on %s: %s", host_port, strerror(last));
-    if (port_out) {
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        getsockname(fd, (struct sockaddr *)&ss, &sl);
-        *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                   : ((struct sockaddr_in *)&ss)->sin_port);
-    }
-    return fd;
+    char host[256];
+    int port = 0;
+    if (dist_addr_split(host_port, host, sizeof host, &port, err)) return -1;
+    int fd = net_listen(host, port, 0, NULL, port_out, err);
+    return fd < 0 ? -1 : fd;
 }
 
 /* Waits for events on fd until the deadline: 1 ready, 0 deadline passed, -1 error. */

@@ -13,17 +13,14 @@
 #include <stddef.h>
 
 struct kiln_error;
-struct sockaddr;
 
 /* Splits "HOST:PORT", "[IPv6]:PORT" into host (brackets removed) and a
  * numeric port 0..65535. A bare IPv6 address needs brackets. */
 int dist_addr_split(const char *hp, char *host, size_t host_n, int *port, struct kiln_error *err);
 
-/* "1.2.3.4:5" or "[::1]:5" for a socket address. */
-void dist_addr_text(const struct sockaddr *sa, char *buf, size_t n);
-
 /* Listens on HOST:PORT (port 0: the system picks; *port_out gets the port
- * when not NULL). Returns the listening fd or -1. */
+ * when not NULL): base/net.h's net_listen, every address of the host in
+ * getaddrinfo's order. Returns the listening fd or -1. */
 int dist_listen(const char *host_port, int *port_out, struct kiln_error *err);
 
 /* Connects to HOST:PORT, trying again (connection refused, host not up

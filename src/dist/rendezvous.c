@@ -12,6 +12,7 @@
 #include "base/buf.h"
 #include "base/error.h"
 #include "base/mem.h"
+#include "base/net.h"
 #include "dist/net.h"
 
 /* Reads one whole message before the deadline. */
@@ -37,7 +38,7 @@ static void peer_text(int fd, char *buf, size_t n) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (getpeername(fd, (struct sockaddr *)&ss, &sl)) snprintf(buf, n, "?");
-    else dist_addr_text((struct sockaddr *)&ss, buf, n);
+    else net_addr_text((struct sockaddr *)&ss, buf, n);
 }
 
 static void group_alloc(struct dist_group *g, int rank, int size) {
@@ -157,7 +158,7 @@ static int join(const struct dist_rdv_config *cfg, struct dist_group *g, double 
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         getsockname(c, (struct sockaddr *)&ss, &sl);
-        dist_addr_text((struct sockaddr *)&ss, host, sizeof host);
+        net_addr_text((struct sockaddr *)&ss, host, sizeof host);
         *strrchr(host, ':') = 0; /* "1.2.3.4" or "[::1]" */
     }
     int bracket = strchr(host, ':') && host[0] != '[';

@@ -217,36 +217,45 @@ int runner_create(struct runner **out, struct model *m, const struct runner_opti
     return 0;
 }
 
-/* The device backend's communicator for the model's collectives: rank 0
- * makes the start-up token (backend_ops.comm_id) and broadcasts it on
- * ctrl, led by its length (0: rank 0 failed, and says why), then every
- * rank joins. */
-static int device_comm_start(struct backend *be, struct dist_comm *ctrl, struct dist_comm **out,
-                             struct kiln_error *err) {
-    uint8_t msg[8 + DIST_COMM_ID_MAX] = {0};
+/* The device backend's communicator over the ranks [first, first + n) of
+ * the job (every rank calls it, each for the group it is in; the groups
+ * split the ranks into equal consecutive ranges): each group's first rank
+ * makes its start-up token (backend_ops.comm_id), every rank's travels on
+ * ctrl in one all-gather, led by its length (0: that rank failed, and says
+ * why), and every rank joins its group with its first rank's. */
+static int device_comm_start(struct backend *be, struct dist_comm *ctrl, int first, int n, const char *what,
+                             struct dist_comm **out, struct kiln_error *err) {
+    enum { MSG = 8 + DIST_COMM_ID_MAX };
+    uint8_t *all = xcalloc((size_t)ctrl->size, MSG), *msg = all + (size_t)ctrl->rank * MSG;
     uint64_t len = 0;
     struct kiln_error e0 = {0};
-    if (ctrl->rank == 0) {
+    if (ctrl->rank == first) {
         size_t l = DIST_COMM_ID_MAX;
         if (!be->ops->comm_id(be->ctx, msg + 8, &l, &e0)) len = l;
         memcpy(msg, &len, 8);
     }
-    if (dist_comm_broadcast(ctrl, msg, sizeof msg, 0, err)) return -1;
-    memcpy(&len, msg, 8);
+    if (dist_comm_all_gather(ctrl, msg, all, MSG, err)) {
+        free(all);
+        return -1;
+    }
+    memcpy(&len, all + (size_t)first * MSG, 8);
     if (!len || len > DIST_COMM_ID_MAX) {
-        if (ctrl->rank == 0) {
+        free(all);
+        if (ctrl->rank == first) {
             *err = e0;
             return -1;
         }
-        return kiln_errorf(err, "rank 0 could not start the %s communicator", be->ops->name);
+        return kiln_errorf(err, "rank %d could not start the %s communicator of %s", first, be->ops->name, what);
     }
     struct dist_comm *c = xcalloc(1, sizeof *c);
-    if (be->ops->comm_init(be->ctx, c, ctrl->rank, ctrl->size, msg + 8, (size_t)len, err)) {
+    int rc = be->ops->comm_init(be->ctx, c, ctrl->rank - first, n, all + (size_t)first * MSG + 8, (size_t)len, err);
+    free(all);
+    if (rc) {
         free(c);
         return -1;
     }
-    log_info("rank %d of %d: the model's collectives run on %s's own communicator (%s)", ctrl->rank, ctrl->size,
-             be->ops->name, c->ops->name);
+    log_info("rank %d of %d: %s run on %s's own communicator (%s, rank %d of %d)", ctrl->rank, ctrl->size, what,
+             be->ops->name, c->ops->name, c->rank, c->size);
     *out = c;
     return 0;
 }
@@ -271,10 +280,26 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
                            be->ops->name);
     if (runner_pp_check(be, &mo, err)) return -1;
     if (ctrl && ctrl->rank == 0 && runner_lead_load(ctrl, &mo, ro, err)) return -1;
-    struct dist_comm *dev_comm = NULL;
+    /* the device's communicators: the job's (the model's collectives; under
+     * pipeline parallel the sends between the stages), and under pipeline
+     * parallel with --tp each stage's (its collectives), created alike */
+    struct dist_comm *dev_comm = NULL, *dev_stage = NULL;
     if (ctrl && be->ops->comm_init) {
-        if (device_comm_start(be, ctrl, &dev_comm, err)) return -1;
-        if (mo.par.tp_size > 1) mo.par.comm = dev_comm;
+        int pp = mo.par.pp_size > 1, tp = mo.par.tp_size > 1 ? mo.par.tp_size : 1;
+        if (device_comm_start(be, ctrl, 0, ctrl->size, pp ? "the sends between pipeline stages" : "the model's collectives",
+                              &dev_comm, err))
+            return -1;
+        if (pp) {
+            mo.par.pp_comm = dev_comm;
+            if (tp > 1 && device_comm_start(be, ctrl, ctrl->rank / tp * tp, tp, "the stage's collectives", &dev_stage,
+                                            err)) {
+                device_comm_free(dev_comm);
+                return -1;
+            }
+            mo.par.comm = dev_stage;
+        } else if (tp > 1) {
+            mo.par.comm = dev_comm;
+        }
     }
     /* the checkpoint's copy overlaps the KV pool and the warm-up
      * (KILN_LOAD_OVERLAP=0: load first, for comparisons) */
@@ -284,6 +309,7 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
     double t0 = time_now();
     struct model *m;
     if (model_load(&m, model_dir, be, &mo, err)) {
+        device_comm_free(dev_stage);
         device_comm_free(dev_comm);
         if (be->ops->mem_info && err->code == KILN_ERR_OUT_OF_MEMORY) {
             char msg[sizeof err->msg];
@@ -297,6 +323,7 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
     struct runner *r = xcalloc(1, sizeof *r);
     r->own_model = 1;
     r->dev_comm = dev_comm;
+    r->dev_stage = dev_stage;
     double t_load = time_now() - t0, t_load0 = t0;
     if (init(r, m, ro, err)) goto fail;
     log_info("load: %.2f GiB of weights and the activations for %d-token batches %s in %.2f s",
@@ -324,6 +351,9 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
              model_dir, model_arch_name(c->arch), c->n_layers, r->max_context, pool_tokens,
              dtype_name(r->kv.dtype), (double)per_token * (double)pool_tokens / 1048576.0,
              r->page_size);
+    if (c->shard.dp_size > 1) /* each group's ranks keep their own requests' KV only */
+        log_info("DP attention: %d groups of %d ranks, a KV cache of %ld tokens each: %ld tokens in all",
+                 c->shard.dp_size, c->shard.attn_tp_size, pool_tokens, pool_tokens * c->shard.dp_size);
     r->ready = 1;
     *out = r;
     return 0;
@@ -348,6 +378,7 @@ void runner_free(struct runner *r) {
         kv_pool_free(&r->kv);
         if (r->own_model) model_free(r->m);
     }
+    device_comm_free(r->dev_stage);
     device_comm_free(r->dev_comm);
     free(r);
 }

@@ -17,8 +17,10 @@ struct runner {
     struct model *m;
     int own_model;
     /* the model's collectives on a device backend (backend_ops.comm_init,
-     * runner_load), freed after the model; NULL: the host ctrl serves */
-    struct dist_comm *dev_comm;
+     * runner_load), freed after the model; NULL: the host ctrl serves.
+     * Under pipeline parallel dev_comm carries the sends between the
+     * stages and dev_stage (with --tp) the stage's collectives. */
+    struct dist_comm *dev_comm, *dev_stage;
     struct backend *be;
     struct kv_pool kv;
     int max_batch_tokens, max_seqs, max_context, page_size;

@@ -9,8 +9,15 @@
  * parallel rank 0 sends their logits to rank 0, which copies them to the
  * caller. While stage s works on micro-batch k, stage s - 1 works on k + 1.
  *
+ * The transfers go through the model's pp_comm on the backend's memory:
+ * the TCP communicator's host buffers on the CPU, NCCL's ncclSend and
+ * ncclRecv on the device's stream on CUDA (the hidden states never leave
+ * the GPU; a micro-batch's staging waits for the last one's copy, so for
+ * its sends too, and the download of rank 0's logits for their recv).
+ *
  * Sends complete when the receiver takes them (the TCP communicator's
- * send waits for its peer's recv), so rank 0 must take micro-batch
+ * send waits for its peer's recv; NCCL's, on the stream, likewise or
+ * sooner), so rank 0 must take micro-batch
  * k - (stages - 1)'s logits before it sends micro-batch k: the chain of
  * sends from its send of k to the last stage's rank ends in that rank's
  * send of those logits. Anything else deadlocks with two or more
@@ -36,9 +43,10 @@ struct runner_pp {
 
 int runner_pp_check(const struct backend *be, const struct model_options *mo, struct kiln_error *err) {
     if (mo->par.pp_size <= 1) return 0;
-    if (be->ops->comm_init || !be->ops->embed_shard)
+    if (!be->ops->embed_shard || (!be->ops->comm_init && strcmp(be->ops->name, "cpu")))
         return kiln_errorc(err, KILN_ERR_UNSUPPORTED,
-                           "--pp %d with --device %s: pipeline parallel runs on the CPU backend for now",
+                           "--pp %d with --device %s: pipeline parallel needs a backend with a communicator of "
+                           "its own (CUDA: NCCL) or the CPU's",
                            mo->par.pp_size, be->ops->name);
     if (!mo->par.pp_comm)
         return kiln_errorc(err, KILN_ERR_BAD_INPUT, "--pp %d needs the job's communicator", mo->par.pp_size);
@@ -62,6 +70,7 @@ int runner_pp_init(struct runner *r, struct kiln_error *err) {
     p->page_start = xmalloc(S * sizeof *p->page_start);
     p->rows = xmalloc((size_t)r->max_batch_tokens * sizeof *p->rows);
     r->graphs_on = 0; /* a step's host round trips between the stages */
+    r->sample_on = 0;  /* the logits travel to rank 0, which samples on the host */
     log_info("pipeline stage %d of %d (rank %d, tensor parallel rank %d of %d): layers %d to %d of %d%s%s", st.stage,
              st.stages, st.rank, st.tp_rank, st.tp_size, st.layer0, st.layer1 - 1, model_config(r->m)->n_layers,
              st.stage == 0 ? ", the embedding" : "", st.stage == st.stages - 1 ? ", the head" : "");

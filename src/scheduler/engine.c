@@ -183,8 +183,11 @@ static void load_sampling_defaults(struct engine *e) {
  * held by requests (the prefix cache's evictable pages count as free). */
 static void log_step(struct engine *e) {
     const struct sched_step_info *si = &e->step_info;
-    long total = e->kv->n_pages;
-    long avail = kv_pool_available(e->kv) + (e->radix ? radix_evictable_pages(e->radix) : 0);
+    long total = 0, avail = 0; /* every DP attention group's pool */
+    for (int g = 0; g < e->dp_size; g++) {
+        total += e->gkv[g]->n_pages;
+        avail += kv_pool_available(e->gkv[g]) + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
+    }
     long used = total - avail;
     double usage = total > 0 ? (double)used / (double)total : 0;
     if (si->prefill_seqs > 0)

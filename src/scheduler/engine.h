@@ -206,8 +206,10 @@ const struct engine_options *engine_options(const struct engine *e);
 /* A snapshot of counters for /metrics (thread-safe). */
 struct engine_stats {
     int running, waiting;
+    /* every DP attention group's pages (kv_groups pools of kv_pages_total /
+     * kv_groups pages; 1 without DP attention) */
     long kv_pages_total, kv_pages_free, kv_pages_cached; /* cached = held by the radix cache only */
-    int page_size;
+    int page_size, kv_groups;
     long prompt_tokens_total, cached_tokens_total, generation_tokens_total;
     long requests_finished[5]; /* by enum engine_finish */
     long retractions_total;

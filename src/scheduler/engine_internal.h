@@ -21,7 +21,18 @@ struct engine {
     struct runner *runner; /* the model's forward steps, the KV pool */
     struct model *model;   /* runner_model(runner) */
     struct kv_pool *kv;    /* runner_kv(runner) */
-    struct radix_tree *radix; /* NULL with --disable-radix-cache */
+    struct radix_tree *radix; /* group 0's prefix cache; NULL with --disable-radix-cache */
+    /* Per DP attention group g (dp_size of them; one without DP attention):
+     * the free list of its page ids and its prefix cache. Every rank's pool
+     * holds n_pages pages, and the ranks of group g keep only the KV of g's
+     * requests, so page id p of group g is page p of g's ranks' pools: the
+     * ids of different groups name different memory. gkv[0] is the
+     * runner's pool (rank 0 is in group 0); the others are free lists
+     * without storage (kv_pool_init_ids). grx[0] == radix. */
+    struct kv_pool **gkv;
+    struct radix_tree **grx;
+    int *g_reserve;           /* [dp_size] a step's admission scratch */
+    unsigned char *g_full;    /* [dp_size] */
     struct kiln_tokenizer *tok;
     char *model_name;
     int vocab, context_length, page_size;

@@ -15,6 +15,13 @@
  * batch-invariant), so greedy outputs do not change. Admission reserves
  * room for the decode tokens the running requests will still need (half of
  * their remaining max_tokens, capped), so retraction stays the exception.
+ *
+ * DP attention (dp_size groups): each group has its own page ids, free
+ * list and prefix cache (engine_internal.h, gkv and grx), as large as one
+ * rank's pool, so the job caches dp_size times the tokens of one pool.
+ * Everything above runs per group: a request is admitted when its group
+ * has room (a full group holds back only its own later requests),
+ * retraction and eviction free pages of the group that needs them.
  */
 #include <math.h>
 #include <stdio.h>
@@ -71,19 +78,21 @@ static int pages_for(const struct engine *e, int tokens) {
  * (unlocked, evictable), everything else to the pool. */
 static void release_kv(struct engine *e, struct req *r) {
     int ps = e->page_size, keep = 0;
-    if (e->radix) {
+    struct kv_pool *kv = e->gkv[r->dp_group];
+    struct radix_tree *rx = e->grx[r->dp_group];
+    if (rx) {
         int aligned = r->n_computed / ps * ps;
         keep = r->n_tree_tokens / ps;
         if (aligned > r->n_tree_tokens) {
             struct radix_node *node;
-            int dup = radix_insert(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
+            int dup = radix_insert(rx, r->salt, r->tokens, aligned, r->pages, &node);
             if (dup > r->n_tree_tokens)
-                kv_pool_release(e->kv, r->pages + keep, dup / ps - keep);
+                kv_pool_release(kv, r->pages + keep, dup / ps - keep);
             keep = aligned / ps;
         }
-        if (r->lock_node) radix_unlock(e->radix, r->lock_node);
+        if (r->lock_node) radix_unlock(rx, r->lock_node);
     }
-    kv_pool_release(e->kv, r->pages + keep, r->n_pages - keep);
+    kv_pool_release(kv, r->pages + keep, r->n_pages - keep);
     r->n_pages = 0;
     r->n_tree_tokens = 0;
     r->lock_node = NULL;
@@ -94,41 +103,43 @@ static void release_kv(struct engine *e, struct req *r) {
  * so requests arriving meanwhile can share them. */
 static void cache_unfinished(struct engine *e, struct req *r) {
     int ps = e->page_size, aligned = r->n_computed / ps * ps;
-    if (!e->radix || aligned <= r->n_tree_tokens) return;
+    struct radix_tree *rx = e->grx[r->dp_group];
+    if (!rx || aligned <= r->n_tree_tokens) return;
     struct radix_node *node;
-    int dup = radix_insert(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
+    int dup = radix_insert(rx, r->salt, r->tokens, aligned, r->pages, &node);
     int keep = r->n_tree_tokens / ps;
-    if (dup > r->n_tree_tokens) kv_pool_release(e->kv, r->pages + keep, dup / ps - keep);
+    if (dup > r->n_tree_tokens) kv_pool_release(e->gkv[r->dp_group], r->pages + keep, dup / ps - keep);
     /* the tree's pages replace the duplicates we just freed */
-    int got = radix_match(e->radix, r->salt, r->tokens, aligned, r->pages, &node);
+    int got = radix_match(rx, r->salt, r->tokens, aligned, r->pages, &node);
     KILN_ASSERT(got == aligned);
-    radix_lock(e->radix, node);
-    if (r->lock_node) radix_unlock(e->radix, r->lock_node);
+    radix_lock(rx, node);
+    if (r->lock_node) radix_unlock(rx, r->lock_node);
     r->lock_node = node;
     r->n_tree_tokens = aligned;
 }
 
-static int available_pages(const struct engine *e) {
-    return kv_pool_available(e->kv) + (e->radix ? radix_evictable_pages(e->radix) : 0);
+/* Group g's free pages, counting its prefix cache's evictable ones. */
+static int available_pages(const struct engine *e, int g) {
+    return kv_pool_available(e->gkv[g]) + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
 }
 
-/* Makes `n` pages free in the pool, evicting cached prefixes if needed. */
-static int make_free(struct engine *e, int n) {
-    int missing = n - kv_pool_available(e->kv);
-    if (missing > 0 && e->radix) radix_evict(e->radix, missing);
-    return kv_pool_available(e->kv) >= n ? 0 : -1;
+/* Makes `n` pages free in group g's pool, evicting cached prefixes if needed. */
+static int make_free(struct engine *e, int g, int n) {
+    int missing = n - kv_pool_available(e->gkv[g]);
+    if (missing > 0 && e->grx[g]) radix_evict(e->grx[g], missing);
+    return kv_pool_available(e->gkv[g]) >= n ? 0 : -1;
 }
 
 /* Gives request r pages for positions [0, len). */
 static int grow_pages(struct engine *e, struct req *r, int len) {
     int need = pages_for(e, len) - r->n_pages;
     if (need <= 0) return 0;
-    if (make_free(e, need)) return -1;
+    if (make_free(e, r->dp_group, need)) return -1;
     if (r->n_pages + need > r->cap_pages) {
         r->cap_pages = (r->n_pages + need) * 2;
         r->pages = xrealloc(r->pages, (size_t)r->cap_pages * sizeof *r->pages);
     }
-    KILN_ASSERT(kv_pool_alloc(e->kv, need, r->pages + r->n_pages) == 0);
+    KILN_ASSERT(kv_pool_alloc(e->gkv[r->dp_group], need, r->pages + r->n_pages) == 0);
     r->n_pages += need;
     return 0;
 }
@@ -234,12 +245,13 @@ static void retract(struct engine *e, struct req *r) {
     log_debug("retracted request %llu after %d output tokens", (unsigned long long)r->id, r->n_output);
 }
 
-/* Fewest output tokens first; among equals the newest. */
-static struct req *pick_victim(struct engine *e) {
+/* Of group g's running requests: fewest output tokens first; among
+ * equals the newest. */
+static struct req *pick_victim(struct engine *e, int g) {
     struct req *v = NULL;
     for (struct req *r = e->running; r; r = r->next)
-        if (!v || r->n_output < v->n_output ||
-            (r->n_output == v->n_output && r->t_arrival > v->t_arrival))
+        if (r->dp_group == g && (!v || r->n_output < v->n_output ||
+                                 (r->n_output == v->n_output && r->t_arrival > v->t_arrival)))
             v = r;
     return v;
 }
@@ -289,9 +301,9 @@ static void order_waiting(struct engine *e) {
     for (struct req *r = e->waiting; r; r = r->next, i++) {
         items[i].r = r;
         items[i].match = 0;
-        if (e->opt.policy == SCHEDULE_LPM && e->radix && n <= 128) {
+        if (e->opt.policy == SCHEDULE_LPM && e->grx[r->dp_group] && n <= 128) {
             struct radix_node *node;
-            items[i].match = radix_match(e->radix, r->salt, r->tokens, r->n_tokens - 1,
+            items[i].match = radix_match(e->grx[r->dp_group], r->salt, r->tokens, r->n_tokens - 1,
                                          e->match_pages, &node);
         }
     }
@@ -580,14 +592,18 @@ void sched_step(struct engine *e) {
     int ps = e->page_size, budget = e->opt.chunked_prefill_size;
     memset(&e->step_info, 0, sizeof e->step_info);
 
-    /* 1. decode rows, retracting when their pages cannot be had */
-    for (;;) {
-        int need = 0;
-        for (struct req *r = e->running; r; r = r->next)
-            if (r->n_tokens - r->n_computed == 1) need += pages_for(e, r->n_tokens) - r->n_pages;
-        if (need <= available_pages(e) || !e->running) break;
-        retract(e, pick_victim(e));
-    }
+    /* 1. decode rows, retracting when their pages cannot be had (per group) */
+    for (int g = 0; g < e->dp_size; g++)
+        for (;;) {
+            int need = 0, any = 0;
+            for (struct req *r = e->running; r; r = r->next) {
+                if (r->dp_group != g) continue;
+                any = 1;
+                if (r->n_tokens - r->n_computed == 1) need += pages_for(e, r->n_tokens) - r->n_pages;
+            }
+            if (need <= available_pages(e, g) || !any) break;
+            retract(e, pick_victim(e, g));
+        }
     for (struct req *r = e->running; r; r = r->next) {
         if (r->n_tokens - r->n_computed != 1) continue;
         KILN_ASSERT(grow_pages(e, r, r->n_tokens) == 0);
@@ -607,13 +623,18 @@ void sched_step(struct engine *e) {
     }
     /* 3. admissions */
     order_waiting(e);
-    int reserve = 0;
-    for (struct req *r = e->running; r; r = r->next) reserve += pages_for(e, remaining_reserve(r));
+    int *reserve = e->g_reserve, n_full = 0;
+    unsigned char *full = e->g_full;
+    memset(reserve, 0, (size_t)e->dp_size * sizeof *reserve);
+    memset(full, 0, (size_t)e->dp_size);
+    for (struct req *r = e->running; r; r = r->next) reserve[r->dp_group] += pages_for(e, remaining_reserve(r));
     int first_admitted = p.n_seqs;
     struct req *next;
     for (struct req *r = e->waiting; r && budget > 0; r = next) {
         next = r->next;
         if (e->n_running >= e->opt.max_running_requests || p.n_seqs >= e->max_seqs) break;
+        int g = r->dp_group;
+        if (full[g]) continue; /* behind an earlier request of its group that did not fit */
         int deferred = 0;
         for (int s = first_admitted; s < p.n_seqs && !deferred; s++)
             deferred = shares_prefix(r, e->b_reqs[s], e->b_reqs[s]->n_tree_tokens, ps);
@@ -622,20 +643,24 @@ void sched_step(struct engine *e) {
         int matched = 0;
         /* owed prompt logprob rows need their positions computed, not cached */
         int lim = r->lp_next < r->n_prompt && r->lp_next - 1 < r->n_tokens - 1 ? r->lp_next - 1 : r->n_tokens - 1;
-        if (e->radix) matched = radix_match(e->radix, r->salt, r->tokens, lim, e->match_pages, &node);
+        struct radix_tree *rx = e->grx[g];
+        if (rx) matched = radix_match(rx, r->salt, r->tokens, lim, e->match_pages, &node);
         int take = lp_take(r, matched, r->n_tokens - matched < budget ? r->n_tokens - matched : budget, lp_left);
         if (take <= 0) break;
         int need = pages_for(e, matched + take) - matched / ps +
-                   pages_for(e, remaining_reserve(r)) + reserve;
+                   pages_for(e, remaining_reserve(r)) + reserve[g];
         /* the matched pages stop being evictable once locked */
-        int avail = available_pages(e);
-        if (e->radix && node) {
-            radix_lock(e->radix, node);
-            avail = available_pages(e);
+        int avail = available_pages(e, g);
+        if (rx && node) {
+            radix_lock(rx, node);
+            avail = available_pages(e, g);
         }
         if (need > avail) {
-            if (node) radix_unlock(e->radix, node);
-            break; /* keep arrival order: later requests wait behind this one */
+            if (node) radix_unlock(rx, node);
+            /* keep arrival order: the group's later requests wait behind this one */
+            full[g] = 1;
+            if (++n_full == e->dp_size) break;
+            continue;
         }
         list_remove(&e->waiting, &e->waiting_tail, r);
         e->n_waiting--;
@@ -660,14 +685,21 @@ void sched_step(struct engine *e) {
         e->step_info.cached_tokens += matched;
         lp_left -= lp_rows(r, matched, matched + take, &(int){0});
         budget -= take;
-        reserve += pages_for(e, remaining_reserve(r));
+        reserve[g] += pages_for(e, remaining_reserve(r));
     }
-    if (p.n_seqs == 0) {
-        /* Running requests hold all memory mid-prefill: free the one with
-         * the least progress so the others can go on. */
-        if (e->running) retract(e, pick_victim(e));
-        return;
+    /* A group whose running requests hold all its memory mid-prefill (none
+     * ran, and not for want of prefill budget): free the one with the least
+     * progress so the others can go on. */
+    if (budget > 0) {
+        memset(full, 0, (size_t)e->dp_size); /* now: the group has a row in the step */
+        for (int s = 0; s < p.n_seqs; s++) full[e->b_reqs[s]->dp_group] = 1;
+        for (int g = 0; g < e->dp_size; g++) {
+            if (full[g]) continue;
+            struct req *v = pick_victim(e, g);
+            if (v) retract(e, v);
+        }
     }
+    if (p.n_seqs == 0) return;
     if (run_batch(e, &p) == 0) handle_outputs(e, &p);
 }
 
@@ -677,10 +709,13 @@ void sched_publish_stats(struct engine *e) {
     struct engine_stats s = e->counters;
     s.running = e->n_running;
     s.waiting = e->n_waiting;
-    s.kv_pages_total = e->kv->n_pages;
-    s.kv_pages_free = kv_pool_available(e->kv);
-    s.kv_pages_cached = e->radix ? radix_total_pages(e->radix) : 0;
+    for (int g = 0; g < e->dp_size; g++) { /* every group's pages, all of them the job's */
+        s.kv_pages_total += e->gkv[g]->n_pages;
+        s.kv_pages_free += kv_pool_available(e->gkv[g]);
+        s.kv_pages_cached += e->grx[g] ? radix_total_pages(e->grx[g]) : 0;
+    }
     s.page_size = e->page_size;
+    s.kv_groups = e->dp_size;
     pthread_mutex_lock(&e->mu);
     e->stats = s;
     pthread_mutex_unlock(&e->mu);
@@ -707,8 +742,20 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     if (o->moe_count) model_moe_count_set(e->model, 1, 1);
     e->vocab = model_config(e->model)->vocab_size;
     e->context_length = model_max_context(e->model);
-    e->pool_tokens = (long)e->kv->n_pages * e->page_size;
-    if (!o->disable_radix_cache) e->radix = radix_create(e->page_size, release_pages, e->kv);
+    e->pool_tokens = (long)e->kv->n_pages * e->page_size; /* one group's: what one request can have */
+    e->dp_size = e->opt.par && e->opt.par->dp_size > 1 ? e->opt.par->dp_size : 1;
+    e->gkv = xcalloc((size_t)e->dp_size, sizeof *e->gkv);
+    e->grx = xcalloc((size_t)e->dp_size, sizeof *e->grx);
+    e->gkv[0] = e->kv;
+    for (int g = 1; g < e->dp_size; g++) {
+        e->gkv[g] = xcalloc(1, sizeof *e->gkv[g]);
+        if (kv_pool_init_ids(e->gkv[g], e->page_size, e->kv->n_pages, err)) return -1;
+    }
+    for (int g = 0; g < e->dp_size && !o->disable_radix_cache; g++)
+        e->grx[g] = radix_create(e->page_size, release_pages, e->gkv[g]);
+    e->radix = e->grx[0];
+    e->g_reserve = xcalloc((size_t)e->dp_size, sizeof *e->g_reserve);
+    e->g_full = xcalloc((size_t)e->dp_size, 1);
     e->pages_cap = (long)e->max_seqs * (e->context_length / e->page_size + 2);
     int T = e->max_batch_tokens, S = e->max_seqs;
     e->b_ids = xmalloc((size_t)T * 4);
@@ -718,7 +765,6 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->b_qstart = xmalloc((size_t)(S + 1) * 4);
     e->b_kvlen = xmalloc((size_t)S * 4);
     e->b_group = xcalloc((size_t)S, 4);
-    e->dp_size = e->opt.par && e->opt.par->dp_size > 1 ? e->opt.par->dp_size : 1;
     e->dp_load = xcalloc((size_t)e->dp_size, sizeof *e->dp_load);
     e->b_pagestart = xmalloc((size_t)(S + 1) * 4);
     e->b_pages = xmalloc((size_t)e->pages_cap * 4);
@@ -744,7 +790,13 @@ int sched_init(struct engine *e, struct kiln_error *err) {
 }
 
 void sched_free(struct engine *e) {
-    radix_destroy(e->radix);
+    for (int g = 0; e->grx && g < e->dp_size; g++) radix_destroy(e->grx[g]);
+    for (int g = 1; e->gkv && g < e->dp_size; g++) {
+        if (e->gkv[g]) kv_pool_free(e->gkv[g]);
+        free(e->gkv[g]);
+    }
+    free(e->grx), free(e->gkv), free(e->g_reserve), free(e->g_full);
+    e->grx = NULL, e->gkv = NULL, e->g_reserve = NULL, e->g_full = NULL;
     e->radix = NULL;
     runner_free(e->runner);
     e->runner = NULL;

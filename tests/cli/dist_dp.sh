@@ -7,11 +7,17 @@
 # --dp 2); every row within 1e-3 of the reference as in verify_oracle.sh and
 # the largest error within 1e-4 of one rank's. bench offline through the
 # scheduler (requests spread over the groups by load) generates the same
-# texts as one rank. Bad combinations are refused with a reason.
-set -u
-: "${KILN:?}" "${KILN_FIXTURES:?}"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# texts as one rank. Each group keeps its own requests' KV only: `kiln serve
+# --tp 2 --dp 2` with --max-total-tokens 256 caches 256 tokens in each group
+# (512 in all), runs two requests of 160 tokens at once where one pool of 256
+# cannot, and answers 8 concurrent greedy requests as one rank does. Bad
+# combinations are refused with a reason.
+SERVE_NODE=0
+source "$KILN_SRC/tests/server/serve.sh"
+source "$KILN_SRC/tests/cli/lib/dist.sh"
+: "${KILN_FIXTURES:?}"
+tmp="$SERVE_TMP/dp"
+mkdir -p "$tmp"
 fail=0; runs=0
 oracle="$KILN_FIXTURES/oracle/tiny-models"
 
@@ -62,6 +68,54 @@ for args in "--tp 2 --dp 2" "--tp 2 --ep 2 --data-parallel-size 2 --page-size 16
         echo "FAIL: bench offline $args"; echo " one rank: $one"; echo " dp: $dp"; tail "$tmp/b.err"
         fail=$((fail + 1)); fi
 done
+
+# serve: a KV pool per group. 256 tokens a pool; a request is 100 prompt
+# tokens and 60 generated ones, so one pool holds one at a time (admission
+# keeps room for half of a running request's remaining tokens), and each
+# group's pool one of its own.
+m="$oracle/deepseek_v3"
+serve_start S1 --model "$m" --skip-sampler-warmup --threads 1 --max-total-tokens 256 --decode-log-interval 1
+serve_start DP --model "$m" --skip-sampler-warmup --tp 2 --dp 2 --enable-dp-attention --max-total-tokens 256 \
+    --decode-log-interval 1
+runs=$((runs + 1))
+if grep -q 'KV cache 512 tokens (512 pages of 1), 256 in each of 2 DP attention groups' "$SERVE_TMP/DP.out"; then
+    echo "ok: serve --dp 2: $(grep 'KV cache' "$SERVE_TMP/DP.out")"
+else echo "FAIL: serve --dp 2's KV cache:"; cat "$SERVE_TMP/DP.out"; fail=$((fail + 1)); fi
+post() { # SERVER N I: request I (prompt ids I+5 .. I+104) to SERVER, the answer in $tmp/SERVER.I
+    local url_var="URL_$1" ids
+    ids=$(seq -s, $(($3 + 5)) $(($3 + 104)))
+    curl -sS -o "$tmp/$1.$3" -w '%{http_code}' -H 'Content-Type: application/json' \
+        -d "{\"prompt\": [$ids], \"max_tokens\": 60, \"temperature\": 0, \"ignore_eos\": true}" \
+        "${!url_var}/v1/completions" >"$tmp/$1.$3.code"
+}
+text() { node -e 'const c=JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0];
+                  console.log(c.finish_reason + ":" + JSON.stringify(c.text))' "$1" 2>/dev/null; }
+for n in 2 8; do
+    for s in S1 DP; do
+        for i in $(seq 1 $n); do post $s $n "$i" & done
+        wait
+    done
+    for i in $(seq 1 $n); do
+        runs=$((runs + 1))
+        a=$(text "$tmp/S1.$i"); b=$(text "$tmp/DP.$i")
+        if [ "$(cat "$tmp/DP.$i.code")" = 200 ] && [ -n "$b" ] && [ "$a" = "$b" ]; then :; else
+            echo "FAIL: serve --dp 2, $n at once, request $i: $(cat "$tmp/DP.$i.code") $b, one rank: $a"
+            fail=$((fail + 1)); fi
+    done
+    echo "ok: serve --dp 2: $n concurrent requests answered as one rank answers them"
+done
+runs=$((runs + 1))
+if grep -q 'Decode batch. #running-req: 2,' "$LOG_DP" && ! grep -q 'Decode batch. #running-req: [2-9]' "$LOG_S1"; then
+    echo "ok: two requests decode at once in two groups' pools, never in one pool of the same size"
+else
+    echo "FAIL: decode rows at once: --dp 2 $(grep -o 'running-req: [0-9]*' "$LOG_DP" | sort -u | tr '\n' ' ')," \
+        "one pool $(grep -o 'running-req: [0-9]*' "$LOG_S1" | sort -u | tr '\n' ' ')"
+    fail=$((fail + 1))
+fi
+pids=$(job_pids "$LOG_DP")
+for s in S1 DP; do serve_stop $s || fail=$((fail + 1)); done
+# shellcheck disable=SC2086
+none_left $pids || { echo "FAIL: a rank of serve --dp 2 still runs after the job ended"; fail=$((fail + 1)); }
 
 # refusals: exit status 2 and the reason, before anything starts
 refuse() { # expected message, model, then arguments

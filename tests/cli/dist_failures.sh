@@ -7,58 +7,13 @@
 # two nodes (separate processes): a node that dies ends rank 0's, and rank
 # 0 dying ends the other node. No kiln process of a case outlives it.
 set -u
-: "${KILN:?}" "${KILN_MODELS:?}"
-tmp=$(mktemp -d)
-cleanup() {
-    local p
-    for p in $(cat "$tmp"/*.pids 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+: "${KILN:?}" "${KILN_MODELS:?}" "${KILN_SRC:?}"
+source "$KILN_SRC/tests/cli/lib/dist.sh"
 fail=0; runs=0
 m="$KILN_MODELS/stories260K"
-free_port() { node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
-
-# start NAME ARGS...: kiln serve in the background; waits until it listens
-# (rank 0) or its ranks are up (another node); sets PID and, from the
-# layout lines, the pids of the ranks in $tmp/NAME.pids.
-start() {
-    local name=$1; shift
-    ( "$KILN" serve --model "$m" --port 0 --skip-sampler-warmup "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
-      echo $! >"$tmp/$name.pid"; wait $!; echo $? >"$tmp/$name.status" ) 2>/dev/null &
-    for _ in $(seq 1 100); do [ -s "$tmp/$name.pid" ] && break; sleep 0.05; done
-    PID=$(cat "$tmp/$name.pid")
-    echo "$PID" >"$tmp/$name.pids"
-}
-# ready NAME: the server listens (rank 0's node) or follows (other nodes)
-ready() {
-    for _ in $(seq 1 300); do
-        grep -q 'listening on\|following rank 0' "$tmp/$1.out" "$tmp/$1.err" 2>/dev/null && break
-        sleep 0.05
-    done
-    grep -ho 'rank [0-9]* pid [0-9]*' "$tmp/$1.err" | awk '{print $4}' >>"$tmp/$1.pids"
-    sleep 0.2 # the other ranks' first lines
-}
-rank_pid() { grep -o "rank $2 pid [0-9]*" "$tmp/$1.err" | awk '{print $4}'; }
-# ended NAME SECONDS: the server's status, once it exited within SECONDS, else ""
-ended() {
-    local t=$(( $2 * 20 ))
-    for _ in $(seq 1 $t); do [ -s "$tmp/$1.status" ] && break; sleep 0.05; done
-    cat "$tmp/$1.status" 2>/dev/null
-}
-# none_left NAME: every process of the case has exited (within 5 s)
-none_left() {
-    local p left
-    for _ in $(seq 1 100); do
-        left=""
-        for p in $(cat "$tmp/$1.pids"); do kill -0 "$p" 2>/dev/null && left="$left $p"; done
-        [ -z "$left" ] && return 0
-        sleep 0.05
-    done
-    echo "  left running:$left"
-    return 1
-}
+tmp=$DIST_TMP
+# start NAME ARGS...: kiln serve of the test model in the background (PID)
+start() { local name=$1; shift; job_start "$name" serve --model "$m" --port 0 --skip-sampler-warmup "$@"; }
 result() { # NAME OK? DESCRIPTION
     runs=$((runs + 1))
     if [ "$2" = 1 ]; then echo "ok: $3"; else
@@ -66,33 +21,33 @@ result() { # NAME OK? DESCRIPTION
 }
 
 # rank 1 SIGKILLed: rank 0 ends the job, naming it
-start k1 --tp 2; ready k1
+start k1 --tp 2; job_ready k1
 p1=$(rank_pid k1 1)
 kill -KILL "$p1"
-st=$(ended k1 5)
+st=$(job_ended k1 5)
 ok=0
 [ -n "$st" ] && [ "$st" != 0 ] && grep -q "kiln: rank 1 (pid $p1) was killed by SIGKILL (signal 9); ending the job" \
-    "$tmp/k1.err" && none_left k1 && ok=1
+    "$tmp/k1.err" && job_gone k1 && ok=1
 result k1 $ok "SIGKILL to rank 1: the server exited (status $st) naming rank 1"
 
 # rank 0 SIGKILLed: rank 1 goes with it
-start k0 --tp 2; ready k0
+start k0 --tp 2; job_ready k0
 p1=$(rank_pid k0 1)
 kill -KILL "$PID"
 ok=0
-none_left k0 && ok=1
+job_gone k0 && ok=1
 result k0 $ok "SIGKILL to rank 0: rank 1 (pid $p1) is gone too"
 
 # a crash: the stack trace, tagged, then the job ends
 for sig in SEGV ABRT; do
-    start c$sig --tp 2; ready c$sig
+    start c$sig --tp 2; job_ready c$sig
     p1=$(rank_pid c$sig 1)
     kill -$sig "$p1"
-    st=$(ended c$sig 5)
+    st=$(job_ended c$sig 5)
     ok=0
     [ -n "$st" ] && [ "$st" != 0 ] && grep -q "^\[rank 1\] kiln: rank 1 (pid $p1) caught SIG$sig; stack trace:" \
         "$tmp/c$sig.err" && grep -q "kiln(main+" "$tmp/c$sig.err" &&
-        grep -q "kiln: rank 1 (pid $p1) was killed by SIG$sig" "$tmp/c$sig.err" && none_left c$sig && ok=1
+        grep -q "kiln: rank 1 (pid $p1) was killed by SIG$sig" "$tmp/c$sig.err" && job_gone c$sig && ok=1
     result c$sig $ok "SIG$sig in rank 1: its stack trace, then the job ended (status $st)"
 done
 
@@ -101,24 +56,24 @@ port=$(free_port)
 start n1 --tp 4 --nnodes 2 --node-rank 1 --dist-init-addr "127.0.0.1:$port"
 n1=$PID
 start n0 --tp 4 --nnodes 2 --node-rank 0 --dist-init-addr "127.0.0.1:$port"
-ready n0; ready n1
+job_ready n0; job_ready n1
 kill -KILL "$n1"
-st=$(ended n0 5)
+st=$(job_ended n0 5)
 ok=0
 # (rank 3 dies with its node's first process, rank 2: either may be seen first)
 [ -n "$st" ] && [ "$st" != 0 ] && grep -Eq "kiln: rank [23] \([0-9.:]+\) closed its connection; ending the job" \
-    "$tmp/n0.err" && none_left n0 && none_left n1 && ok=1
+    "$tmp/n0.err" && job_gone n0 && job_gone n1 && ok=1
 result n0 $ok "node 1 SIGKILLed: rank 0 ended the job (status $st) naming a rank of node 1"
 
 port=$(free_port)
 start m1 --tp 4 --nnodes 2 --node-rank 1 --dist-init-addr "127.0.0.1:$port"
 start m0 --tp 4 --nnodes 2 --node-rank 0 --dist-init-addr "127.0.0.1:$port"
-ready m0; ready m1
+job_ready m0; job_ready m1
 kill -KILL "$PID"
-st=$(ended m1 5)
+st=$(job_ended m1 5)
 ok=0
-[ -n "$st" ] && [ "$st" != 0 ] && grep -q "rank 0 (127.0.0.1:$port) closed" "$tmp/m1.err" && none_left m1 &&
-    none_left m0 && ok=1
+[ -n "$st" ] && [ "$st" != 0 ] && grep -q "rank 0 (127.0.0.1:$port) closed" "$tmp/m1.err" && job_gone m1 &&
+    job_gone m0 && ok=1
 result m1 $ok "rank 0 SIGKILLed: node 1 ended (status $st) naming rank 0"
 
 echo "$((runs - fail)) passed, $fail failed"

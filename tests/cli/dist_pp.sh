@@ -11,6 +11,7 @@
 # killed.
 SERVE_NODE=0
 source "$KILN_SRC/tests/server/serve.sh"
+source "$KILN_SRC/tests/cli/lib/dist.sh"
 : "${KILN_FIXTURES:?}" "${KILN_MODELS:?}"
 fail=0
 oracle="$KILN_FIXTURES/oracle/tiny-models"
@@ -103,18 +104,16 @@ for s in PP PT; do
 done
 echo "ok: serve --pp 2, --pp 2 --tp 2: '$(text "$D/PP0.out")' ... as one rank"
 for s in ONE PP PT; do
-    pids=$(grep -o 'rank [0-9]* pid [0-9]*' "$SERVE_TMP/$s.log" | awk '{print $4}')
+    pids=$(job_pids "$SERVE_TMP/$s.log")
     serve_stop "$s" || bad "server $s did not stop"
-    for p in $pids; do
-        for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
-        kill -0 "$p" 2>/dev/null && bad "server $s: pid $p still runs after the job ended"
-    done
+    # shellcheck disable=SC2086
+    none_left $pids || bad "server $s: a rank still runs after the job ended"
 done
 
 # the last stage's process SIGKILLed: rank 0 ends the job, naming it
 serve_start K --model "$m" --skip-sampler-warmup --pp 2
 sleep 0.3 # the other rank's layout line
-p1=$(grep -o 'rank 1 pid [0-9]*' "$LOG_K" | awk '{print $4}')
+p1=$(job_pids "$LOG_K" | sed -n 2p)
 kill -KILL "$p1"
 for _ in $(seq 1 100); do [ -s "$SERVE_TMP/K.status" ] && break; sleep 0.05; done
 st=$(cat "$SERVE_TMP/K.status" 2>/dev/null)

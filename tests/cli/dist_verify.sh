@@ -7,31 +7,13 @@
 # prints; bad layouts are refused with a reason. After every job no process
 # of it is left.
 set -u
-: "${KILN:?}" "${KILN_FIXTURES:?}" "${KILN_MODELS:?}"
-tmp=$(mktemp -d)
-STARTED=()
-cleanup() {
-    local p
-    for p in "${STARTED[@]}"; do kill -KILL "$p" 2>/dev/null; done
-    for p in $(grep -ho 'rank [0-9]* pid [0-9]*' "$tmp"/*.err 2>/dev/null | awk '{print $4}'); do
-        kill -KILL "$p" 2>/dev/null
-    done
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+: "${KILN:?}" "${KILN_FIXTURES:?}" "${KILN_MODELS:?}" "${KILN_SRC:?}"
+source "$KILN_SRC/tests/cli/lib/dist.sh"
+tmp=$DIST_TMP
 fail=0; runs=0
-free_port() { node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
 
-# Every pid the job's layout line named ("rank 1 pid 123") has exited.
-leftovers() {
-    local p left=""
-    for p in $(grep -ho 'rank [0-9]* pid [0-9]*' "$@" | awk '{print $4}'); do
-        kill -0 "$p" 2>/dev/null && left="$left $p"
-    done
-    [ -z "$left" ] && return 1
-    echo "left running:$left"
-}
+# Some pid a job's layout line named ("rank 1 pid 123") still runs.
+leftovers() { ! log_gone "$@"; }
 
 check() {
     local name=$1; shift
@@ -70,7 +52,7 @@ two_nodes() { # tp, then verify's arguments
     "$KILN" verify "$@" --tp "$tp" --nnodes 2 --node-rank 1 --dist-init-addr "127.0.0.1:$port" \
         >"$tmp/n1.out" 2>"$tmp/n1.err" &
     local n1=$!
-    STARTED+=("$n1")
+    DIST_PIDS+=("$n1")
     check "node 0 of 2, --tp $tp" "$@" --tp "$tp" --nnodes 2 --node-rank 0 --dist-init-addr "127.0.0.1:$port"
     wait "$n1"; local rc=$?
     runs=$((runs + 1))
