@@ -35,6 +35,11 @@
  *    h16) is a kernel parameter. Rows of the next expert that a tile's
  *    box reaches are computed and not stored; past the last row TMA fills
  *    zeros, as it does for a K tail.
+ *  - Programmatic dependent launch (cuda_pdl.cuh): the tile list, the rows
+ *    and x are written by the kernels before, so they are read after
+ *    pdl_wait with coherent loads (no __restrict__ on them: the compiler
+ *    may turn those into non-coherent loads, which a kernel scheduled
+ *    while its predecessor still runs must not use).
  * Requirements (cuda_moe_wgmma_ok): compute capability 9.0, bf16 or f16
  * weights, H and F multiples of 8 (16-byte TMA row strides), F even. */
 #include <cuda.h> /* CUtensorMap and its enums (header only; no -lcuda) */
@@ -81,7 +86,7 @@ template <bool F16, bool GLU>
 __global__ void __launch_bounds__(THREADS, 1)
 moe_wgmma_kernel(const __grid_constant__ CUtensorMap tx, const CUtensorMap *__restrict__ wa,
                  const CUtensorMap *__restrict__ wb, void *y, long ldy, int N, int nk,
-                 const int4 *__restrict__ tiles, const int *__restrict__ n_tiles) {
+                 const int4 *tiles, const int *n_tiles) {
     using T = typename std::conditional<F16, __half, __nv_bfloat16>::type;
     extern __shared__ unsigned char smem_raw[];
     pdl_trigger();
@@ -194,9 +199,8 @@ moe_wgmma_kernel(const __grid_constant__ CUtensorMap tx, const CUtensorMap *__re
  * per tile). */
 template <typename T>
 __global__ void __launch_bounds__(256)
-moe_gather16_kernel(T *__restrict__ xs, const float *__restrict__ x, int H,
-                    const int32_t *__restrict__ order, int top_k, const int4 *__restrict__ tiles,
-                    const int *__restrict__ n_tiles) {
+moe_gather16_kernel(T *xs, const float *x, int H, const int32_t *order, int top_k, const int4 *tiles,
+                    const int *n_tiles) {
     pdl_trigger();
     pdl_wait();
     if ((int)blockIdx.x >= *n_tiles) return;
