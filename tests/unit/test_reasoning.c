@@ -2,7 +2,7 @@
  * write, fed whole, split at every byte and one byte at a time (the parts
  * must agree and never end inside a UTF-8 character), and whether a prompt
  * rendered by the real Qwen3 template (enable_thinking true and false)
- * starts generation inside the think block. */
+ * starts generation inside the think block; gpt-oss's harmony channels. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,10 +19,12 @@
 #include "chat/chat_template.h"
 #include "chat/reasoning.h"
 
+static enum reasoning_format g_fmt = REASONING_QWEN3;
+
 static void run_cuts(int in_think, const char *text, size_t len, size_t step, size_t first, struct buf *r,
                      struct buf *c) {
     struct reasoning_parser p;
-    reasoning_parser_init(&p, in_think);
+    reasoning_parser_init_format(&p, g_fmt, in_think);
     size_t at = 0;
     while (at < len) {
         size_t n = at == 0 && first ? first : step;
@@ -68,6 +70,38 @@ static void test_opened_by_template(void **state) {
     check(1, "</think>", "", "");
 }
 
+/* gpt-oss: the harmony format as its spec writes a turn (the prompt ends
+ * in "<|start|>assistant"; <|return|> and <|call|> end generation and may
+ * be missing from the text) */
+#define H_CALL_TEXT                                                                                            \
+    "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>"
+static void test_gpt_oss(void **state) {
+    (void)state;
+    g_fmt = REASONING_GPT_OSS;
+    check(0, "<|channel|>analysis<|message|>User says hi. 你好<|end|><|start|>assistant<|channel|>final<|message|>"
+             "Hello! 😀<|return|>",
+          "User says hi. 你好", "Hello! 😀");
+    check(0, "<|channel|>analysis<|message|>Short.<|end|><|start|>assistant<|channel|>final<|message|>Hi", "Short.",
+          "Hi");
+    check(0, "<|channel|>analysis<|message|>still thinking", "still thinking", "");
+    check(0, "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>", "ab", "");
+    check(0, "<|channel|>commentary<|message|>Let me look.<|end|>", "", "Let me look.");
+    check(0, "plain answer", "", "plain answer");
+    check(0, "<|channel|>analysis<|mess", "", "");
+    /* a call passes to the content in the template's form, whichever side
+     * of <|channel|> the recipient stands */
+    check(0, "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+             "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+          "Need the weather.", H_CALL_TEXT);
+    check(0, "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}",
+          "", H_CALL_TEXT);
+    assert_int_equal(reasoning_starts_in_think(REASONING_GPT_OSS, "<|start|>assistant", 18), 0);
+    enum reasoning_format f;
+    assert_int_equal(reasoning_format_from_name("openai_gptoss", &f), 0);
+    assert_int_equal(f, REASONING_GPT_OSS);
+    g_fmt = REASONING_QWEN3;
+}
+
 static void test_starts_in_think(void **state) {
     (void)state;
     const char *root = getenv("KILN_TOKENIZERS");
@@ -109,6 +143,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_opened_by_template),
         cmocka_unit_test(test_starts_in_think),
+        cmocka_unit_test(test_gpt_oss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
