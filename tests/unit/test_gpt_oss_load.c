@@ -7,7 +7,8 @@
  *     up the even and odd rows of gate_up; the same experts stored as
  *     fused bf16 (`gate_up_proj` [E, in, 2 out] interleaved by columns,
  *     `down_proj` [E, in, out]) load to the same bits; the biases split
- *     into gate, up and down rows alike.
+ *     into gate, up and down rows alike; the weight bytes are what the
+ *     memory plan counts.
  *   - Refusals name the tensor: blocks or scales missing, mis-shaped, of
  *     another dtype, a NaN scale (255); blocks without an mxfp4
  *     quantization_config; fused tensors missing; a backend without
@@ -313,6 +314,9 @@ static void test_mxfp4_matches_bf16(void **state) {
     }
     assert_true(nonzero > E * F * D / 2);
     assert_non_null(a->layers[0].mha.sinks);
+    /* the memory plan counts what the load made (the MXFP4 experts as bf16) */
+    assert_int_equal(model_weight_bytes(a), model_config_weight_bytes(model_config(a)));
+    assert_int_equal(model_weight_bytes(b), model_config_weight_bytes(model_config(b)));
     assert_non_null(ma->router_bias);
     model_free(a);
     model_free(b);
