@@ -202,6 +202,19 @@ static void test_tiny_moe(void **state) {
 static void test_real_configs(void **state) {
     (void)state;
     struct model_config c;
+    load_real("gpt-oss-20b.json", &c);
+    assert_int_equal(c.arch, ARCH_GPT_OSS);
+    assert_int_equal(c.n_layers, 24);
+    assert_int_equal(c.n_experts, 32);
+    assert_int_equal(c.n_experts_per_tok, 4);
+    assert_int_equal(c.moe_intermediate_size, 2880);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.sliding_window, 128);
+    assert_int_equal(model_config_layer_window(&c, 0), 128);
+    assert_int_equal(model_config_layer_window(&c, 1), 0);
+    assert_int_equal(c.quant.method, MODEL_QUANT_MXFP4);
+    assert_int_equal(c.rope.no_truncate, 1);
+    assert_near(c.rope.factor, 32);
     load_real("qwen3-0.6b.json", &c);
     assert_int_equal(c.arch, ARCH_QWEN3);
     assert_int_equal(c.vocab_size, 151936);

@@ -9,6 +9,7 @@
  *     `down_proj` [E, in, out]) load to the same bits; the biases split
  *     into gate, up and down rows alike; the weight bytes are what the
  *     memory plan counts.
+ *   - Dummy weights of the config's shapes.
  *   - Refusals name the tensor: blocks or scales missing, mis-shaped, of
  *     another dtype, a NaN scale (255); blocks without an mxfp4
  *     quantization_config; fused tensors missing; a backend without
@@ -250,7 +251,9 @@ static int teardown(void **state) {
 }
 
 static int load(struct model **m, const char *dir, struct kiln_error *err) {
-    struct model_options mo = {.max_batch_tokens = 8, .max_seqs = 1, .max_context = 16};
+    size_t n = strlen(dir);
+    struct model_options mo = {.max_batch_tokens = 8, .max_seqs = 1, .max_context = 16,
+                               .load_format = n > 5 && !strcmp(dir + n - 5, ".json") ? "dummy" : "auto"};
     err->msg[0] = 0;
     return model_load(m, dir, &be, &mo, err);
 }
@@ -326,6 +329,31 @@ static void test_mxfp4_matches_bf16(void **state) {
     rm_rf(dbf);
 }
 
+/* --load-format dummy: random experts and biases of the config's shapes,
+ * counted as the plan counts them (its MXFP4 quantization_config says
+ * nothing about dummy weights) */
+static void test_dummy(void **state) {
+    (void)state;
+    struct ckpt c;
+    make(&c, 1);
+    char *dir = write_ckpt(&c);
+    char *cfg = path_join(dir, "config.json");
+    struct model *m = load_ok(cfg);
+    const struct mlp_moe *moe = &m->layers[0].moe;
+    for (long e = 0; e < E; e++) {
+        assert_int_equal(moe->gate[e].rows, F);
+        assert_int_equal(moe->gate[e].cols, D);
+        assert_int_equal(moe->down[e].rows, D);
+        assert_int_equal(moe->down[e].cols, F);
+    }
+    assert_non_null(moe->experts.down_bias);
+    assert_int_equal(model_weight_bytes(m), model_config_weight_bytes(model_config(m)));
+    model_free(m);
+    free(cfg);
+    free_ckpt(&c);
+    rm_rf(dir);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     struct ckpt c;
@@ -365,6 +393,7 @@ static void test_refusals(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mxfp4_matches_bf16),
+        cmocka_unit_test(test_dummy),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
