@@ -120,11 +120,14 @@ static int step(struct harmony_parser *h, int final, const struct harmony_sink *
     int which;
     switch (h->state) {
     case HS_TEXT: {
+        /* whitespace alone since the last message (or the start) is not
+         * content; once there is text, what follows it is */
         size_t at = first_of(s, n, text_marks, &which);
         if (which >= 0) {
             size_t w = 0;
-            while (w < at && is_ws(s[w])) w++;
+            while (!h->in_text && w < at && is_ws(s[w])) w++;
             if (w < at) k->content(k->ctx, s, at);
+            h->in_text = 0;
             if (which <= 1) { /* a header: <|channel|> stays in it */
                 buf_consume(p, at + (which == 0 ? strlen(H_START) : 0));
                 h->state = HS_HEADER;
@@ -135,14 +138,15 @@ static int step(struct harmony_parser *h, int final, const struct harmony_sink *
         }
         size_t keep = final ? 0 : held_tail(s, n, text_marks), cut = n - keep;
         size_t w = 0;
-        while (w < cut && is_ws(s[w])) w++;
-        if (w == cut) { /* whitespace alone: may be between messages */
+        while (!h->in_text && w < cut && is_ws(s[w])) w++;
+        if (w == cut && !h->in_text) { /* whitespace alone: may be between messages */
             if (final) buf_clear(p);
             return 0;
         }
         if (!final) cut = utf8_cut(s, cut);
         k->content(k->ctx, s, cut);
         buf_consume(p, cut);
+        if (cut) h->in_text = 1;
         return 0;
     }
     case HS_HEADER: {
@@ -157,6 +161,7 @@ static int step(struct harmony_parser *h, int final, const struct harmony_sink *
             k->content(k->ctx, s, cut);
             buf_consume(p, cut);
             h->state = HS_TEXT;
+            h->in_text = 1;
             return 1;
         }
         if (final) buf_clear(p); /* cut off by the end */

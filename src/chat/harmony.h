@@ -42,6 +42,7 @@ struct harmony_sink {
 struct harmony_parser {
     int state;            /* HS_* in harmony.c */
     int kind;             /* where the current body goes */
+    int in_text;          /* text outside messages emitted since the last one */
     struct buf pend;      /* text not decided yet */
     struct buf recipient; /* the current message's to=... */
     struct buf args;      /* a call's body so far */
