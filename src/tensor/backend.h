@@ -129,6 +129,11 @@ struct moe_experts {
     const struct backend_weight *gate; /* [n_experts], each [inter][hidden] */
     const struct backend_weight *up;   /* [n_experts], each [inter][hidden] */
     const struct backend_weight *down; /* [n_experts], each [hidden][inter] */
+    /* Expert parallel: gate[i] is routed expert first + i; moe_ffn drops
+     * the (token, slot) rows routed to experts outside [first, first +
+     * n_experts) (they add nothing: another rank holds them). 0 with every
+     * expert here. */
+    int first;
     /* Expert biases (gpt-oss): NULL, none; else device fp32
      * [n_experts][inter] (gate_bias, up_bias) and [n_experts][hidden]
      * (down_bias), added to each product's rows. With act, only on a
@@ -136,11 +141,6 @@ struct moe_experts {
     const float *gate_bias, *up_bias, *down_bias;
     enum moe_act act;
     float alpha, limit; /* MOE_ACT_SWIGLU_CLAMP */
-    /* Expert parallel: gate[i] is routed expert first + i; moe_ffn drops
-     * the (token, slot) rows routed to experts outside [first, first +
-     * n_experts) (they add nothing: another rank holds them). 0 with every
-     * expert here. */
-    int first;
 };
 
 /* moe_ffn runs a long batch's expert products over chunks of tokens, each
