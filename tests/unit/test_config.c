@@ -726,6 +726,12 @@ static void test_family_refusals(void **state) {
     json_object_set_new(j, "swiglu_limit", json_real(5.0));
     expect_error(j, "config.json: swiglu_limit 5 is not supported (only 7.0");
     j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    json_object_set_new(j, "num_key_value_heads", json_integer(3));
+    expect_error(j, "config.json: num_attention_heads (4) must be a multiple of num_key_value_heads (3)");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    json_object_set_new(j, "head_dim", json_integer(15));
+    expect_error(j, "config.json: head_dim 15 must be even");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
     json_object_set_new(j, "rope_scaling", json_pack("{s:s, s:f, s:s}", "rope_type", "yarn", "factor", 4.0,
                                                      "truncate", "no"));
     expect_error(j, "config.json: field 'rope_scaling.truncate' must be a boolean, found string");
