@@ -20,11 +20,15 @@ enum {
 int reasoning_format_from_name(const char *name, enum reasoning_format *out) {
     if (!strcmp(name, "qwen3")) *out = REASONING_QWEN3;
     else if (!strcmp(name, "deepseek_r1") || !strcmp(name, "deepseek-r1")) *out = REASONING_DEEPSEEK_R1;
+    else if (!strcmp(name, "gpt_oss") || !strcmp(name, "gpt-oss") || !strcmp(name, "openai_gptoss"))
+        *out = REASONING_GPT_OSS;
     else return -1;
     return 0;
 }
 
-const char *reasoning_format_choices(void) { return "qwen3, deepseek_r1 (deepseek-r1)"; }
+const char *reasoning_format_choices(void) {
+    return "qwen3, deepseek_r1 (deepseek-r1), gpt_oss (gpt-oss, openai_gptoss)";
+}
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -36,6 +40,7 @@ static const char *find_last(const char *s, size_t n, const char *m) {
 }
 
 int reasoning_starts_in_think(enum reasoning_format f, const char *prompt, size_t len) {
+    if (f == REASONING_GPT_OSS) return 0;
     size_t n = len;
     while (n && is_ws(prompt[n - 1])) n--;
     if (n >= strlen(THINK_CLOSE) && !memcmp(prompt + n - strlen(THINK_CLOSE), THINK_CLOSE, strlen(THINK_CLOSE)))
@@ -50,7 +55,38 @@ void reasoning_parser_init(struct reasoning_parser *r, int in_think) {
     r->state = in_think ? RS_START_IN : RS_START;
 }
 
-void reasoning_parser_free(struct reasoning_parser *r) { buf_free(&r->pend); }
+void reasoning_parser_init_format(struct reasoning_parser *r, enum reasoning_format f, int in_think) {
+    reasoning_parser_init(r, in_think);
+    if (f != REASONING_GPT_OSS) return;
+    r->harmony = 1;
+    harmony_init(&r->hp);
+}
+
+void reasoning_parser_free(struct reasoning_parser *r) {
+    buf_free(&r->pend);
+    if (r->harmony) harmony_free(&r->hp);
+}
+
+/* gpt_oss: the harmony splitter's parts into reasoning and content */
+struct harmony_out {
+    struct buf *reasoning, *content;
+};
+static void h_reasoning(void *ctx, const char *s, size_t n) {
+    buf_append(((struct harmony_out *)ctx)->reasoning, s, n);
+}
+static void h_content(void *ctx, const char *s, size_t n) { buf_append(((struct harmony_out *)ctx)->content, s, n); }
+static void h_call(void *ctx, const char *name, size_t nlen, const char *recipient, size_t rlen, const char *args,
+                   size_t alen) {
+    (void)name, (void)nlen;
+    harmony_call_text(((struct harmony_out *)ctx)->content, recipient, rlen, args, alen);
+}
+
+static void harmony_run(struct reasoning_parser *r, const char *text, size_t len, int final, struct buf *reasoning,
+                        struct buf *content) {
+    struct harmony_out o = {reasoning, content};
+    const struct harmony_sink k = {&o, h_reasoning, h_content, h_call};
+    harmony_feed(&r->hp, text, len, final, &k);
+}
 
 static size_t skip_ws(const char *s, size_t n) {
     size_t i = 0;
@@ -133,10 +169,18 @@ static int step(struct reasoning_parser *r, int final, struct buf *reasoning, st
 
 void reasoning_parser_feed(struct reasoning_parser *r, const char *text, size_t len, struct buf *reasoning,
                            struct buf *content) {
+    if (r->harmony) {
+        harmony_run(r, text, len, 0, reasoning, content);
+        return;
+    }
     buf_append(&r->pend, text, len);
     while (step(r, 0, reasoning, content)) {}
 }
 
 void reasoning_parser_finish(struct reasoning_parser *r, struct buf *reasoning, struct buf *content) {
+    if (r->harmony) {
+        harmony_run(r, "", 0, 1, reasoning, content);
+        return;
+    }
     while (step(r, 1, reasoning, content)) {}
 }

@@ -7,6 +7,11 @@
  *   deepseek_r1  the chat template opens <think> itself, so the output
  *                starts inside the thoughts and only </think> appears
  *                (all is thought when it never does)
+ *   gpt_oss      the harmony format (chat/harmony.h): the analysis
+ *                channel is the thoughts, the other channels the answer;
+ *                a tool call's message passes to the answer in the
+ *                template's form (harmony_call_text), for a harmony tool
+ *                parser to read
  * Whether generation starts inside the think block is read from the
  * rendered prompt (reasoning_starts_in_think): a prompt that ends in an
  * open <think> (Qwen3 thinking models, DeepSeek-R1) starts inside it; one
@@ -32,14 +37,17 @@
 #include <stddef.h>
 
 #include "base/buf.h"
+#include "chat/harmony.h"
 
 enum reasoning_format {
     REASONING_NONE = 0,
     REASONING_QWEN3,
     REASONING_DEEPSEEK_R1,
+    REASONING_GPT_OSS,
 };
 
-/* qwen3, deepseek_r1 (also deepseek-r1); -1 when unknown. */
+/* qwen3, deepseek_r1 (also deepseek-r1), gpt_oss (also gpt-oss,
+ * openai_gptoss); -1 when unknown. */
 int reasoning_format_from_name(const char *name, enum reasoning_format *out);
 const char *reasoning_format_choices(void);
 
@@ -49,9 +57,14 @@ int reasoning_starts_in_think(enum reasoning_format f, const char *prompt, size_
 struct reasoning_parser {
     int state;
     struct buf pend; /* text not decided yet */
+    int harmony;     /* gpt_oss: hp reads the text */
+    struct harmony_parser hp;
 };
 
+/* The <think> formats (in_think: reasoning_starts_in_think). */
 void reasoning_parser_init(struct reasoning_parser *r, int in_think);
+/* Any format: the <think> ones as reasoning_parser_init, gpt_oss's harmony. */
+void reasoning_parser_init_format(struct reasoning_parser *r, enum reasoning_format f, int in_think);
 void reasoning_parser_free(struct reasoning_parser *r);
 /* Appends what the delta decided to `reasoning` and `content`. */
 void reasoning_parser_feed(struct reasoning_parser *r, const char *text, size_t len, struct buf *reasoning,

@@ -54,6 +54,8 @@ static const struct {
     {"llama3", TOOL_FORMAT_LLAMA3_JSON},      {"deepseek_v3", TOOL_FORMAT_DEEPSEEK_V3},
     {"deepseekv3", TOOL_FORMAT_DEEPSEEK_V3},  {"deepseek_v31", TOOL_FORMAT_DEEPSEEK_V31},
     {"deepseekv31", TOOL_FORMAT_DEEPSEEK_V31}, {"mistral", TOOL_FORMAT_MISTRAL},
+    {"harmony", TOOL_FORMAT_HARMONY},         {"openai", TOOL_FORMAT_HARMONY},
+    {"gpt_oss", TOOL_FORMAT_HARMONY},
 };
 
 int tool_format_from_name(const char *name, enum tool_format *out) {
@@ -67,7 +69,7 @@ int tool_format_from_name(const char *name, enum tool_format *out) {
 
 const char *tool_format_choices(void) {
     return "auto, hermes (qwen25, qwen), llama3_json (llama3), deepseek_v3 (deepseekv3), deepseek_v31 "
-           "(deepseekv31), mistral";
+           "(deepseekv31), mistral, harmony (openai, gpt_oss)";
 }
 
 const char *tool_format_name(enum tool_format f) {
@@ -77,6 +79,7 @@ const char *tool_format_name(enum tool_format f) {
     case TOOL_FORMAT_DEEPSEEK_V3: return "deepseek_v3";
     case TOOL_FORMAT_DEEPSEEK_V31: return "deepseek_v31";
     case TOOL_FORMAT_MISTRAL: return "mistral";
+    case TOOL_FORMAT_HARMONY: return "harmony";
     default: return "none";
     }
 }
@@ -87,6 +90,7 @@ enum tool_format tool_format_detect(const char *t) {
     /* V3 fences the arguments in ```json; V3.1 writes them bare */
     if (strstr(t, DS_CALL_BEGIN)) return strstr(t, "```json") ? TOOL_FORMAT_DEEPSEEK_V3 : TOOL_FORMAT_DEEPSEEK_V31;
     if (strstr(t, MI_OPEN)) return TOOL_FORMAT_MISTRAL;
+    if (strstr(t, "<|channel|>") && strstr(t, "to=")) return TOOL_FORMAT_HARMONY;
     if (strstr(t, PYTHON_TAG) || (strstr(t, "\"parameters\"") && strstr(t, "ipython"))) return TOOL_FORMAT_LLAMA3_JSON;
     return TOOL_FORMAT_NONE;
 }
@@ -674,7 +678,33 @@ static int step_json(struct tool_parser *p, int final) {
     return 1;
 }
 
+/* harmony: the splitter's parts as events; a call whose arguments are
+ * not a JSON object is content, in the template's form */
+static void hm_content(void *ctx, const char *s, size_t n) { emit_content(ctx, s, n); }
+static void hm_call(void *ctx, const char *name, size_t nlen, const char *recipient, size_t rlen, const char *args,
+                    size_t alen) {
+    struct tool_parser *p = ctx;
+    size_t a0, a1;
+    if (name_ok(name, nlen) && !args_object(args, alen, &a0, &a1) && a0 == 0 && a1 == alen) {
+        emit_call(p, name, nlen, args, alen);
+        return;
+    }
+    struct buf t = {0};
+    harmony_call_text(&t, recipient, rlen, args, alen);
+    emit_content(p, t.data, t.len);
+    buf_free(&t);
+}
+
 static void run(struct tool_parser *p, int final) {
+    if (p->fmt == TOOL_FORMAT_HARMONY) {
+        /* without a reasoning parser the thoughts are content */
+        const struct harmony_sink k = {p, hm_content, hm_content, hm_call};
+        struct buf in = p->pend;
+        p->pend = (struct buf){0};
+        harmony_feed(&p->hp, in.data, in.len, final, &k);
+        buf_free(&in);
+        return;
+    }
     for (;;) {
         int progress;
         switch (p->state) {
@@ -695,6 +725,7 @@ void tool_parser_init(struct tool_parser *p, enum tool_format fmt, uint64_t seed
     p->rng = seed;
     p->state = fmt == TOOL_FORMAT_LLAMA3_JSON ? TP_LSTART : fmt == TOOL_FORMAT_NONE ? TP_TEXT : TP_CONTENT;
     p->jkind = J_LLAMA;
+    harmony_init(&p->hp);
 }
 
 void tool_parser_free(struct tool_parser *p) {
@@ -702,6 +733,7 @@ void tool_parser_free(struct tool_parser *p) {
     buf_free(&p->held);
     buf_free(&p->opener);
     buf_free(&p->name);
+    harmony_free(&p->hp);
     tool_events_free(&p->ev);
 }
 

@@ -15,6 +15,10 @@
  *   mistral                        [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]
  *                                  or [TOOL_CALLS]f[ARGS]{...} / [TOOL_CALLS]f{...}
  *                                  (tokenizers v11+), one marker per call
+ *   harmony      (gpt-oss)         <|start|>assistant<|channel|>commentary to=functions.f
+ *                                  <|constrain|>json<|message|>{...}<|call|> (the recipient
+ *                                  may stand before <|channel|>); the other messages of the
+ *                                  harmony format are content (chat/harmony.h)
  *
  * A tool_parser reads the text as the engine streams it, in deltas split
  * anywhere (inside a marker, inside a UTF-8 character): text that may still
@@ -51,6 +55,7 @@
 #include <stdint.h>
 
 #include "base/buf.h"
+#include "chat/harmony.h"
 
 enum tool_format {
     TOOL_FORMAT_NONE = 0,
@@ -59,11 +64,12 @@ enum tool_format {
     TOOL_FORMAT_DEEPSEEK_V3,
     TOOL_FORMAT_DEEPSEEK_V31,
     TOOL_FORMAT_MISTRAL,
+    TOOL_FORMAT_HARMONY,
 };
 
 /* The format of a --tool-call-parser name (vLLM's and SGLang's spellings:
  * hermes, qwen25, qwen, llama3_json, llama3, deepseek_v3, deepseekv3,
- * deepseek_v31, deepseekv31, mistral); -1 when unknown. "auto" is not a
+ * deepseek_v31, deepseekv31, mistral, harmony, openai, gpt_oss); -1 when unknown. "auto" is not a
  * format: see tool_format_detect. */
 int tool_format_from_name(const char *name, enum tool_format *out);
 /* The names accepted, for error messages. */
@@ -86,7 +92,9 @@ struct tool_call_frame {
     const char *end;
     const char *separator;
 };
-/* 0, or -1 for TOOL_FORMAT_NONE. */
+/* 0, or -1 for TOOL_FORMAT_NONE and TOOL_FORMAT_HARMONY (its calls end in
+ * an end-of-generation token and usually follow the thoughts: a grammar
+ * does not force them). */
 int tool_format_frame(enum tool_format f, struct tool_call_frame *out);
 
 enum tool_event_kind {
@@ -125,6 +133,7 @@ struct tool_parser {
     int n_calls;
     int last_was_call; /* no content since the last call */
     uint64_t rng;
+    struct harmony_parser hp; /* harmony: the message splitter */
     struct tool_events ev; /* the last feed's events */
 };
 

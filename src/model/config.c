@@ -41,6 +41,8 @@ static const struct arch_desc arch_table[ARCH_COUNT] = {
     {"mistral", ARCH_MISTRAL, &family_llama, 131072, 0, 0, 0, 1, 4096},
     /* Gemma3TextConfig: head_dim 256, a window of 4096 */
     {"gemma3_text", ARCH_GEMMA3, &family_gemma3, 131072, 1, 256, 0, 1, 4096},
+    /* GptOssConfig: head_dim 64, a window of 128 */
+    {"gpt_oss", ARCH_GPT_OSS, &family_gpt_oss, 131072, 0, 64, 0, 1, 128},
 };
 
 const struct model_family *model_family_of(const struct model_config *c) {
@@ -246,7 +248,8 @@ static int parse_rope(struct model_config *c, const struct jr *top, const struct
 
     /* theta: inside rope_parameters when given there, else at the top. */
     double top_theta;
-    if (rd_pos_double(top, "rope_theta", 0, a->arch == ARCH_GEMMA3 ? 1e6 : 10000.0, &top_theta))
+    double theta_def = a->arch == ARCH_GEMMA3 ? 1e6 : a->arch == ARCH_GPT_OSS ? 150000.0 : 10000.0;
+    if (rd_pos_double(top, "rope_theta", 0, theta_def, &top_theta))
         return -1;
     rp->theta = top_theta;
     if (params && rd_pos_double(&r, "rope_theta", 0, top_theta, &rp->theta)) return -1;
@@ -290,6 +293,11 @@ static int parse_rope(struct model_config *c, const struct jr *top, const struct
             rd_double(&r, "mscale_all_dim", 0, 0.0, &rp->mscale_all_dim) ||
             rd_double(&r, "attention_factor", 0, 0.0, &rp->attention_factor))
             return -1;
+        /* truncate (default true): round the correction range's ends to
+         * whole dimensions; gpt-oss says false */
+        int truncate = 1;
+        if (rd_bool(&r, "truncate", 1, &truncate)) return -1;
+        rp->no_truncate = !truncate;
         break;
     }
 
@@ -402,6 +410,31 @@ static int parse_deepseek(struct model_config *c, const struct jr *r) {
     return 0;
 }
 
+/* gpt-oss (GptOssConfig): every layer a mixture of experts of
+ * intermediate_size, routed by a biased router whose top-k logits are
+ * softmaxed (the same weights as a softmax over all experts renormalised
+ * over the chosen ones), experts with biases and the clamped SwiGLU; an
+ * attention sink per head. */
+static int parse_gpt_oss(struct model_config *c, const struct jr *r) {
+    if (rd_int(r, "num_local_experts", 0, 128, 1, &c->n_experts) ||
+        rd_int(r, "num_experts_per_tok", 0, 4, 1, &c->n_experts_per_tok) ||
+        rd_pos_double(r, "swiglu_limit", 0, 7.0, &c->swiglu_limit))
+        return -1;
+    /* transformers' GptOssExperts clamps at 7.0 whatever the field says */
+    if (c->swiglu_limit != 7.0)
+        return kiln_errorf(r->err, "%s: swiglu_limit %g is not supported (only 7.0, the limit "
+                                   "transformers' gpt-oss experts apply)",
+                           r->file, c->swiglu_limit);
+    c->moe_intermediate_size = c->intermediate_size;
+    c->norm_topk_prob = 1;
+    c->scoring = MOE_SCORING_SOFTMAX;
+    c->topk_method = MOE_TOPK_GREEDY;
+    c->n_group = c->topk_group = 1;
+    c->routed_scaling_factor = 1.0;
+    c->attn_sinks = 1;
+    return 0;
+}
+
 /* ---- quantization_config ---------------------------------------------------- */
 
 /* FNV-1a over bytes, continued from h (start: FNV_OFFSET). */
@@ -458,10 +491,21 @@ static int parse_quant(struct model_config *c, const struct jr *top) {
     const char *method, *fmt, *act;
     if (rd_str(&r, "quant_method", &method)) return -1;
     if (!method) return missing(&r, "quant_method");
+    if (!strcmp(method, "mxfp4")) {
+        /* gpt-oss's published format: the experts' `_blocks` / `_scales`
+         * tensors say what is quantized (modules_to_not_convert lists the
+         * rest, with patterns: not read) */
+        if (c->arch != ARCH_GPT_OSS)
+            return kiln_errorf(r.err, "%s: quantization_config.quant_method 'mxfp4' is only "
+                                      "supported for gpt_oss (its experts), not %s",
+                               r.file, c->model_type);
+        q->method = MODEL_QUANT_MXFP4;
+        return 0;
+    }
     if (strcmp(method, "fp8"))
         return kiln_errorf(r.err, "%s: quantization_config.quant_method '%.64s' is not supported "
                                   "(only fp8: block-quantized float8 e4m3 weights, the DeepSeek-V3 "
-                                  "/ Qwen3-FP8 format)",
+                                  "/ Qwen3-FP8 format; mxfp4 for gpt_oss)",
                            r.file, method);
     if (rd_str(&r, "fmt", &fmt) || rd_str(&r, "activation_scheme", &act)) return -1;
     if (fmt && strcmp(fmt, "e4m3"))
@@ -601,6 +645,12 @@ static int parse_variants(struct model_config *c, const struct jr *r, const stru
                                            "full_attention is supported",
                                    r->file, i, json_string_value(e));
         }
+    } else if (a->arch == ARCH_GPT_OSS) {
+        /* GptOssConfig without layer_types: even layers slide, odd ones are full */
+        for (int i = 0; i < c->n_layers; i += 2) {
+            sliding_layers++;
+            if (i < MODEL_MAX_WINDOW_LAYERS) c->layer_slides[i] = 1;
+        }
     } else if (a->arch == ARCH_GEMMA3) {
         /* Gemma-3 without layer_types: every pattern-th layer is global */
         int pattern;
@@ -718,7 +768,7 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
         rd_int(&r, "num_key_value_heads", 0, c->n_heads, 1, &c->n_kv_heads) ||
         rd_int(&r, "max_position_embeddings", 0, a->default_max_positions, 1,
                &c->max_position_embeddings) ||
-        rd_pos_double(&r, "rms_norm_eps", 0, 1e-6, &c->rms_norm_eps) ||
+        rd_pos_double(&r, "rms_norm_eps", 0, a->arch == ARCH_GPT_OSS ? 1e-5 : 1e-6, &c->rms_norm_eps) ||
         rd_bool(&r, "tie_word_embeddings", a->arch == ARCH_GEMMA3, &c->tie_word_embeddings))
         return -1;
     int derived = a->default_head_dim ? a->default_head_dim : c->hidden_size / c->n_heads;
@@ -731,7 +781,7 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
      * has a switch for them; llama/qwen3/deepseek's attention_bias also
      * covers the output projection. */
     int ab = 0;
-    if (rd_bool(&r, "attention_bias", 0, &ab)) return -1;
+    if (rd_bool(&r, "attention_bias", a->arch == ARCH_GPT_OSS, &ab)) return -1;
     switch (a->arch) {
     case ARCH_QWEN2: c->attention_bias = 1; break;
     case ARCH_QWEN2_MOE:
@@ -753,6 +803,7 @@ static int parse_config(struct model_config *c, const json_t *root, const char *
     if (a->family == &family_qwen_moe && parse_qwen_moe(c, &r)) return -1;
     if (a->family == &family_deepseek && parse_deepseek(c, &r)) return -1;
     if (a->arch == ARCH_GEMMA3 && parse_gemma3(c, &r)) return -1;
+    if (a->arch == ARCH_GPT_OSS && parse_gpt_oss(c, &r)) return -1;
     if (c->n_experts && c->n_experts_per_tok > c->n_experts)
         return kiln_errorf(err, "%s: num_experts_per_tok (%d) exceeds the number of experts (%d)",
                            file, c->n_experts_per_tok, c->n_experts);

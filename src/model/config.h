@@ -26,6 +26,7 @@ enum model_arch {
     ARCH_DEEPSEEK_V3,
     ARCH_MISTRAL,
     ARCH_GEMMA3,
+    ARCH_GPT_OSS,
     ARCH_COUNT
 };
 
@@ -41,6 +42,8 @@ struct rope_config {
     double beta_fast, beta_slow;    /* yarn */
     double mscale, mscale_all_dim;  /* yarn (DeepSeek); 0 = absent */
     double attention_factor;        /* yarn; 0 = derive from factor */
+    int no_truncate;                /* yarn truncate false: the correction range's ends are not
+                                       rounded to whole dimensions (gpt-oss) */
     int interleaved;                /* rotate pairs (2i, 2i+1) instead of (i, i + d/2):
                                        deepseek_v3 rope_interleave (default true); always for
                                        deepseek_v2 (transformers rotates complex pairs) */
@@ -63,14 +66,22 @@ enum moe_topk_method { MOE_TOPK_GREEDY = 0, MOE_TOPK_GROUP_LIMITED, MOE_TOPK_NOA
 
 /* Weight quantization: config.json's quantization_config, or what
  * model_options.quantization made of an unquantized checkpoint at load. */
-enum model_quant_method { MODEL_QUANT_NONE = 0, MODEL_QUANT_FP8 };
+enum model_quant_method { MODEL_QUANT_NONE = 0, MODEL_QUANT_FP8, MODEL_QUANT_MXFP4 };
 
 /* Module names quantization_config lists as not converted, at most (real
  * FP8 checkpoints list up to about a thousand: every layer's norms, router
  * and gates). */
 #define MODEL_QUANT_MAX_SKIP 4096
 
-/* FP8 block quantization as DeepSeek-V3 and Qwen3-FP8 write it:
+/* MXFP4 (gpt-oss, quant_method "mxfp4"): the experts' fused tensors are
+ * stored as `<name>_blocks` (uint8 [E, rows, cols / 32, 16]: 32 e2m1
+ * values a block, two a byte, the low nibble first) and `<name>_scales`
+ * (uint8 [E, rows, cols / 32]: the block's e8m0 exponent, value 2^(s -
+ * 127)), rows x cols in nn.Linear's [out][in] order; everything else is
+ * unquantized. The CPU dequantizes them exactly at load (weights.c
+ * mxfp4_dequant).
+ *
+ * FP8 block quantization as DeepSeek-V3 and Qwen3-FP8 write it:
  * quant_method "fp8", fmt "e4m3" (or absent), activation_scheme "dynamic"
  * (or absent), weight_block_size [B0, B1]. A projection stored as
  * F8_E4M3 `<name>` has its fp32 (or bf16/f16) block scales in
@@ -156,6 +167,10 @@ struct model_config {
                                      is the global rope */
     double attn_logit_softcapping, final_logit_softcapping; /* 0: none */
     int bidirectional;            /* use_bidirectional_attention true */
+    /* gpt-oss */
+    int attn_sinks;               /* self_attn.sinks: a softmax logit per head (attn_params.sinks) */
+    double swiglu_limit;          /* > 0: the experts' biases and clamped SwiGLU
+                                     (moe_experts.act MOE_ACT_SWIGLU_CLAMP) */
     int multimodal;               /* gemma3: the language model of an image-text checkpoint
                                      (text_config; its tensors under language_model.*) */
 

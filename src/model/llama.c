@@ -146,7 +146,7 @@ void mha_forward_norm(const struct fwd *f, int l, const struct attn_mha *a,
     struct attn_params p = {.n_heads = (int)H, .n_kv_heads = (int)KH, .dk = (int)hd,
                             .dv = (int)hd, .k_stride = kw, .v_stride = kw, .scale = m->attn_scale,
                             .k_scale = r.k_scale, .v_scale = r.v_scale,
-                            .window = model_config_layer_window(c, l)};
+                            .window = model_config_layer_window(c, l), .sinks = a->sinks};
     ops->attention_matmul(ctx, out, d, m->act.att, qw, m->act.qkv, L, r.k_cache, r.v_cache, &p,
                           f->bb, &a->wo, a->bo, n);
 }

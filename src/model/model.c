@@ -177,6 +177,13 @@ static int quant_setup(struct model *m, struct weight_source *ws, const struct m
         }
         return 0;
     }
+    if (q->method == MODEL_QUANT_MXFP4)
+        return kiln_errorf(err, "--quantization fp8: the checkpoint is MXFP4 (quantization_config "
+                                "mxfp4); it is not converted to FP8");
+    if (m->cfg.swiglu_limit > 0)
+        return kiln_errorf(err, "--quantization fp8: not supported for %s (its fused experts stay "
+                                "as the checkpoint stores them)",
+                           m->cfg.model_type);
     if (!m->be->ops->fp8_weights)
         return kiln_errorf(err, "--quantization fp8: the %s backend does not run FP8 weights yet; use "
                                 "--device cpu",
@@ -195,6 +202,14 @@ static int finish_load(struct model *m, struct weight_source *ws, const struct m
         !(m->be->ops->gelu_tanh_mul && m->be->ops->scale))
         return kiln_errorf(err, "%s: the %s backend does not run this family's operations (GeGLU "
                                 "MLP, scaled embedding) yet; use --device cpu",
+                           m->cfg.model_type, m->be->ops->name);
+    if (m->cfg.attn_sinks && !m->be->ops->attention_sinks)
+        return kiln_errorf(err, "%s: attention sinks: the %s backend does not run them yet; use "
+                                "--device cpu",
+                           m->cfg.model_type, m->be->ops->name);
+    if (m->cfg.swiglu_limit > 0 && !m->be->ops->moe_bias_act)
+        return kiln_errorf(err, "%s: experts with biases and the clamped SwiGLU: the %s backend "
+                                "does not run them yet; use --device cpu",
                            m->cfg.model_type, m->be->ops->name);
     if (m->cfg.sliding_window > 0 && !m->be->ops->sliding_window)
         return kiln_errorf(err, "%s: sliding_window %d: the %s backend does not run sliding-window "

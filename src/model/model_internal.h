@@ -61,6 +61,7 @@ struct attn_mha {
     const float *bqkv;                     /* bq|bk|bv stacked, or NULL */
     const float *bo;                       /* bias or NULL */
     const float *q_norm, *k_norm;          /* [hd] or NULL */
+    const float *sinks;                    /* [heads] attention sinks (gpt-oss) or NULL */
 };
 
 /* Multi-head latent attention (deepseek), run in the absorbed form. */
@@ -83,6 +84,7 @@ struct mlp_dense {
 
 struct mlp_moe {
     struct backend_weight router;     /* [E][d] */
+    const float *router_bias;         /* [E] (gpt-oss) or NULL */
     const float *correction_bias;     /* [E] or NULL */
     struct backend_weight *gate, *up, *down; /* [E] */
     struct moe_experts experts;
@@ -237,7 +239,8 @@ struct model_family {
     void (*forward_layer)(const struct fwd *f, int l, const struct layer *L);
 };
 
-extern const struct model_family family_llama, family_qwen_moe, family_deepseek, family_gemma3;
+extern const struct model_family family_llama, family_qwen_moe, family_deepseek, family_gemma3,
+    family_gpt_oss;
 const struct model_family *model_family_of(const struct model_config *c);
 /* config.c: the refusals every family shares (activation, partial rotary,
  * sliding windows). */
@@ -394,6 +397,17 @@ void dp_step_begin(struct model *m, const struct model_step *s);
 typedef void (*dp_attn_fn)(const struct fwd *f, int l, const struct attn_mla *a, const float *x,
                            float *out);
 void dp_attention(const struct fwd *f, int l, const struct attn_mla *a, dp_attn_fn attn);
+
+/* gpt_oss_experts.c: gpt-oss's MoE MLP of layer l (router with its bias,
+ * fused bf16 or MXFP4 experts with biases, the clamped SwiGLU). */
+int gpt_oss_moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err);
+/* Decodes n_blocks MXFP4 blocks (16 bytes of two e2m1 values each, the low
+ * nibble first; one e8m0 scale byte each: 2^(s - 127)) into out[32
+ * n_blocks]. -1 when done; else the first block whose scale is NaN (255)
+ * or makes a value fp32 cannot hold (out partly written). */
+long mxfp4_dequant(const uint8_t *blocks, const uint8_t *scales, long n_blocks, float *out);
+/* weights.c: element i of a BF16, F16 or F32 array, as fp32. */
+float ws_elem_f32(const void *w, enum dtype dt, size_t i);
 
 /* moe.c: the MoE MLP of qwen_moe.c and deepseek.c */
 int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct mlp_moe *moe,

@@ -100,6 +100,7 @@ size_t model_config_weight_bytes(const struct model_config *c) {
             if (c->attention_bias) total += (qw + 2 * kw) * 4;
             if (c->o_proj_bias && c->shard.tp_rank == 0) total += d * 4;
             if (c->qk_norm) total += 2 * hd * 4;
+            if (c->attn_sinks) total += (size_t)c->n_heads * 4;
         }
         if (!model_config_layer_is_moe(c, l)) {
             total += 3 * (size_t)c->intermediate_size * d * es;
@@ -109,6 +110,7 @@ size_t model_config_weight_bytes(const struct model_config *c) {
         size_t El = ep ? (size_t)c->shard.n_experts : E;
         total += E * d * es + 3 * El * F * d * es;
         if (c->has_score_correction_bias) total += E * 4;
+        if (c->swiglu_limit > 0) total += E * 4 + El * (2 * F + d) * 4; /* gpt-oss: router, expert biases */
         size_t shared = (size_t)moe_shared_inter(c);
         if (mla && c->n_shared_experts > 0) total += 3 * shared * d * es;
         else if (!mla && c->shared_expert_intermediate_size > 0) total += 3 * shared * d * es + d * es;

@@ -164,7 +164,7 @@ void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x,
         moe_shared(f, moe, x);
         ops->side_end(ctx);
     }
-    ops->matmul(ctx, m->act.router, E, x, d, &moe->router, NULL, n);
+    ops->matmul(ctx, m->act.router, E, x, d, &moe->router, moe->router_bias, n);
     ops->moe_route(ctx, m->act.moe_ids, m->act.moe_w, m->act.router, moe->correction_bias, &rp, n);
     ops->moe_ffn(ctx, out, x, m->act.moe_ids, m->act.moe_w, k, &moe->experts, n);
     if (!shared) return;

@@ -64,8 +64,9 @@ void rope_table_build(const struct rope_config *rc, int dim, int max_pos,
                                                      : max_position_embeddings;
         double beta_fast = rc->beta_fast > 0 ? rc->beta_fast : 32.0;
         double beta_slow = rc->beta_slow > 0 ? rc->beta_slow : 1.0;
-        double low = floor(yarn_correction_dim(beta_fast, dim, rc->theta, orig));
-        double high = ceil(yarn_correction_dim(beta_slow, dim, rc->theta, orig));
+        double low = yarn_correction_dim(beta_fast, dim, rc->theta, orig);
+        double high = yarn_correction_dim(beta_slow, dim, rc->theta, orig);
+        if (!rc->no_truncate) low = floor(low), high = ceil(high);
         if (low < 0) low = 0;
         if (high > dim - 1) high = dim - 1;
         if (low == high) high += 0.001;

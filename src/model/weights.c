@@ -119,7 +119,7 @@ const void *ws_last_host(struct weight_source *ws) {
 
 static long ceil_div(long a, long b) { return (a + b - 1) / b; }
 
-static float elem_f32(const void *w, enum dtype dt, size_t i) {
+float ws_elem_f32(const void *w, enum dtype dt, size_t i) {
     uint16_t h;
     float f;
     switch (dt) {
@@ -136,7 +136,7 @@ void fp8_quantize_blocks(const void *w, enum dtype dt, long rows, long cols, int
     for (long r0 = 0; r0 < rows; r0 += br) {
         long nr = r0 + br < rows ? br : rows - r0;
         float *s = scale + (r0 / br) * nbc;
-        for (long i = 0; i < nr * cols; i++) x[i] = elem_f32(w, dt, (size_t)(r0 * cols + i));
+        for (long i = 0; i < nr * cols; i++) x[i] = ws_elem_f32(w, dt, (size_t)(r0 * cols + i));
         for (long j = 0, c0 = 0; j < nbc; j++, c0 += bc) {
             long c1 = c0 + bc < cols ? c0 + bc : cols;
             float amax = 0;
@@ -242,7 +242,7 @@ static int load_scales(struct weight_source *ws, const char *name, const char *f
     const float *host = s->data;
     if (s->dtype != DTYPE_F32 || ((uintptr_t)s->data & 3)) {
         float *f = model_own(m, xaligned_alloc(n * 4));
-        for (size_t i = 0; i < n; i++) f[i] = elem_f32(s->data, s->dtype, i);
+        for (size_t i = 0; i < n; i++) f[i] = ws_elem_f32(s->data, s->dtype, i);
         host = f;
     }
     for (size_t i = 0; i < n; i++)

@@ -66,6 +66,11 @@ int chat_output_parse_request(const json_t *body, enum tool_format fmt, enum rea
                           "'tool_choice' \"%s\" needs a tool-call parser: start the server with "
                           "--tool-call-parser",
                           choice);
+    if (strcmp(choice, "auto") && strcmp(choice, "none") && fmt == TOOL_FORMAT_HARMONY)
+        return req_errorf(e, 400, "unsupported", "tool_choice",
+                          "'tool_choice' \"%s\" is not supported with the harmony tool-call format (gpt-oss) yet: "
+                          "use \"auto\"",
+                          choice);
     int parallel = 1, separate = 1;
     if (jr_bool(body, "parallel_tool_calls", &parallel, e) < 0 || jr_bool(body, "separate_reasoning", &separate, e) < 0)
         return -1;
@@ -75,7 +80,10 @@ int chat_output_parse_request(const json_t *body, enum tool_format fmt, enum rea
     o->reasoning = separate ? rfmt : REASONING_NONE;
     json_t *kw = json_object_get(body, "chat_template_kwargs");
     o->thinking_off = json_is_false(json_object_get(kw, "enable_thinking"));
-    if (o->tools == TOOL_FORMAT_MISTRAL && !json_object_get(body, "skip_special_tokens")) r->skip_special_tokens = 0;
+    /* Mistral's [TOOL_CALLS] and every harmony marker are special tokens */
+    int harmony = o->tools == TOOL_FORMAT_HARMONY || o->reasoning == REASONING_GPT_OSS;
+    if ((o->tools == TOOL_FORMAT_MISTRAL || harmony) && !json_object_get(body, "skip_special_tokens"))
+        r->skip_special_tokens = 0;
     return 0;
 }
 
@@ -144,7 +152,7 @@ void chat_output_init(struct chat_output *c, const struct chat_output_opts *o, c
     c->o = *o;
     tool_parser_init(&c->tp, o->tools, seed);
     c->in_think = o->reasoning && !o->thinking_off && prompt && reasoning_starts_in_think(o->reasoning, prompt, prompt_len);
-    reasoning_parser_init(&c->rp, c->in_think);
+    reasoning_parser_init_format(&c->rp, o->reasoning, c->in_think);
 }
 
 void chat_output_free(struct chat_output *c) {

@@ -52,7 +52,8 @@ struct chat_output {
 /* The request's tools, tool_choice, parallel_tool_calls and
  * separate_reasoning against the server's parsers (fmt, rfmt): fills o, or
  * a 400 naming the field. It may clear r->skip_special_tokens (Mistral's
- * [TOOL_CALLS] is a special token) unless the body sets it. */
+ * [TOOL_CALLS] and the harmony markers of gpt-oss are special tokens)
+ * unless the body sets it. */
 int chat_output_parse_request(const json_t *body, enum tool_format fmt, enum reasoning_format rfmt,
                               struct chat_output_opts *o, struct engine_request *r, struct req_error *e);
 

@@ -505,14 +505,16 @@ static void completions_work(void *arg) {
 }
 
 /* A reasoning model thinks first: its constraint (structured output, forced
- * tool call) applies once the think block has ended, after "</think>" —
+ * tool call) applies once the think block has ended, after "</think>"
+ * (gpt-oss: once its final channel opens, "<|channel|>final<|message|>") —
  * unless thinking is off (the template wrote an empty block). */
 static int constrain_after_thinking(struct oai_job *j) {
     const struct chat_output_opts *o = &j->st->co;
     if (!j->gp.grammar || j->s->reasoning_format == REASONING_NONE || o->thinking_off) return 0;
     struct kiln_token_ids ids = {0};
     struct kiln_error err = {0};
-    if (kiln_tokenizer_encode(j->s->tok, "</think>", 8, 0, &ids, &err))
+    const char *after = j->s->reasoning_format == REASONING_GPT_OSS ? "<|channel|>final<|message|>" : "</think>";
+    if (kiln_tokenizer_encode(j->s->tok, after, strlen(after), 0, &ids, &err))
         return req_errorf(&j->e, 500, "internal_error", NULL, "cannot tokenize the end of thinking: %s", err.msg);
     j->gp.grammar_after = ids.ids;
     j->gp.r.grammar_after = ids.ids;

@@ -117,6 +117,13 @@ struct moe_route_count {
     int64_t calls, sum, rows; /* calls counted; sum of their experts; rows routed */
 };
 
+/* The activation between an expert's products (moe_experts.act), g and u
+ * the gate and up rows (their biases added):
+ * MOE_ACT_SILU: silu(g) * u.
+ * MOE_ACT_SWIGLU_CLAMP (gpt-oss): g = min(g, limit), u = clamp(u, -limit,
+ *   limit), (u + 1) * g * sigmoid(alpha * g). */
+enum moe_act { MOE_ACT_SILU = 0, MOE_ACT_SWIGLU_CLAMP };
+
 struct moe_experts {
     int n_experts, hidden, inter;
     const struct backend_weight *gate; /* [n_experts], each [inter][hidden] */
@@ -127,6 +134,13 @@ struct moe_experts {
      * n_experts) (they add nothing: another rank holds them). 0 with every
      * expert here. */
     int first;
+    /* Expert biases (gpt-oss): NULL, none; else device fp32
+     * [n_experts][inter] (gate_bias, up_bias) and [n_experts][hidden]
+     * (down_bias), added to each product's rows. With act, only on a
+     * backend with backend_ops.moe_bias_act. */
+    const float *gate_bias, *up_bias, *down_bias;
+    enum moe_act act;
+    float alpha, limit; /* MOE_ACT_SWIGLU_CLAMP */
 };
 
 /* moe_ffn runs a long batch's expert products over chunks of tokens, each
@@ -210,6 +224,10 @@ struct backend_ops {
     /* The backend's attention honours attn_params.sinks; the model refuses
      * a checkpoint with attention sinks on a backend without. */
     int attention_sinks;
+    /* The backend's moe_ffn honours moe_experts' biases and its act; the
+     * model refuses a checkpoint with either (gpt-oss) on a backend
+     * without. */
+    int moe_bias_act;
     void (*destroy)(void *ctx);
     /* Reserves scratch for batches of up to max_tokens rows and contexts of up
      * to max_context positions; called once before the first forward. */

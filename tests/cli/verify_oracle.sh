@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kiln verify on every oracle model (page sizes 1 and 16, chunks 3 and 64;
-# tiny-models-more: sliding-window model types)
+# tiny-models-more: sliding-window model types, gpt_oss's attention sinks
+# and clamped-SwiGLU experts)
 # (deepseek_v2 and deepseek_v3 also with MLA's absorbed and MHA forms
 # forced), on the FP8 oracle models (float8_e4m3fn projections with 32x32
 # block scales, the DeepSeek-V3 / Qwen3-FP8 format: the CPU dequantizes
@@ -30,7 +31,7 @@ for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
   done
 done
 # model types whose prompts run past their sliding window (8 positions)
-for arch in mistral gemma3; do
+for arch in mistral gemma3 gpt_oss; do
   dir="$KILN_FIXTURES/oracle/tiny-models-more/$arch"
   for ps in 1 16; do
     for chunk in 3 64; do
@@ -38,6 +39,25 @@ for arch in mistral gemma3; do
     done
   done
 done
+# gpt_oss with MXFP4 experts (scripts/oracle/make_mxfp4_gpt_oss.py writes
+# it; its reference comes from the dequantized weights), once it is made;
+# it must fail against the bf16 model's reference (its blocks were read:
+# 4-bit experts move these logits far past 1e-3)
+dir="$KILN_FIXTURES/oracle/tiny-models-more/gpt_oss_mxfp4"
+if [ -d "$dir" ]; then
+  for ps in 1 16; do
+    for chunk in 3 64; do
+      check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
+    done
+  done
+  if "$KILN" verify --model "$dir" --reference "$KILN_FIXTURES/oracle/tiny-models-more/gpt_oss/reference.safetensors" \
+       >/dev/null 2>&1; then
+    echo "FAIL: the MXFP4 gpt_oss passed against the bf16 model's reference"; fail=$((fail + 1))
+  fi
+  runs=$((runs + 1))
+else
+  echo "skip: $dir is not made yet (scripts/oracle/make_mxfp4_gpt_oss.py on a machine with torch)"
+fi
 # MLA: each form forced on every sequence (KILN_MLA_FORM; auto above)
 for form in absorbed mha; do
   for arch in deepseek_v2 deepseek_v3; do
@@ -88,8 +108,8 @@ for arch in llama qwen2 qwen3 deepseek_v2 deepseek_v3; do
     check_fp8 --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk 3
   done
 done
-# the sliding-window models (measured: mistral 1.57, gemma3 0.371)
-for arch in mistral gemma3; do
+# the sliding-window models (measured: mistral 1.57, gemma3 0.371, gpt_oss 4.34)
+for arch in mistral gemma3 gpt_oss; do
   dir="$KILN_FIXTURES/oracle/tiny-models-more/$arch"
   for ps in 1 16; do
     check_fp8 --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk 3

@@ -11,6 +11,7 @@
 #    in every mode) twice: KILN_CUDA_KV=f32 within 1e-3 (exact path), and
 #    the bf16 KV cache within KILN_CUDA_TOL_KV (default 1.0 on logits up to
 #    24: the CPU with its cache rounded to bf16 gives the same 0.50).
+# gpt_oss must be refused at load by name (its operations are CPU-only).
 # Skips (exit 0 with a note) when no GPU can be opened.
 set -u
 fail=0; runs=0
@@ -65,5 +66,15 @@ export KILN_CUDA_KV=f32
 tol=1e-3
 stories
 unset KILN_CUDA_KV
+echo "== refused at load: gpt_oss (attention sinks, expert biases and the clamped SwiGLU: CPU only)"
+dir="$KILN_FIXTURES/oracle/tiny-models-more/gpt_oss"
+out=$("$KILN" verify --device cuda --model "$dir" --reference "$dir/reference.safetensors" 2>&1)
+rc=$?
+runs=$((runs + 1))
+if [ $rc -eq 0 ] || ! printf '%s' "$out" | grep -q "gpt_oss: .*the cuda backend does not run .* yet; use --device cpu"; then
+  echo "FAIL: gpt_oss on CUDA was not refused by name"; printf '%s\n' "$out"; fail=$((fail + 1))
+else
+  echo "ok: gpt_oss refused: $(printf '%s' "$out" | grep -o 'gpt_oss: .*' | head -1)"
+fi
 echo "$((runs - fail)) passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,5 +1,5 @@
 /* fuzz_tool_parser.c — arbitrary bytes as model output through every
- * tool-call parser and both reasoning starts: the first byte picks where
+ * tool-call parser, both reasoning starts and gpt-oss's harmony: the first byte picks where
  * the text is split (and a second split), and the split feed must decide
  * exactly the content and calls the whole-text parse decides; content
  * never ends inside a UTF-8 character mid-stream, and every call's
@@ -58,7 +58,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (c1 > len) c1 = len;
     if (c2 > len) c2 = len;
     enum tool_format fs[] = {TOOL_FORMAT_HERMES, TOOL_FORMAT_LLAMA3_JSON, TOOL_FORMAT_DEEPSEEK_V3,
-                             TOOL_FORMAT_DEEPSEEK_V31, TOOL_FORMAT_MISTRAL, TOOL_FORMAT_NONE};
+                             TOOL_FORMAT_DEEPSEEK_V31, TOOL_FORMAT_MISTRAL, TOOL_FORMAT_HARMONY,
+                             TOOL_FORMAT_NONE};
     for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++) {
         struct agg whole = {0}, split = {0};
         struct tool_events ev = {0};
@@ -77,14 +78,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (fs[k] == TOOL_FORMAT_NONE) KILN_ASSERT(whole.content.len == len && !whole.calls.len);
         buf_free(&whole.content), buf_free(&whole.calls), buf_free(&split.content), buf_free(&split.calls);
     }
-    for (int in_think = 0; in_think < 2; in_think++) {
+    for (int v = 0; v < 3; v++) { /* qwen3 outside and inside the think block, gpt_oss */
+        enum reasoning_format rf = v < 2 ? REASONING_QWEN3 : REASONING_GPT_OSS;
+        int in_think = v == 1;
         struct buf r1 = {0}, t1 = {0}, r2 = {0}, t2 = {0};
         struct reasoning_parser r;
-        reasoning_parser_init(&r, in_think);
+        reasoning_parser_init_format(&r, rf, in_think);
         reasoning_parser_feed(&r, text, len, &r1, &t1);
         reasoning_parser_finish(&r, &r1, &t1);
         reasoning_parser_free(&r);
-        reasoning_parser_init(&r, in_think);
+        reasoning_parser_init_format(&r, rf, in_think);
         reasoning_parser_feed(&r, text, c1, &r2, &t2);
         reasoning_parser_feed(&r, text + c1, c2 - c1, &r2, &t2);
         reasoning_parser_feed(&r, text + c2, len - c2, &r2, &t2);

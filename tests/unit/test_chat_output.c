@@ -187,11 +187,58 @@ static void test_request(void **state) {
     assert_non_null(strstr(e.msg, "'g'"));
 }
 
+/* gpt-oss: the harmony reasoning parser and the harmony tool parser
+ * together (analysis -> reasoning_content, the call -> tool_calls); the
+ * request keeps the special tokens unless it says otherwise; forced tool
+ * choices are refused for harmony. */
+static void test_harmony(void **state) {
+    (void)state;
+    struct chat_output_opts o = {.tools = TOOL_FORMAT_HARMONY, .parallel_tool_calls = 1,
+                                 .reasoning = REASONING_GPT_OSS};
+    struct chat_output c;
+    const char *prompt = "<|start|>user<|message|>Weather?<|end|><|start|>assistant";
+    chat_output_init(&c, &o, prompt, strlen(prompt), 1);
+    const char *text = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+                       "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>";
+    size_t len = strlen(text);
+    for (size_t at = 0; at < len; at += 7) {
+        size_t n = len - at < 7 ? len - at : 7;
+        json_decref(chat_output_feed(&c, text + at, n, at + n == len));
+    }
+    json_t *m = chat_output_message(&c);
+    scrub_ids(m);
+    json_like(m, "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"Need the weather.\","
+                 "\"tool_calls\":[{\"id\":\"ID\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                 "\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]}");
+    assert_string_equal(chat_output_finish_reason(&c, "stop"), "tool_calls");
+    json_decref(m);
+    chat_output_free(&c);
+
+    struct engine_request r = {.skip_special_tokens = 1};
+    struct req_error e;
+    json_t *b = json_loads("{" TOOLS "}", 0, NULL);
+    assert_int_equal(chat_output_parse_request(b, TOOL_FORMAT_HARMONY, REASONING_GPT_OSS, &o, &r, &e), 0);
+    assert_int_equal(r.skip_special_tokens, 0);
+    json_decref(b);
+    r.skip_special_tokens = 1;
+    b = json_loads("{\"skip_special_tokens\":true}", 0, NULL);
+    assert_int_equal(chat_output_parse_request(b, TOOL_FORMAT_NONE, REASONING_GPT_OSS, &o, &r, &e), 0);
+    assert_int_equal(r.skip_special_tokens, 1);
+    json_decref(b);
+    b = json_loads("{" TOOLS ",\"tool_choice\":\"required\"}", 0, NULL);
+    memset(&e, 0, sizeof e);
+    assert_int_not_equal(chat_output_parse_request(b, TOOL_FORMAT_HARMONY, REASONING_GPT_OSS, &o, &r, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.msg, "harmony"));
+    json_decref(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_message_with_calls),
         cmocka_unit_test(test_stream_deltas),
         cmocka_unit_test(test_request),
+        cmocka_unit_test(test_harmony),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -202,6 +202,19 @@ static void test_tiny_moe(void **state) {
 static void test_real_configs(void **state) {
     (void)state;
     struct model_config c;
+    load_real("gpt-oss-20b.json", &c);
+    assert_int_equal(c.arch, ARCH_GPT_OSS);
+    assert_int_equal(c.n_layers, 24);
+    assert_int_equal(c.n_experts, 32);
+    assert_int_equal(c.n_experts_per_tok, 4);
+    assert_int_equal(c.moe_intermediate_size, 2880);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.sliding_window, 128);
+    assert_int_equal(model_config_layer_window(&c, 0), 128);
+    assert_int_equal(model_config_layer_window(&c, 1), 0);
+    assert_int_equal(c.quant.method, MODEL_QUANT_MXFP4);
+    assert_int_equal(c.rope.no_truncate, 1);
+    assert_near(c.rope.factor, 32);
     load_real("qwen3-0.6b.json", &c);
     assert_int_equal(c.arch, ARCH_QWEN3);
     assert_int_equal(c.vocab_size, 151936);
@@ -407,7 +420,7 @@ static void test_errors(void **state) {
     json_t *j = tiny("llama");
     json_object_set_new(j, "model_type", json_string("foo"));
     expect_error(j, "config.json: model_type 'foo' is not supported (supported: llama, qwen2, "
-                    "qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, mistral, gemma3_text)");
+                    "qwen3, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, mistral, gemma3_text, gpt_oss)");
     j = tiny("llama");
     json_object_del(j, "model_type");
     expect_error(j, "field 'model_type' is missing");
@@ -660,6 +673,74 @@ static void test_family_refusals(void **state) {
     assert_int_equal(c.sliding_window, 8);
     assert_int_equal(c.hidden_size, 64);
     expect_error(json_pack("{s:s}", "model_type", "gemma3"), "config.json: field 'text_config' is missing");
+    /* gpt_oss: alternating windows by layer_types (even layers without
+     * it), every layer MoE over intermediate_size, attention sinks, q/k/v/o
+     * biases by default, yarn without truncation, GptOssConfig defaults */
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    expect_ok(j, &c);
+    assert_int_equal(c.arch, ARCH_GPT_OSS);
+    assert_int_equal(c.sliding_window, 8);
+    assert_int_equal(model_config_layer_window(&c, 0), 8);
+    assert_int_equal(model_config_layer_window(&c, 1), 8);
+    assert_int_equal(model_config_layer_window(&c, 2), 0);
+    assert_int_equal(c.n_experts, 8);
+    assert_int_equal(c.n_experts_per_tok, 2);
+    assert_int_equal(c.moe_intermediate_size, 64);
+    for (int l = 0; l < 3; l++) assert_int_equal(model_config_layer_is_moe(&c, l), 1);
+    assert_int_equal(c.attn_sinks, 1);
+    assert_near(c.swiglu_limit, 7.0);
+    assert_int_equal(c.attention_bias, 1);
+    assert_int_equal(c.o_proj_bias, 1);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_int_equal(c.rope.type, ROPE_YARN);
+    assert_int_equal(c.rope.no_truncate, 1);
+    assert_near(c.rope.factor, 4);
+    assert_near(c.rope.original_max_positions, 128);
+    assert_near(c.rope.theta, 150000);
+    assert_int_equal(c.quant.method, MODEL_QUANT_NONE);
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    json_object_del(j, "layer_types");
+    json_object_del(j, "attention_bias");
+    json_object_del(j, "rms_norm_eps");
+    json_object_del(j, "rope_theta");
+    json_object_del(j, "head_dim");
+    json_object_del(j, "num_local_experts");
+    json_object_del(j, "num_experts_per_tok");
+    json_object_set_new(j, "num_hidden_layers", json_integer(4));
+    json_object_set_new(j, "hidden_act", json_string("gelu")); /* not read by transformers' gpt-oss */
+    json_object_set_new(j, "quantization_config", json_pack("{s:s, s:[s, s]}", "quant_method", "mxfp4",
+                                                            "modules_to_not_convert", "model.layers.*.self_attn",
+                                                            "lm_head"));
+    json_object_set_new(j, "rope_scaling", json_pack("{s:s, s:f}", "rope_type", "yarn", "factor", 32.0));
+    expect_ok(j, &c);
+    for (int l = 0; l < 4; l++) assert_int_equal(model_config_layer_slides(&c, l), l % 2 == 0);
+    assert_int_equal(c.attention_bias, 1);
+    assert_near(c.rms_norm_eps, 1e-5);
+    assert_near(c.rope.theta, 150000);
+    assert_int_equal(c.rope.no_truncate, 0);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.n_experts, 128);
+    assert_int_equal(c.n_experts_per_tok, 4);
+    assert_int_equal(c.quant.method, MODEL_QUANT_MXFP4);
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    json_object_set_new(j, "swiglu_limit", json_real(5.0));
+    expect_error(j, "config.json: swiglu_limit 5 is not supported (only 7.0");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    json_object_set_new(j, "num_key_value_heads", json_integer(3));
+    expect_error(j, "config.json: num_attention_heads (4) must be a multiple of num_key_value_heads (3)");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    json_object_set_new(j, "head_dim", json_integer(15));
+    expect_error(j, "config.json: head_dim 15 must be even");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    json_object_set_new(j, "rope_scaling", json_pack("{s:s, s:f, s:s}", "rope_type", "yarn", "factor", 4.0,
+                                                     "truncate", "no"));
+    expect_error(j, "config.json: field 'rope_scaling.truncate' must be a boolean, found string");
+    j = read_json("KILN_FIXTURES", "oracle/tiny-models-more/gpt_oss/config.json");
+    json_object_set_new(j, "partial_rotary_factor", json_real(0.5));
+    expect_error(j, "config.json: partial_rotary_factor 0.5 is not supported");
+    j = tiny("llama");
+    json_object_set_new(j, "quantization_config", json_pack("{s:s}", "quant_method", "mxfp4"));
+    expect_error(j, "config.json: quantization_config.quant_method 'mxfp4' is only supported for gpt_oss");
     /* layer_types names the sliding layers itself (under the switch) */
     j = tiny("qwen3");
     json_object_set_new(j, "sliding_window", json_integer(64));
@@ -924,7 +1005,7 @@ static void test_quantization(void **state) {
 
     /* refusals */
     static const char *const methods[] = {"awq", "gptq", "bitsandbytes", "compressed-tensors",
-                                          "mxfp4", "fbgemm_fp8"};
+                                          "fbgemm_fp8"};
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
         char want[128];
         snprintf(want, sizeof want, "config.json: quantization_config.quant_method '%s' is not "

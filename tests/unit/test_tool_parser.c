@@ -272,6 +272,33 @@ static void test_mistral(void **state) {
 }
 
 /* The frames the grammar layer will build calls from read back as calls. */
+/* gpt-oss (harmony): calls as the model writes them (the recipient after
+ * the channel, <|constrain|>json) and as its chat template renders past
+ * ones (the recipient before it); thoughts are content without a
+ * reasoning parser; a call whose arguments are no JSON object is content
+ * in the template's form. */
+static void test_harmony(void **state) {
+    (void)state;
+    const enum tool_format H = TOOL_FORMAT_HARMONY;
+    check(H, "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+             "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"c\"}<|call|>",
+          "Need weather.", 1, NAMES2, ARGS2);
+    check(H, "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\", "
+             "\"unit\": \"c\"}<|call|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>"
+             "{\"tz\": \"Europe/Paris\"}<|call|>",
+          "", 2, NAMES2, ARGS2);
+    check(H, "<|channel|>final<|message|>It is sunny. ☀", "It is sunny. ☀", 0, NULL, NULL);
+    check(H, "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>not json",
+          "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>not json<|call|>", 0, NULL, NULL);
+    enum tool_format f;
+    assert_int_equal(tool_format_from_name("openai", &f), 0);
+    assert_int_equal(f, H);
+    assert_string_equal(tool_format_name(H), "harmony");
+    assert_int_equal(tool_format_detect("{{- \"<|start|>assistant to=\" }}{{- \"<|channel|>commentary \" }}"), H);
+    struct tool_call_frame fr;
+    assert_int_equal(tool_format_frame(H, &fr), -1);
+}
+
 static void test_frames(void **state) {
     (void)state;
     enum tool_format fs[] = {TOOL_FORMAT_HERMES, TOOL_FORMAT_LLAMA3_JSON, TOOL_FORMAT_DEEPSEEK_V3,
@@ -326,7 +353,7 @@ int main(void) {
         cmocka_unit_test(test_hermes_qwen3_template), cmocka_unit_test(test_hermes_malformed),
         cmocka_unit_test(test_deepseek_v3_template),  cmocka_unit_test(test_llama3_json),
         cmocka_unit_test(test_mistral),               cmocka_unit_test(test_frames),
-        cmocka_unit_test(test_names_and_detect),
+        cmocka_unit_test(test_names_and_detect), cmocka_unit_test(test_harmony),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

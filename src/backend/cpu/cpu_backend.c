@@ -382,6 +382,7 @@ static const struct backend_ops cpu_ops = {
     .fp8_weights = 1, /* cpu_matmul dequantizes F8_E4M3 blocks (cpu_matmul_fp8.c) */
     .sliding_window = 1, /* cpu_attention starts each row at its window's first key */
     .attention_sinks = 1, /* cpu_attention adds the sink to each row's max and denominator */
+    .moe_bias_act = 1,    /* cpu_moe.c */
     .destroy = cpu_destroy,
     .reserve = cpu_reserve,
     .alloc = cpu_alloc,

@@ -6,6 +6,7 @@
  * masked one. The expert MLPs gather each expert's rows, run them through
  * the shared matrix kernel, and sum the k expert outputs of a row in the
  * row's own top-k order, so results do not depend on the rest of the batch.
+ * Experts may have biases and gpt-oss's clamped SwiGLU (moe_experts.act).
  * Under expert parallel the experts of a call are a range of the routed
  * ones (moe_experts.first): slots routed outside it are skipped.
  * Benchmarks may route at random instead (moe_route_params.uniform, the
@@ -131,6 +132,14 @@ void cpu_moe_route(void *ctx, int32_t *ids, float *weights, const float *logits,
     if (p->count) count_call(p->count, ids, w, p->top_k, p->n_experts, n);
 }
 
+/* gpt-oss's activation over n elements, into g (moe_act). */
+static void swiglu_clamp(float *g, const float *u, long n, float alpha, float limit) {
+    for (long i = 0; i < n; i++) {
+        float gi = fminf(g[i], limit), ui = fminf(fmaxf(u[i], -limit), limit);
+        g[i] = (ui + 1.0f) * (gi / (1.0f + expf(-alpha * gi)));
+    }
+}
+
 /* One chunk of n tokens (rows = n * top_k (token, slot) rows). */
 static void moe_ffn_chunk(struct cpu_ctx *c, float *y, const float *x, const int32_t *ids,
                           const float *weights, int top_k, const struct moe_experts *e, long n) {
@@ -145,10 +154,11 @@ static void moe_ffn_chunk(struct cpu_ctx *c, float *y, const float *x, const int
             which[cnt++] = (int32_t)r;
         }
         if (!cnt) continue;
-        cpu_matmul_op(c, g, F, xg, H, &e->gate[ex], NULL, cnt);
-        cpu_matmul_op(c, u, F, xg, H, &e->up[ex], NULL, cnt);
-        cpu_silu_mul(c, g, F, g, F, u, F, cnt, F);
-        cpu_matmul_op(c, xg, H, g, F, &e->down[ex], NULL, cnt);
+        cpu_matmul_op(c, g, F, xg, H, &e->gate[ex], e->gate_bias ? e->gate_bias + ex * F : NULL, cnt);
+        cpu_matmul_op(c, u, F, xg, H, &e->up[ex], e->up_bias ? e->up_bias + ex * F : NULL, cnt);
+        if (e->act == MOE_ACT_SWIGLU_CLAMP) swiglu_clamp(g, u, cnt * F, e->alpha, e->limit);
+        else cpu_silu_mul(c, g, F, g, F, u, F, cnt, F);
+        cpu_matmul_op(c, xg, H, g, F, &e->down[ex], e->down_bias ? e->down_bias + ex * H : NULL, cnt);
         for (long i = 0; i < cnt; i++) memcpy(out + (long)which[i] * H, xg + i * H, (size_t)H * 4);
     }
     for (long t = 0; t < n; t++) {

@@ -1,0 +1,270 @@
+/* gpt_oss_experts.c — gpt-oss's MoE MLP at load: the biased router and
+ * the fused experts, bf16 or MXFP4, made into one [out][in] matrix per
+ * expert and product (struct moe_experts), their biases split into gate,
+ * up and down rows.
+ *
+ * bf16 (`mlp.experts.gate_up_proj` [E, hidden, 2 inter], column 2j the
+ * gate's row j and 2j + 1 the up's; `down_proj` [E, inter, hidden]) is
+ * transposed, every element copied exactly. MXFP4 (quantization_config
+ * mxfp4: `<name>_blocks` uint8 [E, out, in / 32, 16] and `<name>_scales`
+ * uint8 [E, out, in / 32], gate_up's rows interleaved 2j / 2j + 1) is
+ * decoded to bf16: e2m1 × 2^(scale - 127) has at most two significant
+ * bits, exact in bf16 wherever it is finite. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/mem.h"
+#include "model/model_internal.h"
+
+/* e2m1 (1 sign, 2 exponent, 1 mantissa bits) by its 4-bit code */
+static const float e2m1_value[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+long mxfp4_dequant(const uint8_t *blocks, const uint8_t *scales, long n_blocks, float *out) {
+    for (long b = 0; b < n_blocks; b++) {
+        int e = (int)scales[b] - 127;
+        for (int k = 0; k < 16; k++) {
+            uint8_t v = blocks[b * 16 + k];
+            float lo = ldexpf(e2m1_value[v & 15], e), hi = ldexpf(e2m1_value[v >> 4], e);
+            if (scales[b] == 255 || !isfinite(lo) || !isfinite(hi)) return b;
+            out[b * 32 + 2 * k] = lo;
+            out[b * 32 + 2 * k + 1] = hi;
+        }
+    }
+    return -1;
+}
+
+/* A checkpoint tensor of dtype BF16, F16 or F32 and this shape. */
+static int expect_float(struct weight_source *ws, const char *name, int ndim, const int64_t *shape,
+                        const struct st_tensor **t, struct kiln_error *err) {
+    if (st_expect(ws->st, name, ndim, shape, t, err)) return -1;
+    enum dtype dt = (*t)->dtype;
+    if (dt != DTYPE_BF16 && dt != DTYPE_F16 && dt != DTYPE_F32)
+        return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
+                           ws->st->paths[(*t)->file], name, dtype_name(dt));
+    return 0;
+}
+
+/* Uploads a host buffer the model owns; the device copy, NULL when out of
+ * memory. */
+static const void *upload(struct model *m, void *host, size_t bytes) {
+    model_own(m, host);
+    const void *dev = model_upload(m, host, bytes);
+    m->weight_bytes += bytes;
+    return dev;
+}
+
+/* E matrices [rows][cols] of dtype dt at dev as backend weights. */
+static void expert_views(const void *dev, enum dtype dt, long E, long rows, long cols,
+                         struct backend_weight *w) {
+    size_t per = (size_t)rows * (size_t)cols * dtype_size(dt);
+    for (long e = 0; e < E; e++)
+        w[e] = (struct backend_weight){.data = (const char *)dev + (size_t)e * per, .dtype = dt,
+                                       .rows = rows, .cols = cols};
+}
+
+/* The bf16 (F16, F32) fused experts: gate[e][j][i] = gate_up[e][i][2j],
+ * up[e][j][i] = gate_up[e][i][2j + 1], down[e][o][j] = down_proj[e][j][o]. */
+static int load_fused(struct weight_source *ws, const char *prefix, long E, long d, long F,
+                      unsigned char *bufs[3], enum dtype *dt, struct kiln_error *err) {
+    char name[256];
+    const struct st_tensor *gu, *dn;
+    snprintf(name, sizeof name, "%s.gate_up_proj", prefix);
+    if (expect_float(ws, name, 3, (const int64_t[]){E, d, 2 * F}, &gu, err)) return -1;
+    snprintf(name, sizeof name, "%s.down_proj", prefix);
+    if (expect_float(ws, name, 3, (const int64_t[]){E, F, d}, &dn, err)) return -1;
+    if (dn->dtype != gu->dtype)
+        return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s as '%s.gate_up_proj'",
+                           ws->st->paths[dn->file], name, dtype_name(dn->dtype), dtype_name(gu->dtype),
+                           prefix);
+    *dt = gu->dtype;
+    size_t es = dtype_size(*dt), n = (size_t)E * (size_t)F * (size_t)d;
+    for (int i = 0; i < 3; i++) bufs[i] = xaligned_alloc((n * es + 63) & ~(size_t)63);
+    const unsigned char *src = gu->data;
+    for (long e = 0; e < E; e++)
+        for (long i = 0; i < d; i++)
+            for (long j = 0; j < F; j++) {
+                size_t s = ((size_t)(e * d + i) * (size_t)(2 * F) + (size_t)(2 * j)) * es;
+                size_t o = ((size_t)(e * F + j) * (size_t)d + (size_t)i) * es;
+                memcpy(bufs[0] + o, src + s, es);
+                memcpy(bufs[1] + o, src + s + es, es);
+            }
+    src = dn->data;
+    for (long e = 0; e < E; e++)
+        for (long j = 0; j < F; j++)
+            for (long o = 0; o < d; o++)
+                memcpy(bufs[2] + ((size_t)(e * d + o) * (size_t)F + (size_t)j) * es,
+                       src + ((size_t)(e * F + j) * (size_t)d + (size_t)o) * es, es);
+    return 0;
+}
+
+/* MXFP4 `<base>_blocks` / `<base>_scales` of E matrices [rows][cols],
+ * decoded row by row: row r of expert e goes to dst[e][r / step] of
+ * dst_rows rows (gate_up: step 2, the even rows to one buffer, the odd to
+ * another; down: step 1) as bf16. */
+static int load_mxfp4(struct weight_source *ws, const char *base, long E, long rows, long cols,
+                      uint16_t *even, uint16_t *odd, struct kiln_error *err) {
+    char bname[256], sname[256];
+    snprintf(bname, sizeof bname, "%s_blocks", base);
+    snprintf(sname, sizeof sname, "%s_scales", base);
+    if (cols % 32)
+        return kiln_errorf(err, "%s: '%s' is MXFP4 in blocks of 32 values but its rows have %ld "
+                                "values",
+                           ws->st->source, bname, cols);
+    long nb = cols / 32;
+    const struct st_tensor *bt, *st;
+    if (st_expect(ws->st, bname, 4, (const int64_t[]){E, rows, nb, 16}, &bt, err) ||
+        st_expect(ws->st, sname, 3, (const int64_t[]){E, rows, nb}, &st, err))
+        return -1;
+    if (bt->dtype != DTYPE_U8 || st->dtype != DTYPE_U8)
+        return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected U8 (MXFP4 %s)",
+                           ws->st->paths[(bt->dtype != DTYPE_U8 ? bt : st)->file],
+                           bt->dtype != DTYPE_U8 ? bname : sname,
+                           dtype_name((bt->dtype != DTYPE_U8 ? bt : st)->dtype),
+                           bt->dtype != DTYPE_U8 ? "blocks: 16 bytes of two e2m1 values"
+                                                 : "scales: e8m0 exponents");
+    float *row = xmalloc((size_t)cols * sizeof *row);
+    int step = odd ? 2 : 1;
+    long out_rows = rows / step;
+    for (long e = 0; e < E; e++)
+        for (long r = 0; r < rows; r++) {
+            size_t at = (size_t)(e * rows + r) * (size_t)nb;
+            long bad = mxfp4_dequant((const uint8_t *)bt->data + at * 16, (const uint8_t *)st->data + at,
+                                     nb, row);
+            if (bad >= 0) {
+                int s = ((const uint8_t *)st->data)[at + (size_t)bad];
+                free(row);
+                return kiln_errorf(err, "%s: tensor '%s' [%ld, %ld, %ld]: scale %d (2^%d) makes a "
+                                        "value that bf16 cannot hold",
+                                   ws->st->paths[st->file], sname, e, r, bad, s, s - 127);
+            }
+            uint16_t *dst = (r % step ? odd : even) + ((size_t)e * (size_t)out_rows + (size_t)(r / step)) * (size_t)cols;
+            for (long i = 0; i < cols; i++) dst[i] = f32_to_bf16(row[i]);
+        }
+    free(row);
+    return 0;
+}
+
+/* The experts' products from the checkpoint: MXFP4 when its blocks are
+ * there, else the fused bf16 tensors. */
+static int load_experts(struct weight_source *ws, const char *prefix, long E, long d, long F,
+                        struct mlp_moe *moe, struct kiln_error *err) {
+    struct model *m = ws->m;
+    char name[256], base[256];
+    unsigned char *bufs[3] = {0};
+    enum dtype dt = DTYPE_BF16;
+    snprintf(name, sizeof name, "%s.gate_up_proj_blocks", prefix);
+    int mx = st_find(ws->st, name) != NULL;
+    if (mx && m->cfg.quant.method != MODEL_QUANT_MXFP4)
+        return kiln_errorf(err, "%s: tensor '%s' is MXFP4 but config.json has no mxfp4 "
+                                "quantization_config",
+                           ws->st->source, name);
+    int rc;
+    if (mx) {
+        size_t n = (size_t)E * (size_t)F * (size_t)d * 2;
+        for (int i = 0; i < 3; i++) bufs[i] = xaligned_alloc((n + 63) & ~(size_t)63);
+        snprintf(base, sizeof base, "%s.gate_up_proj", prefix);
+        rc = load_mxfp4(ws, base, E, 2 * F, d, (uint16_t *)bufs[0], (uint16_t *)bufs[1], err);
+        snprintf(base, sizeof base, "%s.down_proj", prefix);
+        if (!rc) rc = load_mxfp4(ws, base, E, d, F, (uint16_t *)bufs[2], NULL, err);
+    } else {
+        snprintf(name, sizeof name, "%s.gate_up_proj", prefix);
+        if (!st_find(ws->st, name))
+            return kiln_errorf(err, "%s: tensor '%s' is missing (nor is there its MXFP4 '%s_blocks')",
+                               ws->st->source, name, name);
+        rc = load_fused(ws, prefix, E, d, F, bufs, &dt, err);
+    }
+    if (rc) {
+        for (int i = 0; i < 3; i++) free(bufs[i]);
+        return -1;
+    }
+    size_t bytes = (size_t)E * (size_t)F * (size_t)d * dtype_size(dt);
+    const void *dev[3];
+    for (int i = 0; i < 3; i++)
+        if (!(dev[i] = upload(m, bufs[i], bytes)))
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the experts of '%s'",
+                               prefix);
+    expert_views(dev[0], dt, E, F, d, moe->gate);
+    expert_views(dev[1], dt, E, F, d, moe->up);
+    expert_views(dev[2], dt, E, d, F, moe->down);
+    return 0;
+}
+
+/* gate_up_proj_bias [E, 2F] (interleaved) and down_proj_bias [E, d] as fp32
+ * rows: gate [E][F], up [E][F], down [E][d]. */
+static int load_biases(struct weight_source *ws, const char *prefix, long E, long d, long F,
+                       const float *out[3], struct kiln_error *err) {
+    struct model *m = ws->m;
+    char name[256];
+    const struct st_tensor *gu, *dn;
+    snprintf(name, sizeof name, "%s.gate_up_proj_bias", prefix);
+    if (expect_float(ws, name, 2, (const int64_t[]){E, 2 * F}, &gu, err)) return -1;
+    snprintf(name, sizeof name, "%s.down_proj_bias", prefix);
+    if (expect_float(ws, name, 2, (const int64_t[]){E, d}, &dn, err)) return -1;
+    float *g = xaligned_alloc((size_t)(E * F) * 4), *u = xaligned_alloc((size_t)(E * F) * 4),
+          *dv = xaligned_alloc((size_t)(E * d) * 4);
+    for (long i = 0; i < E * F; i++) {
+        g[i] = ws_elem_f32(gu->data, gu->dtype, (size_t)(2 * i));
+        u[i] = ws_elem_f32(gu->data, gu->dtype, (size_t)(2 * i + 1));
+    }
+    for (long i = 0; i < E * d; i++) dv[i] = ws_elem_f32(dn->data, dn->dtype, (size_t)i);
+    out[0] = upload(m, g, (size_t)(E * F) * 4);
+    out[1] = upload(m, u, (size_t)(E * F) * 4);
+    out[2] = upload(m, dv, (size_t)(E * d) * 4);
+    if (!out[0] || !out[1] || !out[2])
+        return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the biases of '%s'", prefix);
+    return 0;
+}
+
+/* Dummy weights: one random matrix per expert and product, random biases. */
+static int load_dummy(struct weight_source *ws, const char *prefix, long E, long d, long F,
+                      struct mlp_moe *moe, const float *bias[3], struct kiln_error *err) {
+    char name[256];
+    for (long e = 0; e < E; e++) {
+        snprintf(name, sizeof name, "%s.%ld.gate", prefix, e);
+        if (ws_matrix(ws, name, F, d, NULL, &moe->gate[e], err)) return -1;
+        snprintf(name, sizeof name, "%s.%ld.up", prefix, e);
+        if (ws_matrix(ws, name, F, d, NULL, &moe->up[e], err)) return -1;
+        snprintf(name, sizeof name, "%s.%ld.down", prefix, e);
+        if (ws_matrix(ws, name, d, F, NULL, &moe->down[e], err)) return -1;
+    }
+    snprintf(name, sizeof name, "%s.gate_up_proj_bias", prefix);
+    if (ws_vector(ws, name, E * F, NAN, &bias[0], err) || ws_vector(ws, name, E * F, NAN, &bias[1], err))
+        return -1;
+    snprintf(name, sizeof name, "%s.down_proj_bias", prefix);
+    return ws_vector(ws, name, E * d, NAN, &bias[2], err);
+}
+
+int gpt_oss_moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err) {
+    struct model *m = ws->m;
+    const struct model_config *c = &m->cfg;
+    long d = c->hidden_size, E = c->n_experts, F = c->moe_intermediate_size;
+    char name[256], prefix[128];
+    snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", l);
+    snprintf(name, sizeof name, "%s.router.weight", prefix);
+    if (ws_matrix(ws, name, E, d, NULL, &moe->router, err)) return -1;
+    snprintf(name, sizeof name, "%s.router.bias", prefix);
+    if (ws_vector(ws, name, E, NAN, &moe->router_bias, err)) return -1;
+    moe->gate = model_own(m, xcalloc((size_t)E, sizeof *moe->gate));
+    moe->up = model_own(m, xcalloc((size_t)E, sizeof *moe->up));
+    moe->down = model_own(m, xcalloc((size_t)E, sizeof *moe->down));
+    const float *bias[3];
+    snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.experts", l);
+    if (ws->st ? load_experts(ws, prefix, E, d, F, moe, err) || load_biases(ws, prefix, E, d, F, bias, err)
+               : load_dummy(ws, prefix, E, d, F, moe, bias, err))
+        return -1;
+    moe->experts = (struct moe_experts){
+        .n_experts = (int)E, .hidden = (int)d, .inter = (int)F, .gate = moe->gate, .up = moe->up,
+        .down = moe->down, .gate_bias = bias[0], .up_bias = bias[1], .down_bias = bias[2],
+        .act = MOE_ACT_SWIGLU_CLAMP, .alpha = 1.702f, .limit = (float)c->swiglu_limit};
+    /* the softmax of the top-k logits: a softmax over every expert
+     * renormalised over the chosen ones */
+    moe->route = (struct moe_route_params){
+        .n_experts = (int)E, .top_k = c->n_experts_per_tok, .scoring = MOE_ROUTE_SOFTMAX,
+        .method = MOE_ROUTE_GREEDY, .n_group = 1, .topk_group = 1, .renormalize = 1,
+        .scaling = 1.0f, .uniform = m->route_uniform, .layer = l};
+    return 0;
+}
