@@ -77,7 +77,22 @@ struct attn_args {
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
     int splits, chunk;
     float *partial; /* [tokens·heads][splits][dv + 2] when splits > 1 */
+    float vscale;       /* V's scale (FP8 cache; K's is in `scale`), else 1 */
+    int window;         /* attn_params.window */
+    const float *sinks; /* attn_params.sinks */
 };
+
+/* The first position a query at position len − 1 sees (attn_params.window). */
+static __device__ __forceinline__ int window_first(int window, int len) {
+    return window > 0 && len > window ? len - window : 0;
+}
+
+/* The sink's share of a row's softmax sum, exp(sink − m) (m: the row's
+ * running max in the kernel's domain, log2 when log2); 0 without sinks. */
+static __device__ __forceinline__ float sink_share(const float *sinks, int h, float m, bool log2) {
+    if (!sinks) return 0.0f;
+    return log2 ? exp2f(__fmul_rn(sinks[h], 1.4426950408889634f) - m) : expf(sinks[h] - m);
+}
 
 static __device__ __forceinline__ int seq_of_token(const int32_t *q_start, int n_seqs, long t) {
     int lo = 0, hi = n_seqs - 1; /* last s with q_start[s] <= t */
@@ -104,7 +119,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(struct at
     int split = blockIdx.y;
     int s = seq_of_token(a.q_start, a.n_seqs, t);
     int len = a.positions[t] + 1;
-    int lo = split * a.chunk, hi = min(len, lo + a.chunk);
+    int lo = window_first(a.window, len) + split * a.chunk, hi = min(len, lo + a.chunk);
     const int32_t *pages = a.kv_pages + a.kv_page_start[s];
     int g = h / a.group;
     const float *qr = a.q + t * a.ldq + (long)h * a.dk;
@@ -165,7 +180,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(struct at
     }
 
     if (a.splits == 1) {
-        float inv = 1.0f / l;
+        float inv = a.vscale / (l + sink_share(a.sinks, h, m, false));
         float *o = a.out + t * a.ldo + (long)h * a.dv;
 #pragma unroll
         for (int i = 0; i < ATT_DV_PER_THREAD; i++) {
@@ -199,7 +214,7 @@ static __global__ void attention_combine_kernel(struct attn_args a) {
         const float *ps = part + s * (a.dv + 2);
         if (ps[a.dv + 1] > 0.0f) L += ps[a.dv + 1] * expf(ps[a.dv] - M);
     }
-    float inv = 1.0f / L;
+    float inv = a.vscale / (L + sink_share(a.sinks, h, M, false));
     float *o = a.out + t * a.ldo + (long)h * a.dv;
     for (int d = threadIdx.x; d < a.dv; d += blockDim.x) {
         float v = 0.0f;
@@ -238,8 +253,19 @@ struct split_args {
                        exactly one new token (those go to cuda_attn_mla) */
     int hblocks;    /* query-head blocks per KV head (group / NH) */
     int max_chunks; /* chunk states per (row, head) in `partial`; rows with more run unsplit */
-    float *partial; /* [rows][n_heads][max_chunks][dv + 2] (acc, m, l) when gridDim.y > 1 */
+    float *partial; /* [rows][n_heads][max_chunks][dv + 2] (acc, m, l) when gridDim.y > 1,
+                       chunk states counted from the window's first chunk */
+    float vscale;       /* V's scale (FP8 cache; K's is in `scale`), else 1 */
+    int window;         /* attn_params.window */
+    const float *sinks; /* attn_params.sinks */
 };
+
+/* out = acc · split_out_factor: V's scale over the sum with the sink's
+ * share (the one place the sink joins a row, unsplit or at the combine) */
+static __device__ __forceinline__ float split_out_factor(const struct split_args &a, int h, float m,
+                                                         float l) {
+    return a.vscale / (l + sink_share(a.sinks, h, m, false));
+}
 
 /* Merges a chunk's state (mc, lc, ac) into the running (m, l, a), in fp32
  * with the roundings spelled out, so that the in-kernel merge and the
@@ -291,7 +317,10 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
     int s;
     if (!split_row(a, row, &t, &s)) return;
     int len = a.positions[t] + 1;
-    int nch = (len + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
+    /* the window's chunks: c0 .. c0 + nch − 1 (positions before `first`
+     * in chunk c0 are masked and never loaded; earlier chunks skipped) */
+    const int first = window_first(a.window, len), c0 = first / SPLIT_CHUNK;
+    int nch = (len + SPLIT_CHUNK - 1) / SPLIT_CHUNK - c0;
     bool split = gridDim.y > 1 && nch <= a.max_chunks;
     if (split ? (int)blockIdx.y >= nch : blockIdx.y != 0) return;
     int step = split ? (int)gridDim.y : 1;
@@ -314,11 +343,12 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
     }
     __syncthreads();
 
-    for (int c = blockIdx.y; c < nch; c += step) {
-        int lo = c * SPLIT_CHUNK, cnt = min(SPLIT_CHUNK, len - lo);
+    for (int ci = blockIdx.y; ci < nch; ci += step) {
+        int lo = (c0 + ci) * SPLIT_CHUNK, cnt = min(SPLIT_CHUNK, len - lo);
+        const int jlo = max(0, first - lo); /* positions j < jlo are before the window */
         for (int j = tid; j < cnt; j += SPLIT_THREADS) {
             int p = lo + j;
-            slot_s[j] = (long)pages[p / a.page_size] * a.page_size + p % a.page_size;
+            slot_s[j] = j < jlo ? 0 : (long)pages[p / a.page_size] * a.page_size + p % a.page_size;
         }
         __syncthreads();
         /* 1. scores: each warp takes 4 consecutive positions at a time, the
@@ -333,8 +363,9 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
                 float4 kv[4];
 #pragma unroll
                 for (int u = 0; u < 4; u++)
-                    kv[u] = j0 + u < cnt ? kv_get4(kbase + slot_s[j0 + u] * a.k_stride + d)
-                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+                    kv[u] = j0 + u < cnt && j0 + u >= jlo
+                                ? kv_get4(kbase + slot_s[j0 + u] * a.k_stride + d)
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int h = 0; h < NH; h++) {
                     float4 qv = *(const float4 *)(q_s + h * a.dk + d);
@@ -357,7 +388,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
 #pragma unroll
             for (int i = 0; i < SPLIT_CHUNK / 32; i++) {
                 int j = lane + 32 * i;
-                v[i] = j < cnt ? sh[j] : -INFINITY;
+                v[i] = j < cnt && j >= jlo ? sh[j] : -INFINITY;
                 mx = fmaxf(mx, v[i]);
             }
             mx = warp_max(mx);
@@ -365,7 +396,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
 #pragma unroll
             for (int i = 0; i < SPLIT_CHUNK / 32; i++) {
                 int j = lane + 32 * i;
-                float p = j < cnt ? expf(v[i] - mx) : 0.0f;
+                float p = j < cnt && j >= jlo ? expf(v[i] - mx) : 0.0f;
                 if (j < cnt) sh[j] = p;
                 sum += p;
             }
@@ -382,6 +413,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
             for (int e = 0; e < DVI; e++) acc[h][e][0] = acc[h][e][1] = acc[h][e][2] = acc[h][e][3] = 0.0f;
 #pragma unroll 2
         for (int j = warp; j < cnt; j += SPLIT_WARPS) {
+            if (j < jlo) continue; /* p = 0: before the window */
             const T *vr = vbase + slot_s[j] * a.v_stride;
             float4 vv[DVI];
 #pragma unroll
@@ -420,7 +452,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
                 run_m[h] = mn;
                 run_l[h] = merge_value(run_l[h], fa, lc, fc);
             }
-            float *pst = split ? a.partial + (((row * a.n_heads + h0 + h) * (long)a.max_chunks + c) *
+            float *pst = split ? a.partial + (((row * a.n_heads + h0 + h) * (long)a.max_chunks + ci) *
                                               (long)(a.dv + 2))
                                : NULL;
 #pragma unroll
@@ -441,7 +473,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
     if (!split) {
 #pragma unroll
         for (int h = 0; h < NH; h++) {
-            float inv = 1.0f / run_l[h];
+            float inv = split_out_factor(a, h0 + h, run_m[h], run_l[h]);
             float *o = a.out + t * a.ldo + (long)(h0 + h) * a.dv;
 #pragma unroll
             for (int e = 0; e < DVI; e++) {
@@ -457,7 +489,8 @@ static __global__ void __launch_bounds__(128) split_combine_kernel(struct split_
     long row = blockIdx.x / a.n_heads, t;
     int h = (int)(blockIdx.x % a.n_heads), s;
     if (!split_row(a, row, &t, &s)) return;
-    int nch = (a.positions[t] + SPLIT_CHUNK) / SPLIT_CHUNK;
+    int len = a.positions[t] + 1;
+    int nch = (len + SPLIT_CHUNK - 1) / SPLIT_CHUNK - window_first(a.window, len) / SPLIT_CHUNK;
     if (nch > a.max_chunks) return; /* done unsplit by split_kernel */
     const float *part = a.partial + (row * a.n_heads + h) * (long)a.max_chunks * (a.dv + 2);
     float *o = a.out + t * a.ldo + (long)h * a.dv;
@@ -470,7 +503,7 @@ static __global__ void __launch_bounds__(128) split_combine_kernel(struct split_
             l = merge_value(l, fa, pc[a.dv + 1], fc);
             acc = merge_value(acc, fa, pc[d], fc);
         }
-        o[d] = acc * (1.0f / l);
+        o[d] = acc * split_out_factor(a, h, m, l);
     }
 }
 
@@ -496,22 +529,37 @@ struct fa_args {
     float scale_log2; /* softmax scale · log2(e) */
     int n_seqs, page_size;
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
+    float vscale;       /* V's scale (FP8 cache; K's is in scale_log2), else 1 */
+    int window;         /* attn_params.window */
+    const float *sinks; /* attn_params.sinks */
 };
+
+/* four staged cache elements (shared memory) widened to fp32 */
+static __device__ __forceinline__ float4 stage_get4(const float *p) { return *(const float4 *)p; }
+static __device__ __forceinline__ float4 stage_get4(const kv_fp8_t *p) {
+    uint32_t u = *(const uint32_t *)p;
+    __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+    __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+    float2 fa = __half22float2(*(const __half2 *)&a), fb = __half22float2(*(const __half2 *)&b);
+    return make_float4(fa.x, fa.y, fb.x, fb.y);
+}
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
 }
 
-/* Shared memory of fa_prefill_kernel<T, D>. fp32 cache: two fp32 stages
- * of K and V, and bf16 K and V tiles (rows padded by 8 elements:
- * conflict-free ldmatrix); Q's bf16 tile reuses the K/V tiles' space
+/* Shared memory of fa_prefill_kernel<T, D>. fp32 and FP8 caches: two
+ * stages of K and V in the cache's type (es bytes an element), and bf16 K
+ * and V tiles (rows padded by 8 elements: conflict-free ldmatrix) they are
+ * widened into (e4m3 is exact in bf16; its scales are applied to the
+ * scores and the output); Q's bf16 tile reuses the K/V tiles' space
  * before the first tile. bf16 cache: two stages of bf16 K and V tiles that
  * cp.async fills directly (no staging, no conversion); Q's tile is stage 1
  * until the first tile. */
-static constexpr size_t fa_smem_bytes(int D, bool bf16) {
+static constexpr size_t fa_smem_bytes(int D, bool bf16, int es) {
     return bf16 ? (size_t)2 * 2 * FA_BN * (D + 8) * 2
-                : (size_t)2 * 2 * FA_BN * D * 4 +
+                : (size_t)2 * 2 * FA_BN * D * es +
                       ((size_t)2 * FA_BN * (D + 8) * 2 > (size_t)FA_BM * (D + 8) * 2
                            ? (size_t)2 * FA_BN * (D + 8) * 2
                            : (size_t)FA_BM * (D + 8) * 2);
@@ -519,16 +567,16 @@ static constexpr size_t fa_smem_bytes(int D, bool bf16) {
 
 template <typename T, int D>
 static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct fa_args a) {
-    constexpr bool BF = sizeof(T) == 2; /* bf16 cache: tiles land as they are */
+    constexpr bool BF = sizeof(T) == 2; /* bf16 cache: tiles land as they are (else fp32 / fp8) */
     constexpr int LDB = D + 8;        /* bf16 row stride */
     constexpr int EPC = 16 / (int)sizeof(T); /* elements per 16-byte chunk */
     constexpr int C4 = D / EPC;       /* 16-byte chunks per cache row */
-    constexpr int TILE_F = FA_BN * D; /* floats per fp32 tile */
+    constexpr int TILE_F = FA_BN * D; /* elements per staged fp32 / fp8 tile */
     constexpr int TILE_B = FA_BN * LDB; /* elements per bf16 tile */
     static_assert(!BF || FA_BM * LDB == 2 * TILE_B, "Q tile fits stage 1");
     extern __shared__ float4 fa_smem4[];
-    float *stage = (float *)fa_smem4;                       /* fp32: [2][K,V][FA_BN][D] */
-    /* fp32: one K and one V bf16 tile after the stages; bf16: [2][K,V][FA_BN][LDB] */
+    T *stage = (T *)fa_smem4;                               /* fp32 / fp8: [2][K,V][FA_BN][D] */
+    /* fp32 / fp8: one K and one V bf16 tile after the stages; bf16: [2][K,V][FA_BN][LDB] */
     __nv_bfloat16 *tiles = BF ? (__nv_bfloat16 *)fa_smem4 : (__nv_bfloat16 *)(stage + 4 * TILE_F);
     __nv_bfloat16 *qb = BF ? tiles + 2 * TILE_B : tiles;    /* [FA_BM][LDB], before tile 0 */
     __shared__ int sc_warp[FA_WARPS], found[2], pos_s[2];
@@ -546,9 +594,18 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
     /* this thread's two rows (g, g + 8 of the warp's 16) and their positions */
     int ra = warp * 16 + (lane >> 2), rb = ra + 8;
     int pa = a.positions[r0 + min(ra, nrows - 1)], pb = a.positions[r0 + min(rb, nrows - 1)];
-    int wmin = min(pa, pb);
+    /* sliding window: row a sees la..pa (la = pa − window + 1), row b lb..pb */
+    int la = a.window > 0 ? pa - a.window + 1 : 0, lb = a.window > 0 ? pb - a.window + 1 : 0;
+    int wmin = min(pa, pb), wlo = max(la, lb);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+        wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+    }
+    /* the CTA's first position: the window's start for its first row (rows
+     * are in position order); tiles before it are skipped, its positions
+     * before it zero-filled and masked */
+    const int kv_lo = window_first(a.window, a.positions[r0] + 1), kt0 = kv_lo / FA_BN;
     __syncthreads();
     int kv_end = pos_s[0];
     int n_tiles = (kv_end + FA_BN - 1) / FA_BN;
@@ -563,7 +620,8 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
         long long my_slot = -1;
         if (lane < NIT * RPW) {
             int p = kt * FA_BN + warp * RPW + lane % RPW + lane / RPW * (FA_THREADS / C4);
-            if (p < kv_end) my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
+            if (p < kv_end && p >= kv_lo)
+                my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
         }
 #pragma unroll
         for (int it = 0; it < NIT; it++) {
@@ -583,7 +641,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
             ptx_cp_async16_zfill(vd, vbase + slot * a.v_stride + c4 * EPC, valid);
         }
     };
-    load_tile(0, 0);
+    load_tile(0, kt0);
     ptx_cp_async_commit();
 
     /* Q → bf16 → A fragments (rows past the tile are zeros) */
@@ -608,25 +666,26 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
     int col0 = 2 * (lane & 3);
 
-    for (int kt = 0; kt < n_tiles; kt++) {
-        /* bf16: stage (kt+1)&1 held tile kt-1 (or Q): every warp is done with it */
+    for (int kt = kt0; kt < n_tiles; kt++) {
+        const int it = kt - kt0; /* stage it & 1 holds tile kt */
+        /* bf16: stage (it+1)&1 held tile kt-1 (or Q): every warp is done with it */
         if constexpr (BF) __syncthreads();
         if (kt + 1 < n_tiles) {
-            load_tile((kt + 1) & 1, kt + 1);
+            load_tile((it + 1) & 1, kt + 1);
             ptx_cp_async_commit();
             ptx_cp_async_wait<1>();
         } else {
             ptx_cp_async_wait<0>();
         }
         __syncthreads(); /* tile kt landed; every warp is done with kb/vb (and qb) */
-        __nv_bfloat16 *kb = BF ? tiles + (kt & 1) * 2 * TILE_B : tiles, *vb = kb + TILE_B;
+        __nv_bfloat16 *kb = BF ? tiles + (it & 1) * 2 * TILE_B : tiles, *vb = kb + TILE_B;
         if constexpr (!BF) {
-            const float *ks = stage + (kt & 1) * 2 * TILE_F, *vs = ks + TILE_F;
+            const T *ks = stage + (it & 1) * 2 * TILE_F, *vs = ks + TILE_F;
 #pragma unroll 4
-            for (int i = tid; i < FA_BN * C4; i += FA_THREADS) {
-                int j = i / C4, c4 = i % C4;
-                float4 k4 = *(const float4 *)(ks + j * D + c4 * 4);
-                float4 v4 = *(const float4 *)(vs + j * D + c4 * 4);
+            for (int i = tid; i < FA_BN * (D / 4); i += FA_THREADS) {
+                int j = i / (D / 4), c4 = i % (D / 4);
+                float4 k4 = stage_get4(ks + j * D + c4 * 4);
+                float4 v4 = stage_get4(vs + j * D + c4 * 4);
                 *(uint2 *)(kb + j * LDB + c4 * 4) = make_uint2(pack_bf16(k4.x, k4.y), pack_bf16(k4.z, k4.w));
                 *(uint2 *)(vb + j * LDB + c4 * 4) = make_uint2(pack_bf16(v4.x, v4.y), pack_bf16(v4.z, v4.w));
             }
@@ -649,7 +708,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
             }
         }
         /* scale, mask (only tiles that cross a row's position), online softmax */
-        bool mask = kt * FA_BN + FA_BN - 1 > wmin;
+        bool mask = kt * FA_BN + FA_BN - 1 > wmin || kt * FA_BN < wlo;
         float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < FA_BN / 8; nt++) {
@@ -658,7 +717,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
                 float v = sacc[nt][e] * a.scale_log2;
                 if (mask) {
                     int p = kt * FA_BN + nt * 8 + col0 + (e & 1);
-                    if (p > (e < 2 ? pa : pb)) v = -INFINITY;
+                    if (p > (e < 2 ? pa : pb) || p < (e < 2 ? la : lb)) v = -INFINITY;
                 }
                 sacc[nt][e] = v;
             }
@@ -669,9 +728,13 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
         mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
         mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
         mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+        /* a row with nothing in view so far (window) keeps m = −inf and
+         * takes 0 as its reference: its p and corr are then 0, not NaN */
         float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        if (mn_a == -INFINITY) mn_a = 0.0f;
+        if (mn_b == -INFINITY) mn_b = 0.0f;
         float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
-        m_a = mn_a, m_b = mn_b;
+        m_a = fmaxf(m_a, mx_a), m_b = fmaxf(m_b, mx_b);
         float sum_a = 0.0f, sum_b = 0.0f;
         uint32_t pf[FA_BN / 16][4];
 #pragma unroll
@@ -708,7 +771,8 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-    float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+    float inv_a = a.vscale / (l_a + sink_share(a.sinks, h, m_a, true));
+    float inv_b = a.vscale / (l_b + sink_share(a.sinks, h, m_b, true));
     float *oa = a.out + (r0 + ra) * a.ldo + (long)h * D + col0;
     float *ob = a.out + (r0 + rb) * a.ldo + (long)h * D + col0;
 #pragma unroll
@@ -731,6 +795,19 @@ extern "C" size_t cuda_attention_scratch_bytes(const struct cuda_ctx *c) {
            (scalar > (size_t)SPLIT_SCRATCH_BYTES ? scalar : (size_t)SPLIT_SCRATCH_BYTES);
 }
 
+/* The element type the kernels read for these caches, and the scales they
+ * fold in (K's into the softmax scale, V's into the output). */
+enum { KV_F32, KV_BF16, KV_FP8 };
+static int kv_type(const struct cuda_ctx *c, const struct attn_params *p) {
+    return p->f32_cache ? KV_F32 : c->kv_fp8 ? KV_FP8 : c->kv_bf16 ? KV_BF16 : KV_F32;
+}
+static float k_scale_of(const struct cuda_ctx *c, const struct attn_params *p) {
+    return kv_type(c, p) == KV_FP8 ? p->scale * p->k_scale : p->scale;
+}
+static float v_scale_of(const struct cuda_ctx *c, const struct attn_params *p) {
+    return kv_type(c, p) == KV_FP8 ? p->v_scale : 1.0f;
+}
+
 /* The first kernel: one block per (token, head), splits from max_context. */
 static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
                              const void *k_cache, const void *v_cache,
@@ -738,9 +815,10 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
     CUDA_ASSERT_MSG(p->dv <= ATT_DV_PER_THREAD * ATT_THREADS, "attention: dv above 1024");
     long rows = (long)b->n_tokens * p->n_heads;
     struct attn_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
-                          p->n_heads, p->n_heads / p->n_kv_heads, p->dk, p->dv, p->scale,
-                          b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
-                          b->kv_pages, 1, 1 << 30, cuda_attn_states(c)};
+                          p->n_heads, p->n_heads / p->n_kv_heads, p->dk, p->dv,
+                          k_scale_of(c, p), b->n_seqs, b->page_size, b->positions, b->q_start,
+                          b->kv_page_start, b->kv_pages, 1, 1 << 30, cuda_attn_states(c),
+                          v_scale_of(c, p), p->window, p->sinks};
     /* Split the context when there are too few (token, head) blocks to
      * fill the GPU: aim at about 4 blocks per SM, each slice at least one
      * tile. rows < 2·SMs and splits ≤ ⌈4·SMs / rows⌉ keep rows·splits
@@ -763,9 +841,13 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
     size_t smem = (size_t)((p->dk + 3) & ~3) * 4 + ATT_TILE * 4 + ATT_TILE * sizeof(long);
     CUDA_ASSERT_MSG(smem <= 48 * 1024, "attention: head too wide for shared memory");
     dim3 grid((unsigned)rows, (unsigned)a.splits);
-    if (c->kv_bf16) {
+    int kt = kv_type(c, p);
+    if (kt == KV_BF16) {
         if (vec) attention_kernel<__nv_bfloat16, true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
         else attention_kernel<__nv_bfloat16, false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+    } else if (kt == KV_FP8) {
+        if (vec) attention_kernel<kv_fp8_t, true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+        else attention_kernel<kv_fp8_t, false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
     } else {
         if (vec) attention_kernel<float, true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
         else attention_kernel<float, false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
@@ -786,7 +868,7 @@ static void launch_fa(struct cuda_ctx *c, const struct fa_args &a, const struct 
     long bound1 = (T + FA_BM - 1) / FA_BM + S, bound2 = (2 * (T - S) + FA_BM - 1) / FA_BM + (T - S) + 1;
     long tiles = bound1 < bound2 ? bound1 : bound2;
     CUDA_ASSERT(tiles <= 65535);
-    size_t smem = fa_smem_bytes(D, sizeof(KT) == 2);
+    size_t smem = fa_smem_bytes(D, sizeof(KT) == 2, (int)sizeof(KT));
     CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_kernel<KT, D>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)a.n_heads, (unsigned)tiles);
@@ -806,11 +888,13 @@ static void launch_split_t(struct cuda_ctx *c, const struct split_args &a, dim3 
 }
 
 /* NH·DVI ≤ 16 keeps the accumulators in registers. */
-static void launch_split(struct cuda_ctx *c, const struct split_args &a, int nh, int dvi, dim3 grid) {
+static void launch_split(struct cuda_ctx *c, const struct split_args &a, int kt, int nh, int dvi,
+                         dim3 grid) {
 #define SPLIT_CASE(N, V)                                                            \
     if (nh == N && dvi == V)                                                        \
-        return c->kv_bf16 ? launch_split_t<__nv_bfloat16, N, V>(c, a, grid)         \
-                          : launch_split_t<float, N, V>(c, a, grid);
+        return kt == KV_BF16  ? launch_split_t<__nv_bfloat16, N, V>(c, a, grid)     \
+               : kt == KV_FP8 ? launch_split_t<kv_fp8_t, N, V>(c, a, grid)          \
+                              : launch_split_t<float, N, V>(c, a, grid);
     SPLIT_CASE(1, 1) SPLIT_CASE(2, 1) SPLIT_CASE(4, 1) SPLIT_CASE(8, 1)
     SPLIT_CASE(1, 2) SPLIT_CASE(2, 2) SPLIT_CASE(4, 2) SPLIT_CASE(8, 2)
     SPLIT_CASE(1, 4) SPLIT_CASE(2, 4) SPLIT_CASE(4, 4)
@@ -833,9 +917,10 @@ static void attention_split(struct cuda_ctx *c, float *out, long ldo, const floa
     while (nh < 8 && group % (nh * 2) == 0 && nh * 2 * dvi_t <= 16) nh *= 2;
     long rows = by_seq == 1 ? b->n_seqs : b->n_tokens;
     struct split_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
-                           p->n_heads, p->n_kv_heads, group, p->dk, p->dv, p->scale,
+                           p->n_heads, p->n_kv_heads, group, p->dk, p->dv, k_scale_of(c, p),
                            b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
-                           b->kv_pages, by_seq, group / nh, 0, cuda_attn_states(c)};
+                           b->kv_pages, by_seq, group / nh, 0, cuda_attn_states(c),
+                           v_scale_of(c, p), p->window, p->sinks};
     long ctas = rows * p->n_kv_heads * a.hblocks;
     CUDA_ASSERT(ctas < (1l << 31));
     long chunks = (c->max_context + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
@@ -852,7 +937,7 @@ static void attention_split(struct cuda_ctx *c, float *out, long ldo, const floa
         }
     }
     if (slots < 2) a.max_chunks = 0;
-    launch_split(c, a, nh, dvi_t, dim3((unsigned)ctas, (unsigned)slots));
+    launch_split(c, a, kv_type(c, p), nh, dvi_t, dim3((unsigned)ctas, (unsigned)slots));
     if (slots > 1) {
         split_combine_kernel<<<(unsigned)(rows * p->n_heads), 128, 0, c->stream>>>(a);
         CUDA_CHECK_LAUNCH();
@@ -877,7 +962,9 @@ static bool tc_ok(const struct cuda_ctx *c, const void *out, long ldo,
                   const struct attn_params *p) {
     return p->dk == p->dv && (p->dk == 64 || p->dk == 128) && ldo % 2 == 0 &&
            (uintptr_t)out % 8 == 0 && !c->split_act && c->attn_impl != CUDA_ATTN_SPLIT &&
-           (!c->kv_bf16 || (p->k_stride % 8 == 0 && p->v_stride % 8 == 0)); /* 16-byte cp.async */
+           (kv_type(c, p) == KV_F32 ||
+            (kv_type(c, p) == KV_BF16 && p->k_stride % 8 == 0 && p->v_stride % 8 == 0) ||
+            (kv_type(c, p) == KV_FP8 && p->k_stride % 16 == 0 && p->v_stride % 16 == 0)); /* 16-byte cp.async */
 }
 
 extern "C" int cuda_attn_decode_all(const struct cuda_ctx *c, const void *out, long ldo,
@@ -895,8 +982,6 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     if (b->n_tokens <= 0) return;
     CUDA_ASSERT(p->n_heads % p->n_kv_heads == 0);
     CUDA_ASSERT_MSG(c->max_context > 0, "cuda backend: reserve() was not called");
-    /* the model refuses a sliding window on this backend (backend_ops.sliding_window) */
-    CUDA_ASSERT_MSG(p->window == 0, "cuda attention: sliding windows are not supported");
     CUDA_ASSERT((long)b->n_tokens * p->n_heads < (1l << 31));
     if (c->attn_impl == CUDA_ATTN_SCALAR)
         return attention_scalar(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
@@ -907,7 +992,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     /* MLA in the MHA form (dk 192, dv 128; model/deepseek_mha.c): the wgmma
      * kernel for the rows of multi-token sequences, the split kernel for
      * one-token ones (a choice by the row's own sequence, as below) */
-    if (p->dk != p->dv && c->fa_hopper && c->kv_bf16 && !c->split_act &&
+    if (p->dk != p->dv && c->fa_hopper && c->kv_bf16 && !c->split_act && !p->window && !p->sinks &&
         c->attn_impl == CUDA_ATTN_AUTO && cuda_hopper_attn_prefill_shape(p->dk, p->dv) &&
         ldo % 2 == 0 && (uintptr_t)out % 8 == 0 && p->k_stride % 8 == 0 && p->v_stride % 8 == 0) {
         if (b->n_tokens > b->n_seqs) {
@@ -934,12 +1019,13 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     if (b->n_tokens > b->n_seqs) {
         struct fa_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
                             p->n_heads, p->n_heads / p->n_kv_heads,
-                            p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
-                            b->positions, b->q_start, b->kv_page_start, b->kv_pages};
+                            k_scale_of(c, p) * 1.4426950408889634f, b->n_seqs, b->page_size,
+                            b->positions, b->q_start, b->kv_page_start, b->kv_pages,
+                            v_scale_of(c, p), p->window, p->sinks};
 #ifdef KILN_CUDA_HOPPER
         /* Hopper: the wgmma kernel (hopper/attn_prefill.cu; fa_hopper is
          * set only on compute capability 9.0 with the sm_90a code built) */
-        if (c->kv_bf16 && p->dk == 128 && c->fa_hopper) {
+        if (c->kv_bf16 && p->dk == 128 && c->fa_hopper && !p->window && !p->sinks) {
             struct hopper_attn_args ha = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride,
                                           p->v_stride, a.n_heads, a.group, a.scale_log2,
                                           b->n_seqs, b->page_size, b->positions, b->q_start,
@@ -947,9 +1033,12 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
             cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
         } else
 #endif
-        if (c->kv_bf16) {
+        if (kv_type(c, p) == KV_BF16) {
             if (p->dk == 64) launch_fa<__nv_bfloat16, 64>(c, a, b);
             else launch_fa<__nv_bfloat16, 128>(c, a, b);
+        } else if (kv_type(c, p) == KV_FP8) {
+            if (p->dk == 64) launch_fa<kv_fp8_t, 64>(c, a, b);
+            else launch_fa<kv_fp8_t, 128>(c, a, b);
         } else {
             if (p->dk == 64) launch_fa<float, 64>(c, a, b);
             else launch_fa<float, 128>(c, a, b);

@@ -102,6 +102,8 @@ struct ad_args {
     int max_chunks;     /* chunk states per (row, head) in `partial`; 0: no split */
     float *partial;     /* [rows][n_heads][max_chunks][D + 4]: acc[D], m, l */
     unsigned *counters; /* [rows · n_kv_heads · hblocks] arrivals, zero between launches */
+    int window;         /* attn_params.window: 0, every position */
+    const float *sinks; /* attn_params.sinks: NULL, none */
 };
 
 template <int D, int BN, int W>
@@ -187,7 +189,13 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
         return;
     }
     const int len = a.positions[t] + 1;
-    const int nch = (len + C::CHUNK - 1) / C::CHUNK;
+    /* Sliding window: positions wfirst .. len − 1, chunks c0 .. cend − 1
+     * (earlier chunks are skipped; positions before wfirst in chunk c0
+     * are neither looked up nor loaded, and masked). nch counts the
+     * window's chunks; chunk states are indexed from c0. */
+    const int wfirst = a.window > 0 && len > a.window ? len - a.window : 0;
+    const int c0 = wfirst / C::CHUNK, cend = (len + C::CHUNK - 1) / C::CHUNK;
+    const int nch = cend - c0;
     const bool split = gridDim.y > 1 && nch > 1 && nch <= a.max_chunks;
     if (split ? (int)blockIdx.y >= nch : blockIdx.y != 0) {
         pdl_wait();
@@ -206,7 +214,9 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 #pragma unroll
         for (int i = 0; i < SR; i++) {
             int p = p0 + lane + 32 * i;
-            sl[i] = p < len ? (long long)pages[p / a.page_size] * a.page_size + p % a.page_size : -1;
+            sl[i] = p < len && p >= wfirst
+                        ? (long long)pages[p / a.page_size] * a.page_size + p % a.page_size
+                        : -1;
         }
     };
     /* One K or V tile: a warp-iteration copies RPI whole rows (16 bytes a
@@ -226,7 +236,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 
     /* A warp's items: tiles warp, warp + W, … of chunks c, c + step, …
      * (item j of a chunk: tile warp + j·W). */
-    int c = blockIdx.y;
+    int c = c0 + blockIdx.y;
     long long sl[SR];
     const bool first = c * C::CHUNK + warp * BN < len;
     if (first) lookup(c * C::CHUNK + warp * BN, sl); /* page table: metadata, before the wait */
@@ -268,7 +278,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 #pragma unroll
     for (int e = 0; e < EPT; e++) ro[e] = 0.0f;
 
-    for (; c < nch; c += step) {
+    for (; c < cend; c += step) {
 #pragma unroll 1
         for (int j = 0; j < C::TPW; j++) {
             /* item j: tile `tile` of chunk c; the next item (its K and V are
@@ -277,7 +287,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
              * the first empty one all are empty. */
             const int tile = warp + j * W, p0 = c * C::CHUNK + tile * BN;
             const int cn = j + 1 < C::TPW ? c : c + step, tn = j + 1 < C::TPW ? tile + W : warp;
-            const bool next = cn < nch && cn * C::CHUNK + tn * BN < len;
+            const bool next = cn < cend && cn * C::CHUNK + tn * BN < len;
             if (p0 < len) { /* this tile of chunk c is not empty */
                 ptx_cp_async_wait<1>(); /* K landed (V may still be on its way) */
                 __syncwarp();
@@ -308,16 +318,20 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         float s = __fadd_rn(sacc[nt][e], sacc[nt][e + 2]);
-                        sv[nt][e] = p0 + nt * 8 + 2 * tq + e < len ? s : -INFINITY;
+                        int pp = p0 + nt * 8 + 2 * tq + e;
+                        sv[nt][e] = pp < len && pp >= wfirst ? s : -INFINITY;
                         mx = fmaxf(mx, sv[nt][e]);
                     }
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                /* a tile wholly before the window: m = −inf, sum 0, acc 0
+                 * (reference 0, so no NaN); the chunk fold skips it */
+                const float mref = mx == -INFINITY ? 0.0f : mx;
                 float sum = 0.0f;
                 uint32_t pf[NT / 2][4]; /* P as A fragments: hi in rows 0-7, lo in rows 8-15 */
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    float e0 = exp2f(sv[nt][0] - mx), e1 = exp2f(sv[nt][1] - mx);
+                    float e0 = exp2f(sv[nt][0] - mref), e1 = exp2f(sv[nt][1] - mref);
                     sum = __fadd_rn(__fadd_rn(sum, e0), e1);
                     ad_split2(e0, e1, &pf[nt >> 1][(nt & 1) * 2], &pf[nt >> 1][(nt & 1) * 2 + 1]);
                 }
@@ -355,7 +369,9 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
         }
         __syncthreads();
         /* the chunk state: the tile states folded in tile order (tile 0 is
-         * never empty), whichever warps computed them */
+         * never past the end; before the window it is the empty state
+         * (−inf, 0, 0), and so are the other tiles there, which are
+         * skipped), whichever warps computed them */
         if (fh < nh) {
             float cm, cl, co[EPT], ow[EPT];
             {
@@ -367,8 +383,8 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
             }
 #pragma unroll
             for (int w = 1; w < AD_TPC; w++) {
-                if (c * C::CHUNK + w * BN < len) {
-                    float2 sw = ml[w * AD_HB + fh];
+                float2 sw = c * C::CHUNK + w * BN < len ? ml[w * AD_HB + fh] : make_float2(-INFINITY, 0.f);
+                if (sw.x != -INFINITY) {
                     const float *fwp = fold + (w * AD_HB + fh) * C::LDF + fd;
 #pragma unroll
                     for (int e = 0; e < EPT; e += 4) *(float4 *)(ow + e) = *(const float4 *)(fwp + e);
@@ -376,7 +392,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
                 }
             }
             if (split) {
-                float *st = a.partial + ((row * a.n_heads + h0 + fh) * (long)a.max_chunks + c) * C::DS;
+                float *st = a.partial + ((row * a.n_heads + h0 + fh) * (long)a.max_chunks + (c - c0)) * C::DS;
 #pragma unroll
                 for (int e = 0; e < EPT; e += 4) *(float4 *)(st + fd + e) = *(const float4 *)(co + e);
                 if (fd == 0) *(float2 *)(st + D) = make_float2(cm, cl);
@@ -389,7 +405,9 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 
     auto write_out = [&]() {
         if (fh < nh) {
-            float inv = 1.0f / rl;
+            /* the sink (log2 domain, as the scores) joins the sum once, here */
+            const float sk = a.sinks ? exp2f(__fmul_rn(a.sinks[h0 + fh], 1.4426950408889634f) - rm) : 0.0f;
+            float inv = 1.0f / (rl + sk);
             O *o = (O *)a.out + t * a.ldo + (long)(h0 + fh) * D + fd;
 #pragma unroll
             for (int e = 0; e < EPT; e++) o[e] = O(__fmul_rn(ro[e], inv)); /* 16-bit: nearest */
@@ -528,7 +546,7 @@ static void ad_dispatch(struct cuda_ctx *c, void *out, enum dtype odt, long ldo,
                         (const __nv_bfloat16 *)v_cache, p->k_stride, p->v_stride, p->n_heads,
                         p->n_kv_heads, group, (group + AD_HB - 1) / AD_HB,
                         p->scale * 1.4426950408889634f, b->page_size, b->positions, b->q_start,
-                        b->kv_page_start, b->kv_pages, 0, NULL, NULL};
+                        b->kv_page_start, b->kv_pages, 0, NULL, NULL, p->window, p->sinks};
     long rows = b->n_seqs;
     const bool dflt = bn == (p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
     CUDA_ASSERT(odt == DTYPE_F32 || odt == DTYPE_BF16 || odt == DTYPE_F16);
