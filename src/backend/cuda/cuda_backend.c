@@ -336,6 +336,8 @@ static void cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes) {
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
+    .sliding_window = 1,
+    .attention_sinks = 1,
     .destroy = cuda_destroy,
     .reserve = cuda_reserve,
     .alloc = cuda_alloc,
