@@ -9,6 +9,8 @@
  *     and FP8 caches;
  *   - attention sinks, with the split-KV decode paths at long context
  *     (several slots per row fold their chunk states; the sink joins once);
+ *   - the q|k|v wgmma product's rope + K/V store epilogue on the FP8 cache
+ *     (Hopper) against the same backend's product + qk_rope_store;
  *   - Gemma's gelu_tanh_mul and scale.
  * Each attention case runs on the default kernels (tensor cores where the
  * shape allows) and on the KILN_CUDA_ATTN=split and =scalar families.
@@ -34,6 +36,7 @@
 
 #include <cmocka.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/registry.h"
 #include "base/error.h"
 #include "base/knob.h"
@@ -47,6 +50,8 @@ enum { MAX_TOKENS = 1024, MAX_CONTEXT = 4096, MAX_HEADS = 32 };
 
 /* [fp8][family]: family 0 default, 1 KILN_CUDA_ATTN=split, 2 =scalar */
 static struct backend cpu[2], gpu[2][3];
+static struct backend gpu8w; /* FP8 cache, the wgmma product for any size and row count */
+static int have_wgmma;
 static int have_gpu;
 static const char *const fam_name[3] = {"auto", "split", "scalar"};
 
@@ -340,6 +345,93 @@ static void test_fp8_store(void **state) {
     free(kc), free(vc), free(kg), free(vg);
 }
 
+/* norm_matmul_rope through the wgmma epilogue (head size 128, 13 rows,
+ * q|k|v bias) against norm_matmul + qk_rope_store on the same backend:
+ * values the same e4m3 bytes (the same sums, the same conversion), keys
+ * within one e4m3 step (the rotation's roundings are spelled out in both
+ * but may differ in the last bit), queries within 1e-6. */
+static void test_fp8_rope_epilogue(void **state) {
+    (void)state;
+    assert_true(have_gpu);
+    if (!have_wgmma) fail_msg("the wgmma product is off here (it needs compute capability 9.0 and a Hopper build)");
+    struct backend *be = &gpu8w;
+    const struct backend_ops *ops = be->ops;
+    struct cuda_ctx *cc = be->ctx;
+    enum { n = 13, H = 8, KH = 2, hd = 128, d = 1024, slots = 64, maxpos = 256 };
+    const long N = (long)(H + 2 * KH) * hd, kw = KH * hd;
+    uint16_t *w = xmalloc((size_t)(N * d) * 2);
+    for (long i = 0; i < N * d; i++) w[i] = f32_to_bf16(frand(1.0f / 32.0f));
+    float *h = xmalloc(n * d * 4), *nw = xmalloc(d * 4), *bias = xmalloc((size_t)N * 4),
+          *cs = xmalloc(maxpos * 64 * 2 * 4);
+    for (long i = 0; i < n * d; i++) h[i] = frand(2.0f);
+    for (long i = 0; i < d; i++) nw[i] = 1.0f + frand(0.3f);
+    for (long i = 0; i < N; i++) bias[i] = frand(0.5f);
+    for (int p = 0; p < maxpos; p++)
+        for (int i = 0; i < 64; i++) {
+            double th = p * pow(500000.0, -2.0 * i / 128.0);
+            cs[(p * 64 + i) * 2] = (float)cos(th), cs[(p * 64 + i) * 2 + 1] = (float)sin(th);
+        }
+    int32_t pos[n], slot[n];
+    for (int i = 0; i < n; i++) pos[i] = (int32_t)(rng_next() % maxpos), slot[i] = (i * 37 + 5) % slots;
+    struct backend_weight bw = {.data = ops->weight_upload(be->ctx, w, (size_t)(N * d) * 2),
+                                .dtype = DTYPE_BF16, .rows = N, .cols = d};
+    float *dh = dev_from(be, h, n * d * 4), *dnw = dev_from(be, nw, d * 4);
+    float *db = dev_from(be, bias, (size_t)N * 4), *dcs = dev_from(be, cs, maxpos * 64 * 2 * 4);
+    float *dx = ops->alloc(be->ctx, n * d * 4);
+    int32_t *dpos = dev_from(be, pos, sizeof pos), *dslot = dev_from(be, slot, sizeof slot);
+    size_t cb = (size_t)(slots * kw);
+    float *y[2];
+    void *kc[2], *vc[2];
+    for (int k = 0; k < 2; k++) {
+        y[k] = ops->alloc(be->ctx, (size_t)(n * N) * 4);
+        kc[k] = ops->alloc(be->ctx, cb), vc[k] = ops->alloc(be->ctx, cb);
+    }
+    struct backend_norm nm = {.h = dh, .delta = NULL, .x = dx, .w = dnw, .dim = d, .eps = 1e-5f};
+    struct backend_rope_store r = {.n_heads = H, .n_kv_heads = KH, .head_dim = hd, .eps = 1e-6f,
+                                   .rot_dim = hd, .pos = dpos, .cos_sin = dcs, .kv_stride = kw,
+                                   .slots = dslot, .k_scale = 0.25f, .v_scale = 0.05f};
+    long f0 = cc->rope_fused;
+    r.k_cache = kc[0], r.v_cache = vc[0];
+    ops->norm_matmul_rope(be->ctx, &nm, y[0], N, &(struct backend_stack){.cat = bw}, db, n, &r);
+    long ran = cc->rope_fused - f0;
+    ops->norm_matmul(be->ctx, &nm, y[1], N, &bw, db, n);
+    r.k_cache = kc[1], r.v_cache = vc[1];
+    ops->qk_rope_store(be->ctx, y[1], y[1] + H * hd, y[1] + H * hd + kw, N, n, &r);
+    float *yh[2];
+    uint8_t *kh[2], *vh[2];
+    for (int k = 0; k < 2; k++) {
+        yh[k] = xmalloc((size_t)(n * N) * 4), kh[k] = xmalloc(cb), vh[k] = xmalloc(cb);
+        ops->download(be->ctx, yh[k], y[k], (size_t)(n * N) * 4);
+        ops->download(be->ctx, kh[k], kc[k], cb), ops->download(be->ctx, vh[k], vc[k], cb);
+    }
+    assert_int_equal(ran, 1);
+    double num = 0, den = 0;
+    for (long i = 0; i < n; i++)
+        for (long j = 0; j < H * hd; j++) {
+            double a = yh[0][i * N + j], e = yh[1][i * N + j];
+            num += (a - e) * (a - e), den += e * e;
+        }
+    assert_true(sqrt(num / den) < 1e-6);
+    for (int i = 0; i < n; i++)
+        for (long j = 0; j < kw; j++) {
+            long e = (long)slot[i] * kw + j;
+            double a = fp8_val(kh[0][e], 0.25f), b = fp8_val(kh[1][e], 0.25f);
+            if (fabs(a - b) > fmax(fabs(a), fabs(b)) * 0.125 + 0.25 * 0x1p-9)
+                fail_msg("epilogue K slot %d col %ld: %#x, the two ops %#x", slot[i], j, kh[0][e], kh[1][e]);
+            if (vh[0][e] != vh[1][e])
+                fail_msg("epilogue V slot %d col %ld: %#x, the two ops %#x", slot[i], j, vh[0][e], vh[1][e]);
+        }
+    printf("    wgmma rope epilogue on the FP8 cache: %d rows, q rel diff %.2e\n", n, sqrt(num / den));
+    for (int k = 0; k < 2; k++) {
+        ops->free(be->ctx, y[k]), ops->free(be->ctx, kc[k]), ops->free(be->ctx, vc[k]);
+        free(yh[k]), free(kh[k]), free(vh[k]);
+    }
+    ops->weight_release(be->ctx, bw.data);
+    void *ds[] = {dh, dnw, db, dcs, dx, dpos, dslot};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) ops->free(be->ctx, ds[i]);
+    free(w), free(h), free(nw), free(bias), free(cs);
+}
+
 /* gelu_tanh_mul (in place, as gemma3.c calls it, and strided) and scale */
 static void test_gemma_ops(void **state) {
     (void)state;
@@ -394,13 +486,26 @@ int main(void) {
                                (int)backend_kv_dtype(&gpu[fp8][f]), (int)want), 1;
         }
     unsetenv("KILN_CUDA_ATTN");
+    if (have_gpu) {
+        struct backend_options bo = {.n_threads = 0, .device = 0, .kv_fp8 = 1};
+        setenv("KILN_CUDA_GEMV_MAX_ROWS", "0", 1);
+        setenv("KILN_CUDA_WGMMA", "1", 1);
+        setenv("KILN_CUDA_WGMMA_MIN_MB", "0", 1);
+        knob_reload(NULL);
+        if (backend_create(&gpu8w, "cuda", &bo, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+        if (gpu8w.ops->reserve(gpu8w.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err))
+            return fprintf(stderr, "reserve: %s\n", err.msg), 1;
+        have_wgmma = ((struct cuda_ctx *)gpu8w.ctx)->wgmma;
+        unsetenv("KILN_CUDA_GEMV_MAX_ROWS"), unsetenv("KILN_CUDA_WGMMA"), unsetenv("KILN_CUDA_WGMMA_MIN_MB");
+    }
     knob_reload(NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp8_store), cmocka_unit_test(test_fp8_attention),
         cmocka_unit_test(test_window),    cmocka_unit_test(test_sinks),
-        cmocka_unit_test(test_gemma_ops),
+        cmocka_unit_test(test_fp8_rope_epilogue), cmocka_unit_test(test_gemma_ops),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    backend_destroy(&gpu8w);
     for (int fp8 = 0; fp8 < 2; fp8++) {
         for (int f = 0; f < 3; f++) backend_destroy(&gpu[fp8][f]);
         backend_destroy(&cpu[fp8]);
