@@ -298,6 +298,12 @@ static inline size_t cuda_attn_states_bytes(const struct cuda_ctx *c) {
 void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
                       const void *k_cache, const void *v_cache, const struct attn_params *p,
                       const struct backend_batch *b);
+/* cuda_attn_prefill.cu: the tensor-core prefill kernel for the rows of
+ * b's multi-token sequences (dk = dv ∈ {64, 128}; bf16, fp32 or FP8
+ * cache; windows and sinks) */
+void cuda_attn_fa_prefill(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
+                          const void *k_cache, const void *v_cache, const struct attn_params *p,
+                          const struct backend_batch *b);
 /* Whether cuda_op_attention (out, ldo: its output) sends every row of b
  * to cuda_attn_decode: a batch of decode rows and the kernel's conditions
  * (cuda_attention.cu keeps the routing in one place). */
