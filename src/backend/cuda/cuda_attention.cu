@@ -646,7 +646,8 @@ extern "C" int cuda_attn_decode_all(const struct cuda_ctx *c, const void *out, l
                                     const float *q, long ldq, const void *k_cache,
                                     const void *v_cache, const struct attn_params *p,
                                     const struct backend_batch *b) {
-    return c->attn_impl == CUDA_ATTN_AUTO && c->kv_bf16 && b->n_tokens == b->n_seqs &&
+    return c->attn_impl == CUDA_ATTN_AUTO && (c->kv_bf16 || kv_type(c, p) == KV_FP8) &&
+           b->n_tokens == b->n_seqs &&
            vec_ok(q, ldq, k_cache, v_cache, p) && tc_ok(c, out, ldo, p);
 }
 
@@ -711,7 +712,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
      * bf16 cache the tensor-core decode kernel (same conditions as the
      * prefill kernel's: dk = dv ∈ {64, 128}, 16-byte rows) */
     if (!(b->n_seqs == 1 && b->n_tokens > 1)) {
-        if (c->kv_bf16 && c->attn_impl == CUDA_ATTN_AUTO)
+        if ((c->kv_bf16 || kv_type(c, p) == KV_FP8) && c->attn_impl == CUDA_ATTN_AUTO)
             cuda_attn_decode(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
         else
             attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 1);
