@@ -10,8 +10,8 @@
  *  - fa_prefill_kernel (cuda_attn_prefill.cu: tensor cores,
  *    FlashAttention-2 style) for the rows of sequences with more than one
  *    new token, when dk == dv ∈ {64, 128}; on Hopper the wgmma kernel
- *    (hopper/attn_prefill.cu) takes them on the bf16 cache without window
- *    or sinks.
+ *    (hopper/attn_prefill.cu) takes them on the bf16 cache at head size
+ *    128 (and MLA's MHA form, dk 192 / dv 128).
  *
  *  - split_kernel (fp32, CUDA cores) for decode rows (sequences with one new
  *    token) that cuda_attn_decode.cu and cuda_attn_mla.cu do not take (fp32
@@ -668,7 +668,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     /* MLA in the MHA form (dk 192, dv 128; model/deepseek_mha.c): the wgmma
      * kernel for the rows of multi-token sequences, the split kernel for
      * one-token ones (a choice by the row's own sequence, as below) */
-    if (p->dk != p->dv && c->fa_hopper && c->kv_bf16 && !c->split_act && !p->window && !p->sinks &&
+    if (p->dk != p->dv && c->fa_hopper && c->kv_bf16 && !c->split_act &&
         c->attn_impl == CUDA_ATTN_AUTO && cuda_hopper_attn_prefill_shape(p->dk, p->dv) &&
         ldo % 2 == 0 && (uintptr_t)out % 8 == 0 && p->k_stride % 8 == 0 && p->v_stride % 8 == 0) {
         if (b->n_tokens > b->n_seqs) {
@@ -676,7 +676,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
                                           p->v_stride, p->n_heads, p->n_heads / p->n_kv_heads,
                                           p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
                                           b->positions, b->q_start, b->kv_page_start, b->kv_pages,
-                                          p->dk, p->dv};
+                                          p->dk, p->dv, p->window, p->sinks};
             cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
         }
         if (!(b->n_seqs == 1 && b->n_tokens > 1))
@@ -696,13 +696,13 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
 #ifdef KILN_CUDA_HOPPER
         /* Hopper: the wgmma kernel (hopper/attn_prefill.cu; fa_hopper is
          * set only on compute capability 9.0 with the sm_90a code built)
-         * on the bf16 cache without window or sinks */
-        if (c->kv_bf16 && p->dk == 128 && c->fa_hopper && !p->window && !p->sinks) {
+         * on the bf16 cache */
+        if (c->kv_bf16 && p->dk == 128 && c->fa_hopper) {
             struct hopper_attn_args ha = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride,
                                           p->v_stride, p->n_heads, p->n_heads / p->n_kv_heads,
                                           p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
                                           b->positions, b->q_start, b->kv_page_start,
-                                          b->kv_pages, 128, 128};
+                                          b->kv_pages, 128, 128, p->window, p->sinks};
             cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
         } else
 #endif
