@@ -151,7 +151,7 @@ static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct
                 vd = (__nv_bfloat16 *)kd + TILE_B;
             } else {
                 kd = stage + st * 2 * TILE_F + j * D + c4 * EPC;
-                vd = (float *)kd + TILE_F;
+                vd = (T *)kd + TILE_F;
             }
             ptx_cp_async16_zfill(kd, kbase + slot * a.k_stride + c4 * EPC, valid);
             ptx_cp_async16_zfill(vd, vbase + slot * a.v_stride + c4 * EPC, valid);
