@@ -287,10 +287,11 @@ static void test_fp8_store(void **state) {
     for (int i = 0; i < SLOTS / 4; i++) pages_h[i] = (i * 5 + 2) % (SLOTS / 4);
     int32_t *dpages = dev_from(g, pages_h, sizeof pages_h);
     long n = 40;
-    float *dg = dev_from(g, src, (size_t)n * W * 4);
+    float *gg = xmalloc((size_t)n * W * 4);
+    for (long i = 0; i < n * W; i++) gg[i] = NAN;
+    float *dg = dev_from(g, gg, (size_t)n * W * 4);
     g->ops->kv_gather(g->ctx, dg, W, dcache, W, W, dpages, 4, 3, n, scale);
     g->ops->synchronize(g->ctx);
-    float *gg = xmalloc((size_t)n * W * 4);
     g->ops->download(g->ctx, gg, dg, (size_t)n * W * 4);
     for (long i = 0; i < n; i++) {
         long p = 3 + i, slot = (long)pages_h[p / 4] * 4 + p % 4;
