@@ -193,6 +193,14 @@ static void run_all(const struct acase *cases, int n, int fp8) {
 static const int dec_len[] = {1, 37, 300, 2100}, dec_nw[] = {1, 1, 1, 1};
 static const int pre_len[] = {100, 333, 520, 64}, pre_nw[] = {100, 50, 1, 64};
 static const int long_len[] = {3900}, long_nw[] = {1};
+/* 40 decode rows x 4 KV heads: more CTAs than an SM count of 132 holds at
+ * one an SM, so head size 128 takes the decode kernel's 2-warp variant */
+static const int many_len[40] = {1, 9, 17, 33, 64, 65, 100, 127, 128, 129, 130, 200, 255, 256,
+                                 257, 300, 301, 333, 400, 511, 512, 513, 600, 640, 700, 777,
+                                 800, 900, 1000, 1023, 1024, 1025, 1100, 1200, 1300, 1400,
+                                 1500, 1600, 1700, 1800};
+static const int many_nw[40] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
 static void test_fp8_attention(void **state) {
     (void)state;
@@ -203,6 +211,7 @@ static void test_fp8_attention(void **state) {
         {"prefill d128 gqa8", 8, 1, 128, 128, 0, 4, pre_len, pre_nw, 0, 0, 0},
         {"prefill d64 gqa2", 4, 2, 64, 64, 0, 4, pre_len, pre_nw, 0, 0, 0},
         {"decode long d128", 8, 2, 128, 128, 0, 1, long_len, long_nw, 0, 0, 0},
+        {"decode many d128", 8, 4, 128, 128, 0, 40, many_len, many_nw, 0, 0, 0},
         {"mla latent decode", 16, 1, 576, 512, 0, 4, dec_len, dec_nw, 0, 0, 1},
         {"mla latent prefill", 16, 1, 576, 512, 0, 4, pre_len, pre_nw, 0, 0, 1},
         {"head 256", 4, 2, 256, 256, 0, 4, pre_len, pre_nw, 0, 0, 0},
@@ -229,6 +238,7 @@ static void test_window(void **state) {
             {"prefill d128 win 1", 4, 1, 128, 128, 0, 4, pre_len, pre_nw, 1, 0, 0},
             {"equal d128 win 300", 8, 2, 128, 128, 0, 2, eq_len, eq_nw, 300, 0, 0},
             {"long d128 win 1000", 8, 2, 128, 128, 0, 1, long_len, long_nw, 1000, 0, 0},
+            {"many d128 win 300 sinks", 8, 4, 128, 128, 0, 40, many_len, many_nw, 300, 1, 0},
             {"head 32 win 8", 4, 2, 32, 32, 0, 4, pre_len, pre_nw, 8, 0, 0},
         };
         run_all(cases, (int)(sizeof cases / sizeof *cases), fp8);
