@@ -24,6 +24,7 @@
  */
 #include "../../src/backend/cuda/cuda_attention.cu"
 #include "../../src/backend/cuda/cuda_attn_decode.cu"
+#include "../../src/backend/cuda/cuda_attn_prefill.cu"
 
 #include <cublas_v2.h>
 #include <stdio.h>

@@ -451,8 +451,8 @@ struct backend_ops {
      * (kv_store, qk_rope_store, attention): NULL means DTYPE_F32. Fixed for
      * the backend's life. CPU: fp32 (its exactness tests rely on it), or
      * DTYPE_F8_E4M3 with backend_options.kv_fp8 (--kv-cache-dtype fp8_e4m3);
-     * CUDA: bf16 unless KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2 (it
-     * refuses kv_fp8 for now). */
+     * CUDA: bf16 unless KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2, or
+     * DTYPE_F8_E4M3 with kv_fp8. */
     enum dtype (*kv_dtype)(void *ctx);
 
     /* Sampling on the device (NULL on the CPU, whose engine samples on the

@@ -13,7 +13,11 @@
  * decode rows, R sits at another row and on other (scrambled) pages. The
  * logits of R's rows must match to the bit. The same comparison without
  * --deterministic is printed for information (the GEMV / cuBLAS choice by
- * batch size makes it differ).
+ * batch size makes it differ). Also asserted: the same with the FP8 KV cache
+ * (--kv-cache-dtype fp8_e4m3: the e4m3 prefill and decode paths), and a
+ * mistral-shaped twin with a sliding window of 200 positions (R's prompt
+ * and decode rows run past it: the windowed kernels' skipped chunks and
+ * tiles).
  *
  * Label gpu; fails without a GPU (run it with ctest -L gpu on the GPU machine). */
 #include <math.h>
@@ -47,6 +51,15 @@ static const char CONFIG[] =
     " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"bos_token_id\": 1,"
     " \"eos_token_id\": 2}";
 
+/* the same shapes as a mistral with a sliding window R's prompt crosses */
+static const char CONFIG_SWA[] =
+    "{\"model_type\": \"mistral\", \"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 512,"
+    " \"num_attention_heads\": 8, \"num_key_value_heads\": 4, \"head_dim\": 64,"
+    " \"intermediate_size\": 1024, \"num_hidden_layers\": 3, \"vocab_size\": 512,"
+    " \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000,"
+    " \"sliding_window\": 200, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"bos_token_id\": 1, \"eos_token_id\": 2}";
+
 static int have_gpu = -1;
 static const char *device = "cuda"; /* KILN_TEST_DEVICE=cpu runs the same check on the CPU */
 
@@ -64,12 +77,13 @@ struct rig {
     struct kv_pool *kv;
 };
 
-static int rig_init(struct rig *r, int deterministic, struct kiln_error *err) {
+static int rig_init(struct rig *r, int deterministic, int kv_fp8, const char *config,
+                    struct kiln_error *err) {
     memset(r, 0, sizeof *r);
-    struct backend_options bo = {.deterministic = deterministic};
+    struct backend_options bo = {.deterministic = deterministic, .kv_fp8 = kv_fp8};
     if (backend_create(&r->be, device, &bo, err)) return -1;
     struct model_config cfg;
-    if (model_config_parse(&cfg, CONFIG, strlen(CONFIG), "test config", err)) return -1;
+    if (model_config_parse(&cfg, config, strlen(config), "test config", err)) return -1;
     struct model_options mo = {.load_format = "dummy", .max_batch_tokens = 4096, .max_seqs = 32,
                                .max_context = MAX_CTX, .seed = 7};
     if (model_load_dummy(&r->m, &cfg, &r->be, &mo, err)) return -1;
@@ -148,10 +162,10 @@ static double compare(const float *a, const float *b, size_t n, size_t *n_diff) 
     return mx;
 }
 
-static void check_mode(int deterministic) {
+static void check_mode(int deterministic, int kv_fp8, const char *config, const char *what) {
     struct kiln_error err = {0};
     struct rig r;
-    if (rig_init(&r, deterministic, &err)) fail_msg("set-up: %s", err.msg);
+    if (rig_init(&r, deterministic, kv_fp8, config, &err)) fail_msg("set-up: %s", err.msg);
     struct seq seqs[N_OTHERS + 1];
     make_seqs(seqs);
     int steps = R_DECODE + 1;
@@ -163,10 +177,10 @@ static void check_mode(int deterministic) {
     double mx = compare(alone, crowd, n, &n_diff);
     int finite = 1;
     for (size_t i = 0; i < n; i++) finite &= isfinite(alone[i]);
-    printf("  %s: R alone vs among %d others, %d steps (prefill %d + %d decode): %zu of %zu logits "
-           "differ, max |diff| %.3g\n",
-           deterministic ? "--deterministic" : "default        ", N_OTHERS, steps, R_PROMPT, R_DECODE,
-           n_diff, n, mx);
+    printf("  %s%s: R alone vs among %d others, %d steps (prefill %d + %d decode): %zu of %zu "
+           "logits differ, max |diff| %.3g\n",
+           deterministic ? "--deterministic" : "default        ", what, N_OTHERS, steps, R_PROMPT,
+           R_DECODE, n_diff, n, mx);
     assert_true(finite);
     if (deterministic) assert_int_equal(n_diff, 0);
     for (int i = 0; i <= N_OTHERS; i++) free(seqs[i].ids);
@@ -177,8 +191,10 @@ static void check_mode(int deterministic) {
 static void test_batch_invariance(void **state) {
     (void)state;
     if (!have_gpu) fail_msg("no CUDA GPU: gpu-labelled tests run on the GPU machine (ctest -L gpu)");
-    check_mode(1);
-    check_mode(0); /* for information: not asserted */
+    check_mode(1, 0, CONFIG, "");
+    check_mode(1, 1, CONFIG, " fp8 KV");
+    check_mode(1, 0, CONFIG_SWA, " window 200");
+    check_mode(0, 0, CONFIG, ""); /* for information: not asserted */
 }
 
 int main(void) {

@@ -11,6 +11,14 @@
 #    in every mode) twice: KILN_CUDA_KV=f32 within 1e-3 (exact path), and
 #    the bf16 KV cache within KILN_CUDA_TOL_KV (default 1.0 on logits up to
 #    24: the CPU with its cache rounded to bf16 gives the same 0.50).
+# The sliding-window models of tiny-models-more (mistral, gemma3: window 8,
+# prompts past it; chunks of 3 cross its edge) run in both modes like the
+# dense ones. The FP8 KV cache (--kv-cache-dtype fp8_e4m3) runs on the
+# dense and MLA models and the window models within 6 and not under 0.1,
+# the CPU's FP8-cache bounds (tests/cli/verify_oracle.sh, docs/cuda.md
+# "FP8 KV cache"): the GPU stores the same e4m3 bytes as the CPU, so its
+# logits move from the reference as the CPU's do, plus its own mode's
+# noise (1e-3 in bf16x2 mode, 0.25 in the default one).
 # gpt_oss must be refused at load by name (its operations are CPU-only).
 # Skips (exit 0 with a note) when no GPU can be opened.
 set -u
@@ -37,7 +45,7 @@ stories() {
 }
 run_all() {
   for arch in $1; do
-    dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
+    dir="$KILN_FIXTURES/oracle/${2:-tiny-models}/$arch"
     for ps in 1 16; do
       for chunk in 3 64; do
         check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
@@ -54,11 +62,44 @@ for form in absorbed mha; do # MLA's two forms, each forced on every sequence
   run_all "deepseek_v2 deepseek_v3"
 done
 unset KILN_MLA_FORM
+run_all "mistral gemma3" tiny-models-more
 stories
+check_fp8() {
+  local out err
+  out=$("$KILN" verify --device cuda --kv-cache-dtype fp8_e4m3 --tolerance 6 "$@" 2>&1)
+  local rc=$?
+  runs=$((runs + 1))
+  err=$(printf '%s\n' "$out" | tail -1 | sed -n 's/^max_abs_err=\([0-9.e+-]*\) rows=[1-9][0-9]*$/\1/p')
+  if [ $rc -ne 0 ] || [ -z "$err" ] || ! awk -v e="$err" 'BEGIN { exit !(e >= 0.1) }'; then
+    echo "FAIL: kiln verify --device cuda --kv-cache-dtype fp8_e4m3 $*"; printf '%s\n' "$out"; fail=$((fail + 1))
+  else
+    echo "ok: fp8 KV cache $* -> max_abs_err=$err"
+  fi
+}
+run_fp8() {
+  for arch in $1; do
+    dir="$KILN_FIXTURES/oracle/${2:-tiny-models}/$arch"
+    for ps in 1 16; do
+      check_fp8 --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk 3
+    done
+  done
+}
+echo "== KILN_CUDA_MATMUL=bf16x2, FP8 KV cache"
+run_fp8 "llama qwen2 qwen3 deepseek_v2 deepseek_v3"
+run_fp8 "mistral gemma3" tiny-models-more
+for form in absorbed mha; do
+  export KILN_MLA_FORM=$form
+  run_fp8 "deepseek_v2 deepseek_v3"
+done
+unset KILN_MLA_FORM
 echo "== default (bf16 activations)"
 unset KILN_CUDA_MATMUL
 tol=${KILN_CUDA_TOL:-0.25}
 run_all "llama qwen2 qwen3"
+run_all "mistral gemma3" tiny-models-more
+echo "== default, FP8 KV cache"
+run_fp8 "llama qwen2 qwen3"
+run_fp8 "mistral gemma3" tiny-models-more
 tol=${KILN_CUDA_TOL_KV:-1.0}
 stories
 echo "== KILN_CUDA_KV=f32 (fp32 KV cache, fp32-weight model: exact path)"

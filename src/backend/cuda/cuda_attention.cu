@@ -1,23 +1,17 @@
 /* cuda_attention.cu — causal attention over the paged KV cache (K/V in
- * bf16 by default, fp32 with KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2;
- * every kernel is a template on the element type T and computes in fp32).
+ * bf16 by default, fp32 with KILN_CUDA_KV=f32 or KILN_CUDA_MATMUL=bf16x2,
+ * e4m3 with --kv-cache-dtype fp8_e4m3; every kernel is a template on the
+ * element type T and computes in fp32). Sliding windows start each row's
+ * scan at its window (whole chunks before it skipped); attention sinks
+ * join each row's sum once, where it is normalised (cuda_attn_common.cuh).
  *
  * Three kernels behind the one `attention` operation:
  *
- *  - fa_prefill_kernel (tensor cores, FlashAttention-2 style) for the rows
- *    of sequences with more than one new token, when dk == dv ∈ {64, 128}.
- *    One CTA of 8 warps per (query tile of FA_BM = 128 rows of one
- *    sequence, query head); each warp owns 16 query rows. Q is rounded to
- *    bf16 once and kept in registers as mma A fragments. K/V tiles of
- *    FA_BN = 64 positions are copied fp32 into shared memory with cp.async
- *    (two stages: the copy of tile j+1 overlaps the work on tile j), rounded
- *    to bf16 in shared memory, then S = Q·Kᵀ and O += P·V run on
- *    mma.sync.m16n8k16 (bf16 in, fp32 accumulate; ldmatrix fragments). The
- *    softmax is online in fp32 (exp2, running max and sum per row); only
- *    tiles that cross a row's position are masked. KV tiles are aligned to
- *    absolute position 0, every row is computed only from its own data, and
- *    a fully masked tile is an exact no-op for a row, so a row's result does
- *    not depend on the query tile it lands in, on chunking, or on the batch.
+ *  - fa_prefill_kernel (cuda_attn_prefill.cu: tensor cores,
+ *    FlashAttention-2 style) for the rows of sequences with more than one
+ *    new token, when dk == dv ∈ {64, 128}; on Hopper the wgmma kernel
+ *    (hopper/attn_prefill.cu) takes them on the bf16 cache at head size
+ *    128 (and MLA's MHA form, dk 192 / dv 128).
  *
  *  - split_kernel (fp32, CUDA cores) for decode rows (sequences with one new
  *    token) that cuda_attn_decode.cu and cuda_attn_mla.cu do not take (fp32
@@ -49,9 +43,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/cuda_prefill_tiles.cuh"
-#include "backend/cuda/cuda_ptx.cuh"
+#include "backend/cuda/cuda_attn_common.cuh"
 #ifdef KILN_CUDA_HOPPER
 #include "backend/cuda/hopper/attn_prefill.h"
 #endif
@@ -77,6 +69,9 @@ struct attn_args {
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
     int splits, chunk;
     float *partial; /* [tokens·heads][splits][dv + 2] when splits > 1 */
+    float vscale;       /* V's scale (FP8 cache; K's is in `scale`), else 1 */
+    int window;         /* attn_params.window */
+    const float *sinks; /* attn_params.sinks */
 };
 
 static __device__ __forceinline__ int seq_of_token(const int32_t *q_start, int n_seqs, long t) {
@@ -104,7 +99,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(struct at
     int split = blockIdx.y;
     int s = seq_of_token(a.q_start, a.n_seqs, t);
     int len = a.positions[t] + 1;
-    int lo = split * a.chunk, hi = min(len, lo + a.chunk);
+    int lo = window_first(a.window, len) + split * a.chunk, hi = min(len, lo + a.chunk);
     const int32_t *pages = a.kv_pages + a.kv_page_start[s];
     int g = h / a.group;
     const float *qr = a.q + t * a.ldq + (long)h * a.dk;
@@ -165,7 +160,7 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(struct at
     }
 
     if (a.splits == 1) {
-        float inv = 1.0f / l;
+        float inv = a.vscale / (l + sink_share(a.sinks, h, m, false));
         float *o = a.out + t * a.ldo + (long)h * a.dv;
 #pragma unroll
         for (int i = 0; i < ATT_DV_PER_THREAD; i++) {
@@ -199,7 +194,7 @@ static __global__ void attention_combine_kernel(struct attn_args a) {
         const float *ps = part + s * (a.dv + 2);
         if (ps[a.dv + 1] > 0.0f) L += ps[a.dv + 1] * expf(ps[a.dv] - M);
     }
-    float inv = 1.0f / L;
+    float inv = a.vscale / (L + sink_share(a.sinks, h, M, false));
     float *o = a.out + t * a.ldo + (long)h * a.dv;
     for (int d = threadIdx.x; d < a.dv; d += blockDim.x) {
         float v = 0.0f;
@@ -238,8 +233,19 @@ struct split_args {
                        exactly one new token (those go to cuda_attn_mla) */
     int hblocks;    /* query-head blocks per KV head (group / NH) */
     int max_chunks; /* chunk states per (row, head) in `partial`; rows with more run unsplit */
-    float *partial; /* [rows][n_heads][max_chunks][dv + 2] (acc, m, l) when gridDim.y > 1 */
+    float *partial; /* [rows][n_heads][max_chunks][dv + 2] (acc, m, l) when gridDim.y > 1,
+                       chunk states counted from the window's first chunk */
+    float vscale;       /* V's scale (FP8 cache; K's is in `scale`), else 1 */
+    int window;         /* attn_params.window */
+    const float *sinks; /* attn_params.sinks */
 };
+
+/* out = acc · split_out_factor: V's scale over the sum with the sink's
+ * share (the one place the sink joins a row, unsplit or at the combine) */
+static __device__ __forceinline__ float split_out_factor(const struct split_args &a, int h, float m,
+                                                         float l) {
+    return a.vscale / (l + sink_share(a.sinks, h, m, false));
+}
 
 /* Merges a chunk's state (mc, lc, ac) into the running (m, l, a), in fp32
  * with the roundings spelled out, so that the in-kernel merge and the
@@ -291,7 +297,10 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
     int s;
     if (!split_row(a, row, &t, &s)) return;
     int len = a.positions[t] + 1;
-    int nch = (len + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
+    /* the window's chunks: c0 .. c0 + nch − 1 (positions before `first`
+     * in chunk c0 are masked and never loaded; earlier chunks skipped) */
+    const int first = window_first(a.window, len), c0 = first / SPLIT_CHUNK;
+    int nch = (len + SPLIT_CHUNK - 1) / SPLIT_CHUNK - c0;
     bool split = gridDim.y > 1 && nch <= a.max_chunks;
     if (split ? (int)blockIdx.y >= nch : blockIdx.y != 0) return;
     int step = split ? (int)gridDim.y : 1;
@@ -314,11 +323,12 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
     }
     __syncthreads();
 
-    for (int c = blockIdx.y; c < nch; c += step) {
-        int lo = c * SPLIT_CHUNK, cnt = min(SPLIT_CHUNK, len - lo);
+    for (int ci = blockIdx.y; ci < nch; ci += step) {
+        int lo = (c0 + ci) * SPLIT_CHUNK, cnt = min(SPLIT_CHUNK, len - lo);
+        const int jlo = max(0, first - lo); /* positions j < jlo are before the window */
         for (int j = tid; j < cnt; j += SPLIT_THREADS) {
             int p = lo + j;
-            slot_s[j] = (long)pages[p / a.page_size] * a.page_size + p % a.page_size;
+            slot_s[j] = j < jlo ? 0 : (long)pages[p / a.page_size] * a.page_size + p % a.page_size;
         }
         __syncthreads();
         /* 1. scores: each warp takes 4 consecutive positions at a time, the
@@ -333,8 +343,9 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
                 float4 kv[4];
 #pragma unroll
                 for (int u = 0; u < 4; u++)
-                    kv[u] = j0 + u < cnt ? kv_get4(kbase + slot_s[j0 + u] * a.k_stride + d)
-                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+                    kv[u] = j0 + u < cnt && j0 + u >= jlo
+                                ? kv_get4(kbase + slot_s[j0 + u] * a.k_stride + d)
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int h = 0; h < NH; h++) {
                     float4 qv = *(const float4 *)(q_s + h * a.dk + d);
@@ -357,7 +368,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
 #pragma unroll
             for (int i = 0; i < SPLIT_CHUNK / 32; i++) {
                 int j = lane + 32 * i;
-                v[i] = j < cnt ? sh[j] : -INFINITY;
+                v[i] = j < cnt && j >= jlo ? sh[j] : -INFINITY;
                 mx = fmaxf(mx, v[i]);
             }
             mx = warp_max(mx);
@@ -365,7 +376,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
 #pragma unroll
             for (int i = 0; i < SPLIT_CHUNK / 32; i++) {
                 int j = lane + 32 * i;
-                float p = j < cnt ? expf(v[i] - mx) : 0.0f;
+                float p = j < cnt && j >= jlo ? expf(v[i] - mx) : 0.0f;
                 if (j < cnt) sh[j] = p;
                 sum += p;
             }
@@ -382,6 +393,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
             for (int e = 0; e < DVI; e++) acc[h][e][0] = acc[h][e][1] = acc[h][e][2] = acc[h][e][3] = 0.0f;
 #pragma unroll 2
         for (int j = warp; j < cnt; j += SPLIT_WARPS) {
+            if (j < jlo) continue; /* p = 0: before the window */
             const T *vr = vbase + slot_s[j] * a.v_stride;
             float4 vv[DVI];
 #pragma unroll
@@ -420,7 +432,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
                 run_m[h] = mn;
                 run_l[h] = merge_value(run_l[h], fa, lc, fc);
             }
-            float *pst = split ? a.partial + (((row * a.n_heads + h0 + h) * (long)a.max_chunks + c) *
+            float *pst = split ? a.partial + (((row * a.n_heads + h0 + h) * (long)a.max_chunks + ci) *
                                               (long)(a.dv + 2))
                                : NULL;
 #pragma unroll
@@ -441,7 +453,7 @@ static __global__ void __launch_bounds__(SPLIT_THREADS) split_kernel(struct spli
     if (!split) {
 #pragma unroll
         for (int h = 0; h < NH; h++) {
-            float inv = 1.0f / run_l[h];
+            float inv = split_out_factor(a, h0 + h, run_m[h], run_l[h]);
             float *o = a.out + t * a.ldo + (long)(h0 + h) * a.dv;
 #pragma unroll
             for (int e = 0; e < DVI; e++) {
@@ -457,7 +469,8 @@ static __global__ void __launch_bounds__(128) split_combine_kernel(struct split_
     long row = blockIdx.x / a.n_heads, t;
     int h = (int)(blockIdx.x % a.n_heads), s;
     if (!split_row(a, row, &t, &s)) return;
-    int nch = (a.positions[t] + SPLIT_CHUNK) / SPLIT_CHUNK;
+    int len = a.positions[t] + 1;
+    int nch = (len + SPLIT_CHUNK - 1) / SPLIT_CHUNK - window_first(a.window, len) / SPLIT_CHUNK;
     if (nch > a.max_chunks) return; /* done unsplit by split_kernel */
     const float *part = a.partial + (row * a.n_heads + h) * (long)a.max_chunks * (a.dv + 2);
     float *o = a.out + t * a.ldo + (long)h * a.dv;
@@ -470,251 +483,7 @@ static __global__ void __launch_bounds__(128) split_combine_kernel(struct split_
             l = merge_value(l, fa, pc[a.dv + 1], fc);
             acc = merge_value(acc, fa, pc[d], fc);
         }
-        o[d] = acc * (1.0f / l);
-    }
-}
-
-/* ------------------------------------------------------------------ */
-/* Tensor-core prefill (FlashAttention-2 style)                         */
-/* ------------------------------------------------------------------ */
-
-enum {
-    FA_BM = 128, /* query rows per CTA (16 per warp) */
-    FA_BN = 64,  /* KV positions per tile */
-    FA_WARPS = 8,
-    FA_THREADS = FA_WARPS * 32,
-};
-
-struct fa_args {
-    float *out;
-    long ldo;
-    const float *q;
-    long ldq;
-    const void *k_cache, *v_cache; /* elements of T */
-    long k_stride, v_stride;
-    int n_heads, group;
-    float scale_log2; /* softmax scale · log2(e) */
-    int n_seqs, page_size;
-    const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
-};
-
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
-
-/* Shared memory of fa_prefill_kernel<T, D>. fp32 cache: two fp32 stages
- * of K and V, and bf16 K and V tiles (rows padded by 8 elements:
- * conflict-free ldmatrix); Q's bf16 tile reuses the K/V tiles' space
- * before the first tile. bf16 cache: two stages of bf16 K and V tiles that
- * cp.async fills directly (no staging, no conversion); Q's tile is stage 1
- * until the first tile. */
-static constexpr size_t fa_smem_bytes(int D, bool bf16) {
-    return bf16 ? (size_t)2 * 2 * FA_BN * (D + 8) * 2
-                : (size_t)2 * 2 * FA_BN * D * 4 +
-                      ((size_t)2 * FA_BN * (D + 8) * 2 > (size_t)FA_BM * (D + 8) * 2
-                           ? (size_t)2 * FA_BN * (D + 8) * 2
-                           : (size_t)FA_BM * (D + 8) * 2);
-}
-
-template <typename T, int D>
-static __global__ void __launch_bounds__(FA_THREADS, 1) fa_prefill_kernel(struct fa_args a) {
-    constexpr bool BF = sizeof(T) == 2; /* bf16 cache: tiles land as they are */
-    constexpr int LDB = D + 8;        /* bf16 row stride */
-    constexpr int EPC = 16 / (int)sizeof(T); /* elements per 16-byte chunk */
-    constexpr int C4 = D / EPC;       /* 16-byte chunks per cache row */
-    constexpr int TILE_F = FA_BN * D; /* floats per fp32 tile */
-    constexpr int TILE_B = FA_BN * LDB; /* elements per bf16 tile */
-    static_assert(!BF || FA_BM * LDB == 2 * TILE_B, "Q tile fits stage 1");
-    extern __shared__ float4 fa_smem4[];
-    float *stage = (float *)fa_smem4;                       /* fp32: [2][K,V][FA_BN][D] */
-    /* fp32: one K and one V bf16 tile after the stages; bf16: [2][K,V][FA_BN][LDB] */
-    __nv_bfloat16 *tiles = BF ? (__nv_bfloat16 *)fa_smem4 : (__nv_bfloat16 *)(stage + 4 * TILE_F);
-    __nv_bfloat16 *qb = BF ? tiles + 2 * TILE_B : tiles;    /* [FA_BM][LDB], before tile 0 */
-    __shared__ int sc_warp[FA_WARPS], found[2], pos_s[2];
-
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int h = blockIdx.x, g = h / a.group;
-    int s, tile; /* which (sequence, query tile) this CTA owns */
-    if (!prefill_tile_of<FA_THREADS, FA_BM>(a.q_start, a.n_seqs, sc_warp, found, &s, &tile)) return;
-    long r0 = a.q_start[s] + (long)tile * FA_BM;
-    int nrows = min(FA_BM, (int)(a.q_start[s + 1] - r0));
-    if (tid == 0) pos_s[0] = a.positions[r0 + nrows - 1] + 1; /* rows are in position order */
-    const int32_t *pages = a.kv_pages + a.kv_page_start[s];
-    const T *kbase = (const T *)a.k_cache + (long)g * D, *vbase = (const T *)a.v_cache + (long)g * D;
-
-    /* this thread's two rows (g, g + 8 of the warp's 16) and their positions */
-    int ra = warp * 16 + (lane >> 2), rb = ra + 8;
-    int pa = a.positions[r0 + min(ra, nrows - 1)], pb = a.positions[r0 + min(rb, nrows - 1)];
-    int wmin = min(pa, pb);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
-    __syncthreads();
-    int kv_end = pos_s[0];
-    int n_tiles = (kv_end + FA_BN - 1) / FA_BN;
-
-    /* Tile loads: thread tid copies 16-byte chunk i = tid + it·FA_THREADS
-     * (row i / C4). A warp touches 8 rows per tile; lanes 0..7 look their
-     * slots up in the page table once and shuffle them to the others. */
-    constexpr int RPW = 32 / C4;                    /* rows per warp per iteration */
-    constexpr int NIT = FA_BN * C4 / FA_THREADS;    /* iterations per tile */
-    static_assert(C4 <= 32 && NIT * RPW <= 32 && NIT * FA_THREADS == FA_BN * C4, "tile load mapping");
-    auto load_tile = [&](int st, int kt) {
-        long long my_slot = -1;
-        if (lane < NIT * RPW) {
-            int p = kt * FA_BN + warp * RPW + lane % RPW + lane / RPW * (FA_THREADS / C4);
-            if (p < kv_end) my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
-        }
-#pragma unroll
-        for (int it = 0; it < NIT; it++) {
-            int i = tid + it * FA_THREADS, j = i / C4, c4 = i % C4;
-            long long slot = __shfl_sync(0xffffffffu, my_slot, it * RPW + lane / C4);
-            bool valid = slot >= 0;
-            if (!valid) slot = 0;
-            void *kd, *vd;
-            if constexpr (BF) {
-                kd = tiles + st * 2 * TILE_B + j * LDB + c4 * EPC;
-                vd = (__nv_bfloat16 *)kd + TILE_B;
-            } else {
-                kd = stage + st * 2 * TILE_F + j * D + c4 * EPC;
-                vd = (float *)kd + TILE_F;
-            }
-            ptx_cp_async16_zfill(kd, kbase + slot * a.k_stride + c4 * EPC, valid);
-            ptx_cp_async16_zfill(vd, vbase + slot * a.v_stride + c4 * EPC, valid);
-        }
-    };
-    load_tile(0, 0);
-    ptx_cp_async_commit();
-
-    /* Q → bf16 → A fragments (rows past the tile are zeros) */
-    for (int i = tid; i < FA_BM * (D / 4); i += FA_THREADS) {
-        int r = i / (D / 4), c4 = i % (D / 4);
-        float4 v = r < nrows ? *(const float4 *)(a.q + (r0 + r) * a.ldq + (long)h * D + c4 * 4)
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
-        uint2 pk = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
-        *(uint2 *)(qb + r * LDB + c4 * 4) = pk;
-    }
-    __syncthreads();
-    uint32_t qf[D / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        int mi = lane >> 3;
-        ptx_ldmatrix_x4(qf[ks], qb + (warp * 16 + (lane & 7) + (mi & 1) * 8) * LDB + ks * 16 + (mi >> 1) * 8);
-    }
-
-    float oacc[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
-    int col0 = 2 * (lane & 3);
-
-    for (int kt = 0; kt < n_tiles; kt++) {
-        /* bf16: stage (kt+1)&1 held tile kt-1 (or Q): every warp is done with it */
-        if constexpr (BF) __syncthreads();
-        if (kt + 1 < n_tiles) {
-            load_tile((kt + 1) & 1, kt + 1);
-            ptx_cp_async_commit();
-            ptx_cp_async_wait<1>();
-        } else {
-            ptx_cp_async_wait<0>();
-        }
-        __syncthreads(); /* tile kt landed; every warp is done with kb/vb (and qb) */
-        __nv_bfloat16 *kb = BF ? tiles + (kt & 1) * 2 * TILE_B : tiles, *vb = kb + TILE_B;
-        if constexpr (!BF) {
-            const float *ks = stage + (kt & 1) * 2 * TILE_F, *vs = ks + TILE_F;
-#pragma unroll 4
-            for (int i = tid; i < FA_BN * C4; i += FA_THREADS) {
-                int j = i / C4, c4 = i % C4;
-                float4 k4 = *(const float4 *)(ks + j * D + c4 * 4);
-                float4 v4 = *(const float4 *)(vs + j * D + c4 * 4);
-                *(uint2 *)(kb + j * LDB + c4 * 4) = make_uint2(pack_bf16(k4.x, k4.y), pack_bf16(k4.z, k4.w));
-                *(uint2 *)(vb + j * LDB + c4 * 4) = make_uint2(pack_bf16(v4.x, v4.y), pack_bf16(v4.z, v4.w));
-            }
-            __syncthreads();
-        }
-
-        /* S = Q·Kᵀ for the warp's 16 rows × 64 positions */
-        float sacc[FA_BN / 8][4];
-#pragma unroll
-        for (int i = 0; i < FA_BN / 8; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-#pragma unroll
-            for (int np = 0; np < FA_BN / 16; np++) {
-                uint32_t b[4];
-                int mi = lane >> 3;
-                ptx_ldmatrix_x4(b, kb + (np * 16 + (lane & 7) + (mi >> 1) * 8) * LDB + ks * 16 + (mi & 1) * 8);
-                ptx_mma_m16n8k16<__nv_bfloat16>(sacc[2 * np], qf[ks], b[0], b[1]);
-                ptx_mma_m16n8k16<__nv_bfloat16>(sacc[2 * np + 1], qf[ks], b[2], b[3]);
-            }
-        }
-        /* scale, mask (only tiles that cross a row's position), online softmax */
-        bool mask = kt * FA_BN + FA_BN - 1 > wmin;
-        float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < FA_BN / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = sacc[nt][e] * a.scale_log2;
-                if (mask) {
-                    int p = kt * FA_BN + nt * 8 + col0 + (e & 1);
-                    if (p > (e < 2 ? pa : pb)) v = -INFINITY;
-                }
-                sacc[nt][e] = v;
-            }
-            mx_a = fmaxf(mx_a, fmaxf(sacc[nt][0], sacc[nt][1]));
-            mx_b = fmaxf(mx_b, fmaxf(sacc[nt][2], sacc[nt][3]));
-        }
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-        float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-        float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
-        m_a = mn_a, m_b = mn_b;
-        float sum_a = 0.0f, sum_b = 0.0f;
-        uint32_t pf[FA_BN / 16][4];
-#pragma unroll
-        for (int nt = 0; nt < FA_BN / 8; nt++) {
-            float p0 = exp2f(sacc[nt][0] - mn_a), p1 = exp2f(sacc[nt][1] - mn_a);
-            float p2 = exp2f(sacc[nt][2] - mn_b), p3 = exp2f(sacc[nt][3] - mn_b);
-            sum_a += p0 + p1;
-            sum_b += p2 + p3;
-            pf[nt >> 1][(nt & 1) * 2 + 0] = pack_bf16(p0, p1);
-            pf[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(p2, p3);
-        }
-        l_a = l_a * corr_a + sum_a;
-        l_b = l_b * corr_b + sum_b;
-#pragma unroll
-        for (int i = 0; i < D / 8; i++) {
-            oacc[i][0] *= corr_a, oacc[i][1] *= corr_a;
-            oacc[i][2] *= corr_b, oacc[i][3] *= corr_b;
-        }
-        /* O += P·V */
-#pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++) {
-#pragma unroll
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t b[4];
-                int mi = lane >> 3;
-                ptx_ldmatrix_x4_trans(b, vb + (kk * 16 + (lane & 7) + (mi & 1) * 8) * LDB + dp * 16 + (mi >> 1) * 8);
-                ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp], pf[kk], b[0], b[1]);
-                ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
-            }
-        }
-    }
-
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
-    float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
-    float *oa = a.out + (r0 + ra) * a.ldo + (long)h * D + col0;
-    float *ob = a.out + (r0 + rb) * a.ldo + (long)h * D + col0;
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++) {
-        if (ra < nrows) *(float2 *)(oa + nt * 8) = make_float2(oacc[nt][0] * inv_a, oacc[nt][1] * inv_a);
-        if (rb < nrows) *(float2 *)(ob + nt * 8) = make_float2(oacc[nt][2] * inv_b, oacc[nt][3] * inv_b);
+        o[d] = acc * split_out_factor(a, h, m, l);
     }
 }
 
@@ -738,9 +507,10 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
     CUDA_ASSERT_MSG(p->dv <= ATT_DV_PER_THREAD * ATT_THREADS, "attention: dv above 1024");
     long rows = (long)b->n_tokens * p->n_heads;
     struct attn_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
-                          p->n_heads, p->n_heads / p->n_kv_heads, p->dk, p->dv, p->scale,
-                          b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
-                          b->kv_pages, 1, 1 << 30, cuda_attn_states(c)};
+                          p->n_heads, p->n_heads / p->n_kv_heads, p->dk, p->dv,
+                          k_scale_of(c, p), b->n_seqs, b->page_size, b->positions, b->q_start,
+                          b->kv_page_start, b->kv_pages, 1, 1 << 30, cuda_attn_states(c),
+                          v_scale_of(c, p), p->window, p->sinks};
     /* Split the context when there are too few (token, head) blocks to
      * fill the GPU: aim at about 4 blocks per SM, each slice at least one
      * tile. rows < 2·SMs and splits ≤ ⌈4·SMs / rows⌉ keep rows·splits
@@ -763,9 +533,13 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
     size_t smem = (size_t)((p->dk + 3) & ~3) * 4 + ATT_TILE * 4 + ATT_TILE * sizeof(long);
     CUDA_ASSERT_MSG(smem <= 48 * 1024, "attention: head too wide for shared memory");
     dim3 grid((unsigned)rows, (unsigned)a.splits);
-    if (c->kv_bf16) {
+    int kt = kv_type(c, p);
+    if (kt == KV_BF16) {
         if (vec) attention_kernel<__nv_bfloat16, true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
         else attention_kernel<__nv_bfloat16, false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+    } else if (kt == KV_FP8) {
+        if (vec) attention_kernel<kv_fp8_t, true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
+        else attention_kernel<kv_fp8_t, false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
     } else {
         if (vec) attention_kernel<float, true><<<grid, ATT_THREADS, smem, c->stream>>>(a);
         else attention_kernel<float, false><<<grid, ATT_THREADS, smem, c->stream>>>(a);
@@ -775,23 +549,6 @@ static void attention_scalar(struct cuda_ctx *c, float *out, long ldo, const flo
         attention_combine_kernel<<<(unsigned)rows, 128, 0, c->stream>>>(a);
         CUDA_CHECK_LAUNCH();
     }
-}
-
-template <typename KT, int D>
-static void launch_fa(struct cuda_ctx *c, const struct fa_args &a, const struct backend_batch *b) {
-    /* Tiles of FA_BM rows over the sequences with more than one new token:
-     * at most ⌈T/BM⌉ + S, and (P sequences of ≥ 2 rows each) at most
-     * 2(T−S)/BM + (T−S) + 1. Surplus CTAs find no tile and return. */
-    long T = b->n_tokens, S = b->n_seqs;
-    long bound1 = (T + FA_BM - 1) / FA_BM + S, bound2 = (2 * (T - S) + FA_BM - 1) / FA_BM + (T - S) + 1;
-    long tiles = bound1 < bound2 ? bound1 : bound2;
-    CUDA_ASSERT(tiles <= 65535);
-    size_t smem = fa_smem_bytes(D, sizeof(KT) == 2);
-    CUDA_CHECK(cudaFuncSetAttribute(fa_prefill_kernel<KT, D>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid((unsigned)a.n_heads, (unsigned)tiles);
-    fa_prefill_kernel<KT, D><<<grid, FA_THREADS, smem, c->stream>>>(a);
-    CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, int NH, int DVI>
@@ -806,11 +563,13 @@ static void launch_split_t(struct cuda_ctx *c, const struct split_args &a, dim3 
 }
 
 /* NH·DVI ≤ 16 keeps the accumulators in registers. */
-static void launch_split(struct cuda_ctx *c, const struct split_args &a, int nh, int dvi, dim3 grid) {
+static void launch_split(struct cuda_ctx *c, const struct split_args &a, int kt, int nh, int dvi,
+                         dim3 grid) {
 #define SPLIT_CASE(N, V)                                                            \
     if (nh == N && dvi == V)                                                        \
-        return c->kv_bf16 ? launch_split_t<__nv_bfloat16, N, V>(c, a, grid)         \
-                          : launch_split_t<float, N, V>(c, a, grid);
+        return kt == KV_BF16  ? launch_split_t<__nv_bfloat16, N, V>(c, a, grid)     \
+               : kt == KV_FP8 ? launch_split_t<kv_fp8_t, N, V>(c, a, grid)          \
+                              : launch_split_t<float, N, V>(c, a, grid);
     SPLIT_CASE(1, 1) SPLIT_CASE(2, 1) SPLIT_CASE(4, 1) SPLIT_CASE(8, 1)
     SPLIT_CASE(1, 2) SPLIT_CASE(2, 2) SPLIT_CASE(4, 2) SPLIT_CASE(8, 2)
     SPLIT_CASE(1, 4) SPLIT_CASE(2, 4) SPLIT_CASE(4, 4)
@@ -833,9 +592,10 @@ static void attention_split(struct cuda_ctx *c, float *out, long ldo, const floa
     while (nh < 8 && group % (nh * 2) == 0 && nh * 2 * dvi_t <= 16) nh *= 2;
     long rows = by_seq == 1 ? b->n_seqs : b->n_tokens;
     struct split_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
-                           p->n_heads, p->n_kv_heads, group, p->dk, p->dv, p->scale,
+                           p->n_heads, p->n_kv_heads, group, p->dk, p->dv, k_scale_of(c, p),
                            b->n_seqs, b->page_size, b->positions, b->q_start, b->kv_page_start,
-                           b->kv_pages, by_seq, group / nh, 0, cuda_attn_states(c)};
+                           b->kv_pages, by_seq, group / nh, 0, cuda_attn_states(c),
+                           v_scale_of(c, p), p->window, p->sinks};
     long ctas = rows * p->n_kv_heads * a.hblocks;
     CUDA_ASSERT(ctas < (1l << 31));
     long chunks = (c->max_context + SPLIT_CHUNK - 1) / SPLIT_CHUNK;
@@ -852,7 +612,7 @@ static void attention_split(struct cuda_ctx *c, float *out, long ldo, const floa
         }
     }
     if (slots < 2) a.max_chunks = 0;
-    launch_split(c, a, nh, dvi_t, dim3((unsigned)ctas, (unsigned)slots));
+    launch_split(c, a, kv_type(c, p), nh, dvi_t, dim3((unsigned)ctas, (unsigned)slots));
     if (slots > 1) {
         split_combine_kernel<<<(unsigned)(rows * p->n_heads), 128, 0, c->stream>>>(a);
         CUDA_CHECK_LAUNCH();
@@ -877,14 +637,17 @@ static bool tc_ok(const struct cuda_ctx *c, const void *out, long ldo,
                   const struct attn_params *p) {
     return p->dk == p->dv && (p->dk == 64 || p->dk == 128) && ldo % 2 == 0 &&
            (uintptr_t)out % 8 == 0 && !c->split_act && c->attn_impl != CUDA_ATTN_SPLIT &&
-           (!c->kv_bf16 || (p->k_stride % 8 == 0 && p->v_stride % 8 == 0)); /* 16-byte cp.async */
+           (kv_type(c, p) == KV_F32 ||
+            (kv_type(c, p) == KV_BF16 && p->k_stride % 8 == 0 && p->v_stride % 8 == 0) ||
+            (kv_type(c, p) == KV_FP8 && p->k_stride % 16 == 0 && p->v_stride % 16 == 0)); /* 16-byte cp.async */
 }
 
 extern "C" int cuda_attn_decode_all(const struct cuda_ctx *c, const void *out, long ldo,
                                     const float *q, long ldq, const void *k_cache,
                                     const void *v_cache, const struct attn_params *p,
                                     const struct backend_batch *b) {
-    return c->attn_impl == CUDA_ATTN_AUTO && c->kv_bf16 && b->n_tokens == b->n_seqs &&
+    return c->attn_impl == CUDA_ATTN_AUTO && (c->kv_bf16 || kv_type(c, p) == KV_FP8) &&
+           b->n_tokens == b->n_seqs &&
            vec_ok(q, ldq, k_cache, v_cache, p) && tc_ok(c, out, ldo, p);
 }
 
@@ -895,8 +658,6 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     if (b->n_tokens <= 0) return;
     CUDA_ASSERT(p->n_heads % p->n_kv_heads == 0);
     CUDA_ASSERT_MSG(c->max_context > 0, "cuda backend: reserve() was not called");
-    /* the model refuses a sliding window on this backend (backend_ops.sliding_window) */
-    CUDA_ASSERT_MSG(p->window == 0, "cuda attention: sliding windows are not supported");
     CUDA_ASSERT((long)b->n_tokens * p->n_heads < (1l << 31));
     if (c->attn_impl == CUDA_ATTN_SCALAR)
         return attention_scalar(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
@@ -915,7 +676,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
                                           p->v_stride, p->n_heads, p->n_heads / p->n_kv_heads,
                                           p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
                                           b->positions, b->q_start, b->kv_page_start, b->kv_pages,
-                                          p->dk, p->dv};
+                                          p->dk, p->dv, p->window, p->sinks};
             cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
         }
         if (!(b->n_seqs == 1 && b->n_tokens > 1))
@@ -932,34 +693,26 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
     }
     if (!tc_ok(c, out, ldo, p)) return attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 0);
     if (b->n_tokens > b->n_seqs) {
-        struct fa_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride,
-                            p->n_heads, p->n_heads / p->n_kv_heads,
-                            p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
-                            b->positions, b->q_start, b->kv_page_start, b->kv_pages};
 #ifdef KILN_CUDA_HOPPER
         /* Hopper: the wgmma kernel (hopper/attn_prefill.cu; fa_hopper is
-         * set only on compute capability 9.0 with the sm_90a code built) */
+         * set only on compute capability 9.0 with the sm_90a code built)
+         * on the bf16 cache */
         if (c->kv_bf16 && p->dk == 128 && c->fa_hopper) {
             struct hopper_attn_args ha = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride,
-                                          p->v_stride, a.n_heads, a.group, a.scale_log2,
-                                          b->n_seqs, b->page_size, b->positions, b->q_start,
-                                          b->kv_page_start, b->kv_pages, 128, 128};
+                                          p->v_stride, p->n_heads, p->n_heads / p->n_kv_heads,
+                                          p->scale * 1.4426950408889634f, b->n_seqs, b->page_size,
+                                          b->positions, b->q_start, b->kv_page_start,
+                                          b->kv_pages, 128, 128, p->window, p->sinks};
             cuda_hopper_attn_prefill(&ha, b->n_tokens, c->stream);
         } else
 #endif
-        if (c->kv_bf16) {
-            if (p->dk == 64) launch_fa<__nv_bfloat16, 64>(c, a, b);
-            else launch_fa<__nv_bfloat16, 128>(c, a, b);
-        } else {
-            if (p->dk == 64) launch_fa<float, 64>(c, a, b);
-            else launch_fa<float, 128>(c, a, b);
-        }
+            cuda_attn_fa_prefill(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
     }
     /* decode rows: none when one sequence brings several tokens; on the
      * bf16 cache the tensor-core decode kernel (same conditions as the
      * prefill kernel's: dk = dv ∈ {64, 128}, 16-byte rows) */
     if (!(b->n_seqs == 1 && b->n_tokens > 1)) {
-        if (c->kv_bf16 && c->attn_impl == CUDA_ATTN_AUTO)
+        if ((c->kv_bf16 || kv_type(c, p) == KV_FP8) && c->attn_impl == CUDA_ATTN_AUTO)
             cuda_attn_decode(c, out, ldo, q, ldq, k_cache, v_cache, p, b);
         else
             attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 1);

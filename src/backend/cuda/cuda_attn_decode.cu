@@ -1,8 +1,14 @@
-/* cuda_attn_decode.cu — decode attention on the bf16 KV cache: the rows of
- * sequences with one new token, dk = dv = D ∈ {64, 128} (Llama, Qwen,
- * Mistral shapes), on tensor cores. cuda_attention.cu dispatches here; the
- * fp32 cache, MLA (dk 576 / dv 512), odd head sizes and the KILN_CUDA_ATTN
- * overrides keep the kernels there.
+/* cuda_attn_decode.cu — decode attention on the bf16 or FP8 (e4m3) KV
+ * cache: the rows of sequences with one new token, dk = dv = D ∈ {64, 128}
+ * (Llama, Qwen, Mistral shapes), on tensor cores, with sliding windows
+ * (the chunks before the window skipped, its first chunk's earlier
+ * positions zero-filled and masked) and attention sinks (joining the sum
+ * once, at the output). cuda_attention.cu dispatches here; the fp32 cache,
+ * MLA (dk 576 / dv 512), odd head sizes and the KILN_CUDA_ATTN overrides
+ * keep the kernels there. On the FP8 cache a warp's K/V copies land in an
+ * e4m3 staging buffer (half bf16's bytes) and the warp widens them into
+ * its bf16 tiles (exact) before the mma; k_scale is folded into the
+ * scores' scale, v_scale into the output.
  *
  * Why this shape. A decode row reads every K/V row of its sequence once
  * and does 2·D flops per element read per query head: far too little work
@@ -73,6 +79,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_pdl.cuh"
 
 enum {
@@ -93,7 +101,7 @@ struct ad_args {
     long ldo;
     const float *q;
     long ldq;
-    const __nv_bfloat16 *k, *v;
+    const void *k, *v; /* bf16, or e4m3 (F8) */
     long k_stride, v_stride;
     int n_heads, n_kv_heads, group, hblocks;
     float scale_log2; /* softmax scale · log2(e): scores in the log2 domain */
@@ -102,9 +110,15 @@ struct ad_args {
     int max_chunks;     /* chunk states per (row, head) in `partial`; 0: no split */
     float *partial;     /* [rows][n_heads][max_chunks][D + 4]: acc[D], m, l */
     unsigned *counters; /* [rows · n_kv_heads · hblocks] arrivals, zero between launches */
+    int window;         /* attn_params.window: 0, every position */
+    const float *sinks; /* attn_params.sinks: NULL, none */
+    float vscale;       /* the FP8 cache's v_scale (k_scale is in scale_log2); 1 on bf16 */
 };
 
-template <int D, int BN, int W>
+/* F8: the FP8 cache. Its K/V rows land by cp.async in a per-warp e4m3
+ * staging buffer (half the bytes of bf16) and the warp widens them into
+ * the bf16 tiles (exact: e4m3 fits bf16) before the mma reads them. */
+template <int D, int BN, int W, bool F8 = false>
 struct ad_cfg {
     static constexpr int THREADS = W * 32;
     static constexpr int TPW = AD_TPC / W;           /* tiles of a chunk per warp */
@@ -116,8 +130,10 @@ struct ad_cfg {
     static constexpr int EPT = AD_HB * D / THREADS;  /* fold elements per thread (contiguous) */
     static constexpr int TPH = D / EPT;              /* fold threads per head */
     static constexpr size_t TILE_BYTES = (size_t)W * 2 * TILE * 2;
-    static constexpr size_t SMEM =
+    static constexpr size_t STAGE_OFF =
         TILE_BYTES + (size_t)AD_TPC * AD_HB * LDF * 4 + (size_t)AD_TPC * AD_HB * 8;
+    static constexpr size_t STAGE_BYTES = F8 ? (size_t)W * 2 * BN * D : 0; /* [warp][K, V][BN][D] e4m3 */
+    static constexpr size_t SMEM = STAGE_OFF + STAGE_BYTES;
     /* CTAs per SM the shared memory allows (228 KB per SM, 1 KB per CTA reserved) */
     static constexpr int MINB = (int)(228 * 1024 / (SMEM + 1024)) < 1   ? 1
                                 : (int)(228 * 1024 / (SMEM + 1024)) > 4 ? 4
@@ -157,10 +173,21 @@ static __device__ __forceinline__ void ad_merge(float &m, float &l, float *o, fl
     m = mn;
 }
 
-template <int D, int BN, int W, typename O>
-static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
+/* 4 e4m3 values (a 32-bit word, first in the low byte) widened to bf16,
+ * packed two a word */
+static __device__ __forceinline__ uint2 ad_widen4(uint32_t w) {
+    __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    float2 fa = __half22float2(*(const __half2 *)&a), fb = __half22float2(*(const __half2 *)&b);
+    __nv_bfloat162 ba = __floats2bfloat162_rn(fa.x, fa.y), bb = __floats2bfloat162_rn(fb.x, fb.y);
+    return make_uint2(*(const uint32_t *)&ba, *(const uint32_t *)&bb);
+}
+
+template <int D, int BN, int W, typename O, bool F8>
+static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
     ad_kernel(const struct ad_args a) {
-    using C = ad_cfg<D, BN, W>;
+    using C = ad_cfg<D, BN, W, F8>;
+    using KT = typename std::conditional<F8, kv_fp8_t, __nv_bfloat16>::type;
     constexpr int KS = D / 16;  /* k-steps of Q·Kᵀ */
     constexpr int NT = BN / 8;  /* 8-position column tiles of S */
     constexpr int DT = D / 8;   /* 8-dim column tiles of O */
@@ -187,7 +214,13 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
         return;
     }
     const int len = a.positions[t] + 1;
-    const int nch = (len + C::CHUNK - 1) / C::CHUNK;
+    /* Sliding window: positions wfirst .. len − 1, chunks c0 .. cend − 1
+     * (earlier chunks are skipped; positions before wfirst in chunk c0
+     * are neither looked up nor loaded, and masked). nch counts the
+     * window's chunks; chunk states are indexed from c0. */
+    const int wfirst = a.window > 0 && len > a.window ? len - a.window : 0;
+    const int c0 = wfirst / C::CHUNK, cend = (len + C::CHUNK - 1) / C::CHUNK;
+    const int nch = cend - c0;
     const bool split = gridDim.y > 1 && nch > 1 && nch <= a.max_chunks;
     if (split ? (int)blockIdx.y >= nch : blockIdx.y != 0) {
         pdl_wait();
@@ -196,8 +229,11 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
     const int step = split ? (int)gridDim.y : 1;
     const int h0 = g * a.group + hb * AD_HB, nh = min(AD_HB, a.group - hb * AD_HB);
     const int fh = tid / C::TPH, fd = (tid % C::TPH) * EPT; /* fold: head, first dim */
-    const __nv_bfloat16 *kbase = a.k + (long)g * D, *vbase = a.v + (long)g * D;
+    const KT *kbase = (const KT *)a.k + (long)g * D, *vbase = (const KT *)a.v + (long)g * D;
     __nv_bfloat16 *kt = tiles + warp * 2 * C::TILE, *vt = kt + C::TILE;
+    /* F8: this warp's e4m3 staging of K and V (unused on bf16) */
+    unsigned char *kst = (unsigned char *)ad_smem4 + C::STAGE_OFF + (size_t)warp * 2 * BN * D,
+                  *vst = kst + BN * D;
     const uint64_t kv_policy = ad_policy();
 
     /* Slots of positions p0 + lane + 32·i (−1 past the end), looked up once
@@ -206,27 +242,44 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 #pragma unroll
         for (int i = 0; i < SR; i++) {
             int p = p0 + lane + 32 * i;
-            sl[i] = p < len ? (long long)pages[p / a.page_size] * a.page_size + p % a.page_size : -1;
+            sl[i] = p < len && p >= wfirst
+                        ? (long long)pages[p / a.page_size] * a.page_size + p % a.page_size
+                        : -1;
         }
     };
     /* One K or V tile: a warp-iteration copies RPI whole rows (16 bytes a
-     * lane); rows past the end are zero-filled (p = 0 there). */
-    auto load = [&](__nv_bfloat16 *dst, const __nv_bfloat16 *base, long stride,
+     * lane: EPC elements); rows past the end are zero-filled (p = 0
+     * there). bf16: into the tile dst; F8: into the staging stg. */
+    auto load = [&](__nv_bfloat16 *dst, unsigned char *stg, const KT *base, long stride,
                     const long long *sl) {
-        constexpr int C8 = D / 8, RPI = 32 / C8, NIT = BN / RPI;
+        constexpr int EPC = 16 / (int)sizeof(KT), CK = D / EPC, RPI = 32 / CK, NIT = BN / RPI;
 #pragma unroll
         for (int it = 0; it < NIT; it++) {
-            int j = it * RPI + lane / C8, c8 = lane % C8;
+            int j = it * RPI + lane / CK, ck = lane % CK;
             long long s = __shfl_sync(0xffffffffu, sl[it * RPI / 32], j & 31);
             bool valid = s >= 0;
-            ptx_cp_async16_zfill_hint(dst + j * C::LDB + c8 * 8, base + (valid ? s : 0) * stride + c8 * 8,
-                               valid, kv_policy);
+            void *to = F8 ? (void *)(stg + j * D + ck * 16) : (void *)(dst + j * C::LDB + ck * 8);
+            ptx_cp_async16_zfill_hint(to, base + (valid ? s : 0) * stride + ck * EPC, valid, kv_policy);
+        }
+    };
+    /* F8: the staged e4m3 tile widened into the bf16 tile (after the
+     * copies landed and a __syncwarp; the caller syncs again after) */
+    auto widen = [&](__nv_bfloat16 *dst, const unsigned char *stg) {
+        constexpr int CK = D / 16, N = BN * CK / 32;
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int idx = lane + 32 * i, j = idx / CK, ck = idx % CK;
+            uint4 u = *(const uint4 *)(stg + j * D + ck * 16);
+            uint2 w0 = ad_widen4(u.x), w1 = ad_widen4(u.y), w2 = ad_widen4(u.z), w3 = ad_widen4(u.w);
+            uint4 *o = (uint4 *)(dst + j * C::LDB + ck * 16);
+            o[0] = make_uint4(w0.x, w0.y, w1.x, w1.y);
+            o[1] = make_uint4(w2.x, w2.y, w3.x, w3.y);
         }
     };
 
     /* A warp's items: tiles warp, warp + W, … of chunks c, c + step, …
      * (item j of a chunk: tile warp + j·W). */
-    int c = blockIdx.y;
+    int c = c0 + blockIdx.y;
     long long sl[SR];
     const bool first = c * C::CHUNK + warp * BN < len;
     if (first) lookup(c * C::CHUNK + warp * BN, sl); /* page table: metadata, before the wait */
@@ -236,16 +289,16 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
      * kernels' tails (cuda_pdl.cuh rule 2). */
     const bool early = first && c * C::CHUNK + warp * BN + BN < len;
     if (early) {
-        load(kt, kbase, a.k_stride, sl);
+        load(kt, kst, kbase, a.k_stride, sl);
         ptx_cp_async_commit();
-        load(vt, vbase, a.v_stride, sl);
+        load(vt, vst, vbase, a.v_stride, sl);
         ptx_cp_async_commit();
     }
     pdl_wait(); /* q and the cache row of this step's token come from the kernels before */
     if (first && !early) {
-        load(kt, kbase, a.k_stride, sl);
+        load(kt, kst, kbase, a.k_stride, sl);
         ptx_cp_async_commit();
-        load(vt, vbase, a.v_stride, sl);
+        load(vt, vst, vbase, a.v_stride, sl);
         ptx_cp_async_commit();
     }
 
@@ -268,7 +321,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 #pragma unroll
     for (int e = 0; e < EPT; e++) ro[e] = 0.0f;
 
-    for (; c < nch; c += step) {
+    for (; c < cend; c += step) {
 #pragma unroll 1
         for (int j = 0; j < C::TPW; j++) {
             /* item j: tile `tile` of chunk c; the next item (its K and V are
@@ -277,10 +330,14 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
              * the first empty one all are empty. */
             const int tile = warp + j * W, p0 = c * C::CHUNK + tile * BN;
             const int cn = j + 1 < C::TPW ? c : c + step, tn = j + 1 < C::TPW ? tile + W : warp;
-            const bool next = cn < nch && cn * C::CHUNK + tn * BN < len;
+            const bool next = cn < cend && cn * C::CHUNK + tn * BN < len;
             if (p0 < len) { /* this tile of chunk c is not empty */
                 ptx_cp_async_wait<1>(); /* K landed (V may still be on its way) */
                 __syncwarp();
+                if constexpr (F8) { /* kt's last reader synced before the previous item's loads */
+                    widen(kt, kst);
+                    __syncwarp(); /* kt written; kst free for the next K */
+                }
                 float sacc[NT][4];
 #pragma unroll
                 for (int i = 0; i < NT; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
@@ -298,7 +355,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
                 long long sn[SR];
                 if (next) {
                     lookup(cn * C::CHUNK + tn * BN, sn);
-                    load(kt, kbase, a.k_stride, sn);
+                    load(kt, kst, kbase, a.k_stride, sn);
                     ptx_cp_async_commit();
                 }
                 /* the tile's softmax: s = hi + lo row halves, masked past the end */
@@ -308,16 +365,20 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         float s = __fadd_rn(sacc[nt][e], sacc[nt][e + 2]);
-                        sv[nt][e] = p0 + nt * 8 + 2 * tq + e < len ? s : -INFINITY;
+                        int pp = p0 + nt * 8 + 2 * tq + e;
+                        sv[nt][e] = pp < len && pp >= wfirst ? s : -INFINITY;
                         mx = fmaxf(mx, sv[nt][e]);
                     }
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                /* a tile wholly before the window: m = −inf, sum 0, acc 0
+                 * (reference 0, so no NaN); the chunk fold skips it */
+                const float mref = mx == -INFINITY ? 0.0f : mx;
                 float sum = 0.0f;
                 uint32_t pf[NT / 2][4]; /* P as A fragments: hi in rows 0-7, lo in rows 8-15 */
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    float e0 = exp2f(sv[nt][0] - mx), e1 = exp2f(sv[nt][1] - mx);
+                    float e0 = exp2f(sv[nt][0] - mref), e1 = exp2f(sv[nt][1] - mref);
                     sum = __fadd_rn(__fadd_rn(sum, e0), e1);
                     ad_split2(e0, e1, &pf[nt >> 1][(nt & 1) * 2], &pf[nt >> 1][(nt & 1) * 2 + 1]);
                 }
@@ -326,6 +387,10 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
                 if (next) ptx_cp_async_wait<1>();
                 else ptx_cp_async_wait<0>();
                 __syncwarp(); /* V landed */
+                if constexpr (F8) {
+                    widen(vt, vst);
+                    __syncwarp(); /* vt written; vst free for the next V */
+                }
                 float oacc[DT][4];
 #pragma unroll
                 for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
@@ -341,7 +406,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
                     }
                 __syncwarp(); /* every lane is done with vt */
                 if (next) {
-                    load(vt, vbase, a.v_stride, sn);
+                    load(vt, vst, vbase, a.v_stride, sn);
                     ptx_cp_async_commit();
                 }
                 /* the tile state (head hr's acc = hi + lo rows) for the chunk fold */
@@ -355,7 +420,9 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
         }
         __syncthreads();
         /* the chunk state: the tile states folded in tile order (tile 0 is
-         * never empty), whichever warps computed them */
+         * never past the end; before the window it is the empty state
+         * (−inf, 0, 0), and so are the other tiles there, which are
+         * skipped), whichever warps computed them */
         if (fh < nh) {
             float cm, cl, co[EPT], ow[EPT];
             {
@@ -367,8 +434,8 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
             }
 #pragma unroll
             for (int w = 1; w < AD_TPC; w++) {
-                if (c * C::CHUNK + w * BN < len) {
-                    float2 sw = ml[w * AD_HB + fh];
+                float2 sw = c * C::CHUNK + w * BN < len ? ml[w * AD_HB + fh] : make_float2(-INFINITY, 0.f);
+                if (sw.x != -INFINITY) {
                     const float *fwp = fold + (w * AD_HB + fh) * C::LDF + fd;
 #pragma unroll
                     for (int e = 0; e < EPT; e += 4) *(float4 *)(ow + e) = *(const float4 *)(fwp + e);
@@ -376,7 +443,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
                 }
             }
             if (split) {
-                float *st = a.partial + ((row * a.n_heads + h0 + fh) * (long)a.max_chunks + c) * C::DS;
+                float *st = a.partial + ((row * a.n_heads + h0 + fh) * (long)a.max_chunks + (c - c0)) * C::DS;
 #pragma unroll
                 for (int e = 0; e < EPT; e += 4) *(float4 *)(st + fd + e) = *(const float4 *)(co + e);
                 if (fd == 0) *(float2 *)(st + D) = make_float2(cm, cl);
@@ -389,7 +456,9 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
 
     auto write_out = [&]() {
         if (fh < nh) {
-            float inv = 1.0f / rl;
+            /* the sink (log2 domain, as the scores) joins the sum once, here */
+            const float sk = a.sinks ? exp2f(__fmul_rn(a.sinks[h0 + fh], 1.4426950408889634f) - rm) : 0.0f;
+            float inv = a.vscale / (rl + sk);
             O *o = (O *)a.out + t * a.ldo + (long)(h0 + fh) * D + fd;
 #pragma unroll
             for (int e = 0; e < EPT; e++) o[e] = O(__fmul_rn(ro[e], inv)); /* 16-bit: nearest */
@@ -458,16 +527,16 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W>::MINB))
  * most its chunks at max_context, and what the scratch holds): one wave,
  * so that the slots that find no chunk at a shorter context are cheap and
  * no CTA waits for a second wave. Depends on rows and max_context only. */
-template <int D, int BN, int W, typename O>
+template <int D, int BN, int W, typename O, bool F8>
 static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
-    using C = ad_cfg<D, BN, W>;
+    using C = ad_cfg<D, BN, W, F8>;
     long units = rows * a.n_kv_heads * (long)a.hblocks;
     CUDA_ASSERT(units < (1l << 31));
-    CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<D, BN, W, O>,
+    CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<D, BN, W, O, F8>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
     int occ = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ad_kernel<D, BN, W, O>, C::THREADS,
-                                                             C::SMEM));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ad_kernel<D, BN, W, O, F8>,
+                                                             C::THREADS, C::SMEM));
     if (occ < 1) occ = 1;
     long wave = (long)occ * c->n_sm;
     long chunks = (c->max_context + C::CHUNK - 1) / C::CHUNK;
@@ -485,7 +554,7 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
         if (slots >= 2) a.max_chunks = (int)cap;
         else slots = 1;
     }
-    pdl_launch(c, ad_kernel<D, BN, W, O>, dim3((unsigned)units, (unsigned)slots),
+    pdl_launch(c, ad_kernel<D, BN, W, O, F8>, dim3((unsigned)units, (unsigned)slots),
                   dim3(C::THREADS), C::SMEM, a);
 }
 
@@ -498,20 +567,46 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
  * context over the GPU, and a CTA's one tile per warp is the shorter
  * chain (batch 1, context 4096: 7-15% slower with 2). The chunks and their
  * folds are the same either way, so the choice never changes a bit.
- * KILN_CUDA_AD_W=2|4 forces it. */
-static int ad_warps_for(struct cuda_ctx *c, const struct ad_args &a, long rows) {
+ * KILN_CUDA_AD_W=2|4 forces it. The FP8 cache's CTAs carry e4m3 staging
+ * too (119 KB at 4 warps: one an SM), so the same rule uses its own
+ * occupancy. */
+template <bool F8>
+static int ad_occ4_of(void) {
+    using C = ad_cfg<128, AD_BN_D128, 4, F8>;
+    int occ = 0;
+    CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<128, AD_BN_D128, 4, float, F8>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &occ, ad_kernel<128, AD_BN_D128, 4, float, F8>, C::THREADS, C::SMEM));
+    return occ < 1 ? 1 : occ;
+}
+static int ad_warps_for(struct cuda_ctx *c, const struct ad_args &a, long rows, bool f8) {
     if (c->ad_warps == 2 || c->ad_warps == 4) return c->ad_warps;
-    if (!c->ad_occ4) { /* shared memory bound, the same for every O */
-        using C = ad_cfg<128, AD_BN_D128, 4>;
-        int occ = 0;
-        CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<128, AD_BN_D128, 4, float>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &occ, ad_kernel<128, AD_BN_D128, 4, float>, C::THREADS, C::SMEM));
-        c->ad_occ4 = occ < 1 ? 1 : occ;
-    }
+    int *occ4 = f8 ? &c->ad_occ4_fp8 : &c->ad_occ4; /* shared memory bound, the same for every O */
+    if (!*occ4) *occ4 = f8 ? ad_occ4_of<true>() : ad_occ4_of<false>();
     long units = rows * a.n_kv_heads * (long)a.hblocks;
-    return units > (long)c->ad_occ4 * c->n_sm ? 2 : 4;
+    return units > (long)*occ4 * c->n_sm ? 2 : 4;
+}
+
+template <bool F8>
+static void ad_dispatch_t(struct cuda_ctx *c, const struct ad_args &a, enum dtype odt, long rows,
+                          int d, bool dflt) {
+    if (d == 64) {
+        if (!dflt) ad_launch<64, 32, AD_W_D64, float, F8>(c, a, rows);
+        else if (odt == DTYPE_F32) ad_launch<64, AD_BN_D64, AD_W_D64, float, F8>(c, a, rows);
+        else if (odt == DTYPE_BF16) ad_launch<64, AD_BN_D64, AD_W_D64, __nv_bfloat16, F8>(c, a, rows);
+        else ad_launch<64, AD_BN_D64, AD_W_D64, __half, F8>(c, a, rows);
+    } else if (!dflt) {
+        ad_launch<128, 64, 4, float, F8>(c, a, rows);
+    } else if (ad_warps_for(c, a, rows, F8) == 4) {
+        if (odt == DTYPE_F32) ad_launch<128, AD_BN_D128, 4, float, F8>(c, a, rows);
+        else if (odt == DTYPE_BF16) ad_launch<128, AD_BN_D128, 4, __nv_bfloat16, F8>(c, a, rows);
+        else ad_launch<128, AD_BN_D128, 4, __half, F8>(c, a, rows);
+    } else {
+        if (odt == DTYPE_F32) ad_launch<128, AD_BN_D128, 2, float, F8>(c, a, rows);
+        else if (odt == DTYPE_BF16) ad_launch<128, AD_BN_D128, 2, __nv_bfloat16, F8>(c, a, rows);
+        else ad_launch<128, AD_BN_D128, 2, __half, F8>(c, a, rows);
+    }
 }
 
 /* bn: positions per warp per chunk (32 or 64; the lab compares both);
@@ -521,34 +616,25 @@ static void ad_dispatch(struct cuda_ctx *c, void *out, enum dtype odt, long ldo,
                         long ldq, const void *k_cache, const void *v_cache,
                         const struct attn_params *p, const struct backend_batch *b, int bn) {
     CUDA_ASSERT(p->dk == p->dv && (p->dk == 64 || p->dk == 128));
-    CUDA_ASSERT(p->k_stride % 8 == 0 && p->v_stride % 8 == 0 && (uintptr_t)k_cache % 16 == 0 &&
+    /* the FP8 cache (e4m3 K/V, scales folded: k_scale into the scores,
+     * v_scale into the output); its MHA-form fp32 caches never come here */
+    const bool f8 = c->kv_fp8 && !p->f32_cache;
+    const long al = f8 ? 16 : 8; /* elements of a 16-byte copy */
+    CUDA_ASSERT(p->k_stride % al == 0 && p->v_stride % al == 0 && (uintptr_t)k_cache % 16 == 0 &&
                 (uintptr_t)v_cache % 16 == 0 && ldq % 2 == 0 && (uintptr_t)q % 8 == 0);
     int group = p->n_heads / p->n_kv_heads;
-    struct ad_args a = {out, ldo, q, ldq, (const __nv_bfloat16 *)k_cache,
-                        (const __nv_bfloat16 *)v_cache, p->k_stride, p->v_stride, p->n_heads,
+    float ks = f8 ? p->scale * p->k_scale : p->scale;
+    struct ad_args a = {out, ldo, q, ldq, k_cache, v_cache, p->k_stride, p->v_stride, p->n_heads,
                         p->n_kv_heads, group, (group + AD_HB - 1) / AD_HB,
-                        p->scale * 1.4426950408889634f, b->page_size, b->positions, b->q_start,
-                        b->kv_page_start, b->kv_pages, 0, NULL, NULL};
+                        ks * 1.4426950408889634f, b->page_size, b->positions, b->q_start,
+                        b->kv_page_start, b->kv_pages, 0, NULL, NULL, p->window, p->sinks,
+                        f8 ? p->v_scale : 1.0f};
     long rows = b->n_seqs;
     const bool dflt = bn == (p->dk == 64 ? AD_BN_D64 : AD_BN_D128);
     CUDA_ASSERT(odt == DTYPE_F32 || odt == DTYPE_BF16 || odt == DTYPE_F16);
     CUDA_ASSERT(dflt || odt == DTYPE_F32);
-    if (p->dk == 64) {
-        if (!dflt) ad_launch<64, 32, AD_W_D64, float>(c, a, rows);
-        else if (odt == DTYPE_F32) ad_launch<64, AD_BN_D64, AD_W_D64, float>(c, a, rows);
-        else if (odt == DTYPE_BF16) ad_launch<64, AD_BN_D64, AD_W_D64, __nv_bfloat16>(c, a, rows);
-        else ad_launch<64, AD_BN_D64, AD_W_D64, __half>(c, a, rows);
-    } else if (!dflt) {
-        ad_launch<128, 64, 4, float>(c, a, rows);
-    } else if (ad_warps_for(c, a, rows) == 4) {
-        if (odt == DTYPE_F32) ad_launch<128, AD_BN_D128, 4, float>(c, a, rows);
-        else if (odt == DTYPE_BF16) ad_launch<128, AD_BN_D128, 4, __nv_bfloat16>(c, a, rows);
-        else ad_launch<128, AD_BN_D128, 4, __half>(c, a, rows);
-    } else {
-        if (odt == DTYPE_F32) ad_launch<128, AD_BN_D128, 2, float>(c, a, rows);
-        else if (odt == DTYPE_BF16) ad_launch<128, AD_BN_D128, 2, __nv_bfloat16>(c, a, rows);
-        else ad_launch<128, AD_BN_D128, 2, __half>(c, a, rows);
-    }
+    if (f8) ad_dispatch_t<true>(c, a, odt, rows, p->dk, dflt);
+    else ad_dispatch_t<false>(c, a, odt, rows, p->dk, dflt);
 }
 
 extern "C" void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,

@@ -384,7 +384,9 @@ static __global__ void __launch_bounds__(MLA_DV / 4) mla_combine_kernel(const st
 extern "C" int cuda_attn_mla_ok(const struct cuda_ctx *c, const float *out, long ldo,
                                 const float *q, long ldq, const void *k_cache,
                                 const void *v_cache, const struct attn_params *p) {
+    /* FP8 caches, windows and sinks take the split kernel (cuda_attention.cu) */
     return c->attn_impl == CUDA_ATTN_AUTO && c->kv_bf16 && !c->split_act && p->n_kv_heads == 1 &&
+           !p->window && !p->sinks &&
            p->dk == MLA_DK && p->dv == MLA_DV && k_cache == v_cache &&
            p->k_stride == p->v_stride && p->k_stride % 8 == 0 && (uintptr_t)k_cache % 16 == 0 &&
            ldq % 4 == 0 && (uintptr_t)q % 16 == 0 && ldo % 2 == 0 && (uintptr_t)out % 8 == 0;

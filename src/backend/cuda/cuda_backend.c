@@ -325,7 +325,8 @@ static void cuda_side_join(void *ctx) {
 }
 
 static enum dtype cuda_kv_dtype(void *ctx) {
-    return ((struct cuda_ctx *)ctx)->kv_bf16 ? DTYPE_BF16 : DTYPE_F32;
+    const struct cuda_ctx *c = ctx;
+    return c->kv_fp8 ? DTYPE_F8_E4M3 : c->kv_bf16 ? DTYPE_BF16 : DTYPE_F32;
 }
 
 static void cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes) {
@@ -336,6 +337,8 @@ static void cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes) {
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
+    .sliding_window = 1,
+    .attention_sinks = 1,
     .destroy = cuda_destroy,
     .reserve = cuda_reserve,
     .alloc = cuda_alloc,
@@ -354,6 +357,8 @@ static const struct backend_ops cuda_ops = {
     .rope = cuda_op_rope,
     .silu_mul = cuda_op_silu_mul,
     .gated_add = cuda_op_gated_add,
+    .gelu_tanh_mul = cuda_op_gelu_tanh_mul,
+    .scale = cuda_op_scale,
     .add = cuda_op_add,
     .gather_rows = cuda_op_gather_rows,
     .copy_rows = cuda_op_copy_rows,
@@ -394,9 +399,6 @@ static const struct backend_ops cuda_ops = {
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,
                         struct kiln_error *err) {
     int count = 0, dev = opt ? opt->device : 0;
-    if (opt && opt->kv_fp8)
-        return kiln_errorf(err, "the cuda backend does not support an FP8 KV cache yet "
-                                "(--kv-cache-dtype fp8_e4m3 runs on --device cpu)");
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         (void)cudaGetLastError();
@@ -455,6 +457,9 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
      * it every step); fp32 for the fp32-grade bf16x2 mode or on request. */
     int kv = knob_enum(KNOB_CUDA_KV); /* auto, bf16, f32 */
     c->kv_bf16 = kv == 0 ? !c->split_act : kv == 1;
+    /* --kv-cache-dtype fp8_e4m3: e4m3 elements, whatever KILN_CUDA_KV says */
+    c->kv_fp8 = opt && opt->kv_fp8;
+    if (c->kv_fp8) c->kv_bf16 = 0;
     /* The product path's knobs (docs/cuda-decode.md): programmatic
      * dependent launch (Hopper on), the fused norm / SwiGLU handoffs, the
      * GEMV's K split, cuBLASLt. */

@@ -10,7 +10,7 @@
  *   cuda_embed.cu       embedding rows
  *   cuda_norm.cu        rmsnorm, fused residual add + rmsnorm
  *   cuda_rope.cu        rotary embedding, KV-cache stores, fused q/k norm + rope + store
- *   cuda_elementwise.cu silu_mul, add, gated_add, gather_rows, copy_rows
+ *   cuda_elementwise.cu silu_mul, gelu_tanh_mul, scale, add, gated_add, gather_rows, copy_rows
  *   cuda_matmul.cu      the product dispatch: cuBLASLt / cuBLAS on 16-bit operands,
  *                       fused norm + product and SwiGLU MLP ops
  *   cuda_gemv.cu        the GEMV for few rows (fixed K split, fused SwiGLU epilogue)
@@ -125,7 +125,9 @@ struct cuda_ctx {
     int deterministic;           /* 1: batch-invariant results (cuda_matmul_det for products) */
     int attn_impl;               /* enum cuda_attn_impl (KILN_CUDA_ATTN) */
     int kv_bf16;                 /* 1: the KV cache holds bf16 (default); 0: fp32
-                                    (KILN_CUDA_KV=f32, KILN_CUDA_MATMUL=bf16x2) */
+                                    (KILN_CUDA_KV=f32, KILN_CUDA_MATMUL=bf16x2) or FP8 */
+    int kv_fp8;                  /* 1: the KV cache holds e4m3 with per-layer scales
+                                    (--kv-cache-dtype fp8_e4m3; kv_bf16 is 0) */
     struct cuda_scratch sample_part; /* sampling: per-chunk argmax partials */
     /* the second stream (backend_ops.side_begin): MoE steps of up to
      * dual_max tokens (KILN_CUDA_DUAL_STREAM; 0: off) run the shared
@@ -172,6 +174,7 @@ struct cuda_ctx {
                                     (chunks of 32 positions per warp); 0: by the batch
                                     (KILN_CUDA_AD_W=2|4 forces) */
     int ad_occ4;                 /* CTAs of its 4-warp kernel an SM (0: not asked yet) */
+    int ad_occ4_fp8;             /* the same on the FP8 cache (e4m3 staging: more shared memory) */
     unsigned gemm_small_ready;   /* MoE product variants whose smem limit is set (cuda_gemm_small.cu) */
     /* Device memory a step could not get (cuda_oom_record): the first
      * failure since backend_ops.step_status last looked; bytes 0: none.
@@ -221,6 +224,9 @@ void cuda_op_kv_store(void *ctx, void *cache, long stride, const float *src, lon
 void cuda_op_silu_mul(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
                       long ldu, long n, long dim);
 void cuda_op_add(void *ctx, float *y, const float *x, long count);
+void cuda_op_gelu_tanh_mul(void *ctx, float *y, long ldy, const float *g, long ldg, const float *u,
+                           long ldu, long n, long dim);
+void cuda_op_scale(void *ctx, float *x, long count, float s);
 void cuda_op_gated_add(void *ctx, float *y, const float *x, const float *gate, long ldgate, long n,
                        long dim);
 void cuda_op_gather_rows(void *ctx, float *dst, const float *src, long width, const int32_t *rows,
@@ -296,6 +302,12 @@ static inline size_t cuda_attn_states_bytes(const struct cuda_ctx *c) {
 void cuda_attn_decode(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
                       const void *k_cache, const void *v_cache, const struct attn_params *p,
                       const struct backend_batch *b);
+/* cuda_attn_prefill.cu: the tensor-core prefill kernel for the rows of
+ * b's multi-token sequences (dk = dv ∈ {64, 128}; bf16, fp32 or FP8
+ * cache; windows and sinks) */
+void cuda_attn_fa_prefill(struct cuda_ctx *c, float *out, long ldo, const float *q, long ldq,
+                          const void *k_cache, const void *v_cache, const struct attn_params *p,
+                          const struct backend_batch *b);
 /* Whether cuda_op_attention (out, ldo: its output) sends every row of b
  * to cuda_attn_decode: a batch of decode rows and the kernel's conditions
  * (cuda_attention.cu keeps the routing in one place). */

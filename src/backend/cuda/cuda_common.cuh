@@ -7,6 +7,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_backend.h"
 
@@ -74,6 +75,31 @@ static __device__ __forceinline__ float4 kv_get4(const __nv_bfloat16 *p) {
     float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x);
     float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
     return make_float4(a.x, a.y, b.x, b.y);
+}
+
+/* The FP8 cache (struct cuda_ctx.kv_fp8, --kv-cache-dtype fp8_e4m3): e4m3
+ * elements that read as fp8(q) · scale (the layer's k_scale / v_scale).
+ * kv_get / kv_get4 return fp8(q) unscaled (exact in fp32, and in bf16:
+ * e4m3 has 3 mantissa bits and exponents bf16 holds); the attention kernels
+ * fold the scales into the softmax scale (K) and the output (V).
+ * kv_put_s stores x / scale rounded to nearest even, saturating at ±448
+ * (the CPU's f32_to_fp8_e4m3); on the other types it is kv_put. */
+typedef __nv_fp8_e4m3 kv_fp8_t;
+static __device__ __forceinline__ float kv_get(const kv_fp8_t *p) { return float(*p); }
+/* four consecutive fp8 elements (4-byte aligned) */
+static __device__ __forceinline__ float4 kv_get4(const kv_fp8_t *p) {
+    uint32_t u = __ldg((const unsigned int *)p);
+    __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+    __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+    float2 fa = __half22float2(*(const __half2 *)&a), fb = __half22float2(*(const __half2 *)&b);
+    return make_float4(fa.x, fa.y, fb.x, fb.y);
+}
+static __device__ __forceinline__ void kv_put_s(float *p, float v, float) { *p = v; }
+static __device__ __forceinline__ void kv_put_s(__nv_bfloat16 *p, float v, float) {
+    *p = __float2bfloat16_rn(v);
+}
+static __device__ __forceinline__ void kv_put_s(kv_fp8_t *p, float v, float scale) {
+    p->__x = __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
 }
 
 /* 8 bf16 / f16 values packed in a uint4, widened to fp32 (the third

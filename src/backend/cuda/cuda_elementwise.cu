@@ -1,6 +1,6 @@
 /* cuda_elementwise.cu — the small element-wise operations: SwiGLU's
  * silu(g) * u (also as the 16-bit producer of the down product's
- * operand), residual adds, Qwen2-MoE's sigmoid-gated shared expert add,
+ * operand), Gemma's GeGLU gelu_tanh(g) * u and embedding scale, residual adds, Qwen2-MoE's sigmoid-gated shared expert add,
  * row gathers and strided row copies. Grid-stride loops over elements,
  * launched with programmatic dependent launch (cuda_pdl.cuh: each waits
  * before touching memory). */
@@ -26,6 +26,43 @@ extern "C" void cuda_op_silu_mul(void *ctx, float *y, long ldy, const float *g, 
     if (n * dim <= 0) return;
     pdl_launch(cctx(ctx), silu_mul_kernel, dim3(grid_for(n * dim, 256)), dim3(256), 0, y, ldy, g,
                ldg, u, ldu, n, dim);
+}
+
+/* y[n][dim] = gelu_tanh(g) * u (Gemma's GeGLU), the CPU's expression:
+ * 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))·u in fp32 */
+static __global__ void gelu_tanh_mul_kernel(float *y, long ldy, const float *g, long ldg,
+                                            const float *u, long ldu, long n, long dim) {
+    pdl_trigger();
+    pdl_wait();
+    const float c = 0.7978845608028654f; /* √(2/π) */
+    long total = n * dim;
+    for (long w = (long)blockIdx.x * blockDim.x + threadIdx.x; w < total;
+         w += (long)gridDim.x * blockDim.x) {
+        long i = w / dim, k = w % dim;
+        float x = g[i * ldg + k];
+        y[i * ldy + k] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i * ldu + k];
+    }
+}
+
+extern "C" void cuda_op_gelu_tanh_mul(void *ctx, float *y, long ldy, const float *g, long ldg,
+                                      const float *u, long ldu, long n, long dim) {
+    if (n * dim <= 0) return;
+    pdl_launch(cctx(ctx), gelu_tanh_mul_kernel, dim3(grid_for(n * dim, 256)), dim3(256), 0, y,
+               ldy, g, ldg, u, ldu, n, dim);
+}
+
+/* x[count] *= s */
+static __global__ void scale_kernel(float *x, long count, float s) {
+    pdl_trigger();
+    pdl_wait();
+    for (long w = (long)blockIdx.x * blockDim.x + threadIdx.x; w < count;
+         w += (long)gridDim.x * blockDim.x)
+        x[w] *= s;
+}
+
+extern "C" void cuda_op_scale(void *ctx, float *x, long count, float s) {
+    if (count <= 0) return;
+    pdl_launch(cctx(ctx), scale_kernel, dim3(grid_for(count, 256)), dim3(256), 0, x, count, s);
 }
 
 /* x16[n][inter] = T(silu(g) * u), g = gu[i][k], u = gu[i][inter + k] */

@@ -6,7 +6,8 @@
  * (Llama, Qwen). Only the first rot_dim dims of each head turn.
  * KV store: one block per token row, copying its K (or V, or MLA latent)
  * row into the cache slot the scheduler chose, in the cache's element type
- * (bf16 by default: rounded to nearest even; fp32 with KILN_CUDA_KV=f32).
+ * (bf16 by default: rounded to nearest even; fp32 with KILN_CUDA_KV=f32;
+ * e4m3 of x / scale with --kv-cache-dtype fp8_e4m3, kv_put_s).
  *
  * All three use programmatic dependent launch (cuda_pdl.cuh): rope and the KV store wait first thing; the fused
  * kernel loads its row's position, cache slot and rope factors (batch
@@ -52,32 +53,34 @@ extern "C" void cuda_op_rope(void *ctx, float *x, long ldx, long n, int n_heads,
 }
 
 /* cache[slots[i] * stride + 0..width) = src[i * ld + 0..width) (T: the
- * cache's element type; bf16 rounds to nearest even) */
+ * cache's element type; bf16 rounds to nearest even, fp8 stores x / scale) */
 template <typename T>
 static __global__ void kv_store_kernel(T *__restrict__ cache, long stride,
                                        const float *src, long ld, long width,
-                                       const int32_t *__restrict__ slots, long n) {
+                                       const int32_t *__restrict__ slots, long n, float scale) {
     pdl_trigger();
     pdl_wait();
     for (long i = blockIdx.x; i < n; i += gridDim.x) {
         T *dst = cache + (size_t)slots[i] * (size_t)stride;
         const float *s = src + i * ld;
-        for (long k = threadIdx.x; k < width; k += blockDim.x) kv_put(dst + k, s[k]);
+        for (long k = threadIdx.x; k < width; k += blockDim.x) kv_put_s(dst + k, s[k], scale);
     }
 }
 
 extern "C" void cuda_op_kv_store(void *ctx, void *cache, long stride, const float *src, long ld,
                                  long width, const int32_t *slots, long n, float scale) {
-    (void)scale; /* no FP8 cache on CUDA yet (cuda_backend_create refuses kv_fp8) */
     if (n <= 0 || width <= 0) return;
     const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
     dim3 grid(grid_for(n, 1)), block(128);
-    if (c->kv_bf16)
+    if (c->kv_fp8)
+        pdl_launch(c, kv_store_kernel<kv_fp8_t>, grid, block, 0, (kv_fp8_t *)cache, stride, src,
+                   ld, width, slots, n, scale);
+    else if (c->kv_bf16)
         pdl_launch(c, kv_store_kernel<__nv_bfloat16>, grid, block, 0,
-                      (__nv_bfloat16 *)cache, stride, src, ld, width, slots, n);
+                      (__nv_bfloat16 *)cache, stride, src, ld, width, slots, n, scale);
     else
         pdl_launch(c, kv_store_kernel<float>, grid, block, 0, (float *)cache,
-                      stride, src, ld, width, slots, n);
+                      stride, src, ld, width, slots, n, scale);
 }
 
 /* Fused attention input preparation (backend.h qk_rope_store): one warp per
@@ -96,7 +99,8 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
                          const float *__restrict__ k_norm, float eps, int rot_half,
                          const int32_t *__restrict__ pos, const float *__restrict__ cos_sin,
                          int interleaved, T *__restrict__ k_cache, T *__restrict__ v_cache,
-                         long kv_stride, const int32_t *__restrict__ slots) {
+                         long kv_stride, const int32_t *__restrict__ slots, float k_scale,
+                         float v_scale) {
     __shared__ float buf[QKR_WARPS][QKR_MAX_HEAD];
     pdl_trigger();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -131,7 +135,7 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
         int h = j - n_heads - n_kv_heads;
         const float *src = v + i * ld + (long)h * hd;
         T *dst = v_cache + slot * (size_t)kv_stride + (size_t)h * hd;
-        for (int e = lane; e < hd; e += 32) kv_put(dst + e, src[e]);
+        for (int e = lane; e < hd; e += 32) kv_put_s(dst + e, src[e], v_scale);
         return;
     }
     float *x;
@@ -176,7 +180,7 @@ static __global__ void __launch_bounds__(QKR_WARPS * 32)
             val = first ? val * c - o * sn : val * c + o * sn;
         }
         x[e] = val;
-        if (dst) kv_put(dst + e, val);
+        if (dst) kv_put_s(dst + e, val, k_scale);
     }
 }
 
@@ -195,13 +199,19 @@ extern "C" void cuda_op_qk_rope_store(void *ctx, float *q, float *k, const float
                     "qk_rope_store: head_dim above 512");
     const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
     dim3 grid(grid_for(items, QKR_WARPS)), block(QKR_WARPS * 32);
-    if (c->kv_bf16)
+    if (c->kv_fp8)
+        pdl_launch(c, qk_rope_store_kernel<kv_fp8_t>, grid, block, 0, q, k, v, ld, n, n_heads,
+                   n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos, cos_sin,
+                   interleaved, (kv_fp8_t *)k_cache, (kv_fp8_t *)v_cache, kv_stride, slots,
+                   r->k_scale, r->v_scale);
+    else if (c->kv_bf16)
         pdl_launch(c, qk_rope_store_kernel<__nv_bfloat16>, grid, block, 0, q, k, v,
                       ld, n, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
                       cos_sin, interleaved, (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache,
-                      kv_stride, slots);
+                      kv_stride, slots, r->k_scale, r->v_scale);
     else
         pdl_launch(c, qk_rope_store_kernel<float>, grid, block, 0, q, k, v, ld, n,
                       n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, rot_dim / 2, pos,
-                      cos_sin, interleaved, (float *)k_cache, (float *)v_cache, kv_stride, slots);
+                      cos_sin, interleaved, (float *)k_cache, (float *)v_cache, kv_stride, slots,
+                      r->k_scale, r->v_scale);
 }

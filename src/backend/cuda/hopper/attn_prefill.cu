@@ -3,8 +3,9 @@
  * KV cache, head sizes dk × dv = 128 × 128 (ordinary attention) and
  * 192 × 128 (MLA in the MHA form: [k_nope 128 | k_rope 64] keys, 128-wide
  * values), template parameters DK and DV. Same contract and the same batch invariance as
- * fa_prefill_kernel in cuda_attention.cu (read its header first); this one
- * replaces mma.sync with warpgroup MMAs and moves Q to shared memory.
+ * fa_prefill_kernel in cuda_attn_prefill.cu (read its header first),
+ * sliding windows and attention sinks included; this one replaces
+ * mma.sync with warpgroup MMAs and moves Q to shared memory.
  *
  * Work split. One CTA of 256 threads (two warpgroups) per (query tile of
  * HA_BM = 128 rows of one sequence, query head); warpgroup w owns rows
@@ -125,20 +126,25 @@ static __device__ __forceinline__ void ha_pv(float (&o)[64], const uint32_t (&p)
 }
 
 /* Online softmax of one S tile (rows a and b of this thread), in place:
- * masks the positions past each row's own (only when `mask`: the tile
- * crosses a row of this warp), updates the running max m and the
- * per-thread partial sum l, leaves the probabilities in s and returns the
- * factors that rescale O. Column of element e of group j: kpos0 + 8j +
- * (e & 1), kpos0 = tile start + 2(l%4). */
+ * masks the positions past each row's own and before its window's first
+ * (la, lb; only when `mask`: the tile crosses such an edge of a row of
+ * this warp), updates the running max m and the per-thread partial sum l,
+ * leaves the probabilities in s and returns the factors that rescale O. A
+ * row with nothing in view yet keeps m = −inf and takes 0 as its
+ * reference (p and corr 0, not NaN). Column of element e of group j:
+ * kpos0 + 8j + (e & 1), kpos0 = tile start + 2(l%4). */
 static __device__ __forceinline__ void ha_softmax(float (&s)[64], float &m_a, float &m_b, float &l_a,
                                                   float &l_b, float &corr_a, float &corr_b, bool mask,
-                                                  int kpos0, int pa, int pb, float scale) {
+                                                  int kpos0, int pa, int pb, int la, int lb,
+                                                  float scale) {
     if (mask) {
 #pragma unroll
         for (int j = 0; j < 16; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (kpos0 + 8 * j + (e & 1) > (e < 2 ? pa : pb)) s[4 * j + e] = -INFINITY;
+            for (int e = 0; e < 4; e++) {
+                int kp = kpos0 + 8 * j + (e & 1);
+                if (kp > (e < 2 ? pa : pb) || kp < (e < 2 ? la : lb)) s[4 * j + e] = -INFINITY;
+            }
     }
     float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
@@ -152,8 +158,11 @@ static __device__ __forceinline__ void ha_softmax(float (&s)[64], float &m_a, fl
     mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
     /* scale > 0: max(s)·scale is the max of the scaled scores */
     float mn_a = fmaxf(m_a, mx_a * scale), mn_b = fmaxf(m_b, mx_b * scale);
+    const float new_a = mn_a, new_b = mn_b;
+    if (mn_a == -INFINITY) mn_a = 0.0f; /* nothing in view yet (window): reference 0 */
+    if (mn_b == -INFINITY) mn_b = 0.0f;
     corr_a = ptx_ex2(m_a - mn_a), corr_b = ptx_ex2(m_b - mn_b); /* 0 on the first tile (m = -inf) */
-    m_a = mn_a, m_b = mn_b;
+    m_a = new_a, m_b = new_b;
     float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
@@ -202,9 +211,20 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     /* this thread's rows (accumulator rows l/4 and l/4 + 8 of its warp) */
     int ra = warp * 16 + (lane >> 2), rb = ra + 8;
     int pa = a.positions[r0 + min(ra, nrows - 1)], pb = a.positions[r0 + min(rb, nrows - 1)];
-    int wmin = min(pa, pb);
+    /* sliding window: row a sees la..pa, row b lb..pb */
+    int la = a.window > 0 ? pa - a.window + 1 : 0, lb = a.window > 0 ? pb - a.window + 1 : 0;
+    int wmin = min(pa, pb), wlo = max(la, lb);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+        wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+    }
+    /* the CTA's first position: its first row's window start (rows are in
+     * position order); tiles before it are skipped, its earlier positions
+     * zero-filled and masked */
+    const int p_first = a.positions[r0];
+    const int kv_lo = a.window > 0 && p_first + 1 > a.window ? p_first + 1 - a.window : 0;
+    const int kt0 = kv_lo / HA_BN;
     __syncthreads();
     int kv_end = pos_s[0];
     int n_tiles = (kv_end + HA_BN - 1) / HA_BN;
@@ -217,7 +237,8 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
         long long my_slot = -1;
         if (lane < 16) {
             int p = kt * HA_BN + (lane >> 1) * 16 + warp * 2 + (lane & 1);
-            if (p < kv_end) my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
+            if (p < kv_end && p >= kv_lo)
+                my_slot = (long long)pages[p / a.page_size] * a.page_size + p % a.page_size;
         }
         uint32_t kd = kv_s + (uint32_t)st * SH::STAGE, vd = kd + SH::KTILE;
         int c = lane & 15;
@@ -235,7 +256,7 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
                 ptx_cp_async16_zfill(vd + swz(row, cc, HA_KBLOCK), vbase + slot * a.v_stride + cc * 8, valid);
         }
     };
-    load_tile(0, 0);
+    load_tile(0, kt0);
     ptx_cp_async_commit();
 
     /* Q → bf16 → the swizzled Q tile (rows past the tile: zeros) */
@@ -270,22 +291,23 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     const int col0 = 2 * (lane & 3);
     uint32_t p[8][4];
 
-    for (int kt = 0; kt < n_tiles; kt++) {
+    for (int kt = kt0; kt < n_tiles; kt++) {
         ptx_cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads(); /* tile kt (and Q) landed; everyone is done with tile kt - 1 */
         if (kt + 1 < n_tiles) {
-            load_tile((kt + 1) % HA_STAGES, kt + 1);
+            load_tile((kt + 1 - kt0) % HA_STAGES, kt + 1);
             ptx_cp_async_commit();
         }
-        int st = kt % HA_STAGES;
+        int st = (kt - kt0) % HA_STAGES;
         wgmma_fence();
         ha_qk<DK>(sacc, dq, desc_k(st));
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sacc);
-        ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b, kt * HA_BN + HA_BN - 1 > wmin,
-                   kt * HA_BN + col0, pa, pb, scale);
+        ha_softmax(sacc, m_a, m_b, l_a, l_b, corr_a, corr_b,
+                   kt * HA_BN + HA_BN - 1 > wmin || kt * HA_BN < wlo, kt * HA_BN + col0, pa, pb, la,
+                   lb, scale);
         ha_pack(p, sacc);
 #pragma unroll
         for (int i = 0; i < 64; i++) oacc[i] *= (i & 2) ? corr_b : corr_a;
@@ -301,6 +323,11 @@ static __global__ void __launch_bounds__(HA_THREADS, 1)
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    /* a sink (log2 domain, as the scores) joins each row's sum once, here */
+    if (a.sinks) {
+        const float sk = __fmul_rn(a.sinks[h], 1.4426950408889634f);
+        l_a += exp2f(sk - m_a), l_b += exp2f(sk - m_b);
+    }
     float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
     float *oa = a.out + (r0 + ra) * a.ldo + (long)h * DV + col0;
     float *ob = a.out + (r0 + rb) * a.ldo + (long)h * DV + col0;

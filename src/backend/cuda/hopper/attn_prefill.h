@@ -13,13 +13,14 @@
 extern "C" {
 #endif
 
-/* The contract of fa_prefill_kernel (cuda_attention.cu): q fp32
+/* The contract of fa_prefill_kernel (cuda_attn_prefill.cu): q fp32
  * [tokens][ldq] (head h at h·dk), out fp32 [tokens][ldo] (head h at h·dv),
  * K and V bf16 in the paged cache (slot s of KV head g at k_cache +
  * s·k_stride + g·dk, v_cache + s·v_stride + g·dv), causal by absolute
  * position, query head h reads KV head h / group, scale_log2 = softmax
  * scale · log2(e). Only the rows of sequences with more than one new token
- * are computed. Head sizes dk × dv: 128 × 128 or 192 × 128
+ * are computed; a sliding window and attention sinks as fa_prefill_kernel
+ * honours them. Head sizes dk × dv: 128 × 128 or 192 × 128
  * (cuda_hopper_attn_prefill_shape). Requirements (checked
  * by the caller): q, k_cache, v_cache 16-byte aligned, ldq % 4 == 0,
  * k_stride % 8 == 0, v_stride % 8 == 0, out 8-byte aligned, ldo even. */
@@ -35,6 +36,8 @@ struct hopper_attn_args {
     int n_seqs, page_size;
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
     int dk, dv;
+    int window;         /* attn_params.window (0: none): a row sees its last window positions */
+    const float *sinks; /* attn_params.sinks (NULL: none): one logit per query head */
 };
 
 /* 1 when the kernel is built for head sizes dk × dv. */

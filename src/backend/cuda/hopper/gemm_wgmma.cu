@@ -74,8 +74,9 @@
  *    128-column tiles a tile is one head, so the pairs (c, c + 64) of
  *    half-layout rope are in one thread's reach (as gate and up are for
  *    the SwiGLU); queries go to y rotated, keys and values to their cache
- *    rows in bf16. No qk_rope_store kernel between the product and the
- *    attention: Llama-3.1-8B at 64 sequences 6.62-6.67 → 6.51 ms.
+ *    rows in bf16 (e4m3 over the layer scale on the FP8 cache). No
+ *    qk_rope_store kernel between the product and the attention:
+ *    Llama-3.1-8B at 64 sequences 6.62-6.67 → 6.51 ms.
  *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (40) MiB: on
  *    smaller ones (Qwen3-0.6B's layers) the fixed costs (launch, ramp,
  *    cluster reduction) lost to cuBLAS in the measurements under graphs.
@@ -140,9 +141,11 @@ template <int BN> struct cfg {
 struct wg_rope {
     const int32_t *pos, *slots;
     const float *cos_sin; /* [position][64][2]: cos, sin of pair i of head size 128 */
-    __nv_bfloat16 *kc, *vc;
+    __nv_bfloat16 *kc, *vc; /* elements of the cache type: bf16, or e4m3 where fp8 */
     long kv_stride;
     int nq, nk; /* query and key heads: tiles [0, nq), [nq, nq + nk), then value heads */
+    int fp8;    /* the FP8 cache: e4m3 of x / k_scale (v_scale), as kv_store */
+    float k_scale, v_scale;
 };
 
 template <bool F16>
@@ -301,11 +304,25 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
                                              __float2bfloat16_rn(v.z), __float2bfloat16_rn(v.w)};
             *(uint2 *)dst = *(const uint2 *)b;
         };
+        /* four cache elements at element offset off of cache (FP8: 4 bytes) */
+        auto put4kv = [&](__nv_bfloat16 *cache, long off, float4 v, float scale) {
+            if (rp.fp8) {
+                uint32_t u = 0;
+                const float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    u |= (uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(x[q], scale), __NV_SATFINITE,
+                                                         __NV_E4M3) << (8 * q);
+                *(uint32_t *)((unsigned char *)cache + off) = u;
+            } else {
+                put4(cache + off, v);
+            }
+        };
         if (tile >= rp.nq + rp.nk) {
-            __nv_bfloat16 *vh = rp.vc + (long)(tile - rp.nq - rp.nk) * 128;
+            const long vh = (long)(tile - rp.nq - rp.nk) * 128;
             for (int i = split * THREADS + tid; i < M * 32; i += S * THREADS) {
                 const int m = i / 32, c = (i % 32) * 4;
-                put4(vh + (long)rp.slots[m] * rp.kv_stride + c, biased(m, c));
+                put4kv(rp.vc, vh + (long)rp.slots[m] * rp.kv_stride + c, biased(m, c), rp.v_scale);
             }
         } else {
             for (int i = split * THREADS + tid; i < M * 16; i += S * THREADS) {
@@ -328,10 +345,9 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
                     *(float4 *)yr = r0;
                     *(float4 *)(yr + 64) = r1;
                 } else {
-                    __nv_bfloat16 *kh = rp.kc + (long)rp.slots[m] * rp.kv_stride +
-                                        (long)(tile - rp.nq) * 128 + c;
-                    put4(kh, r0);
-                    put4(kh + 64, r1);
+                    const long kh = (long)rp.slots[m] * rp.kv_stride + (long)(tile - rp.nq) * 128 + c;
+                    put4kv(rp.kc, kh, r0, rp.k_scale);
+                    put4kv(rp.kc, kh + 64, r1, rp.k_scale);
                 }
             }
         }
@@ -634,7 +650,7 @@ extern "C" int cuda_wgmma_rope_ok(const struct cuda_ctx *c, const struct backend
                                   const void *x16, long ldx, long n,
                                   const struct backend_rope_store *r) {
     int bn = 0, S = 0;
-    if (!c->wgmma_rope || !c->kv_bf16 || !cuda_wgmma_ok(c, w, x16, ldx, n)) return 0;
+    if (!c->wgmma_rope || !(c->kv_bf16 || c->kv_fp8) || !cuda_wgmma_ok(c, w, x16, ldx, n)) return 0;
     cuda_wgmma_plan(c, w->rows, w->cols, &bn, &S);
     uintptr_t a = (uintptr_t)r->cos_sin | (uintptr_t)r->k_cache | (uintptr_t)r->v_cache;
     return bn == 128 && r->head_dim == 128 && r->rot_dim == 128 && !r->interleaved &&
@@ -648,6 +664,7 @@ extern "C" void cuda_wgmma_rope_run(struct cuda_ctx *c, float *y, long ldy, cons
                                     long n, const struct backend_rope_store *r) {
     CUDA_ASSERT(ldy % 4 == 0 && ((uintptr_t)y & 15) == 0);
     struct wg_rope rp = {r->pos, r->slots, r->cos_sin, (__nv_bfloat16 *)r->k_cache,
-                         (__nv_bfloat16 *)r->v_cache, r->kv_stride, r->n_heads, r->n_kv_heads};
+                         (__nv_bfloat16 *)r->v_cache, r->kv_stride, r->n_heads, r->n_kv_heads,
+                         c->kv_fp8, r->k_scale, r->v_scale};
     wgmma_any(c, y, ldy, NULL, 0, 0, x16, ldx, w, bias, n, 128, 0, rp);
 }
