@@ -62,6 +62,8 @@ int cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t byte
             snprintf(what, sizeof what, "the 16-bit activations of a %ld-row product", rows);
         else if (s == &c->moe_dev)
             snprintf(what, sizeof what, "the expert rows of a %ld-token MoE layer", rows);
+        else if (s == &c->fp8w)
+            snprintf(what, sizeof what, "FP8 weight rows dequantized for a %ld-row product", rows);
         else if (s == &c->sample_part)
             snprintf(what, sizeof what, "the sampler's partials of %ld rows", rows);
         else
@@ -101,7 +103,7 @@ static int cuda_step_status(void *ctx, struct kiln_error *err) {
     if (!c->oom.bytes) return 0;
     CUDA_ASSERT(!c->capturing);
     CUDA_ASSERT(!c->on_side);
-    struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->moe_dev};
+    struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->moe_dev, &c->fp8w};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         if (s[i]->p) CUDA_CHECK(cudaFreeAsync(s[i]->p, c->stream));
         s[i]->p = NULL;
@@ -267,7 +269,8 @@ static void cuda_destroy(void *ctx) {
     if (!c) return;
     if (c->stream) {
         (void)cudaStreamSynchronize(c->stream);
-        struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->attn, &c->moe_dev, &c->sample_part};
+        struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->attn, &c->moe_dev, &c->sample_part,
+                                    &c->fp8w};
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
             if (s[i]->p) (void)cudaFreeAsync(s[i]->p, c->stream);
         (void)cudaStreamSynchronize(c->stream);
@@ -335,6 +338,7 @@ static void cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes) {
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
+    .fp8_weights = 1,
     .destroy = cuda_destroy,
     .reserve = cuda_reserve,
     .alloc = cuda_alloc,

@@ -14,6 +14,8 @@
  *   cuda_matmul.cu      the product dispatch: cuBLASLt / cuBLAS on 16-bit operands,
  *                       fused norm + product and SwiGLU MLP ops
  *   cuda_gemv.cu        the GEMV for few rows (fixed K split, fused SwiGLU epilogue)
+ *   cuda_fp8.cu         products with block-quantized FP8 (e4m3) weights: GEMV, tiles,
+ *                       dequantization for cuBLASLt
  *   cuda_pdl.cuh        programmatic dependent launch helpers
  *   cuda_profile.c      per-operation device timing (KILN_CUDA_PROFILE=1)
  *   cuda_attention.cu   paged causal attention (GQA, MLA): tensor-core prefill,
@@ -97,6 +99,7 @@ struct cuda_ctx {
     long max_tokens, max_context;
     int max_heads;
     struct cuda_scratch act16;   /* 16-bit copy of a matmul's activations */
+    struct cuda_scratch fp8w;    /* FP8 weight rows dequantized to bf16 (cuda_matmul.cu) */
     struct cuda_scratch attn;    /* split-KV partial results */
     /* mixture of experts */
     struct cuda_scratch moe_dev; /* gathered rows, expert outputs, row lists */
@@ -351,6 +354,27 @@ int cuda_gemv_heads_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                        int n_heads, long n);
 void cuda_gemv_heads(struct cuda_ctx *c, float *y, long ldy, long hy, const float *x, long ldx,
                      long hx, const struct backend_weight *w, long w_stride, int n_heads, long n);
+/* FP8 weights (cuda_fp8.cu). Decode rows (n ≤ CUDA_FP8_GEMV_ROWS) take the
+ * FP8 GEMV (swiglu as cuda_gemv's); up to CUDA_FP8_TILE_ROWS rows (every n
+ * under --deterministic) the row-invariant tile kernel; more rows
+ * dequantize the weight to bf16 in chunks of rows for cuBLASLt. */
+enum { CUDA_FP8_GEMV_ROWS = 4, CUDA_FP8_TILE_ROWS = 64 };
+/* The 16-byte loads of the GEMV, the tiles and the dequantization apply:
+ * cols and block_cols multiples of 16, data 16-byte aligned. */
+int cuda_fp8_vec_ok(const struct backend_weight *w);
+int cuda_fp8_gemv_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n);
+void cuda_fp8_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                   const struct backend_weight *w, const float *bias, long n, int swiglu);
+/* y = x · wᵀ (+ bias) on the tile kernel (the scalar kernel where
+ * cuda_fp8_vec_ok fails), for n_heads heads: head h's y, x at h·hy, h·hx
+ * and its weight rows from row h·w_row_stride (a multiple of block_rows). */
+void cuda_fp8_tiles(struct cuda_ctx *c, float *y, long ldy, long hy, const float *x, long ldx,
+                    long hx, const struct backend_weight *w, long w_row_stride, const float *bias,
+                    int n_heads, long n);
+/* dst[r1 - r0][cols] (bf16) = rows r0..r1 of w dequantized, each
+ * bf16(e4m3 · scale). */
+void cuda_fp8_dequant(struct cuda_ctx *c, void *dst, const struct backend_weight *w, long r0,
+                      long r1);
 /* add_rmsnorm of nm that also writes x16[n][dim] = x rounded to dt (BF16 or
  * F16) for the product that follows (cuda_norm.cu). */
 void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *x16,

@@ -22,6 +22,11 @@
  *  - --deterministic: every product through cuda_matmul_det; the fused
  *    operations run their plain sequence (the same bits as the model's
  *    unfused calls).
+ *  - FP8 (e4m3, block-scaled) weights: cuda_fp8.cu's GEMV, tile kernel
+ *    (also under --deterministic) or bf16 chunks of dequantized rows into
+ *    the 16-bit path (fp8_matmul); the fused operations run their plain
+ *    sequence on them (the 16-bit handoffs need 16-bit weights), except
+ *    the SwiGLU MLP of decode rows on the FP8 GEMV.
  * Row-major y = x·Wᵀ is column-major Yᵀ = W'ᵀ·Xᵀ where W' is W read as a
  * column-major [cols][rows] matrix: op(A) = T on W (lda = cols), op(B) = N
  * on x (ldb = its row stride), C = y (ldc = ldy).
@@ -256,6 +261,35 @@ extern "C" void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n
     return to16(c, x, ldx, n, cols, dt, 1);
 }
 
+/* FP8 rows dequantized per chunk: about this many bytes of bf16 scratch. */
+enum { FP8_CHUNK_BYTES = 64 << 20 };
+
+/* An FP8 weight's product: the GEMV for decode rows, the tile kernel for
+ * small batches and --deterministic, else chunks of weight rows
+ * dequantized to bf16 and multiplied on the 16-bit path (the activations
+ * rounded to bf16 once). */
+static void fp8_matmul(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                       const struct backend_weight *w, const float *bias, long n) {
+    CUDA_ASSERT_MSG(w->scale && w->block_rows > 0 && w->block_cols > 0,
+                    "matmul: an FP8 weight without its block scales");
+    if (cuda_fp8_gemv_ok(c, w, n)) return cuda_fp8_gemv(c, y, ldy, x, ldx, w, bias, n, 0);
+    if (c->deterministic || n <= CUDA_FP8_TILE_ROWS || !cuda_fp8_vec_ok(w))
+        return cuda_fp8_tiles(c, y, ldy, 0, x, ldx, 0, w, 0, bias, 1, n);
+    long rows = w->rows, cols = w->cols;
+    long chunk = FP8_CHUNK_BYTES / (2 * cols) / 128 * 128;
+    if (chunk < 128) chunk = 128;
+    if (chunk > rows) chunk = rows;
+    const void *xb = to16(c, x, ldx, n, cols, DTYPE_BF16, 1);
+    if (!xb) return;
+    if (cuda_scratch_reserve(c, &c->fp8w, (size_t)chunk * (size_t)cols * 2, n)) return;
+    for (long r0 = 0; r0 < rows; r0 += chunk) {
+        long r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        cuda_fp8_dequant(c, c->fp8w.p, w, r0, r1);
+        struct backend_weight part = {c->fp8w.p, DTYPE_BF16, r1 - r0, cols, NULL, 0, 0};
+        product16(c, y + r0, ldy, xb, cols, &part, bias ? bias + r0 : NULL, n, 0.0f);
+    }
+}
+
 extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
                                const struct backend_weight *w, const float *bias, long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -263,6 +297,7 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     if (n <= 0 || rows <= 0) return;
     CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
                 ldy >= rows);
+    if (w->dtype == DTYPE_F8_E4M3) return fp8_matmul(c, y, ldy, x, ldx, w, bias, n);
     if (c->deterministic) return cuda_matmul_det(c, y, ldy, x, ldx, w, bias, n);
     int w16 = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
     CUDA_ASSERT_MSG(w16 || w->dtype == DTYPE_F32, "matmul: weights must be BF16, F16 or F32");
@@ -303,6 +338,15 @@ extern "C" void cuda_op_matmul_heads(void *ctx, float *y, long ldy, long hy, con
     if (n_heads == 1) return cuda_op_matmul(ctx, y, ldy, x, ldx, w, NULL, n);
     CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
                 ldy >= rows && hx >= 0 && hy >= 0 && w_stride >= 0);
+    if (w->dtype == DTYPE_F8_E4M3) {
+        /* each head's weight must start on a row of blocks (its scales
+         * are then rows of the scale matrix); the tile kernel over a grid
+         * of heads */
+        CUDA_ASSERT_MSG(w->block_rows > 0 && w_stride % cols == 0 &&
+                            (w_stride / cols) % w->block_rows == 0,
+                        "matmul_heads: FP8 heads that do not start on a block row");
+        return cuda_fp8_tiles(c, y, ldy, hy, x, ldx, hx, w, w_stride / cols, NULL, n_heads, n);
+    }
     if (c->deterministic) return cuda_matmul_det_heads(c, y, ldy, hy, x, ldx, hx, w, w_stride, n_heads, n);
     int w16 = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
     if (w16 && cuda_gemv_heads_ok(c, w, w_stride, n_heads, n))
@@ -401,6 +445,14 @@ extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm
     long inter = down->cols, d = nm->dim;
     CUDA_ASSERT(gate_up->rows == 2 * inter && gate_up->cols == d && ldgu >= 2 * inter &&
                 ldy >= down->rows);
+    /* FP8 decode: the same on the FP8 GEMV */
+    if (c->fuse && gate_up->dtype == DTYPE_F8_E4M3 && down->dtype == DTYPE_F8_E4M3 &&
+        cuda_fp8_gemv_ok(c, gate_up, n) && cuda_fp8_gemv_ok(c, down, n)) {
+        plain_norm(c, nm, n);
+        cuda_fp8_gemv(c, gu, ldgu, nm->x, d, gate_up, NULL, n, 1);
+        cuda_fp8_gemv(c, y, ldy, gu, ldgu, down, NULL, n, 0);
+        return;
+    }
     /* decode: norm, gate|up GEMV with silu(g)·u in its epilogue, down GEMV */
     if (c->fuse && !c->deterministic && cuda_gemv_ok(c, gate_up, n) && cuda_gemv_ok(c, down, n) &&
         cuda_gemv_xvec(nm->x, d) && cuda_gemv_xvec(gu, ldgu)) {

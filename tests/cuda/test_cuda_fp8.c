@@ -1,0 +1,225 @@
+/* test_cuda_fp8.c — the CUDA products with block-quantized FP8 (e4m3)
+ * weights (src/backend/cuda/cuda_fp8.cu and its dispatch in cuda_matmul.cu)
+ * against the CPU backend on the same codes and scales (random e4m3 codes,
+ * NaN codes excluded; random positive block scales), fresh inputs every run
+ * (KILN_TEST_SEED repeats one).
+ *
+ * Paths and shapes:
+ *  - matmul for n = 1, 2, 3 (the FP8 GEMV), 17, 64 (the tile kernel), 300,
+ *    2048 (bf16 dequantized chunks + cuBLASLt), with and without bias;
+ *    weights of 576 rows (a partial last block row) and 1040 columns (a
+ *    partial last block column), 128 × 128 and 64 × 48 blocks, and a
+ *    weight with 200 columns (not a multiple of 16: the scalar kernel);
+ *  - --deterministic: the tile kernel for every n, checked against the CPU
+ *    and bit for bit row by row against the same rows computed alone;
+ *  - norm_matmul and norm_swiglu_mlp (gate|up stacked with its scale rows)
+ *    at n = 1, 3 (the GEMV with the SwiGLU epilogue), 17 and 300.
+ *
+ * Tolerance, ‖gpu − cpu‖ / ‖cpu‖: the GEMV keeps fp32 activations and sums
+ * a piece of 16 products before scaling it (the CPU scales each weight
+ * first): fp32 reassociation only, 1e-5. The tile and cuBLASLt paths round
+ * the activations to bf16 and each dequantized weight e4m3·scale to bf16:
+ * two roundings of at most 2^-9 relative per product, typically ~2e-3 over
+ * a whole output; 1e-2 as for the bf16 products (test_cuda_ops), far under
+ * an indexing or scale-block error (order 1). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/registry.h"
+#include "base/error.h"
+#include "base/knob.h"
+#include "base/mem.h"
+#include "tensor/backend.h"
+#include "tensor/dtype.h"
+#include "cuda_test_pairs.h"
+
+enum { MAX_TOKENS = 2048, MAX_CONTEXT = 1024, MAX_HEADS = 16 };
+
+static struct backend gpu_det; /* backend_options.deterministic */
+
+/* An FP8 weight on both backends: random codes and scales. */
+struct w8 {
+    struct backend_weight c, g;
+    uint8_t *q;
+    float *s;
+};
+
+static struct w8 w8_rand(long rows, long cols, int br, int bc, float scale) {
+    size_t n = (size_t)rows * (size_t)cols;
+    long nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc;
+    size_t nb = (size_t)nbr * (size_t)nbc;
+    struct w8 w;
+    w.q = xaligned_alloc(n + 64);
+    w.s = xaligned_alloc(nb * 4 + 64);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t v;
+        do v = (uint8_t)rng_next(); while ((v & 0x7f) == 0x7f);
+        w.q[i] = v;
+    }
+    /* e4m3 values reach 448: scales put the weights near ±scale */
+    for (size_t i = 0; i < nb; i++) w.s[i] = scale / 448.0f * (0.5f + 0.5f * (frand(1.0f) + 1.0f));
+    w.c = (struct backend_weight){.data = w.q, .dtype = DTYPE_F8_E4M3, .rows = rows, .cols = cols,
+                                  .scale = w.s, .block_rows = br, .block_cols = bc};
+    w.g = w.c;
+    w.g.data = gpu.ops->weight_upload(gpu.ctx, w.q, n);
+    w.g.scale = gpu.ops->weight_upload(gpu.ctx, w.s, nb * 4);
+    assert_non_null(w.g.data);
+    assert_non_null(w.g.scale);
+    return w;
+}
+
+static void w8_free(struct w8 *w) {
+    gpu.ops->weight_release(gpu.ctx, w->g.data);
+    gpu.ops->weight_release(gpu.ctx, w->g.scale);
+    free(w->q), free(w->s);
+}
+
+static double tol_for(const struct backend *be, long n, long cols) {
+    return be != &gpu_det && n <= 4 && cols % 16 == 0 ? 1e-5 : 1e-2;
+}
+
+static void check_matmul(struct backend *be, long rows, long cols, int br, int bc, long n, int bias) {
+    printf("  matmul %ldx%ld blocks %dx%d n=%ld bias=%d%s\n", rows, cols, br, bc, n, bias,
+           be == &gpu_det ? " deterministic" : "");
+    struct w8 w = w8_rand(rows, cols, br, bc, 1.0f / sqrtf((float)cols));
+    long ldx = cols + 4, ldy = rows + 3;
+    struct pair x = pair_rand((size_t)(n * ldx), 1.0f), b = pair_rand((size_t)rows, 0.5f),
+                y = pair_poison((size_t)(n * ldy));
+    cpu.ops->matmul(cpu.ctx, y.h, ldy, x.h, ldx, &w.c, bias ? b.h : NULL, n);
+    be->ops->matmul(be->ctx, y.d, ldy, x.d, ldx, &w.g, bias ? (const float *)b.d : NULL, n);
+    be->ops->synchronize(be->ctx);
+    expect_close(&y, n, rows, ldy, tol_for(be, n, cols));
+    if (be == &gpu_det) { /* every row's bits as when computed alone */
+        float *all = xmalloc(y.bytes + 4), *one = xmalloc((size_t)ldy * 4 + 4);
+        be->ops->download(be->ctx, all, y.d, y.bytes);
+        long rows_to_check[3] = {0, n / 2, n - 1};
+        for (int k = 0; k < 3; k++) {
+            long i = rows_to_check[k];
+            struct pair y1 = pair_poison((size_t)ldy);
+            be->ops->matmul(be->ctx, y1.d, ldy, (const float *)x.d + i * ldx, ldx, &w.g,
+                            bias ? (const float *)b.d : NULL, 1);
+            be->ops->download(be->ctx, one, y1.d, (size_t)ldy * 4);
+            if (memcmp(one, all + i * ldy, (size_t)rows * 4))
+                fail_msg("deterministic: row %ld of %ld differs from the row alone", i, n);
+            pair_free(&y1);
+        }
+        free(all), free(one);
+    }
+    pair_free(&x), pair_free(&b), pair_free(&y);
+    w8_free(&w);
+}
+
+static void test_matmul_fp8(void **state) {
+    (void)state;
+    SKIP_WITHOUT_GPU();
+    const long ns[] = {1, 2, 3, 17, 64, 300, 2048};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        check_matmul(&gpu, 576, 1040, 128, 128, ns[i], (int)(i & 1));
+        if (ns[i] <= 300) check_matmul(&gpu, 576, 1040, 64, 48, ns[i], (int)!(i & 1));
+        if (ns[i] <= 300) check_matmul(&gpu, 130, 200, 128, 128, ns[i], 1);
+    }
+    check_matmul(&gpu, 4096, 2048, 128, 128, 1, 0);
+    check_matmul(&gpu, 4096, 2048, 128, 128, 300, 1);
+}
+
+static void test_matmul_fp8_det(void **state) {
+    (void)state;
+    SKIP_WITHOUT_GPU();
+    const long ns[] = {1, 3, 17, 300};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        check_matmul(&gpu_det, 576, 1040, 128, 128, ns[i], 1);
+        check_matmul(&gpu_det, 130, 200, 128, 128, ns[i], 0);
+    }
+}
+
+/* norm_matmul and norm_swiglu_mlp with FP8 weights against the CPU's
+ * add_rmsnorm + matmul (+ silu_mul + matmul) on the same weights. */
+static void check_fused(long n, long d, long inter) {
+    const float eps = 1e-5f;
+    printf("  fused fp8 n=%ld d=%ld inter=%ld\n", n, d, inter);
+    struct w8 wq = w8_rand(3 * d / 2, d, 128, 128, 1.0f / sqrtf((float)d)),
+              wgu = w8_rand(2 * inter, d, 128, 128, 1.0f / sqrtf((float)d)),
+              wd = w8_rand(d, inter, 128, 128, 1.0f / sqrtf((float)inter));
+    long qrows = wq.c.rows;
+    float *h0 = rand_floats((size_t)(n * d), 3.0f);
+    struct pair h = pair_from(h0, (size_t)(n * d) * 4), dl = pair_rand((size_t)(n * d), 1.0f),
+                lw = pair_rand((size_t)d, 1.0f), qb = pair_rand((size_t)qrows, 0.5f),
+                xn = pair_poison((size_t)(n * d)), y = pair_poison((size_t)(n * qrows)),
+                gu = pair_poison((size_t)(n * 2 * inter)), o = pair_poison((size_t)(n * d));
+    free(h0);
+    double tol = n <= 4 ? 1e-5 : 1e-2;
+    cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, xn.h, lw.h, n, d, eps);
+    cpu.ops->matmul(cpu.ctx, y.h, qrows, xn.h, d, &wq.c, qb.h, n);
+    struct backend_norm nm = {.h = h.d, .delta = dl.d, .x = xn.d, .w = lw.d, .dim = d, .eps = eps};
+    gpu.ops->norm_matmul(gpu.ctx, &nm, y.d, qrows, &wq.g, qb.d, n);
+    gpu.ops->synchronize(gpu.ctx);
+    expect_close(&h, n, d, d, 1e-6);
+    expect_close(&y, n, qrows, qrows, tol);
+    cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, xn.h, lw.h, n, d, eps);
+    cpu.ops->matmul(cpu.ctx, gu.h, 2 * inter, xn.h, d, &wgu.c, NULL, n);
+    cpu.ops->silu_mul(cpu.ctx, gu.h, 2 * inter, gu.h, 2 * inter, gu.h + inter, 2 * inter, n, inter);
+    cpu.ops->matmul(cpu.ctx, o.h, d, gu.h, 2 * inter, &wd.c, NULL, n);
+    struct backend_weight parts[2] = {wgu.g, wgu.g};
+    parts[0].rows = parts[1].rows = inter;
+    parts[1].data = (const uint8_t *)wgu.g.data + (size_t)inter * (size_t)d;
+    parts[1].scale = wgu.g.scale + inter / 128 * ((d + 127) / 128);
+    gpu.ops->norm_swiglu_mlp(gpu.ctx, &nm, o.d, d,
+                             &(struct backend_stack){.cat = wgu.g, .parts = parts, .count = 2}, &wd.g,
+                             gu.d, 2 * inter, n);
+    gpu.ops->synchronize(gpu.ctx);
+    expect_close(&h, n, d, d, 1e-6);
+    expect_close(&o, n, d, d, tol);
+    pair_free(&h), pair_free(&dl), pair_free(&lw), pair_free(&qb), pair_free(&xn), pair_free(&y),
+        pair_free(&gu), pair_free(&o);
+    w8_free(&wq), w8_free(&wgu), w8_free(&wd);
+}
+
+static void test_fused_fp8(void **state) {
+    (void)state;
+    SKIP_WITHOUT_GPU();
+    check_fused(1, 1024, 1536);
+    check_fused(3, 1024, 1536);
+    check_fused(17, 1024, 1536);
+    check_fused(300, 1024, 1536);
+}
+
+int main(void) {
+    rng_seed("test_cuda_fp8");
+    struct kiln_error err = {0};
+    struct backend_options bo = {.n_threads = 0, .device = 0};
+    if (backend_create(&cpu, "cpu", &bo, &err)) return 1;
+    have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
+    if (!have_gpu) {
+        printf("test_cuda_fp8: %s; the tests below fail\n", err.msg);
+    } else {
+        struct backend_options bd = {.deterministic = 1};
+        if (backend_create(&gpu_det, "cuda", &bd, &err)) {
+            fprintf(stderr, "cuda backend (deterministic): %s\n", err.msg);
+            return 1;
+        }
+        if (!gpu.ops->fp8_weights) fail_msg("the cuda backend does not take FP8 weights");
+        if (cpu.ops->reserve(cpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu.ops->reserve(gpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_det.ops->reserve(gpu_det.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
+            fprintf(stderr, "reserve: %s\n", err.msg);
+            return 1;
+        }
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_fp8),
+        cmocka_unit_test(test_matmul_fp8_det),
+        cmocka_unit_test(test_fused_fp8),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_det);
+    backend_destroy(&cpu);
+    return rc;
+}
