@@ -557,7 +557,7 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
                                    const long *rows, const struct ws_slice *slices, int count,
                                    long cols, enum dtype dt, const char *name, struct kiln_error *err) {
     struct model *m = ws->m;
-    struct dummy_part dparts[8];
+    struct dummy_part dparts[8] = {{0}};
     if (!ws->st) {
         for (int i = 0; i < count; i++)
             dparts[i] = dummy_next(ws, (size_t)part_rows(rows, slices, i) * (size_t)cols, cols, dt);
@@ -614,8 +614,8 @@ static int cat_is_fp8(struct weight_source *ws, const char *const *names, const 
                        names[0], m->be->ops->name);
 }
 
-/* The parts of FP8 stack out: views of its rows, each with its own scale
- * rows where it starts on a block row (else NULL: blocks span parts). */
+/* The parts of FP8 stack out: views of its rows, each with its scale rows
+ * (a part starts on a block row of the stack: cat_fp8). */
 static void cat_parts(const struct backend_weight *out, const long *rows, const struct ws_slice *slices,
                       int count, long nbc, struct backend_weight *parts) {
     size_t off = 0;
@@ -631,118 +631,114 @@ static void cat_parts(const struct backend_weight *out, const long *rows, const 
     }
 }
 
-/* The FP8 stack: every part but the last a whole number of block rows (the
- * scale rows stack with them), codes in one device allocation, scales in
- * another. Checkpoint FP8 parts keep their codes and scales; other parts
- * are quantized on the host (fp8_quantize_blocks); dummy parts are made as
- * FP8 (tensor/dummy_fill.h), on the device when it can. */
+static long gcd_l(long a, long b) {
+    while (b) {
+        long r = a % b;
+        a = b, b = r;
+    }
+    return a;
+}
+
+/* The FP8 stack: codes in one device allocation, each part's own codes
+ * and block scales (as the CPU, which runs the parts one by one, has
+ * them). Its block rows are g = gcd(block_rows, every part's start), so
+ * that each g-row block lies in one block of one part; each takes that
+ * block's scale (g = block_rows, the scale rows simply stacked, when every
+ * part but the last is whole blocks: the real models' q|k|v and gate|up).
+ * Checkpoint FP8 parts keep their codes and scales; other parts are
+ * quantized on the host (fp8_quantize_blocks), part by part; dummy parts
+ * are made FP8 on the device when it can (g = block_rows), else on the
+ * host as the others. */
 static int cat_fp8(struct weight_source *ws, const char *const *names, const long *rows,
                    const struct ws_slice *slices, int count, long cols,
                    const struct st_tensor *const *t, struct backend_weight *out,
                    struct backend_weight *parts, struct kiln_error *err) {
     struct model *m = ws->m;
     const struct model_quant *q = &m->cfg.quant;
-    long total = 0, nbc = ceil_div(cols, q->block_cols);
-    int aligned = 1; /* every part but the last whole block rows */
+    const int br = q->block_rows;
+    long total = 0, nbc = ceil_div(cols, q->block_cols), g = br, pr[8], r0[8];
     for (int i = 0; i < count; i++) {
-        long pr = part_rows(rows, slices, i);
-        if (i < count - 1 && pr % q->block_rows) aligned = 0;
-        total += pr;
+        pr[i] = part_rows(rows, slices, i);
+        r0[i] = total;
+        g = gcd_l(g, total);
+        total += pr[i];
     }
-    int ckpt8 = ws->st && t[0]->dtype == DTYPE_F8_E4M3;
-    if (ckpt8 && !aligned)
-        return kiln_errorc(err, KILN_ERR_UNSUPPORTED,
-                           "tensors '%s' ... are FP8 in blocks of %d rows but do not all have a whole "
-                           "number of them: the %s backend stacks them into one matrix and cannot",
-                           names[0], q->block_rows, m->be->ops->name);
-    size_t n = (size_t)total * (size_t)cols, nb = (size_t)ceil_div(total, q->block_rows) * (size_t)nbc;
-    float *sc = model_own(m, xaligned_alloc(nb * 4 + 4));
+    size_t n = (size_t)total * (size_t)cols, nb = (size_t)ceil_div(total, g) * (size_t)nbc;
+    const float *ps[8]; /* each part's host scales [ceil(pr / br)][nbc] */
     const void *dev = NULL;
-    size_t soff = 0;
+    int ckpt8 = ws->st && t[0]->dtype == DTYPE_F8_E4M3;
     if (ckpt8) {
         for (int i = 0; i < count; i++) {
             const char *file = ws->st->paths[t[i]->file];
-            const float *h;
             size_t hn;
             if (fp8_slice_check(m, file, names[i], rows[i], cols, slices ? &slices[i] : NULL, err) ||
-                scales_host(ws, names[i], file, rows[i], cols, slices ? &slices[i] : NULL, &h, &hn, err))
+                scales_host(ws, names[i], file, rows[i], cols, slices ? &slices[i] : NULL, &ps[i], &hn, err))
                 return -1;
-            memcpy(sc + soff, h, hn * 4);
-            soff += hn;
         }
-        if (!(dev = upload_cat_direct(m, t, rows, slices, count, cols, 1, names[0], err))) return -1;
-    } else if (ws->st) {
-        /* online quantization of checkpoint parts: the stack as one matrix
-         * (where the parts are whole block rows, the same blocks as
-         * quantizing each part; elsewhere blocks may span two parts) */
-        enum dtype dt = t[0]->dtype;
-        size_t es = dtype_size(dt), off = 0;
-        for (int i = 0; i < count; i++)
-            if (t[i]->dtype != dt || (dt != DTYPE_BF16 && dt != DTYPE_F16 && dt != DTYPE_F32))
-                return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s like '%s'",
-                                   ws->st->paths[t[i]->file], names[i], dtype_name(t[i]->dtype),
-                                   dtype_name(dt), names[0]);
-        unsigned char *stack = xaligned_alloc(n * es + 64);
+        dev = m->be->ops->weight_upload_cat
+                  ? upload_cat_direct(m, t, rows, slices, count, cols, 1, names[0], err)
+                  : upload_cat_host(ws, t, rows, slices, count, cols, DTYPE_F8_E4M3, names[0], err);
+        if (!dev) return -1;
+    } else {
+        struct dummy_part dp[8] = {{0}};
+        enum dtype dt = ws->st ? t[0]->dtype : dummy_dtype(m);
         for (int i = 0; i < count; i++) {
-            size_t pb = (size_t)part_rows(rows, slices, i) * (size_t)cols * es;
-            memcpy(stack + off, part_host(t[i], slices, i, cols, es), pb);
-            off += pb;
-        }
-        uint8_t *qd = aligned_alloc(64, (n + 63) & ~(size_t)63);
-        if (!qd) {
-            free(stack);
-            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for tensor '%s' (%zu bytes)", names[0], n);
-        }
-        model_own(m, qd);
-        fp8_quantize_blocks(stack, dt, total, cols, q->block_rows, q->block_cols, qd, sc);
-        free(stack);
-        soff = nb;
-        const void *h = qd;
-        if (!(dev = upload_stable(m, &h, &n, 1)))
-            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", names[0]);
-    } else { /* dummy: on the device where the parts are whole block rows */
-        struct dummy_part dp[8];
-        for (int i = 0; i < count; i++) {
-            long pr = part_rows(rows, slices, i);
-            dp[i] = dummy_next(ws, (size_t)pr * (size_t)cols, cols, dummy_dtype(m));
-            dp[i].rows = pr, dp[i].cols = cols;
+            if (ws->st) {
+                if (t[i]->dtype != dt || (dt != DTYPE_BF16 && dt != DTYPE_F16 && dt != DTYPE_F32))
+                    return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s like '%s'",
+                                       ws->st->paths[t[i]->file], names[i], dtype_name(t[i]->dtype),
+                                       dtype_name(dt), names[0]);
+                continue;
+            }
+            dp[i] = dummy_next(ws, (size_t)pr[i] * (size_t)cols, cols, dt);
+            dp[i].rows = pr[i], dp[i].cols = cols;
         }
         const float *dsc = NULL;
-        if (aligned && (dev = dummy_fp8_on_device(m, dp, count, &dsc))) {
+        if (!ws->st && g == br && (dev = dummy_fp8_on_device(m, dp, count, &dsc))) {
             *out = (struct backend_weight){.data = dev, .dtype = DTYPE_F8_E4M3, .rows = total, .cols = cols,
-                                           .scale = dsc, .block_rows = q->block_rows,
-                                           .block_cols = q->block_cols};
+                                           .scale = dsc, .block_rows = br, .block_cols = q->block_cols};
             m->weight_bytes += n + nb * 4;
             ws->last_host = NULL;
             ws->last_scale = NULL;
             cat_parts(out, rows, slices, count, nbc, parts);
             return 0;
         }
-        /* the host: the parts' values stacked, quantized as one matrix */
-        enum dtype dt = dummy_dtype(m);
-        size_t es = dtype_size(dt), off = 0;
-        unsigned char *stack = xaligned_alloc(n * es + 64);
-        for (int i = 0; i < count; i++) {
-            fill_dummy(&dp[i], stack + off);
-            off += dp[i].n * es;
-        }
+        /* on the host, part by part */
+        size_t es = dtype_size(dt);
         uint8_t *qd = aligned_alloc(64, (n + 63) & ~(size_t)63);
-        if (!qd) {
-            free(stack);
-            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for tensor '%s' (%zu bytes)", names[0], n);
-        }
+        if (!qd) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for tensor '%s' (%zu bytes)", names[0], n);
         model_own(m, qd);
-        fp8_quantize_blocks(stack, dt, total, cols, q->block_rows, q->block_cols, qd, sc);
-        free(stack);
-        soff = nb;
+        for (int i = 0; i < count; i++) {
+            float *sc = model_own(m, xaligned_alloc((size_t)ceil_div(pr[i], br) * (size_t)nbc * 4 + 4));
+            const void *x;
+            unsigned char *fill = NULL;
+            if (ws->st) {
+                x = part_host(t[i], slices, i, cols, es);
+            } else {
+                fill = xaligned_alloc(dp[i].n * es + 64);
+                fill_dummy(&dp[i], fill);
+                x = fill;
+            }
+            fp8_quantize_blocks(x, dt, pr[i], cols, br, q->block_cols, qd + (size_t)r0[i] * (size_t)cols, sc);
+            free(fill);
+            ps[i] = sc;
+        }
         const void *h = qd;
         if (!(dev = upload_stable(m, &h, &n, 1)))
             return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", names[0]);
     }
-    KILN_ASSERT(soff == nb);
+    /* the stack's scales: g-row block b lies in part i's block row (b·g − r0[i]) / br */
+    float *sc = model_own(m, xaligned_alloc(nb * 4 + 4));
+    for (long b = 0, i = 0; b < ceil_div(total, g); b++) {
+        long r = b * g;
+        while (i + 1 < count && r >= r0[i + 1]) i++;
+        memcpy(sc + (size_t)b * (size_t)nbc, ps[i] + (size_t)((r - r0[i]) / br) * (size_t)nbc,
+               (size_t)nbc * 4);
+    }
     *out = (struct backend_weight){.data = dev, .dtype = DTYPE_F8_E4M3, .rows = total, .cols = cols};
     m->weight_bytes += n;
     if (upload_scales(ws, sc, nb, names[0], out, err)) return -1;
+    out->block_rows = (int)g;
     ws->last_host = NULL; /* a stack: no one matrix's host bytes */
     ws->last_scale = NULL;
     cat_parts(out, rows, slices, count, nbc, parts);

@@ -153,6 +153,7 @@ struct backend_step_shape {
     int moe_layers;      /* 0: no mixture of experts */
     int moe_experts, moe_hidden, moe_inter, moe_slots; /* the largest of the MoE layers */
     int device_sampling; /* the runner samples on the device */
+    int fp8_weights;     /* the model has FP8 (block-quantized) weights */
 };
 
 /* A residual add + RMSNorm pending in front of a product (norm_matmul,

@@ -182,6 +182,30 @@ static void check_fused(long n, long d, long inter) {
     w8_free(&wq), w8_free(&wgu), w8_free(&wd);
 }
 
+/* An MLP whose down projection stayed bf16 (modules_to_not_convert): the
+ * fused op takes its plain sequence with the two kinds of product. */
+static void check_mixed_mlp(long n, long d, long inter) {
+    const float eps = 1e-5f;
+    printf("  mixed MLP (FP8 gate|up, bf16 down) n=%ld\n", n);
+    struct w8 wgu = w8_rand(2 * inter, d, 128, 128, 1.0f / sqrtf((float)d));
+    struct wpair wd = weight_rand(DTYPE_BF16, d, inter, 1.0f / sqrtf((float)inter));
+    struct pair h = pair_rand((size_t)(n * d), 3.0f), lw = pair_rand((size_t)d, 1.0f),
+                xn = pair_poison((size_t)(n * d)), gu = pair_poison((size_t)(n * 2 * inter)),
+                o = pair_poison((size_t)(n * d));
+    cpu.ops->add_rmsnorm(cpu.ctx, h.h, NULL, xn.h, lw.h, n, d, eps);
+    cpu.ops->matmul(cpu.ctx, gu.h, 2 * inter, xn.h, d, &wgu.c, NULL, n);
+    cpu.ops->silu_mul(cpu.ctx, gu.h, 2 * inter, gu.h, 2 * inter, gu.h + inter, 2 * inter, n, inter);
+    cpu.ops->matmul(cpu.ctx, o.h, d, gu.h, 2 * inter, &wd.c, NULL, n);
+    struct backend_norm nm = {.h = h.d, .delta = NULL, .x = xn.d, .w = lw.d, .dim = d, .eps = eps};
+    gpu.ops->norm_swiglu_mlp(gpu.ctx, &nm, o.d, d, &(struct backend_stack){.cat = wgu.g, .count = 2}, &wd.g,
+                             gu.d, 2 * inter, n);
+    gpu.ops->synchronize(gpu.ctx);
+    expect_close(&o, n, d, d, 1e-2);
+    pair_free(&h), pair_free(&lw), pair_free(&xn), pair_free(&gu), pair_free(&o);
+    w8_free(&wgu);
+    weight_free(&wd);
+}
+
 static void test_fused_fp8(void **state) {
     (void)state;
     SKIP_WITHOUT_GPU();
@@ -189,6 +213,8 @@ static void test_fused_fp8(void **state) {
     check_fused(3, 1024, 1536);
     check_fused(17, 1024, 1536);
     check_fused(300, 1024, 1536);
+    check_mixed_mlp(1 + irand(4), 1024, 1536);
+    check_mixed_mlp(17 + irand(300), 1024, 1536);
 }
 
 int main(void) {

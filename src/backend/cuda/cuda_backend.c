@@ -103,7 +103,7 @@ static int cuda_step_status(void *ctx, struct kiln_error *err) {
     if (!c->oom.bytes) return 0;
     CUDA_ASSERT(!c->capturing);
     CUDA_ASSERT(!c->on_side);
-    struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->moe_dev, &c->fp8w};
+    struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->moe_dev, &c->fp8w, &c->fp8w_side};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         if (s[i]->p) CUDA_CHECK(cudaFreeAsync(s[i]->p, c->stream));
         s[i]->p = NULL;
@@ -270,7 +270,7 @@ static void cuda_destroy(void *ctx) {
     if (c->stream) {
         (void)cudaStreamSynchronize(c->stream);
         struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->attn, &c->moe_dev, &c->sample_part,
-                                    &c->fp8w};
+                                    &c->fp8w, &c->fp8w_side};
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
             if (s[i]->p) (void)cudaFreeAsync(s[i]->p, c->stream);
         (void)cudaStreamSynchronize(c->stream);
@@ -294,11 +294,13 @@ static void cuda_destroy(void *ctx) {
 
 /* backend_ops.side_begin / side_end / side_join: a fork and a join through
  * two events, which a graph being recorded takes in as two branches. The
- * cuBLAS handle follows the current stream; act16 swaps with the side's
- * own so that the two streams' 16-bit copies never share memory. */
+ * cuBLAS handle follows the current stream; act16 and fp8w swap with the
+ * side's own so that the two streams' scratch never shares memory. */
 static void side_switch(struct cuda_ctx *c, int on) {
     struct cuda_scratch t = c->act16;
     c->act16 = c->act16_side, c->act16_side = t;
+    t = c->fp8w;
+    c->fp8w = c->fp8w_side, c->fp8w_side = t;
     c->on_side = on;
     c->stream = on ? c->side_stream : c->main_stream;
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));

@@ -137,6 +137,7 @@ struct cuda_ctx {
     cudaStream_t main_stream, side_stream;
     cudaEvent_t side_fork, side_done;
     struct cuda_scratch act16_side;
+    struct cuda_scratch fp8w_side;
     int on_side;
     long dual_max;
     int sample_ready;            /* the row kernel's shared-memory limit is set */
@@ -359,6 +360,8 @@ void cuda_gemv_heads(struct cuda_ctx *c, float *y, long ldy, long hy, const floa
  * under --deterministic) the row-invariant tile kernel; more rows
  * dequantize the weight to bf16 in chunks of rows for cuBLASLt. */
 enum { CUDA_FP8_GEMV_ROWS = 4, CUDA_FP8_TILE_ROWS = 64 };
+/* The largest fp8w scratch: a chunk of dequantized rows, or split partials. */
+#define CUDA_FP8_SCRATCH_BYTES ((size_t)64 << 20)
 /* The 16-byte loads of the GEMV, the tiles and the dequantization apply:
  * cols and block_cols multiples of 16, data 16-byte aligned. */
 int cuda_fp8_vec_ok(const struct backend_weight *w);

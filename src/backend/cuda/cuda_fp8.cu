@@ -375,7 +375,7 @@ static int f8_split(const struct cuda_ctx *c, long tiles, long n, long rows, lon
     long by_k = cols / 512;
     if (s > by_k) s = by_k;
     long tm = (n + F8_BM - 1) / F8_BM;
-    while (s > 1 && (size_t)s * (size_t)(tm * F8_BM) * (size_t)rows * 4 > ((size_t)64 << 20)) s--;
+    while (s > 1 && (size_t)s * (size_t)(tm * F8_BM) * (size_t)rows * 4 > CUDA_FP8_SCRATCH_BYTES) s--;
     return s > 1 ? (int)(s < 16 ? s : 16) : 1;
 }
 

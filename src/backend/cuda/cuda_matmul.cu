@@ -261,8 +261,6 @@ extern "C" void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n
     return to16(c, x, ldx, n, cols, dt, 1);
 }
 
-/* FP8 rows dequantized per chunk: about this many bytes of bf16 scratch. */
-enum { FP8_CHUNK_BYTES = 64 << 20 };
 
 /* An FP8 weight's product: the GEMV for decode rows, the tile kernel for
  * small batches and --deterministic, else chunks of weight rows
@@ -276,7 +274,7 @@ static void fp8_matmul(struct cuda_ctx *c, float *y, long ldy, const float *x, l
     if (c->deterministic || n <= CUDA_FP8_TILE_ROWS || !cuda_fp8_vec_ok(w))
         return cuda_fp8_tiles(c, y, ldy, 0, x, ldx, 0, w, 0, bias, 1, n);
     long rows = w->rows, cols = w->cols;
-    long chunk = FP8_CHUNK_BYTES / (2 * cols) / 128 * 128;
+    long chunk = (long)(CUDA_FP8_SCRATCH_BYTES / (size_t)(2 * cols)) / 128 * 128;
     if (chunk < 128) chunk = 128;
     if (chunk > rows) chunk = rows;
     const void *xb = to16(c, x, ldx, n, cols, DTYPE_BF16, 1);
