@@ -6,7 +6,9 @@
  *
  * Paths and shapes:
  *  - matmul for n = 1, 2, 3 (the FP8 GEMV), 17, 64 (the tile kernel), 300,
- *    2048 (bf16 dequantized chunks + cuBLASLt), with and without bias;
+ *    2048 (bf16 dequantized chunks + cuBLASLt; with 128 x 128 blocks and K
+ *    a multiple of 128, cuBLASLt's block-scaled FP8 where it has a plan,
+ *    and the chunks again with KILN_CUDA_FP8_LT=0), with and without bias;
  *    weights of 576 rows (a partial last block row) and 1040 columns (a
  *    partial last block column), 128 × 128 and 64 × 48 blocks, and a
  *    weight with 200 columns (not a multiple of 16: the scalar kernel);
@@ -21,7 +23,10 @@
  * the activations to bf16 and each dequantized weight e4m3·scale to bf16:
  * two roundings of at most 2^-9 relative per product, typically ~2e-3 over
  * a whole output; 1e-2 as for the bf16 products (test_cuda_ops), far under
- * an indexing or scale-block error (order 1). */
+ * an indexing or scale-block error (order 1). cuBLASLt's FP8 rounds the
+ * activations to e4m3 in 128-column groups: up to 2^-4 relative per
+ * element (about 2.5e-2 RMS over a binade), so ~2.5e-2 over an output;
+ * 6e-2, still far under a layout error of the scales (order 1). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +38,7 @@
 
 #include <cmocka.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/registry.h"
 #include "base/error.h"
 #include "base/knob.h"
@@ -43,7 +49,10 @@
 
 enum { MAX_TOKENS = 2048, MAX_CONTEXT = 1024, MAX_HEADS = 16 };
 
-static struct backend gpu_det; /* backend_options.deterministic */
+static struct backend gpu_det;  /* backend_options.deterministic */
+static struct backend gpu_nolt; /* KILN_CUDA_FP8_LT=0: no cuBLASLt block-scaled FP8 */
+
+static long lt_calls(const struct backend *be) { return ((const struct cuda_ctx *)be->ctx)->fp8_lt_calls; }
 
 /* An FP8 weight on both backends: random codes and scales. */
 struct w8 {
@@ -82,21 +91,31 @@ static void w8_free(struct w8 *w) {
     free(w->q), free(w->s);
 }
 
-static double tol_for(const struct backend *be, long n, long cols) {
+/* lt: the product ran on cuBLASLt's block-scaled FP8 (e4m3 activations) */
+static double tol_for(const struct backend *be, long n, long cols, int lt) {
+    if (lt) return 6e-2;
     return be != &gpu_det && n <= 4 && cols % 16 == 0 ? 1e-5 : 1e-2;
 }
 
 static void check_matmul(struct backend *be, long rows, long cols, int br, int bc, long n, int bias) {
     printf("  matmul %ldx%ld blocks %dx%d n=%ld bias=%d%s\n", rows, cols, br, bc, n, bias,
-           be == &gpu_det ? " deterministic" : "");
+           be == &gpu_det ? " deterministic" : be == &gpu_nolt ? " KILN_CUDA_FP8_LT=0" : "");
+    long lt0 = lt_calls(be);
     struct w8 w = w8_rand(rows, cols, br, bc, 1.0f / sqrtf((float)cols));
-    long ldx = cols + 4, ldy = rows + 3;
+    /* odd output strides, except where cuBLASLt's FP8 could apply (it
+     * needs 16-byte aligned output rows) */
+    long ldx = cols + 4, ldy = rows + (cols % 128 ? 3 : 4);
     struct pair x = pair_rand((size_t)(n * ldx), 1.0f), b = pair_rand((size_t)rows, 0.5f),
                 y = pair_poison((size_t)(n * ldy));
     cpu.ops->matmul(cpu.ctx, y.h, ldy, x.h, ldx, &w.c, bias ? b.h : NULL, n);
     be->ops->matmul(be->ctx, y.d, ldy, x.d, ldx, &w.g, bias ? (const float *)b.d : NULL, n);
     be->ops->synchronize(be->ctx);
-    expect_close(&y, n, rows, ldy, tol_for(be, n, cols));
+    int lt = lt_calls(be) > lt0;
+    if (lt && (be != &gpu || n <= 64 || br != 128 || bc != 128 || cols % 128))
+        fail_msg("cuBLASLt's block-scaled FP8 ran where it does not apply");
+    if (be == &gpu && n > 64 && br == 128 && bc == 128 && cols % 128 == 0)
+        printf("    cuBLASLt block-scaled FP8: %s\n", lt ? "ran" : "no plan on this GPU / cuBLAS (bf16 chunks ran)");
+    expect_close(&y, n, rows, ldy, tol_for(be, n, cols, lt));
     if (be == &gpu_det) { /* every row's bits as when computed alone */
         float *all = xmalloc(y.bytes + 4), *one = xmalloc((size_t)ldy * 4 + 4);
         be->ops->download(be->ctx, all, y.d, y.bytes);
@@ -127,7 +146,13 @@ static void test_matmul_fp8(void **state) {
         if (ns[i] <= 300) check_matmul(&gpu, 130, 200, 128, 128, ns[i], 1);
     }
     check_matmul(&gpu, 4096, 2048, 128, 128, 1, 0);
+    /* cuBLASLt's block-scaled FP8 (K a multiple of 128, 128 x 128 blocks),
+     * and the same products on the bf16 chunks */
     check_matmul(&gpu, 4096, 2048, 128, 128, 300, 1);
+    check_matmul(&gpu, 1536, 1024, 128, 128, 2048, 0);
+    check_matmul(&gpu, 576, 1024, 128, 128, 65, 1);
+    check_matmul(&gpu_nolt, 4096, 2048, 128, 128, 300, 1);
+    check_matmul(&gpu_nolt, 1536, 1024, 128, 128, 2048, 0);
 }
 
 static void test_matmul_fp8_det(void **state) {
@@ -226,6 +251,15 @@ int main(void) {
     if (!have_gpu) {
         printf("test_cuda_fp8: %s; the tests below fail\n", err.msg);
     } else {
+        setenv("KILN_CUDA_FP8_LT", "0", 1);
+        knob_reload(NULL);
+        int rc = backend_create(&gpu_nolt, "cuda", &bo, &err);
+        unsetenv("KILN_CUDA_FP8_LT");
+        knob_reload(NULL);
+        if (rc) {
+            fprintf(stderr, "cuda backend (KILN_CUDA_FP8_LT=0): %s\n", err.msg);
+            return 1;
+        }
         struct backend_options bd = {.deterministic = 1};
         if (backend_create(&gpu_det, "cuda", &bd, &err)) {
             fprintf(stderr, "cuda backend (deterministic): %s\n", err.msg);
@@ -234,7 +268,8 @@ int main(void) {
         if (!gpu.ops->fp8_weights) fail_msg("the cuda backend does not take FP8 weights");
         if (cpu.ops->reserve(cpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu.ops->reserve(gpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
-            gpu_det.ops->reserve(gpu_det.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
+            gpu_det.ops->reserve(gpu_det.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_nolt.ops->reserve(gpu_nolt.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
             fprintf(stderr, "reserve: %s\n", err.msg);
             return 1;
         }
@@ -245,7 +280,7 @@ int main(void) {
         cmocka_unit_test(test_fused_fp8),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_det);
+    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_det), backend_destroy(&gpu_nolt);
     backend_destroy(&cpu);
     return rc;
 }

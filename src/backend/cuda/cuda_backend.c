@@ -469,6 +469,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->gemv_ks = gemv_ks[knob_enum(KNOB_CUDA_GEMV_KS)];
     c->ad_warps = ad_warps[knob_enum(KNOB_CUDA_AD_W)];
     c->use_lt = knob_bool(KNOB_CUDA_LT);
+    c->fp8_lt = knob_bool(KNOB_CUDA_FP8_LT);
     c->upload_delay_ms = knob_int(KNOB_CUDA_UPLOAD_DELAY_MS);
     /* prefill attention kernel (KILN_CUDA_FA, docs/cuda.md): the wgmma one
      * on Hopper (sm_90a code runs on compute capability 9.0 only) */

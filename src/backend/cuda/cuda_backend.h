@@ -148,6 +148,8 @@ struct cuda_ctx {
                                     they run the plain sequence) */
     int gemv_ks;                 /* GEMV K split: 0 = by shape, or 1, 2, 4 (KILN_CUDA_GEMV_KS) */
     int use_lt;                  /* 1: 16-bit products through cuBLASLt (KILN_CUDA_LT=0: GemmEx) */
+    int fp8_lt;                  /* 1: FP8 products of many rows through cuBLASLt's block-scaled
+                                    FP8 where it has an algorithm (KILN_CUDA_FP8_LT=0: bf16) */
     void *lt;                    /* cuBLASLt handle and plan cache (cuda_matmul.cu) */
     size_t cublas_ws_bytes;      /* size of cublas_ws */
     void *prof;                  /* per-operation timing (KILN_CUDA_PROFILE=1, cuda_profile.c) */
@@ -168,6 +170,7 @@ struct cuda_ctx {
     long mla_decode_calls;       /* launches of the MLA decode kernel (host count, for tests) */
     int mla_occ;                 /* MLA decode CTAs an SM holds (cuda_attn_mla.cu; 0: not set up yet) */
     long wgmma_calls;            /* products it ran (host count, for tests) */
+    long fp8_lt_calls;           /* FP8 products on cuBLASLt's block-scaled FP8 (host count) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     int ad_warps;                /* decode attention at head size 128: warps per CTA, 2 or 4
                                     (chunks of 32 positions per warp); 0: by the batch
@@ -358,7 +361,8 @@ void cuda_gemv_heads(struct cuda_ctx *c, float *y, long ldy, long hy, const floa
 /* FP8 weights (cuda_fp8.cu). Decode rows (n ≤ CUDA_FP8_GEMV_ROWS) take the
  * FP8 GEMV (swiglu as cuda_gemv's); up to CUDA_FP8_TILE_ROWS rows (every n
  * under --deterministic) the row-invariant tile kernel; more rows
- * dequantize the weight to bf16 in chunks of rows for cuBLASLt. */
+ * cuBLASLt's block-scaled FP8, or the weight dequantized to bf16 in chunks
+ * of rows for cuBLASLt's bf16 product (cuda_matmul.cu fp8_matmul). */
 enum { CUDA_FP8_GEMV_ROWS = 4, CUDA_FP8_TILE_ROWS = 64 };
 /* The largest fp8w scratch: a chunk of dequantized rows, or split partials. */
 #define CUDA_FP8_SCRATCH_BYTES ((size_t)64 << 20)
@@ -378,6 +382,10 @@ void cuda_fp8_tiles(struct cuda_ctx *c, float *y, long ldy, long hy, const float
  * bf16(e4m3 · scale). */
 void cuda_fp8_dequant(struct cuda_ctx *c, void *dst, const struct backend_weight *w, long r0,
                       long r1);
+/* xq[n][cols] (e4m3) and xs[cols / 128][n] (fp32): x quantized per row and
+ * 128-column group, scale max|x| / 448 (cuBLASLt's VEC128_32F layout). */
+void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, const float *x, long ldx, long n,
+                        long cols);
 /* add_rmsnorm of nm that also writes x16[n][dim] = x rounded to dt (BF16 or
  * F16) for the product that follows (cuda_norm.cu). */
 void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *x16,

@@ -19,8 +19,11 @@
  *    memory. Each output's sum runs through the same chain of mma steps
  *    whatever n or the tile it sits in, so a row's bits do not depend on
  *    its batch.
- *  - dequantization (prefill): rows [r0, r1) of W as bf16(e4m3 · scale)
- *    into scratch, for cuBLASLt's bf16 product (cuda_matmul.cu).
+ *  - activations per row and 128 columns in e4m3 (cuda_fp8_quant_act) for
+ *    cuBLASLt's block-scaled FP8 (prefill, cuda_matmul.cu fp8_lt);
+ *  - dequantization (prefill where cuBLASLt's FP8 has no plan): rows
+ *    [r0, r1) of W as bf16(e4m3 · scale) into scratch, for cuBLASLt's bf16
+ *    product (cuda_matmul.cu).
  *  - scalar kernel: a thread per output, k in order, each weight the
  *    CPU's fp32 value; for shapes the vector kernels cannot load (cols or
  *    block_cols not a multiple of 16, unaligned rows).
@@ -461,5 +464,43 @@ extern "C" void cuda_fp8_dequant(struct cuda_ctx *c, void *dst, const struct bac
     f8_dequant_kernel<<<grid_for(total, 256), 256, 0, c->stream>>>(
         (__nv_bfloat16 *)dst, (const uint8_t *)w->data, w->scale, r0, r1 - r0, w->cols, w->block_rows,
         w->block_cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- activations in e4m3 for cuBLASLt's block-scaled FP8 ---------------- */
+
+/* A warp per (row i, 128-column group g): s = max(max |x|, 1e-12) / 448,
+ * xq[i][k] = e4m3(x / s) (to nearest even, saturating), xs[g][i] = s: the
+ * layout of CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F on the B operand
+ * (groups outer, rows inner). cols % 128 == 0. */
+static __global__ void f8_quant_act_kernel(uint8_t *__restrict__ xq, float *__restrict__ xs,
+                                           const float *__restrict__ x, long ldx, long n, long cols) {
+    long wid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    long groups = cols / 128;
+    if (wid >= n * groups) return;
+    long i = wid / groups, g = wid % groups;
+    const float *xr = x + i * ldx + g * 128;
+    float v[4], amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        v[e] = xr[lane + 32 * e];
+        amax = fmaxf(amax, fabsf(v[e]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float sc = __fdiv_rn(fmaxf(amax, 1e-12f), 448.0f);
+    uint8_t *qr = xq + i * cols + g * 128;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        qr[lane + 32 * e] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v[e], sc), __NV_SATFINITE, __NV_E4M3);
+    if (lane == 0) xs[g * n + i] = sc;
+}
+
+extern "C" void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, const float *x, long ldx,
+                                   long n, long cols) {
+    CUDA_ASSERT(cols % 128 == 0 && n > 0);
+    long warps = n * (cols / 128);
+    f8_quant_act_kernel<<<grid_for(warps, 8), 256, 0, c->stream>>>((uint8_t *)xq, xs, x, ldx, n, cols);
     CUDA_CHECK_LAUNCH();
 }
