@@ -43,7 +43,9 @@
 #include "base/error.h"
 #include "base/knob.h"
 #include "base/mem.h"
+#include "model/model_internal.h"
 #include "tensor/backend.h"
+#include "tensor/dummy_fill.h"
 #include "tensor/dtype.h"
 #include "cuda_test_pairs.h"
 
@@ -180,14 +182,19 @@ static void check_fused(long n, long d, long inter) {
                 xn = pair_poison((size_t)(n * d)), y = pair_poison((size_t)(n * qrows)),
                 gu = pair_poison((size_t)(n * 2 * inter)), o = pair_poison((size_t)(n * d));
     free(h0);
+    /* cuBLASLt's FP8 (e4m3 activations) where it ran: 6e-2 a product, 1e-1
+     * for the MLP's two products in a row (its h carries gate|up's error
+     * into down's) */
     double tol = n <= 4 ? 1e-5 : 1e-2;
+    long lt0 = lt_calls(&gpu);
     cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, xn.h, lw.h, n, d, eps);
     cpu.ops->matmul(cpu.ctx, y.h, qrows, xn.h, d, &wq.c, qb.h, n);
     struct backend_norm nm = {.h = h.d, .delta = dl.d, .x = xn.d, .w = lw.d, .dim = d, .eps = eps};
     gpu.ops->norm_matmul(gpu.ctx, &nm, y.d, qrows, &wq.g, qb.d, n);
     gpu.ops->synchronize(gpu.ctx);
     expect_close(&h, n, d, d, 1e-6);
-    expect_close(&y, n, qrows, qrows, tol);
+    expect_close(&y, n, qrows, qrows, lt_calls(&gpu) > lt0 ? 6e-2 : tol);
+    lt0 = lt_calls(&gpu);
     cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, xn.h, lw.h, n, d, eps);
     cpu.ops->matmul(cpu.ctx, gu.h, 2 * inter, xn.h, d, &wgu.c, NULL, n);
     cpu.ops->silu_mul(cpu.ctx, gu.h, 2 * inter, gu.h, 2 * inter, gu.h + inter, 2 * inter, n, inter);
@@ -201,7 +208,7 @@ static void check_fused(long n, long d, long inter) {
                              gu.d, 2 * inter, n);
     gpu.ops->synchronize(gpu.ctx);
     expect_close(&h, n, d, d, 1e-6);
-    expect_close(&o, n, d, d, tol);
+    expect_close(&o, n, d, d, lt_calls(&gpu) > lt0 ? 1e-1 : tol);
     pair_free(&h), pair_free(&dl), pair_free(&lw), pair_free(&qb), pair_free(&xn), pair_free(&y),
         pair_free(&gu), pair_free(&o);
     w8_free(&wq), w8_free(&wgu), w8_free(&wd);
@@ -212,6 +219,7 @@ static void check_fused(long n, long d, long inter) {
 static void check_mixed_mlp(long n, long d, long inter) {
     const float eps = 1e-5f;
     printf("  mixed MLP (FP8 gate|up, bf16 down) n=%ld\n", n);
+    long lt0 = lt_calls(&gpu);
     struct w8 wgu = w8_rand(2 * inter, d, 128, 128, 1.0f / sqrtf((float)d));
     struct wpair wd = weight_rand(DTYPE_BF16, d, inter, 1.0f / sqrtf((float)inter));
     struct pair h = pair_rand((size_t)(n * d), 3.0f), lw = pair_rand((size_t)d, 1.0f),
@@ -225,7 +233,7 @@ static void check_mixed_mlp(long n, long d, long inter) {
     gpu.ops->norm_swiglu_mlp(gpu.ctx, &nm, o.d, d, &(struct backend_stack){.cat = wgu.g, .count = 2}, &wd.g,
                              gu.d, 2 * inter, n);
     gpu.ops->synchronize(gpu.ctx);
-    expect_close(&o, n, d, d, 1e-2);
+    expect_close(&o, n, d, d, lt_calls(&gpu) > lt0 ? 6e-2 : 1e-2);
     pair_free(&h), pair_free(&lw), pair_free(&xn), pair_free(&gu), pair_free(&o);
     w8_free(&wgu);
     weight_free(&wd);
@@ -240,6 +248,63 @@ static void test_fused_fp8(void **state) {
     check_fused(300, 1024, 1536);
     check_mixed_mlp(1 + irand(4), 1024, 1536);
     check_mixed_mlp(17 + irand(300), 1024, 1536);
+}
+
+/* FP8 dummy weights made on the device (backend_ops.weight_dummy, F8_E4M3
+ * parts) against the host: the dummy values (tensor/dummy_fill.h) in the
+ * part's source dtype, quantized by fp8_quantize_blocks, the same codes
+ * and scales to the bit. Parts with partial last blocks (576 rows, 1040
+ * columns), 64 x 48 blocks, BF16 and F32 sources, two parts at once. */
+static void check_dummy(const struct dummy_part *parts, int count) {
+    const void *dev = gpu.ops->weight_dummy(gpu.ctx, parts, count);
+    assert_non_null(dev);
+    size_t codes = 0, nscale = 0;
+    for (int i = 0; i < count; i++) {
+        codes += parts[i].n;
+        nscale += (size_t)((parts[i].rows + parts[i].block_rows - 1) / parts[i].block_rows) *
+                  (size_t)((parts[i].cols + parts[i].block_cols - 1) / parts[i].block_cols);
+    }
+    size_t sat = (codes + 15) & ~(size_t)15;
+    unsigned char *got = xmalloc(sat + nscale * 4);
+    gpu.ops->download(gpu.ctx, got, dev, sat + nscale * 4);
+    size_t at = 0, sc = 0;
+    for (int i = 0; i < count; i++) {
+        const struct dummy_part *p = &parts[i];
+        size_t es = dtype_size(p->src);
+        unsigned char *src = xmalloc(p->n * es + 4);
+        uint64_t off = dummy_offset(p->seed, p->tensor);
+        for (size_t k = 0; k < p->n; k++) {
+            float v = dummy_value(p, off, k);
+            if (p->src == DTYPE_BF16) ((uint16_t *)src)[k] = dummy_bf16(v);
+            else ((float *)src)[k] = v;
+        }
+        size_t nb = (size_t)((p->rows + p->block_rows - 1) / p->block_rows) *
+                    (size_t)((p->cols + p->block_cols - 1) / p->block_cols);
+        uint8_t *q = xmalloc(p->n + 4);
+        float *s = xmalloc(nb * 4 + 4);
+        fp8_quantize_blocks(src, p->src, p->rows, p->cols, p->block_rows, p->block_cols, q, s);
+        printf("  dummy FP8 part %d: %ldx%ld blocks %dx%d from %s\n", i, p->rows, p->cols, p->block_rows,
+               p->block_cols, dtype_name(p->src));
+        if (memcmp(got + at, q, p->n)) fail_msg("dummy FP8 part %d: codes differ from the host's", i);
+        if (memcmp(got + sat + sc * 4, s, nb * 4)) fail_msg("dummy FP8 part %d: scales differ from the host's", i);
+        at += p->n;
+        sc += nb;
+        free(src), free(q), free(s);
+    }
+    free(got);
+    gpu.ops->weight_release(gpu.ctx, dev);
+}
+
+static void test_dummy_fp8(void **state) {
+    (void)state;
+    SKIP_WITHOUT_GPU();
+    struct dummy_part a = {.seed = 7, .tensor = 3, .n = 576 * 1040, .scale = 0.03f, .dtype = DTYPE_F8_E4M3,
+                           .src = DTYPE_BF16, .rows = 576, .cols = 1040, .block_rows = 128, .block_cols = 128};
+    struct dummy_part b = a;
+    b.tensor = 4, b.rows = 640, b.n = 640 * 1040, b.src = DTYPE_F32, b.block_rows = 64, b.block_cols = 48;
+    check_dummy(&a, 1);
+    struct dummy_part two[2] = {b, a};
+    check_dummy(two, 2);
 }
 
 int main(void) {
@@ -278,6 +343,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_fp8),
         cmocka_unit_test(test_matmul_fp8_det),
         cmocka_unit_test(test_fused_fp8),
+        cmocka_unit_test(test_dummy_fp8),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_det), backend_destroy(&gpu_nolt);
