@@ -7,7 +7,7 @@
  * Paths and shapes:
  *  - matmul for n = 1, 2, 3 (the FP8 GEMV), 17, 64 (the tile kernel), 300,
  *    2048 (bf16 dequantized chunks + cuBLASLt; with 128 x 128 blocks and K
- *    a multiple of 128, cuBLASLt's block-scaled FP8 where it has a plan,
+ *    a multiple of 512, cuBLASLt's block-scaled FP8 where it has a plan,
  *    and the chunks again with KILN_CUDA_FP8_LT=0), with and without bias;
  *    weights of 576 rows (a partial last block row) and 1040 columns (a
  *    partial last block column), 128 × 128 and 64 × 48 blocks, and a
@@ -113,9 +113,9 @@ static void check_matmul(struct backend *be, long rows, long cols, int br, int b
     be->ops->matmul(be->ctx, y.d, ldy, x.d, ldx, &w.g, bias ? (const float *)b.d : NULL, n);
     be->ops->synchronize(be->ctx);
     int lt = lt_calls(be) > lt0;
-    if (lt && (be != &gpu || n <= 64 || br != 128 || bc != 128 || cols % 128))
+    if (lt && (be != &gpu || n <= 64 || br != 128 || bc != 128 || cols % 512))
         fail_msg("cuBLASLt's block-scaled FP8 ran where it does not apply");
-    if (be == &gpu && n > 64 && br == 128 && bc == 128 && cols % 128 == 0)
+    if (be == &gpu && n > 64 && br == 128 && bc == 128 && cols % 512 == 0)
         printf("    cuBLASLt block-scaled FP8: %s\n", lt ? "ran" : "no plan on this GPU / cuBLAS (bf16 chunks ran)");
     expect_close(&y, n, rows, ldy, tol_for(be, n, cols, lt));
     if (be == &gpu_det) { /* every row's bits as when computed alone */
@@ -148,7 +148,7 @@ static void test_matmul_fp8(void **state) {
         if (ns[i] <= 300) check_matmul(&gpu, 130, 200, 128, 128, ns[i], 1);
     }
     check_matmul(&gpu, 4096, 2048, 128, 128, 1, 0);
-    /* cuBLASLt's block-scaled FP8 (K a multiple of 128, 128 x 128 blocks),
+    /* cuBLASLt's block-scaled FP8 (K a multiple of 512, 128 x 128 blocks),
      * and the same products on the bf16 chunks */
     check_matmul(&gpu, 4096, 2048, 128, 128, 300, 1);
     check_matmul(&gpu, 1536, 1024, 128, 128, 2048, 0);

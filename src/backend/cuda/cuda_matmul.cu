@@ -330,8 +330,11 @@ static struct lt_plan *lt_fp8_plan_get(struct cuda_ctx *c, float *y, long ldy,
  * the bf16 path). */
 static int fp8_lt(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
                   const struct backend_weight *w, const float *bias, long n) {
+    /* K in whole groups of 128, and whole groups of 4 scale columns: the
+     * block scales' row stride is then 16 bytes aligned, as cuBLASLt reads
+     * them (torch pads it to 4 for the same reason) */
     if (!c->lt || !c->fp8_lt || c->deterministic || w->block_rows != 128 || w->block_cols != 128 ||
-        w->cols % 128 || (uintptr_t)w->data % 16 || (uintptr_t)y % 16 || ldy % 4)
+        w->cols % 512 || (uintptr_t)w->data % 16 || (uintptr_t)y % 16 || ldy % 4)
         return 0;
     struct lt_plan *p = lt_fp8_plan_get(c, y, ldy, w, n);
     if (!p || !p->ok) return 0;
