@@ -14,9 +14,10 @@
  *  - tile kernel (5..CUDA_FP8_TILE_ROWS rows, and every n under
  *    --deterministic): mma.sync m16n8k16 on bf16 operands, a CTA of 4
  *    warps per 64 × 64 tile of y, K walked in tiles of 32 in order: the
- *    activations rounded to bf16 as they are staged, the weights widened
- *    (exact) and multiplied by their block scale, rounded to bf16 in shared
- *    memory. Each output's sum runs through the same chain of mma steps
+ *    activations rounded to bf16 (once, by cuda_act16; per head as they are
+ *    staged for matmul_heads, the same values), the weights widened (exact)
+ *    and multiplied by their block scale, rounded to bf16 in shared memory;
+ *    a K split by shape when the tiles fill less than two waves. Each output's sum runs through the same chain of mma steps
  *    whatever n or the tile it sits in, so a row's bits do not depend on
  *    its batch.
  *  - activations per row and 128 columns in e4m3 (cuda_fp8_quant_act) for
@@ -217,21 +218,28 @@ static __device__ __forceinline__ uint32_t f8_pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
-/* y[n][rows] = x[n][cols] · Wᵀ + bias; cuda_fp8_vec_ok(w); XVEC: x rows
- * 16-byte aligned. Head blockIdx.z of matmul_heads: y, x start z·hy, z·hx
- * elements on, w z·hw bytes on and its scales z·hs floats on. kchunk > 0
- * (a K split, one head): z takes columns [z·kchunk, (z + 1)·kchunk) and
- * writes its partial sums at y + z·hy (kchunk a multiple of F8_BK). */
-template <bool XVEC>
+/* The tile kernel's activations: fp32 read 4 at a time (F8_X32), fp32 with
+ * 16-byte loads (F8_X32V), or already rounded to bf16 (F8_X16: the same
+ * values the kernel would round them to, half the bytes; 16-byte loads). */
+enum { F8_X32 = 0, F8_X32V = 1, F8_X16 = 2 };
+
+/* y[n][rows] = x[n][cols] · Wᵀ + bias; cuda_fp8_vec_ok(w); XM: x's form
+ * (above; ldx in its elements). Head blockIdx.z of matmul_heads: y, x
+ * start z·hy, z·hx elements on, w z·hw bytes on and its scales z·hs floats
+ * on. kchunk > 0 (a K split, one head): z takes columns [z·kchunk, (z +
+ * 1)·kchunk) and writes its partial sums at y + z·hy (kchunk a multiple of
+ * F8_BK). */
+template <int XM>
 static __global__ void __launch_bounds__(F8_THREADS)
-    f8_mma_kernel(float *__restrict__ y, long ldy, const float *__restrict__ x, long ldx,
+    f8_mma_kernel(float *__restrict__ y, long ldy, const void *__restrict__ xv, long ldx,
                   const uint8_t *__restrict__ w, const float *__restrict__ scale,
                   const float *__restrict__ bias, long rows, long cols, int br, int bc, long n,
                   long hy, long hx, long hw, long hs, long kchunk) {
     __shared__ __align__(16) __nv_bfloat16 xs[F8_BM * F8_LD];
     __shared__ __align__(16) __nv_bfloat16 ws[F8_BN * F8_LD];
+    const float *x = (const float *)xv + blockIdx.z * hx;
+    const __nv_bfloat16 *xh = (const __nv_bfloat16 *)xv + blockIdx.z * hx;
     y += blockIdx.z * hy;
-    x += blockIdx.z * hx;
     w += blockIdx.z * hw;
     scale += blockIdx.z * hs;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -239,22 +247,33 @@ static __global__ void __launch_bounds__(F8_THREADS)
     long i0 = (long)blockIdx.y * F8_BM, f0 = (long)blockIdx.x * F8_BN;
     long nbc = (cols + bc - 1) / bc;
 
-    /* per k-tile: x 64×32 fp32 = 512 float4 (4 a thread); w 64×32 bytes =
-     * 128 pieces of 16 (1 a thread) with its block scale */
+    /* per k-tile: x 64×32 fp32 = 512 float4 (4 a thread) or bf16 = 256
+     * uint4 (2 a thread); w 64×32 bytes = 128 pieces of 16 (1 a thread)
+     * with its block scale */
     float4 xr[4];
+    uint4 xq[2];
     uint4 wr;
     float wsc;
     const int wrow = tid >> 1, wcol = (tid & 1) * 16;
     auto load = [&](long k0) {
+        if (XM == F8_X16) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int idx = tid + u * F8_THREADS, r = idx >> 3, cc = (idx & 7) * 4;
-            long i = i0 + r, k = k0 + cc;
-            if (i < n && k < cols) {
-                const float *p = x + i * ldx + k;
-                xr[u] = XVEC ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
-            } else {
-                xr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int u = 0; u < 2; u++) {
+                int idx = tid + u * F8_THREADS, r = idx >> 2, cc = (idx & 3) * 8;
+                long i = i0 + r, k = k0 + cc;
+                xq[u] = i < n && k < cols ? *(const uint4 *)(xh + i * ldx + k) : make_uint4(0, 0, 0, 0);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int idx = tid + u * F8_THREADS, r = idx >> 3, cc = (idx & 7) * 4;
+                long i = i0 + r, k = k0 + cc;
+                if (i < n && k < cols) {
+                    const float *p = x + i * ldx + k;
+                    xr[u] = XM == F8_X32V ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+                } else {
+                    xr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
             }
         }
         long f = f0 + wrow, k = k0 + wcol;
@@ -267,11 +286,19 @@ static __global__ void __launch_bounds__(F8_THREADS)
         }
     };
     auto store = [&]() {
+        if (XM == F8_X16) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int idx = tid + u * F8_THREADS, r = idx >> 3, cc = (idx & 7) * 4;
-            *(uint2 *)(xs + r * F8_LD + cc) =
-                make_uint2(f8_pack_bf16(xr[u].x, xr[u].y), f8_pack_bf16(xr[u].z, xr[u].w));
+            for (int u = 0; u < 2; u++) {
+                int idx = tid + u * F8_THREADS, r = idx >> 2, cc = (idx & 3) * 8;
+                *(uint4 *)(xs + r * F8_LD + cc) = xq[u];
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int idx = tid + u * F8_THREADS, r = idx >> 3, cc = (idx & 7) * 4;
+                *(uint2 *)(xs + r * F8_LD + cc) =
+                    make_uint2(f8_pack_bf16(xr[u].x, xr[u].y), f8_pack_bf16(xr[u].z, xr[u].w));
+            }
         }
         float wf[16];
         f8x16_widen(wr, wf);
@@ -412,16 +439,26 @@ extern "C" void cuda_fp8_tiles(struct cuda_ctx *c, float *y, long ldy, long hy, 
         dim3 grid((unsigned)((rows + F8_BN - 1) / F8_BN), (unsigned)((n + F8_BM - 1) / F8_BM),
                   (unsigned)(split > 1 ? split : n_heads));
         const float *kb = split > 1 ? NULL : bias;
-        if (xvec)
-            f8_mma_kernel<true><<<grid, F8_THREADS, 0, c->stream>>>(out, ldo, x, ldx, wd, w->scale, kb,
-                                                                   rows, cols, w->block_rows,
-                                                                   w->block_cols, n, oy, hx, hw, hs,
-                                                                   kchunk);
+        /* one head: the activations rounded to bf16 once (the values the
+         * kernel would round them to), so that the CTAs of every column
+         * tile read half the bytes */
+        const void *x16 = n_heads == 1 ? cuda_act16(c, x, ldx, n, cols, DTYPE_BF16) : NULL;
+        if (n_heads == 1 && !x16) return; /* no scratch: the step fails (recorded) */
+        if (x16)
+            f8_mma_kernel<F8_X16><<<grid, F8_THREADS, 0, c->stream>>>(out, ldo, x16, cols, wd, w->scale, kb,
+                                                                     rows, cols, w->block_rows,
+                                                                     w->block_cols, n, oy, 0, hw, hs,
+                                                                     kchunk);
+        else if (xvec)
+            f8_mma_kernel<F8_X32V><<<grid, F8_THREADS, 0, c->stream>>>(out, ldo, x, ldx, wd, w->scale, kb,
+                                                                      rows, cols, w->block_rows,
+                                                                      w->block_cols, n, oy, hx, hw, hs,
+                                                                      kchunk);
         else
-            f8_mma_kernel<false><<<grid, F8_THREADS, 0, c->stream>>>(out, ldo, x, ldx, wd, w->scale, kb,
-                                                                    rows, cols, w->block_rows,
-                                                                    w->block_cols, n, oy, hx, hw, hs,
-                                                                    kchunk);
+            f8_mma_kernel<F8_X32><<<grid, F8_THREADS, 0, c->stream>>>(out, ldo, x, ldx, wd, w->scale, kb,
+                                                                     rows, cols, w->block_rows,
+                                                                     w->block_cols, n, oy, hx, hw, hs,
+                                                                     kchunk);
         CUDA_CHECK_LAUNCH();
         if (split > 1) {
             f8_split_sum_kernel<<<grid_for(n * rows, 256), 256, 0, c->stream>>>(y, ldy, out, bias, split,
