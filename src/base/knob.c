@@ -109,6 +109,10 @@ static const struct knob_def table[KNOB_COUNT] = {
                              "(0: their plain sequence)")},
     [KNOB_CUDA_LT] = {"KILN_CUDA_LT",
                       BOOL(KNOB_DEBUG, "1", "16-bit GPU products through cuBLASLt (0: cublasGemmEx)")},
+    [KNOB_CUDA_FP8_LT] = {"KILN_CUDA_FP8_LT",
+                          BOOL(KNOB_DEBUG, "1",
+                               "FP8 GPU products of more than 64 rows through cuBLASLt's block-scaled "
+                               "FP8 where it has an algorithm (0: weights dequantized to bf16)")},
     [KNOB_CUDA_AD_W] = {"KILN_CUDA_AD_W",
                         ENUM(KNOB_DEBUG, "auto", WORDS("auto", "2", "4"),
                              "force the warps per CTA of the decode attention at head size 128")},

@@ -53,6 +53,7 @@ enum knob_id {
     KNOB_CUDA_PDL,
     KNOB_CUDA_FUSE,
     KNOB_CUDA_LT,
+    KNOB_CUDA_FP8_LT,
     KNOB_CUDA_AD_W,
     KNOB_CUDA_WGMMA,
     KNOB_CUDA_WGMMA_MIN_MB,

@@ -23,17 +23,33 @@
 /* kv_b_proj of an FP8 checkpoint, dequantized once into fp32 (the W_UK
  * transpose and the per-head W_UV views below are byte-level views of it,
  * which a block-scaled layout does not allow): w becomes an F32 weight.
- * The CPU holds the weights in place (a backend without FP8 weights has
- * refused the load). Returns the fp32 host rows, NULL when out of memory. */
-static const unsigned char *mla_dequant_kv_b(struct model *m, struct backend_weight *w) {
-    KILN_ASSERT(m->be->ops->weights_in_place && w->scale && w->block_rows > 0 && w->block_cols > 0);
+ * The CPU holds the weights in place; for a device backend the loader's
+ * host codes and scales (host_q, host_scale) are read, or where there are
+ * none (dummy weights made on the device) the device's copy is read back.
+ * Returns the fp32 host rows, NULL when out of memory. */
+static const unsigned char *mla_dequant_kv_b(struct model *m, struct backend_weight *w,
+                                             const void *host_q, const float *host_scale) {
+    KILN_ASSERT(w->scale && w->block_rows > 0 && w->block_cols > 0);
     long rows = w->rows, cols = w->cols, nbc = (cols + w->block_cols - 1) / w->block_cols;
     float *f = xaligned_alloc((size_t)(rows * cols) * 4);
     const uint8_t *q = w->data;
+    const float *wscale = w->scale;
+    if (!m->be->ops->weights_in_place && host_q && host_scale) {
+        q = host_q;
+        wscale = host_scale;
+    } else if (!m->be->ops->weights_in_place) {
+        size_t nq = (size_t)(rows * cols), ns = (size_t)((rows + w->block_rows - 1) / w->block_rows * nbc);
+        uint8_t *hq = model_own(m, xaligned_alloc(nq + 64));
+        float *hs = model_own(m, xaligned_alloc(ns * 4 + 64));
+        m->be->ops->download(m->be->ctx, hq, w->data, nq);
+        m->be->ops->download(m->be->ctx, hs, w->scale, ns * 4);
+        q = hq;
+        wscale = hs;
+    }
     for (long r = 0; r < rows; r++)
         for (long j = 0; j < cols; j++)
             f[r * cols + j] =
-                fp8_e4m3_to_f32(q[r * cols + j]) * w->scale[(r / w->block_rows) * nbc + j / w->block_cols];
+                fp8_e4m3_to_f32(q[r * cols + j]) * wscale[(r / w->block_rows) * nbc + j / w->block_cols];
     model_own(m, f);
     const void *dev = model_upload(m, f, (size_t)(rows * cols) * 4);
     if (!dev) return NULL;
@@ -75,7 +91,8 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
      * [H][kvr][nope] tensor (w_uk_t[h] are views into it), so the q_nope
      * products of every head run as one matmul_heads. W_UV stays strided
      * views into kv_b_proj (head stride (nope + vd)·kvr elements). */
-    const unsigned char *src = a->wkv_b.dtype == DTYPE_F8_E4M3 ? mla_dequant_kv_b(m, &a->wkv_b) : ws_last_host(ws);
+    const unsigned char *src = a->wkv_b.dtype == DTYPE_F8_E4M3 ? mla_dequant_kv_b(m, &a->wkv_b, ws->last_host, ws->last_scale)
+                                                                : ws_last_host(ws);
     if (!src) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for MLA weights");
     if (ws_proj(ws, P("o_proj.weight"), d, Hw * vd, ws_split_attn(&o_sl, c, 1, H * vd), &a->wo, err)) return -1;
 #undef P

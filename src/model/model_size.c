@@ -133,7 +133,8 @@ void model_step_shape(const struct model_config *c, long max_tokens, long max_co
     model_family_of(c)->act_widths(c, &w);
     long d = c->hidden_size;
     *s = (struct backend_step_shape){.max_tokens = max_tokens, .max_context = max_context,
-                                     .vocab = c->vocab_size, .max_heads = c->n_heads};
+                                     .vocab = c->vocab_size, .max_heads = c->n_heads,
+                                     .fp8_weights = c->quant.method == MODEL_QUANT_FP8};
     /* product inputs: the norm's output and a SwiGLU's hidden row side by
      * side (norm_swiglu_mlp), attention outputs (o_proj), MLA's q_lora */
     s->widest = lmax(lmax(d + mlp_inter(c), w.o ? w.o : w.att), lmax(w.v, d));

@@ -213,8 +213,8 @@ static int fp8_slice_check(const struct model *m, const char *file, const char *
 /* The block scales of FP8 tensor `name` [rows][cols]: `<name>_scale_inv`,
  * [ceil(rows / B0)][ceil(cols / B1)], F32 (BF16 and F16 widened), finite;
  * those of slice sl (whole blocks: fp8_slice_check) when given. */
-static int load_scales(struct weight_source *ws, const char *name, const char *file, long rows,
-                       long cols, const struct ws_slice *sl, struct backend_weight *out,
+static int scales_host(struct weight_source *ws, const char *name, const char *file, long rows,
+                       long cols, const struct ws_slice *sl, const float **host_out, size_t *n_out,
                        struct kiln_error *err) {
     struct model *m = ws->m;
     const struct model_quant *q = &m->cfg.quant;
@@ -260,7 +260,39 @@ static int load_scales(struct weight_source *ws, const char *name, const char *f
         host = f;
         n = (size_t)nbr * (size_t)nb;
     }
+    *host_out = host;
+    *n_out = n;
+    return 0;
+}
+
+static int load_scales(struct weight_source *ws, const char *name, const char *file, long rows,
+                       long cols, const struct ws_slice *sl, struct backend_weight *out,
+                       struct kiln_error *err) {
+    const float *host;
+    size_t n;
+    if (scales_host(ws, name, file, rows, cols, sl, &host, &n, err)) return -1;
     return upload_scales(ws, host, n, name, out, err);
+}
+
+/* Dummy part p of a [rows][cols] matrix made FP8 in cfg.quant's blocks on
+ * the device (tensor/dummy_fill.h): the device codes, *scale the device
+ * scales after them; NULL where the backend cannot. */
+static const void *dummy_fp8_on_device(struct model *m, struct dummy_part *p, int count,
+                                       const float **scale) {
+    const struct model_quant *q = &m->cfg.quant;
+    size_t codes = 0;
+    for (int i = 0; i < count; i++) {
+        p[i].src = p[i].dtype;
+        p[i].dtype = DTYPE_F8_E4M3;
+        p[i].block_rows = q->block_rows;
+        p[i].block_cols = q->block_cols;
+        codes += p[i].n;
+    }
+    const unsigned char *dev = dummy_on_device(m, p, count);
+    for (int i = 0; i < count; i++) p[i].dtype = p[i].src;
+    if (!dev) return NULL;
+    *scale = (const float *)(dev + ((codes + 15) & ~(size_t)15));
+    return dev;
 }
 
 /* Online quantization: w[rows][cols] (dtype dt, host) becomes FP8 in
@@ -359,6 +391,20 @@ static int load_matrix(struct weight_source *ws, const char *name, long rows, lo
         /* values in ±1/√cols of the whole input, whatever the slice */
         struct dummy_part p = dummy_next(ws, n, cols, dt);
         ws->last_tensor = p.tensor, ws->last_n = n, ws->last_cols = cols;
+        p.rows = lr, p.cols = lc;
+        if (quantize && (out->data = dummy_fp8_on_device(m, &p, 1, &out->scale))) {
+            /* FP8 made on the device: codes, then scales */
+            const struct model_quant *q = &m->cfg.quant;
+            out->dtype = DTYPE_F8_E4M3;
+            out->rows = lr;
+            out->cols = lc;
+            out->block_rows = q->block_rows;
+            out->block_cols = q->block_cols;
+            m->weight_bytes += n + (size_t)ceil_div(lr, q->block_rows) * (size_t)ceil_div(lc, q->block_cols) * 4;
+            ws->last_host = NULL;
+            ws->last_scale = NULL;
+            return 0;
+        }
         if (!quantize && (out->data = dummy_on_device(m, &p, 1))) {
             ws->last_host = NULL; /* ws_last_host makes them when asked */
             goto done;
@@ -511,7 +557,7 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
                                    const long *rows, const struct ws_slice *slices, int count,
                                    long cols, enum dtype dt, const char *name, struct kiln_error *err) {
     struct model *m = ws->m;
-    struct dummy_part dparts[8];
+    struct dummy_part dparts[8] = {{0}};
     if (!ws->st) {
         for (int i = 0; i < count; i++)
             dparts[i] = dummy_next(ws, (size_t)part_rows(rows, slices, i) * (size_t)cols, cols, dt);
@@ -541,6 +587,164 @@ static const void *upload_cat_host(struct weight_source *ws, const struct st_ten
     return dev;
 }
 
+/* Whether the stack of ws_matrix_cat is FP8 (1: checkpoint FP8 parts or
+ * online quantization of every part; 0: none), t[] filled for a
+ * checkpoint; -1 with err for a mix of FP8 and other parts. */
+static int cat_is_fp8(struct weight_source *ws, const char *const *names, const long *rows, int count,
+                      long cols, const struct st_tensor **t, struct kiln_error *err) {
+    struct model *m = ws->m;
+    int n8 = 0;
+    for (int i = 0; i < count; i++) {
+        int is8;
+        if (ws->st) {
+            int64_t shape[2] = {rows[i], cols};
+            if (st_expect(ws->st, names[i], 2, shape, &t[i], err)) return -1;
+            is8 = t[i]->dtype == DTYPE_F8_E4M3;
+            if (is8 && fp8_allowed(m, ws->st->paths[t[i]->file], names[i], err)) return -1;
+            if (!is8 && m->quantize_online && !model_quant_skips(&m->cfg.quant, names[i])) is8 = 1;
+        } else {
+            is8 = m->quantize_online && !model_quant_skips(&m->cfg.quant, names[i]);
+        }
+        n8 += is8;
+    }
+    if (n8 == 0 || n8 == count) return n8 > 0;
+    return kiln_errorf(err, "tensors '%s' ... are stacked into one matrix but only some of them are "
+                            "FP8 (quantization_config modules_to_not_convert): the %s backend needs "
+                            "all or none",
+                       names[0], m->be->ops->name);
+}
+
+/* The parts of FP8 stack out: views of its rows, each with its scale rows
+ * (a part starts on a block row of the stack: cat_fp8). */
+static void cat_parts(const struct backend_weight *out, const long *rows, const struct ws_slice *slices,
+                      int count, long nbc, struct backend_weight *parts) {
+    size_t off = 0;
+    long r0 = 0;
+    for (int i = 0; i < count; i++) {
+        long pr = part_rows(rows, slices, i);
+        parts[i] = *out;
+        parts[i].data = (const unsigned char *)out->data + off;
+        parts[i].rows = pr;
+        parts[i].scale = r0 % out->block_rows ? NULL : out->scale + (r0 / out->block_rows) * nbc;
+        off += (size_t)pr * (size_t)out->cols;
+        r0 += pr;
+    }
+}
+
+static long gcd_l(long a, long b) {
+    while (b) {
+        long r = a % b;
+        a = b, b = r;
+    }
+    return a;
+}
+
+/* The FP8 stack: codes in one device allocation, each part's own codes
+ * and block scales (as the CPU, which runs the parts one by one, has
+ * them). Its block rows are g = gcd(block_rows, every part's start), so
+ * that each g-row block lies in one block of one part; each takes that
+ * block's scale (g = block_rows, the scale rows simply stacked, when every
+ * part but the last is whole blocks: the real models' q|k|v and gate|up).
+ * Checkpoint FP8 parts keep their codes and scales; other parts are
+ * quantized on the host (fp8_quantize_blocks), part by part; dummy parts
+ * are made FP8 on the device when it can (g = block_rows), else on the
+ * host as the others. */
+static int cat_fp8(struct weight_source *ws, const char *const *names, const long *rows,
+                   const struct ws_slice *slices, int count, long cols,
+                   const struct st_tensor *const *t, struct backend_weight *out,
+                   struct backend_weight *parts, struct kiln_error *err) {
+    struct model *m = ws->m;
+    const struct model_quant *q = &m->cfg.quant;
+    const int br = q->block_rows;
+    long total = 0, nbc = ceil_div(cols, q->block_cols), g = br, pr[8], r0[8];
+    for (int i = 0; i < count; i++) {
+        pr[i] = part_rows(rows, slices, i);
+        r0[i] = total;
+        g = gcd_l(g, total);
+        total += pr[i];
+    }
+    size_t n = (size_t)total * (size_t)cols, nb = (size_t)ceil_div(total, g) * (size_t)nbc;
+    const float *ps[8]; /* each part's host scales [ceil(pr / br)][nbc] */
+    const void *dev = NULL;
+    int ckpt8 = ws->st && t[0]->dtype == DTYPE_F8_E4M3;
+    if (ckpt8) {
+        for (int i = 0; i < count; i++) {
+            const char *file = ws->st->paths[t[i]->file];
+            size_t hn;
+            if (fp8_slice_check(m, file, names[i], rows[i], cols, slices ? &slices[i] : NULL, err) ||
+                scales_host(ws, names[i], file, rows[i], cols, slices ? &slices[i] : NULL, &ps[i], &hn, err))
+                return -1;
+        }
+        dev = m->be->ops->weight_upload_cat
+                  ? upload_cat_direct(m, t, rows, slices, count, cols, 1, names[0], err)
+                  : upload_cat_host(ws, t, rows, slices, count, cols, DTYPE_F8_E4M3, names[0], err);
+        if (!dev) return -1;
+    } else {
+        struct dummy_part dp[8] = {{0}};
+        enum dtype dt = ws->st ? t[0]->dtype : dummy_dtype(m);
+        for (int i = 0; i < count; i++) {
+            if (ws->st) {
+                if (t[i]->dtype != dt || (dt != DTYPE_BF16 && dt != DTYPE_F16 && dt != DTYPE_F32))
+                    return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s like '%s'",
+                                       ws->st->paths[t[i]->file], names[i], dtype_name(t[i]->dtype),
+                                       dtype_name(dt), names[0]);
+                continue;
+            }
+            dp[i] = dummy_next(ws, (size_t)pr[i] * (size_t)cols, cols, dt);
+            dp[i].rows = pr[i], dp[i].cols = cols;
+        }
+        const float *dsc = NULL;
+        if (!ws->st && g == br && (dev = dummy_fp8_on_device(m, dp, count, &dsc))) {
+            *out = (struct backend_weight){.data = dev, .dtype = DTYPE_F8_E4M3, .rows = total, .cols = cols,
+                                           .scale = dsc, .block_rows = br, .block_cols = q->block_cols};
+            m->weight_bytes += n + nb * 4;
+            ws->last_host = NULL;
+            ws->last_scale = NULL;
+            cat_parts(out, rows, slices, count, nbc, parts);
+            return 0;
+        }
+        /* on the host, part by part */
+        size_t es = dtype_size(dt);
+        uint8_t *qd = aligned_alloc(64, (n + 63) & ~(size_t)63);
+        if (!qd) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for tensor '%s' (%zu bytes)", names[0], n);
+        model_own(m, qd);
+        for (int i = 0; i < count; i++) {
+            float *sc = model_own(m, xaligned_alloc((size_t)ceil_div(pr[i], br) * (size_t)nbc * 4 + 4));
+            const void *x;
+            unsigned char *fill = NULL;
+            if (ws->st) {
+                x = part_host(t[i], slices, i, cols, es);
+            } else {
+                fill = xaligned_alloc(dp[i].n * es + 64);
+                fill_dummy(&dp[i], fill);
+                x = fill;
+            }
+            fp8_quantize_blocks(x, dt, pr[i], cols, br, q->block_cols, qd + (size_t)r0[i] * (size_t)cols, sc);
+            free(fill);
+            ps[i] = sc;
+        }
+        const void *h = qd;
+        if (!(dev = upload_stable(m, &h, &n, 1)))
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", names[0]);
+    }
+    /* the stack's scales: g-row block b lies in part i's block row (b·g − r0[i]) / br */
+    float *sc = model_own(m, xaligned_alloc(nb * 4 + 4));
+    for (long b = 0, i = 0; b < ceil_div(total, g); b++) {
+        long r = b * g;
+        while (i + 1 < count && r >= r0[i + 1]) i++;
+        memcpy(sc + (size_t)b * (size_t)nbc, ps[i] + (size_t)((r - r0[i]) / br) * (size_t)nbc,
+               (size_t)nbc * 4);
+    }
+    *out = (struct backend_weight){.data = dev, .dtype = DTYPE_F8_E4M3, .rows = total, .cols = cols};
+    m->weight_bytes += n;
+    if (upload_scales(ws, sc, nb, names[0], out, err)) return -1;
+    out->block_rows = (int)g;
+    ws->last_host = NULL; /* a stack: no one matrix's host bytes */
+    ws->last_scale = NULL;
+    cat_parts(out, rows, slices, count, nbc, parts);
+    return 0;
+}
+
 int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long *rows,
                   const struct ws_slice *slices, int count, long cols, struct backend_weight *out,
                   struct backend_weight *parts, struct kiln_error *err) {
@@ -561,12 +765,10 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
         *out = (struct backend_weight){.data = NULL, .dtype = parts[0].dtype, .rows = total, .cols = cols};
         return 0;
     }
-    /* One copy of the stack: FP8 parts would need their scale rows
-     * stacked too (and whole blocks per part); not yet. */
-    if (m->quantize_online)
-        return kiln_errorf(err, "--quantization fp8: stacked FP8 matrices ('%s' ...) are not "
-                                "supported on the %s backend yet; use --device cpu",
-                           names[0], m->be->ops->name);
+    /* One copy of the stack; FP8 parts with their scale rows stacked */
+    int fp8 = cat_is_fp8(ws, names, rows, count, cols, t, err);
+    if (fp8 < 0) return -1;
+    if (fp8) return cat_fp8(ws, names, rows, slices, count, cols, t, out, parts, err);
     enum dtype dt = dummy_dtype(m);
     long total = 0;
     for (int i = 0; i < count; i++) {
@@ -574,13 +776,6 @@ int ws_matrix_cat(struct weight_source *ws, const char *const *names, const long
         if (!ws->st) continue;
         int64_t shape[2] = {rows[i], cols};
         if (st_expect(ws->st, names[i], 2, shape, &t[i], err)) return -1;
-        if (t[i]->dtype == DTYPE_F8_E4M3) {
-            const char *file = ws->st->paths[t[i]->file];
-            if (fp8_allowed(m, file, names[i], err)) return -1;
-            return kiln_errorf(err, "%s: tensor '%s' is FP8: stacked FP8 matrices are not supported "
-                                    "on the %s backend yet; use --device cpu",
-                               file, names[i], m->be->ops->name);
-        }
         if (i == 0) dt = t[0]->dtype;
         if (t[i]->dtype != dt || (dt != DTYPE_BF16 && dt != DTYPE_F16 && dt != DTYPE_F32))
             return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s like '%s'",

@@ -167,6 +167,7 @@ struct backend_step_shape {
     int moe_layers;      /* 0: no mixture of experts */
     int moe_experts, moe_hidden, moe_inter, moe_slots; /* the largest of the MoE layers */
     int device_sampling; /* the runner samples on the device */
+    int fp8_weights;     /* the model has FP8 (block-quantized) weights */
 };
 
 /* A residual add + RMSNorm pending in front of a product (norm_matmul,
@@ -411,7 +412,11 @@ struct backend_ops {
     size_t (*workspace_bytes)(void *ctx, const struct backend_step_shape *s);
     /* Dummy weights made on the device: device memory holding `count`
      * tensors one after another, part i filled as tensor/dummy_fill.h
-     * defines (the same bytes as the host fill). NULL where the backend
+     * defines (the same bytes as the host fill). F8_E4M3 parts (all or
+     * none of them): their codes one after another, then from the next
+     * 16-byte boundary their fp32 block scales one after another
+     * (ceil(rows / block_rows) × ceil(cols / block_cols) each, row-major:
+     * struct backend_weight's layout). NULL where the backend
      * cannot (a dtype it does not fill, out of memory): the model fills
      * on the host and uploads. Saves a host fill and a copy of every
      * byte of a model of tens of GB. */

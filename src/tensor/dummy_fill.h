@@ -33,7 +33,16 @@ struct dummy_part {
     uint64_t seed, tensor; /* the model's seed, the tensor's index in load order */
     size_t n;              /* elements */
     float scale;           /* values in [-scale, scale) */
-    enum dtype dtype;      /* BF16, F16 or F32 */
+    enum dtype dtype;      /* BF16, F16, F32, or F8_E4M3 (below) */
+    /* F8_E4M3 (dummy weights under --quantization fp8): the tensor's values
+     * in dtype src (BF16 or F32), then block-quantized as --quantization
+     * fp8 quantizes a checkpoint (model/weights.c fp8_quantize_blocks):
+     * [rows][cols] (rows·cols = n) in blocks of block_rows × block_cols,
+     * each block's scale max(max|x|, 1e-12) / 448 in fp32 and each code
+     * the e4m3 rounding (to nearest even, saturating) of x / scale. */
+    enum dtype src;
+    long rows, cols;
+    int block_rows, block_cols;
 };
 
 /* splitmix64's output function (Steele, Lea, Flood 2014). */

@@ -398,10 +398,6 @@ static void test_refusals(void **state) {
                    "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' is FP8 "
                    "(quantization_config fp8): the cpu backend does not run FP8 weights yet; use "
                    "--device cpu");
-    make_fp8(&c);
-    expect_refused(&c, NULL, 1, 0,
-                   "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' is FP8: stacked "
-                   "FP8 matrices are not supported on the cpu backend yet");
     make_fp8(&c); /* an FP8 embedding table (scales and all) */
     struct tensor *e = find(&c, "model.embed_tokens.weight");
     snprintf(e->dtype, sizeof e->dtype, "F8_E4M3");
@@ -416,8 +412,67 @@ static void test_refusals(void **state) {
     make_bf16(&c, 0);
     expect_refused(&c, "fp8", 0, 1,
                    "--quantization fp8: the cpu backend does not run FP8 weights yet; use --device cpu");
-    make_bf16(&c, 0);
-    expect_refused(&c, "fp8", 1, 0, "--quantization fp8: stacked FP8 matrices");
+}
+
+/* A backend that stacks q|k|v and gate|up (weights not in place): each
+ * stack is one FP8 matrix holding the parts' own codes and scales, the
+ * weights the CPU (parts in place) computes with, element for element:
+ * an FP8 checkpoint (16-row blocks; k_proj's 24 rows start v_proj inside
+ * a block, so the stack's blocks are 8 rows), --quantization fp8 on a bf16
+ * one (128-row blocks: 8-row ones again) and dummy weights. */
+static void expect_stacks_match(const struct model *stacked, const struct model *parts) {
+    const struct layer *S = &stacked->layers[0];
+    const struct backend_weight *cat[2] = {&S->mha.wqkv, &S->dense.gate_up};
+    const int first[2] = {0, 4}, n_parts[2] = {3, 2};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(cat[k]->dtype, DTYPE_F8_E4M3);
+        long r0 = 0;
+        for (int p = first[k]; p < first[k] + n_parts[k]; p++) {
+            const struct backend_weight *w = proj_of(parts, p);
+            assert_int_equal(w->dtype, DTYPE_F8_E4M3);
+            for (long r = 0; r < w->rows; r++)
+                for (long c = 0; c < w->cols; c++)
+                    if (memcmp(&(float){elem(cat[k], r0 + r, c)}, &(float){elem(w, r, c)}, 4))
+                        fail_msg("%s [%ld][%ld]: %g in the stack, %g alone", proj_names[p], r, c,
+                                 elem(cat[k], r0 + r, c), elem(w, r, c));
+            r0 += w->rows;
+        }
+        assert_int_equal(cat[k]->rows, r0);
+    }
+}
+
+static char *write_config(json_t *config);
+
+static void test_fp8_stacked(void **state) {
+    (void)state;
+    struct ckpt c;
+    struct kiln_error err;
+    struct model *a, *b;
+    for (int kind = 0; kind < 3; kind++) {
+        char *dir, *cfg = NULL;
+        const char *quant = kind == 0 ? NULL : "fp8";
+        if (kind < 2) {
+            if (kind == 0) make_fp8(&c);
+            else make_bf16(&c, 0);
+            dir = write_ckpt(&c);
+        } else {
+            dir = cfg = write_config(llama_config(0));
+        }
+        if (load(&a, dir, quant, 1, 0, &err)) fail_msg("stacked: %s", err.msg);
+        if (load(&b, dir, quant, 1, 1, &err)) fail_msg("in place: %s", err.msg);
+        expect_stacks_match(a, b);
+        assert_int_equal(a->layers[0].mha.wqkv.block_rows, 8);
+        model_free(a);
+        model_free(b);
+        if (kind < 2) {
+            free_ckpt(&c);
+            rm_rf(dir);
+        } else {
+            unlink(cfg);
+            *strrchr(cfg, '/') = 0;
+            rm_rf(cfg);
+        }
+    }
 }
 
 /* w (FP8, br x bc blocks) against the values it was made from. Per block,
@@ -613,6 +668,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp8_checkpoint), cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_online_checkpoint), cmocka_unit_test(test_online_dummy),
+        cmocka_unit_test(test_fp8_stacked),
         cmocka_unit_test(test_online_moe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

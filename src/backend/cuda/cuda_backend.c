@@ -62,6 +62,8 @@ int cuda_scratch_reserve(struct cuda_ctx *c, struct cuda_scratch *s, size_t byte
             snprintf(what, sizeof what, "the 16-bit activations of a %ld-row product", rows);
         else if (s == &c->moe_dev)
             snprintf(what, sizeof what, "the expert rows of a %ld-token MoE layer", rows);
+        else if (s == &c->fp8w)
+            snprintf(what, sizeof what, "FP8 weight rows dequantized for a %ld-row product", rows);
         else if (s == &c->sample_part)
             snprintf(what, sizeof what, "the sampler's partials of %ld rows", rows);
         else
@@ -101,7 +103,7 @@ static int cuda_step_status(void *ctx, struct kiln_error *err) {
     if (!c->oom.bytes) return 0;
     CUDA_ASSERT(!c->capturing);
     CUDA_ASSERT(!c->on_side);
-    struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->moe_dev};
+    struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->moe_dev, &c->fp8w, &c->fp8w_side};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         if (s[i]->p) CUDA_CHECK(cudaFreeAsync(s[i]->p, c->stream));
         s[i]->p = NULL;
@@ -267,7 +269,8 @@ static void cuda_destroy(void *ctx) {
     if (!c) return;
     if (c->stream) {
         (void)cudaStreamSynchronize(c->stream);
-        struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->attn, &c->moe_dev, &c->sample_part};
+        struct cuda_scratch *s[] = {&c->act16, &c->act16_side, &c->attn, &c->moe_dev, &c->sample_part,
+                                    &c->fp8w, &c->fp8w_side};
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
             if (s[i]->p) (void)cudaFreeAsync(s[i]->p, c->stream);
         (void)cudaStreamSynchronize(c->stream);
@@ -292,11 +295,13 @@ static void cuda_destroy(void *ctx) {
 
 /* backend_ops.side_begin / side_end / side_join: a fork and a join through
  * two events, which a graph being recorded takes in as two branches. The
- * cuBLAS handle follows the current stream; act16 swaps with the side's
- * own so that the two streams' 16-bit copies never share memory. */
+ * cuBLAS handle follows the current stream; act16 and fp8w swap with the
+ * side's own so that the two streams' scratch never shares memory. */
 static void side_switch(struct cuda_ctx *c, int on) {
     struct cuda_scratch t = c->act16;
     c->act16 = c->act16_side, c->act16_side = t;
+    t = c->fp8w;
+    c->fp8w = c->fp8w_side, c->fp8w_side = t;
     c->on_side = on;
     c->stream = on ? c->side_stream : c->main_stream;
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
@@ -339,6 +344,7 @@ static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .sliding_window = 1,
     .attention_sinks = 1,
+    .fp8_weights = 1,
     .destroy = cuda_destroy,
     .reserve = cuda_reserve,
     .alloc = cuda_alloc,
@@ -469,6 +475,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->gemv_ks = gemv_ks[knob_enum(KNOB_CUDA_GEMV_KS)];
     c->ad_warps = ad_warps[knob_enum(KNOB_CUDA_AD_W)];
     c->use_lt = knob_bool(KNOB_CUDA_LT);
+    c->fp8_lt = knob_bool(KNOB_CUDA_FP8_LT);
     c->upload_delay_ms = knob_int(KNOB_CUDA_UPLOAD_DELAY_MS);
     /* prefill attention kernel (KILN_CUDA_FA, docs/cuda.md): the wgmma one
      * on Hopper (sm_90a code runs on compute capability 9.0 only) */

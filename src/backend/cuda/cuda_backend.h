@@ -14,6 +14,8 @@
  *   cuda_matmul.cu      the product dispatch: cuBLASLt / cuBLAS on 16-bit operands,
  *                       fused norm + product and SwiGLU MLP ops
  *   cuda_gemv.cu        the GEMV for few rows (fixed K split, fused SwiGLU epilogue)
+ *   cuda_fp8.cu         products with block-quantized FP8 (e4m3) weights: GEMV, tiles,
+ *                       dequantization for cuBLASLt
  *   cuda_pdl.cuh        programmatic dependent launch helpers
  *   cuda_profile.c      per-operation device timing (KILN_CUDA_PROFILE=1)
  *   cuda_attention.cu   paged causal attention (GQA, MLA): tensor-core prefill,
@@ -97,6 +99,7 @@ struct cuda_ctx {
     long max_tokens, max_context;
     int max_heads;
     struct cuda_scratch act16;   /* 16-bit copy of a matmul's activations */
+    struct cuda_scratch fp8w;    /* FP8 weight rows dequantized to bf16 (cuda_matmul.cu) */
     struct cuda_scratch attn;    /* split-KV partial results */
     /* mixture of experts */
     struct cuda_scratch moe_dev; /* gathered rows, expert outputs, row lists */
@@ -136,6 +139,7 @@ struct cuda_ctx {
     cudaStream_t main_stream, side_stream;
     cudaEvent_t side_fork, side_done;
     struct cuda_scratch act16_side;
+    struct cuda_scratch fp8w_side;
     int on_side;
     long dual_max;
     int sample_ready;            /* the row kernel's shared-memory limit is set */
@@ -146,6 +150,8 @@ struct cuda_ctx {
                                     they run the plain sequence) */
     int gemv_ks;                 /* GEMV K split: 0 = by shape, or 1, 2, 4 (KILN_CUDA_GEMV_KS) */
     int use_lt;                  /* 1: 16-bit products through cuBLASLt (KILN_CUDA_LT=0: GemmEx) */
+    int fp8_lt;                  /* 1: FP8 products of many rows through cuBLASLt's block-scaled
+                                    FP8 where it has an algorithm (KILN_CUDA_FP8_LT=0: bf16) */
     void *lt;                    /* cuBLASLt handle and plan cache (cuda_matmul.cu) */
     size_t cublas_ws_bytes;      /* size of cublas_ws */
     void *prof;                  /* per-operation timing (KILN_CUDA_PROFILE=1, cuda_profile.c) */
@@ -166,6 +172,7 @@ struct cuda_ctx {
     long mla_decode_calls;       /* launches of the MLA decode kernel (host count, for tests) */
     int mla_occ;                 /* MLA decode CTAs an SM holds (cuda_attn_mla.cu; 0: not set up yet) */
     long wgmma_calls;            /* products it ran (host count, for tests) */
+    long fp8_lt_calls;           /* FP8 products on cuBLASLt's block-scaled FP8 (host count) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     int moe_wgmma;               /* 1: MoE expert products of prefill-sized groups on wgmma
                                     (hopper/moe_wgmma.cu; KILN_CUDA_MOE_WGMMA=0: mma.sync) */
@@ -366,6 +373,34 @@ int cuda_gemv_heads_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                        int n_heads, long n);
 void cuda_gemv_heads(struct cuda_ctx *c, float *y, long ldy, long hy, const float *x, long ldx,
                      long hx, const struct backend_weight *w, long w_stride, int n_heads, long n);
+/* FP8 weights (cuda_fp8.cu). Decode rows (n ≤ CUDA_FP8_GEMV_ROWS) take the
+ * FP8 GEMV (swiglu as cuda_gemv's); up to CUDA_FP8_TILE_ROWS rows (every n
+ * under --deterministic) the row-invariant tile kernel; more rows
+ * cuBLASLt's block-scaled FP8, or the weight dequantized to bf16 in chunks
+ * of rows for cuBLASLt's bf16 product (cuda_matmul.cu fp8_matmul). */
+enum { CUDA_FP8_GEMV_ROWS = 4, CUDA_FP8_TILE_ROWS = 64 };
+/* The largest fp8w scratch: a chunk of dequantized rows, or split partials. */
+#define CUDA_FP8_SCRATCH_BYTES ((size_t)64 << 20)
+/* The 16-byte loads of the GEMV, the tiles and the dequantization apply:
+ * cols and block_cols multiples of 16, data 16-byte aligned. */
+int cuda_fp8_vec_ok(const struct backend_weight *w);
+int cuda_fp8_gemv_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n);
+void cuda_fp8_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                   const struct backend_weight *w, const float *bias, long n, int swiglu);
+/* y = x · wᵀ (+ bias) on the tile kernel (the scalar kernel where
+ * cuda_fp8_vec_ok fails), for n_heads heads: head h's y, x at h·hy, h·hx
+ * and its weight rows from row h·w_row_stride (a multiple of block_rows). */
+void cuda_fp8_tiles(struct cuda_ctx *c, float *y, long ldy, long hy, const float *x, long ldx,
+                    long hx, const struct backend_weight *w, long w_row_stride, const float *bias,
+                    int n_heads, long n);
+/* dst[r1 - r0][cols] (bf16) = rows r0..r1 of w dequantized, each
+ * bf16(e4m3 · scale). */
+void cuda_fp8_dequant(struct cuda_ctx *c, void *dst, const struct backend_weight *w, long r0,
+                      long r1);
+/* xq[n][cols] (e4m3) and xs[cols / 128][n] (fp32): x quantized per row and
+ * 128-column group, scale max|x| / 448 (cuBLASLt's VEC128_32F layout). */
+void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, const float *x, long ldx, long n,
+                        long cols);
 /* add_rmsnorm of nm that also writes x16[n][dim] = x rounded to dt (BF16 or
  * F16) for the product that follows (cuda_norm.cu). */
 void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *x16,

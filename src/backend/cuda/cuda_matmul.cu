@@ -22,6 +22,11 @@
  *  - --deterministic: every product through cuda_matmul_det; the fused
  *    operations run their plain sequence (the same bits as the model's
  *    unfused calls).
+ *  - FP8 (e4m3, block-scaled) weights: cuda_fp8.cu's GEMV, tile kernel
+ *    (also under --deterministic), cuBLASLt's block-scaled FP8 or bf16
+ *    chunks of dequantized rows into the 16-bit path (fp8_matmul); the fused operations run their plain
+ *    sequence on them (the 16-bit handoffs need 16-bit weights), except
+ *    the SwiGLU MLP of decode rows on the FP8 GEMV.
  * Row-major y = x·Wᵀ is column-major Yᵀ = W'ᵀ·Xᵀ where W' is W read as a
  * column-major [cols][rows] matrix: op(A) = T on W (lda = cols), op(B) = N
  * on x (ldb = its row stride), C = y (ldc = ldy).
@@ -256,6 +261,128 @@ extern "C" void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n
     return to16(c, x, ldx, n, cols, dt, 1);
 }
 
+
+/* The cuBLASLt plan of an FP8 product with block-scaled operands: A = W
+ * (e4m3, one fp32 scale per 128 × 128 block: BLK128x128_32F, the
+ * checkpoint's layout), B = the activations (e4m3, one fp32 scale per row
+ * and 128 columns: VEC128_32F, cuda_fp8_quant_act's layout), D = y fp32.
+ * ok = 0 where this cuBLASLt or GPU has no algorithm for it (block scaling
+ * needs CUDA 12.9+ and compute capability 9.0). Plans share the cache of
+ * the 16-bit ones, keyed with dtype F8_E4M3. */
+static struct lt_plan *lt_fp8_plan_get(struct cuda_ctx *c, float *y, long ldy,
+                                       const struct backend_weight *w, long n) {
+    struct lt_state *s = (struct lt_state *)c->lt;
+    unsigned align = align_class(w->data) | align_class(y) << 8;
+    for (int i = 0; i < s->n_plans; i++) {
+        struct lt_plan *p = &s->plans[i];
+        if (p->dtype == (int)DTYPE_F8_E4M3 && p->rows == w->rows && p->cols == w->cols && p->n == n &&
+            p->ldy == ldy && p->align == align)
+            return p;
+    }
+    if (s->n_plans == LT_PLANS) return NULL;
+    struct lt_plan *p = &s->plans[s->n_plans++];
+    memset(p, 0, sizeof *p);
+    p->rows = w->rows, p->cols = w->cols, p->n = n, p->ldb = w->cols, p->ldy = ldy;
+    p->dtype = (int)DTYPE_F8_E4M3, p->align = align;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, (uint64_t)w->cols, (uint64_t)w->rows, w->cols));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, (uint64_t)w->cols, (uint64_t)n, w->cols));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, (uint64_t)w->rows, (uint64_t)n, ldy));
+    /* a runtime cuBLAS without block scaling refuses the modes: no plan */
+    if (cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm) !=
+            CUBLAS_STATUS_SUCCESS)
+        return p;
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = c->cublas_ws_bytes;
+    uint32_t al_a = 1u << align_class(w->data), al_b = 256, al_d = 1u << align_class(y);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &ws, sizeof ws));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                      &al_a, sizeof al_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                      &al_b, sizeof al_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                      &al_d, sizeof al_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                      &al_d, sizeof al_d));
+    cublasLtMatmulHeuristicResult_t res[1];
+    int cnt = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s->h, p->desc, p->a, p->b, p->d, p->d, pref, 1,
+                                                       res, &cnt);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && cnt >= 1) {
+        p->ok = 1;
+        p->algo = res[0].algo;
+    }
+    return p;
+}
+
+/* The FP8 product on cuBLASLt's block-scaled FP8: the activations
+ * quantized per row and 128 columns into act16, then one cublasLtMatmul,
+ * the bias after it. 0 where it does not apply (no plan: the caller takes
+ * the bf16 path). */
+static int fp8_lt(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                  const struct backend_weight *w, const float *bias, long n) {
+    /* K in whole groups of 128, and whole groups of 4 scale columns: the
+     * block scales' row stride is then 16 bytes aligned, as cuBLASLt reads
+     * them (torch pads it to 4 for the same reason) */
+    if (!c->lt || !c->fp8_lt || c->deterministic || w->block_rows != 128 || w->block_cols != 128 ||
+        w->cols % 512 || (uintptr_t)w->data % 16 || (uintptr_t)y % 16 || ldy % 4)
+        return 0;
+    struct lt_plan *p = lt_fp8_plan_get(c, y, ldy, w, n);
+    if (!p || !p->ok) return 0;
+    size_t qbytes = ((size_t)n * (size_t)w->cols + 255) & ~(size_t)255;
+    if (cuda_scratch_reserve(c, &c->act16, qbytes + (size_t)n * (size_t)(w->cols / 128) * 4, n)) return 1;
+    void *xq = c->act16.p;
+    float *xs = (float *)((char *)c->act16.p + qbytes);
+    cuda_fp8_quant_act(c, xq, xs, x, ldx, n, w->cols);
+    struct lt_state *s = (struct lt_state *)c->lt;
+    const void *sa = w->scale, *sb = xs;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(s->h, p->desc, &alpha, w->data, p->a, xq, p->b, &beta, y, p->d, y, p->d,
+                                &p->algo, c->cublas_ws, c->cublas_ws_bytes, c->stream));
+    if (bias) bias_add(c, y, ldy, bias, n, w->rows);
+    c->fp8_lt_calls++;
+    return 1;
+}
+
+/* An FP8 weight's product: the GEMV for decode rows, the tile kernel for
+ * small batches and --deterministic, else cuBLASLt's block-scaled FP8
+ * (fp8_lt) or, where it has no plan, chunks of weight rows dequantized to
+ * bf16 and multiplied on the 16-bit path (the activations rounded to bf16
+ * once). */
+static void fp8_matmul(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
+                       const struct backend_weight *w, const float *bias, long n) {
+    CUDA_ASSERT_MSG(w->scale && w->block_rows > 0 && w->block_cols > 0,
+                    "matmul: an FP8 weight without its block scales");
+    if (cuda_fp8_gemv_ok(c, w, n)) return cuda_fp8_gemv(c, y, ldy, x, ldx, w, bias, n, 0);
+    if (c->deterministic || n <= CUDA_FP8_TILE_ROWS || !cuda_fp8_vec_ok(w))
+        return cuda_fp8_tiles(c, y, ldy, 0, x, ldx, 0, w, 0, bias, 1, n);
+    if (fp8_lt(c, y, ldy, x, ldx, w, bias, n)) return;
+    long rows = w->rows, cols = w->cols;
+    long chunk = (long)(CUDA_FP8_SCRATCH_BYTES / (size_t)(2 * cols)) / 128 * 128;
+    if (chunk < 128) chunk = 128;
+    if (chunk > rows) chunk = rows;
+    const void *xb = to16(c, x, ldx, n, cols, DTYPE_BF16, 1);
+    if (!xb) return;
+    if (cuda_scratch_reserve(c, &c->fp8w, (size_t)chunk * (size_t)cols * 2, n)) return;
+    for (long r0 = 0; r0 < rows; r0 += chunk) {
+        long r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        cuda_fp8_dequant(c, c->fp8w.p, w, r0, r1);
+        struct backend_weight part = {c->fp8w.p, DTYPE_BF16, r1 - r0, cols, NULL, 0, 0};
+        product16(c, y + r0, ldy, xb, cols, &part, bias ? bias + r0 : NULL, n, 0.0f);
+    }
+}
+
 extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, long ldx,
                                const struct backend_weight *w, const float *bias, long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
@@ -263,6 +390,7 @@ extern "C" void cuda_op_matmul(void *ctx, float *y, long ldy, const float *x, lo
     if (n <= 0 || rows <= 0) return;
     CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
                 ldy >= rows);
+    if (w->dtype == DTYPE_F8_E4M3) return fp8_matmul(c, y, ldy, x, ldx, w, bias, n);
     if (c->deterministic) return cuda_matmul_det(c, y, ldy, x, ldx, w, bias, n);
     int w16 = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
     CUDA_ASSERT_MSG(w16 || w->dtype == DTYPE_F32, "matmul: weights must be BF16, F16 or F32");
@@ -303,6 +431,15 @@ extern "C" void cuda_op_matmul_heads(void *ctx, float *y, long ldy, long hy, con
     if (n_heads == 1) return cuda_op_matmul(ctx, y, ldy, x, ldx, w, NULL, n);
     CUDA_ASSERT(rows <= INT32_MAX && cols <= INT32_MAX && n <= INT32_MAX && ldx >= cols &&
                 ldy >= rows && hx >= 0 && hy >= 0 && w_stride >= 0);
+    if (w->dtype == DTYPE_F8_E4M3) {
+        /* each head's weight must start on a row of blocks (its scales
+         * are then rows of the scale matrix); the tile kernel over a grid
+         * of heads */
+        CUDA_ASSERT_MSG(w->block_rows > 0 && w_stride % cols == 0 &&
+                            (w_stride / cols) % w->block_rows == 0,
+                        "matmul_heads: FP8 heads that do not start on a block row");
+        return cuda_fp8_tiles(c, y, ldy, hy, x, ldx, hx, w, w_stride / cols, NULL, n_heads, n);
+    }
     if (c->deterministic) return cuda_matmul_det_heads(c, y, ldy, hy, x, ldx, hx, w, w_stride, n_heads, n);
     int w16 = w->dtype == DTYPE_BF16 || w->dtype == DTYPE_F16;
     if (w16 && cuda_gemv_heads_ok(c, w, w_stride, n_heads, n))
@@ -401,6 +538,14 @@ extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm
     long inter = down->cols, d = nm->dim;
     CUDA_ASSERT(gate_up->rows == 2 * inter && gate_up->cols == d && ldgu >= 2 * inter &&
                 ldy >= down->rows);
+    /* FP8 decode: the same on the FP8 GEMV */
+    if (c->fuse && gate_up->dtype == DTYPE_F8_E4M3 && down->dtype == DTYPE_F8_E4M3 &&
+        cuda_fp8_gemv_ok(c, gate_up, n) && cuda_fp8_gemv_ok(c, down, n)) {
+        plain_norm(c, nm, n);
+        cuda_fp8_gemv(c, gu, ldgu, nm->x, d, gate_up, NULL, n, 1);
+        cuda_fp8_gemv(c, y, ldy, gu, ldgu, down, NULL, n, 0);
+        return;
+    }
     /* decode: norm, gate|up GEMV with silu(g)·u in its epilogue, down GEMV */
     if (c->fuse && !c->deterministic && cuda_gemv_ok(c, gate_up, n) && cuda_gemv_ok(c, down, n) &&
         cuda_gemv_xvec(nm->x, d) && cuda_gemv_xvec(gu, ldgu)) {

@@ -12,7 +12,10 @@
  *    for steps of up to dual_max tokens;
  *  - the sampler's partials for max_tokens rows (reserve);
  *  - moe_dev, one MoE chunk's rows on the host or device path, and the
- *    experts' pointer tables (cuda_moe_scratch_bytes). */
+ *    experts' pointer tables (cuda_moe_scratch_bytes);
+ *  - fp8w, with FP8 weights: the bf16 chunk of dequantized weight rows of
+ *    a large product or the K-split partial sums of a small one, each at
+ *    most CUDA_FP8_SCRATCH_BYTES (cuda_fp8.cu, cuda_matmul.cu). */
 #include "backend/cuda/cuda_backend.h"
 
 static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -27,5 +30,6 @@ size_t cuda_op_workspace_bytes(void *ctx, const struct backend_step_shape *s) {
     size_t act16_side = round256((size_t)side_rows * (size_t)(s->widest > 0 ? s->widest : 1) * 2 *
                                  (size_t)(c->split_act ? 2 : 1));
     return c->cublas_ws_bytes + round256(cuda_attention_scratch_bytes(c)) + act16 + act16_side +
-           round256(cuda_sample_scratch_bytes(T)) + cuda_moe_scratch_bytes(c, s);
+           round256(cuda_sample_scratch_bytes(T)) + cuda_moe_scratch_bytes(c, s) +
+           (s->fp8_weights ? round256(CUDA_FP8_SCRATCH_BYTES) * (c->side_stream ? 2 : 1) : 0);
 }
