@@ -14,7 +14,7 @@
  * Expert MLPs, two paths; both end in a kernel that sums each token's k
  * expert outputs in the token's own top-k order, as the CPU does.
  *  - Device (batches of up to moe_device_max tokens, by default every
- *    step; 16-bit experts): one CTA counts the n·k (token, j) rows per expert,
+ *    step; 16-bit or FP8 experts): one CTA counts the n·k (token, j) rows per expert,
  *    scans, scatters them into expert order and writes a list of tiles
  *    (expert, first row, up to 16 or 64 rows); gate|up then runs as one
  *    grouped product over the list with SwiGLU in its epilogue (16-bit
@@ -23,9 +23,12 @@
  *    the host, so a decode step with MoE layers records as a graph. The
  *    experts' weight pointers live in a device table per layer, built on
  *    the layer's first call (never inside a recording: the first step of
- *    every batch size runs eagerly).
+ *    every batch size runs eagerly). FP8 experts (e4m3 with block
+ *    scales) take the same sort and tile list with the products of
+ *    cuda_moe_fp8.cu, at every batch size and under --deterministic
+ *    (there the mma product only: its sums per row have one order).
  *  - Host (--deterministic, bf16x2, fp32 experts, or batches past
- *    KILN_CUDA_MOE_MAX): the routing ids come back to the host
+ *    KILN_CUDA_MOE_MAX; never FP8 experts, refused with a message): the routing ids come back to the host
  *    (one stream sync per MoE layer and chunk), rows are grouped by
  *    expert, and each expert with rows runs gate/up/down through
  *    cuda_op_matmul (cuBLAS) on its contiguous block of gathered rows.
@@ -37,6 +40,7 @@
  * path in deterministic mode, a token's result does not depend on the
  * chunk it falls in. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -332,14 +336,15 @@ moe_align_kernel(const int32_t *__restrict__ ids, int rows, int E, int first, in
     }
 }
 
-/* Device tables of the experts' weight pointers: [gate E][up E][down E],
- * one per layer, found by comparing the pointers themselves (a host copy
- * is kept), so that experts freed and others allocated at the same
- * addresses never meet a stale table. */
+/* Device tables of the experts' weight pointers: [gate E][up E][down E]
+ * then their scales likewise (FP8 experts; NULL for 16-bit ones), one per
+ * layer, found by comparing the pointers themselves (a host copy is kept),
+ * so that experts freed and others allocated at the same addresses never
+ * meet a stale table. */
 struct moe_table {
-    long n;            /* 3 E */
-    const void **host; /* [3 E] */
-    void **dev;        /* [3 E] */
+    long n;            /* 6 E */
+    const void **host; /* [6 E] */
+    void **dev;        /* [6 E] */
 };
 struct moe_tables {
     struct moe_table *t;
@@ -348,7 +353,10 @@ struct moe_tables {
 
 static void moe_fill(const struct moe_experts *e, const void **h) {
     long E = e->n_experts;
-    for (long i = 0; i < E; i++) h[i] = e->gate[i].data, h[E + i] = e->up[i].data, h[2 * E + i] = e->down[i].data;
+    for (long i = 0; i < E; i++) {
+        h[i] = e->gate[i].data, h[E + i] = e->up[i].data, h[2 * E + i] = e->down[i].data;
+        h[3 * E + i] = e->gate[i].scale, h[4 * E + i] = e->up[i].scale, h[5 * E + i] = e->down[i].scale;
+    }
 }
 
 static void *const *moe_table_find(struct cuda_ctx *c, const struct moe_experts *e) {
@@ -358,13 +366,14 @@ static void *const *moe_table_find(struct cuda_ctx *c, const struct moe_experts 
         CUDA_ASSERT_MSG(ts, "out of host memory");
         c->moe_tables = ts;
     }
-    long n = 3L * e->n_experts, E = e->n_experts;
+    long n = 6L * e->n_experts, E = e->n_experts;
     for (int i = 0; i < ts->n; i++) {
         const struct moe_table *t = &ts->t[i];
         if (t->n != n) continue;
         long k = 0;
         for (; k < E && t->host[k] == e->gate[k].data && t->host[E + k] == e->up[k].data &&
-               t->host[2 * E + k] == e->down[k].data;
+               t->host[2 * E + k] == e->down[k].data && t->host[3 * E + k] == e->gate[k].scale &&
+               t->host[4 * E + k] == e->up[k].scale && t->host[5 * E + k] == e->down[k].scale;
              k++) {
         }
         if (k == E) return t->dev;
@@ -404,13 +413,35 @@ extern "C" void cuda_moe_release(struct cuda_ctx *c) {
     c->moe_tables = NULL;
 }
 
+/* FP8 experts: every weight e4m3 with scales, one block shape the FP8
+ * products take (cuda_moe_fp8.cu). */
+static int moe_fp8_ok(const struct moe_experts *e) {
+    const struct backend_weight *w0 = &e->gate[0];
+    if (!cuda_moe_fp8_ok(e->hidden, e->inter, w0->block_rows, w0->block_cols)) return 0;
+    for (int i = 0; i < e->n_experts; i++) {
+        const struct backend_weight *w[3] = {&e->gate[i], &e->up[i], &e->down[i]};
+        for (int k = 0; k < 3; k++)
+            if (w[k]->dtype != DTYPE_F8_E4M3 || !w[k]->scale || w[k]->block_rows != w0->block_rows ||
+                w[k]->block_cols != w0->block_cols || ((uintptr_t)w[k]->data & 15))
+                return 0;
+    }
+    return 1;
+}
+
 /* The device path serves these experts for n tokens: 16-bit weights of
- * one type, shapes the grouped product takes, aligned rows. */
+ * one type, shapes the grouped product takes, aligned rows; or FP8
+ * experts, which run nowhere else (moe_ffn_host refuses them): at any n
+ * (in chunks) and under --deterministic (products of fixed order per row,
+ * cuda_moe_fp8.cu), unless KILN_CUDA_MOE=host or bf16x2 asks for the host
+ * path. */
 static int moe_device_ok(const struct cuda_ctx *c, const struct moe_experts *e, int top_k, long n) {
-    if (n < 1 || n > c->moe_device_max || c->deterministic || c->split_act) return 0;
+    int fp8 = e->gate[0].dtype == DTYPE_F8_E4M3;
+    if (n < 1 || c->split_act || c->moe_device_max <= 0) return 0;
+    if (!fp8 && (n > c->moe_device_max || c->deterministic)) return 0;
     /* the tile list of a chunk is the products' grid y (at most 65535 CTAs) */
     long tok = backend_moe_chunk_tokens(top_k);
     if (e->n_experts > ALIGN_THREADS || (n < tok ? n : tok) * top_k / 16 + e->n_experts > 65535) return 0;
+    if (fp8) return moe_fp8_ok(e);
     if (!cuda_gemm_small_grouped_ok(e->inter, e->hidden, 1) || !cuda_gemm_small_grouped_ok(e->hidden, e->inter, 0) ||
         e->hidden % 8 || e->inter % 8)
         return 0;
@@ -449,6 +480,9 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
                            void *const *tab) {
     long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
     enum dtype dt = e->gate[0].dtype;
+    /* FP8 experts: bf16 activations (cuda_moe_fp8.cu) */
+    int fp8 = dt == DTYPE_F8_E4M3;
+    enum dtype at = fp8 ? DTYPE_BF16 : dt;
     /* A few rows per expert: the grouped GEMV (cuda_moe_gemv.cu), tiles of
      * one row for one token (its experts are distinct), else of 8; more:
      * the mma.sync grouped product, 16-row tiles while the average expert
@@ -468,7 +502,7 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
      * 3.24, DeepSeek 2.54 -> 2.49). (The scratch plan,
      * cuda_moe_scratch_bytes, counts 16-row tiles of the largest chunk,
      * which covers these smaller chunks.) */
-    int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E;
+    int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E && !c->deterministic;
     int bm = gemv ? (n == 1 ? 1 : 8) : rows <= 16 * E ? 16 : 64;
     long max_tiles;
     size_t bytes = device_scratch_bytes(rows, H, F, E, bm, &max_tiles);
@@ -480,11 +514,16 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     int4 *tiles = (int4 *)(out + rows * H);
     int32_t *order = (int32_t *)(tiles + max_tiles), *where = order + rows;
     int *n_tiles = (int *)(where + rows);
-    const void *x16 = gemv ? NULL : cuda_act16(c, x, H, n, H, dt);
+    const void *x16 = gemv ? NULL : cuda_act16(c, x, H, n, H, at);
     if (!gemv && !x16) return;
     pdl_launch(c, moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), (size_t)(E + 33) * 4, ids, (int)rows, (int)E,
                e->first, bm, order, where, tiles, n_tiles);
-    if (gemv) {
+    int br = e->gate[0].block_rows, bc = e->gate[0].block_cols;
+    if (fp8 && gemv) {
+        cuda_moe_fp8_gemv(c, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc);
+    } else if (fp8) {
+        cuda_moe_fp8_grouped(c, bm, h, out, x16, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc);
+    } else if (gemv) {
         cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles);
     } else {
         cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
@@ -563,6 +602,17 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
      * garbage, and both paths index with them (the host path asserts) */
     if (n <= 0 || c->oom.bytes) return;
     int device = moe_device_ok(c, e, top_k, n);
+    if (!device && e->gate[0].dtype == DTYPE_F8_E4M3) {
+        fprintf(stderr,
+                "kiln: moe_ffn: FP8 experts run on the MoE device path only (cuda_moe_fp8.cu), which "
+                "these experts or settings do not allow: %s; hidden %d and inter %d must be multiples "
+                "of 64, the weight blocks %dx%d multiples of 64 columns, at most %d experts\n",
+                c->split_act ? "KILN_CUDA_MATMUL=bf16x2 is set"
+                : c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set"
+                                         : "the shapes",
+                e->hidden, e->inter, e->gate[0].block_rows, e->gate[0].block_cols, ALIGN_THREADS);
+        abort();
+    }
     void *const *tab = NULL;
     if (device && !(tab = moe_table_find(c, e))) return;
     /* equal chunks of at most backend_moe_chunk_tokens tokens: the
@@ -592,5 +642,5 @@ extern "C" size_t cuda_moe_scratch_bytes(const struct cuda_ctx *c, const struct 
     }
     size_t scratch = ((host > dev ? host : dev) + 255) & ~(size_t)255;
     /* the per-layer tables of expert pointers (moe_table) */
-    return scratch + (size_t)s->moe_layers * (((size_t)3 * E * sizeof(void *) + 511) & ~(size_t)511);
+    return scratch + (size_t)s->moe_layers * (((size_t)6 * E * sizeof(void *) + 511) & ~(size_t)511);
 }
