@@ -20,26 +20,52 @@
 #include "base/mem.h"
 #include "model/model_internal.h"
 
-/* kv_b_proj of an FP8 checkpoint, dequantized once into fp32 (the W_UK
- * transpose and the per-head W_UV views below are byte-level views of it,
- * which a block-scaled layout does not allow): w becomes an F32 weight.
- * The CPU holds the weights in place (a backend without FP8 weights has
- * refused the load). Returns the fp32 host rows, NULL when out of memory. */
-static const unsigned char *mla_dequant_kv_b(struct model *m, struct backend_weight *w) {
-    KILN_ASSERT(m->be->ops->weights_in_place && w->scale && w->block_rows > 0 && w->block_cols > 0);
+/* kv_b_proj of an FP8 checkpoint (or --quantization fp8), dequantized
+ * once (the W_UK transpose and the per-head W_UV views below are
+ * byte-level views of it, which a block-scaled layout does not allow): w
+ * becomes a weight of the dequantized values, fp32 on a backend that holds
+ * the weights in place (the CPU: exactly the values its FP8 products use),
+ * bf16 on one that copies them (CUDA: the 16-bit form its per-head
+ * products read; one more rounding, 2^-9 relative, like the bf16
+ * activations beside it). The codes and scales come from the host copies
+ * the loader keeps (ws->last_host, ws->last_scale), or from the device
+ * where the weight was made there (dummy weights). Returns the host rows
+ * in w's new dtype, NULL when out of memory. */
+static const unsigned char *mla_dequant_kv_b(struct weight_source *ws, struct backend_weight *w) {
+    struct model *m = ws->m;
+    const struct backend_ops *ops = m->be->ops;
+    int in_place = ops->weights_in_place;
+    KILN_ASSERT(w->scale && w->block_rows > 0 && w->block_cols > 0);
     long rows = w->rows, cols = w->cols, nbc = (cols + w->block_cols - 1) / w->block_cols;
-    float *f = xaligned_alloc((size_t)(rows * cols) * 4);
+    size_t n = (size_t)(rows * cols), ns = (size_t)((rows + w->block_rows - 1) / w->block_rows * nbc);
     const uint8_t *q = w->data;
+    const float *sc = w->scale;
+    uint8_t *qd = NULL;
+    float *sd = NULL;
+    if (!in_place && ws->last_host && ws->last_scale) {
+        q = ws->last_host, sc = ws->last_scale;
+    } else if (!in_place) { /* made on the device, no deferred copy in flight */
+        qd = xmalloc(n), sd = xmalloc(ns * 4);
+        ops->download(m->be->ctx, qd, w->data, n);
+        ops->download(m->be->ctx, sd, w->scale, ns * 4);
+        q = qd, sc = sd;
+    }
+    enum dtype dt = in_place ? DTYPE_F32 : DTYPE_BF16;
+    size_t es = dtype_size(dt);
+    unsigned char *f = xaligned_alloc(n * es);
     for (long r = 0; r < rows; r++)
-        for (long j = 0; j < cols; j++)
-            f[r * cols + j] =
-                fp8_e4m3_to_f32(q[r * cols + j]) * w->scale[(r / w->block_rows) * nbc + j / w->block_cols];
+        for (long j = 0; j < cols; j++) {
+            float v = fp8_e4m3_to_f32(q[r * cols + j]) * sc[(r / w->block_rows) * nbc + j / w->block_cols];
+            if (in_place) ((float *)f)[r * cols + j] = v;
+            else ((uint16_t *)f)[r * cols + j] = f32_to_bf16(v);
+        }
+    free(qd), free(sd);
     model_own(m, f);
-    const void *dev = model_upload(m, f, (size_t)(rows * cols) * 4);
+    const void *dev = model_upload(m, f, n * es);
     if (!dev) return NULL;
-    m->weight_bytes += (size_t)(rows * cols) * 4;
-    *w = (struct backend_weight){.data = dev, .dtype = DTYPE_F32, .rows = rows, .cols = cols};
-    return (const unsigned char *)f;
+    m->weight_bytes += n * es;
+    *w = (struct backend_weight){.data = dev, .dtype = dt, .rows = rows, .cols = cols};
+    return f;
 }
 
 static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err) {
@@ -75,7 +101,7 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
      * [H][kvr][nope] tensor (w_uk_t[h] are views into it), so the q_nope
      * products of every head run as one matmul_heads. W_UV stays strided
      * views into kv_b_proj (head stride (nope + vd)·kvr elements). */
-    const unsigned char *src = a->wkv_b.dtype == DTYPE_F8_E4M3 ? mla_dequant_kv_b(m, &a->wkv_b) : ws_last_host(ws);
+    const unsigned char *src = a->wkv_b.dtype == DTYPE_F8_E4M3 ? mla_dequant_kv_b(ws, &a->wkv_b) : ws_last_host(ws);
     if (!src) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for MLA weights");
     if (ws_proj(ws, P("o_proj.weight"), d, Hw * vd, ws_split_attn(&o_sl, c, 1, H * vd), &a->wo, err)) return -1;
 #undef P

@@ -103,6 +103,28 @@ static const void *dummy_on_device(struct model *m, const struct dummy_part *par
     return dev;
 }
 
+/* A dummy matrix quantized to FP8 on the device (backend_ops.
+ * weight_dummy_fp8): out filled, 0; -1 where the backend cannot (the
+ * caller quantizes on the host). */
+static int dummy_fp8_on_device(struct weight_source *ws, const struct dummy_part *p, long rows, long cols,
+                               struct backend_weight *out) {
+    struct model *m = ws->m;
+    const struct backend_ops *ops = m->be->ops;
+    const struct model_quant *q = &m->cfg.quant;
+    if (!ops->weight_dummy_fp8 || ops->weights_in_place) return -1;
+    const float *scale = NULL;
+    const void *dev = ops->weight_dummy_fp8(m->be->ctx, p, rows, cols, q->block_rows, q->block_cols, &scale);
+    if (!dev) return -1;
+    track_upload(m, dev);
+    size_t nb = (size_t)((rows + q->block_rows - 1) / q->block_rows) *
+                (size_t)((cols + q->block_cols - 1) / q->block_cols);
+    *out = (struct backend_weight){.data = dev, .dtype = DTYPE_F8_E4M3, .rows = rows, .cols = cols,
+                                   .scale = scale, .block_rows = q->block_rows, .block_cols = q->block_cols};
+    m->weight_bytes += (size_t)rows * (size_t)cols + nb * 4;
+    ws->last_host = NULL, ws->last_scale = NULL; /* made on the device */
+    return 0;
+}
+
 const void *ws_last_host(struct weight_source *ws) {
     if (ws->last_host || ws->st) return ws->last_host;
     enum dtype dt = dummy_dtype(ws->m);
@@ -363,6 +385,7 @@ static int load_matrix(struct weight_source *ws, const char *name, long rows, lo
             ws->last_host = NULL; /* ws_last_host makes them when asked */
             goto done;
         }
+        if (quantize && !dummy_fp8_on_device(ws, &p, lr, lc, out)) return 0;
         unsigned char *buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
         if (!buf) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for dummy tensor '%s' (%zu bytes)", name, bytes);
         fill_dummy(&p, buf);

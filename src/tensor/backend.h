@@ -398,6 +398,15 @@ struct backend_ops {
      * on the host and uploads. Saves a host fill and a copy of every
      * byte of a model of tens of GB. */
     const void *(*weight_dummy)(void *ctx, const struct dummy_part *parts, int count);
+    /* Dummy FP8 weights made on the device (--quantization fp8 on dummy
+     * weights): part p's values as weight_dummy makes them (p->dtype,
+     * p->n == rows·cols), quantized in block_rows x block_cols blocks as
+     * the model's host quantization does (fp8_quantize_blocks: the same
+     * codes and scales). Returns the [rows][cols] codes and *scale the
+     * block scales, in one allocation the codes' pointer releases. NULL
+     * where the backend cannot: the model fills and quantizes on the host. */
+    const void *(*weight_dummy_fp8)(void *ctx, const struct dummy_part *p, long rows, long cols,
+                                    int block_rows, int block_cols, const float **scale);
 
     /* Several ranks (dist/comm.h). NULL: the TCP communicator of
      * dist/comm.h serves this backend (its buffers are host memory).

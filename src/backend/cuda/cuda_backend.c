@@ -388,6 +388,7 @@ static const struct backend_ops cuda_ops = {
     .step_status = cuda_step_status,
     .workspace_bytes = cuda_op_workspace_bytes,
     .weight_dummy = cuda_op_weight_dummy,
+    .weight_dummy_fp8 = cuda_op_weight_dummy_fp8,
 };
 
 int cuda_backend_create(struct backend *be, const struct backend_options *opt,

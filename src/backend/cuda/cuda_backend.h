@@ -26,6 +26,7 @@
  *   cuda_gemm_small.cu  the experts' grouped products on the device (mma.sync)
  *   cuda_moe_gemv.cu    the experts' products for a few rows per expert (grouped GEMV)
  *   cuda_moe_fp8.cu     the experts' products with FP8 experts (GEMV and grouped mma)
+ *   cuda_dummy_fp8.cu   dummy weights quantized to FP8 on the device (--quantization fp8)
  *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
  *   cuda_nccl.c         the communicator between ranks (NCCL on the stream)
  *   hopper/gemm_wgmma.cu small-M product on wgmma + TMA (sm_90a, cc 9.0)
@@ -383,6 +384,9 @@ void cuda_weight_free(struct cuda_ctx *c, const void *dev);
 void *cuda_weight_alloc(struct cuda_ctx *c, const size_t *bytes, int count);
 /* backend_ops.weight_dummy (cuda_dummy.cu). */
 const void *cuda_op_weight_dummy(void *ctx, const struct dummy_part *parts, int count);
+/* backend_ops.weight_dummy_fp8 (cuda_dummy_fp8.cu). */
+const void *cuda_op_weight_dummy_fp8(void *ctx, const struct dummy_part *p, long rows, long cols,
+                                     int block_rows, int block_cols, const float **scale);
 /* Device memory the weights' slabs take (bytes), for tests and the log. */
 size_t cuda_weight_slab_bytes(const struct cuda_ctx *c);
 
