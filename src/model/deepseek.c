@@ -21,16 +21,18 @@
 #include "model/model_internal.h"
 
 /* kv_b_proj of an FP8 checkpoint (or --quantization fp8), dequantized
- * once (the W_UK transpose and the per-head W_UV views below are
+ * once into fp32 (the W_UK transpose and the per-head W_UV views below are
  * byte-level views of it, which a block-scaled layout does not allow): w
- * becomes a weight of the dequantized values, fp32 on a backend that holds
- * the weights in place (the CPU: exactly the values its FP8 products use),
- * bf16 on one that copies them (CUDA: the 16-bit form its per-head
- * products read; one more rounding, 2^-9 relative, like the bf16
- * activations beside it). The codes and scales come from the host copies
- * the loader keeps (ws->last_host, ws->last_scale), or from the device
- * where the weight was made there (dummy weights). Returns the host rows
- * in w's new dtype, NULL when out of memory. */
+ * becomes an F32 weight of exactly the values the FP8 products use (code
+ * × scale, one rounding), on every backend, so the absorbed and MHA forms
+ * compute what the checkpoint means (a bf16 copy would add a 2^-9
+ * rounding to every weight; fp32 costs twice its bytes, and on CUDA the
+ * per-head products of fp32 weights run head by head through cuBLAS). The
+ * codes and scales come from the weight itself where the backend holds
+ * them in place (the CPU), else from the host copies the loader keeps
+ * (ws->last_host, ws->last_scale), else from the device, where the weight
+ * was made (dummy weights). Returns the fp32 host rows, NULL when out of
+ * memory. */
 static const unsigned char *mla_dequant_kv_b(struct weight_source *ws, struct backend_weight *w) {
     struct model *m = ws->m;
     const struct backend_ops *ops = m->be->ops;
@@ -50,22 +52,18 @@ static const unsigned char *mla_dequant_kv_b(struct weight_source *ws, struct ba
         ops->download(m->be->ctx, sd, w->scale, ns * 4);
         q = qd, sc = sd;
     }
-    enum dtype dt = in_place ? DTYPE_F32 : DTYPE_BF16;
-    size_t es = dtype_size(dt);
-    unsigned char *f = xaligned_alloc(n * es);
+    float *f = xaligned_alloc(n * 4);
     for (long r = 0; r < rows; r++)
-        for (long j = 0; j < cols; j++) {
-            float v = fp8_e4m3_to_f32(q[r * cols + j]) * sc[(r / w->block_rows) * nbc + j / w->block_cols];
-            if (in_place) ((float *)f)[r * cols + j] = v;
-            else ((uint16_t *)f)[r * cols + j] = f32_to_bf16(v);
-        }
+        for (long j = 0; j < cols; j++)
+            f[r * cols + j] =
+                fp8_e4m3_to_f32(q[r * cols + j]) * sc[(r / w->block_rows) * nbc + j / w->block_cols];
     free(qd), free(sd);
     model_own(m, f);
-    const void *dev = model_upload(m, f, n * es);
+    const void *dev = model_upload(m, f, n * 4);
     if (!dev) return NULL;
-    m->weight_bytes += n * es;
-    *w = (struct backend_weight){.data = dev, .dtype = dt, .rows = rows, .cols = cols};
-    return f;
+    m->weight_bytes += n * 4;
+    *w = (struct backend_weight){.data = dev, .dtype = DTYPE_F32, .rows = rows, .cols = cols};
+    return (const unsigned char *)f;
 }
 
 static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct kiln_error *err) {

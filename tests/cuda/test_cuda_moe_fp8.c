@@ -18,10 +18,13 @@
  * weight 1: one expert with many tiles) and none; partial edge blocks
  * (hidden 320 and inter 192 against 128x128 blocks: the last row block of
  * gate/up and the last column block of down, the last row block of down
- * and column block of gate/up); DeepSeek-V2-Lite's shapes; a graph
- * recording replayed on new ids and inputs; --deterministic, where the
- * FP8 experts stay on the device path and a token's output does not depend
- * on its batch (bitwise).
+ * and column block of gate/up); 32x32 blocks (several in one k-step);
+ * the tiny oracle models' shapes (inter 32: the GEMV at every batch size);
+ * DeepSeek-V2-Lite's shapes; a graph recording replayed on new ids and
+ * inputs; --deterministic, where the FP8 experts stay on the device path
+ * and a token's output does not depend on its batch (bitwise); and the
+ * fp32-grade mode (KILN_CUDA_MATMUL=bf16x2: the GEMV with fp32 SwiGLU
+ * rows) within 1e-5, fp32 sums in another order.
  *
  * Dummy FP8 weights (backend_ops.weight_dummy_fp8): the codes and scales
  * must equal, bit for bit, the host fill of tensor/dummy_fill.h quantized
@@ -49,15 +52,19 @@
 #include "tensor/dummy_fill.h"
 #include "cuda_test_pairs.h"
 
-static struct backend det; /* a --deterministic CUDA backend */
+/* CUDA backends besides `gpu`: --deterministic, and the fp32-grade mode
+ * (KILN_CUDA_MATMUL=bf16x2) */
+static struct backend det, x2;
 
-enum { BR = 128, BC = 128 };
+/* the weights' block size: 128x128 as in the real checkpoints unless a
+ * case sets another (the tiny oracle models' 32x32) */
+static int BR = 128, BC = 128;
 
 /* An FP8 weight on both backends: random values in ±amp quantized per
  * block with a scale of amax / 448 times a random factor in [1, 2) (so
  * codes do not all reach 448 and scales differ between blocks). */
 struct fp8w {
-    struct backend_weight c, g, d; /* CPU, GPU, deterministic GPU */
+    struct backend_weight c, g, d, x; /* CPU, GPU, deterministic GPU, fp32-grade GPU */
     uint8_t *q;
     float *s;
 };
@@ -74,13 +81,17 @@ static struct fp8w fp8w_rand(long rows, long cols, float amp) {
     struct backend_weight base = {.dtype = DTYPE_F8_E4M3, .rows = rows, .cols = cols, .block_rows = BR,
                                   .block_cols = BC};
     size_t qb = (size_t)(rows * cols), sb = (size_t)(nbr * nbc) * 4;
-    w.c = base, w.g = base, w.d = base;
+    w.c = base, w.g = base, w.d = base, w.x = base;
     w.c.data = cpu.ops->weight_upload(cpu.ctx, w.q, qb);
     w.c.scale = cpu.ops->weight_upload(cpu.ctx, w.s, sb);
     w.g.data = gpu.ops->weight_upload(gpu.ctx, w.q, qb);
     w.g.scale = gpu.ops->weight_upload(gpu.ctx, w.s, sb);
     w.d.data = det.ops->weight_upload(det.ctx, w.q, qb);
     w.d.scale = det.ops->weight_upload(det.ctx, w.s, sb);
+    w.x.data = x2.ops->weight_upload(x2.ctx, w.q, qb);
+    w.x.scale = x2.ops->weight_upload(x2.ctx, w.s, sb);
+    assert_non_null(w.x.data);
+    assert_non_null(w.x.scale);
     assert_non_null(w.g.data);
     assert_non_null(w.g.scale);
     assert_non_null(w.d.data);
@@ -93,18 +104,20 @@ static void fp8w_free(struct fp8w *w) {
     gpu.ops->weight_release(gpu.ctx, w->g.scale);
     det.ops->weight_release(det.ctx, w->d.data);
     det.ops->weight_release(det.ctx, w->d.scale);
+    x2.ops->weight_release(x2.ctx, w->x.data);
+    x2.ops->weight_release(x2.ctx, w->x.scale);
     free(w->q), free(w->s);
 }
 
 struct experts {
     struct fp8w *w;            /* [3 E] gate, up, down */
-    struct backend_weight *bw; /* [9 E]: cpu, gpu, det × gate, up, down */
-    struct moe_experts c, g, d;
+    struct backend_weight *bw; /* [12 E]: cpu, gpu, det, x2 × gate, up, down */
+    struct moe_experts c, g, d, x;
 };
 
 static void experts_init(struct experts *x, int E, int H, int F) {
     x->w = xmalloc((size_t)(3 * E) * sizeof *x->w);
-    x->bw = xmalloc((size_t)(9 * E) * sizeof *x->bw);
+    x->bw = xmalloc((size_t)(12 * E) * sizeof *x->bw);
     for (int e = 0; e < E; e++) {
         x->w[e] = fp8w_rand(F, H, 0.125f);
         x->w[E + e] = fp8w_rand(F, H, 0.125f);
@@ -113,12 +126,14 @@ static void experts_init(struct experts *x, int E, int H, int F) {
             x->bw[k * E + e] = x->w[k * E + e].c;
             x->bw[(3 + k) * E + e] = x->w[k * E + e].g;
             x->bw[(6 + k) * E + e] = x->w[k * E + e].d;
+            x->bw[(9 + k) * E + e] = x->w[k * E + e].x;
         }
     }
     struct backend_weight *b = x->bw;
     x->c = (struct moe_experts){E, H, F, b, b + E, b + 2 * E, 0};
     x->g = (struct moe_experts){E, H, F, b + 3 * E, b + 4 * E, b + 5 * E, 0};
     x->d = (struct moe_experts){E, H, F, b + 6 * E, b + 7 * E, b + 8 * E, 0};
+    x->x = (struct moe_experts){E, H, F, b + 9 * E, b + 10 * E, b + 11 * E, 0};
 }
 
 static void experts_free(struct experts *x) {
@@ -159,11 +174,35 @@ static void check(int E_routed, int K, int fused, int H, int F, long n, int grap
     struct pair pid = pair_from(ids, (size_t)(n * W) * 4), w = pair_from(wts, (size_t)(n * W) * 4),
                 x = pair_rand((size_t)(n * H), 1.0f), y = pair_poison((size_t)(n * H));
     int graphable = gpu.ops->moe_ffn_graphable(gpu.ctx, &ex.g, W, n);
-    printf("  moe_ffn fp8 E=%d%s K=%d H=%d F=%d n=%ld\n", E_routed, fused ? "+1 fused" : "", K, H, F, n);
+    printf("  moe_ffn fp8 E=%d%s K=%d H=%d F=%d n=%ld blocks %dx%d\n", E_routed, fused ? "+1 fused" : "", K, H, F, n,
+           BR, BC);
     assert_int_equal(graphable, 1); /* FP8 experts run on the device path only */
     cpu.ops->moe_ffn(cpu.ctx, y.h, x.h, (int32_t *)pid.h, w.h, W, &ex.c, n);
     gpu.ops->moe_ffn(gpu.ctx, y.d, x.d, pid.d, w.d, W, &ex.g, n);
     expect_close(&y, n, H, H, 1e-2);
+    /* the fp32-grade mode: fp32 activations, the CPU's weight values: only
+     * the order of the fp32 sums differs */
+    assert_int_equal(x2.ops->moe_ffn_graphable(x2.ctx, &ex.x, W, n), 1);
+    {
+        float *yx = xmalloc((size_t)(n * H) * 4);
+        void *idd = x2.ops->alloc(x2.ctx, pid.bytes), *wd = x2.ops->alloc(x2.ctx, w.bytes);
+        void *xd = x2.ops->alloc(x2.ctx, x.bytes), *yd = x2.ops->alloc(x2.ctx, y.bytes);
+        x2.ops->upload(x2.ctx, idd, pid.h, pid.bytes);
+        x2.ops->upload(x2.ctx, wd, w.h, w.bytes);
+        x2.ops->upload(x2.ctx, xd, x.h, x.bytes);
+        x2.ops->moe_ffn(x2.ctx, yd, xd, idd, wd, W, &ex.x, n);
+        x2.ops->download(x2.ctx, yx, yd, y.bytes);
+        double num = 0, den = 0;
+        for (long i = 0; i < n * H; i++) {
+            assert_false(isnan(yx[i]));
+            num += ((double)yx[i] - y.h[i]) * ((double)yx[i] - y.h[i]), den += (double)y.h[i] * y.h[i];
+        }
+        double e = sqrt(num / den);
+        printf("  fp32-grade mode (bf16x2)                 rel err %.3g (tol 1e-05)\n", e);
+        assert_true(e <= 1e-5);
+        x2.ops->free(x2.ctx, idd), x2.ops->free(x2.ctx, wd), x2.ops->free(x2.ctx, xd), x2.ops->free(x2.ctx, yd);
+        free(yx);
+    }
     if (graph) {
         gpu.ops->graph_begin(gpu.ctx);
         gpu.ops->moe_ffn(gpu.ctx, y.d, x.d, pid.d, w.d, W, &ex.g, n);
@@ -209,6 +248,21 @@ static void test_moe_fp8_mma(void **state) {
     check(8, 2, 0, 128, 192, 300, 0);   /* top 2: many rows per expert */
     check(8, 2, 1, 128, 192, 2048, 0);
     check(64, 6, 1, 2048, 1408, 64, 0); /* DeepSeek-V2-Lite's shapes */
+    /* 32x32 blocks: several K blocks in one 64-column k-step */
+    BR = BC = 32;
+    check(16, 4, 1, 128, 64, 300, 0);
+    BR = BC = 128;
+}
+
+/* The tiny oracle models' shapes (hidden 64, inter 32, 32x32 blocks): the
+ * mma product cannot take inter 32, the GEMV serves every batch. */
+static void test_moe_fp8_gemv_only(void **state) {
+    SKIP_WITHOUT_GPU();
+    BR = BC = 32;
+    check(16, 4, 1, 64, 32, 1, 0);
+    check(16, 4, 1, 64, 32, 300, 1);
+    check(8, 2, 0, 64, 32, 2048, 0);
+    BR = BC = 128;
 }
 
 /* --deterministic: the FP8 experts run on the device path (graphable) and
@@ -288,12 +342,18 @@ int main(void) {
     setenv("KILN_CUDA_MOE", "device", 1); /* the default, whatever the environment says */
     knob_reload(NULL);
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0 && backend_create(&det, "cuda", &bd, &err) == 0;
+    setenv("KILN_CUDA_MATMUL", "bf16x2", 1); /* read when the backend is made */
+    knob_reload(NULL);
+    have_gpu = have_gpu && backend_create(&x2, "cuda", &bo, &err) == 0;
+    unsetenv("KILN_CUDA_MATMUL");
+    knob_reload(NULL);
     if (!have_gpu) printf("test_cuda_moe_fp8: %s; the tests below fail\n", err.msg);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_fp8_small_m), cmocka_unit_test(test_moe_fp8_mma),
+                                       cmocka_unit_test(test_moe_fp8_gemv_only),
                                        cmocka_unit_test(test_moe_fp8_deterministic),
                                        cmocka_unit_test(test_dummy_fp8)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (have_gpu) backend_destroy(&det), backend_destroy(&gpu);
+    if (have_gpu) backend_destroy(&x2), backend_destroy(&det), backend_destroy(&gpu);
     backend_destroy(&cpu);
     return rc;
 }

@@ -413,13 +413,15 @@ void cuda_moe_gemv(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *h, fl
                    void *const *tab, long E, const void *tiles, const int *n_tiles, long max_tiles);
 /* The experts' products with FP8 experts (cuda_moe_fp8.cu), over the same
  * tile list: tab is the device table [gate E][up E][down E][their scales
- * 3 E] (cuda_moe.cu); h [rows][F] bf16, out [rows][H] fp32 as
- * cuda_moe_gemv. gemv: fp32 x, tile_rows 1 or 8; grouped: x16 [n][H]
- * bf16, tile_rows <= 16 or 64. ok: the shapes and blocks they take. */
+ * 3 E] (cuda_moe.cu); h [rows][F] bf16 (gemv with h32: fp32), out
+ * [rows][H] fp32 as cuda_moe_gemv. gemv: fp32 x, tile_rows 1 or 8;
+ * grouped: x16 [n][H] bf16, tile_rows <= 16 or 64. ok: the shapes and
+ * blocks the GEMV takes; mma_ok: those the grouped product takes too. */
 int cuda_moe_fp8_ok(long hidden, long inter, int block_rows, int block_cols);
+int cuda_moe_fp8_mma_ok(long hidden, long inter);
 void cuda_moe_fp8_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H, long F,
                        const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
-                       const int *n_tiles, long max_tiles, int br, int bc);
+                       const int *n_tiles, long max_tiles, int br, int bc, int h32);
 void cuda_moe_fp8_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16, long H, long F,
                           const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
                           const int *n_tiles, long max_tiles, int br, int bc);

@@ -431,13 +431,14 @@ static int moe_fp8_ok(const struct moe_experts *e) {
 /* The device path serves these experts for n tokens: 16-bit weights of
  * one type, shapes the grouped product takes, aligned rows; or FP8
  * experts, which run nowhere else (moe_ffn_host refuses them): at any n
- * (in chunks) and under --deterministic (products of fixed order per row,
- * cuda_moe_fp8.cu), unless KILN_CUDA_MOE=host or bf16x2 asks for the host
- * path. */
+ * (in chunks), under --deterministic (one product kind per layer whatever
+ * the batch, each with sums of one order per row) and in the fp32-grade
+ * mode (the GEMV with fp32 activations), unless KILN_CUDA_MOE=host asks
+ * for the host path. */
 static int moe_device_ok(const struct cuda_ctx *c, const struct moe_experts *e, int top_k, long n) {
     int fp8 = e->gate[0].dtype == DTYPE_F8_E4M3;
-    if (n < 1 || c->split_act || c->moe_device_max <= 0) return 0;
-    if (!fp8 && (n > c->moe_device_max || c->deterministic)) return 0;
+    if (n < 1 || c->moe_device_max <= 0) return 0;
+    if (!fp8 && (n > c->moe_device_max || c->deterministic || c->split_act)) return 0;
     /* the tile list of a chunk is the products' grid y (at most 65535 CTAs) */
     long tok = backend_moe_chunk_tokens(top_k);
     if (e->n_experts > ALIGN_THREADS || (n < tok ? n : tok) * top_k / 16 + e->n_experts > 65535) return 0;
@@ -460,11 +461,13 @@ extern "C" int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e,
 }
 
 /* Scratch of the device path for a chunk of `rows` (token, slot) rows:
- * h [rows][F] 16-bit, out [rows][H] fp32, order, where [rows], the tiles
- * (at most max_tiles of 16 bytes) and their count. */
-static size_t device_scratch_bytes(long rows, long H, long F, long E, int bm, long *max_tiles) {
+ * h [rows][F] 16-bit (hs = 2; FP8 experts in the fp32-grade mode: fp32,
+ * hs = 4), out [rows][H] fp32, order, where [rows], the tiles (at most
+ * max_tiles of 16 bytes) and their count. */
+static size_t h_scratch_bytes(long rows, long F, int hs) { return ((size_t)rows * F * hs + 15) & ~(size_t)15; }
+static size_t device_scratch_bytes(long rows, long H, long F, long E, int bm, int hs, long *max_tiles) {
     *max_tiles = (rows + bm - 1) / bm + (E < rows ? E : rows);
-    size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
+    size_t h_bytes = h_scratch_bytes(rows, F, hs);
     return h_bytes + (size_t)rows * H * 4 + (size_t)rows * 8 + (size_t)*max_tiles * 16 + 16;
 }
 
@@ -502,11 +505,16 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
      * 3.24, DeepSeek 2.54 -> 2.49). (The scratch plan,
      * cuda_moe_scratch_bytes, counts 16-row tiles of the largest chunk,
      * which covers these smaller chunks.) */
-    int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E && !c->deterministic;
+    int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E;
+    /* FP8: the GEMV in the fp32-grade mode (fp32 SwiGLU rows, h32) and
+     * where the mma product cannot take the shapes; --deterministic keeps
+     * one kind whatever the batch */
+    int h32 = fp8 && c->split_act, mma = !fp8 || cuda_moe_fp8_mma_ok(H, F);
+    if (fp8) gemv = h32 || !mma || (gemv && !c->deterministic);
     int bm = gemv ? (n == 1 ? 1 : 8) : rows <= 16 * E ? 16 : 64;
     long max_tiles;
-    size_t bytes = device_scratch_bytes(rows, H, F, E, bm, &max_tiles);
-    size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
+    size_t bytes = device_scratch_bytes(rows, H, F, E, bm, h32 ? 4 : 2, &max_tiles);
+    size_t h_bytes = h_scratch_bytes(rows, F, h32 ? 4 : 2);
     if (cuda_scratch_reserve(c, &c->moe_dev, bytes, n)) return;
     char *p = (char *)c->moe_dev.p;
     void *h = p;
@@ -520,7 +528,7 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
                e->first, bm, order, where, tiles, n_tiles);
     int br = e->gate[0].block_rows, bc = e->gate[0].block_cols;
     if (fp8 && gemv) {
-        cuda_moe_fp8_gemv(c, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc);
+        cuda_moe_fp8_gemv(c, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, h32);
     } else if (fp8) {
         cuda_moe_fp8_grouped(c, bm, h, out, x16, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc);
     } else if (gemv) {
@@ -606,10 +614,8 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
         fprintf(stderr,
                 "kiln: moe_ffn: FP8 experts run on the MoE device path only (cuda_moe_fp8.cu), which "
                 "these experts or settings do not allow: %s; hidden %d and inter %d must be multiples "
-                "of 64, the weight blocks %dx%d multiples of 64 columns, at most %d experts\n",
-                c->split_act ? "KILN_CUDA_MATMUL=bf16x2 is set"
-                : c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set"
-                                         : "the shapes",
+                "of 16, the weight blocks %dx%d multiples of 16 columns, at most %d experts\n",
+                c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set" : "the shapes",
                 e->hidden, e->inter, e->gate[0].block_rows, e->gate[0].block_cols, ALIGN_THREADS);
         abort();
     }
@@ -638,7 +644,7 @@ extern "C" size_t cuda_moe_scratch_bytes(const struct cuda_ctx *c, const struct 
     size_t host = host_scratch_bytes(rows, H, F), dev = 0;
     if (c->moe_device_max > 0) {
         long drows = (c->moe_device_max < tok ? c->moe_device_max : tok) * s->moe_slots;
-        dev = device_scratch_bytes(drows, H, F, E, 16, &tiles);
+        dev = device_scratch_bytes(drows, H, F, E, 8, 4, &tiles);
     }
     size_t scratch = ((host > dev ? host : dev) + 255) & ~(size_t)255;
     /* the per-layer tables of expert pointers (moe_table) */

@@ -17,11 +17,15 @@
  *    outside the tensor core, DeepGEMM's way: each K block's products
  *    accumulate on their own in fp32 and are added to the total times the
  *    scale of the lane's weight row and that K block.
- * Requirements (cuda_moe_fp8_ok): hidden and inter multiples of 64, column
- * blocks a multiple of 64, row blocks >= 1 (partial edge blocks allowed),
- * 16-byte aligned weights. Activations are bf16 wherever a tensor core
- * reads them, so the products carry the bf16 rounding of the activations
- * (2^-9 relative) and otherwise the CPU's weight values. */
+ * Requirements (cuda_moe_fp8_ok): hidden and inter multiples of 16, column
+ * blocks a multiple of 16 (the scale is applied per 16-column mma step),
+ * row blocks >= 1 (partial edge blocks allowed), 16-byte aligned weights;
+ * the mma product also multiples of 64 (cuda_moe_fp8_mma_ok), else the
+ * GEMV serves every batch. Activations are bf16 wherever a tensor core
+ * reads them and for the down GEMV, so the products carry the bf16
+ * rounding of the activations (2^-9 relative) and otherwise the CPU's
+ * weight values; the fp32-grade mode (KILN_CUDA_MATMUL=bf16x2) runs the
+ * GEMV with fp32 SwiGLU rows (h32): fp32 activations throughout. */
 #include <cuda_fp8.h>
 #include <stdint.h>
 
@@ -81,10 +85,14 @@ __device__ __forceinline__ void load_act16(const __nv_bfloat16 *row, long v, flo
     widen8(p[1], xv + 8, (const __nv_bfloat16 *)0);
 }
 
+__device__ __forceinline__ void store_h(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_h(float *p, float v) { *p = v; }
+
 /* As moe_gemv_kernel (cuda_moe_gemv.cu): G = 2, gate|up with the SwiGLU
- * epilogue into y (bf16); G = 1, y fp32. NR: the most rows a tile has; R:
- * units (output features) per warp. s_a / s_b: the experts' scales. */
-template <typename XT, int G, int NR, int R>
+ * epilogue into y (HT: bf16, or fp32 in the fp32-grade mode); G = 1, y
+ * fp32. NR: the most rows a tile has; R: units (output features) per
+ * warp. s_a / s_b: the experts' scales. */
+template <typename XT, typename HT, int G, int NR, int R>
 __global__ void __launch_bounds__(FG_THREADS)
 moe_gemv_fp8_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *order, int top_k,
                     const void *const *w_a, const void *const *w_b, const float *const *s_a,
@@ -175,25 +183,25 @@ moe_gemv_fp8_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *ord
             if (j >= m) break;
             long p = t.y + j;
             if (G == 2)
-                store16((__nv_bfloat16 *)y + p * ldy + u, silu_mul_f32(acc[r * 2][j], acc[r * 2 + 1][j]));
+                store_h((HT *)y + p * ldy + u, silu_mul_f32(acc[r * 2][j], acc[r * 2 + 1][j]));
             else
                 ((float *)y)[p * ldy + u] = acc[r][j];
         }
     }
 }
 
-template <int NR>
+template <typename HT, int NR>
 void gemv_pair(struct cuda_ctx *c, void *h, const float *x, long H, long F, const int32_t *order, int top_k,
                void *const *tab, long E, const int4 *tiles, const int *n_tiles, long max_tiles, float *out,
                int br, int bc) {
     const void *const *w = (const void *const *)tab;
     const float *const *s = (const float *const *)(tab + 3 * E);
     unsigned gx = (unsigned)((F + FG_WARPS - 1) / FG_WARPS);
-    pdl_launch(c, moe_gemv_fp8_kernel<float, 2, NR, 1>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS), 0, h, F,
+    pdl_launch(c, moe_gemv_fp8_kernel<float, HT, 2, NR, 1>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS), 0, h, F,
                x, H, order, top_k, w, w + E, s, s + E, tiles, n_tiles, F, H, br, bc);
     gx = (unsigned)((H + FG_WARPS * 2 - 1) / (FG_WARPS * 2));
-    pdl_launch(c, moe_gemv_fp8_kernel<__nv_bfloat16, 1, NR, 2>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS),
-               0, (void *)out, H, (const __nv_bfloat16 *)h, F, (const int32_t *)NULL, 1, w + 2 * E,
+    pdl_launch(c, moe_gemv_fp8_kernel<HT, HT, 1, NR, 2>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS),
+               0, (void *)out, H, (const HT *)h, F, (const int32_t *)NULL, 1, w + 2 * E,
                (const void *const *)NULL, s + 2 * E, (const float *const *)NULL, tiles, n_tiles, H, F, br, bc);
 }
 
@@ -322,7 +330,7 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
     const int nbc = (K + g.bc - 1) / g.bc;
     const float *sA = sp + (long)(min(rowA, N - 1) / g.br) * nbc;
     const float *sB = sp + (long)(min(rowB, N - 1) / g.br) * nbc;
-    const int steps_per_block = g.bc / BK;
+    const int k16_per_block = g.bc / 16, k16_total = k1 * (BK / 16);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++)
@@ -367,18 +375,19 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
                 ptx_mma_m16n8k16<__nv_bfloat16>(part[j], a, b0, b1);
                 if (j + 1 < MT) ptx_mma_m16n8k16<__nv_bfloat16>(part[j + 1], a, b2, b3);
             }
-        }
-        /* the end of a K block (or of K): its products times its scales */
-        if ((kk + 1) % steps_per_block == 0 || kk + 1 == k1) {
-            int kb = kk / steps_per_block;
-            float a_s = __ldg(sA + kb), b_s = __ldg(sB + kb);
+            /* the end of a K block (or of K): its products times its scales */
+            const int kq = kk * (BK / 16) + ks;
+            if ((kq + 1) % k16_per_block == 0 || kq + 1 == k16_total) {
+                const int kb = kq / k16_per_block;
+                const float a_s = __ldg(sA + kb), b_s = __ldg(sB + kb);
 #pragma unroll
-            for (int j = 0; j < MT; j++) {
-                acc[j][0] = fmaf(a_s, part[j][0], acc[j][0]);
-                acc[j][1] = fmaf(a_s, part[j][1], acc[j][1]);
-                acc[j][2] = fmaf(b_s, part[j][2], acc[j][2]);
-                acc[j][3] = fmaf(b_s, part[j][3], acc[j][3]);
-                part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+                for (int j = 0; j < MT; j++) {
+                    acc[j][0] = fmaf(a_s, part[j][0], acc[j][0]);
+                    acc[j][1] = fmaf(a_s, part[j][1], acc[j][1]);
+                    acc[j][2] = fmaf(b_s, part[j][2], acc[j][2]);
+                    acc[j][3] = fmaf(b_s, part[j][3], acc[j][3]);
+                    part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+                }
             }
         }
     }
@@ -459,18 +468,24 @@ void launch_grouped(struct cuda_ctx *c, void *y, long ldy, const void *x16, long
 } // namespace
 
 extern "C" int cuda_moe_fp8_ok(long hidden, long inter, int block_rows, int block_cols) {
-    return hidden % BK == 0 && inter % BK == 0 && block_rows >= 1 && block_cols >= BK && block_cols % BK == 0 &&
+    return hidden % 16 == 0 && inter % 16 == 0 && block_rows >= 1 && block_cols >= 16 && block_cols % 16 == 0 &&
            hidden <= INT32_MAX && inter <= INT32_MAX;
 }
 
+extern "C" int cuda_moe_fp8_mma_ok(long hidden, long inter) { return hidden % BK == 0 && inter % BK == 0; }
+
 extern "C" void cuda_moe_fp8_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H,
                                   long F, const int32_t *order, int top_k, void *const *tab, long E,
-                                  const void *tiles, const int *n_tiles, long max_tiles, int br, int bc) {
+                                  const void *tiles, const int *n_tiles, long max_tiles, int br, int bc, int h32) {
     const int4 *tl = (const int4 *)tiles;
     if (max_tiles <= 0) return;
     CUDA_ASSERT(tile_rows == 1 || tile_rows == 8);
-    if (tile_rows == 1) gemv_pair<1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
-    else gemv_pair<8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+    CUDA_ASSERT_MSG((uintptr_t)x % 16 == 0, "moe_ffn: FP8 experts need 16-byte aligned token rows");
+    if (h32 && tile_rows == 1) gemv_pair<float, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+    else if (h32) gemv_pair<float, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+    else if (tile_rows == 1)
+        gemv_pair<__nv_bfloat16, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+    else gemv_pair<__nv_bfloat16, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
 }
 
 extern "C" void cuda_moe_fp8_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16,
