@@ -414,18 +414,22 @@ extern "C" void cuda_moe_release(struct cuda_ctx *c) {
 }
 
 /* FP8 experts: every weight e4m3 with scales, one block shape the FP8
- * products take (cuda_moe_fp8.cu). */
-static int moe_fp8_ok(const struct moe_experts *e) {
+ * products take (cuda_moe_fp8.cu). NULL when they are, else why not. */
+static const char *moe_fp8_why(const struct moe_experts *e) {
     const struct backend_weight *w0 = &e->gate[0];
-    if (!cuda_moe_fp8_ok(e->hidden, e->inter, w0->block_rows, w0->block_cols)) return 0;
+    if (!cuda_moe_fp8_ok(e->hidden, e->inter, w0->block_rows, w0->block_cols))
+        return "hidden and inter must be multiples of 16 and the weight blocks of 16 columns";
     for (int i = 0; i < e->n_experts; i++) {
         const struct backend_weight *w[3] = {&e->gate[i], &e->up[i], &e->down[i]};
-        for (int k = 0; k < 3; k++)
-            if (w[k]->dtype != DTYPE_F8_E4M3 || !w[k]->scale || w[k]->block_rows != w0->block_rows ||
-                w[k]->block_cols != w0->block_cols || ((uintptr_t)w[k]->data & 15))
-                return 0;
+        for (int k = 0; k < 3; k++) {
+            if (w[k]->dtype != DTYPE_F8_E4M3) return "FP8 and other experts mixed in one layer";
+            if (!w[k]->scale) return "an expert weight has no block scales";
+            if (w[k]->block_rows != w0->block_rows || w[k]->block_cols != w0->block_cols)
+                return "the experts' block sizes differ";
+            if ((uintptr_t)w[k]->data & 15) return "an expert weight is not 16-byte aligned";
+        }
     }
-    return 1;
+    return NULL;
 }
 
 /* The device path serves these experts for n tokens: 16-bit weights of
@@ -442,7 +446,7 @@ static int moe_device_ok(const struct cuda_ctx *c, const struct moe_experts *e, 
     /* the tile list of a chunk is the products' grid y (at most 65535 CTAs) */
     long tok = backend_moe_chunk_tokens(top_k);
     if (e->n_experts > ALIGN_THREADS || (n < tok ? n : tok) * top_k / 16 + e->n_experts > 65535) return 0;
-    if (fp8) return moe_fp8_ok(e);
+    if (fp8) return !moe_fp8_why(e);
     if (!cuda_gemm_small_grouped_ok(e->inter, e->hidden, 1) || !cuda_gemm_small_grouped_ok(e->hidden, e->inter, 0) ||
         e->hidden % 8 || e->inter % 8)
         return 0;
@@ -611,12 +615,12 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
     if (n <= 0 || c->oom.bytes) return;
     int device = moe_device_ok(c, e, top_k, n);
     if (!device && e->gate[0].dtype == DTYPE_F8_E4M3) {
+        const char *why = c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set (unset it)" : moe_fp8_why(e);
         fprintf(stderr,
                 "kiln: moe_ffn: FP8 experts run on the MoE device path only (cuda_moe_fp8.cu), which "
-                "these experts or settings do not allow: %s; hidden %d and inter %d must be multiples "
-                "of 16, the weight blocks %dx%d multiples of 16 columns, at most %d experts\n",
-                c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set" : "the shapes",
-                e->hidden, e->inter, e->gate[0].block_rows, e->gate[0].block_cols, ALIGN_THREADS);
+                "cannot take these: %s (%d experts of at most %d, hidden %d, inter %d, blocks %dx%d)\n",
+                why ? why : "too many experts", e->n_experts, ALIGN_THREADS, e->hidden, e->inter,
+                e->gate[0].block_rows, e->gate[0].block_cols);
         abort();
     }
     void *const *tab = NULL;
