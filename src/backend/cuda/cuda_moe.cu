@@ -25,10 +25,12 @@
  *    the layer's first call (never inside a recording: the first step of
  *    every batch size runs eagerly). FP8 experts (e4m3 with block
  *    scales) take the same sort and tile list with the products of
- *    cuda_moe_fp8.cu, at every batch size and under --deterministic
- *    (there the mma product only: its sums per row have one order).
+ *    cuda_moe_fp8.cu, at every batch size, under --deterministic (one
+ *    product kind per layer whatever the batch: each sums a row in one
+ *    order) and in bf16x2 mode (the GEMV with fp32 activations).
  *  - Host (--deterministic, bf16x2, fp32 experts, or batches past
- *    KILN_CUDA_MOE_MAX; never FP8 experts, refused with a message): the routing ids come back to the host
+ *    KILN_CUDA_MOE_MAX; never FP8 experts: KILN_CUDA_MOE=host with them
+ *    stops with a message): the routing ids come back to the host
  *    (one stream sync per MoE layer and chunk), rows are grouped by
  *    expert, and each expert with rows runs gate/up/down through
  *    cuda_op_matmul (cuBLAS) on its contiguous block of gathered rows.
