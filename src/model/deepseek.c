@@ -20,40 +20,48 @@
 #include "base/mem.h"
 #include "model/model_internal.h"
 
-/* kv_b_proj of an FP8 checkpoint, dequantized once into fp32 (the W_UK
- * transpose and the per-head W_UV views below are byte-level views of it,
- * which a block-scaled layout does not allow): w becomes an F32 weight.
- * The CPU holds the weights in place; for a device backend the loader's
- * host codes and scales (host_q, host_scale) are read, or where there are
- * none (dummy weights made on the device) the device's copy is read back.
- * Returns the fp32 host rows, NULL when out of memory. */
-static const unsigned char *mla_dequant_kv_b(struct model *m, struct backend_weight *w,
-                                             const void *host_q, const float *host_scale) {
+/* kv_b_proj of an FP8 checkpoint (or --quantization fp8), dequantized
+ * once into fp32 (the W_UK transpose and the per-head W_UV views below are
+ * byte-level views of it, which a block-scaled layout does not allow): w
+ * becomes an F32 weight of exactly the values the FP8 products use (code
+ * × scale, one rounding), on every backend, so the absorbed and MHA forms
+ * compute what the checkpoint means (a bf16 copy would add a 2^-9
+ * rounding to every weight; fp32 costs twice its bytes, and on CUDA the
+ * per-head products of fp32 weights run head by head through cuBLAS). The
+ * codes and scales come from the weight itself where the backend holds
+ * them in place (the CPU), else from the host copies the loader keeps
+ * (ws->last_host, ws->last_scale), else from the device, where the weight
+ * was made (dummy weights). Returns the fp32 host rows, NULL when out of
+ * memory. */
+static const unsigned char *mla_dequant_kv_b(struct weight_source *ws, struct backend_weight *w) {
+    struct model *m = ws->m;
+    const struct backend_ops *ops = m->be->ops;
+    int in_place = ops->weights_in_place;
     KILN_ASSERT(w->scale && w->block_rows > 0 && w->block_cols > 0);
     long rows = w->rows, cols = w->cols, nbc = (cols + w->block_cols - 1) / w->block_cols;
-    float *f = xaligned_alloc((size_t)(rows * cols) * 4);
+    size_t n = (size_t)(rows * cols), ns = (size_t)((rows + w->block_rows - 1) / w->block_rows * nbc);
     const uint8_t *q = w->data;
-    const float *wscale = w->scale;
-    if (!m->be->ops->weights_in_place && host_q && host_scale) {
-        q = host_q;
-        wscale = host_scale;
-    } else if (!m->be->ops->weights_in_place) {
-        size_t nq = (size_t)(rows * cols), ns = (size_t)((rows + w->block_rows - 1) / w->block_rows * nbc);
-        uint8_t *hq = model_own(m, xaligned_alloc(nq + 64));
-        float *hs = model_own(m, xaligned_alloc(ns * 4 + 64));
-        m->be->ops->download(m->be->ctx, hq, w->data, nq);
-        m->be->ops->download(m->be->ctx, hs, w->scale, ns * 4);
-        q = hq;
-        wscale = hs;
+    const float *sc = w->scale;
+    uint8_t *qd = NULL;
+    float *sd = NULL;
+    if (!in_place && ws->last_host && ws->last_scale) {
+        q = ws->last_host, sc = ws->last_scale;
+    } else if (!in_place) { /* made on the device, no deferred copy in flight */
+        qd = xmalloc(n), sd = xmalloc(ns * 4);
+        ops->download(m->be->ctx, qd, w->data, n);
+        ops->download(m->be->ctx, sd, w->scale, ns * 4);
+        q = qd, sc = sd;
     }
+    float *f = xaligned_alloc(n * 4);
     for (long r = 0; r < rows; r++)
         for (long j = 0; j < cols; j++)
             f[r * cols + j] =
-                fp8_e4m3_to_f32(q[r * cols + j]) * wscale[(r / w->block_rows) * nbc + j / w->block_cols];
+                fp8_e4m3_to_f32(q[r * cols + j]) * sc[(r / w->block_rows) * nbc + j / w->block_cols];
+    free(qd), free(sd);
     model_own(m, f);
-    const void *dev = model_upload(m, f, (size_t)(rows * cols) * 4);
+    const void *dev = model_upload(m, f, n * 4);
     if (!dev) return NULL;
-    m->weight_bytes += (size_t)(rows * cols) * 4;
+    m->weight_bytes += n * 4;
     *w = (struct backend_weight){.data = dev, .dtype = DTYPE_F32, .rows = rows, .cols = cols};
     return (const unsigned char *)f;
 }
@@ -91,8 +99,7 @@ static int mla_load(struct weight_source *ws, int l, struct attn_mla *a, struct 
      * [H][kvr][nope] tensor (w_uk_t[h] are views into it), so the q_nope
      * products of every head run as one matmul_heads. W_UV stays strided
      * views into kv_b_proj (head stride (nope + vd)·kvr elements). */
-    const unsigned char *src = a->wkv_b.dtype == DTYPE_F8_E4M3 ? mla_dequant_kv_b(m, &a->wkv_b, ws->last_host, ws->last_scale)
-                                                                : ws_last_host(ws);
+    const unsigned char *src = a->wkv_b.dtype == DTYPE_F8_E4M3 ? mla_dequant_kv_b(ws, &a->wkv_b) : ws_last_host(ws);
     if (!src) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of memory for MLA weights");
     if (ws_proj(ws, P("o_proj.weight"), d, Hw * vd, ws_split_attn(&o_sl, c, 1, H * vd), &a->wo, err)) return -1;
 #undef P

@@ -15,7 +15,8 @@ struct weight_source {
     uint64_t n_tensors; /* dummy tensors made so far: the next one's index */
     struct model *m;   /* owner of converted / generated host buffers */
     const void *last_host; /* host bytes of the last matrix ws_matrix loaded (NULL: made on
-                              the device; ws_last_host makes them) */
+                              the device; ws_last_host makes them, except FP8 codes: read
+                              those back from the device) */
     const float *last_scale; /* ... its host fp32 block scales when FP8, else NULL (valid for
                                 the model's life) */
     uint64_t last_tensor;  /* ... its dummy tensor index, elements and columns */

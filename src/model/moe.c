@@ -18,6 +18,21 @@
 #include "base/mem.h"
 #include "model/model_internal.h"
 
+/* The shared expert can join the routed list as one more expert: the same
+ * dtype as the routed experts, and FP8 parts that carry their own scales
+ * in the routed experts' block shape (its gate and up are parts of one
+ * stacked gate|up weight). Otherwise it runs as its own dense MLP. */
+static int fusable_fp8(const struct mlp_moe *moe) {
+    const struct backend_weight *r = &moe->gate[0], *p[3] = {&moe->shared.gate, &moe->shared.up, &moe->shared.down};
+    for (int i = 0; i < 3; i++) {
+        if (p[i]->dtype != r->dtype) return 0;
+        if (r->dtype == DTYPE_F8_E4M3 &&
+            (!p[i]->scale || p[i]->block_rows != r->block_rows || p[i]->block_cols != r->block_cols))
+            return 0;
+    }
+    return 1;
+}
+
 int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct mlp_moe *moe,
              struct kiln_error *err) {
     struct model *m = ws->m;
@@ -87,7 +102,7 @@ int moe_load(struct weight_source *ws, int l, const struct moe_kind *kind, struc
          * keeps it: the shared expert's columns split like the routed
          * ones', same shapes; expert parallel does not fuse (m->fuse_shared
          * is off: the routed experts are whole, the shared one split). */
-        if (m->fuse_shared && c->n_shared_experts == 1) {
+        if (m->fuse_shared && c->n_shared_experts == 1 && fusable_fp8(moe)) {
             KILN_ASSERT(!ep && moe->shared_inter == F);
             struct backend_weight *g = model_own(m, xcalloc((size_t)E + 1, sizeof *g));
             struct backend_weight *u = model_own(m, xcalloc((size_t)E + 1, sizeof *u));

@@ -101,8 +101,8 @@ static void experts_init(struct experts *x, enum dtype dt, int E, int H, int F) 
         x->w[2 * E + e] = weight_rand(dt, H, F, 0.15f);
         for (int k = 0; k < 3; k++) x->bw[k * E + e] = x->w[k * E + e].c, x->bw[(3 + k) * E + e] = x->w[k * E + e].g;
     }
-    x->c = (struct moe_experts){E, H, F, x->bw, x->bw + E, x->bw + 2 * E, 0};
-    x->g = (struct moe_experts){E, H, F, x->bw + 3 * E, x->bw + 4 * E, x->bw + 5 * E, 0};
+    x->c = (struct moe_experts){.n_experts = E, .hidden = H, .inter = F, .gate = x->bw, .up = x->bw + E, .down = x->bw + 2 * E, .first = 0};
+    x->g = (struct moe_experts){.n_experts = E, .hidden = H, .inter = F, .gate = x->bw + 3 * E, .up = x->bw + 4 * E, .down = x->bw + 5 * E, .first = 0};
 }
 
 static void experts_free(struct experts *x) {

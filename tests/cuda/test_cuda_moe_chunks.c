@@ -72,7 +72,7 @@ static void check_chunks(struct backend *b, int E, int K, int H, int F, long n, 
         wp[2 * E + e] = weight_rand(DTYPE_BF16, H, F, 0.15f);
         for (int k = 0; k < 3; k++) bw[k * E + e] = wp[k * E + e].c, bw[(3 + k) * E + e] = wp[k * E + e].g;
     }
-    struct moe_experts ec = {E, H, F, bw, bw + E, bw + 2 * E, 0}, eg = {E, H, F, bw + 3 * E, bw + 4 * E, bw + 5 * E, 0};
+    struct moe_experts ec = {.n_experts = E, .hidden = H, .inter = F, .gate = bw, .up = bw + E, .down = bw + 2 * E, .first = 0}, eg = {.n_experts = E, .hidden = H, .inter = F, .gate = bw + 3 * E, .up = bw + 4 * E, .down = bw + 5 * E, .first = 0};
     int32_t *ids = xmalloc((size_t)(n * K) * 4);
     for (long t = 0; t < n; t++)
         for (int j = 0; j < K; j++) {

@@ -14,7 +14,7 @@
  * Expert MLPs, two paths; both end in a kernel that sums each token's k
  * expert outputs in the token's own top-k order, as the CPU does.
  *  - Device (batches of up to moe_device_max tokens, by default every
- *    step; 16-bit experts): one CTA counts the n·k (token, j) rows per expert,
+ *    step; 16-bit or FP8 experts): one CTA counts the n·k (token, j) rows per expert,
  *    scans, scatters them into expert order and writes a list of tiles
  *    (expert, first row, up to 16 or 64 rows); gate|up then runs as one
  *    grouped product over the list with SwiGLU in its epilogue (16-bit
@@ -23,9 +23,14 @@
  *    the host, so a decode step with MoE layers records as a graph. The
  *    experts' weight pointers live in a device table per layer, built on
  *    the layer's first call (never inside a recording: the first step of
- *    every batch size runs eagerly).
+ *    every batch size runs eagerly). FP8 experts (e4m3 with block
+ *    scales) take the same sort and tile list with the products of
+ *    cuda_moe_fp8.cu, at every batch size, under --deterministic (one
+ *    product kind per layer whatever the batch: each sums a row in one
+ *    order) and in bf16x2 mode (the GEMV with fp32 activations).
  *  - Host (--deterministic, bf16x2, fp32 experts, or batches past
- *    KILN_CUDA_MOE_MAX): the routing ids come back to the host
+ *    KILN_CUDA_MOE_MAX; never FP8 experts: KILN_CUDA_MOE=host with them
+ *    stops with a message): the routing ids come back to the host
  *    (one stream sync per MoE layer and chunk), rows are grouped by
  *    expert, and each expert with rows runs gate/up/down through
  *    cuda_op_matmul (cuBLAS) on its contiguous block of gathered rows.
@@ -37,6 +42,7 @@
  * path in deterministic mode, a token's result does not depend on the
  * chunk it falls in. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -332,14 +338,15 @@ moe_align_kernel(const int32_t *__restrict__ ids, int rows, int E, int first, in
     }
 }
 
-/* Device tables of the experts' weight pointers: [gate E][up E][down E],
- * one per layer, found by comparing the pointers themselves (a host copy
- * is kept), so that experts freed and others allocated at the same
- * addresses never meet a stale table. */
+/* Device tables of the experts' weight pointers: [gate E][up E][down E]
+ * then their scales likewise (FP8 experts; NULL for 16-bit ones), one per
+ * layer, found by comparing the pointers themselves (a host copy is kept),
+ * so that experts freed and others allocated at the same addresses never
+ * meet a stale table. */
 struct moe_table {
-    long n;            /* 3 E */
-    const void **host; /* [3 E] */
-    void **dev;        /* [3 E] */
+    long n;            /* 6 E */
+    const void **host; /* [6 E] */
+    void **dev;        /* [6 E] */
 };
 struct moe_tables {
     struct moe_table *t;
@@ -348,7 +355,10 @@ struct moe_tables {
 
 static void moe_fill(const struct moe_experts *e, const void **h) {
     long E = e->n_experts;
-    for (long i = 0; i < E; i++) h[i] = e->gate[i].data, h[E + i] = e->up[i].data, h[2 * E + i] = e->down[i].data;
+    for (long i = 0; i < E; i++) {
+        h[i] = e->gate[i].data, h[E + i] = e->up[i].data, h[2 * E + i] = e->down[i].data;
+        h[3 * E + i] = e->gate[i].scale, h[4 * E + i] = e->up[i].scale, h[5 * E + i] = e->down[i].scale;
+    }
 }
 
 static void *const *moe_table_find(struct cuda_ctx *c, const struct moe_experts *e) {
@@ -358,13 +368,14 @@ static void *const *moe_table_find(struct cuda_ctx *c, const struct moe_experts 
         CUDA_ASSERT_MSG(ts, "out of host memory");
         c->moe_tables = ts;
     }
-    long n = 3L * e->n_experts, E = e->n_experts;
+    long n = 6L * e->n_experts, E = e->n_experts;
     for (int i = 0; i < ts->n; i++) {
         const struct moe_table *t = &ts->t[i];
         if (t->n != n) continue;
         long k = 0;
         for (; k < E && t->host[k] == e->gate[k].data && t->host[E + k] == e->up[k].data &&
-               t->host[2 * E + k] == e->down[k].data;
+               t->host[2 * E + k] == e->down[k].data && t->host[3 * E + k] == e->gate[k].scale &&
+               t->host[4 * E + k] == e->up[k].scale && t->host[5 * E + k] == e->down[k].scale;
              k++) {
         }
         if (k == E) return t->dev;
@@ -407,13 +418,40 @@ extern "C" void cuda_moe_release(struct cuda_ctx *c) {
 #endif
 }
 
+/* FP8 experts: every weight e4m3 with scales, one block shape the FP8
+ * products take (cuda_moe_fp8.cu). NULL when they are, else why not. */
+static const char *moe_fp8_why(const struct moe_experts *e) {
+    const struct backend_weight *w0 = &e->gate[0];
+    if (!cuda_moe_fp8_ok(e->hidden, e->inter, w0->block_rows, w0->block_cols))
+        return "hidden and inter must be multiples of 16 and the weight blocks of 16 columns";
+    for (int i = 0; i < e->n_experts; i++) {
+        const struct backend_weight *w[3] = {&e->gate[i], &e->up[i], &e->down[i]};
+        for (int k = 0; k < 3; k++) {
+            if (w[k]->dtype != DTYPE_F8_E4M3) return "FP8 and other experts mixed in one layer";
+            if (!w[k]->scale) return "an expert weight has no block scales";
+            if (w[k]->block_rows != w0->block_rows || w[k]->block_cols != w0->block_cols)
+                return "the experts' block sizes differ";
+            if ((uintptr_t)w[k]->data & 15) return "an expert weight is not 16-byte aligned";
+        }
+    }
+    return NULL;
+}
+
 /* The device path serves these experts for n tokens: 16-bit weights of
- * one type, shapes the grouped product takes, aligned rows. */
+ * one type, shapes the grouped product takes, aligned rows; or FP8
+ * experts, which run nowhere else (moe_ffn_host refuses them): at any n
+ * (in chunks), under --deterministic (one product kind per layer whatever
+ * the batch, each with sums of one order per row) and in the fp32-grade
+ * mode (the GEMV with fp32 activations), unless KILN_CUDA_MOE=host asks
+ * for the host path. */
 static int moe_device_ok(const struct cuda_ctx *c, const struct moe_experts *e, int top_k, long n) {
-    if (n < 1 || n > c->moe_device_max || c->deterministic || c->split_act) return 0;
+    int fp8 = e->gate[0].dtype == DTYPE_F8_E4M3;
+    if (n < 1 || c->moe_device_max <= 0) return 0;
+    if (!fp8 && (n > c->moe_device_max || c->deterministic || c->split_act)) return 0;
     /* the tile list of a chunk is the products' grid y (at most 65535 CTAs) */
     long tok = backend_moe_chunk_tokens(top_k);
     if (e->n_experts > ALIGN_THREADS || (n < tok ? n : tok) * top_k / 16 + e->n_experts > 65535) return 0;
+    if (fp8) return !moe_fp8_why(e);
     if (!cuda_gemm_small_grouped_ok(e->inter, e->hidden, 1) || !cuda_gemm_small_grouped_ok(e->hidden, e->inter, 0) ||
         e->hidden % 8 || e->inter % 8)
         return 0;
@@ -432,11 +470,13 @@ extern "C" int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e,
 }
 
 /* Scratch of the device path for a chunk of `rows` (token, slot) rows:
- * h [rows][F] 16-bit, out [rows][H] fp32, order, where [rows], the tiles
- * (at most max_tiles of 16 bytes) and their count. */
-static size_t device_scratch_bytes(long rows, long H, long F, long E, int bm, long *max_tiles) {
+ * h [rows][F] 16-bit (hs = 2; FP8 experts in the fp32-grade mode: fp32,
+ * hs = 4), out [rows][H] fp32, order, where [rows], the tiles (at most
+ * max_tiles of 16 bytes) and their count. */
+static size_t h_scratch_bytes(long rows, long F, int hs) { return ((size_t)rows * F * hs + 15) & ~(size_t)15; }
+static size_t device_scratch_bytes(long rows, long H, long F, long E, int bm, int hs, long *max_tiles) {
     *max_tiles = (rows + bm - 1) / bm + (E < rows ? E : rows);
-    size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
+    size_t h_bytes = h_scratch_bytes(rows, F, hs);
     return h_bytes + (size_t)rows * H * 4 + (size_t)rows * 8 + (size_t)*max_tiles * 16 + 16;
 }
 
@@ -467,6 +507,9 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
                            void *const *tab) {
     long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
     enum dtype dt = e->gate[0].dtype;
+    /* FP8 experts: bf16 activations (cuda_moe_fp8.cu) */
+    int fp8 = dt == DTYPE_F8_E4M3;
+    enum dtype at = fp8 ? DTYPE_BF16 : dt;
     /* A few rows per expert: the grouped GEMV (cuda_moe_gemv.cu), tiles of
      * one row for one token (its experts are distinct), else of 8; more:
      * the mma.sync grouped product, 16-row tiles while the average expert
@@ -487,11 +530,16 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
      * cuda_moe_scratch_bytes, counts 16-row tiles of the largest chunk,
      * which covers these smaller chunks.) */
     int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E;
-    int wg = !gemv && rows >= MOE_WG_MIN_ROWS * E && moe_wg_ok(c, e);
+    /* FP8: the GEMV in the fp32-grade mode (fp32 SwiGLU rows, h32) and
+     * where the mma product cannot take the shapes; --deterministic keeps
+     * one kind whatever the batch */
+    int h32 = fp8 && c->split_act, mma = !fp8 || cuda_moe_fp8_mma_ok(H, F);
+    if (fp8) gemv = h32 || !mma || (gemv && !c->deterministic);
+    int wg = !fp8 && !gemv && rows >= MOE_WG_MIN_ROWS * E && moe_wg_ok(c, e);
     int bm = gemv ? (n == 1 ? 1 : 8) : wg ? 128 : rows <= 16 * E ? 16 : 64;
     long max_tiles;
-    size_t bytes = device_scratch_bytes(rows, H, F, E, bm, &max_tiles);
-    size_t h_bytes = ((size_t)rows * F * 2 + 15) & ~(size_t)15;
+    size_t bytes = device_scratch_bytes(rows, H, F, E, bm, h32 ? 4 : 2, &max_tiles);
+    size_t h_bytes = h_scratch_bytes(rows, F, h32 ? 4 : 2);
     size_t xs_at = (bytes + 255) & ~(size_t)255;
     if (wg) bytes = xs_at + (size_t)rows * H * 2;
     if (cuda_scratch_reserve(c, &c->moe_dev, bytes, n)) return;
@@ -501,7 +549,7 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     int4 *tiles = (int4 *)(out + rows * H);
     int32_t *order = (int32_t *)(tiles + max_tiles), *where = order + rows;
     int *n_tiles = (int *)(where + rows);
-    const void *x16 = gemv || wg ? NULL : cuda_act16(c, x, H, n, H, dt);
+    const void *x16 = gemv || wg ? NULL : cuda_act16(c, x, H, n, H, at);
     if (!gemv && !wg && !x16) return;
     pdl_launch(c, moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), (size_t)(E + 33) * 4, ids, (int)rows, (int)E,
                e->first, bm, order, where, tiles, n_tiles);
@@ -514,7 +562,12 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
         return;
     }
 #endif
-    if (gemv) {
+    int br = e->gate[0].block_rows, bc = e->gate[0].block_cols;
+    if (fp8 && gemv) {
+        cuda_moe_fp8_gemv(c, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, h32);
+    } else if (fp8) {
+        cuda_moe_fp8_grouped(c, bm, h, out, x16, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc);
+    } else if (gemv) {
         cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles);
     } else {
         cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
@@ -593,6 +646,15 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
      * garbage, and both paths index with them (the host path asserts) */
     if (n <= 0 || c->oom.bytes) return;
     int device = moe_device_ok(c, e, top_k, n);
+    if (!device && e->gate[0].dtype == DTYPE_F8_E4M3) {
+        const char *why = c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set (unset it)" : moe_fp8_why(e);
+        fprintf(stderr,
+                "kiln: moe_ffn: FP8 experts run on the MoE device path only (cuda_moe_fp8.cu), which "
+                "cannot take these: %s (%d experts of at most %d, hidden %d, inter %d, blocks %dx%d)\n",
+                why ? why : "too many experts", e->n_experts, ALIGN_THREADS, e->hidden, e->inter,
+                e->gate[0].block_rows, e->gate[0].block_cols);
+        abort();
+    }
     void *const *tab = NULL;
     if (device && !(tab = moe_table_find(c, e))) return;
     /* equal chunks of at most backend_moe_chunk_tokens tokens: the
@@ -618,11 +680,11 @@ extern "C" size_t cuda_moe_scratch_bytes(const struct cuda_ctx *c, const struct 
     size_t host = host_scratch_bytes(rows, H, F), dev = 0;
     if (c->moe_device_max > 0) {
         long drows = (c->moe_device_max < tok ? c->moe_device_max : tok) * s->moe_slots;
-        dev = device_scratch_bytes(drows, H, F, E, 16, &tiles);
+        dev = device_scratch_bytes(drows, H, F, E, 8, 4, &tiles);
         /* the wgmma products' 16-bit copy of the sorted rows */
         if (c->moe_wg_state && c->moe_wgmma) dev = ((dev + 255) & ~(size_t)255) + (size_t)drows * H * 2;
     }
     size_t scratch = ((host > dev ? host : dev) + 255) & ~(size_t)255;
     /* the per-layer tables of expert pointers (moe_table) */
-    return scratch + (size_t)s->moe_layers * (((size_t)3 * E * sizeof(void *) + 511) & ~(size_t)511);
+    return scratch + (size_t)s->moe_layers * (((size_t)6 * E * sizeof(void *) + 511) & ~(size_t)511);
 }

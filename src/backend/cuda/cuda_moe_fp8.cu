@@ -1,0 +1,507 @@
+/* cuda_moe_fp8.cu — the experts' products of a MoE layer with FP8 experts
+ * (DTYPE_F8_E4M3 with fp32 block scales, struct backend_weight): the same
+ * two shapes of kernel as the 16-bit experts, over the same device tile
+ * list (cuda_moe.cu), reading each touched expert's e4m3 bytes once (half
+ * of bf16's).
+ *
+ *  - Decode (a few rows per expert): the grouped GEMV of cuda_moe_gemv.cu,
+ *    16 codes a 16-byte load per lane. A code is widened exactly (e4m3 ->
+ *    f16 -> f32) and multiplied by its block's scale, one fp32 rounding:
+ *    the weight value the CPU backend computes (cpu_matmul_fp8.c). gate|up
+ *    read the fp32 token rows, down the bf16 SwiGLU rows.
+ *  - Prefill (many rows per expert): the mma.sync grouped product of
+ *    cuda_gemm_small.cu with bf16 activations. Each k-step's 64×64 weight
+ *    codes come into shared memory by cp.async (4 KB a stage, a 4-deep
+ *    ring), are widened to bf16 (exact: every e4m3 value is a bf16 value)
+ *    into one swizzled tile that ldmatrix reads; the block scale is applied
+ *    outside the tensor core, DeepGEMM's way: each K block's products
+ *    accumulate on their own in fp32 and are added to the total times the
+ *    scale of the lane's weight row and that K block.
+ * Requirements (cuda_moe_fp8_ok): hidden and inter multiples of 16, column
+ * blocks a multiple of 16 (the scale is applied per 16-column mma step),
+ * row blocks >= 1 (partial edge blocks allowed), 16-byte aligned weights;
+ * the mma product also multiples of 64 (cuda_moe_fp8_mma_ok), else the
+ * GEMV serves every batch. Activations are bf16 wherever a tensor core
+ * reads them and for the down GEMV, so the products carry the bf16
+ * rounding of the activations (2^-9 relative) and otherwise the CPU's
+ * weight values; the fp32-grade mode (KILN_CUDA_MATMUL=bf16x2) runs the
+ * GEMV with fp32 SwiGLU rows (h32): fp32 activations throughout. */
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_pdl.cuh"
+
+namespace {
+
+/* Two e4m3 codes (low byte first) widened to fp32, exactly. */
+__device__ __forceinline__ float2 fp8x2_f32(uint32_t q2) {
+    __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(q2 & 0xffffu), __NV_E4M3);
+    return __half22float2(__half2(hr));
+}
+
+/* 16 codes times their block's scale s (one rounding each). */
+__device__ __forceinline__ void fp8_widen16(const uint4 &p, float s, float *f) {
+    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 a = fp8x2_f32(w[i]), b = fp8x2_f32(w[i] >> 16);
+        f[4 * i] = a.x * s, f[4 * i + 1] = a.y * s, f[4 * i + 2] = b.x * s, f[4 * i + 3] = b.y * s;
+    }
+}
+
+/* 16 codes as 16 bf16 (exact), two uint4 in element order. */
+__device__ __forceinline__ void fp8_to_bf16x16(const uint4 &p, uint4 &lo, uint4 &hi) {
+    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __nv_bfloat162 a = __float22bfloat162_rn(fp8x2_f32(w[i]));
+        __nv_bfloat162 b = __float22bfloat162_rn(fp8x2_f32(w[i] >> 16));
+        o[2 * i] = *(const uint32_t *)&a;
+        o[2 * i + 1] = *(const uint32_t *)&b;
+    }
+    lo = make_uint4(o[0], o[1], o[2], o[3]);
+    hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+/* ---- decode: the grouped GEMV ------------------------------------------- */
+
+constexpr int FG_WARPS = 4;
+constexpr int FG_THREADS = 32 * FG_WARPS;
+constexpr int FG_U = 4; /* 16-byte steps per weight row loaded ahead */
+
+/* 16 activations at column 16·v of a row: fp32 or bf16. */
+__device__ __forceinline__ void load_act16(const float *row, long v, float *xv) {
+    const float4 *p = (const float4 *)(row + v * 16);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float4 a = p[i];
+        xv[4 * i] = a.x, xv[4 * i + 1] = a.y, xv[4 * i + 2] = a.z, xv[4 * i + 3] = a.w;
+    }
+}
+__device__ __forceinline__ void load_act16(const __nv_bfloat16 *row, long v, float *xv) {
+    const uint4 *p = (const uint4 *)row + 2 * v;
+    widen8(p[0], xv, (const __nv_bfloat16 *)0);
+    widen8(p[1], xv + 8, (const __nv_bfloat16 *)0);
+}
+
+__device__ __forceinline__ void store_h(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_h(float *p, float v) { *p = v; }
+
+/* As moe_gemv_kernel (cuda_moe_gemv.cu): G = 2, gate|up with the SwiGLU
+ * epilogue into y (HT: bf16, or fp32 in the fp32-grade mode); G = 1, y
+ * fp32. NR: the most rows a tile has; R: units (output features) per
+ * warp. s_a / s_b: the experts' scales. */
+template <typename XT, typename HT, int G, int NR, int R>
+__global__ void __launch_bounds__(FG_THREADS)
+moe_gemv_fp8_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *order, int top_k,
+                    const void *const *w_a, const void *const *w_b, const float *const *s_a,
+                    const float *const *s_b, const int4 *tiles, const int *n_tiles, long units,
+                    long cols, int br, int bc) {
+    constexpr int RG = R * G;
+    pdl_trigger();
+    pdl_wait();
+    if ((int)blockIdx.y >= *n_tiles) return;
+    const int4 t = tiles[blockIdx.y];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long u0 = ((long)blockIdx.x * FG_WARPS + warp) * R;
+    if (u0 >= units) return;
+    const int m = t.z;
+    const long nbc = (cols + bc - 1) / bc;
+    const uint8_t *wa = (const uint8_t *)w_a[t.x];
+    const uint8_t *wb = G == 2 ? (const uint8_t *)w_b[t.x] : wa;
+    const float *sa = s_a[t.x];
+    const float *sb = G == 2 ? s_b[t.x] : sa;
+    const uint4 *wr[RG];
+    const float *sr[RG];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        long u = u0 + r < units ? u0 + r : units - 1; /* past the end: re-read the last; not stored */
+        wr[r * G] = (const uint4 *)(wa + u * cols);
+        sr[r * G] = sa + (u / br) * nbc;
+        if (G == 2) {
+            wr[r * G + 1] = (const uint4 *)(wb + u * cols);
+            sr[r * G + 1] = sb + (u / br) * nbc;
+        }
+    }
+    const XT *xr[NR];
+#pragma unroll
+    for (int j = 0; j < NR; j++) {
+        int p = t.y + (j < m ? j : m - 1);
+        long row = order ? order[p] / top_k : p;
+        xr[j] = x + row * ldx;
+    }
+    float acc[RG][NR];
+#pragma unroll
+    for (int q = 0; q < RG; q++)
+#pragma unroll
+        for (int j = 0; j < NR; j++) acc[q][j] = 0.0f;
+
+    const long nvec = cols / 16;
+    for (long v0 = lane; v0 < nvec; v0 += 32 * FG_U) {
+        uint4 wv[FG_U][RG];
+        float sv[FG_U][RG];
+#pragma unroll
+        for (int s = 0; s < FG_U; s++) {
+            long v = v0 + 32 * s;
+#pragma unroll
+            for (int q = 0; q < RG; q++) {
+                wv[s][q] = v < nvec ? ptx_ld_stream_v4(wr[q] + v) : make_uint4(0, 0, 0, 0);
+                sv[s][q] = v < nvec ? __ldg(sr[q] + v * 16 / bc) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < FG_U; s++) {
+            long v = v0 + 32 * s;
+            if (v >= nvec) break;
+            float wf[RG][16];
+#pragma unroll
+            for (int q = 0; q < RG; q++) fp8_widen16(wv[s][q], sv[s][q], wf[q]);
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                if (j >= m) break;
+                float xv[16];
+                load_act16(xr[j], v, xv);
+#pragma unroll
+                for (int q = 0; q < RG; q++)
+#pragma unroll
+                    for (int e = 0; e < 16; e++) acc[q][j] = fmaf(wf[q][e], xv[e], acc[q][j]);
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < RG; q++)
+#pragma unroll
+        for (int j = 0; j < NR; j++) acc[q][j] = warp_sum(acc[q][j]);
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        long u = u0 + r;
+        if (u >= units) break;
+#pragma unroll
+        for (int j = 0; j < NR; j++) {
+            if (j >= m) break;
+            long p = t.y + j;
+            if (G == 2)
+                store_h((HT *)y + p * ldy + u, silu_mul_f32(acc[r * 2][j], acc[r * 2 + 1][j]));
+            else
+                ((float *)y)[p * ldy + u] = acc[r][j];
+        }
+    }
+}
+
+template <typename HT, int NR>
+void gemv_pair(struct cuda_ctx *c, void *h, const float *x, long H, long F, const int32_t *order, int top_k,
+               void *const *tab, long E, const int4 *tiles, const int *n_tiles, long max_tiles, float *out,
+               int br, int bc) {
+    const void *const *w = (const void *const *)tab;
+    const float *const *s = (const float *const *)(tab + 3 * E);
+    unsigned gx = (unsigned)((F + FG_WARPS - 1) / FG_WARPS);
+    pdl_launch(c, moe_gemv_fp8_kernel<float, HT, 2, NR, 1>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS), 0, h, F,
+               x, H, order, top_k, w, w + E, s, s + E, tiles, n_tiles, F, H, br, bc);
+    gx = (unsigned)((H + FG_WARPS * 2 - 1) / (FG_WARPS * 2));
+    pdl_launch(c, moe_gemv_fp8_kernel<HT, HT, 1, NR, 2>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS),
+               0, (void *)out, H, (const HT *)h, F, (const int32_t *)NULL, 1, w + 2 * E,
+               (const void *const *)NULL, s + 2 * E, (const float *const *)NULL, tiles, n_tiles, H, F, br, bc);
+}
+
+/* ---- prefill: the grouped mma.sync product ------------------------------ */
+
+constexpr int WARPS = 4;
+constexpr int BN = 16 * WARPS; /* weight rows per CTA */
+constexpr int BK = 64;         /* columns per k-step */
+constexpr int STAGES = 4;
+constexpr int THREADS = 32 * WARPS;
+constexpr uint32_t RAW_BYTES = BN * BK; /* a stage's e4m3 codes, [BN][BK] plain */
+constexpr uint32_t W16_BYTES = BN * BK * 2;
+
+/* byte offset of 16-byte chunk c of row r in a [rows][BK] bf16 tile */
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+    return (uint32_t)(r * (BK * 2) + ((c ^ (r & 7)) << 4));
+}
+
+struct grouped8 {
+    const void *const *w_a;  /* [experts] codes (glu: the gates) */
+    const void *const *w_b;  /* [experts] glu: the ups; else NULL */
+    const float *const *s_a; /* their scales */
+    const float *const *s_b;
+    const int4 *tiles;
+    const int *n_tiles;
+    const int32_t *order; /* NULL: x holds the sorted rows; else sorted row p reads x row order[p] / top_k */
+    int top_k;
+    int br, bc; /* block rows, block columns (a multiple of BK) */
+};
+
+enum { MODE_GROUPED, MODE_GLU };
+
+template <int MT> __host__ __device__ constexpr uint32_t a_bytes() { return ((MT + 1) & ~1) * 8 * BK * 2; }
+template <int MT> constexpr size_t smem_bytes() {
+    return (size_t)STAGES * (RAW_BYTES + a_bytes<MT>()) + W16_BYTES;
+}
+
+/* As gemm_small_kernel (cuda_gemm_small.cu) with bf16 activations and
+ * FP8 weights (see the top of the file). MODE_GLU: y is bf16 [rows][N]. */
+template <int MT, int MODE>
+__global__ void __launch_bounds__(THREADS)
+gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ldx, int N, int K,
+                struct grouped8 g) {
+    constexpr int MTE = (MT + 1) & ~1;
+    constexpr int A_ROWS = MTE * 8;
+    constexpr uint32_t A_BYTES = a_bytes<MT>();
+    constexpr uint32_t STAGE_BYTES = RAW_BYTES + A_BYTES;
+    extern __shared__ __align__(128) unsigned char smem[];
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int n0 = blockIdx.x * BN;
+    int a_row0 = 0;
+    pdl_wait(); /* the tile list is written by the kernel before */
+    if ((int)blockIdx.y >= *g.n_tiles) return;
+    const int4 t = g.tiles[blockIdx.y];
+    const uint8_t *w = (const uint8_t *)g.w_a[t.x];
+    const uint8_t *w_b = NULL;
+    if (MODE == MODE_GLU) w_b = (const uint8_t *)g.w_b[t.x], n0 = blockIdx.x * (BN / 2);
+    if (g.order) a_row0 = t.y;
+    else x += (long)t.y * ldx;
+    y = (float *)((char *)y + (long)t.y * ldy * (MODE == MODE_GLU ? 2 : 4));
+    const int M = t.z;
+    const int k1 = K / BK;
+    const uint32_t sbase = ptx_smem_u32(smem), w16 = sbase + STAGES * STAGE_BYTES;
+
+    /* the codes of a stage: BN rows of BK bytes, 4 chunks a row */
+    auto load_w = [&](int stage, int ks) {
+        uint32_t dst = sbase + stage * STAGE_BYTES;
+#pragma unroll
+        for (int i = 0; i < BN * 4 / THREADS; i++) {
+            int idx = tid + i * THREADS, r = idx >> 2, c = idx & 3;
+            const uint8_t *src;
+            if (MODE == MODE_GLU) { /* rows 0-31: gate rows n0.., 32-63: up rows n0.. */
+                int gr = min(n0 + (r & (BN / 2 - 1)), N - 1);
+                src = (r < BN / 2 ? w : w_b) + (long)gr * K;
+            } else {
+                src = w + (long)min(n0 + r, N - 1) * K;
+            }
+            ptx_cp_async16(dst + r * BK + c * 16, src + (long)ks * BK + c * 16);
+        }
+    };
+    constexpr int AI = (A_ROWS * 8 + THREADS - 1) / THREADS;
+    const __nv_bfloat16 *arow[AI];
+#pragma unroll
+    for (int i = 0; i < AI; i++) {
+        int gr = min((tid + i * THREADS) >> 3, M - 1);
+        if (g.order) arow[i] = x + (long)(g.order[a_row0 + gr] / g.top_k) * ldx;
+        else arow[i] = x + (long)gr * ldx;
+    }
+    auto load_a = [&](int stage, int ks) {
+        uint32_t dst = sbase + stage * STAGE_BYTES + RAW_BYTES;
+#pragma unroll
+        for (int i = 0; i < AI; i++) {
+            int idx = tid + i * THREADS;
+            if (idx < A_ROWS * 8) {
+                int r = idx >> 3, c = idx & 7;
+                ptx_cp_async16(dst + swz(r, c), arow[i] + (long)ks * BK + c * 8);
+            }
+        }
+    };
+    /* the stage's codes widened into the bf16 tile */
+    auto widen = [&](int stage) {
+        const unsigned char *raw = smem + stage * STAGE_BYTES;
+        unsigned char *dst = smem + STAGES * STAGE_BYTES;
+#pragma unroll
+        for (int i = 0; i < BN * 4 / THREADS; i++) {
+            int idx = tid + i * THREADS, r = idx >> 2, c = idx & 3;
+            uint4 q = *(const uint4 *)(raw + r * BK + c * 16), lo, hi;
+            fp8_to_bf16x16(q, lo, hi);
+            *(uint4 *)(dst + swz(r, 2 * c)) = lo;
+            *(uint4 *)(dst + swz(r, 2 * c + 1)) = hi;
+        }
+    };
+
+    /* the scales of this lane's two weight rows (rows past N: the last) */
+    int rowA, rowB;
+    const float *sp;
+    if (MODE == MODE_GLU) {
+        rowA = n0 + (warp & 1) * 16 + (lane >> 2);
+        sp = warp < 2 ? g.s_a[t.x] : g.s_b[t.x];
+    } else {
+        rowA = n0 + warp * 16 + (lane >> 2);
+        sp = g.s_a[t.x];
+    }
+    rowB = rowA + 8;
+    const int nbc = (K + g.bc - 1) / g.bc;
+    const float *sA = sp + (long)(min(rowA, N - 1) / g.br) * nbc;
+    const float *sB = sp + (long)(min(rowB, N - 1) / g.br) * nbc;
+    const int k16_per_block = g.bc / 16, k16_total = k1 * (BK / 16);
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < k1) load_w(s, s);
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < k1) load_a(s, s);
+        ptx_cp_async_commit();
+    }
+
+    float acc[MT][4], part[MT][4];
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[j][q] = part[j][q] = 0.0f;
+
+    const int wr = warp * 16 + (lane & 15), wc = lane >> 4;
+    const int aq = lane >> 3, ar = lane & 7;
+
+    for (int kk = 0; kk < k1; kk++) {
+        ptx_cp_async_wait<STAGES - 2>();
+        __syncthreads(); /* stage kk landed (every thread's copies); the tile's last readers are done */
+        widen(kk % STAGES);
+        __syncthreads(); /* the bf16 tile is whole */
+        {
+            /* into the slot of step kk - 1, whose codes were widened and
+             * whose activations were read before the syncs above */
+            int nxt = kk + STAGES - 1, st = nxt % STAGES;
+            if (nxt < k1) load_w(st, nxt), load_a(st, nxt);
+            ptx_cp_async_commit();
+        }
+        const uint32_t sa = sbase + (kk % STAGES) * STAGE_BYTES + RAW_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ks++) {
+            uint32_t a[4];
+            ptx_ldmatrix_x4(a[0], a[1], a[2], a[3], w16 + swz(wr, 2 * ks + wc));
+#pragma unroll
+            for (int j = 0; j < MTE; j += 2) {
+                uint32_t b0, b1, b2, b3;
+                ptx_ldmatrix_x4(b0, b1, b2, b3, sa + swz((j + (aq >> 1)) * 8 + ar, 2 * ks + (aq & 1)));
+                ptx_mma_m16n8k16<__nv_bfloat16>(part[j], a, b0, b1);
+                if (j + 1 < MT) ptx_mma_m16n8k16<__nv_bfloat16>(part[j + 1], a, b2, b3);
+            }
+            /* the end of a K block (or of K): its products times its scales */
+            const int kq = kk * (BK / 16) + ks;
+            if ((kq + 1) % k16_per_block == 0 || kq + 1 == k16_total) {
+                const int kb = kq / k16_per_block;
+                const float a_s = __ldg(sA + kb), b_s = __ldg(sB + kb);
+#pragma unroll
+                for (int j = 0; j < MT; j++) {
+                    acc[j][0] = fmaf(a_s, part[j][0], acc[j][0]);
+                    acc[j][1] = fmaf(a_s, part[j][1], acc[j][1]);
+                    acc[j][2] = fmaf(b_s, part[j][2], acc[j][2]);
+                    acc[j][3] = fmaf(b_s, part[j][3], acc[j][3]);
+                    part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+                }
+            }
+        }
+    }
+    ptx_cp_async_wait<0>();
+
+    /* lane holds weight rows nA = n0 + 16·warp + lane/4 (+8), activation
+     * rows m = 8j + 2·(lane%4) (+1) */
+    if (MODE == MODE_GLU) {
+        /* warps 2-3 hold the ups of warps 0-1's gates: pass them over in
+         * shared memory (the ring is free now), then 0-1 write silu(g)·u */
+        float *xs = (float *)smem;
+        __syncthreads();
+        if (warp >= 2)
+#pragma unroll
+            for (int j = 0; j < MT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) xs[(((warp - 2) * MT + j) * 4 + q) * 32 + lane] = acc[j][q];
+        __syncthreads();
+        if (warp >= 2) return;
+        __nv_bfloat16 *h = (__nv_bfloat16 *)y;
+        const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            float u[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) u[q] = xs[((warp * MT + j) * 4 + q) * 32 + lane];
+            int m = j * 8 + 2 * (lane & 3);
+            if (m < M) {
+                if (nA < N) store16(h + (long)m * ldy + nA, silu_mul_f32(acc[j][0], u[0]));
+                if (nB < N) store16(h + (long)m * ldy + nB, silu_mul_f32(acc[j][2], u[2]));
+            }
+            if (m + 1 < M) {
+                if (nA < N) store16(h + (long)(m + 1) * ldy + nA, silu_mul_f32(acc[j][1], u[1]));
+                if (nB < N) store16(h + (long)(m + 1) * ldy + nB, silu_mul_f32(acc[j][3], u[3]));
+            }
+        }
+        return;
+    }
+    const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+        int m = j * 8 + 2 * (lane & 3);
+        if (m < M) {
+            if (nA < N) y[(long)m * ldy + nA] = acc[j][0] + 0.0f;
+            if (nB < N) y[(long)m * ldy + nB] = acc[j][2] + 0.0f;
+        }
+        if (m + 1 < M) {
+            if (nA < N) y[(long)(m + 1) * ldy + nA] = acc[j][1] + 0.0f;
+            if (nB < N) y[(long)(m + 1) * ldy + nB] = acc[j][3] + 0.0f;
+        }
+    }
+}
+
+/* The variant's shared-memory limit, once per variant and device (bits
+ * 16.. of cuda_ctx.gemm_small_ready; cuda_gemm_small.cu takes the low ones). */
+template <int MT, int MODE> void setup(struct cuda_ctx *c) {
+    const unsigned bit = 1u << (16 + (MT == 2 ? 0 : 2) + MODE);
+    if (c->gemm_small_ready & bit) return;
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_kernel<MT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem_bytes<MT>()));
+    c->gemm_small_ready |= bit;
+}
+
+template <int MT>
+void launch_grouped(struct cuda_ctx *c, void *y, long ldy, const void *x16, long ldx, const struct grouped8 &g,
+                    long max_tiles, long N, long K) {
+    if (g.w_b) {
+        setup<MT, MODE_GLU>(c);
+        pdl_launch(c, gemm_fp8_kernel<MT, MODE_GLU>, dim3((unsigned)((N + BN / 2 - 1) / (BN / 2)), (unsigned)max_tiles),
+                   dim3(THREADS), smem_bytes<MT>(), (float *)y, ldy, (const __nv_bfloat16 *)x16, ldx, (int)N, (int)K, g);
+    } else {
+        setup<MT, MODE_GROUPED>(c);
+        pdl_launch(c, gemm_fp8_kernel<MT, MODE_GROUPED>, dim3((unsigned)((N + BN - 1) / BN), (unsigned)max_tiles),
+                   dim3(THREADS), smem_bytes<MT>(), (float *)y, ldy, (const __nv_bfloat16 *)x16, ldx, (int)N, (int)K, g);
+    }
+}
+
+} // namespace
+
+extern "C" int cuda_moe_fp8_ok(long hidden, long inter, int block_rows, int block_cols) {
+    return hidden % 16 == 0 && inter % 16 == 0 && block_rows >= 1 && block_cols >= 16 && block_cols % 16 == 0 &&
+           hidden <= INT32_MAX && inter <= INT32_MAX;
+}
+
+extern "C" int cuda_moe_fp8_mma_ok(long hidden, long inter) { return hidden % BK == 0 && inter % BK == 0; }
+
+extern "C" void cuda_moe_fp8_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H,
+                                  long F, const int32_t *order, int top_k, void *const *tab, long E,
+                                  const void *tiles, const int *n_tiles, long max_tiles, int br, int bc, int h32) {
+    const int4 *tl = (const int4 *)tiles;
+    if (max_tiles <= 0) return;
+    CUDA_ASSERT(tile_rows == 1 || tile_rows == 8);
+    CUDA_ASSERT_MSG((uintptr_t)x % 16 == 0, "moe_ffn: FP8 experts need 16-byte aligned token rows");
+    if (h32 && tile_rows == 1) gemv_pair<float, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+    else if (h32) gemv_pair<float, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+    else if (tile_rows == 1)
+        gemv_pair<__nv_bfloat16, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+    else gemv_pair<__nv_bfloat16, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+}
+
+extern "C" void cuda_moe_fp8_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16,
+                                     long H, long F, const int32_t *order, int top_k, void *const *tab, long E,
+                                     const void *tiles, const int *n_tiles, long max_tiles, int br, int bc) {
+    if (max_tiles <= 0) return;
+    const void *const *w = (const void *const *)tab;
+    const float *const *s = (const float *const *)(tab + 3 * E);
+    const int4 *tl = (const int4 *)tiles;
+    struct grouped8 gu = {w, w + E, s, s + E, tl, n_tiles, order, top_k, br, bc};
+    struct grouped8 dn = {w + 2 * E, NULL, s + 2 * E, NULL, tl, n_tiles, NULL, 1, br, bc};
+    if (tile_rows <= 16) {
+        launch_grouped<2>(c, h, F, x16, H, gu, max_tiles, F, H);
+        launch_grouped<2>(c, out, H, h, F, dn, max_tiles, H, F);
+    } else {
+        launch_grouped<8>(c, h, F, x16, H, gu, max_tiles, F, H);
+        launch_grouped<8>(c, out, H, h, F, dn, max_tiles, H, F);
+    }
+}
