@@ -112,6 +112,15 @@ def main():
                                                       quantization_config=Mxfp4Config(dequantize=True)).eval()
     except Exception as e:  # no Mxfp4Config, or it needs kernels this machine lacks
         direct_note = f"{type(e).__name__}: {e}"[:300]
+    # its dequantized expert weights against ours, element by element
+    wdiff, wdtype = None, None
+    if direct is not None:
+        sd = direct.state_dict()
+        for k, v in deq_all.items():
+            if k in sd and (k.endswith(".mlp.experts.gate_up_proj") or k.endswith(".mlp.experts.down_proj")):
+                wdtype = str(sd[k].dtype)
+                d = (sd[k].float() - v).abs().max().item() if sd[k].shape == v.shape else float("inf")
+                wdiff = d if wdiff is None else max(wdiff, d)
     ref_src = load_file(os.path.join(SRC, "reference.safetensors"))
     ref, worst, direct_diff = {}, 0.0, 0.0
     for k in sorted(x for x in ref_src if x.endswith(".ids")):
@@ -126,13 +135,15 @@ def main():
     meta = {"arch": "gpt_oss", "source": "gpt_oss", "compute": "fp32 with the dequantized mxfp4 experts, eager attention",
             "transformers": __import__("transformers").__version__, "quantized_tensors": n_q,
             "max_abs_weight_change": moved, "max_abs_diff_vs_bf16_reference": worst,
-            "transformers_mxfp4_dequantize_max_abs_diff": direct_diff if direct is not None else None}
+            "transformers_mxfp4_dequantize_max_abs_diff": direct_diff if direct is not None else None,
+            "transformers_mxfp4_dequantize_max_abs_weight_diff": wdiff, "transformers_mxfp4_weight_dtype": wdtype}
     if direct_note:
         meta["transformers_mxfp4_dequantize_unavailable"] = direct_note
     json.dump(meta, open(os.path.join(DST, "reference.json"), "w"), indent=1)
     print(f"gpt_oss_mxfp4: {n_q} mxfp4 tensors, weights moved up to {moved:.3f}, logits {worst:.3f} from the "
           f"bf16 model's; transformers' own mxfp4 read: "
-          f"{direct_diff if direct is not None else 'unavailable (' + direct_note + ')'}", flush=True)
+          f"{direct_diff if direct is not None else 'unavailable (' + direct_note + ')'}; its expert weights: "
+          f"{wdiff} ({wdtype})", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ static void *dev_from(struct backend *dev, const void *h, size_t bytes) {
     void *d = dev->ops->alloc(dev->ctx, bytes);
     assert_non_null(d);
     dev->ops->upload(dev->ctx, d, h, bytes);
+    /* other contexts (streams) read it: the copy first */
+    dev->ops->synchronize(dev->ctx);
     return d;
 }
 
@@ -69,6 +71,8 @@ static float *run_gpu(struct backend *dev, struct backend *be, const struct batc
     float *h = xmalloc(n * 4 + 4);
     for (size_t i = 0; i < n; i++) h[i] = NAN;
     float *dout = dev_from(dev, h, n * 4);
+    /* be may be another context (stream) than dev: dev's copies land first */
+    dev->ops->synchronize(dev->ctx);
     be->ops->attention(be->ctx, dout, ldo, dq, ldq, kc, vc, p, &b->db);
     be->ops->synchronize(be->ctx);
     dev->ops->download(dev->ctx, h, dout, n * 4);

@@ -39,6 +39,8 @@ static struct pair pair_from(const void *host, size_t bytes) {
     assert_non_null(p.d);
     memcpy(p.h, host, bytes);
     gpu.ops->upload(gpu.ctx, p.d, host, bytes);
+    /* tests run other contexts (streams) on these buffers: the copy first */
+    gpu.ops->synchronize(gpu.ctx);
     return p;
 }
 

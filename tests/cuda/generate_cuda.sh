@@ -18,10 +18,10 @@ if printf '%s' "$probe" | grep -q "no CUDA device\|built without CUDA"; then
 fi
 fail=0; runs=0
 for ids in 1 1,403,407,261 1,9,27,300,41 1,320,218,99,5,11,70 1,2,3; do
-  cpu=$("$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cpu 2>&1 | drop_knob_line | head -1)
-  gpu=$(KILN_CUDA_KV=f32 "$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cuda 2>&1 | drop_knob_line | head -1)
-  host=$(KILN_CUDA_KV=f32 KILN_GPU_SAMPLE=0 "$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cuda 2>&1 | drop_knob_line | head -1)
-  bf16=$("$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cuda 2>&1 | drop_knob_line | head -1)
+  cpu=$("$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cpu 2>&1 | grep -v " INFO\] " | head -1)
+  gpu=$(KILN_CUDA_KV=f32 "$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cuda 2>&1 | grep -v " INFO\] " | head -1)
+  host=$(KILN_CUDA_KV=f32 KILN_GPU_SAMPLE=0 "$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cuda 2>&1 | grep -v " INFO\] " | head -1)
+  bf16=$("$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cuda 2>&1 | grep -v " INFO\] " | head -1)
   runs=$((runs + 1))
   # the CPU's answer must be ids, not an error message both could print
   if ! printf '%s' "$cpu" | grep -Eq '^[0-9]+(,[0-9]+)*$' || [ "$gpu" != "$cpu" ] || [ "$host" != "$cpu" ]; then

@@ -28,7 +28,7 @@ if [ -z "$waited" ] || ! awk -v w="$waited" 'BEGIN { exit !(w > 0.05) }'; then
 fi
 fail=0; runs=0
 for ids in 1 1,403,407,261 1,9,27,300,41 1,320,218,99,5,11,70 1,2,3; do
-  cpu=$("$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cpu 2>&1 | drop_knob_line | head -1)
+  cpu=$("$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cpu 2>&1 | grep -v " INFO\] " | head -1)
   gpu=$(python3 - "$URL_A" "$ids" <<'PY'
 import json, sys, urllib.request
 url, ids = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]

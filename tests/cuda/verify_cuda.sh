@@ -19,7 +19,7 @@
 # "FP8 KV cache"): the GPU stores the same e4m3 bytes as the CPU, so its
 # logits move from the reference as the CPU's do, plus its own mode's
 # noise (1e-3 in bf16x2 mode, 0.25 in the default one).
-# gpt_oss must be refused at load by name (its operations are CPU-only).
+# gpt_oss must be refused at load by name (its MoE operations are CPU-only).
 # Skips (exit 0 with a note) when no GPU can be opened.
 set -u
 fail=0; runs=0
@@ -107,7 +107,7 @@ export KILN_CUDA_KV=f32
 tol=1e-3
 stories
 unset KILN_CUDA_KV
-echo "== refused at load: gpt_oss (attention sinks, expert biases and the clamped SwiGLU: CPU only)"
+echo "== refused at load: gpt_oss (expert biases and the clamped SwiGLU: CPU only)"
 dir="$KILN_FIXTURES/oracle/tiny-models-more/gpt_oss"
 out=$("$KILN" verify --device cuda --model "$dir" --reference "$dir/reference.safetensors" 2>&1)
 rc=$?

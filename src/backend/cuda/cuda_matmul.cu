@@ -365,6 +365,15 @@ static void fp8_matmul(struct cuda_ctx *c, float *y, long ldy, const float *x, l
     CUDA_ASSERT_MSG(w->scale && w->block_rows > 0 && w->block_cols > 0,
                     "matmul: an FP8 weight without its block scales");
     if (cuda_fp8_gemv_ok(c, w, n)) return cuda_fp8_gemv(c, y, ldy, x, ldx, w, bias, n, 0);
+    if (c->split_act && cuda_fp8_gemv_ok(c, w, 1)) {
+        /* the fp32-grade mode (KILN_CUDA_MATMUL=bf16x2, for verification):
+         * fp32 activations at every size, the GEMV over groups of rows */
+        for (long i = 0; i < n; i += CUDA_FP8_GEMV_ROWS) {
+            long m = n - i < (long)CUDA_FP8_GEMV_ROWS ? n - i : (long)CUDA_FP8_GEMV_ROWS;
+            cuda_fp8_gemv(c, y + i * ldy, ldy, x + i * ldx, ldx, w, bias, m, 0);
+        }
+        return;
+    }
     if (c->deterministic || n <= CUDA_FP8_TILE_ROWS || !cuda_fp8_vec_ok(w))
         return cuda_fp8_tiles(c, y, ldy, 0, x, ldx, 0, w, 0, bias, 1, n);
     if (fp8_lt(c, y, ldy, x, ldx, w, bias, n)) return;
@@ -608,7 +617,6 @@ extern "C" void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *a
                                          long n) {
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (n <= 0) return;
-    CUDA_ASSERT_MSG(p->window == 0, "cuda attention: sliding windows are not supported");
     if (!attn16_ok(c, q, ldq, k_cache, v_cache, p, b, wo, n)) {
         cuda_op_attention(ctx, att, ldatt, q, ldq, k_cache, v_cache, p, b);
         cuda_op_matmul(ctx, y, ldy, att, ldatt, wo, bias, n);
