@@ -33,8 +33,10 @@
  *                 [--decode 32] [--batch 1] [--threads N] [--device cpu] [--repeat 3]
  *                 [--no-graphs] [--logits] [--both] [--prefill-batch]
  *                 [--dummy-routing model|uniform] [--quantization fp8]
+ *                 [--kv-cache-dtype auto|fp8_e4m3]
  *
- * --quantization fp8 times FP8 weights (model_options.quantization).
+ * --quantization fp8 times FP8 weights (model_options.quantization);
+ * --kv-cache-dtype fp8_e4m3 an FP8 KV cache (backend_options.kv_fp8).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,7 +158,7 @@ static int count_moe(struct runner *run, struct model *m, const struct seqs *q, 
 }
 
 int main(int argc, char **argv) {
-    const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128", *quant = NULL;
+    const char *model_dir = NULL, *format = "auto", *device = "cpu", *pp_list = "128", *quant = NULL, *kv_dtype = "auto";
     int prompt_len = 0, n_decode = 32, threads = 0, repeat = 3, batch = 1, no_graphs = 0;
     int deterministic = 0, pps[16], n_pp = 0, want_logits = 0, both = 0, prefill_batch = 0;
     const char *routing_name = "model";
@@ -166,6 +168,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--model")) model_dir = v, i++;
         else if (!strcmp(a, "--load-format")) format = v, i++;
         else if (!strcmp(a, "--quantization")) quant = v, i++;
+        else if (!strcmp(a, "--kv-cache-dtype")) kv_dtype = v, i++;
         else if (!strcmp(a, "--device")) device = v, i++;
         else if (!strcmp(a, "--prompt-len")) pp_list = v, i++;
         else if (!strcmp(a, "--deterministic")) deterministic = 1;
@@ -203,7 +206,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_forward --model DIR|config.json [--load-format dummy] [--quantization fp8] "
                         "[--prompt-len N[,N...]] [--decode N] [--batch N] [--threads N] [--repeat N] "
                         "[--no-graphs] [--deterministic] [--logits] [--both] [--prefill-batch] "
-                        "[--dummy-routing model|uniform]\n");
+                        "[--dummy-routing model|uniform] [--kv-cache-dtype auto|fp8_e4m3]\n");
         return 2;
     }
     struct kiln_error err = {0};
@@ -215,7 +218,12 @@ int main(int argc, char **argv) {
     float *logits = NULL;
     struct backend_sample_row *srows = NULL;
     int rc = 1;
-    struct backend_options bo = {.n_threads = threads, .deterministic = deterministic};
+    if (strcmp(kv_dtype, "auto") && strcmp(kv_dtype, "fp8_e4m3")) {
+        fprintf(stderr, "bench_forward: --kv-cache-dtype %s: expected auto or fp8_e4m3\n", kv_dtype);
+        return 2;
+    }
+    struct backend_options bo = {.n_threads = threads, .deterministic = deterministic,
+                                 .kv_fp8 = !strcmp(kv_dtype, "fp8_e4m3")};
     if (backend_create(&be, device, &bo, &err)) goto fail;
     int ctx = prompt_len + n_decode + 1;
     struct model_options mo = {.load_format = format, .quantization = quant,
