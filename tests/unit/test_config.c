@@ -1,7 +1,6 @@
 /* test_config.c — the fixture and real configs parse with the values in the
- * files; both rope spellings agree; quantization_config (FP8 blocks, the
- * modules not converted, refusals); bad configs give errors naming the
- * field. */
+ * files; both rope spellings agree; bad configs give errors naming the
+ * field (quantization_config: test_config_quant.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,41 +16,11 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "model/config.h"
-
-#define assert_contains(hay, needle)                                                        \
-    do {                                                                                    \
-        if (!strstr((hay), (needle)))                                                       \
-            fail_msg("message \"%s\" does not contain \"%s\"", (hay), (needle));            \
-    } while (0)
-
-#define assert_near(a, b) assert_true(fabs((double)(a) - (double)(b)) <= 1e-12 * (1 + fabs((double)(b))))
+#include "config_test.h"
 
 
-static char *env_path(const char *var, const char *rel) {
-    const char *root = getenv(var);
-    assert_non_null(root);
-    char *p = xmalloc(strlen(root) + strlen(rel) + 2);
-    sprintf(p, "%s/%s", root, rel);
-    return p;
-}
 
-static void load_tiny(const char *arch, struct model_config *c) {
-    char rel[160];
-    snprintf(rel, sizeof rel, "oracle/tiny-models/%s/config.json", arch);
-    char *p = env_path("KILN_FIXTURES", rel);
-    struct kiln_error err = {0};
-    if (model_config_load(c, p, &err)) fail_msg("%s", err.msg);
-    free(p);
-}
 
-static void load_real(const char *name, struct model_config *c) {
-    char rel[160];
-    snprintf(rel, sizeof rel, "configs/%s", name);
-    char *p = env_path("KILN_MODELS", rel);
-    struct kiln_error err = {0};
-    if (model_config_load(c, p, &err)) fail_msg("%s", err.msg);
-    free(p);
-}
 
 static void common_tiny(const struct model_config *c) {
     assert_int_equal(c->vocab_size, 1024);
@@ -340,21 +309,7 @@ static void test_real_configs(void **state) {
 
 /* ---- edited configs --------------------------------------------------------- */
 
-static json_t *read_json(const char *var, const char *rel) {
-    char *p = env_path(var, rel);
-    json_error_t je;
-    json_t *j = json_load_file(p, 0, &je);
-    if (!j) fail_msg("%s: %s", p, je.text);
-    free(p);
-    return j;
-}
 
-static int parse_json(const json_t *j, struct model_config *c, struct kiln_error *err) {
-    char *text = json_dumps(j, 0);
-    int rc = model_config_parse(c, text, strlen(text), "config.json", err);
-    free(text);
-    return rc;
-}
 
 /* The v5 spelling: rope_theta moves inside rope_parameters. */
 static void to_v5(json_t *j) {
@@ -400,20 +355,7 @@ static void test_rope_spellings(void **state) {
     }
 }
 
-static void expect_error(json_t *j, const char *want) {
-    struct model_config c;
-    struct kiln_error err = {0};
-    if (parse_json(j, &c, &err) == 0) fail_msg("parsed, expected an error with \"%s\"", want);
-    assert_contains(err.msg, "config.json");
-    assert_contains(err.msg, want);
-    json_decref(j);
-}
 
-static json_t *tiny(const char *arch) {
-    char rel[160];
-    snprintf(rel, sizeof rel, "oracle/tiny-models/%s/config.json", arch);
-    return read_json("KILN_FIXTURES", rel);
-}
 
 static void test_errors(void **state) {
     (void)state;
@@ -508,11 +450,6 @@ static void test_errors(void **state) {
     assert_contains(err.msg, "/nonexistent/config.json");
 }
 
-static void expect_ok(json_t *j, struct model_config *c) {
-    struct kiln_error err = {0};
-    if (parse_json(j, c, &err)) fail_msg("expected to parse: %s", err.msg);
-    json_decref(j);
-}
 
 /* Fields a family does not implement are refused naming the file and the
  * field; what transformers accepts and ignores stays accepted. */
@@ -923,159 +860,12 @@ static void test_generation_config(void **state) {
     assert_contains(err.msg, "generation_config.json:1:");
 }
 
-/* quantization_config: FP8 block quantization parses (fmt and
- * activation_scheme may be absent), the lists of modules not converted
- * match whole dotted names, and every other method, format or scheme is
- * refused naming config.json and the field. */
-static json_t *fp8_tiny(const char *arch) {
-    json_t *j = tiny(arch);
-    json_object_set_new(j, "quantization_config",
-                        json_pack("{s:s, s:s, s:s, s:[i, i]}", "quant_method", "fp8", "fmt", "e4m3",
-                                  "activation_scheme", "dynamic", "weight_block_size", 128, 64));
-    return j;
-}
-
-static json_t *qc(json_t *j) { return json_object_get(j, "quantization_config"); }
-
-static void test_quantization(void **state) {
-    (void)state;
-    struct model_config c;
-    load_real("deepseek-v3.json", &c);
-    assert_int_equal(c.quant.method, MODEL_QUANT_FP8);
-    assert_int_equal(c.quant.block_rows, 128);
-    assert_int_equal(c.quant.block_cols, 128);
-    assert_int_equal(c.quant.n_skip, 0);
-    assert_false(model_quant_skips(&c.quant, "lm_head.weight"));
-    load_tiny("llama", &c);
-    assert_int_equal(c.quant.method, MODEL_QUANT_NONE);
-    json_t *j = tiny("llama");
-    json_object_set_new(j, "quantization_config", json_null());
-    expect_ok(j, &c);
-    assert_int_equal(c.quant.method, MODEL_QUANT_NONE);
-
-    expect_ok(fp8_tiny("qwen3_moe"), &c);
-    assert_int_equal(c.quant.method, MODEL_QUANT_FP8);
-    assert_int_equal(c.quant.block_rows, 128);
-    assert_int_equal(c.quant.block_cols, 64);
-    /* fmt absent is e4m3, activation_scheme absent is dynamic */
-    j = fp8_tiny("deepseek_v3");
-    json_object_del(qc(j), "fmt");
-    json_object_del(qc(j), "activation_scheme");
-    expect_ok(j, &c);
-    assert_int_equal(c.quant.method, MODEL_QUANT_FP8);
-
-    /* modules_to_not_convert and ignored_layers together, repeats merged */
-    j = fp8_tiny("qwen3_moe");
-    json_object_set_new(qc(j), "modules_to_not_convert",
-                        json_pack("[s, s, s, s, s]", "lm_head", "model.layers.0.mlp.gate",
-                                  "model.layers.2.self_attn", "shared_expert_gate", "lm_head"));
-    json_object_set_new(qc(j), "ignored_layers", json_pack("[s, s]", "model.layers.1.", "lm_head"));
-    expect_ok(j, &c);
-    assert_int_equal(c.quant.n_skip, 5);
-    const char *skipped[] = {"lm_head.weight", "lm_head", "model.layers.0.mlp.gate.weight",
-                             "model.layers.2.self_attn.q_proj.weight",
-                             "model.layers.2.self_attn.o_proj.weight",
-                             "model.layers.7.mlp.shared_expert_gate.weight",
-                             "model.layers.1.mlp.experts.3.down_proj.weight"};
-    const char *kept[] = {"model.lm_head_x.weight", "model.layers.0.mlp.gate_proj.weight",
-                          "model.layers.10.mlp.gate.weight", "model.layers.0.mlp.gatex.weight",
-                          "model.layers.21.self_attn.q_proj.weight", "model.layers.2.self_attn_x.weight",
-                          "model.layers.7.mlp.shared_expert.gate_proj.weight",
-                          "model.layers.11.mlp.down_proj.weight", "model.embed_tokens.weight", ""};
-    for (size_t i = 0; i < sizeof skipped / sizeof skipped[0]; i++)
-        if (!model_quant_skips(&c.quant, skipped[i])) fail_msg("%s should be skipped", skipped[i]);
-    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
-        if (model_quant_skips(&c.quant, kept[i])) fail_msg("%s should be converted", kept[i]);
-    /* a real checkpoint's list: every layer's norms, router and gates */
-    j = fp8_tiny("qwen3_moe");
-    json_t *list = json_array();
-    char name[96];
-    for (int l = 0; l < 300; l++) {
-        static const char *const mods[] = {"input_layernorm", "post_attention_layernorm", "mlp.gate"};
-        for (int k = 0; k < 3; k++) {
-            snprintf(name, sizeof name, "model.layers.%d.%s", l, mods[k]);
-            json_array_append_new(list, json_string(name));
-        }
-    }
-    json_object_set_new(qc(j), "modules_to_not_convert", list);
-    expect_ok(j, &c);
-    assert_int_equal(c.quant.n_skip, 900);
-    assert_true(model_quant_skips(&c.quant, "model.layers.299.mlp.gate.weight"));
-    assert_false(model_quant_skips(&c.quant, "model.layers.299.mlp.experts.0.gate_proj.weight"));
-
-    /* refusals */
-    static const char *const methods[] = {"awq", "gptq", "bitsandbytes", "compressed-tensors",
-                                          "fbgemm_fp8"};
-    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
-        char want[128];
-        snprintf(want, sizeof want, "config.json: quantization_config.quant_method '%s' is not "
-                                    "supported (only fp8",
-                 methods[i]);
-        j = fp8_tiny("llama");
-        json_object_set_new(qc(j), "quant_method", json_string(methods[i]));
-        expect_error(j, want);
-    }
-    j = fp8_tiny("llama");
-    json_object_del(qc(j), "quant_method");
-    expect_error(j, "field 'quantization_config.quant_method' is missing");
-    j = fp8_tiny("llama");
-    json_object_set_new(qc(j), "quant_method", json_integer(8));
-    expect_error(j, "field 'quantization_config.quant_method' must be a string, found integer");
-    j = fp8_tiny("llama");
-    json_object_set_new(qc(j), "fmt", json_string("e5m2"));
-    expect_error(j, "config.json: quantization_config.fmt 'e5m2' is not supported (only e4m3");
-    j = fp8_tiny("llama");
-    json_object_set_new(qc(j), "activation_scheme", json_string("static"));
-    expect_error(j, "quantization_config.activation_scheme 'static' is not supported (it needs the "
-                    "checkpoint's activation scales");
-    j = fp8_tiny("llama");
-    json_object_set_new(qc(j), "activation_scheme", json_string("per_token"));
-    expect_error(j, "field 'quantization_config.activation_scheme' is 'per_token', expected dynamic");
-    j = fp8_tiny("llama");
-    json_object_del(qc(j), "weight_block_size");
-    expect_error(j, "field 'quantization_config.weight_block_size' is missing: per-tensor FP8 scales "
-                    "are not supported");
-    json_t *bad_blocks[] = {json_pack("[i]", 128), json_pack("[i, i]", 0, 128),
-                            json_pack("[i, s]", 128, "128"), json_string("128"),
-                            json_pack("[i, i, i]", 1, 1, 1), json_pack("[i, I]", 128, (json_int_t)1 << 40)};
-    for (size_t i = 0; i < sizeof bad_blocks / sizeof bad_blocks[0]; i++) {
-        j = fp8_tiny("llama");
-        json_object_set_new(qc(j), "weight_block_size", bad_blocks[i]);
-        expect_error(j, "field 'quantization_config.weight_block_size' must be two positive integers");
-    }
-    j = tiny("llama");
-    json_object_set_new(j, "quantization_config", json_string("fp8"));
-    expect_error(j, "field 'quantization_config' must be an object or null, found string");
-    j = fp8_tiny("llama");
-    json_object_set_new(qc(j), "modules_to_not_convert", json_string("lm_head"));
-    expect_error(j, "field 'quantization_config.modules_to_not_convert' must be a list of module names");
-    j = fp8_tiny("llama");
-    json_object_set_new(qc(j), "ignored_layers", json_pack("[s, i]", "lm_head", 3));
-    expect_error(j, "field 'quantization_config.ignored_layers[1]' must be a string, found integer");
-    j = fp8_tiny("llama");
-    json_object_set_new(qc(j), "modules_to_not_convert", json_pack("[s]", "model.layers.*.mlp.gate"));
-    expect_error(j, "field 'quantization_config.modules_to_not_convert[0]' is 'model.layers.*.mlp.gate': "
-                    "patterns are not supported");
-    j = fp8_tiny("llama");
-    json_object_set_new(qc(j), "modules_to_not_convert", json_pack("[s]", "."));
-    expect_error(j, "field 'quantization_config.modules_to_not_convert[0]' must be a module name");
-    j = fp8_tiny("llama");
-    list = json_array();
-    for (int i = 0; i <= MODEL_QUANT_MAX_SKIP; i++) {
-        snprintf(name, sizeof name, "m%d", i);
-        json_array_append_new(list, json_string(name));
-    }
-    json_object_set_new(qc(j), "ignored_layers", list);
-    expect_error(j, "field 'quantization_config.ignored_layers' lists more than 4096 modules");
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_dense),     cmocka_unit_test(test_tiny_moe),
         cmocka_unit_test(test_real_configs),   cmocka_unit_test(test_rope_spellings),
         cmocka_unit_test(test_errors),         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_generation_config), cmocka_unit_test(test_family_refusals),
-        cmocka_unit_test(test_quantization),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
