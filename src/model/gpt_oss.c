@@ -50,17 +50,6 @@ static int gpt_oss_load_layer(struct weight_source *ws, int l, struct layer *L, 
            gpt_oss_moe_load(ws, l, &L->moe, err);
 }
 
-static void gpt_oss_forward_layer(const struct fwd *f, int l, const struct layer *L) {
-    struct activations *a = &f->m->act;
-    struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
-    mha_forward_norm(f, l, &L->mha, &nm, a->delta);
-    model_reduce_delta(f);
-    nm.delta = a->delta;
-    nm.w = L->ln_mlp;
-    mlp_forward_norm(f, L, &nm, a->delta);
-    model_reduce_delta(f);
-}
-
 const struct model_family family_gpt_oss = {
     .name = "gpt-oss",
     .check_config = gpt_oss_check,
@@ -70,5 +59,5 @@ const struct model_family family_gpt_oss = {
     .attn_scale = mha_attn_scale,
     .layer_is_moe = gpt_oss_layer_is_moe,
     .load_layer = gpt_oss_load_layer,
-    .forward_layer = gpt_oss_forward_layer,
+    .forward_layer = mha_mlp_forward_layer,
 };

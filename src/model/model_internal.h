@@ -420,6 +420,10 @@ void moe_free(struct model *m);
 /* Layer l's MLP (MoE or dense) after its norm nm, into out. */
 void mlp_forward_norm(const struct fwd *f, const struct layer *L, const struct backend_norm *nm,
                       float *out);
+/* A pre-norm layer of multi-head attention and the layer's MLP (dense or
+ * mixture of experts: mlp_forward_norm), each output added to the
+ * residual through the next norm (qwen-moe, gpt-oss). */
+void mha_mlp_forward_layer(const struct fwd *f, int l, const struct layer *L);
 /* Layer l's MLP weights: MoE where the family says so, else dense. */
 int mlp_load(struct weight_source *ws, int l, const struct moe_kind *kind, struct layer *L,
              struct kiln_error *err);

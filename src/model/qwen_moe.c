@@ -20,7 +20,7 @@ static int qwen_moe_load_layer(struct weight_source *ws, int l, struct layer *L,
     return mha_load(ws, l, &L->mha, err) || mlp_load(ws, l, &kind, L, err);
 }
 
-static void qwen_moe_forward_layer(const struct fwd *f, int l, const struct layer *L) {
+void mha_mlp_forward_layer(const struct fwd *f, int l, const struct layer *L) {
     struct activations *a = &f->m->act;
     struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
     mha_forward_norm(f, l, &L->mha, &nm, a->delta);
@@ -40,5 +40,5 @@ const struct model_family family_qwen_moe = {
     .attn_scale = mha_attn_scale,
     .layer_is_moe = qwen_moe_layer_is_moe,
     .load_layer = qwen_moe_load_layer,
-    .forward_layer = qwen_moe_forward_layer,
+    .forward_layer = mha_mlp_forward_layer,
 };

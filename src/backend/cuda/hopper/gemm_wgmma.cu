@@ -50,7 +50,7 @@
  *  - TMA descriptors (CUtensorMap, passed by value as __grid_constant__):
  *    the weight's is cached per (pointer, shape) — weights never move —
  *    the activations' per (pointer, rows, row stride) in a small ring. The
- *    encoder comes from the driver through cudaGetDriverEntryPointByVersion
+ *    encoder comes from the driver (hopper/tmap.cuh, also for moe_wgmma.cu)
  *    (no -lcuda).
  *  - Programmatic dependent launch (cuda_pdl.cuh): the producer issues the
  *    weight tiles of the first STAGES k-steps before griddepcontrol.wait
@@ -105,6 +105,7 @@
 
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/hopper/ptx.cuh"
+#include "backend/cuda/hopper/tmap.cuh"
 
 using namespace hopper;
 
@@ -435,15 +436,7 @@ template <int BN, bool F16> void setup_kernel(struct wg_state *st, int bi, int n
 
 static int encode(const struct wg_state *st, CUtensorMap *m, const void *p, long rows, long cols,
                   long ld, int dtype, int box) {
-    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    cuuint64_t stride[1] = {(cuuint64_t)ld * 2};
-    cuuint32_t boxd[2] = {BK, (cuuint32_t)box}, es[2] = {1, 1};
-    CUresult r = st->encode(m, dtype == DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            2, (void *)p, dim, stride, boxd, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS;
+    return tmap_2d(st->encode, m, p, rows, cols, ld, dtype, box);
 }
 
 /* The weight's map: cached by pointer and shape (weights never move; a new
@@ -524,21 +517,11 @@ void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, fl
 } // namespace
 
 extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
-    int dev = c->device, major = 0, minor = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major != 9 || minor != 0) return 0; /* sm_90a code runs on 9.0 only */
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn) {
-        (void)cudaGetLastError();
-        return 0;
-    }
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tmap_encoder(c->device);
+    if (!fn) return 0;
     struct wg_state *st = (struct wg_state *)calloc(1, sizeof *st);
     CUDA_ASSERT(st);
-    st->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    st->encode = fn;
     setup_kernel<128, false>(st, 0, c->n_sm);
     setup_kernel<128, true>(st, 0, c->n_sm);
     setup_kernel<256, false>(st, 1, c->n_sm);

@@ -52,6 +52,7 @@
 
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/hopper/ptx.cuh"
+#include "backend/cuda/hopper/tmap.cuh"
 
 using namespace hopper;
 
@@ -242,15 +243,7 @@ struct mw_state {
 
 static int encode(const struct mw_state *st, CUtensorMap *m, const void *p, long rows, long cols,
                   int dtype, int box) {
-    cuuint64_t dim[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    cuuint64_t stride[1] = {(cuuint64_t)cols * 2};
-    cuuint32_t boxd[2] = {BK, (cuuint32_t)box}, es[2] = {1, 1};
-    CUresult r = st->encode(m, dtype == DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            2, (void *)p, dim, stride, boxd, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS;
+    return tmap_2d(st->encode, m, p, rows, cols, cols, dtype, box);
 }
 
 /* The layer's maps; made on first use unless `make` is 0 (NULL then). */
@@ -320,21 +313,11 @@ template <bool F16, bool GLU> void setup(void) {
 } // namespace
 
 extern "C" int cuda_moe_wgmma_init(struct cuda_ctx *c) {
-    int dev = c->device, major = 0, minor = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major != 9 || minor != 0) return 0;
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn) {
-        (void)cudaGetLastError();
-        return 0;
-    }
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tmap_encoder(c->device);
+    if (!fn) return 0;
     struct mw_state *st = (struct mw_state *)calloc(1, sizeof *st);
     CUDA_ASSERT(st);
-    st->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    st->encode = fn;
     setup<false, false>();
     setup<false, true>();
     setup<true, false>();
