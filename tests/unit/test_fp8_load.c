@@ -38,6 +38,7 @@
 #include "base/mem.h"
 #include "model/model.h"
 #include "model/model_internal.h"
+#include "ckpt_writer.h"
 
 #define assert_contains(hay, needle)                                                        \
     do {                                                                                    \
@@ -66,21 +67,6 @@ static const struct backend_weight *proj_of(const struct model *m, int i) {
 
 /* ---- checkpoints on disk -------------------------------------------------- */
 
-struct tensor {
-    char name[192];
-    char dtype[12];
-    int ndim;
-    long shape[2];
-    unsigned char *data;
-    size_t nbytes;
-    int drop;
-};
-
-struct ckpt {
-    struct tensor t[48];
-    int n;
-    json_t *config;
-};
 
 static uint64_t rng = 0x243f6a8885a308d3ull;
 static uint32_t next_u32(void) {
@@ -91,23 +77,9 @@ static float next_unit(void) { return (float)next_u32() / 4294967296.0f * 2.0f -
 
 static struct tensor *add(struct ckpt *c, const char *name, const char *dtype, int ndim, long d0,
                           long d1, size_t es) {
-    assert_true(c->n < 48);
-    struct tensor *t = &c->t[c->n++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
-    t->ndim = ndim, t->shape[0] = d0, t->shape[1] = ndim > 1 ? d1 : 1;
-    t->nbytes = (size_t)d0 * (size_t)t->shape[1] * es;
-    t->data = xcalloc(t->nbytes ? t->nbytes : 1, 1);
-    return t;
+    return ckpt_add(c, name, dtype, ndim, (const long[]){d0, d1}, es);
 }
 
-static struct tensor *find(struct ckpt *c, const char *name) {
-    for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->t[i].name, name)) return &c->t[i];
-    fail_msg("no tensor %s", name);
-    abort();
-}
 
 static void add_bf16(struct ckpt *c, const char *name, int ndim, long d0, long d1, float fill) {
     struct tensor *t = add(c, name, "BF16", ndim, d0, d1, 2);
@@ -190,53 +162,9 @@ static void make_bf16(struct ckpt *c, int fp8_config) {
     }
 }
 
-static char *write_ckpt(struct ckpt *c) {
-    char tmpl[] = "/tmp/kiln_fp8_XXXXXX";
-    char *dir = mkdtemp(tmpl);
-    assert_non_null(dir);
-    dir = xstrdup(dir);
-    char *p = path_join(dir, "config.json");
-    assert_int_equal(json_dump_file(c->config, p, JSON_INDENT(1)), 0);
-    free(p);
-    json_t *h = json_object();
-    size_t off = 0;
-    for (int i = 0; i < c->n; i++) {
-        const struct tensor *t = &c->t[i];
-        if (t->drop) continue;
-        json_t *shape = json_array();
-        for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
-        json_object_set_new(h, t->name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", t->dtype, "shape",
-                                                  shape, "data_offsets", (json_int_t)off,
-                                                  (json_int_t)(off + t->nbytes)));
-        off += t->nbytes;
-    }
-    char *text = json_dumps(h, JSON_COMPACT);
-    size_t hl = strlen(text);
-    FILE *f = fopen((p = path_join(dir, "model.safetensors")), "wb");
-    assert_non_null(f);
-    for (int i = 0; i < 8; i++) fputc((int)((uint64_t)hl >> (8 * i)) & 0xff, f);
-    fwrite(text, 1, hl, f);
-    for (int i = 0; i < c->n; i++)
-        if (!c->t[i].drop) fwrite(c->t[i].data, 1, c->t[i].nbytes, f);
-    fclose(f);
-    free(p);
-    free(text);
-    json_decref(h);
-    return dir;
-}
+static char *write_ckpt(struct ckpt *c) { return ckpt_write(c, "fp8"); }
 
-static void free_ckpt(struct ckpt *c) {
-    for (int i = 0; i < c->n; i++) free(c->t[i].data);
-    json_decref(c->config);
-    c->n = 0;
-}
 
-static void rm_rf(char *dir) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
-}
 
 /* ---- loading ---------------------------------------------------------- */
 

@@ -33,6 +33,7 @@
 #include "base/mem.h"
 #include "model/model.h"
 #include "model/model_internal.h"
+#include "ckpt_writer.h"
 
 #define assert_contains(hay, needle)                                                        \
     do {                                                                                    \
@@ -41,22 +42,8 @@
     } while (0)
 
 /* one layer, 3 experts of 32 rows over a hidden size of 64 */
-enum { V = 32, D = 64, F = 32, E = 3, H = 2, HD = 32, NT = 40 };
+enum { V = 32, D = 64, F = 32, E = 3, H = 2, HD = 32 };
 
-struct tensor {
-    char name[160];
-    char dtype[8];
-    int ndim;
-    long shape[4];
-    unsigned char *data;
-    size_t nbytes;
-};
-
-struct ckpt {
-    struct tensor t[NT];
-    int n;
-    json_t *config;
-};
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t next_u32(void) {
@@ -66,25 +53,9 @@ static uint32_t next_u32(void) {
 static float next_unit(void) { return (float)next_u32() / 4294967296.0f * 2.0f - 1.0f; }
 
 static struct tensor *add(struct ckpt *c, const char *name, const char *dtype, int ndim, const long *shape) {
-    assert_true(c->n < NT);
-    struct tensor *t = &c->t[c->n++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
-    t->ndim = ndim;
-    size_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= (size_t)(t->shape[i] = shape[i]);
-    t->nbytes = n * (!strcmp(dtype, "U8") ? 1 : !strcmp(dtype, "F32") ? 4 : 2);
-    t->data = xcalloc(t->nbytes, 1);
-    return t;
+    return ckpt_add(c, name, dtype, ndim, shape, !strcmp(dtype, "U8") ? 1 : !strcmp(dtype, "F32") ? 4 : 2);
 }
 
-static struct tensor *find(struct ckpt *c, const char *name) {
-    for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->t[i].name, name)) return &c->t[i];
-    fail_msg("no tensor %s", name);
-    abort();
-}
 
 static void drop(struct ckpt *c, const char *name) {
     struct tensor *t = find(c, name);
@@ -186,50 +157,9 @@ static void make(struct ckpt *c, int mx) {
     drop(c, DN "_scales");
 }
 
-static char *write_ckpt(struct ckpt *c) {
-    char tmpl[] = "/tmp/kiln_gptoss_XXXXXX";
-    char *dir = mkdtemp(tmpl);
-    assert_non_null(dir);
-    dir = xstrdup(dir);
-    char *p = path_join(dir, "config.json");
-    assert_int_equal(json_dump_file(c->config, p, JSON_INDENT(1)), 0);
-    free(p);
-    json_t *h = json_object();
-    size_t off = 0;
-    for (int i = 0; i < c->n; i++) {
-        const struct tensor *t = &c->t[i];
-        json_t *shape = json_array();
-        for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
-        json_object_set_new(h, t->name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", t->dtype, "shape", shape,
-                                                  "data_offsets", (json_int_t)off, (json_int_t)(off + t->nbytes)));
-        off += t->nbytes;
-    }
-    char *text = json_dumps(h, JSON_COMPACT);
-    size_t hl = strlen(text);
-    FILE *f = fopen((p = path_join(dir, "model.safetensors")), "wb");
-    assert_non_null(f);
-    for (int i = 0; i < 8; i++) fputc((int)((uint64_t)hl >> (8 * i)) & 0xff, f);
-    fwrite(text, 1, hl, f);
-    for (int i = 0; i < c->n; i++) fwrite(c->t[i].data, 1, c->t[i].nbytes, f);
-    fclose(f);
-    free(p);
-    free(text);
-    json_decref(h);
-    return dir;
-}
+static char *write_ckpt(struct ckpt *c) { return ckpt_write(c, "gptoss"); }
 
-static void free_ckpt(struct ckpt *c) {
-    for (int i = 0; i < c->n; i++) free(c->t[i].data);
-    json_decref(c->config);
-    c->n = 0;
-}
 
-static void rm_rf(char *dir) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
-}
 
 static struct backend be;
 static struct backend_ops ops, cpu_ops;
