@@ -13,8 +13,10 @@
  *    prefill of prompt + output (every page present) picks greedily at
  *    each position;
  *  - the prefix cache with the window: many requests sharing prefixes
- *    longer than the window, in a pool small enough to retract, give the
- *    same ids as each alone without the cache. */
+ *    longer than the window give the same ids as each alone without the
+ *    cache, and some found their prefix cached;
+ *  - short prompts growing past the window, many at once in a pool too
+ *    small for their growth: retractions, and the same ids as alone. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -140,6 +142,19 @@ static void test_prompt_logprobs_oracle(void **state) {
     st_close(&ref.st);
 }
 
+/* Once the engine is idle, every page is free or held by the prefix cache
+ * (stats are published after the step that sent the final events). */
+static void assert_pool_whole(struct engine *e) {
+    struct engine_stats st;
+    for (int tries = 0; tries < 400; tries++) {
+        engine_stats(e, &st);
+        if (st.running == 0 && st.waiting == 0 && st.kv_pages_free + st.kv_pages_cached == st.kv_pages_total) break;
+        usleep(5000);
+    }
+    assert_int_equal(st.running, 0);
+    assert_int_equal(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
+}
+
 /* A sink that also follows the pool's pages in use. */
 struct wsink {
     struct sink *s;
@@ -219,9 +234,7 @@ static void test_long_generation_small_pool(void **state) {
     assert_int_equal(w.s->n_ids, NEW);
     assert_true(w.max_used > 0);
     if (w.max_used > WINDOW + CHUNK + 1) fail_msg("%ld pages in use with a window of %d", w.max_used, WINDOW);
-    struct engine_stats st;
-    engine_stats(e, &st);
-    assert_int_equal(st.kv_pages_free, st.kv_pages_total);
+    assert_pool_whole(e);
     engine_destroy(e);
 
     /* the same weights without the window: the request can never fit, and
@@ -317,17 +330,48 @@ static void test_radix_with_window(void **state) {
             cached_total += cached[i]->cached_tokens;
         }
         assert_true(cached_total > 0);
-        struct engine_stats st;
-        for (int tries = 0; tries < 200; tries++) {
-            engine_stats(e, &st);
-            if (st.running == 0 && st.kv_pages_free + st.kv_pages_cached == st.kv_pages_total) break;
-            usleep(5000);
-        }
-        assert_int_equal(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
-        fprintf(stderr, "page size %d: %d cached prompt tokens, %ld retractions\n", ps, cached_total, (long)st.retractions_total);
+        assert_pool_whole(e);
         engine_destroy(e);
         for (int i = 0; i < N; i++) sink_free(alone[i]), sink_free(cached[i]);
     }
+}
+
+/* Short prompts (under the window) growing past it, many at once in a
+ * pool that cannot hold their growth: retractions, and the same ids as
+ * each alone. */
+static void test_retraction_with_window(void **state) {
+    (void)state;
+    enum { N = 16, NEW = 12 };
+    struct sink *alone[N], *tight[N];
+    int32_t p[8];
+    struct engine *e = start(model_dir, 1, 0, 0, 8);
+    for (int i = 0; i < N; i++) {
+        for (int k = 0; k < 4; k++) p[k] = 100 + (i * 31 + k * 17) % 600;
+        alone[i] = sink_new();
+        struct engine_request r = request(p, 4, NEW, alone[i]);
+        submit_ok(e, &r);
+        sink_wait(alone[i]);
+    }
+    engine_destroy(e);
+    e = start(model_dir, 1, 40, 1, 8);
+    for (int i = 0; i < N; i++) {
+        for (int k = 0; k < 4; k++) p[k] = 100 + (i * 31 + k * 17) % 600;
+        tight[i] = sink_new();
+        struct engine_request r = request(p, 4, NEW, tight[i]);
+        submit_ok(e, &r);
+    }
+    for (int i = 0; i < N; i++) {
+        sink_wait(tight[i]);
+        assert_int_equal(tight[i]->n_ids, NEW);
+        if (memcmp(alone[i]->ids, tight[i]->ids, NEW * sizeof(int32_t)))
+            fail_msg("request %d: other ids in the tight pool", i);
+    }
+    assert_pool_whole(e);
+    struct engine_stats st;
+    engine_stats(e, &st);
+    assert_true(st.retractions_total > 0);
+    engine_destroy(e);
+    for (int i = 0; i < N; i++) sink_free(alone[i]), sink_free(tight[i]);
 }
 
 int main(void) {
@@ -336,6 +380,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_logprobs_oracle),
         cmocka_unit_test(test_long_generation_small_pool),
         cmocka_unit_test(test_radix_with_window),
+        cmocka_unit_test(test_retraction_with_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
