@@ -313,7 +313,9 @@ static void test_radix_with_window(void **state) {
             sink_wait(alone[i]);
         }
         engine_destroy(e);
-        /* the cache on, all at once in a pool of about three requests */
+        /* the cache on, all at once in a pool of one request's most
+         * (mem_plan_window_tokens), a chunk and a few pages: the cached
+         * prefixes get evicted and shared as requests come and go */
         e = start(model_dir, ps, 2 * WINDOW + 2 * ps + 5 + 8 * ps, 1, 5);
         int cached_total = 0;
         for (int i = 0; i < N; i++) {
