@@ -46,6 +46,7 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_la
     for (int i = 0; i < n_pages; i++) p->free_list[i] = n_pages - 1 - i;
     p->n_free = n_pages;
     p->scratch_page = -1;
+    p->zero_page = -1;
     return 0;
 oom:
     kv_pool_free(p);
@@ -63,6 +64,19 @@ int kv_pool_init_ids(struct kv_pool *p, int page_size, int n_pages, struct kiln_
     for (int i = 0; i < n_pages; i++) p->free_list[i] = n_pages - 1 - i;
     p->n_free = n_pages;
     p->scratch_page = -1;
+    p->zero_page = -1;
+    return 0;
+}
+
+int kv_pool_set_window(struct kv_pool *p, int window, struct kiln_error *err) {
+    if (window < 1) return kiln_errorf(err, "a KV pool's sliding window must be at least 1, got %d", window);
+    if (p->n_free != p->n_pages || p->n_pages < 2 || p->zero_page >= 0)
+        return kiln_errorf(err, "the KV pool's window is set on a fresh pool of at least two pages");
+    /* the stack pops page 0 first: it is at the end */
+    KILN_ASSERT(p->free_list[p->n_free - 1] == 0);
+    p->n_free--;
+    p->zero_page = 0;
+    p->window = window;
     return 0;
 }
 
@@ -87,7 +101,7 @@ int kv_pool_alloc(struct kv_pool *p, int n, int32_t *out) {
 
 void kv_pool_release(struct kv_pool *p, const int32_t *pages, int n) {
     for (int i = 0; i < n; i++) {
-        KILN_ASSERT(pages[i] >= 0 && pages[i] < p->n_pages && p->n_free < p->n_pages);
+        KILN_ASSERT(pages[i] >= 0 && pages[i] < p->n_pages && pages[i] != p->zero_page && p->n_free < p->n_pages);
         p->free_list[p->n_free++] = pages[i];
     }
 }

@@ -14,6 +14,15 @@
  * Pages are handed out from a free list; the radix cache and the scheduler
  * decide who owns them. The pool itself is single-threaded (the engine
  * thread owns it).
+ *
+ * Sliding windows: when every layer slides over the same window W
+ * (kv_pool_set_window), no query at position pos reads a key before
+ * pos - W + 1, so the scheduler returns the pages wholly before a running
+ * sequence's window to the free list. Its page table keeps their indices,
+ * pointing at the zero page: a page taken out of the free list at start-up,
+ * never written, all zeros (backend_ops.alloc zeroes), so a kernel that
+ * loads a whole tile across the window's start reads finite keys and
+ * values there, which the window's mask then drops.
  */
 #ifndef KILN_CACHE_KV_POOL_H
 #define KILN_CACHE_KV_POOL_H
@@ -46,6 +55,11 @@ struct kv_pool {
     /* A page taken by the model for rows whose K/V nobody reads (the
      * padding rows of a decode graph); -1 until one is needed. */
     int32_t scratch_page;
+    /* Every layer's sliding window (0: some layer attends to the whole
+     * context) and the all-zero page that stands for returned pages in
+     * page tables (-1 without a window). */
+    int window;
+    int32_t zero_page;
 };
 
 /* Bytes one page takes across all layers with elements of `dtype`. */
@@ -59,6 +73,14 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_la
  * allocates and releases here like a pool's. */
 int kv_pool_init_ids(struct kv_pool *p, int page_size, int n_pages, struct kiln_error *err);
 void kv_pool_free(struct kv_pool *p); /* also accepts a half-built or zeroed pool */
+
+/* Every layer slides over `window` positions (> 0): takes page 0 off the
+ * free list as the zero page, so pools made alike (the ranks' pools, DP
+ * groups' id lists) agree on it. Right after kv_pool_init / _init_ids,
+ * before any page was handed out or written. */
+int kv_pool_set_window(struct kv_pool *p, int window, struct kiln_error *err);
+/* Pages that can hold KV (the zero page is not one). */
+static inline int kv_pool_usable(const struct kv_pool *p) { return p->n_pages - (p->zero_page >= 0); }
 
 /* Takes n pages into out[]; returns -1 (taking none) when fewer are free. */
 int kv_pool_alloc(struct kv_pool *p, int n, int32_t *out);

@@ -8,6 +8,9 @@
  *              the other sequences in the same batches, staggered so that
  *              prefill chunks and decode rows really mix, on scattered KV
  *              pages.
+ * A model whose every layer slides (kv_pool.window) returns the pages that
+ * fall out of a sequence's window after each step, as the scheduler does,
+ * so the later steps read the zero page there (kv_pool.h).
  * Prints max_abs_err=<x> rows=<n>; exits 0 only when every row is within the
  * tolerance (default 1e-3). */
 #include <math.h>
@@ -33,6 +36,7 @@ struct ref_seq {
     const float *logits; /* [len][vocab] */
     int32_t *pages;
     int n_pages;
+    int n_dropped; /* pages[0 .. n_dropped) went back: the zero page */
 };
 
 struct verify {
@@ -69,8 +73,23 @@ static int ensure_pages(struct verify *v, struct ref_seq *s, int len) {
 }
 
 static void release_pages(struct verify *v, struct ref_seq *s) {
-    kv_pool_release(pool_of(v, s), s->pages, s->n_pages);
+    kv_pool_release(pool_of(v, s), s->pages + s->n_dropped, s->n_pages - s->n_dropped);
     s->n_pages = 0;
+    s->n_dropped = 0;
+}
+
+/* Every layer slides: the pages wholly before the window of position
+ * `next` go back to the pool. */
+static void drop_pages(struct verify *v, struct ref_seq *s, int next) {
+    struct kv_pool *kv = pool_of(v, s);
+    int first = next - kv->window + 1;
+    if (kv->window <= 0 || first < v->page_size) return;
+    int dead = first / v->page_size;
+    if (dead > s->n_pages) dead = s->n_pages;
+    if (dead <= s->n_dropped) return;
+    kv_pool_release(kv, s->pages + s->n_dropped, dead - s->n_dropped);
+    for (int i = s->n_dropped; i < dead; i++) s->pages[i] = kv->zero_page;
+    s->n_dropped = dead;
 }
 
 /* One step: for each listed sequence, tokens [from[i], to[i]). Compares the
@@ -127,6 +146,8 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
             }
         }
     }
+    if (rc == 0)
+        for (int i = 0; i < k; i++) drop_pages(v, &v->seqs[which[i]], to[i]);
     free(ids), free(pos), free(slot), free(rows), free(q_start), free(kv_len), free(page_start),
         free(pages), free(logits), free(group);
     return rc;
@@ -329,6 +350,7 @@ int cmd_verify(int argc, char **argv) {
     v.kv[0] = runner_kv(v.r);
     for (int g = 1; g < G; g++) {
         if (kv_pool_init_ids(&v.own[g], v.page_size, v.kv[0]->n_pages, &err)) goto out;
+        if (v.kv[0]->window > 0 && kv_pool_set_window(&v.own[g], v.kv[0]->window, &err)) goto out;
         v.kv[g] = &v.own[g];
     }
     for (int g = 0; g < G; g++) kv_pool_scramble(v.kv[g], 12345 + (uint64_t)g);

@@ -244,6 +244,9 @@ int model_config_layer_window(const struct model_config *c, int layer);
 /* Whether layer `l` is a sliding layer by the config (layer_types, the
  * pattern), whether or not its window is shorter than the context. */
 int model_config_layer_slides(const struct model_config *c, int layer);
+/* The window every layer slides over, when all do (Mistral with
+ * sliding_window); 0 when some layer attends to the whole context. */
+int model_config_all_window(const struct model_config *c);
 
 /* Whether layer `l` has a mixture-of-experts MLP. */
 int model_config_layer_is_moe(const struct model_config *cfg, int layer);

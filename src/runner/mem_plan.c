@@ -33,12 +33,22 @@ size_t mem_plan_runner_bytes(long T, long S, long max_context, int page_size, lo
     return b;
 }
 
+long mem_plan_window_tokens(int window, int page_size) {
+    long ps = page_size > 0 ? page_size : 1;
+    return 2 * (long)window + 2 * ps;
+}
+
 int mem_plan_compute(const struct mem_plan_in *in, struct mem_plan *p, struct kiln_error *err) {
     *p = (struct mem_plan){.weights = in->weights};
     p->fraction = in->mem_fraction_static > 0 ? in->mem_fraction_static : 0.88;
     p->counted = in->activations + in->runner + in->workspace + MEM_PLAN_HEADROOM;
-    long most = in->max_context * (long)(in->max_running_requests > 0 ? in->max_running_requests : 1);
+    long seqs = in->max_running_requests > 0 ? in->max_running_requests : 1;
     long chunk = in->chunked_prefill_size > 0 ? in->chunked_prefill_size : in->max_context;
+    long most = in->max_context * seqs;
+    if (in->window > 0) {
+        long per_seq = mem_plan_window_tokens(in->window, in->page_size);
+        if (per_seq < in->max_context) most = per_seq * seqs + chunk;
+    }
     p->need_tokens = (chunk < in->max_context ? chunk : in->max_context) + 1;
     size_t per = in->kv_token_bytes ? in->kv_token_bytes : 1;
     if (in->kv_tokens > 0) {

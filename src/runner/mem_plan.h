@@ -17,7 +17,10 @@
  * keeps back the count instead, so nothing allocated after start-up falls
  * outside the plan. The pool is capped at what every running request at
  * full context could use, and refused when it cannot hold one prefill
- * chunk plus a token.
+ * chunk plus a token. When every layer slides over a window W (`window`),
+ * a running request keeps at most mem_plan_window_tokens of KV (the
+ * scheduler returns the pages its window left), so the cap is that per
+ * request plus one prefill chunk.
  *
  * Without a device that reports its memory (the CPU), the pool is up to
  * 2 GiB. A given kv_tokens (--max-total-tokens) overrides the plan. */
@@ -39,6 +42,7 @@ struct mem_plan_in {
     size_t kv_token_bytes; /* KV bytes a token takes (every layer) */
     long max_context;
     int max_running_requests, chunked_prefill_size;
+    int window, page_size; /* every layer's sliding window (0: none), the pool's page size */
     /* the counts (model_config_weight_bytes + derived, model_activation_bytes,
      * mem_plan_runner_bytes, backend_ops.workspace_bytes) */
     size_t weights, activations, runner, workspace;
@@ -53,6 +57,13 @@ struct mem_plan {
     long need_tokens; /* the least pool that serves: one prefill chunk and a token */
     double fraction;  /* mem_fraction_static used */
 };
+
+/* The most KV tokens a running request of a model whose every layer
+ * slides over `window` keeps at once, chunk aside: its window, the page
+ * its window starts in, the page it writes, and a prefix of up to one
+ * window that the prefix cache shares (locked until the window has passed
+ * it). A prefill chunk adds its own tokens. */
+long mem_plan_window_tokens(int window, int page_size);
 
 /* Fills *p; -1 with a message giving the numbers and what to change when
  * the pool cannot hold need_tokens. */

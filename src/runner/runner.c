@@ -112,6 +112,7 @@ static int plan_kv_tokens(const struct runner *r, const struct runner_options *o
         .kv_token_bytes = per_token, .max_context = r->max_context,
         .max_running_requests = o->max_running_requests,
         .chunked_prefill_size = o->chunked_prefill_size,
+        .window = model_config_all_window(c), .page_size = r->page_size,
         .weights = model_weight_bytes(m) + model_config_derived_bytes(c),
         .activations = model_activation_bytes(c, r->max_batch_tokens, r->max_context),
         .runner = mem_plan_runner_bytes(r->max_batch_tokens, r->max_seqs, r->max_context,
@@ -196,7 +197,10 @@ static int create_pool(struct runner *r, const struct runner_options *o, size_t 
     if (plan_kv_tokens(r, o ? o : &none, per_token, free_before, &tokens, err)) return -1;
     if (r->ctrl && r->ctrl->size > 1 && runner_ctrl_agree(r, &tokens, err)) return -1;
     int n_pages = (int)((tokens + r->page_size - 1) / r->page_size);
-    return kv_pool_init(&r->kv, r->be, layout, nl, r->page_size, n_pages, err);
+    int window = model_config_all_window(model_config(m));
+    if (window > 0) n_pages++; /* the zero page (kv_pool_set_window) */
+    if (kv_pool_init(&r->kv, r->be, layout, nl, r->page_size, n_pages, err)) return -1;
+    return window > 0 ? kv_pool_set_window(&r->kv, window, err) : 0;
 }
 
 int runner_create(struct runner **out, struct model *m, const struct runner_options *ro,
@@ -345,12 +349,21 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
              t_load, t_kv, t_warm, t_weights,
              (double)model_weight_bytes(m) / 1e9 / (t_weights > 0 ? t_weights : 1e-9), t_wait);
     const struct model_config *c = model_config(m);
-    long pool_tokens = (long)r->kv.n_pages * r->page_size;
+    long pool_tokens = (long)kv_pool_usable(&r->kv) * r->page_size;
     size_t per_token = kv_pool_page_bytes(r->kv.layout, r->kv.n_layers, 1, r->kv.dtype);
     log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%s, %.1f MiB, page size %d)",
              model_dir, model_arch_name(c->arch), c->n_layers, r->max_context, pool_tokens,
              dtype_name(r->kv.dtype), (double)per_token * (double)pool_tokens / 1048576.0,
              r->page_size);
+    if (r->kv.window > 0) {
+        long per_seq = mem_plan_window_tokens(r->kv.window, r->page_size);
+        long ctx = r->max_context;
+        log_info("sliding window of %d on every layer: the pages before a sequence's window return "
+                 "to the pool, so a sequence keeps at most %ld tokens of KV beside its prefill "
+                 "chunk; the pool holds %ld sequences at full context (%ld without the window)",
+                 r->kv.window, per_seq < ctx ? per_seq : ctx,
+                 pool_tokens / (per_seq < ctx ? per_seq : ctx), pool_tokens / ctx);
+    }
     if (c->shard.dp_size > 1) /* each group's ranks keep their own requests' KV only */
         log_info("DP attention: %d groups of %d ranks, a KV cache of %ld tokens each: %ld tokens in all",
                  c->shard.dp_size, c->shard.attn_tp_size, pool_tokens, pool_tokens * c->shard.dp_size);

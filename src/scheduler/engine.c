@@ -45,7 +45,11 @@ uint64_t engine_submit(struct engine *e, const struct engine_request *in, struct
         if (in->label_ids[i] < 0 || in->label_ids[i] >= e->vocab)
             return kiln_errorf(err, "label token id %d is outside the vocabulary of %d",
                                in->label_ids[i], e->vocab), 0;
+    /* with a window (every layer slides) a request keeps at most
+     * window_tokens of KV beside a prefill chunk, whatever its length */
+    long most = e->window ? (long)e->window_tokens + e->opt.chunked_prefill_size : e->pool_tokens;
     long room = e->context_length < e->pool_tokens ? e->context_length : e->pool_tokens;
+    if (e->window && most < e->pool_tokens) room = e->context_length;
     struct engine_request r = *in;
     if (r.score) r.max_new_tokens = 0;
     if (r.max_new_tokens < 0) r.max_new_tokens = (int)(room - r.n_prompt);
@@ -55,7 +59,9 @@ uint64_t engine_submit(struct engine *e, const struct engine_request *in, struct
     if ((long)r.n_prompt + r.max_new_tokens > e->context_length)
         return kiln_errorc(err, KILN_ERR_TOO_LARGE, "the prompt (%d tokens) plus max_tokens (%d) exceed the context "
                                 "length of %d", r.n_prompt, r.max_new_tokens, e->context_length), 0;
-    if ((long)r.n_prompt + r.max_new_tokens + e->page_size > e->pool_tokens)
+    long keeps = (long)r.n_prompt + r.max_new_tokens + e->page_size;
+    if (e->window && keeps > most + e->page_size) keeps = most + e->page_size;
+    if (keeps > e->pool_tokens)
         return kiln_errorc(err, KILN_ERR_TOO_LARGE, "the prompt (%d tokens) plus max_tokens (%d) can never fit the KV "
                                 "cache of %ld tokens", r.n_prompt, r.max_new_tokens, e->pool_tokens), 0;
     if (!r.score && e->opt.sampling_defaults == ENGINE_SAMPLING_DEFAULTS_MODEL)
@@ -185,7 +191,7 @@ static void log_step(struct engine *e) {
     const struct sched_step_info *si = &e->step_info;
     long total = 0, avail = 0; /* every DP attention group's pool */
     for (int g = 0; g < e->dp_size; g++) {
-        total += e->gkv[g]->n_pages;
+        total += kv_pool_usable(e->gkv[g]);
         avail += kv_pool_available(e->gkv[g]) + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
     }
     long used = total - avail;

@@ -37,6 +37,9 @@ struct engine {
     char *model_name;
     int vocab, context_length, page_size;
     long pool_tokens;
+    /* every layer's sliding window (kv_pool.window; 0: none) and the most
+     * KV a running request then keeps beside its chunk (mem_plan_window_tokens) */
+    int window, window_tokens;
     /* requests' unset sampling fields come from here (engine_sampling_defaults) */
     struct sampling_params sampling_defaults;
     unsigned sampling_defaults_mask;

@@ -5,7 +5,10 @@
  *
  * KV ownership: pages[0 .. n_pages) cover positions [0, n_pages*page_size).
  * The first n_tree_tokens positions are backed by pages the radix cache
- * owns (locked through lock_node); the rest belong to the request.
+ * owns (locked through lock_node); the rest belong to the request. When
+ * every layer slides (kv_pool.window), pages[0 .. n_dropped) are the
+ * pool's zero page: the request's window has left them and their pages
+ * went back (n_dropped > 0 only once n_tree_tokens is 0).
  */
 #ifndef KILN_SCHEDULER_REQUEST_H
 #define KILN_SCHEDULER_REQUEST_H
@@ -34,6 +37,7 @@ struct req {
     int32_t *pages;
     int n_pages, cap_pages;
     int n_tree_tokens;
+    int n_dropped;
     struct radix_node *lock_node;
     /* DP attention (engine_options.par->dp_size > 1): the group that holds
      * the request's KV and computes its attention, chosen at sched_enqueue

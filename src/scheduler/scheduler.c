@@ -16,6 +16,17 @@
  * room for the decode tokens the running requests will still need (half of
  * their remaining max_tokens, capped), so retraction stays the exception.
  *
+ * Sliding windows (every layer slides over W, kv_pool.window): after each
+ * step, the pages wholly before a running request's window (positions
+ * before n_computed - W + 1) go back to the pool and its page table points
+ * there at the zero page. The prefix cache then holds prefixes of at most
+ * W tokens, inserted while the request still has all its pages; the
+ * request keeps them locked until its window has passed them all, then
+ * unlocks them (they stay cached, evictable) and drops its own pages from
+ * then on. So a request keeps at most about 2W tokens of KV beside its
+ * chunk, whatever its length, and admission reserves no decode room past
+ * that.
+ *
  * DP attention (dp_size groups): each group has its own page ids, free
  * list and prefix cache (engine_internal.h, gkv and grx), as large as one
  * rank's pool, so the job caches dp_size times the tokens of one pool.
@@ -32,6 +43,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "cache/radix.h"
+#include "runner/mem_plan.h"
 #include "sample/sampling.h"
 #include "scheduler/engine_internal.h"
 #include "tensor/backend.h"
@@ -74,6 +86,15 @@ static int pages_for(const struct engine *e, int tokens) {
     return (tokens + e->page_size - 1) / e->page_size;
 }
 
+/* The part of r's computed tokens the prefix cache may hold: every full
+ * page, or with a window the first W tokens' while none was dropped. */
+static int cacheable(const struct engine *e, const struct req *r) {
+    int ps = e->page_size, aligned = r->n_computed / ps * ps;
+    if (!e->window) return aligned;
+    int cap = e->window / ps * ps;
+    return r->n_dropped ? 0 : aligned < cap ? aligned : cap;
+}
+
 /* Gives the request's KV back: computed full pages go to the radix cache
  * (unlocked, evictable), everything else to the pool. */
 static void release_kv(struct engine *e, struct req *r) {
@@ -81,7 +102,7 @@ static void release_kv(struct engine *e, struct req *r) {
     struct kv_pool *kv = e->gkv[r->dp_group];
     struct radix_tree *rx = e->grx[r->dp_group];
     if (rx) {
-        int aligned = r->n_computed / ps * ps;
+        int aligned = cacheable(e, r);
         keep = r->n_tree_tokens / ps;
         if (aligned > r->n_tree_tokens) {
             struct radix_node *node;
@@ -92,8 +113,10 @@ static void release_kv(struct engine *e, struct req *r) {
         }
         if (r->lock_node) radix_unlock(rx, r->lock_node);
     }
+    if (keep < r->n_dropped) keep = r->n_dropped; /* the zero page stands there */
     kv_pool_release(kv, r->pages + keep, r->n_pages - keep);
     r->n_pages = 0;
+    r->n_dropped = 0;
     r->n_tree_tokens = 0;
     r->lock_node = NULL;
     r->n_computed = 0;
@@ -102,7 +125,7 @@ static void release_kv(struct engine *e, struct req *r) {
 /* After a prefill chunk: the computed full pages join the radix cache now,
  * so requests arriving meanwhile can share them. */
 static void cache_unfinished(struct engine *e, struct req *r) {
-    int ps = e->page_size, aligned = r->n_computed / ps * ps;
+    int ps = e->page_size, aligned = cacheable(e, r);
     struct radix_tree *rx = e->grx[r->dp_group];
     if (!rx || aligned <= r->n_tree_tokens) return;
     struct radix_node *node;
@@ -116,6 +139,29 @@ static void cache_unfinished(struct engine *e, struct req *r) {
     if (r->lock_node) radix_unlock(rx, r->lock_node);
     r->lock_node = node;
     r->n_tree_tokens = aligned;
+}
+
+/* After a step (every layer slides over W): the pages wholly before the
+ * window of r's next position, n_computed, go back; the cached prefix is
+ * unlocked once the window has left all of it. */
+static void window_drop(struct engine *e, struct req *r) {
+    int ps = e->page_size, first = r->n_computed - e->window + 1;
+    if (!e->window || first < ps) return;
+    int dead = first / ps;
+    if (dead > r->n_pages) dead = r->n_pages;
+    if (dead <= r->n_dropped) return;
+    struct kv_pool *kv = e->gkv[r->dp_group];
+    if (r->n_tree_tokens > 0) {
+        if (dead * ps < r->n_tree_tokens) return; /* the window still reads the cached prefix */
+        radix_unlock(e->grx[r->dp_group], r->lock_node);
+        r->lock_node = NULL;
+        r->n_dropped = r->n_tree_tokens / ps;
+        r->n_tree_tokens = 0;
+        for (int i = 0; i < r->n_dropped; i++) r->pages[i] = kv->zero_page;
+    }
+    kv_pool_release(kv, r->pages + r->n_dropped, dead - r->n_dropped);
+    for (int i = r->n_dropped; i < dead; i++) r->pages[i] = kv->zero_page;
+    r->n_dropped = dead;
 }
 
 /* Group g's free pages, counting its prefix cache's evictable ones. */
@@ -262,6 +308,14 @@ static int remaining_reserve(const struct req *r) {
     int rem = r->max_new_tokens - r->n_output;
     if (rem > RESERVE_CAP_TOKENS) rem = RESERVE_CAP_TOKENS;
     return rem > 0 ? rem / 2 : 0;
+}
+
+/* The pages admission keeps back for r's coming decode tokens, r having
+ * `at` tokens: with a window, none past the most it keeps. */
+static int reserve_pages(const struct engine *e, const struct req *r, int at) {
+    int rem = remaining_reserve(r);
+    if (e->window && rem > e->window_tokens - at) rem = e->window_tokens > at ? e->window_tokens - at : 0;
+    return (rem + e->page_size - 1) / e->page_size;
 }
 
 static int shares_prefix(const struct req *a, const struct req *b, int from, int ps) {
@@ -447,6 +501,7 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
         r->n_computed = e->b_to[s];
         if (r->n_computed < r->n_tokens) { /* an intermediate prefill chunk */
             cache_unfinished(e, r);
+            window_drop(e, r);
             continue;
         }
         /* with device sampling, only rows that wanted logits have them
@@ -464,6 +519,7 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             continue;
         }
         if (prefill) cache_unfinished(e, r);
+        window_drop(e, r);
         struct sample_result res;
         if (on_device) {
             memset(&res, 0, sizeof res);
@@ -627,7 +683,7 @@ void sched_step(struct engine *e) {
     unsigned char *full = e->g_full;
     memset(reserve, 0, (size_t)e->dp_size * sizeof *reserve);
     memset(full, 0, (size_t)e->dp_size);
-    for (struct req *r = e->running; r; r = r->next) reserve[r->dp_group] += pages_for(e, remaining_reserve(r));
+    for (struct req *r = e->running; r; r = r->next) reserve[r->dp_group] += reserve_pages(e, r, r->n_tokens);
     int first_admitted = p.n_seqs;
     struct req *next;
     for (struct req *r = e->waiting; r && budget > 0; r = next) {
@@ -647,8 +703,7 @@ void sched_step(struct engine *e) {
         if (rx) matched = radix_match(rx, r->salt, r->tokens, lim, e->match_pages, &node);
         int take = lp_take(r, matched, r->n_tokens - matched < budget ? r->n_tokens - matched : budget, lp_left);
         if (take <= 0) break;
-        int need = pages_for(e, matched + take) - matched / ps +
-                   pages_for(e, remaining_reserve(r)) + reserve[g];
+        int need = pages_for(e, matched + take) - matched / ps + reserve_pages(e, r, matched + take) + reserve[g];
         /* the matched pages stop being evictable once locked */
         int avail = available_pages(e, g);
         if (rx && node) {
@@ -685,7 +740,7 @@ void sched_step(struct engine *e) {
         e->step_info.cached_tokens += matched;
         lp_left -= lp_rows(r, matched, matched + take, &(int){0});
         budget -= take;
-        reserve[g] += pages_for(e, remaining_reserve(r));
+        reserve[g] += reserve_pages(e, r, matched + take);
     }
     /* A group whose running requests hold all its memory mid-prefill (none
      * ran, and not for want of prefill budget): free the one with the least
@@ -710,7 +765,7 @@ void sched_publish_stats(struct engine *e) {
     s.running = e->n_running;
     s.waiting = e->n_waiting;
     for (int g = 0; g < e->dp_size; g++) { /* every group's pages, all of them the job's */
-        s.kv_pages_total += e->gkv[g]->n_pages;
+        s.kv_pages_total += kv_pool_usable(e->gkv[g]);
         s.kv_pages_free += kv_pool_available(e->gkv[g]);
         s.kv_pages_cached += e->grx[g] ? radix_total_pages(e->grx[g]) : 0;
     }
@@ -742,7 +797,8 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     if (o->moe_count) model_moe_count_set(e->model, 1, 1);
     e->vocab = model_config(e->model)->vocab_size;
     e->context_length = model_max_context(e->model);
-    e->pool_tokens = (long)e->kv->n_pages * e->page_size; /* one group's: what one request can have */
+    e->pool_tokens = (long)kv_pool_usable(e->kv) * e->page_size; /* one group's: what one request can have */
+    if ((e->window = e->kv->window) > 0) e->window_tokens = (int)mem_plan_window_tokens(e->window, e->page_size);
     e->dp_size = e->opt.par && e->opt.par->dp_size > 1 ? e->opt.par->dp_size : 1;
     e->gkv = xcalloc((size_t)e->dp_size, sizeof *e->gkv);
     e->grx = xcalloc((size_t)e->dp_size, sizeof *e->grx);
@@ -750,6 +806,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     for (int g = 1; g < e->dp_size; g++) {
         e->gkv[g] = xcalloc(1, sizeof *e->gkv[g]);
         if (kv_pool_init_ids(e->gkv[g], e->page_size, e->kv->n_pages, err)) return -1;
+        if (e->window && kv_pool_set_window(e->gkv[g], e->window, err)) return -1;
     }
     for (int g = 0; g < e->dp_size && !o->disable_radix_cache; g++)
         e->grx[g] = radix_create(e->page_size, release_pages, e->gkv[g]);

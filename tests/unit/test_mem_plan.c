@@ -120,6 +120,27 @@ static void test_plan_h100(void **state) {
     assert_true(cpu.kv_bytes <= ((size_t)2 << 30) && cpu.kv_bytes + in.kv_token_bytes > ((size_t)2 << 30));
 }
 
+/* Every layer sliding over a window: a running request keeps at most
+ * mem_plan_window_tokens, so the pool's cap is that per request plus a
+ * chunk; a window as long as the context changes nothing. */
+static void test_plan_window(void **state) {
+    (void)state;
+    /* the CPU's plan (no device memory): 2 GiB of 1 KiB tokens, capped */
+    struct mem_plan_in in = {.kv_token_bytes = 1 << 10, .max_context = 1024, .max_running_requests = 8,
+                             .chunked_prefill_size = 512, .page_size = 16};
+    struct mem_plan full, win, wide;
+    struct kiln_error err = {0};
+    assert_int_equal(mem_plan_compute(&in, &full, &err), 0);
+    assert_int_equal(full.kv_tokens, 8 * 1024);
+    in.window = 128;
+    assert_int_equal(mem_plan_window_tokens(128, 16), 2 * 128 + 2 * 16);
+    assert_int_equal(mem_plan_compute(&in, &win, &err), 0);
+    assert_int_equal(win.kv_tokens, 8 * (2 * 128 + 2 * 16) + 512);
+    in.window = 1024;
+    assert_int_equal(mem_plan_compute(&in, &wide, &err), 0);
+    assert_int_equal(wide.kv_tokens, full.kv_tokens);
+}
+
 static const char *const tiny[] = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
                                    "deepseek_v2", "deepseek_v3"};
 
@@ -230,7 +251,7 @@ static void test_moe_chunks_bitwise(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_plan_h100),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_plan_h100), cmocka_unit_test(test_plan_window),
                                        cmocka_unit_test(test_weight_count_matches_load),
                                        cmocka_unit_test(test_moe_chunks_bitwise)};
     return cmocka_run_group_tests(tests, NULL, NULL);
