@@ -34,6 +34,10 @@
  *    (one stream sync per MoE layer and chunk), rows are grouped by
  *    expert, and each expert with rows runs gate/up/down through
  *    cuda_op_matmul (cuBLAS) on its contiguous block of gathered rows.
+ * Both honour the experts' biases and the clamped SwiGLU (gpt-oss,
+ * moe_experts.act): the device path in the products' epilogues
+ * (cuda_moe_act.cuh), the host path through its products' bias and an
+ * element-wise kernel for the activation.
  * Both run a long batch in equal chunks of at most backend_moe_chunk_rows
  * (token, slot) rows (tensor/backend.h), so the scratch is one chunk's,
  * whatever the prefill chunk size; every row's products are independent
