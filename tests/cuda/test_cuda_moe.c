@@ -23,6 +23,12 @@
  *   - the host path (larger batches, other shapes, fp32 experts): the ids
  *     come back to the host, cuBLAS / the GEMV per expert (1e-5 where the
  *     GEMV keeps fp32 activations, else 1e-2).
+ * Both paths again with gpt-oss's experts (32 experts, top 4): gate, up and
+ * down biases and the clamped SwiGLU (moe_experts.act, a limit that clamps
+ * a good share of the values), on every product kind of the device path
+ * (the GEMV with one-row and 8-row tiles, the mma.sync product with 16-
+ * and 64-row tiles, the wgmma product on Hopper) with its graph replay,
+ * and on the host path.
  *
  * Label gpu; fails without a GPU (run it with ctest -L gpu on the GPU machine). */
 #include <math.h>
@@ -90,9 +96,12 @@ struct experts {
     struct wpair *w; /* [3 E] */
     struct backend_weight *bw; /* [6 E]: cpu gate, up, down, gpu gate, up, down */
     struct moe_experts c, g;
+    int biased;
+    struct pair gb, ub, db; /* biased: [E][F], [E][F], [E][H] */
 };
 
-static void experts_init(struct experts *x, enum dtype dt, int E, int H, int F) {
+/* biased: gpt-oss's experts (biases, the clamped SwiGLU) */
+static void experts_init(struct experts *x, enum dtype dt, int E, int H, int F, int biased) {
     x->w = xmalloc((size_t)(3 * E) * sizeof *x->w);
     x->bw = xmalloc((size_t)(6 * E) * sizeof *x->bw);
     for (int e = 0; e < E; e++) {
@@ -103,11 +112,20 @@ static void experts_init(struct experts *x, enum dtype dt, int E, int H, int F) 
     }
     x->c = (struct moe_experts){.n_experts = E, .hidden = H, .inter = F, .gate = x->bw, .up = x->bw + E, .down = x->bw + 2 * E, .first = 0};
     x->g = (struct moe_experts){.n_experts = E, .hidden = H, .inter = F, .gate = x->bw + 3 * E, .up = x->bw + 4 * E, .down = x->bw + 5 * E, .first = 0};
+    x->biased = biased;
+    if (!biased) return;
+    x->gb = pair_rand((size_t)E * F, 0.5f), x->ub = pair_rand((size_t)E * F, 0.5f), x->db = pair_rand((size_t)E * H, 0.5f);
+    x->c.gate_bias = x->gb.h, x->c.up_bias = x->ub.h, x->c.down_bias = x->db.h;
+    x->g.gate_bias = x->gb.d, x->g.up_bias = x->ub.d, x->g.down_bias = x->db.d;
+    x->c.act = x->g.act = MOE_ACT_SWIGLU_CLAMP;
+    x->c.alpha = x->g.alpha = 1.702f;
+    x->c.limit = x->g.limit = 0.6f; /* the products' spread is ~0.7 here: many values clamp */
 }
 
 static void experts_free(struct experts *x) {
     for (int i = 0; i < 3 * x->c.n_experts; i++) weight_free(&x->w[i]);
     free(x->w), free(x->bw);
+    if (x->biased) pair_free(&x->gb), pair_free(&x->ub), pair_free(&x->db);
 }
 
 /* ids [n][K]: K distinct experts per token; skew: every token's first
@@ -126,18 +144,19 @@ static void make_ids(int32_t *ids, long n, int K, int E, int skew) {
 }
 
 /* y = moe_ffn(x) on both backends for n tokens; device: the device path
- * must serve it (and a recording of it replays on new ids and inputs). */
-static void check_moe_ffn(enum dtype dt, int E, int K, int H, int F, long n, int skew, double tol,
-                          int device) {
+ * must serve it (and a recording of it replays on new ids and inputs);
+ * biased: gpt-oss's experts. */
+static void check_ffn(enum dtype dt, int E, int K, int H, int F, long n, int skew, double tol, int device,
+                      int biased) {
     struct experts ex;
-    experts_init(&ex, dt, E, H, F);
+    experts_init(&ex, dt, E, H, F, biased);
     int32_t *ids = xmalloc((size_t)(n * K) * 4);
     make_ids(ids, n, K, E, skew);
     struct pair pid = pair_from(ids, (size_t)(n * K) * 4), w = pair_rand((size_t)(n * K), 1.0f),
                 x = pair_rand((size_t)(n * H), 1.0f), y = pair_poison((size_t)(n * H));
     int graphable = gpu.ops->moe_ffn_graphable(gpu.ctx, &ex.g, K, n);
-    printf("  moe_ffn %s E=%d K=%d H=%d F=%d n=%ld%s: %s path\n", dtype_name(dt), E, K, H, F, n,
-           skew ? " (skewed)" : "", graphable ? "device" : "host");
+    printf("  moe_ffn %s E=%d K=%d H=%d F=%d n=%ld%s%s: %s path\n", dtype_name(dt), E, K, H, F, n,
+           skew ? " (skewed)" : "", biased ? " (biases, clamped SwiGLU)" : "", graphable ? "device" : "host");
     assert_int_equal(graphable, device);
     cpu.ops->moe_ffn(cpu.ctx, y.h, x.h, (int32_t *)pid.h, w.h, K, &ex.c, n);
     gpu.ops->moe_ffn(gpu.ctx, y.d, x.d, pid.d, w.d, K, &ex.g, n);
@@ -166,6 +185,10 @@ static void check_moe_ffn(enum dtype dt, int E, int K, int H, int F, long n, int
     experts_free(&ex);
     free(ids);
     pair_free(&pid), pair_free(&w), pair_free(&x), pair_free(&y);
+}
+
+static void check_moe_ffn(enum dtype dt, int E, int K, int H, int F, long n, int skew, double tol, int device) {
+    check_ffn(dt, E, K, H, F, n, skew, tol, device, 0);
 }
 
 static void test_moe_ffn_device(void **state) {
@@ -207,6 +230,31 @@ static void test_moe_ffn_host(void **state) {
     check_moe_ffn(DTYPE_F32, 8, 2, 128, 64, 5, 0, 1e-5, 0);    /* fp32 experts */
 }
 
+/* gpt-oss's experts: biases and the clamped SwiGLU on every path */
+static void test_moe_ffn_biased(void **state) {
+    SKIP_WITHOUT_GPU();
+    /* the device path: the GEMV (one-row tiles for one token, 8-row tiles:
+     * 5 tokens give 20 rows <= 2 E), the mma.sync product (16-row tiles at
+     * 64 tokens, 64-row tiles at 200), each with its graph replay */
+    check_ffn(DTYPE_BF16, 32, 4, 256, 128, 1, 0, 1e-2, 1, 1);
+    check_ffn(DTYPE_BF16, 32, 4, 256, 128, 5, 0, 1e-2, 1, 1);
+    check_ffn(DTYPE_BF16, 32, 4, 256, 128, 64, 0, 1e-2, 1, 1);
+    check_ffn(DTYPE_BF16, 32, 4, 256, 128, 200, 0, 1e-2, 1, 1);
+    check_ffn(DTYPE_F16, 32, 4, 192, 64, 33, 0, 3e-3, 1, 1);
+    check_ffn(DTYPE_F16, 32, 4, 192, 64, 1, 0, 3e-3, 1, 1);
+    /* 32 rows an expert and more: the wgmma products on Hopper (N tails
+     * in a 128-column gate|up tile and a 256-column down tile; one
+     * expert with several tiles), the mma.sync product elsewhere */
+    check_ffn(DTYPE_BF16, 8, 2, 320, 192, 256, 0, 1e-2, 1, 1);
+    check_ffn(DTYPE_BF16, 8, 2, 128, 192, 200, 1, 1e-2, 1, 1);
+    check_ffn(DTYPE_F16, 8, 2, 192, 64, 200, 0, 3e-3, 1, 1);
+    /* the host path: the GEMV per expert (fp32 activations), cuBLAS past
+     * the device path's 256 tokens, fp32 experts */
+    check_ffn(DTYPE_BF16, 8, 2, 64, 48, 1, 0, 1e-5, 0, 1);
+    check_ffn(DTYPE_BF16, 32, 4, 128, 64, 300, 0, 1e-2, 0, 1);
+    check_ffn(DTYPE_F32, 8, 2, 128, 64, 5, 0, 1e-5, 0, 1);
+}
+
 int main(void) {
     rng_seed("test_cuda_moe");
     struct kiln_error err = {0};
@@ -218,7 +266,8 @@ int main(void) {
     have_gpu = backend_create(&gpu, "cuda", &bo, &err) == 0;
     if (!have_gpu) printf("test_cuda_moe: %s; the tests below fail\n", err.msg);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_route), cmocka_unit_test(test_moe_ffn_device),
-                                       cmocka_unit_test(test_moe_ffn_host)};
+                                       cmocka_unit_test(test_moe_ffn_host),
+                                       cmocka_unit_test(test_moe_ffn_biased)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu) backend_destroy(&gpu);
     backend_destroy(&cpu);

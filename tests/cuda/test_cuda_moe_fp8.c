@@ -24,7 +24,11 @@
  * inputs; --deterministic, where the FP8 experts stay on the device path
  * and a token's output does not depend on its batch (bitwise); and the
  * fp32-grade mode (KILN_CUDA_MATMUL=bf16x2: the GEMV with fp32 SwiGLU
- * rows) within 1e-5, fp32 sums in another order.
+ * rows) within 1e-5, fp32 sums in another order. The same cases again
+ * with gpt-oss's experts (32 experts, top 4: gate, up and down biases and
+ * the clamped SwiGLU, a limit that clamps a good share of the values) on
+ * the GEMV (one-row and 8-row tiles) and the mma product (16- and 64-row
+ * tiles), with a graph replay.
 
  *
  * Label gpu; fails without a GPU (run it with ctest -L gpu on the GPU machine). */
@@ -55,6 +59,9 @@ static struct backend det, x2;
 /* the weights' block size: 128x128 as in the real checkpoints unless a
  * case sets another (the tiny oracle models' 32x32) */
 static int BR = 128, BC = 128;
+
+/* gpt-oss's experts (biases, the clamped SwiGLU) where a case sets it */
+static int BIASED = 0;
 
 /* An FP8 weight on both backends: random values in ±amp quantized per
  * block with a scale of amax / 448 times a random factor in [1, 2) (so
@@ -109,6 +116,8 @@ struct experts {
     struct fp8w *w;            /* [3 E] gate, up, down */
     struct backend_weight *bw; /* [12 E]: cpu, gpu, det, x2 × gate, up, down */
     struct moe_experts c, g, d, x;
+    float *bh;   /* BIASED: the biases [E][F] gate, [E][F] up, [E][H] down; NULL: none */
+    void *bd[3]; /* their copies on gpu, det, x2 */
 };
 
 static void experts_init(struct experts *x, int E, int H, int F) {
@@ -130,11 +139,35 @@ static void experts_init(struct experts *x, int E, int H, int F) {
     x->g = (struct moe_experts){.n_experts = E, .hidden = H, .inter = F, .gate = b + 3 * E, .up = b + 4 * E, .down = b + 5 * E, .first = 0};
     x->d = (struct moe_experts){.n_experts = E, .hidden = H, .inter = F, .gate = b + 6 * E, .up = b + 7 * E, .down = b + 8 * E, .first = 0};
     x->x = (struct moe_experts){.n_experts = E, .hidden = H, .inter = F, .gate = b + 9 * E, .up = b + 10 * E, .down = b + 11 * E, .first = 0};
+    x->bh = NULL;
+    if (!BIASED) return;
+    size_t nb = (size_t)E * (size_t)(2 * F + H);
+    x->bh = rand_floats(nb, 0.5f);
+    struct backend *bs[3] = {&gpu, &det, &x2};
+    struct moe_experts *ms[4] = {&x->c, &x->g, &x->d, &x->x};
+    for (int i = 0; i < 4; i++) {
+        const float *base = x->bh;
+        if (i) {
+            struct backend *be = bs[i - 1];
+            x->bd[i - 1] = be->ops->alloc(be->ctx, nb * 4);
+            assert_non_null(x->bd[i - 1]);
+            be->ops->upload(be->ctx, x->bd[i - 1], x->bh, nb * 4);
+            be->ops->synchronize(be->ctx);
+            base = x->bd[i - 1];
+        }
+        ms[i]->gate_bias = base, ms[i]->up_bias = base + (size_t)E * F, ms[i]->down_bias = base + (size_t)2 * E * F;
+        ms[i]->act = MOE_ACT_SWIGLU_CLAMP;
+        ms[i]->alpha = 1.702f;
+        ms[i]->limit = 0.6f; /* the products' spread is ~0.7 here: many values clamp */
+    }
 }
 
 static void experts_free(struct experts *x) {
     for (int i = 0; i < 3 * x->c.n_experts; i++) fp8w_free(&x->w[i]);
     free(x->w), free(x->bw);
+    if (!x->bh) return;
+    gpu.ops->free(gpu.ctx, x->bd[0]), det.ops->free(det.ctx, x->bd[1]), x2.ops->free(x2.ctx, x->bd[2]);
+    free(x->bh);
 }
 
 /* ids [n][K + fused]: K distinct routed experts of [0, E_routed) per
@@ -170,8 +203,8 @@ static void check(int E_routed, int K, int fused, int H, int F, long n, int grap
     struct pair pid = pair_from(ids, (size_t)(n * W) * 4), w = pair_from(wts, (size_t)(n * W) * 4),
                 x = pair_rand((size_t)(n * H), 1.0f), y = pair_poison((size_t)(n * H));
     int graphable = gpu.ops->moe_ffn_graphable(gpu.ctx, &ex.g, W, n);
-    printf("  moe_ffn fp8 E=%d%s K=%d H=%d F=%d n=%ld blocks %dx%d\n", E_routed, fused ? "+1 fused" : "", K, H, F, n,
-           BR, BC);
+    printf("  moe_ffn fp8 E=%d%s K=%d H=%d F=%d n=%ld blocks %dx%d%s\n", E_routed, fused ? "+1 fused" : "", K, H, F, n,
+           BR, BC, BIASED ? " (biases, clamped SwiGLU)" : "");
     assert_int_equal(graphable, 1); /* FP8 experts run on the device path only */
     cpu.ops->moe_ffn(cpu.ctx, y.h, x.h, (int32_t *)pid.h, w.h, W, &ex.c, n);
     gpu.ops->moe_ffn(gpu.ctx, y.d, x.d, pid.d, w.d, W, &ex.g, n);
@@ -293,6 +326,21 @@ static void test_moe_fp8_deterministic(void **state) {
     experts_free(&ex);
 }
 
+/* gpt-oss's experts: biases and the clamped SwiGLU on the GEMV and the
+ * mma product, each with the fp32-grade mode's check */
+static void test_moe_fp8_biased(void **state) {
+    SKIP_WITHOUT_GPU();
+    BIASED = 1;
+    check(32, 4, 0, 320, 192, 1, 1);   /* GEMV, one-row tiles */
+    check(32, 4, 0, 320, 192, 5, 0);   /* GEMV, 8-row tiles (20 rows <= 2 E) */
+    check(32, 4, 0, 320, 192, 64, 1);  /* mma, 16-row tiles */
+    check(32, 4, 0, 320, 192, 300, 0); /* mma, 64-row tiles */
+    BR = BC = 32;
+    check(16, 4, 0, 64, 32, 300, 0); /* inter 32: the GEMV at every batch */
+    BR = BC = 128;
+    BIASED = 0;
+}
+
 int main(void) {
     rng_seed("test_cuda_moe_fp8");
     (void)weight_rand, (void)weight_free; /* cuda_test_pairs.h's 16-bit weights: not used here */
@@ -310,7 +358,8 @@ int main(void) {
     if (!have_gpu) printf("test_cuda_moe_fp8: %s; the tests below fail\n", err.msg);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_fp8_small_m), cmocka_unit_test(test_moe_fp8_mma),
                                        cmocka_unit_test(test_moe_fp8_gemv_only),
-                                       cmocka_unit_test(test_moe_fp8_deterministic)};
+                                       cmocka_unit_test(test_moe_fp8_deterministic),
+                                       cmocka_unit_test(test_moe_fp8_biased)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu) backend_destroy(&x2), backend_destroy(&det), backend_destroy(&gpu);
     backend_destroy(&cpu);

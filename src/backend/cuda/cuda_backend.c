@@ -344,6 +344,7 @@ static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .sliding_window = 1,
     .attention_sinks = 1,
+    .moe_bias_act = 1, /* cuda_moe.cu: every path, the epilogues of cuda_moe_act.cuh */
     .fp8_weights = 1,
     .destroy = cuda_destroy,
     .reserve = cuda_reserve,

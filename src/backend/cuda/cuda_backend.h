@@ -442,12 +442,15 @@ size_t cuda_weight_slab_bytes(const struct cuda_ctx *c);
  * row p, or row order[p] / top_k where order is not NULL. Without w_b,
  * y (fp32, stride ldy) = x16 · w_a[expert]ᵀ, N = the weights' rows; with
  * w_b (glu), y (16-bit, stride ldy) = silu(x16 · w_aᵀ) · (x16 · w_bᵀ),
- * N = the inner size. w_a, w_b: device arrays of per-expert pointers. */
+ * N = the inner size. w_a, w_b: device arrays of per-expert pointers.
+ * e (NULL: none) gives the experts' biases and activation (struct
+ * moe_experts): with glu its gate and up biases and act, without its
+ * down bias (cuda_moe_act.cuh); the same for the GEMV and FP8 products. */
 int cuda_gemm_small_grouped_ok(long N, long K, int glu);
 void cuda_gemm_small_grouped(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *y, long ldy,
                              const void *x16, long ldx, const int32_t *order, int top_k,
                              const void *const *w_a, const void *const *w_b, const void *tiles,
-                             const int *n_tiles, long max_tiles, long N, long K);
+                             const int *n_tiles, long max_tiles, long N, long K, const struct moe_experts *e);
 /* The experts' products for a few rows per expert (cuda_moe_gemv.cu): the
  * tile list of cuda_gemm_small_grouped with tiles of tile_rows (1, 4 or 8)
  * rows; h [rows][F] (dt) = silu(x·gateᵀ)·(x·upᵀ) with sorted row p reading
@@ -456,7 +459,8 @@ void cuda_gemm_small_grouped(struct cuda_ctx *c, enum dtype dt, int tile_rows, v
 int cuda_moe_gemv_ok(long hidden, long inter, const float *x);
 void cuda_moe_gemv(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *h, float *out,
                    const float *x, long H, long F, const int32_t *order, int top_k,
-                   void *const *tab, long E, const void *tiles, const int *n_tiles, long max_tiles);
+                   void *const *tab, long E, const void *tiles, const int *n_tiles, long max_tiles,
+                   const struct moe_experts *e);
 /* The experts' products with FP8 experts (cuda_moe_fp8.cu), over the same
  * tile list: tab is the device table [gate E][up E][down E][their scales
  * 3 E] (cuda_moe.cu); h [rows][F] bf16 (gemv with h32: fp32), out
@@ -467,10 +471,10 @@ int cuda_moe_fp8_ok(long hidden, long inter, int block_rows, int block_cols);
 int cuda_moe_fp8_mma_ok(long hidden, long inter);
 void cuda_moe_fp8_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H, long F,
                        const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
-                       const int *n_tiles, long max_tiles, int br, int bc, int h32);
+                       const int *n_tiles, long max_tiles, int br, int bc, int h32, const struct moe_experts *e);
 void cuda_moe_fp8_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16, long H, long F,
                           const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
-                          const int *n_tiles, long max_tiles, int br, int bc);
+                          const int *n_tiles, long max_tiles, int br, int bc, const struct moe_experts *e);
 /* The NCCL communicator (cuda_nccl.c): backend_ops.comm_id / comm_init. */
 int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err);
 int cuda_comm_init(void *ctx, struct dist_comm *c, int rank, int size, const void *id, size_t id_len,

@@ -30,8 +30,10 @@
  *    with that expert's weight, and CTAs past the list's device count
  *    return at once, so the grid is sized by a bound. No K split.
  *  - With `glu`, the CTA's 64 weight rows are 32 rows of the expert's gate
- *    and the same 32 of its up (warps 0-1 and 2-3), and the epilogue writes
- *    silu(g)·u in 16 bits: the down product's operand.
+ *    and the same 32 of its up (warps 0-1 and 2-3), and the epilogue adds
+ *    the experts' gate and up biases and writes the activation (silu(g)·u
+ *    or the clamped SwiGLU, cuda_moe_act.cuh) in 16 bits: the down
+ *    product's operand. Without, the epilogue adds the down bias.
  *  - Programmatic dependent launch (cuda_pdl.cuh): the weight tiles of the
  *    first STAGES-1 steps are issued before pdl_wait (weights are never
  *    written by kernels), the activations after it.
@@ -42,7 +44,7 @@
 
 #include <type_traits>
 
-#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_moe_act.cuh"
 
 namespace {
 
@@ -66,6 +68,7 @@ struct grouped {
     const int32_t *order;   /* NULL: x holds the sorted rows; else sorted row p reads
                                x row order[p] / top_k */
     int top_k;
+    struct moe_epi ep;      /* biases and activation (glu: gate, up; else down) */
 };
 
 enum { MODE_GROUPED, MODE_GLU };
@@ -209,12 +212,12 @@ gemm_small_kernel(float *y, long ldy, const T *__restrict__ x, long ldx, int N, 
             for (int q = 0; q < 4; q++) u[q] = xs[((warp * MT + j) * 4 + q) * 32 + lane];
             int m = j * 8 + 2 * (lane & 3);
             if (m < M) {
-                if (nA < N) store16(h + (long)m * ldy + nA, silu_mul_f32(acc[j][0], u[0]));
-                if (nB < N) store16(h + (long)m * ldy + nB, silu_mul_f32(acc[j][2], u[2]));
+                if (nA < N) store16(h + (long)m * ldy + nA, moe_glu_f32(g.ep, t.x, nA, N, acc[j][0], u[0]));
+                if (nB < N) store16(h + (long)m * ldy + nB, moe_glu_f32(g.ep, t.x, nB, N, acc[j][2], u[2]));
             }
             if (m + 1 < M) {
-                if (nA < N) store16(h + (long)(m + 1) * ldy + nA, silu_mul_f32(acc[j][1], u[1]));
-                if (nB < N) store16(h + (long)(m + 1) * ldy + nB, silu_mul_f32(acc[j][3], u[3]));
+                if (nA < N) store16(h + (long)(m + 1) * ldy + nA, moe_glu_f32(g.ep, t.x, nA, N, acc[j][1], u[1]));
+                if (nB < N) store16(h + (long)(m + 1) * ldy + nB, moe_glu_f32(g.ep, t.x, nB, N, acc[j][3], u[3]));
             }
         }
         return;
@@ -225,12 +228,12 @@ gemm_small_kernel(float *y, long ldy, const T *__restrict__ x, long ldx, int N, 
     for (int j = 0; j < MT; j++) {
         int m = j * 8 + 2 * (lane & 3);
         if (m < M) {
-            if (nA < N) y[(long)m * ldy + nA] = acc[j][0] + 0.0f;
-            if (nB < N) y[(long)m * ldy + nB] = acc[j][2] + 0.0f;
+            if (nA < N) y[(long)m * ldy + nA] = moe_down_f32(g.ep, t.x, nA, N, acc[j][0]) + 0.0f;
+            if (nB < N) y[(long)m * ldy + nB] = moe_down_f32(g.ep, t.x, nB, N, acc[j][2]) + 0.0f;
         }
         if (m + 1 < M) {
-            if (nA < N) y[(long)(m + 1) * ldy + nA] = acc[j][1] + 0.0f;
-            if (nB < N) y[(long)(m + 1) * ldy + nB] = acc[j][3] + 0.0f;
+            if (nA < N) y[(long)(m + 1) * ldy + nA] = moe_down_f32(g.ep, t.x, nA, N, acc[j][1]) + 0.0f;
+            if (nB < N) y[(long)(m + 1) * ldy + nB] = moe_down_f32(g.ep, t.x, nB, N, acc[j][3]) + 0.0f;
         }
     }
 }
@@ -281,8 +284,9 @@ extern "C" int cuda_gemm_small_grouped_ok(long N, long K, int glu) {
 extern "C" void cuda_gemm_small_grouped(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *y, long ldy,
                                         const void *x16, long ldx, const int32_t *order, int top_k,
                                         const void *const *w_a, const void *const *w_b, const void *tiles,
-                                        const int *n_tiles, long max_tiles, long N, long K) {
-    struct grouped g = {w_a, w_b, (const int4 *)tiles, n_tiles, order, top_k};
+                                        const int *n_tiles, long max_tiles, long N, long K,
+                                        const struct moe_experts *e) {
+    struct grouped g = {w_a, w_b, (const int4 *)tiles, n_tiles, order, top_k, moe_epi_of(e)};
     if (max_tiles <= 0) return;
     if (dt == DTYPE_BF16) dispatch_grouped<__nv_bfloat16>(c, tile_rows, y, ldy, x16, ldx, g, max_tiles, N, K);
     else dispatch_grouped<__half>(c, tile_rows, y, ldy, x16, ldx, g, max_tiles, N, K);

@@ -34,6 +34,10 @@
  *    (one stream sync per MoE layer and chunk), rows are grouped by
  *    expert, and each expert with rows runs gate/up/down through
  *    cuda_op_matmul (cuBLAS) on its contiguous block of gathered rows.
+ * Both honour the experts' biases and the clamped SwiGLU (gpt-oss,
+ * moe_experts.act): the device path in the products' epilogues
+ * (cuda_moe_act.cuh), the host path through its products' bias and an
+ * element-wise kernel for the activation.
  * Both run a long batch in equal chunks of at most backend_moe_chunk_rows
  * (token, slot) rows (tensor/backend.h), so the scratch is one chunk's,
  * whatever the prefill chunk size; every row's products are independent
@@ -46,7 +50,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_moe_act.cuh"
 #include "tensor/route_uniform.h"
 
 enum { MOE_MAX_EXPERTS = 1024 };
@@ -564,21 +568,28 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
 #endif
     int br = e->gate[0].block_rows, bc = e->gate[0].block_cols;
     if (fp8 && gemv) {
-        cuda_moe_fp8_gemv(c, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, h32);
+        cuda_moe_fp8_gemv(c, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, h32, e);
     } else if (fp8) {
-        cuda_moe_fp8_grouped(c, bm, h, out, x16, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc);
+        cuda_moe_fp8_grouped(c, bm, h, out, x16, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, e);
     } else if (gemv) {
-        cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles);
+        cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, e);
     } else {
         cuda_gemm_small_grouped(c, dt, bm, h, F, x16, H, order, top_k, (const void *const *)tab,
-                                (const void *const *)(tab + E), tiles, n_tiles, max_tiles, F, H);
+                                (const void *const *)(tab + E), tiles, n_tiles, max_tiles, F, H, e);
         cuda_gemm_small_grouped(c, dt, bm, out, H, h, F, NULL, 1, (const void *const *)(tab + 2 * E), NULL, tiles,
-                                n_tiles, max_tiles, H, F);
+                                n_tiles, max_tiles, H, F, e);
     }
     moe_combine(c, true, y, out, where, weights, top_k, n, H);
 }
 
 /* ---- host path -------------------------------------------------------------- */
+
+/* g[i] = the clamped SwiGLU of g[i] and u[i] (biases already added by
+ * the products), i < count: MOE_ACT_SWIGLU_CLAMP on the host path. */
+static __global__ void moe_swiglu_clamp_kernel(float *g, const float *u, long count, float alpha, float limit) {
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (long)gridDim.x * blockDim.x)
+        g[i] = swiglu_clamp_f32(g[i], u[i], alpha, limit);
+}
 
 /* One chunk of n tokens on the host path. */
 static void moe_ffn_host(struct cuda_ctx *c, float *y, const float *x, const int32_t *ids,
@@ -629,10 +640,18 @@ static void moe_ffn_host(struct cuda_ctx *c, float *y, const float *x, const int
     for (long ex = 0; ex < E; ex++) {
         long off = start[ex], cnt = start[ex + 1] - start[ex];
         if (!cnt) continue;
-        cuda_op_matmul(c, g + off * F, F, xg + off * H, H, &e->gate[ex], NULL, cnt);
-        cuda_op_matmul(c, u + off * F, F, xg + off * H, H, &e->up[ex], NULL, cnt);
-        cuda_op_silu_mul(c, g + off * F, F, g + off * F, F, u + off * F, F, cnt, F);
-        cuda_op_matmul(c, out + off * H, H, g + off * F, F, &e->down[ex], NULL, cnt);
+        cuda_op_matmul(c, g + off * F, F, xg + off * H, H, &e->gate[ex], e->gate_bias ? e->gate_bias + ex * F : NULL,
+                       cnt);
+        cuda_op_matmul(c, u + off * F, F, xg + off * H, H, &e->up[ex], e->up_bias ? e->up_bias + ex * F : NULL, cnt);
+        if (e->act == MOE_ACT_SWIGLU_CLAMP) {
+            moe_swiglu_clamp_kernel<<<grid_for(cnt * F, 256), 256, 0, c->stream>>>(g + off * F, u + off * F, cnt * F,
+                                                                                  e->alpha, e->limit);
+            CUDA_CHECK_LAUNCH();
+        } else {
+            cuda_op_silu_mul(c, g + off * F, F, g + off * F, F, u + off * F, F, cnt, F);
+        }
+        cuda_op_matmul(c, out + off * H, H, g + off * F, F, &e->down[ex], e->down_bias ? e->down_bias + ex * H : NULL,
+                       cnt);
     }
     free(start);
     moe_combine(c, false, y, out, where_d, weights, top_k, n, H);

@@ -21,7 +21,9 @@
  * blocks a multiple of 16 (the scale is applied per 16-column mma step),
  * row blocks >= 1 (partial edge blocks allowed), 16-byte aligned weights;
  * the mma product also multiples of 64 (cuda_moe_fp8_mma_ok), else the
- * GEMV serves every batch. Activations are bf16 wherever a tensor core
+ * GEMV serves every batch. The epilogues add the experts' biases and
+ * apply their activation as the 16-bit products do (cuda_moe_act.cuh).
+ * Activations are bf16 wherever a tensor core
  * reads them and for the down GEMV, so the products carry the bf16
  * rounding of the activations (2^-9 relative) and otherwise the CPU's
  * weight values; the fp32-grade mode (KILN_CUDA_MATMUL=bf16x2) runs the
@@ -29,7 +31,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
-#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_moe_act.cuh"
 
 namespace {
 
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(FG_THREADS)
 moe_gemv_fp8_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *order, int top_k,
                     const void *const *w_a, const void *const *w_b, const float *const *s_a,
                     const float *const *s_b, const int4 *tiles, const int *n_tiles, long units,
-                    long cols, int br, int bc) {
+                    long cols, int br, int bc, struct moe_epi ep) {
     constexpr int RG = R * G;
     pdl_trigger();
     pdl_wait();
@@ -183,9 +185,9 @@ moe_gemv_fp8_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *ord
             if (j >= m) break;
             long p = t.y + j;
             if (G == 2)
-                store_h((HT *)y + p * ldy + u, silu_mul_f32(acc[r * 2][j], acc[r * 2 + 1][j]));
+                store_h((HT *)y + p * ldy + u, moe_glu_f32(ep, t.x, u, units, acc[r * 2][j], acc[r * 2 + 1][j]));
             else
-                ((float *)y)[p * ldy + u] = acc[r][j];
+                ((float *)y)[p * ldy + u] = moe_down_f32(ep, t.x, u, units, acc[r][j]);
         }
     }
 }
@@ -193,16 +195,16 @@ moe_gemv_fp8_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *ord
 template <typename HT, int NR>
 void gemv_pair(struct cuda_ctx *c, void *h, const float *x, long H, long F, const int32_t *order, int top_k,
                void *const *tab, long E, const int4 *tiles, const int *n_tiles, long max_tiles, float *out,
-               int br, int bc) {
+               int br, int bc, const struct moe_epi &ep) {
     const void *const *w = (const void *const *)tab;
     const float *const *s = (const float *const *)(tab + 3 * E);
     unsigned gx = (unsigned)((F + FG_WARPS - 1) / FG_WARPS);
     pdl_launch(c, moe_gemv_fp8_kernel<float, HT, 2, NR, 1>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS), 0, h, F,
-               x, H, order, top_k, w, w + E, s, s + E, tiles, n_tiles, F, H, br, bc);
+               x, H, order, top_k, w, w + E, s, s + E, tiles, n_tiles, F, H, br, bc, ep);
     gx = (unsigned)((H + FG_WARPS * 2 - 1) / (FG_WARPS * 2));
     pdl_launch(c, moe_gemv_fp8_kernel<HT, HT, 1, NR, 2>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS),
                0, (void *)out, H, (const HT *)h, F, (const int32_t *)NULL, 1, w + 2 * E,
-               (const void *const *)NULL, s + 2 * E, (const float *const *)NULL, tiles, n_tiles, H, F, br, bc);
+               (const void *const *)NULL, s + 2 * E, (const float *const *)NULL, tiles, n_tiles, H, F, br, bc, ep);
 }
 
 /* ---- prefill: the grouped mma.sync product ------------------------------ */
@@ -230,6 +232,7 @@ struct grouped8 {
     const int32_t *order; /* NULL: x holds the sorted rows; else sorted row p reads x row order[p] / top_k */
     int top_k;
     int br, bc; /* block rows, block columns (a multiple of BK) */
+    struct moe_epi ep; /* biases and activation (glu: gate, up; else down) */
 };
 
 enum { MODE_GROUPED, MODE_GLU };
@@ -416,12 +419,12 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
             for (int q = 0; q < 4; q++) u[q] = xs[((warp * MT + j) * 4 + q) * 32 + lane];
             int m = j * 8 + 2 * (lane & 3);
             if (m < M) {
-                if (nA < N) store16(h + (long)m * ldy + nA, silu_mul_f32(acc[j][0], u[0]));
-                if (nB < N) store16(h + (long)m * ldy + nB, silu_mul_f32(acc[j][2], u[2]));
+                if (nA < N) store16(h + (long)m * ldy + nA, moe_glu_f32(g.ep, t.x, nA, N, acc[j][0], u[0]));
+                if (nB < N) store16(h + (long)m * ldy + nB, moe_glu_f32(g.ep, t.x, nB, N, acc[j][2], u[2]));
             }
             if (m + 1 < M) {
-                if (nA < N) store16(h + (long)(m + 1) * ldy + nA, silu_mul_f32(acc[j][1], u[1]));
-                if (nB < N) store16(h + (long)(m + 1) * ldy + nB, silu_mul_f32(acc[j][3], u[3]));
+                if (nA < N) store16(h + (long)(m + 1) * ldy + nA, moe_glu_f32(g.ep, t.x, nA, N, acc[j][1], u[1]));
+                if (nB < N) store16(h + (long)(m + 1) * ldy + nB, moe_glu_f32(g.ep, t.x, nB, N, acc[j][3], u[3]));
             }
         }
         return;
@@ -431,12 +434,12 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
     for (int j = 0; j < MT; j++) {
         int m = j * 8 + 2 * (lane & 3);
         if (m < M) {
-            if (nA < N) y[(long)m * ldy + nA] = acc[j][0] + 0.0f;
-            if (nB < N) y[(long)m * ldy + nB] = acc[j][2] + 0.0f;
+            if (nA < N) y[(long)m * ldy + nA] = moe_down_f32(g.ep, t.x, nA, N, acc[j][0]) + 0.0f;
+            if (nB < N) y[(long)m * ldy + nB] = moe_down_f32(g.ep, t.x, nB, N, acc[j][2]) + 0.0f;
         }
         if (m + 1 < M) {
-            if (nA < N) y[(long)(m + 1) * ldy + nA] = acc[j][1] + 0.0f;
-            if (nB < N) y[(long)(m + 1) * ldy + nB] = acc[j][3] + 0.0f;
+            if (nA < N) y[(long)(m + 1) * ldy + nA] = moe_down_f32(g.ep, t.x, nA, N, acc[j][1]) + 0.0f;
+            if (nB < N) y[(long)(m + 1) * ldy + nB] = moe_down_f32(g.ep, t.x, nB, N, acc[j][3]) + 0.0f;
         }
     }
 }
@@ -476,27 +479,30 @@ extern "C" int cuda_moe_fp8_mma_ok(long hidden, long inter) { return hidden % BK
 
 extern "C" void cuda_moe_fp8_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H,
                                   long F, const int32_t *order, int top_k, void *const *tab, long E,
-                                  const void *tiles, const int *n_tiles, long max_tiles, int br, int bc, int h32) {
+                                  const void *tiles, const int *n_tiles, long max_tiles, int br, int bc, int h32,
+                                  const struct moe_experts *e) {
     const int4 *tl = (const int4 *)tiles;
+    const struct moe_epi ep = moe_epi_of(e);
     if (max_tiles <= 0) return;
     CUDA_ASSERT(tile_rows == 1 || tile_rows == 8);
     CUDA_ASSERT_MSG((uintptr_t)x % 16 == 0, "moe_ffn: FP8 experts need 16-byte aligned token rows");
-    if (h32 && tile_rows == 1) gemv_pair<float, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
-    else if (h32) gemv_pair<float, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+    if (h32 && tile_rows == 1) gemv_pair<float, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
+    else if (h32) gemv_pair<float, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
     else if (tile_rows == 1)
-        gemv_pair<__nv_bfloat16, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
-    else gemv_pair<__nv_bfloat16, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc);
+        gemv_pair<__nv_bfloat16, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
+    else gemv_pair<__nv_bfloat16, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
 }
 
 extern "C" void cuda_moe_fp8_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16,
                                      long H, long F, const int32_t *order, int top_k, void *const *tab, long E,
-                                     const void *tiles, const int *n_tiles, long max_tiles, int br, int bc) {
+                                     const void *tiles, const int *n_tiles, long max_tiles, int br, int bc,
+                                     const struct moe_experts *e) {
     if (max_tiles <= 0) return;
     const void *const *w = (const void *const *)tab;
     const float *const *s = (const float *const *)(tab + 3 * E);
     const int4 *tl = (const int4 *)tiles;
-    struct grouped8 gu = {w, w + E, s, s + E, tl, n_tiles, order, top_k, br, bc};
-    struct grouped8 dn = {w + 2 * E, NULL, s + 2 * E, NULL, tl, n_tiles, NULL, 1, br, bc};
+    struct grouped8 gu = {w, w + E, s, s + E, tl, n_tiles, order, top_k, br, bc, moe_epi_of(e)};
+    struct grouped8 dn = {w + 2 * E, NULL, s + 2 * E, NULL, tl, n_tiles, NULL, 1, br, bc, moe_epi_of(e)};
     if (tile_rows <= 16) {
         launch_grouped<2>(c, h, F, x16, H, gu, max_tiles, F, H);
         launch_grouped<2>(c, out, H, h, F, dn, max_tiles, H, F);

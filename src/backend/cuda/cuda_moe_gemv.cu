@@ -15,11 +15,13 @@
  *
  *  - gate|up (G = 2): unit u is gate row u and up row u of the expert; the
  *    activations are the fp32 token rows (sorted row p reads x row
- *    order[p] / top_k: no gather), the epilogue writes silu(g)·u in the
- *    weights' 16-bit type, the down product's operand (as the mma path's
- *    epilogue);
+ *    order[p] / top_k: no gather), the epilogue adds the experts' gate
+ *    and up biases and writes the activation (silu(g)·u or the clamped
+ *    SwiGLU, cuda_moe_act.cuh) in the weights' 16-bit type, the down
+ *    product's operand (as the mma path's epilogue);
  *  - down (G = 1): 16-bit activations h [sorted rows][inter], fp32 output
- *    [sorted rows][hidden], which moe_combine_kernel sums per token.
+ *    [sorted rows][hidden] plus the down bias, which moe_combine_kernel
+ *    sums per token.
  *
  * Sums: each (unit, row) runs pieces in ascending order per lane, then a
  * fixed butterfly over the lanes, whatever the tile's row count, so a row's
@@ -30,7 +32,7 @@
  * return at once (the grid is sized by a bound). */
 #include <stdint.h>
 
-#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_moe_act.cuh"
 
 namespace {
 
@@ -65,7 +67,7 @@ template <typename T, typename XT, int G, int NR, int R>
 __global__ void __launch_bounds__(MG_THREADS)
 moe_gemv_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *order, int top_k,
                 const void *const *w_a, const void *const *w_b, const int4 *tiles,
-                const int *n_tiles, long units, long cols) {
+                const int *n_tiles, long units, long cols, struct moe_epi ep) {
     constexpr int RG = R * G;
     pdl_trigger();
     pdl_wait();
@@ -140,9 +142,9 @@ moe_gemv_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *order, 
             if (j >= m) break;
             long p = t.y + j;
             if (G == 2)
-                store16((T *)y + p * ldy + u, silu_mul_f32(acc[r * 2][j], acc[r * 2 + 1][j]));
+                store16((T *)y + p * ldy + u, moe_glu_f32(ep, t.x, u, units, acc[r * 2][j], acc[r * 2 + 1][j]));
             else
-                ((float *)y)[p * ldy + u] = acc[r][j];
+                ((float *)y)[p * ldy + u] = moe_down_f32(ep, t.x, u, units, acc[r][j]);
         }
     }
 }
@@ -150,20 +152,20 @@ moe_gemv_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *order, 
 template <typename T, typename XT, int G, int NR, int R>
 void launch_mg(struct cuda_ctx *c, void *y, long ldy, const XT *x, long ldx, const int32_t *order,
                int top_k, const void *const *w_a, const void *const *w_b, const int4 *tiles,
-               const int *n_tiles, long max_tiles, long units, long cols) {
+               const int *n_tiles, long max_tiles, long units, long cols, const struct moe_epi &ep) {
     unsigned gx = (unsigned)((units + MG_WARPS * R - 1) / (MG_WARPS * R));
     pdl_launch(c, moe_gemv_kernel<T, XT, G, NR, R>, dim3(gx, (unsigned)max_tiles), dim3(MG_THREADS), 0,
-               y, ldy, x, ldx, order, top_k, w_a, w_b, tiles, n_tiles, units, cols);
+               y, ldy, x, ldx, order, top_k, w_a, w_b, tiles, n_tiles, units, cols, ep);
 }
 
 template <typename T, int NR>
 void moe_gemv_pair(struct cuda_ctx *c, void *h, const float *x, long H, long F, const int32_t *order,
                    int top_k, void *const *tab, long E, const int4 *tiles, const int *n_tiles,
-                   long max_tiles, float *out) {
+                   long max_tiles, float *out, const struct moe_epi &ep) {
     launch_mg<T, float, 2, NR, 1>(c, h, F, x, H, order, top_k, (const void *const *)tab,
-                                  (const void *const *)(tab + E), tiles, n_tiles, max_tiles, F, H);
+                                  (const void *const *)(tab + E), tiles, n_tiles, max_tiles, F, H, ep);
     launch_mg<T, T, 1, NR, 2>(c, out, H, (const T *)h, F, NULL, 1, (const void *const *)(tab + 2 * E), NULL,
-                              tiles, n_tiles, max_tiles, H, F);
+                              tiles, n_tiles, max_tiles, H, F, ep);
 }
 
 } // namespace
@@ -175,18 +177,19 @@ extern "C" int cuda_moe_gemv_ok(long hidden, long inter, const float *x) {
 extern "C" void cuda_moe_gemv(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *h, float *out,
                               const float *x, long H, long F, const int32_t *order, int top_k,
                               void *const *tab, long E, const void *tiles, const int *n_tiles,
-                              long max_tiles) {
+                              long max_tiles, const struct moe_experts *e) {
     const int4 *tl = (const int4 *)tiles;
+    const struct moe_epi ep = moe_epi_of(e);
     if (max_tiles <= 0) return;
     CUDA_ASSERT(tile_rows == 1 || tile_rows == 4 || tile_rows == 8);
 #define MG_CASE(NR)                                                                                \
     do {                                                                                           \
         if (dt == DTYPE_BF16)                                                                      \
             moe_gemv_pair<__nv_bfloat16, NR>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles,      \
-                                             max_tiles, out);                                      \
+                                             max_tiles, out, ep);                                  \
         else                                                                                       \
             moe_gemv_pair<__half, NR>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, \
-                                      out);                                                        \
+                                      out, ep);                                                    \
     } while (0)
     if (tile_rows == 1) MG_CASE(1);
     else if (tile_rows == 4) MG_CASE(4);

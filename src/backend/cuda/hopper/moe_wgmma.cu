@@ -20,8 +20,10 @@
  *    K-major in shared memory with 128-byte swizzle, BK = 64 columns a
  *    stage. gate|up tiles are 128 gate rows and the same 128 up rows (two
  *    TMA boxes), so each thread holds g and u of the same columns and the
- *    epilogue writes silu(g)·u rounded to 16 bits (cuda_gemm_small.cu's
- *    values: the sums, then silu_mul_f32, then the rounding).
+ *    epilogue adds the experts' gate and up biases and writes the
+ *    activation (silu(g)·u or the clamped SwiGLU) rounded to 16 bits
+ *    (cuda_gemm_small.cu's values: the sums, then cuda_moe_act.cuh's
+ *    epilogue, then the rounding); down's epilogue adds the down bias.
  *  - One producer warp (one lane) streams both tiles with TMA into a
  *    4-deep ring (48 KB a stage), guarded by "full" (transaction bytes)
  *    and "empty" (each consumer warp arrives) mbarriers. Consumers keep
@@ -50,7 +52,7 @@
 
 #include <type_traits>
 
-#include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_moe_act.cuh"
 #include "backend/cuda/hopper/ptx.cuh"
 #include "backend/cuda/hopper/tmap.cuh"
 
@@ -87,7 +89,7 @@ template <bool F16, bool GLU>
 __global__ void __launch_bounds__(THREADS, 1)
 moe_wgmma_kernel(const __grid_constant__ CUtensorMap tx, const CUtensorMap *__restrict__ wa,
                  const CUtensorMap *__restrict__ wb, void *y, long ldy, int N, int nk,
-                 const int4 *tiles, const int *n_tiles) {
+                 const int4 *tiles, const int *n_tiles, struct moe_epi ep) {
     using T = typename std::conditional<F16, __half, __nv_bfloat16>::type;
     extern __shared__ unsigned char smem_raw[];
     pdl_trigger();
@@ -171,11 +173,12 @@ moe_wgmma_kernel(const __grid_constant__ CUtensorMap tx, const CUtensorMap *__re
             const int n = n0 + 8 * j + c;
             if (n >= N) continue;
             if (r < M)
-                put2<T>(h + (long)r * ldy + n, silu_mul_f32(acc[0][4 * j], acc[1][4 * j]),
-                        silu_mul_f32(acc[0][4 * j + 1], acc[1][4 * j + 1]));
+                put2<T>(h + (long)r * ldy + n, moe_glu_f32(ep, t.x, n, N, acc[0][4 * j], acc[1][4 * j]),
+                        moe_glu_f32(ep, t.x, n + 1, N, acc[0][4 * j + 1], acc[1][4 * j + 1]));
             if (r + 8 < M)
-                put2<T>(h + (long)(r + 8) * ldy + n, silu_mul_f32(acc[0][4 * j + 2], acc[1][4 * j + 2]),
-                        silu_mul_f32(acc[0][4 * j + 3], acc[1][4 * j + 3]));
+                put2<T>(h + (long)(r + 8) * ldy + n,
+                        moe_glu_f32(ep, t.x, n, N, acc[0][4 * j + 2], acc[1][4 * j + 2]),
+                        moe_glu_f32(ep, t.x, n + 1, N, acc[0][4 * j + 3], acc[1][4 * j + 3]));
         }
     } else {
         float *o = (float *)y + (long)t.y * ldy;
@@ -188,10 +191,12 @@ moe_wgmma_kernel(const __grid_constant__ CUtensorMap tx, const CUtensorMap *__re
                 /* + 0.0f: a -0 sum stored as +0, as the other products do */
                 if (r < M)
                     *(float2 *)(o + (long)r * ldy + n) =
-                        make_float2(acc[b][4 * j] + 0.0f, acc[b][4 * j + 1] + 0.0f);
+                        make_float2(moe_down_f32(ep, t.x, n, N, acc[b][4 * j]) + 0.0f,
+                                    moe_down_f32(ep, t.x, n + 1, N, acc[b][4 * j + 1]) + 0.0f);
                 if (r + 8 < M)
                     *(float2 *)(o + (long)(r + 8) * ldy + n) =
-                        make_float2(acc[b][4 * j + 2] + 0.0f, acc[b][4 * j + 3] + 0.0f);
+                        make_float2(moe_down_f32(ep, t.x, n, N, acc[b][4 * j + 2]) + 0.0f,
+                                    moe_down_f32(ep, t.x, n + 1, N, acc[b][4 * j + 3]) + 0.0f);
             }
     }
 }
@@ -298,11 +303,12 @@ static const CUtensorMap *rows_map(struct mw_state *st, const void *p, long rows
 
 template <bool F16, bool GLU>
 void launch(struct cuda_ctx *c, const CUtensorMap *tx, const CUtensorMap *wa, const CUtensorMap *wb,
-            void *y, long ldy, int N, int nk, const int4 *tiles, const int *n_tiles, long max_tiles) {
+            void *y, long ldy, int N, int nk, const int4 *tiles, const int *n_tiles, long max_tiles,
+            const struct moe_epi &ep) {
     auto k = moe_wgmma_kernel<F16, GLU>;
     const long nt = GLU ? (N + BN / 2 - 1) / (BN / 2) : (N + BN - 1) / BN;
     pdl_launch(c, k, dim3((unsigned)nt, (unsigned)max_tiles), dim3(THREADS), SMEM, *tx, wa, wb, y, ldy, N,
-               nk, tiles, n_tiles);
+               nk, tiles, n_tiles, ep);
 }
 
 template <bool F16, bool GLU> void setup(void) {
@@ -389,12 +395,13 @@ extern "C" void cuda_moe_wgmma_ffn(struct cuda_ctx *c, const struct moe_experts 
     CUDA_ASSERT(maps); /* made by cuda_moe_wgmma_ok */
     const CUtensorMap *tx = rows_map(st, xs16, rows, H, dt), *th = rows_map(st, h16, rows, F, dt);
     const int4 *tl = (const int4 *)tiles;
+    const struct moe_epi ep = moe_epi_of(e);
     const int nk_up = (int)((H + BK - 1) / BK), nk_down = (int)((F + BK - 1) / BK);
     if (dt == DTYPE_F16) {
-        launch<true, true>(c, tx, maps, maps + E, h16, F, (int)F, nk_up, tl, n_tiles, max_tiles);
-        launch<true, false>(c, th, maps + 2 * E, NULL, out, H, (int)H, nk_down, tl, n_tiles, max_tiles);
+        launch<true, true>(c, tx, maps, maps + E, h16, F, (int)F, nk_up, tl, n_tiles, max_tiles, ep);
+        launch<true, false>(c, th, maps + 2 * E, NULL, out, H, (int)H, nk_down, tl, n_tiles, max_tiles, ep);
     } else {
-        launch<false, true>(c, tx, maps, maps + E, h16, F, (int)F, nk_up, tl, n_tiles, max_tiles);
-        launch<false, false>(c, th, maps + 2 * E, NULL, out, H, (int)H, nk_down, tl, n_tiles, max_tiles);
+        launch<false, true>(c, tx, maps, maps + E, h16, F, (int)F, nk_up, tl, n_tiles, max_tiles, ep);
+        launch<false, false>(c, th, maps + 2 * E, NULL, out, H, (int)H, nk_down, tl, n_tiles, max_tiles, ep);
     }
 }
