@@ -184,6 +184,23 @@ static void test_real_configs(void **state) {
     assert_int_equal(c.quant.method, MODEL_QUANT_MXFP4);
     assert_int_equal(c.rope.no_truncate, 1);
     assert_near(c.rope.factor, 32);
+    load_real("gemma-3-12b.json", &c);
+    assert_int_equal(c.arch, ARCH_GEMMA3);
+    assert_int_equal(c.n_layers, 48);
+    assert_int_equal(c.head_dim, 256);
+    assert_int_equal(c.vocab_size, 262208);
+    assert_int_equal(c.sliding_window, 1024);
+    for (int l = 0; l < 12; l++) /* five local layers, then a global one */
+        assert_int_equal(model_config_layer_window(&c, l), l % 6 == 5 ? 0 : 1024);
+    assert_near(c.rope.factor, 8);
+    load_real("mistral-small-24b.json", &c);
+    assert_int_equal(c.arch, ARCH_MISTRAL);
+    assert_int_equal(c.hidden_size, 5120);
+    assert_int_equal(c.intermediate_size, 32768);
+    assert_int_equal(c.n_layers, 40);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.sliding_window, 0);
+    assert_near(c.rope.theta, 1e8);
     load_real("qwen3-0.6b.json", &c);
     assert_int_equal(c.arch, ARCH_QWEN3);
     assert_int_equal(c.vocab_size, 151936);
