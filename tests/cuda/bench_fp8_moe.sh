@@ -37,26 +37,12 @@ cat > "$tmp/deepseek_v3.json" <<EOF
  "q_lora_rank": 128, "n_group": 4, "topk_group": 2, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
  "norm_topk_prob": true, "routed_scaling_factor": 2.5, "rope_interleave": true, $common}
 EOF
+source "$KILN_SRC/tests/cuda/lib/moe_counts.sh"
 fail=0; runs=0
 for model in qwen3_moe deepseek_v2 deepseek_v3; do
   for batch in 1 8; do
-    args=(--model "$tmp/$model.json" --load-format dummy --quantization fp8 --prompt-len 200 --decode 6
-          --batch "$batch" --repeat 1 --dummy-routing uniform)
-    "$bf" "${args[@]}" --device cpu --threads 2 > "$tmp/cpu.txt" 2>&1
-    "$bf" "${args[@]}" --device cuda > "$tmp/gpu.txt" 2>&1
-    rc=$?
-    runs=$((runs + 1))
-    if grep -q "no CUDA device\|built without CUDA" "$tmp/gpu.txt"; then
-      echo "FAIL: this test needs a CUDA GPU (ctest -L gpu on the GPU machine)"; cat "$tmp/gpu.txt"; exit 1
-    fi
-    c=$(grep -E '^(MoE layer|expert bytes)' "$tmp/cpu.txt"); g=$(grep -E '^(MoE layer|expert bytes)' "$tmp/gpu.txt")
-    if [ $rc -ne 0 ] || [ -z "$c" ] || [ "$c" != "$g" ]; then
-      echo "FAIL: $model batch $batch (rc $rc)"; echo "  cpu:"; sed 's/^/  | /' "$tmp/cpu.txt"
-      echo "  cuda:"; sed 's/^/  | /' "$tmp/gpu.txt"
-      fail=$((fail + 1))
-    else
-      echo "ok: $model batch $batch: the CPU's and CUDA's counts agree"; grep -E '^MoE layer 1' "$tmp/gpu.txt"
-    fi
+    moe_counts "$model batch $batch" -- --model "$tmp/$model.json" --load-format dummy --quantization fp8 \
+      --prompt-len 200 --decode 6 --batch "$batch" --repeat 1 --dummy-routing uniform
   done
 done
 echo "$((runs - fail)) passed, $fail failed"

@@ -27,25 +27,11 @@ cat > "$tmp/gpt_oss.json" <<'JSON'
                   "rope_type": "yarn", "truncate": false},
  "vocab_size": 1024, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "eos_token_id": 2}
 JSON
+source "$KILN_SRC/tests/cuda/lib/moe_counts.sh"
 fail=0; runs=0
 for batch in 1 8; do
-  args=(--model "$tmp/gpt_oss.json" --load-format dummy --prompt-len 200 --decode 6 --batch "$batch" --repeat 1
-        --dummy-routing uniform)
-  "$bf" "${args[@]}" --device cpu --threads 2 > "$tmp/cpu.txt" 2>&1
-  "$bf" "${args[@]}" --device cuda > "$tmp/gpu.txt" 2>&1
-  rc=$?
-  runs=$((runs + 1))
-  if grep -q "no CUDA device\|built without CUDA" "$tmp/gpu.txt"; then
-    echo "FAIL: this test needs a CUDA GPU (ctest -L gpu on the GPU machine)"; cat "$tmp/gpu.txt"; exit 1
-  fi
-  c=$(grep -E '^(MoE layer|expert bytes)' "$tmp/cpu.txt"); g=$(grep -E '^(MoE layer|expert bytes)' "$tmp/gpu.txt")
-  if [ $rc -ne 0 ] || [ -z "$c" ] || [ "$c" != "$g" ]; then
-    echo "FAIL: small gpt_oss batch $batch (rc $rc)"; echo "  cpu:"; sed 's/^/  | /' "$tmp/cpu.txt"
-    echo "  cuda:"; sed 's/^/  | /' "$tmp/gpu.txt"
-    fail=$((fail + 1))
-  else
-    echo "ok: small gpt_oss batch $batch: the CPU's and CUDA's counts agree"; grep -E '^MoE layer 1' "$tmp/gpu.txt"
-  fi
+  moe_counts "small gpt_oss batch $batch" -- --model "$tmp/gpt_oss.json" --load-format dummy --prompt-len 200 \
+    --decode 6 --batch "$batch" --repeat 1 --dummy-routing uniform
 done
 for batch in 1 8; do
   "$bf" --model "$cfg" --load-format dummy --device cuda --prompt-len 512 --decode 8 --batch "$batch" --repeat 1 \

@@ -20,23 +20,12 @@ cat > "$tmp/config.json" <<'EOF'
  "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": 1024,
  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "eos_token_id": 2}
 EOF
+source "$KILN_SRC/tests/cuda/lib/moe_counts.sh"
 fail=0; runs=0
+export KILN_CUDA_MOE=device
 for batch in 1 4 8; do
-  args=(--model "$tmp/config.json" --load-format dummy --prompt-len 24 --decode 6 --batch "$batch" --repeat 1
-        --dummy-routing uniform)
-  "$bf" "${args[@]}" --device cpu --threads 2 > "$tmp/cpu.txt" 2>&1
-  KILN_CUDA_MOE=device "$bf" "${args[@]}" --device cuda > "$tmp/gpu.txt" 2>&1
-  runs=$((runs + 1))
-  if grep -q "no CUDA device\|built without CUDA" "$tmp/gpu.txt"; then
-    echo "FAIL: this test needs a CUDA GPU (ctest -L gpu on the GPU machine)"; cat "$tmp/gpu.txt"; exit 1
-  fi
-  c=$(grep -E '^(MoE layer|expert bytes)' "$tmp/cpu.txt"); g=$(grep -E '^(MoE layer|expert bytes)' "$tmp/gpu.txt")
-  if [ -z "$c" ] || [ "$c" != "$g" ] || ! grep -qE '^decode bound .* GB/s copy = ' "$tmp/gpu.txt"; then
-    echo "FAIL: batch $batch"; echo "  cpu:"; sed 's/^/  | /' "$tmp/cpu.txt"; echo "  cuda:"; sed 's/^/  | /' "$tmp/gpu.txt"
-    fail=$((fail + 1))
-  else
-    echo "ok: batch $batch: the CPU's and CUDA's counts agree"; grep -E '^MoE layer 0|^decode bound' "$tmp/gpu.txt"
-  fi
+  moe_counts "batch $batch" '^decode bound .* GB/s copy = ' -- --model "$tmp/config.json" --load-format dummy \
+    --prompt-len 24 --decode 6 --batch "$batch" --repeat 1 --dummy-routing uniform
 done
 echo "$((runs - fail)) passed, $fail failed"
 [ $fail -eq 0 ]

@@ -510,12 +510,11 @@ static void test_online_checkpoint(void **state) {
 }
 
 static char *write_config(json_t *config) {
-    char tmpl[] = "/tmp/kiln_fp8_XXXXXX";
-    char *dir = mkdtemp(tmpl);
-    assert_non_null(dir);
+    char *dir = ckpt_tmp_dir("fp8");
     char *p = path_join(dir, "config.json");
     assert_int_equal(json_dump_file(config, p, JSON_INDENT(1)), 0);
     json_decref(config);
+    free(dir);
     return p;
 }
 
