@@ -108,6 +108,11 @@ static const struct knob_def table[KNOB_COUNT] = {
                         BOOL(KNOB_DEBUG, "1",
                              "fused GPU ops (norm + product, SwiGLU MLP, attention + projection) "
                              "(0: their plain sequence)")},
+    [KNOB_CUDA_ONE_SHOT] = {"KILN_CUDA_ONE_SHOT",
+                            INT(KNOB_DEBUG, "1048576", 0, 1 << 24,
+                                "tensor parallel all-reduces between the GPUs of one machine of up to this "
+                                "many bytes run as one kernel over CUDA IPC, fused with the residual add and "
+                                "RMSNorm after them where there is one (0: NCCL always)")},
     [KNOB_CUDA_LT] = {"KILN_CUDA_LT",
                       BOOL(KNOB_DEBUG, "1", "16-bit GPU products through cuBLASLt (0: cublasGemmEx)")},
     [KNOB_CUDA_FP8_LT] = {"KILN_CUDA_FP8_LT",

@@ -52,6 +52,7 @@ enum knob_id {
     KNOB_CUDA_GEMV_KS,
     KNOB_CUDA_PDL,
     KNOB_CUDA_FUSE,
+    KNOB_CUDA_ONE_SHOT,
     KNOB_CUDA_LT,
     KNOB_CUDA_FP8_LT,
     KNOB_CUDA_AD_W,

@@ -233,17 +233,16 @@ static void deepseek_forward_layer(const struct fwd *f, int l, const struct laye
     struct model *m = f->m;
     struct activations *a = &m->act;
     struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
-    m->be->ops->add_rmsnorm(m->be->ctx, nm.h, nm.delta, nm.x, nm.w, f->n, nm.dim, nm.eps);
+    model_norm(f, &nm);
     if (m->dp) { /* the group's rows only, gathered from every group (dp_attention.c) */
         dp_attention(f, l, &L->mla, mla_forward);
     } else {
         mla_forward(f, l, &L->mla, a->xn, a->delta);
-        model_reduce_delta(f);
+        model_defer_delta(f);
     }
-    nm.delta = a->delta;
-    nm.w = L->ln_mlp;
+    nm = layer_norm_delta(f, L->ln_mlp);
     mlp_forward_norm(f, L, &nm, a->delta);
-    model_reduce_delta(f);
+    model_defer_delta(f);
 }
 
 const struct model_family family_deepseek = {

@@ -47,11 +47,10 @@ static void llama_forward_layer(const struct fwd *f, int l, const struct layer *
     struct activations *a = &f->m->act;
     struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
     mha_forward_norm(f, l, &L->mha, &nm, a->delta);
-    model_reduce_delta(f);
-    nm.delta = a->delta;
-    nm.w = L->ln_mlp;
+    model_defer_delta(f);
+    nm = layer_norm_delta(f, L->ln_mlp);
     dense_forward_norm(f, &L->dense, f->m->cfg.intermediate_size, &nm, a->delta);
-    model_reduce_delta(f);
+    model_defer_delta(f);
 }
 
 static int dense_only(const struct model_config *c, int layer) {

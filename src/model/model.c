@@ -398,17 +398,48 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
     }
     if (l0 == 0 && c->embed_scale) ops->scale(ctx, a->h, n * c->hidden_size, (float)c->embed_scale);
     if (m->dp) dp_step_begin(m, s);
+    a->delta_part = 0;
     for (int l = l0; l < l1; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
+    if (a->delta_part) { /* the final norm or the next stage reads the sum */
+        model_reduce_delta(&f);
+        a->delta_part = 0;
+    }
 }
 
 void model_reduce_delta(const struct fwd *f) {
     model_tp_sum(f->m, f->m->act.delta, (size_t)f->n * (size_t)f->m->cfg.hidden_size);
 }
 
+void model_defer_delta(const struct fwd *f) {
+    struct model *m = f->m;
+    const struct backend_ops *ops = m->be->ops;
+    if (model_tp(&m->cfg) > 1 && !m->dp && ops->norm_reduce_ok &&
+        ops->norm_reduce_ok(m->be->ctx, m->comm, f->n, m->cfg.hidden_size))
+        m->act.delta_part = 1;
+    else
+        model_reduce_delta(f);
+}
+
+struct backend_norm layer_norm_delta(const struct fwd *f, const float *w) {
+    struct model *m = f->m;
+    struct backend_norm nm = {.h = m->act.h, .delta = m->act.delta, .x = m->act.xn, .w = w,
+                              .dim = m->cfg.hidden_size, .eps = (float)m->cfg.rms_norm_eps,
+                              .reduce = m->act.delta_part ? m->comm : NULL};
+    m->act.delta_part = 0;
+    return nm;
+}
+
 struct backend_norm layer_norm_in(const struct fwd *f, int l, const float *w) {
+    if (l) return layer_norm_delta(f, w);
     const struct model *m = f->m;
-    return (struct backend_norm){.h = m->act.h, .delta = l ? m->act.delta : NULL, .x = m->act.xn,
-                                 .w = w, .dim = m->cfg.hidden_size, .eps = (float)m->cfg.rms_norm_eps};
+    return (struct backend_norm){.h = m->act.h, .x = m->act.xn, .w = w, .dim = m->cfg.hidden_size,
+                                 .eps = (float)m->cfg.rms_norm_eps};
+}
+
+void model_norm(const struct fwd *f, const struct backend_norm *nm) {
+    const struct backend_ops *ops = f->m->be->ops;
+    if (nm->reduce) ops->reduce_add_rmsnorm(f->m->be->ctx, nm, f->n);
+    else ops->add_rmsnorm(f->m->be->ctx, nm->h, nm->delta, nm->x, nm->w, f->n, nm->dim, nm->eps);
 }
 
 void model_final_norm(struct model *m, const int32_t *rows, long n) {

@@ -143,6 +143,8 @@ struct activations {
     float *xs;                /* [T][d] rows that need logits */
     float *lm;                /* tensor parallel: [tp][lm_rows][vocab_stride] the ranks' logits */
     struct mla_ws *mla;       /* deepseek_mha.c's workspace (MLA models), or NULL */
+    int delta_part;           /* tensor parallel: delta is still this rank's part, summed
+                                 by the next norm (model_defer_delta) */
 };
 
 /* The buffers of struct activations, for model_act_counts (model_size.c):
@@ -261,8 +263,16 @@ int model_pp_setup(struct model *m, const struct model_options *opt, const char 
  * or (pipeline parallel) *tmp made of it over m->pp_k / pp_v. */
 struct kv_pool *model_pp_kv(struct model *m, struct kv_pool *kv, struct kv_pool *tmp);
 
-/* The residual add + norm in front of layer l's attention (w = its norm). */
+/* The residual add + norm in front of layer l's attention (w = its norm):
+ * h += act.delta (none at layer 0), x = act.xn. layer_norm_delta: the
+ * same with act.delta (a layer's second norm). A delta model_defer_delta
+ * left as this rank's part goes with it (backend_norm.reduce): the norm
+ * must then run (a product that takes it, or model_norm). */
 struct backend_norm layer_norm_in(const struct fwd *f, int l, const float *w);
+struct backend_norm layer_norm_delta(const struct fwd *f, const float *w);
+/* The norm alone into nm->x (add_rmsnorm, or the backend's sum of the
+ * ranks' parts + add + norm where nm->reduce). */
+void model_norm(const struct fwd *f, const struct backend_norm *nm);
 
 /* weights.c. A matrix keeps its checkpoint dtype: BF16, F16, F32, or
  * F8_E4M3 with its `<name>_scale_inv` block scales where config.json's
@@ -333,6 +343,13 @@ void model_tp_gather(struct model *m, const void *send, void *recv, size_t bytes
  * the ranks' partial sums meet (attention after o_proj, the MLP after
  * down_proj). */
 void model_reduce_delta(const struct fwd *f);
+/* The same where the next thing to read act.delta is a norm taken with
+ * layer_norm_in / layer_norm_delta: where the backend sums the ranks'
+ * parts inside that norm (norm_reduce_ok; one kernel instead of an
+ * all-reduce and a norm), act.delta stays this rank's part until then
+ * (act.delta_part); else model_reduce_delta now. model_forward_layers
+ * sums a part still pending after the last layer. */
+void model_defer_delta(const struct fwd *f);
 
 /* rope.c: cos/sin table [max_pos][dim/2][2] and the yarn attention factor. */
 void rope_table_build(const struct rope_config *rc, int dim, int max_pos,

@@ -146,7 +146,7 @@ void mlp_forward_norm(const struct fwd *f, const struct layer *L, const struct b
                       float *out) {
     struct model *m = f->m;
     if (L->mlp_kind == LAYER_MLP_MOE) {
-        m->be->ops->add_rmsnorm(m->be->ctx, nm->h, nm->delta, nm->x, nm->w, f->n, nm->dim, nm->eps);
+        model_norm(f, nm);
         moe_forward(f, &L->moe, nm->x, out);
     } else {
         dense_forward_norm(f, &L->dense, m->cfg.intermediate_size, nm, out);

@@ -24,11 +24,10 @@ void mha_mlp_forward_layer(const struct fwd *f, int l, const struct layer *L) {
     struct activations *a = &f->m->act;
     struct backend_norm nm = layer_norm_in(f, l, L->ln_attn);
     mha_forward_norm(f, l, &L->mha, &nm, a->delta);
-    model_reduce_delta(f);
-    nm.delta = a->delta;
-    nm.w = L->ln_mlp;
+    model_defer_delta(f);
+    nm = layer_norm_delta(f, L->ln_mlp);
     mlp_forward_norm(f, L, &nm, a->delta);
-    model_reduce_delta(f);
+    model_defer_delta(f);
 }
 
 const struct model_family family_qwen_moe = {

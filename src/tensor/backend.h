@@ -172,7 +172,10 @@ struct backend_step_shape {
 
 /* A residual add + RMSNorm pending in front of a product (norm_matmul,
  * norm_swiglu_mlp): h[n][dim] += delta (delta NULL: not), x[n][dim] =
- * h / rms(h) * w. h, delta and x are contiguous rows of dim floats. */
+ * h / rms(h) * w. h, delta and x are contiguous rows of dim floats.
+ * reduce (tensor parallel): delta is this rank's part of a sum over the
+ * communicator's ranks, summed in the same operation. Set only where the
+ * backend's norm_reduce_ok said yes for it; NULL otherwise. */
 struct backend_norm {
     float *h;
     const float *delta;
@@ -180,6 +183,7 @@ struct backend_norm {
     const float *w;
     long dim;
     float eps;
+    struct dist_comm *reduce;
 };
 
 /* A stacked weight: `count` parts (q|k|v, gate|up) one under the other,
@@ -433,6 +437,14 @@ struct backend_ops {
     int (*comm_id)(void *ctx, void *blob, size_t *len, struct kiln_error *err);
     int (*comm_init)(void *ctx, struct dist_comm *c, int rank, int size, const void *id, size_t id_len,
                      struct kiln_error *err);
+    /* Optional (NULL: never). Whether the ops that take a backend_norm
+     * sum its delta over c's ranks themselves (backend_norm.reduce) for
+     * n rows of dim, c being one comm_init made. CUDA: the one-shot
+     * all-reduce over IPC fused with the add and the norm. */
+    int (*norm_reduce_ok)(void *ctx, const struct dist_comm *c, long n, long dim);
+    /* The norm of nm alone (nm->reduce set), into nm->x: add_rmsnorm
+     * after the sum. Present wherever norm_reduce_ok is. */
+    void (*reduce_add_rmsnorm)(void *ctx, const struct backend_norm *nm, long n);
 
     /* Host memory the device copies from without staging (CUDA: pinned).
      * An upload from it may still be in flight when `upload` returns: the

@@ -9,10 +9,21 @@
  * all_reduce recorded in a graph and replayed on new data. Every rank must
  * see the same bits.
  *
+ * All of it twice: with NCCL alone (KILN_CUDA_ONE_SHOT=0), then with the
+ * one-shot all-reduce over CUDA IPC (cuda_allreduce.cu) for messages of
+ * up to 1 MiB, where the sizes above that are multiples of 4 floats take
+ * it. The second run also checks the all-reduce fused with the residual
+ * add + RMSNorm (backend_ops.reduce_add_rmsnorm, norm_matmul with
+ * backend_norm.reduce): against the host, bit for bit against all_reduce
+ * + the plain op, the same bits on every rank, over a run of calls of
+ * changing sizes (the kernel's buffers take turns and are cleared behind
+ * it), and recorded in a graph and replayed.
+ *
  * Then it measures all_reduce of the hidden states of decode and prefill
  * steps (fp32 rows of 4096: 1, 64 and 256 rows, 8192 rows) — latency and
  * bus bandwidth (2 (n-1)/n of the bytes per rank per second, NCCL's
- * convention) — printed, not asserted.
+ * convention) — and all_reduce + add_rmsnorm against the fused kernel at
+ * 1 to 64 rows, printed, not asserted.
  *
  * Label gpu_multi (ctest -L gpu_multi on a machine with several GPUs; it
  * fails, saying so, with fewer than two). */
@@ -34,6 +45,7 @@
 
 #include "backend/registry.h"
 #include "base/error.h"
+#include "base/knob.h"
 #include "base/mem.h"
 #include "dist/comm.h"
 #include "dist/net.h"
@@ -51,7 +63,10 @@ struct rank {
     struct dist_comm c;
     int failed;
     char msg[512];
-    double *times; /* [n_sizes] mean seconds of an all_reduce (rank 0) */
+    int one_shot;  /* this run has the one-shot all-reduce */
+    double *times; /* [BENCH_SIZES] mean seconds of an all_reduce */
+    double *norm_times; /* [NORM_SIZES] mean seconds of all_reduce + norm, or the fused op */
+    uint64_t *hashes;   /* [NORM_CALLS] the bits of each fused call's output */
 };
 
 static void rank_fail(struct rank *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -102,6 +117,156 @@ static void check_all_reduce(struct rank *k, size_t n, enum dist_reduce op) {
     }
     OPS->free(CTX, d);
     free(h), free(out);
+}
+
+/* The norm checks' inputs: h the same on every rank, delta rank r's part,
+ * all multiples of 2^-7 (sums exact). */
+static float hval(size_t i, int c) { return (float)((int)((i + (size_t)c * 5) % 97) - 48) * 0.03125f; }
+static float dval(int r, size_t i, int c) {
+    return (float)((int)((i * 7 + (size_t)r * 13 + (size_t)c * 3) % 101) - 50) * 0.0078125f;
+}
+static float wval(size_t i) { return 0.5f + (float)(i % 13) * 0.0625f; }
+
+static uint64_t bits_hash(const void *p, size_t bytes) {
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+enum { NORM_DIM = 4096, NORM_CALLS = 24, NORM_OUT = 512 };
+static const long norm_rows[] = {1, 3, 64, 17, 1, 64, 2, 5};
+
+/* One fused call (call number c, n rows of dim) on fresh inputs, checked. */
+static void check_norm_call(struct rank *k, int c, long n, long dim, float *dh, float *dd, float *dx, const float *dw,
+                            float *dh2, float *dd2, float *dx2, float *hb, float *hx, float *hx2) {
+    struct kiln_error err = {0};
+    size_t e = (size_t)n * dim;
+    for (size_t i = 0; i < e; i++) hb[i] = hval(i, c);
+    OPS->upload(CTX, dh, hb, e * 4), OPS->upload(CTX, dh2, hb, e * 4);
+    for (size_t i = 0; i < e; i++) hb[i] = dval(k->r, i, c);
+    OPS->upload(CTX, dd, hb, e * 4), OPS->upload(CTX, dd2, hb, e * 4);
+    if (!OPS->norm_reduce_ok(CTX, &k->c, n, dim)) {
+        rank_fail(k, "norm_reduce_ok says no for %ld rows of %ld", n, dim);
+        return;
+    }
+    struct backend_norm nm = {.h = dh, .delta = dd, .x = dx, .w = dw, .dim = dim, .eps = 1e-5f,
+                              .reduce = &k->c};
+    OPS->reduce_add_rmsnorm(CTX, &nm, n);
+    /* the unfused sequence on copies */
+    if (dist_comm_all_reduce(&k->c, dd2, e, DIST_SUM, &err)) rank_fail(k, "all_reduce: %s", err.msg);
+    OPS->add_rmsnorm(CTX, dh2, dd2, dx2, dw, n, dim, 1e-5f);
+    get(k, hx, dx, e * 4);
+    get(k, hx2, dx2, e * 4);
+    get(k, hb, dh, e * 4);
+    if (memcmp(hx, hx2, e * 4)) rank_fail(k, "call %d (%ld rows): the fused op's x differs from all_reduce + add_rmsnorm",
+                                          c, n);
+    if (c < NORM_CALLS) k->hashes[c] = bits_hash(hx, e * 4);
+    for (long i = 0; i < n && !k->failed; i++) {
+        double ss = 0;
+        for (int j = 0; j < dim; j++) {
+            size_t q = (size_t)i * dim + (size_t)j;
+            float sum = 0.0f;
+            for (int r = 0; r < k->size; r++) sum += dval(r, q, c);
+            float hh = hval(q, c) + sum;
+            if (hb[q] != hh) {
+                rank_fail(k, "call %d (%ld rows of %ld): h[%ld][%d] = %g, want %g", c, n, dim, i, j, hb[q], hh);
+                return;
+            }
+            ss += (double)hh * hh;
+        }
+        double inv = 1.0 / sqrt(ss / (double)dim + 1e-5);
+        for (int j = 0; j < dim; j++) {
+            size_t q = (size_t)i * dim + (size_t)j;
+            double want = wval((size_t)j) * (hb[q] * inv);
+            if (fabs(hx[q] - want) > 1e-5 * (1 + fabs(want))) {
+                rank_fail(k, "call %d (%ld rows): x[%ld][%d] = %g, want %g", c, n, i, j, hx[q], want);
+                return;
+            }
+        }
+    }
+}
+
+/* The fused all-reduce + add + norm (one-shot runs). */
+static void check_norm_reduce(struct rank *k) {
+    size_t e = (size_t)64 * NORM_DIM;
+    float *hb = xmalloc(e * 4), *hx = xmalloc(e * 4), *hx2 = xmalloc(e * 4);
+    for (int j = 0; j < NORM_DIM; j++) hb[j] = wval((size_t)j);
+    float *dw = dev_floats(k, hb, NORM_DIM);
+    float *dh = dev_floats(k, NULL, e), *dd = dev_floats(k, NULL, e), *dx = dev_floats(k, NULL, e);
+    float *dh2 = dev_floats(k, NULL, e), *dd2 = dev_floats(k, NULL, e), *dx2 = dev_floats(k, NULL, e);
+    int nr = (int)(sizeof norm_rows / sizeof norm_rows[0]);
+    for (int c = 0; c < NORM_CALLS && !k->failed; c++)
+        check_norm_call(k, c, norm_rows[c % nr], NORM_DIM, dh, dd, dx, dw, dh2, dd2, dx2, hb, hx, hx2);
+    /* narrow rows (the tiny models' 64): the scalar kernel's layout */
+    for (int c = 0; c < 2 * nr && !k->failed; c++)
+        check_norm_call(k, 100 + c, norm_rows[c % nr], 64, dh, dd, dx, dw, dh2, dd2, dx2, hb, hx, hx2);
+    /* the 16-bit handoff: norm_matmul (3 rows: past the GEMV) with the
+     * sum in its norm, against all_reduce + norm_matmul */
+    if (!k->failed) {
+        struct kiln_error err = {0};
+        long n = 3;
+        uint16_t *wb = xmalloc((size_t)NORM_OUT * NORM_DIM * 2);
+        for (size_t i = 0; i < (size_t)NORM_OUT * NORM_DIM; i++) {
+            float f = (float)((int)(i % 61) - 30) * 0.001953125f;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            wb[i] = (uint16_t)(u >> 16); /* exact in bf16 */
+        }
+        struct backend_weight w = {.data = OPS->weight_upload(CTX, wb, (size_t)NORM_OUT * NORM_DIM * 2),
+                                   .dtype = DTYPE_BF16, .rows = NORM_OUT, .cols = NORM_DIM};
+        float *dy = dev_floats(k, NULL, (size_t)n * NORM_OUT), *dy2 = dev_floats(k, NULL, (size_t)n * NORM_OUT);
+        size_t ne = (size_t)n * NORM_DIM;
+        for (size_t i = 0; i < ne; i++) hb[i] = hval(i, 99);
+        OPS->upload(CTX, dh, hb, ne * 4), OPS->upload(CTX, dh2, hb, ne * 4);
+        for (size_t i = 0; i < ne; i++) hb[i] = dval(k->r, i, 99);
+        OPS->upload(CTX, dd, hb, ne * 4), OPS->upload(CTX, dd2, hb, ne * 4);
+        struct backend_norm nm = {.h = dh, .delta = dd, .x = dx, .w = dw, .dim = NORM_DIM, .eps = 1e-5f,
+                                  .reduce = &k->c};
+        OPS->norm_matmul(CTX, &nm, dy, NORM_OUT, &w, NULL, n);
+        if (dist_comm_all_reduce(&k->c, dd2, ne, DIST_SUM, &err)) rank_fail(k, "all_reduce: %s", err.msg);
+        struct backend_norm nm2 = {.h = dh2, .delta = dd2, .x = dx2, .w = dw, .dim = NORM_DIM, .eps = 1e-5f};
+        OPS->norm_matmul(CTX, &nm2, dy2, NORM_OUT, &w, NULL, n);
+        get(k, hx, dy, (size_t)n * NORM_OUT * 4);
+        get(k, hx2, dy2, (size_t)n * NORM_OUT * 4);
+        if (memcmp(hx, hx2, (size_t)n * NORM_OUT * 4))
+            rank_fail(k, "norm_matmul with the sum in its norm differs from all_reduce + norm_matmul");
+        OPS->free(CTX, dy), OPS->free(CTX, dy2);
+        OPS->weight_release(CTX, w.data);
+        free(wb);
+    }
+    /* recorded once, replayed on new data */
+    if (!k->failed) {
+        long n = 2;
+        struct backend_norm nm = {.h = dh, .delta = dd, .x = dx, .w = dw, .dim = NORM_DIM, .eps = 1e-5f,
+                                  .reduce = &k->c};
+        OPS->graph_begin(CTX);
+        OPS->reduce_add_rmsnorm(CTX, &nm, n);
+        void *g = OPS->graph_end(CTX);
+        if (!g) rank_fail(k, "the fused op could not be recorded in a graph");
+        size_t ne = (size_t)n * NORM_DIM;
+        for (int rep = 0; rep < 4 && g && !k->failed; rep++) {
+            int c = 200 + rep;
+            for (size_t i = 0; i < ne; i++) hb[i] = hval(i, c);
+            OPS->upload(CTX, dh, hb, ne * 4);
+            for (size_t i = 0; i < ne; i++) hb[i] = dval(k->r, i, c);
+            OPS->upload(CTX, dd, hb, ne * 4);
+            if (OPS->graph_launch(CTX, g)) rank_fail(k, "graph replay failed");
+            get(k, hb, dh, ne * 4);
+            for (size_t i = 0; i < ne; i++) {
+                float sum = 0.0f;
+                for (int r = 0; r < k->size; r++) sum += dval(r, i, c);
+                if (hb[i] != hval(i, c) + sum) {
+                    rank_fail(k, "replay %d: h[%zu] = %g, want %g", rep, i, hb[i], hval(i, c) + sum);
+                    break;
+                }
+            }
+        }
+        if (g) OPS->graph_destroy(CTX, g);
+    }
+    float *bufs[] = {dw, dh, dd, dx, dh2, dd2, dx2};
+    for (int i = 0; i < 7; i++) OPS->free(CTX, bufs[i]);
+    free(hb), free(hx), free(hx2);
 }
 
 static void check_gather_scatter(struct rank *k) {
@@ -217,10 +382,45 @@ static void check_broadcast_graph(struct rank *k) {
 
 static const size_t bench_rows[] = {1, 64, 256, 8192};
 enum { BENCH_SIZES = 4, HIDDEN = 4096 };
+static const long norm_bench_rows[] = {1, 8, 32, 64};
+enum { NORM_SIZES = 4 };
+
+/* all_reduce + add_rmsnorm (NCCL runs), or the fused op (one-shot runs),
+ * on rows of HIDDEN: mean seconds a call */
+static void bench_norm(struct rank *k) {
+    struct kiln_error err = {0};
+    size_t e = (size_t)64 * HIDDEN;
+    float *zero = xcalloc(e, 4);
+    float *h = dev_floats(k, zero, e), *d = dev_floats(k, zero, e), *x = dev_floats(k, zero, e);
+    float *w = dev_floats(k, zero, HIDDEN);
+    free(zero);
+    for (int s = 0; s < NORM_SIZES; s++) {
+        long n = norm_bench_rows[s];
+        struct backend_norm nm = {.h = h, .delta = d, .x = x, .w = w, .dim = HIDDEN, .eps = 1e-5f, .reduce = &k->c};
+        for (int rep = -5; rep < 200; rep++) {
+            if (rep == 0) {
+                dist_comm_barrier(&k->c, &err);
+                k->norm_times[s] = now();
+            }
+            if (k->one_shot) {
+                OPS->reduce_add_rmsnorm(CTX, &nm, n);
+            } else {
+                dist_comm_all_reduce(&k->c, d, (size_t)n * HIDDEN, DIST_SUM, &err);
+                OPS->add_rmsnorm(CTX, h, d, x, w, n, HIDDEN, 1e-5f);
+            }
+        }
+        OPS->synchronize(CTX);
+        k->norm_times[s] = (now() - k->norm_times[s]) / 200;
+        dist_comm_barrier(&k->c, &err);
+    }
+    OPS->free(CTX, h), OPS->free(CTX, d), OPS->free(CTX, x), OPS->free(CTX, w);
+}
 
 static void bench(struct rank *k) {
     struct kiln_error err = {0};
-    float *d = dev_floats(k, NULL, (size_t)8192 * HIDDEN);
+    float *zero = xcalloc((size_t)8192 * HIDDEN, 4);
+    float *d = dev_floats(k, zero, (size_t)8192 * HIDDEN);
+    free(zero);
     for (int s = 0; s < BENCH_SIZES; s++) {
         size_t n = bench_rows[s] * HIDDEN;
         int reps = bench_rows[s] >= 8192 ? 20 : 200;
@@ -258,18 +458,62 @@ static void *rank_main(void *a) {
     } else if (k->be.ops->comm_init(k->be.ctx, &k->c, k->r, k->size, k->g.blob, k->g.blob_len, &err)) {
         rank_fail(k, "comm_init: %s", err.msg);
     } else {
-        const size_t sizes[] = {1, 5, 4096, 100003, (size_t)4 << 20};
-        for (int i = 0; i < 5 && !k->failed; i++) check_all_reduce(k, sizes[i], DIST_SUM);
+        /* the one-shot kernel's sizes (multiples of 4 floats up to 1 MiB:
+         * one block, several, its largest) and NCCL's (odd, large) */
+        const size_t sizes[] = {1, 5, 4096, 100000, 262144, 100003, (size_t)4 << 20};
+        for (int i = 0; i < 7 && !k->failed; i++) check_all_reduce(k, sizes[i], DIST_SUM);
         check_all_reduce(k, 100003, DIST_MAX);
+        int fused = OPS->norm_reduce_ok && OPS->norm_reduce_ok(CTX, &k->c, 1, NORM_DIM);
+        if (fused != k->one_shot)
+            rank_fail(k, "norm_reduce_ok says %d with KILN_CUDA_ONE_SHOT %s", fused, k->one_shot ? "on" : "0");
+        if (!k->failed && k->one_shot) check_norm_reduce(k);
         if (!k->failed) check_gather_scatter(k);
         if (!k->failed) check_all_to_all(k);
         if (!k->failed) check_broadcast_graph(k);
         if (!k->failed) bench(k);
+        if (!k->failed) bench_norm(k);
         dist_comm_free(&k->c);
     }
     dist_group_free(&k->g);
     backend_destroy(&k->be);
     return NULL;
+}
+
+/* One run of every check and measurement, one thread per GPU; the slowest
+ * rank's times into t and nt. */
+static void run_ranks(int size, int one_shot, double t[BENCH_SIZES], double nt[NORM_SIZES]) {
+    struct kiln_error err = {0};
+    if (setenv("KILN_CUDA_ONE_SHOT", one_shot ? "1048576" : "0", 1) || knob_reload(&err))
+        fail_msg("KILN_CUDA_ONE_SHOT: %s", err.msg);
+    int port;
+    int lfd = dist_listen("127.0.0.1:0", &port, &err);
+    if (lfd < 0) fail_msg("listen: %s", err.msg);
+    struct rank rk[MAX_RANKS];
+    double times[MAX_RANKS][BENCH_SIZES], norm_times[MAX_RANKS][NORM_SIZES];
+    uint64_t hashes[MAX_RANKS][NORM_CALLS];
+    memset(hashes, 0, sizeof hashes);
+    pthread_t th[MAX_RANKS];
+    for (int r = 0; r < size; r++) {
+        memset(&rk[r], 0, sizeof rk[r]);
+        rk[r].r = r, rk[r].size = size, rk[r].lfd = r == 0 ? lfd : -1, rk[r].one_shot = one_shot;
+        rk[r].times = times[r], rk[r].norm_times = norm_times[r], rk[r].hashes = hashes[r];
+        snprintf(rk[r].addr, sizeof rk[r].addr, "127.0.0.1:%d", port);
+        pthread_create(&th[r], NULL, rank_main, &rk[r]);
+    }
+    for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < size; r++)
+        if (rk[r].failed) fail_msg("rank %d of %d (one-shot %s): %s", r, size, one_shot ? "on" : "off", rk[r].msg);
+    for (int r = 1; r < size; r++)
+        for (int c = 0; c < NORM_CALLS; c++)
+            if (hashes[r][c] != hashes[0][c]) fail_msg("fused call %d: rank %d's x differs from rank 0's", c, r);
+    for (int s = 0; s < BENCH_SIZES; s++) {
+        t[s] = 0;
+        for (int r = 0; r < size; r++) t[s] = times[r][s] > t[s] ? times[r][s] : t[s];
+    }
+    for (int s = 0; s < NORM_SIZES; s++) {
+        nt[s] = 0;
+        for (int r = 0; r < size; r++) nt[s] = norm_times[r][s] > nt[s] ? norm_times[r][s] : nt[s];
+    }
 }
 
 static void test_nccl(void **state) {
@@ -279,31 +523,21 @@ static void test_nccl(void **state) {
     if (n_dev < 2) fail_msg("test_cuda_nccl needs two or more GPUs (found %d): run it with ctest -L gpu_multi "
                             "on a machine with several", n_dev);
     int size = n_dev < MAX_RANKS ? n_dev : MAX_RANKS;
-    struct kiln_error err = {0};
-    int port;
-    int lfd = dist_listen("127.0.0.1:0", &port, &err);
-    if (lfd < 0) fail_msg("listen: %s", err.msg);
-    struct rank rk[MAX_RANKS];
-    double times[MAX_RANKS][BENCH_SIZES];
-    pthread_t th[MAX_RANKS];
-    for (int r = 0; r < size; r++) {
-        memset(&rk[r], 0, sizeof rk[r]);
-        rk[r].r = r, rk[r].size = size, rk[r].lfd = r == 0 ? lfd : -1, rk[r].times = times[r];
-        snprintf(rk[r].addr, sizeof rk[r].addr, "127.0.0.1:%d", port);
-        pthread_create(&th[r], NULL, rank_main, &rk[r]);
-    }
-    for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < size; r++)
-        if (rk[r].failed) fail_msg("rank %d of %d: %s", r, size, rk[r].msg);
-    printf("NCCL all_reduce on %d GPUs, fp32 rows of %d (the slowest rank's mean):\n", size, HIDDEN);
-    printf("%8s %12s %12s %14s\n", "rows", "bytes", "us", "bus GB/s");
+    double t[2][BENCH_SIZES], nt[2][NORM_SIZES];
+    run_ranks(size, 0, t[0], nt[0]);
+    run_ranks(size, 1, t[1], nt[1]);
+    printf("all_reduce on %d GPUs, fp32 rows of %d (the slowest rank's mean; one-shot: the IPC kernel up to "
+           "1 MiB, NCCL beyond):\n", size, HIDDEN);
+    printf("%8s %12s %12s %14s %14s\n", "rows", "bytes", "NCCL us", "bus GB/s", "one-shot us");
     for (int s = 0; s < BENCH_SIZES; s++) {
-        double t = 0;
-        for (int r = 0; r < size; r++) t = times[r][s] > t ? times[r][s] : t;
         double bytes = (double)bench_rows[s] * HIDDEN * 4;
-        printf("%8zu %12.0f %12.1f %14.1f\n", bench_rows[s], bytes, t * 1e6,
-               bytes * 2.0 * (size - 1) / size / t / 1e9);
+        printf("%8zu %12.0f %12.1f %14.1f %14.1f\n", bench_rows[s], bytes, t[0][s] * 1e6,
+               bytes * 2.0 * (size - 1) / size / t[0][s] / 1e9, t[1][s] * 1e6);
     }
+    printf("all_reduce + add_rmsnorm (NCCL) against the fused one-shot kernel, rows of %d:\n", HIDDEN);
+    printf("%8s %14s %12s\n", "rows", "NCCL + norm", "fused");
+    for (int s = 0; s < NORM_SIZES; s++)
+        printf("%8ld %14.1f %12.1f\n", norm_bench_rows[s], nt[0][s] * 1e6, nt[1][s] * 1e6);
 }
 
 int main(void) {

@@ -336,7 +336,7 @@ static void test_glu_mlp(void **state) {
             ops->upload(be->ctx, dh, h, (size_t)(n * d) * 4);
             ops->upload(be->ctx, ddl, dl, (size_t)(n * d) * 4);
             ops->upload(be->ctx, dnw, nw, (size_t)d * 4);
-            struct backend_norm nm = {dh, ddl, dx, dnw, d, 1e-5f};
+            struct backend_norm nm = {.h = dh, .delta = ddl, .x = dx, .w = dnw, .dim = d, .eps = 1e-5f};
             long calls = c->wgmma_calls;
             ops->norm_swiglu_mlp(be->ctx, &nm, dy, d, &(struct backend_stack){.cat = gu}, &dw, dgu,
                                  2 * inter, n);

@@ -30,6 +30,8 @@
  *   cuda_moe_fp8.cu     the experts' products with FP8 experts (GEMV and grouped mma)
  *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
  *   cuda_nccl.c         the communicator between ranks (NCCL on the stream)
+ *   cuda_allreduce.cu   the one-shot all-reduce over CUDA IPC, alone or fused
+ *                       with the residual add + RMSNorm after it
  *   hopper/gemm_wgmma.cu small-M product on wgmma + TMA (sm_90a, cc 9.0)
  *
  * Every CUDA and cuBLAS call goes through CUDA_CHECK / CUBLAS_CHECK: a
@@ -350,6 +352,8 @@ void cuda_op_attention_matmul(void *ctx, float *y, long ldy, float *att, long ld
                               const float *q, long ldq, const void *k_cache, const void *v_cache,
                               const struct attn_params *p, const struct backend_batch *b,
                               const struct backend_weight *wo, const float *bias, long n);
+int cuda_op_norm_reduce_ok(void *ctx, const struct dist_comm *comm, long n, long dim);
+void cuda_op_reduce_add_rmsnorm(void *ctx, const struct backend_norm *nm, long n);
 void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, long ldy,
                          const struct backend_weight *w, const float *bias, long n);
 void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *nm, float *y, long ldy,
@@ -475,10 +479,43 @@ void cuda_moe_fp8_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, c
 void cuda_moe_fp8_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16, long H, long F,
                           const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
                           const int *n_tiles, long max_tiles, int br, int bc, const struct moe_experts *e);
-/* The NCCL communicator (cuda_nccl.c): backend_ops.comm_id / comm_init. */
+/* The NCCL communicator (cuda_nccl.c): backend_ops.comm_id / comm_init.
+ * cuda_comm_ar: the one-shot all-reduce of a communicator cuda_comm_init
+ * made, or NULL (another communicator, or its ranks could not map each
+ * other's memory, or KILN_CUDA_ONE_SHOT=0). */
 int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err);
 int cuda_comm_init(void *ctx, struct dist_comm *c, int rank, int size, const void *id, size_t id_len,
                    struct kiln_error *err);
+const struct cuda_ar *cuda_comm_ar(const struct dist_comm *c);
+/* The one-shot all-reduce (cuda_allreduce.cu; cuda_nccl.c sets it up).
+ * peers.buf[p]: rank p's three buffers of `size` slots of cap floats
+ * ([3][size][cap]), as this rank maps them, filled with -0 at the start
+ * (cuda_ar_fill); peers.state: this rank's five counter words, zero at the
+ * start. Messages of up to max_bytes (and cap floats) take it, on cc's
+ * stream. cuda_ar_sum: x[n] in place (cuda_ar_sum_ok: n % 4 == 0, x
+ * 16-byte aligned). cuda_ar_norm: nm->delta is this rank's part; h += the
+ * sum over the ranks, then the norm into nm->x, or into x16 (dt, 16-bit)
+ * when x16 is not NULL; cuda_ar_norm_ok says which n and dim it serves
+ * (all of h, delta, w and the output 16-byte aligned). */
+enum { CUDA_AR_MAX_RANKS = 8, CUDA_AR_STATE_WORDS = 5 };
+struct cuda_ar_peers {
+    int rank, size;
+    long cap;
+    float *buf[CUDA_AR_MAX_RANKS];
+    uint32_t *state;
+};
+struct cuda_ar {
+    const struct cuda_ctx *cc;
+    size_t max_bytes;
+    struct cuda_ar_peers peers;
+};
+int cuda_ar_fill(void *p, size_t bytes);
+/* Whether add_rmsnorm's float4 kernel serves these operands (cuda_norm.cu) */
+int cuda_norm_vec_ok(const float *h, const float *delta, const float *y, const float *w, long dim);
+int cuda_ar_sum_ok(const struct cuda_ar *ar, const float *x, long n);
+void cuda_ar_sum(const struct cuda_ar *ar, float *x, long n);
+int cuda_ar_norm_ok(const struct cuda_ar *ar, long n, long dim);
+void cuda_ar_norm(const struct cuda_ar *ar, const struct backend_norm *nm, long n, void *x16, enum dtype dt);
 /* x16 [n][cols] = x in dt (16-bit), in the act16 scratch (cuda_matmul.cu);
  * NULL when the scratch could not grow (nothing run) */
 void *cuda_act16(struct cuda_ctx *c, const float *x, long ldx, long n, long cols, enum dtype dt);

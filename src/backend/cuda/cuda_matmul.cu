@@ -490,8 +490,20 @@ static int handoff16(const struct cuda_ctx *c, const struct backend_norm *nm,
            w->cols <= INT32_MAX;
 }
 
+/* The norm into nm->x; a tensor parallel part (nm->reduce) summed over the
+ * ranks in the same kernel (cuda_allreduce.cu). */
 static void plain_norm(struct cuda_ctx *c, const struct backend_norm *nm, long n) {
-    cuda_op_add_rmsnorm(c, nm->h, nm->delta, nm->x, nm->w, n, nm->dim, nm->eps);
+    if (nm->reduce) cuda_ar_norm(cuda_comm_ar(nm->reduce), nm, n, NULL, DTYPE_F32);
+    else cuda_op_add_rmsnorm(c, nm->h, nm->delta, nm->x, nm->w, n, nm->dim, nm->eps);
+}
+
+extern "C" int cuda_op_norm_reduce_ok(void *ctx, const struct dist_comm *comm, long n, long dim) {
+    const struct cuda_ar *ar = cuda_comm_ar(comm);
+    return ar && ar->cc == (const struct cuda_ctx *)ctx && cuda_ar_norm_ok(ar, n, dim);
+}
+
+extern "C" void cuda_op_reduce_add_rmsnorm(void *ctx, const struct backend_norm *nm, long n) {
+    if (n > 0) plain_norm((struct cuda_ctx *)ctx, nm, n);
 }
 
 extern "C" void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, float *y, long ldy,

@@ -14,6 +14,13 @@
  * group, message size and NCCL configuration but is not the rank order
  * of the TCP communicator.
  *
+ * Small all-reduces between the GPUs of one machine take the one-shot
+ * kernel over CUDA IPC instead (cuda_allreduce.cu; up to KILN_CUDA_ONE_SHOT
+ * bytes), and the model's reductions that a residual add + RMSNorm follows
+ * run fused with it (cuda_comm_ar, backend_ops.reduce_add_rmsnorm). ar_setup
+ * maps the ranks' buffers at start-up, where every rank can reach every
+ * other; else NCCL carries everything.
+ *
  * Errors: a failed call is reported with NCCL's message; asynchronous
  * failures (a peer that died) surface in the next call or at the stream's
  * next synchronization. A build without NCCL refuses to create one.
@@ -22,9 +29,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
+#include "base/knob.h"
+#include "base/log.h"
 #include "base/mem.h"
 #include "dist/comm.h"
 
@@ -36,6 +46,10 @@ struct nccl_ctx {
     cudaStream_t stream;
     int rank, size;
     float *one; /* device scratch of the barrier */
+    /* the one-shot all-reduce: ar.max_bytes > 0 where it is set up */
+    struct cuda_ar ar;
+    void *region;                    /* this rank's buffers and counters */
+    void *mapped[CUDA_AR_MAX_RANKS]; /* peers' regions opened by IPC handle (to close) */
 };
 
 static int nccl_fail(const char *op, ncclResult_t r, struct kiln_error *err) {
@@ -52,6 +66,10 @@ static ncclRedOp_t red_op(enum dist_reduce op) { return op == DIST_MAX ? ncclMax
 
 static int n_all_reduce(void *ctx, float *buf, size_t n, enum dist_reduce op, struct kiln_error *err) {
     struct nccl_ctx *c = ctx;
+    if (op == DIST_SUM && c->ar.max_bytes && cuda_ar_sum_ok(&c->ar, buf, (long)n)) {
+        cuda_ar_sum(&c->ar, buf, (long)n);
+        return 0;
+    }
     NCCL_TRY("all_reduce", ncclAllReduce(buf, buf, n, ncclFloat32, red_op(op), c->comm, c->stream));
     return 0;
 }
@@ -131,10 +149,20 @@ static int n_recv(void *ctx, void *buf, size_t bytes, int peer, struct kiln_erro
     return 0;
 }
 
+static void ar_free(struct nccl_ctx *c) {
+    for (int p = 0; p < CUDA_AR_MAX_RANKS; p++)
+        if (c->mapped[p]) (void)cudaIpcCloseMemHandle(c->mapped[p]);
+    (void)cudaFree(c->region);
+    memset(c->mapped, 0, sizeof c->mapped);
+    c->region = NULL;
+    memset(&c->ar, 0, sizeof c->ar);
+}
+
 static void n_free(void *ctx) {
     struct nccl_ctx *c = ctx;
     if (!c) return;
     (void)cudaStreamSynchronize(c->stream);
+    ar_free(c);
     ncclResult_t async = ncclSuccess;
     (void)ncclCommGetAsyncError(c->comm, &async);
     if (async != ncclSuccess) (void)ncclCommAbort(c->comm);
@@ -156,6 +184,105 @@ static const struct dist_comm_ops nccl_ops = {
     .recv = n_recv,
     .free = n_free,
 };
+
+const struct cuda_ar *cuda_comm_ar(const struct dist_comm *dc) {
+    if (!dc || dc->ops != &nccl_ops) return NULL;
+    const struct nccl_ctx *c = dc->ctx;
+    return c->ar.max_bytes ? &c->ar : NULL;
+}
+
+/* What each rank tells the others to set up the one-shot all-reduce. */
+struct ar_info {
+    char host[64];
+    int32_t pid, device, ok;
+    cudaIpcMemHandle_t handle;
+    uint64_t region;
+};
+
+/* Each rank's info, through NCCL on device memory; 0 on success. */
+static int ar_swap(struct nccl_ctx *c, const struct ar_info *mine, struct ar_info *all) {
+    void *d = NULL;
+    if (cudaMalloc(&d, sizeof *all * (size_t)(c->size + 1)) != cudaSuccess) return -1;
+    int ok = cudaMemcpy(d, mine, sizeof *mine, cudaMemcpyHostToDevice) == cudaSuccess &&
+             ncclAllGather(d, (char *)d + sizeof *mine, sizeof *mine, ncclUint8, c->comm, c->stream) == ncclSuccess &&
+             cudaStreamSynchronize(c->stream) == cudaSuccess &&
+             cudaMemcpy(all, (char *)d + sizeof *mine, sizeof *all * (size_t)c->size, cudaMemcpyDeviceToHost) ==
+                 cudaSuccess;
+    (void)cudaFree(d);
+    return ok ? 0 : -1;
+}
+
+/* Whether every rank succeeded (a max of "failed" flags through NCCL). */
+static int ar_agree(struct nccl_ctx *c, int ok) {
+    float bad = ok ? 0.0f : 1.0f;
+    if (cudaMemcpy(c->one, &bad, 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+        ncclAllReduce(c->one, c->one, 1, ncclFloat32, ncclMax, c->comm, c->stream) != ncclSuccess ||
+        cudaStreamSynchronize(c->stream) != cudaSuccess || cudaMemcpy(&bad, c->one, 4, cudaMemcpyDeviceToHost))
+        bad = 1.0f;
+    return bad == 0.0f;
+}
+
+/* The one-shot all-reduce's buffers: each rank makes its region ([3][size]
+ * slots of cap floats, filled with -0, then the counters), the ranks swap
+ * their handles, and each maps the others' (a plain pointer with peer
+ * access where a rank is a thread of this process, else the IPC handle).
+ * Every rank must reach every other on this machine; otherwise (or with
+ * KILN_CUDA_ONE_SHOT=0, or several ranks with --deterministic: the kernel
+ * adds in rank order, NCCL in its own, and the two must not mix) NCCL
+ * does every all-reduce. Collective: every rank calls it. */
+static void ar_setup(struct nccl_ctx *c, const struct cuda_ctx *cc) {
+    size_t want = (size_t)knob_int(KNOB_CUDA_ONE_SHOT);
+    if (c->size > CUDA_AR_MAX_RANKS || (cc->deterministic && c->size > 2)) want = 0;
+    long cap = (long)((want / 4 + 3) & ~(size_t)3); /* whole 16-byte rows */
+    size_t data = (size_t)cap * 3 * (size_t)c->size * 4, bytes = data + CUDA_AR_STATE_WORDS * 4;
+    struct ar_info mine = {.pid = (int32_t)getpid(), .device = cc->device, .ok = 0};
+    if (gethostname(mine.host, sizeof mine.host - 1)) mine.host[0] = 0;
+    if (want && cudaMalloc(&c->region, bytes) == cudaSuccess && !cuda_ar_fill(c->region, data) &&
+        cudaMemset((char *)c->region + data, 0, bytes - data) == cudaSuccess &&
+        cudaDeviceSynchronize() == cudaSuccess && cudaIpcGetMemHandle(&mine.handle, c->region) == cudaSuccess) {
+        mine.ok = 1;
+        mine.region = (uint64_t)(uintptr_t)c->region;
+    }
+    (void)cudaGetLastError();
+    struct ar_info *all = xcalloc((size_t)c->size, sizeof *all);
+    int ok = !ar_swap(c, &mine, all);
+    for (int p = 0; ok && p < c->size; p++) ok = all[p].ok && !strcmp(all[p].host, mine.host);
+    c->ar = (struct cuda_ar){.cc = cc, .peers = {.rank = c->rank, .size = c->size, .cap = cap}};
+    for (int p = 0; ok && p < c->size; p++) {
+        void *base = NULL;
+        if (p == c->rank) {
+            base = c->region;
+        } else if (all[p].pid == mine.pid) {
+            int can = 0;
+            ok = cudaDeviceCanAccessPeer(&can, cc->device, all[p].device) == cudaSuccess && can;
+            if (ok) {
+                cudaError_t e = cudaDeviceEnablePeerAccess(all[p].device, 0);
+                ok = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
+                base = (void *)(uintptr_t)all[p].region;
+            }
+        } else {
+            ok = cudaIpcOpenMemHandle(&base, all[p].handle, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
+            if (ok) c->mapped[p] = base;
+        }
+        if (ok) c->ar.peers.buf[p] = base;
+    }
+    c->ar.peers.state = (uint32_t *)((char *)c->region + data);
+    (void)cudaGetLastError();
+    /* every rank must have mapped every peer before anyone uses it */
+    ok = ar_agree(c, ok);
+    (void)cudaGetLastError();
+    if (want && ok) {
+        c->ar.max_bytes = want;
+        if (c->rank == 0)
+            log_info("all-reduces of up to %zu bytes: one kernel over CUDA IPC (%d ranks on this machine), "
+                     "fused with the norm after them; larger: NCCL", want, c->size);
+    } else {
+        ar_free(c);
+        if (want && c->rank == 0)
+            log_info("all-reduces: NCCL only (not every rank could map every other's memory on one machine)");
+    }
+    free(all);
+}
 
 int cuda_comm_id(void *ctx, void *blob, size_t *len, struct kiln_error *err) {
     (void)ctx;
@@ -191,6 +318,7 @@ int cuda_comm_init(void *ctx, struct dist_comm *out, int rank, int size, const v
         return kiln_errorc(err, KILN_ERR_IO, "NCCL: rank %d of %d could not join the group: %s", rank, size,
                            ncclGetErrorString(r));
     }
+    ar_setup(c, cc);
     *out = (struct dist_comm){.ops = &nccl_ops, .ctx = c, .rank = rank, .size = size};
     return 0;
 }
@@ -207,6 +335,11 @@ int cuda_comm_init(void *ctx, struct dist_comm *out, int rank, int size, const v
                    struct kiln_error *err) {
     (void)out, (void)rank, (void)size, (void)id, (void)id_len;
     return cuda_comm_id(ctx, NULL, NULL, err);
+}
+
+const struct cuda_ar *cuda_comm_ar(const struct dist_comm *c) {
+    (void)c;
+    return NULL;
 }
 
 #endif

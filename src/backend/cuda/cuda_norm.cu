@@ -190,12 +190,13 @@ static __global__ void __launch_bounds__(1024)
 }
 
 /* Whether add_rmsnorm takes the float4 kernel (the same choice for the
- * plain op and the 16-bit producer, so that both give the same bits). */
-static int norm_vec_ok(const float *h, const float *delta, const float *y, const float *w,
-                       long dim) {
+ * plain op, the 16-bit producer and the fused all-reduce, so that all
+ * give the same bits). */
+extern "C" int cuda_norm_vec_ok(const float *h, const float *delta, const float *y, const float *w, long dim) {
     uintptr_t a = (uintptr_t)h | (uintptr_t)delta | (uintptr_t)y | (uintptr_t)w;
     return dim % 4 == 0 && dim >= 128 && dim <= 4 * 4 * 1024 && a % 16 == 0;
 }
+
 
 template <typename O, bool DELTA>
 static void launch_norm_vec(const struct cuda_ctx *c, float *h, const float *delta, float *y,
@@ -214,7 +215,7 @@ extern "C" void cuda_op_add_rmsnorm(void *ctx, float *h, const float *delta, flo
                                     const float *w, long n, long dim, float eps) {
     const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
     if (n <= 0) return;
-    if (norm_vec_ok(h, delta, y, w, dim)) {
+    if (cuda_norm_vec_ok(h, delta, y, w, dim)) {
         if (delta) launch_norm_vec<float, true>(c, h, delta, y, w, n, dim, eps, (float *)NULL);
         else launch_norm_vec<float, false>(c, h, delta, y, w, n, dim, eps, (float *)NULL);
         return;
@@ -231,7 +232,7 @@ extern "C" void cuda_op_add_rmsnorm(void *ctx, float *h, const float *delta, flo
  * plain op would choose for these operands (the same bits). */
 template <typename O>
 static void launch_norm16(const struct cuda_ctx *c, const struct backend_norm *nm, long n, O *x16) {
-    if (norm_vec_ok(nm->h, nm->delta, nm->x, nm->w, nm->dim)) {
+    if (cuda_norm_vec_ok(nm->h, nm->delta, nm->x, nm->w, nm->dim)) {
         if (nm->delta) launch_norm_vec<O, true>(c, nm->h, nm->delta, NULL, nm->w, n, nm->dim, nm->eps, x16);
         else launch_norm_vec<O, false>(c, nm->h, nm->delta, NULL, nm->w, n, nm->dim, nm->eps, x16);
         return;
@@ -246,8 +247,8 @@ static void launch_norm16(const struct cuda_ctx *c, const struct backend_norm *n
 }
 
 extern "C" int cuda_add_rmsnorm16_ok(const struct backend_norm *nm) {
-    return nm->delta || nm->dim > NORM_WARP_MAX_DIM ||
-           norm_vec_ok(nm->h, nm->delta, nm->x, nm->w, nm->dim);
+    return nm->delta || nm->reduce || nm->dim > NORM_WARP_MAX_DIM ||
+           cuda_norm_vec_ok(nm->h, nm->delta, nm->x, nm->w, nm->dim);
 }
 
 extern "C" void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm *nm, long n,
@@ -255,6 +256,10 @@ extern "C" void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm
     if (n <= 0) return;
     /* without a delta, narrow rows take rmsnorm's warp kernel: another sum order */
     CUDA_ASSERT(cuda_add_rmsnorm16_ok(nm));
+    if (nm->reduce) { /* the ranks' parts summed in the same kernel (cuda_allreduce.cu) */
+        cuda_ar_norm(cuda_comm_ar(nm->reduce), nm, n, x16, dt);
+        return;
+    }
     if (dt == DTYPE_BF16) launch_norm16(c, nm, n, (__nv_bfloat16 *)x16);
     else launch_norm16(c, nm, n, (__half *)x16);
 }

@@ -228,6 +228,14 @@ static void w_add_rmsnorm(void *ctx, float *h, const float *delta, float *y, con
     end(ctx, s);
 }
 
+static void w_reduce_add_rmsnorm(void *ctx, const struct backend_norm *nm, long n) {
+    char k[96];
+    snprintf(k, sizeof k, "reduce_add_rmsnorm n=%ld", n);
+    int s = begin(ctx, k, 0, 0);
+    P(ctx)->orig.reduce_add_rmsnorm(ctx, nm, n);
+    end(ctx, s);
+}
+
 static void w_rope(void *ctx, float *x, long ldx, long n, int nh, long hs, int rot,
                    const int32_t *pos, const float *cs, int il) {
     int s = begin(ctx, "rope", 0, 0);
@@ -386,6 +394,7 @@ void cuda_profile_install(struct backend *be) {
     WRAP(matmul_heads);
     WRAP(rmsnorm);
     WRAP(add_rmsnorm);
+    WRAP(reduce_add_rmsnorm);
     WRAP(rope);
     WRAP(silu_mul);
     WRAP(add);
