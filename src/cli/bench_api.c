@@ -138,24 +138,25 @@ static void content_chunk(struct bench_api_stream *s, double now, int new_tokens
     s->last_content = now;
 }
 
-/* The text of one chunk (streaming) or of the whole response. */
-static const char *chunk_text(enum bench_api api, json_t *data, int stream) {
-    json_t *c0 = json_array_get(json_object_get(data, "choices"), 0);
+/* The text of one chunk (streaming) or of the whole response, and its
+ * length in *len (it may hold NUL bytes: "\u0000" is valid JSON, and a
+ * model may generate it). */
+static const char *chunk_text(enum bench_api api, json_t *data, int stream, size_t *len) {
+    json_t *c0 = json_array_get(json_object_get(data, "choices"), 0), *t = NULL;
     switch (api) {
-    case BENCH_API_OPENAI: return json_string_value(json_object_get(c0, "text"));
-    case BENCH_API_OPENAI_CHAT:
-        return json_string_value(json_object_get(json_object_get(c0, stream ? "delta" : "message"), "content"));
-    case BENCH_API_GENERATE: return json_string_value(json_object_get(data, "text"));
-    case BENCH_API_SCORE: return NULL;
+    case BENCH_API_OPENAI: t = json_object_get(c0, "text"); break;
+    case BENCH_API_OPENAI_CHAT: t = json_object_get(json_object_get(c0, stream ? "delta" : "message"), "content"); break;
+    case BENCH_API_GENERATE: t = json_object_get(data, "text"); break;
+    case BENCH_API_SCORE: break;
     }
-    return NULL;
+    *len = json_string_length(t);
+    return json_string_value(t);
 }
 
 /* /generate streams the whole text so far (SGLang's default); a server
  * that streams increments instead is recognised by the text not starting
  * with what came before. */
-static void generate_text(struct bench_result *r, const char *t) {
-    size_t n = strlen(t);
+static void generate_text(struct bench_result *r, const char *t, size_t n) {
     if (r->text.len && n >= r->text.len && !memcmp(t, r->text.data, r->text.len))
         buf_append(&r->text, t + r->text.len, n - r->text.len);
     else
@@ -168,7 +169,7 @@ static void on_event(struct bench_api_stream *s, const char *data, size_t n, dou
     r->latency = now - r->start;
     if (n == 6 && !memcmp(data, "[DONE]", 6)) return;
     json_error_t je;
-    json_t *j = json_loadb(data, n, 0, &je);
+    json_t *j = json_loadb(data, n, JSON_ALLOW_NUL, &je);
     if (!json_is_object(j)) {
         stream_fail(s, "malformed stream chunk (%s): %.120s", j ? "not an object" : je.text, data);
         json_decref(j);
@@ -179,29 +180,30 @@ static void on_event(struct bench_api_stream *s, const char *data, size_t n, dou
         return;
     }
     read_usage(r, json_object_get(j, "usage"));
-    const char *text = chunk_text(s->api, j, 1);
+    size_t tn;
+    const char *text = chunk_text(s->api, j, 1, &tn);
     if (s->api == BENCH_API_GENERATE) {
         json_t *ct = json_object_get(json_object_get(j, "meta_info"), "completion_tokens");
         int tokens = json_is_integer(ct) ? (int)json_integer_value(ct) : -1;
         if (tokens >= 0) r->usage_output_len = tokens;
         json_t *pt = json_object_get(json_object_get(j, "meta_info"), "prompt_tokens");
         if (json_is_integer(pt)) r->usage_prompt_len = (int)json_integer_value(pt);
-        if (text && *text) {
+        if (text && tn) {
             int new_tokens = tokens >= 0 ? tokens - r->gen_tokens_seen : 1;
             /* A chunk with no new token does not move the clock (as in
              * bench_serving), so the next gap covers it. */
             if (s->have_first && new_tokens <= 0) {
-                generate_text(r, text);
+                generate_text(r, text, tn);
                 json_decref(j);
                 return;
             }
             content_chunk(s, now, new_tokens > 0 ? new_tokens : 1);
-            generate_text(r, text);
+            generate_text(r, text, tn);
             if (tokens >= 0) r->gen_tokens_seen = tokens;
         }
-    } else if (text && *text) {
+    } else if (text && tn) {
         content_chunk(s, now, 1);
-        buf_puts(&r->text, text);
+        buf_append(&r->text, text, tn);
     }
     json_decref(j);
 }
@@ -245,7 +247,7 @@ void bench_api_on_body(struct bench_api_stream *s, int status, const char *data,
 static void finish_whole_body(struct bench_api_stream *s, double now) {
     struct bench_result *r = s->res;
     json_error_t je;
-    json_t *j = json_loadb(s->body.data ? s->body.data : "", s->body.len, 0, &je);
+    json_t *j = json_loadb(s->body.data ? s->body.data : "", s->body.len, JSON_ALLOW_NUL, &je);
     if (!json_is_object(j)) {
         stream_fail(s, "malformed response body (%s): %.120s", j ? "not an object" : je.text, s->body.data ? s->body.data : "");
         json_decref(j);
@@ -268,11 +270,12 @@ static void finish_whole_body(struct bench_api_stream *s, double now) {
         json_decref(j);
         return;
     }
-    const char *text = chunk_text(s->api, j, 0);
+    size_t tn;
+    const char *text = chunk_text(s->api, j, 0, &tn);
     if (!text) {
         stream_fail(s, "response without generated text: %.120s", s->body.data);
     } else {
-        buf_puts(&r->text, text);
+        buf_append(&r->text, text, tn);
         json_t *ct = json_object_get(json_object_get(j, "meta_info"), "completion_tokens");
         if (s->api == BENCH_API_GENERATE && json_is_integer(ct)) r->usage_output_len = (int)json_integer_value(ct);
     }
@@ -286,7 +289,7 @@ void bench_api_finish(struct bench_api_stream *s, int status, double now) {
         /* Keep the server's message: JSON "error.message"/"detail", or the
          * start of the body. */
         const char *msg = s->body.data ? s->body.data : "";
-        json_t *j = json_loadb(msg, s->body.len, 0, NULL);
+        json_t *j = json_loadb(msg, s->body.len, JSON_ALLOW_NUL, NULL);
         json_t *e = json_object_get(j, "error");
         const char *m = json_string_value(json_object_get(e, "message"));
         if (!m) m = json_string_value(e);

@@ -14,6 +14,8 @@
 //   /hang       sends the headers, then nothing (tests --timeout)
 //   /malformed  the second chunk is not JSON
 //   /midfail    an {"error": ...} chunk after two tokens
+//   /nul        each token's text holds a NUL character ("\u0000" in the
+//               JSON: valid, and a model can generate the byte)
 // Routes: GET /v1/models, POST /v1/completions, /v1/chat/completions,
 // /generate (SGLang: cumulative text + meta_info, two tokens per chunk
 // after the first), /v1/score.
@@ -23,7 +25,7 @@ import http from 'node:http';
 
 const FIRST_MS = Number(process.argv[2] ?? 50);
 const GAP_MS = Number(process.argv[3] ?? 20);
-const TOKEN_TEXT = ' the';
+const TOKEN_TEXT_NORMAL = ' the';
 let flakyCount = 0;
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -76,7 +78,7 @@ async function streamTokens(res, mode, total, perChunk, chunk, finalChunk, pream
 }
 
 async function handle(req, res) {
-  const m = req.url.match(/^\/(nousage|error|flaky|hang|malformed|midfail)(\/.*)$/);
+  const m = req.url.match(/^\/(nousage|error|flaky|hang|malformed|midfail|nul)(\/.*)$/);
   const mode = m ? m[1] : 'normal';
   const path = m ? m[2] : req.url;
   const body = req.method === 'POST' ? await readBody(req) : '';
@@ -113,6 +115,7 @@ async function handle(req, res) {
     });
   }
 
+  const TOKEN_TEXT = mode === 'nul' ? ' \u0000' : TOKEN_TEXT_NORMAL;
   if (path === '/v1/completions' || path === '/v1/chat/completions') {
     const chat = path.endsWith('chat/completions');
     const total = p.max_tokens;

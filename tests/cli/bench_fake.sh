@@ -58,6 +58,13 @@ case_ nostream 0 '{"num_prompts":8,"completed":8,"ranges":{"mean_ttft_ms":[229,4
 # No usage from the server: generated tokens come from re-tokenizing.
 case_ nousage 0 '{"num_prompts":8,"completed":8,"source":"retokenized"}' --base-url "$url/nousage" --backend openai $gen
 
+# Text with NUL characters (valid JSON; dummy weights generate them) is
+# text like any other, streamed or whole.
+for b in openai kiln; do
+  case_ "nul_$b" 0 '{"num_prompts":8,"completed":8,"failed":0,"source":"usage","total_output_tokens":[80,80]}' \
+    --base-url "$url/nul" --backend "$b" $gen --warmup-requests 0
+done
+
 # Failures are counted, reported with their message, and never hang.
 case_ http_error 1 '{"num_prompts":8,"completed":0,"failed":8,"error":"HTTP 500: fake internal error"}' \
   --base-url "$url/error" --backend openai $gen --warmup-requests 0
