@@ -265,10 +265,7 @@ int main(int argc, char **argv) {
      * the CPU figure is left out (bench_cpu_matmul measures its bandwidth). */
     double bw = be.ops->weights_in_place ? 0.0 : copy_bandwidth(&be);
     double host_bw = be.ops->weights_in_place ? host_read_bandwidth(threads) : 0.0;
-    double gb = (double)model_weight_bytes(m) / 1e9, kv_slot = 0;
-    for (int l = 0; l < nl; l++)
-        kv_slot += (double)dtype_size(kv->dtype) *
-                   (double)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width));
+    double gb = (double)model_weight_bytes(m) / 1e9;
     printf("model: %s (%s, %d layers, hidden %d, vocab %d), %.3f GB of weights, loaded in %.2f s\n",
            model_dir, model_arch_name(c->arch), c->n_layers, c->hidden_size, c->vocab_size, gb, t_load);
     printf("device: %s, threads: %d, batch: %d, graphs: %s, KV cache: %s, best of %d%s\n", device,
@@ -291,6 +288,16 @@ int main(int argc, char **argv) {
                     (c->tie_word_embeddings ? 1.0 : 2.0) * c->vocab_size * (double)c->hidden_size;
     for (int k = 0; k < n_pp; k++) {
         int pl = pps[k];
+        /* K/V bytes a decode step reads per sequence, at the mean context
+         * of the decode steps: every cached token of a layer, or its window */
+        double kv_seq = 0;
+        for (int l = 0; l < nl; l++) {
+            double mean_ctx = (double)pl + (n_decode + 1) / 2.0;
+            int win = model_config_layer_window(c, l);
+            if (win > 0 && win < mean_ctx) mean_ctx = win;
+            kv_seq += (double)dtype_size(kv->dtype) *
+                      (double)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width)) * mean_ctx;
+        }
         double best_pp = 1e30, best_tg[2] = {1e30, 1e30};
         for (int r = 0; r < repeat; r++) {
             t0 = time_now();
@@ -327,7 +334,7 @@ int main(int argc, char **argv) {
         printf("\n");
         for (int mode = 0; n_decode && mode < n_modes; mode++) {
             /* bytes a decode step must read: the weights once, each sequence's K/V */
-            double kv_gb = kv_slot * batch * ((double)pl + (n_decode + 1) / 2.0) / 1e9;
+            double kv_gb = kv_seq * batch / 1e9;
             double step = best_tg[mode] / n_decode, rate = (gb + kv_gb) / step;
             printf("decode tg%d batch %d at context %d: %.2f tok/s (%.3f ms/step, %.2f tok/s per "
                    "sequence), %.1f GB/s of weights + KV (%.3f + %.3f GB/step)",
@@ -346,7 +353,7 @@ int main(int argc, char **argv) {
                  * experts touched, each sequence's K/V */
                 double embed = c->tie_word_embeddings ? 0.0 : (double)c->vocab_size * c->hidden_size * (double)es;
                 double fixed = (double)model_weight_bytes(m) - mt.routed_bytes - embed;
-                double kv_b = kv_slot * batch * ((double)pl + (n_decode + 1) / 2.0);
+                double kv_b = kv_seq * batch;
                 double total = fixed + mt.decode_bytes + kv_b, step = best_tg[0] / n_decode;
                 double ceil_bw = bw > 0 ? bw : host_bw;
                 printf("decode bound batch %d at context %d: %.4f GB/step (weights but routed experts and "
