@@ -37,6 +37,7 @@
  * the launcher the job, instead of a hang. */
 #include <stdint.h>
 
+#include "backend/cuda/cuda_norm_row.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 
 namespace {
@@ -159,10 +160,6 @@ __global__ void __launch_bounds__(SUM_THREADS) sum_kernel(float4 *x, long n4, cu
     finish(pr, c, n4 * 4);
 }
 
-__device__ __forceinline__ void put16(float *, long, float) {}
-__device__ __forceinline__ void put16(__nv_bfloat16 *p, long i, float v) { store16(p + i, v); }
-__device__ __forceinline__ void put16(__half *p, long i, float v) { store16(p + i, v); }
-
 /* The fused form, one block a row of dim floats (dim % 4 == 0), V float4
  * a thread, exactly cuda_norm.cu's add_rmsnorm_vec_kernel after the sum:
  * h[n][dim] += the ranks' delta; y = h / rms(h) * w (y NULL: not
@@ -176,11 +173,7 @@ __global__ void __launch_bounds__(1024)
     const int t = threadIdx.x, nt = blockDim.x, me = pr.rank, size = pr.size;
     const long d4 = dim / 4, slot4 = pr.cap / 4;
     float4 wv[V];
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        long k = t + (long)j * nt;
-        wv[j] = k < d4 ? ((const float4 *)w)[k] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    norm_weights_vec(wv, w, d4);
     pdl_wait();
     const call c = call_of(pr);
     const float4 *mine = (const float4 *)(pr.buf[me] + c.cur);
@@ -208,35 +201,7 @@ __global__ void __launch_bounds__(1024)
                 v[j] = add4(hr[k], s);
             }
         }
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            long k = t + (long)j * nt;
-            if (k < d4) {
-                hr[k] = v[j];
-                ss = fmaf(v[j].x, v[j].x, ss);
-                ss = fmaf(v[j].y, v[j].y, ss);
-                ss = fmaf(v[j].z, v[j].z, ss);
-                ss = fmaf(v[j].w, v[j].w, ss);
-            }
-        }
-        ss = block_sum(ss, red);
-        float inv = rsqrtf(ss / (float)dim + eps);
-        float4 *yr = (float4 *)(y + i * dim);
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            long k = t + (long)j * nt;
-            if (k < d4) {
-                float4 o = make_float4(wv[j].x * (v[j].x * inv), wv[j].y * (v[j].y * inv),
-                                       wv[j].z * (v[j].z * inv), wv[j].w * (v[j].w * inv));
-                if (y) yr[k] = o;
-                put16(y16, i * dim + 4 * k, o.x);
-                put16(y16, i * dim + 4 * k + 1, o.y);
-                put16(y16, i * dim + 4 * k + 2, o.z);
-                put16(y16, i * dim + 4 * k + 3, o.w);
-            }
-        }
-        __syncthreads(); /* red is reused by the next row */
+        norm_row_vec(v, wv, hr, y, y16, i, dim, eps, red);
     }
     finish(pr, c, n * dim);
 }
@@ -278,19 +243,7 @@ __global__ void __launch_bounds__(NORM_BLOCK)
                 ss += v * v;
             }
         }
-        ss = block_sum(ss, red);
-        float inv = rsqrtf(ss / (float)dim + eps);
-        float *yr = y + i * dim;
-#pragma unroll
-        for (int j = 0; j < SV; j++) {
-            long k = t + (long)j * nt;
-            if (k < dim) {
-                float v = w[k] * (hr[k] * inv);
-                if (y) yr[k] = v;
-                put16(y16, i * dim + k, v);
-            }
-        }
-        __syncthreads();
+        norm_row_scalar(ss, hr, w, y, y16, i, dim, eps, red);
     }
     finish(pr, c, n * dim);
 }

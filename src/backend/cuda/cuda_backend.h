@@ -9,6 +9,7 @@
  *   cuda_backend.c      context, memory, graphs, the operation table
  *   cuda_embed.cu       embedding rows
  *   cuda_norm.cu        rmsnorm, fused residual add + rmsnorm
+ *   cuda_norm_row.cuh   one row of the add + norm, shared with the fused all-reduce
  *   cuda_rope.cu        rotary embedding, KV-cache stores, fused q/k norm + rope + store
  *   cuda_elementwise.cu silu_mul, gelu_tanh_mul, scale, add, gated_add, gather_rows, copy_rows
  *   cuda_matmul.cu      the product dispatch: cuBLASLt / cuBLAS on 16-bit operands,

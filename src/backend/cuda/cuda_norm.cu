@@ -16,6 +16,7 @@
  * before touching memory; only the norm weights are read-only. */
 #include <stdint.h>
 
+#include "backend/cuda/cuda_norm_row.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 
 enum { NORM_BLOCK = 256, NORM_WARP_ROWS = 8, NORM_WARP_MAX_DIM = 512 };
@@ -74,12 +75,6 @@ extern "C" void cuda_op_rmsnorm(void *ctx, float *y, long ldy, const float *x, l
     launch_rmsnorm((const struct cuda_ctx *)ctx, y, ldy, x, ldx, w, n, dim, eps);
 }
 
-static __device__ __forceinline__ void put16(float *, long, float) {}
-static __device__ __forceinline__ void put16(__nv_bfloat16 *p, long i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
-static __device__ __forceinline__ void put16(__half *p, long i, float v) { p[i] = __float2half_rn(v); }
-
 /* h[n][dim] += delta (DELTA); y[n][dim] = rmsnorm(h) * w; y may alias h.
  * O (bf16 / f16): also y16[n][dim] = y rounded to O, and y may be NULL
  * (not written: the 16-bit handoff's product reads y16 only). Without DELTA this is
@@ -105,15 +100,7 @@ static __global__ void add_rmsnorm_kernel(float *h, const float *delta, float *y
         } else {
             for (long k = threadIdx.x; k < dim; k += blockDim.x) ss += hr[k] * hr[k];
         }
-        ss = block_sum(ss, red);
-        float inv = rsqrtf(ss / (float)dim + eps);
-        float *yr = y + i * dim;
-        for (long k = threadIdx.x; k < dim; k += blockDim.x) {
-            float v = w[k] * (hr[k] * inv);
-            if (y) yr[k] = v;
-            put16(y16, i * dim + k, v);
-        }
-        __syncthreads();
+        norm_row_scalar(ss, hr, w, y, y16, i, dim, eps, red);
     }
 }
 
@@ -135,11 +122,7 @@ static __global__ void __launch_bounds__(1024)
     int t = threadIdx.x, nt = blockDim.x;
     long d4 = dim / 4;
     float4 wv[V];
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        long k = t + (long)j * nt;
-        wv[j] = k < d4 ? ((const float4 *)w)[k] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    norm_weights_vec(wv, w, d4);
     pdl_wait();
     for (long i = blockIdx.x; i < n; i += gridDim.x) {
         float4 *hr = (float4 *)(h + i * dim);
@@ -157,35 +140,7 @@ static __global__ void __launch_bounds__(1024)
                 }
             }
         }
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            long k = t + (long)j * nt;
-            if (k < d4) {
-                if (DELTA) hr[k] = v[j];
-                ss = fmaf(v[j].x, v[j].x, ss);
-                ss = fmaf(v[j].y, v[j].y, ss);
-                ss = fmaf(v[j].z, v[j].z, ss);
-                ss = fmaf(v[j].w, v[j].w, ss);
-            }
-        }
-        ss = block_sum(ss, red);
-        float inv = rsqrtf(ss / (float)dim + eps);
-        float4 *yr = (float4 *)(y + i * dim);
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            long k = t + (long)j * nt;
-            if (k < d4) {
-                float4 o = make_float4(wv[j].x * (v[j].x * inv), wv[j].y * (v[j].y * inv),
-                                       wv[j].z * (v[j].z * inv), wv[j].w * (v[j].w * inv));
-                if (y) yr[k] = o;
-                put16(y16, i * dim + 4 * k, o.x);
-                put16(y16, i * dim + 4 * k + 1, o.y);
-                put16(y16, i * dim + 4 * k + 2, o.z);
-                put16(y16, i * dim + 4 * k + 3, o.w);
-            }
-        }
-        __syncthreads(); /* red is reused by the next row */
+        norm_row_vec(v, wv, DELTA ? hr : (float4 *)NULL, y, y16, i, dim, eps, red);
     }
 }
 
