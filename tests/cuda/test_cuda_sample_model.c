@@ -177,12 +177,11 @@ static void on_event(void *user, const struct engine_event *ev) {
     pthread_mutex_unlock(&s->mu);
 }
 
-enum { E_REQS = 6 };
-
-/* Runs the request set on an engine; ids per request into out. */
-static void run_engine(int device_sampling, struct sink *out) {
+/* A deterministic engine on stories260K, sampling on the device or (0) on
+ * the host; engine_close undoes the setting. */
+static struct engine *engine_open(int device_sampling) {
     setenv("KILN_GPU_SAMPLE", device_sampling ? "1" : "0", 1);
-    knob_reload(NULL); /* knobs are read once; this test compares settings */
+    knob_reload(NULL); /* knobs are read once; these tests compare settings */
     struct engine_options o;
     engine_options_default(&o);
     const char *mdir = getenv("KILN_MODELS");
@@ -192,6 +191,36 @@ static void run_engine(int device_sampling, struct sink *out) {
     struct kiln_error err = {0};
     struct engine *e;
     if (engine_create(&e, &o, &err)) fail_msg("engine: %s", err.msg);
+    return e;
+}
+
+static void engine_close(struct engine *e) {
+    engine_destroy(e);
+    unsetenv("KILN_GPU_SAMPLE");
+    knob_reload(NULL);
+}
+
+/* Submits r with its tokens going to s (emptied first). */
+static void sink_submit(struct engine *e, struct engine_request *r, struct sink *s) {
+    struct kiln_error err = {0};
+    memset(s, 0, sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    r->callback = on_event, r->user = s;
+    if (!engine_submit(e, r, &err)) fail_msg("submit: %s", err.msg);
+}
+
+static void sink_wait(struct sink *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->done) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+enum { E_REQS = 6 };
+
+/* Runs the request set on an engine; ids per request into out. */
+static void run_engine(int device_sampling, struct sink *out) {
+    struct engine *e = engine_open(device_sampling);
     int32_t prompt[6] = {1, 403, 407, 261, 9, 27};
     struct logit_bias_entry bias[3] = {{378, -100.0f}, {5, 4.0f}, {300, 2.5f}};
     int32_t stop_ids[2] = {432, 383};
@@ -213,20 +242,10 @@ static void run_engine(int device_sampling, struct sink *out) {
             r.sampling.has_seed = 1, r.sampling.seed = 42;
             break;
         }
-        memset(&out[q], 0, sizeof out[q]);
-        pthread_mutex_init(&out[q].mu, NULL);
-        pthread_cond_init(&out[q].cv, NULL);
-        r.callback = on_event, r.user = &out[q];
-        if (!engine_submit(e, &r, &err)) fail_msg("submit: %s", err.msg);
+        sink_submit(e, &r, &out[q]);
     }
-    for (int q = 0; q < E_REQS; q++) {
-        pthread_mutex_lock(&out[q].mu);
-        while (!out[q].done) pthread_cond_wait(&out[q].cv, &out[q].mu);
-        pthread_mutex_unlock(&out[q].mu);
-    }
-    engine_destroy(e);
-    unsetenv("KILN_GPU_SAMPLE");
-    knob_reload(NULL);
+    for (int q = 0; q < E_REQS; q++) sink_wait(&out[q]);
+    engine_close(e);
 }
 
 static void test_engine(void **state) {
@@ -259,17 +278,8 @@ static void test_engine(void **state) {
  * spells a word of the grammar. */
 enum { G_REQS = 6 };
 static void run_engine_grammar(int device_sampling, struct sink *out, char texts[G_REQS][256]) {
-    setenv("KILN_GPU_SAMPLE", device_sampling ? "1" : "0", 1);
-    knob_reload(NULL);
-    struct engine_options o;
-    engine_options_default(&o);
-    const char *mdir = getenv("KILN_MODELS");
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/stories260K", mdir ? mdir : "models");
-    o.model_dir = dir, o.device = "cuda", o.deterministic = 1, o.max_running_requests = 8;
+    struct engine *e = engine_open(device_sampling);
     struct kiln_error err = {0};
-    struct engine *e;
-    if (engine_create(&e, &o, &err)) fail_msg("engine: %s", err.msg);
     const char *ebnf = "root ::= \"The \" (\"cat\" | \"dog\") \" ate \" [1-9] [0-9]? \" apples.\"";
     struct grammar *g = grammar_compile_ebnf(ebnf, strlen(ebnf), NULL, &err);
     if (!g) fail_msg("grammar: %s", err.msg);
@@ -285,16 +295,10 @@ static void run_engine_grammar(int device_sampling, struct sink *out, char texts
         r.max_new_tokens = q == 1 ? 24 : 64, r.skip_special_tokens = 1;
         r.grammar = q == 1 ? NULL : g; /* one free request in the batch */
         r.ignore_eos = q == 1;
-        memset(&out[q], 0, sizeof out[q]);
-        pthread_mutex_init(&out[q].mu, NULL);
-        pthread_cond_init(&out[q].cv, NULL);
-        r.callback = on_event, r.user = &out[q];
-        if (!engine_submit(e, &r, &err)) fail_msg("submit: %s", err.msg);
+        sink_submit(e, &r, &out[q]);
     }
     for (int q = 0; q < G_REQS; q++) {
-        pthread_mutex_lock(&out[q].mu);
-        while (!out[q].done) pthread_cond_wait(&out[q].cv, &out[q].mu);
-        pthread_mutex_unlock(&out[q].mu);
+        sink_wait(&out[q]);
         char *t;
         size_t n;
         kiln_tokenizer_decode(engine_tokenizer(e), out[q].ids, (size_t)out[q].n, 1, &t, &n, &err);
@@ -302,9 +306,7 @@ static void run_engine_grammar(int device_sampling, struct sink *out, char texts
         free(t);
     }
     grammar_unref(g);
-    engine_destroy(e);
-    unsetenv("KILN_GPU_SAMPLE");
-    knob_reload(NULL);
+    engine_close(e);
 }
 
 static int is_sentence(const char *s) {
