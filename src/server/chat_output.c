@@ -100,6 +100,7 @@ void chat_template_needs_read(const char *src, struct chat_template_needs *n) {
                                         "message[\"content\"] is none",    "message[\"content\"] is not none"};
     for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++)
         if (strstr(src, nulls[i])) n->null_content = 1;
+    n->reasoning_effort = strstr(src, "reasoning_effort") != NULL;
 }
 
 int chat_message_prepare(json_t *m, size_t i, const struct chat_template_needs *n, struct req_error *e) {

@@ -60,10 +60,12 @@ int chat_output_parse_request(const json_t *body, enum tool_format fmt, enum rea
 /* What a chat template needs, read from its text once: whether it uses
  * tool-call arguments as a mapping without handling a JSON string itself
  * (they are then parsed into an object, as vLLM does), and whether it tells
- * a null content apart (else null becomes "", as vLLM does). */
+ * a null content apart (else null becomes "", as vLLM does), and whether
+ * it reads `reasoning_effort` (gpt-oss's harmony template). */
 struct chat_template_needs {
     int object_arguments;
     int null_content;
+    int reasoning_effort;
 };
 void chat_template_needs_read(const char *source, struct chat_template_needs *n);
 

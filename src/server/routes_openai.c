@@ -653,6 +653,37 @@ fail:
     return NULL;
 }
 
+/* OpenAI's `reasoning_effort` ("low", "medium" or "high"): a variable of
+ * the chat template, as vLLM and SGLang pass it to gpt-oss's. A template
+ * that never reads it would ignore it, so the request is refused; a
+ * different value in chat_template_kwargs is a conflict. *vars: a copy of
+ * kwargs with the variable set (NULL when the request has none). */
+static int reasoning_effort_var(const struct server *s, const json_t *body, const json_t *kwargs, json_t **vars,
+                                struct req_error *e) {
+    json_t *v = json_object_get(body, "reasoning_effort");
+    *vars = NULL;
+    if (!v || json_is_null(v)) return 0;
+    const char *effort = json_string_value(v);
+    if (!effort)
+        return req_errorf(e, 400, "invalid_type", "reasoning_effort",
+                          "'reasoning_effort' must be a string: \"low\", \"medium\" or \"high\"");
+    if (strcmp(effort, "low") && strcmp(effort, "medium") && strcmp(effort, "high"))
+        return req_errorf(e, 400, "invalid_value", "reasoning_effort",
+                          "'reasoning_effort' must be \"low\", \"medium\" or \"high\", not \"%s\"", effort);
+    if (!s->chat_needs.reasoning_effort)
+        return req_errorf(e, 400, "unsupported", "reasoning_effort",
+                          "this model's chat template has no reasoning effort: 'reasoning_effort' would have no "
+                          "effect (its switches, if any, go in 'chat_template_kwargs')");
+    const char *other = json_string_value(json_object_get(kwargs, "reasoning_effort"));
+    if (other && strcmp(other, effort))
+        return req_errorf(e, 400, "invalid_value", "reasoning_effort",
+                          "'reasoning_effort' \"%s\" and 'chat_template_kwargs'.reasoning_effort \"%s\" disagree",
+                          effort, other);
+    *vars = json_is_object(kwargs) ? json_copy((json_t *)kwargs) : json_object();
+    json_object_set_new(*vars, "reasoning_effort", json_string(effort));
+    return 0;
+}
+
 int server_chat_prompt(struct server *s, const json_t *body, struct prompt_list *out, struct req_error *e) {
     if (!s->have_chat)
         return req_errorf(e, 400, "no_chat_template", "messages",
@@ -665,16 +696,22 @@ int server_chat_prompt(struct server *s, const json_t *body, struct prompt_list 
         return req_errorf(e, 400, "invalid_type", "chat_template_kwargs", "'chat_template_kwargs' must be an object");
     int add_gen = 1;
     if (jr_bool(body, "add_generation_prompt", &add_gen, e) < 0) return -1;
+    json_t *vars = NULL; /* kwargs with reasoning_effort, when the request sets it */
+    if (reasoning_effort_var(s, body, kwargs, &vars, e)) return -1;
     json_t *msgs = normalize_messages(s, json_object_get(body, "messages"), e);
-    if (!msgs) return -1;
+    if (!msgs) {
+        json_decref(vars);
+        return -1;
+    }
     struct chat_template_args a = {.messages = msgs, .add_generation_prompt = add_gen,
                                    .tools = json_is_array(tools) ? tools : NULL,
-                                   .kwargs = json_is_object(kwargs) ? kwargs : NULL};
+                                   .kwargs = vars ? vars : json_is_object(kwargs) ? kwargs : NULL};
     char *text = NULL;
     size_t len = 0;
     struct kiln_error err;
     int rc = chat_template_render(&s->chat, &a, &text, &len, &err);
     json_decref(msgs);
+    json_decref(vars);
     if (rc) return req_errorf(e, 400, "chat_template_error", "messages", "the chat template failed: %s", err.msg);
     if (!s->tok) {
         free(text);

@@ -5,4 +5,6 @@ source "$KILN_SRC/tests/server/serve.sh"
 serve_start A --model "$KILN_MODELS/stories260K" --skip-sampler-warmup --threads 1
 serve_start T --model "$KILN_MODELS/stories260K" --skip-sampler-warmup --threads 1 \
     --chat-template "$KILN_SRC/tests/server/chatml.jinja"
-serve_node openai.js "$URL_A" "$URL_T"
+serve_start E --model "$KILN_MODELS/stories260K" --skip-sampler-warmup --threads 1 \
+    --chat-template "$KILN_SRC/tests/server/effort.jinja"
+serve_node openai.js "$URL_A" "$URL_T" "$URL_E"

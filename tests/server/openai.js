@@ -236,4 +236,51 @@ if (urlT) {
   });
 }
 
+// With a third URL: a server started with --chat-template tests/server/effort.jinja,
+// a template that reads `reasoning_effort` (as gpt-oss's harmony template does).
+const urlE = process.argv[4];
+if (urlE) {
+  const messages = [{ role: 'user', content: 'Tell me a story.' }];
+  // the prompt the template renders for an effort, and the greedy answer to it
+  async function rendered(url, effort) {
+    const want = await post(url, '/tokenize', { prompt: `<s>system: Reasoning: ${effort}\nuser: Tell me a story.\nassistant:`,
+      add_special_tokens: false });
+    const g = await post(url, '/generate', { input_ids: want.json.tokens, sampling_params: { max_new_tokens: 8,
+      temperature: 0, ignore_eos: true } });
+    return { count: want.json.count, text: g.json.text };
+  }
+  test('reasoning_effort reaches the chat template (default medium), also through chat_template_kwargs', async () => {
+    const c = client(urlE);
+    const cases = [
+      ['low', { reasoning_effort: 'low' }],
+      ['high', { reasoning_effort: 'high' }],
+      ['medium', {}], // the template's default
+      ['high', { reasoning_effort: 'high', chat_template_kwargs: { reasoning_effort: 'high' } }],
+      ['low', { reasoning_effort: null, chat_template_kwargs: { reasoning_effort: 'low' } }],
+    ];
+    for (const [effort, extra] of cases) {
+      const r = await c.chat.completions.create({ model: MODEL, messages, max_tokens: 8, temperature: 0,
+        ignore_eos: true, ...extra });
+      const want = await rendered(urlE, effort);
+      assert.strictEqual(r.usage.prompt_tokens, want.count, JSON.stringify(extra));
+      assert.strictEqual(r.choices[0].message.content, want.text, JSON.stringify(extra));
+    }
+  });
+  test('reasoning_effort: bad values, a conflict, and a template without it are 400s', async () => {
+    const cases = [
+      [urlE, { reasoning_effort: 'extreme' }, 'invalid_value'],
+      [urlE, { reasoning_effort: 3 }, 'invalid_type'],
+      [urlE, { reasoning_effort: 'low', chat_template_kwargs: { reasoning_effort: 'high' } }, 'invalid_value'],
+      [urlT, { reasoning_effort: 'high' }, 'unsupported'],
+    ];
+    for (const [url, extra, code] of cases) {
+      await assert.rejects(client(url).chat.completions.create({ model: MODEL, messages, max_tokens: 2, ...extra }),
+        (e) => e.status === 400 && e.code === code && e.param === 'reasoning_effort', JSON.stringify(extra));
+    }
+    // the server is still up
+    const r = await client(urlE).chat.completions.create({ model: MODEL, messages, max_tokens: 2 });
+    assert.strictEqual(r.choices.length, 1);
+  });
+}
+
 run();
