@@ -727,6 +727,37 @@ int server_chat_prompt(struct server *s, const json_t *body, struct prompt_list 
     return rc;
 }
 
+/* OpenAI chat fields for what kiln does not do: refused, never ignored
+ * (the bookkeeping ones, user / metadata / store / service_tier, have no
+ * effect on the answer and are accepted, as the peers accept them). */
+static int chat_unsupported(const json_t *body, struct req_error *e) {
+    static const char *const fields[][2] = {
+        {"functions", "'functions' (the deprecated function calling) is not supported: send 'tools'"},
+        {"function_call", "'function_call' (the deprecated function calling) is not supported: send 'tool_choice'"},
+        {"audio", "audio output is not supported"},
+        {"prediction", "predicted outputs ('prediction') are not supported"},
+        {"web_search_options", "web search is not supported"},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        json_t *v = json_object_get(body, fields[i][0]);
+        if (v && !json_is_null(v)) return req_errorf(e, 400, "unsupported", fields[i][0], "%s", fields[i][1]);
+    }
+    json_t *mods = json_object_get(body, "modalities"), *m;
+    size_t k;
+    if (mods && !json_is_null(mods)) {
+        if (!json_is_array(mods))
+            return req_errorf(e, 400, "invalid_type", "modalities", "'modalities' must be an array of strings");
+        json_array_foreach(mods, k, m) {
+            if (!json_is_string(m))
+                return req_errorf(e, 400, "invalid_type", "modalities", "'modalities' must be an array of strings");
+            if (strcmp(json_string_value(m), "text"))
+                return req_errorf(e, 400, "unsupported", "modalities", "only the \"text\" modality is supported, not \"%s\"",
+                                  json_string_value(m));
+        }
+    }
+    return 0;
+}
+
 void route_chat_completions(struct server *s, struct http_request *r) {
     json_t *body = server_body(s, r);
     if (!body) return;
@@ -738,7 +769,8 @@ void route_chat_completions(struct server *s, struct http_request *r) {
     st->chat = 1;
     long long top = 0;
     int rc;
-    if (server_check_model(s, body, &e) || gen_params_parse(&gp, body, body, JR_CHAT, s->vocab, &e) ||
+    if (server_check_model(s, body, &e) || chat_unsupported(body, &e) ||
+        gen_params_parse(&gp, body, body, JR_CHAT, s->vocab, &e) ||
         parse_stream(st, body, &e) || jr_bool(body, "logprobs", &st->logprobs, &e) < 0 ||
         (rc = jr_int(body, "top_logprobs", 0, SAMPLING_MAX_TOP_LOGPROBS, &top, &e)) < 0)
         goto bad;

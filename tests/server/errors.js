@@ -77,6 +77,18 @@ test('400 for invalid fields, naming the field', async () => {
     [{ prompt: null }, 'prompt'], [{ cache_salt: 3 }, 'cache_salt'], [{ priority: 1.5 }, 'priority'],
   ];
   for (const [extra, param] of cases) await expectError(400, '/v1/completions', Object.assign({}, P, extra), { param });
+  // chat fields of OpenAI's API for what kiln does not do: refused, naming the field
+  const M = { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2 };
+  const refused = [
+    [{ functions: [{ name: 'f', parameters: {} }] }, 'functions', 'unsupported'],
+    [{ function_call: 'auto' }, 'function_call', 'unsupported'],
+    [{ modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } }, 'audio', 'unsupported'],
+    [{ modalities: ['text', 'audio'] }, 'modalities', 'unsupported'], [{ modalities: 'text' }, 'modalities', 'invalid_type'],
+    [{ prediction: { type: 'content', content: 'Hello' } }, 'prediction', 'unsupported'],
+    [{ web_search_options: {} }, 'web_search_options', 'unsupported'],
+  ];
+  for (const [extra, param, code] of refused)
+    await expectError(400, '/v1/chat/completions', Object.assign({}, M, extra), { param, code });
   await expectError(400, '/generate', { text: 'x', sampling_params: { max_new_tokens: -3 } }, { param: 'max_new_tokens' });
   await expectError(400, '/generate', { sampling_params: {} }, { param: 'text' });
   await expectError(400, '/generate', { text: 'x', input_ids: [1] }, { param: 'text' });

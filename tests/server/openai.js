@@ -234,6 +234,12 @@ if (urlT) {
     const g = await post(urlT, '/generate', { input_ids: want.json.tokens, sampling_params: { max_new_tokens: 8, temperature: 0, ignore_eos: true } });
     assert.strictEqual(r.choices[0].message.content, g.json.text);
   });
+  test('chat fields with no effect on the answer (modalities text, user, metadata, store, service_tier) are accepted',
+    async () => {
+      const r = await client(urlT).chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'Hi' }],
+        max_tokens: 2, modalities: ['text'], user: 'u1', metadata: { k: 'v' }, store: false, service_tier: 'auto' });
+      assert.strictEqual(r.choices.length, 1);
+    });
 }
 
 // With a third URL: a server started with --chat-template tests/server/effort.jinja,
