@@ -23,26 +23,10 @@
 # and its MXFP4 checkpoint (experts dequantized to bf16 at load) run in
 # bf16x2 mode like the other MoE models, and gpt_oss with the FP8 KV cache
 # (the CPU measures 4.34 there, tests/cli/verify_oracle.sh).
-# Skips (exit 0 with a note) when no GPU can be opened.
+# Fails, saying so, when no GPU can be opened.
 set -u
-fail=0; runs=0
-check() {
-  local out rc last
-  out=$("$KILN" verify --device cuda --tolerance "$tol" "$@" 2>&1)
-  rc=$?
-  runs=$((runs + 1))
-  last=$(printf '%s\n' "$out" | tail -1)
-  if [ $rc -ne 0 ] || ! printf '%s' "$last" | grep -Eq '^max_abs_err=[0-9.e+-]+ rows=[1-9][0-9]*$'; then
-    echo "FAIL: kiln verify --device cuda $*"; printf '%s\n' "$out"; fail=$((fail + 1))
-  else
-    echo "ok: $* -> $(printf '%s' "$out" | grep -o 'mode=[a-z]* max_abs_err=[^ ]*' | tr '\n' ' ')"
-  fi
-}
-probe=$("$KILN" verify --device cuda --model "$KILN_FIXTURES/oracle/tiny-models/llama" \
-  --reference "$KILN_FIXTURES/oracle/tiny-models/llama/reference.safetensors" --tolerance 1e9 2>&1)
-if printf '%s' "$probe" | grep -q "no CUDA device\|built without CUDA"; then
-  echo "FAIL: this test needs a CUDA GPU (it runs under ctest -L gpu on the GPU machine): $probe"; exit 1
-fi
+source "$KILN_SRC/tests/cuda/lib/verify.sh"
+need_gpu
 stories() {
   check --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
 }
@@ -67,18 +51,7 @@ done
 unset KILN_MLA_FORM
 run_all "mistral gemma3 gpt_oss gpt_oss_mxfp4" tiny-models-more
 stories
-check_fp8() {
-  local out err
-  out=$("$KILN" verify --device cuda --kv-cache-dtype fp8_e4m3 --tolerance 6 "$@" 2>&1)
-  local rc=$?
-  runs=$((runs + 1))
-  err=$(printf '%s\n' "$out" | tail -1 | sed -n 's/^max_abs_err=\([0-9.e+-]*\) rows=[1-9][0-9]*$/\1/p')
-  if [ $rc -ne 0 ] || [ -z "$err" ] || ! awk -v e="$err" 'BEGIN { exit !(e >= 0.1) }'; then
-    echo "FAIL: kiln verify --device cuda --kv-cache-dtype fp8_e4m3 $*"; printf '%s\n' "$out"; fail=$((fail + 1))
-  else
-    echo "ok: fp8 KV cache $* -> max_abs_err=$err"
-  fi
-}
+check_fp8() { check_floor 6 0.1 --kv-cache-dtype fp8_e4m3 "$@"; }
 run_fp8() {
   for arch in $1; do
     dir="$KILN_FIXTURES/oracle/${2:-tiny-models}/$arch"
@@ -110,5 +83,4 @@ export KILN_CUDA_KV=f32
 tol=1e-3
 stories
 unset KILN_CUDA_KV
-echo "$((runs - fail)) passed, $fail failed"
-[ $fail -eq 0 ]
+verify_done

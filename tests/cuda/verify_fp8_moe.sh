@@ -24,26 +24,10 @@
 # the CPU by test_cuda_moe_fp8 (within 1e-2, two bf16 roundings).
 # Needs a GPU: fails with a note where none can be opened.
 set -u
-fail=0; runs=0
+source "$KILN_SRC/tests/cuda/lib/verify.sh"
 tol=${KILN_CUDA_TOL_X2:-1e-3}
-check() {
-  local out rc last
-  out=$("$KILN" verify --device cuda --tolerance "$tol" "$@" 2>&1)
-  rc=$?
-  runs=$((runs + 1))
-  last=$(printf '%s\n' "$out" | tail -1)
-  if [ $rc -ne 0 ] || ! printf '%s' "$last" | grep -Eq '^max_abs_err=[0-9.e+-]+ rows=[1-9][0-9]*$'; then
-    echo "FAIL: kiln verify --device cuda $*"; printf '%s\n' "$out"; fail=$((fail + 1))
-  else
-    echo "ok: $* -> $(printf '%s' "$out" | grep -o 'mode=[a-z]* max_abs_err=[^ ]*' | tr '\n' ' ')$last"
-  fi
-}
 fp8="$KILN_FIXTURES/oracle/tiny-models-fp8"
-probe=$("$KILN" verify --device cuda --model "$KILN_FIXTURES/oracle/tiny-models/llama" \
-  --reference "$KILN_FIXTURES/oracle/tiny-models/llama/reference.safetensors" --tolerance 1e9 2>&1)
-if printf '%s' "$probe" | grep -q "no CUDA device\|built without CUDA"; then
-  echo "FAIL: this test needs a CUDA GPU (it runs under ctest -L gpu on the GPU machine): $probe"; exit 1
-fi
+need_gpu
 export KILN_CUDA_MATMUL=bf16x2
 for arch in qwen3_moe_fp8 deepseek_v3_fp8; do
   dir="$fp8/$arch"
@@ -59,5 +43,4 @@ for form in absorbed mha; do
     KILN_MLA_FORM=$form check --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk $chunk
   done
 done
-echo "$((runs - fail)) passed, $fail failed"
-[ $fail -eq 0 ]
+verify_done

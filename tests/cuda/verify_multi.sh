@@ -12,24 +12,8 @@ set -u
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export KILN_CUDA_MATMUL=bf16x2
 tol=${KILN_CUDA_TOL_X2:-1e-3}
-fail=0; runs=0
-n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "${n_gpu:-0}" -lt 2 ]; then
-  echo "FAIL: this test needs two or more GPUs (found ${n_gpu:-0}): run it with ctest -L gpu_multi on such a machine"
-  exit 1
-fi
-check() {
-  local out rc last
-  out=$(timeout 300 "$KILN" verify --device cuda --tolerance "$tol" "$@" 2>&1)
-  rc=$?
-  runs=$((runs + 1))
-  last=$(printf '%s\n' "$out" | tail -1)
-  if [ $rc -ne 0 ] || ! printf '%s' "$last" | grep -Eq '^max_abs_err=[0-9.e+-]+ rows=[1-9][0-9]*$'; then
-    echo "FAIL: kiln verify --device cuda $*"; printf '%s\n' "$out" | tail -20; fail=$((fail + 1))
-  else
-    echo "ok: $* -> $last"
-  fi
-}
+source "$KILN_SRC/tests/cuda/lib/verify.sh"
+need_gpus 2
 for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
   dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
   for ps in 1 16; do
@@ -45,5 +29,4 @@ for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
     esac
   done
 done
-echo "$((runs - fail)) passed, $fail failed"
-[ $fail -eq 0 ]
+verify_done

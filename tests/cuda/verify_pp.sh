@@ -20,23 +20,14 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export KILN_CUDA_MATMUL=bf16x2
 tol=${KILN_CUDA_TOL_X2:-1e-3}
 gpus=${1:-2}
-fail=0; runs=0
-n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "${n_gpu:-0}" -lt "$gpus" ]; then
-  echo "FAIL: this test needs $gpus or more GPUs (found ${n_gpu:-0}): run it on such a machine"
-  exit 1
-fi
-# verify ARGS...: the last line's max_abs_err in $err; status 1 when it failed
+source "$KILN_SRC/tests/cuda/lib/verify.sh"
+need_gpus "$gpus"
+# verify ARGS...: one run at chunk 3 within $tol, its max_abs_err in $err;
+# status 1 (the failure printed) when it failed
 verify() {
-  local out rc last
-  out=$(timeout 300 "$KILN" verify --device cuda --tolerance "$tol" --chunk 3 "$@" 2>&1)
-  rc=$?
-  last=$(printf '%s\n' "$out" | tail -1)
-  err=$(printf '%s' "$last" | sed -n 's/^max_abs_err=\([0-9.e+-]*\) rows=[1-9][0-9]*$/\1/p')
-  if [ $rc -ne 0 ] || [ -z "$err" ]; then
-    echo "FAIL: kiln verify --device cuda $*"; printf '%s\n' "$out" | tail -20
-    return 1
-  fi
+  cuda_verify --tolerance "$tol" --chunk 3 "$@" && return 0
+  echo "FAIL: kiln verify --device cuda $*"; printf '%s\n' "$out" | tail -20
+  return 1
 }
 # check ARCH PAGE "BASE" ARGS...: ARGS (with --pp) against the reference and
 # against BASE (the same ranks without --pp; "" one GPU)
@@ -64,5 +55,4 @@ for ps in 1 16; do
     for arch in llama qwen3 qwen3_moe deepseek_v3; do check $arch $ps "" --pp 2; done
   fi
 done
-echo "$((runs - fail)) passed, $fail failed"
-[ $fail -eq 0 ]
+verify_done
