@@ -29,6 +29,7 @@
 #include "base/mem.h"
 #include "cache/kv_pool.h"
 #include "dist_world.h"
+#include "model_par_test.h"
 #include "model_ref_steps.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -167,15 +168,6 @@ static int run_ranks(struct job *j) {
     return world_run(&tw.w, j->tp, rank_body, &first);
 }
 
-static double max_diff(const float *a, const float *b, size_t n) {
-    double e = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= e)) e = isnan(d) ? INFINITY : d;
-    }
-    return e;
-}
-
 /* {tp, ep, dp, page, placement} */
 struct split {
     int tp, ep, dp, page;
@@ -242,28 +234,6 @@ static void test_deepseek_v3(void **state) {
 }
 
 /* ---- refusals -------------------------------------------------------------- */
-
-static void expect_refusal(const struct model_config *c, const struct model_parallel *par, const char *want) {
-    struct kiln_error err = {0};
-    struct backend be;
-    struct backend_options bo = {.n_threads = 1};
-    assert_int_equal(backend_create(&be, "cpu", &bo, &err), 0);
-    struct model_options mo = {.max_batch_tokens = 16, .max_seqs = 2, .max_context = 64, .par = *par};
-    struct model *m = NULL;
-    int rc = model_load_dummy(&m, c, &be, &mo, &err);
-    if (rc == 0) model_free(m);
-    backend_destroy(&be);
-    printf("  refused: %s\n", err.msg);
-    assert_int_equal(rc, -1);
-    if (!strstr(err.msg, want)) fail_msg("expected '%s' in: %s", want, err.msg);
-}
-
-static void load_config(const char *rel, struct model_config *c) {
-    struct kiln_error err = {0};
-    char *path = fixture(rel);
-    if (model_config_load(c, path, &err)) fail_msg("%s", err.msg);
-    free(path);
-}
 
 static void test_refusals(void **state) {
     (void)state;
