@@ -9,55 +9,19 @@
 # stories260K model; every row must be within 1e-3 of the Hugging Face
 # fp32 logits; with an FP8 KV cache, within a tolerance derived below.
 set -u
-fail=0; runs=0
-check() {
-  local out
-  out=$("$KILN" verify "$@" 2>&1)
-  local rc=$?
-  runs=$((runs + 1))
-  local last=$(printf '%s\n' "$out" | tail -1)
-  if [ $rc -ne 0 ] || ! printf '%s' "$last" | grep -Eq '^max_abs_err=[0-9.e+-]+ rows=[1-9][0-9]*$'; then
-    echo "FAIL: kiln verify $*"; printf '%s\n' "$out"; fail=$((fail + 1))
-  else
-    echo "ok: $* -> $last"
-  fi
-}
-for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
-  dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
-  for ps in 1 16; do
-    for chunk in 3 64; do
-      check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
-    done
-  done
-done
+source "$KILN_SRC/tests/cli/lib/verify.sh"
+tol=1e-3
+verify_grid tiny-models llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3
 # model types whose prompts run past their sliding window (8 positions)
-for arch in mistral gemma3 gpt_oss; do
-  dir="$KILN_FIXTURES/oracle/tiny-models-more/$arch"
-  for ps in 1 16; do
-    for chunk in 3 64; do
-      check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
-    done
-  done
-done
-# gpt_oss with MXFP4 experts (scripts/oracle/make_mxfp4_gpt_oss.py writes
-# it; its reference comes from the dequantized weights), once it is made;
-# it must fail against the bf16 model's reference (its blocks were read:
-# 4-bit experts move these logits far past 1e-3)
-dir="$KILN_FIXTURES/oracle/tiny-models-more/gpt_oss_mxfp4"
-if [ -d "$dir" ]; then
-  for ps in 1 16; do
-    for chunk in 3 64; do
-      check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
-    done
-  done
-  if "$KILN" verify --model "$dir" --reference "$KILN_FIXTURES/oracle/tiny-models-more/gpt_oss/reference.safetensors" \
-       >/dev/null 2>&1; then
-    echo "FAIL: the MXFP4 gpt_oss passed against the bf16 model's reference"; fail=$((fail + 1))
-  fi
-  runs=$((runs + 1))
-else
-  echo "skip: $dir is not made yet (scripts/oracle/make_mxfp4_gpt_oss.py on a machine with torch)"
-fi
+verify_grid tiny-models-more mistral gemma3 gpt_oss
+# gpt_oss with MXFP4 experts (scripts/oracle/make_mxfp4_gpt_oss.py made
+# it; its reference comes from the dequantized weights); it must fail
+# against the bf16 model's reference (its blocks were read: 4-bit experts
+# move these logits far past 1e-3)
+verify_grid tiny-models-more gpt_oss_mxfp4
+check_fails "the MXFP4 gpt_oss against the bf16 model's reference" \
+  --model "$KILN_FIXTURES/oracle/tiny-models-more/gpt_oss_mxfp4" \
+  --reference "$KILN_FIXTURES/oracle/tiny-models-more/gpt_oss/reference.safetensors"
 # MLA: each form forced on every sequence (KILN_MLA_FORM; auto above)
 for form in absorbed mha; do
   for arch in deepseek_v2 deepseek_v3; do
@@ -69,14 +33,7 @@ for form in absorbed mha; do
     done
   done
 done
-for arch in llama qwen3 qwen3_moe deepseek_v3; do
-  dir="$KILN_FIXTURES/oracle/tiny-models-fp8/${arch}_fp8"
-  for ps in 1 16; do
-    for chunk in 3 64; do
-      check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
-    done
-  done
-done
+verify_grid tiny-models-fp8 llama_fp8 qwen3_fp8 qwen3_moe_fp8 deepseek_v3_fp8
 for form in absorbed mha; do
   dir="$KILN_FIXTURES/oracle/tiny-models-fp8/deepseek_v3_fp8"
   KILN_MLA_FORM=$form check --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk 3
@@ -90,18 +47,7 @@ done
 # Tolerance 6: the largest (4.03) with a 1.5x margin. And the error must be
 # at least 0.1: 5000x the fp32 cache's 2e-5 and 10x under the smallest
 # measured, so a cache that stayed fp32 (the option ignored) fails.
-check_fp8() {
-  local out err
-  out=$("$KILN" verify --kv-cache-dtype fp8_e4m3 --tolerance 6 "$@" 2>&1)
-  local rc=$?
-  runs=$((runs + 1))
-  err=$(printf '%s\n' "$out" | tail -1 | sed -n 's/^max_abs_err=\([0-9.e+-]*\) rows=[1-9][0-9]*$/\1/p')
-  if [ $rc -ne 0 ] || [ -z "$err" ] || ! awk -v e="$err" 'BEGIN { exit !(e >= 0.1) }'; then
-    echo "FAIL: kiln verify --kv-cache-dtype fp8_e4m3 $*"; printf '%s\n' "$out"; fail=$((fail + 1))
-  else
-    echo "ok: fp8 KV cache $* -> max_abs_err=$err"
-  fi
-}
+check_fp8() { check_floor 6 0.1 --kv-cache-dtype fp8_e4m3 "$@"; }
 for arch in llama qwen2 qwen3 deepseek_v2 deepseek_v3; do
   dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
   for ps in 1 16; do
@@ -123,17 +69,11 @@ for form in absorbed mha; do
 done
 check --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
 # A tolerance that cannot hold must fail: the check really compares.
-if "$KILN" verify --model "$KILN_FIXTURES/oracle/tiny-models/llama" \
-     --reference "$KILN_FIXTURES/oracle/tiny-models/qwen2/reference.safetensors" >/dev/null 2>&1; then
-  echo "FAIL: verify against another model's reference passed"; fail=$((fail + 1))
-fi
-runs=$((runs + 1))
+check_fails "verify against another model's reference" --model "$KILN_FIXTURES/oracle/tiny-models/llama" \
+  --reference "$KILN_FIXTURES/oracle/tiny-models/qwen2/reference.safetensors"
 # FP8 moved these logits 1-6 from the bf16 model's: the FP8 checkpoint
 # must fail against the bf16 reference (its FP8 weights were read)
-if "$KILN" verify --model "$KILN_FIXTURES/oracle/tiny-models-fp8/llama_fp8" \
-     --reference "$KILN_FIXTURES/oracle/tiny-models/llama/reference.safetensors" >/dev/null 2>&1; then
-  echo "FAIL: the FP8 model passed against the bf16 model's reference"; fail=$((fail + 1))
-fi
-runs=$((runs + 1))
-echo "$((runs - fail)) passed, $fail failed"
-[ $fail -eq 0 ]
+check_fails "the FP8 model against the bf16 model's reference" \
+  --model "$KILN_FIXTURES/oracle/tiny-models-fp8/llama_fp8" \
+  --reference "$KILN_FIXTURES/oracle/tiny-models/llama/reference.safetensors"
+verify_done

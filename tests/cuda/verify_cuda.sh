@@ -25,21 +25,13 @@
 # (the CPU measures 4.34 there, tests/cli/verify_oracle.sh).
 # Fails, saying so, when no GPU can be opened.
 set -u
-source "$KILN_SRC/tests/cuda/lib/verify.sh"
+VERIFY_DEVICE=cuda
+source "$KILN_SRC/tests/cli/lib/verify.sh"
 need_gpu
 stories() {
   check --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
 }
-run_all() {
-  for arch in $1; do
-    dir="$KILN_FIXTURES/oracle/${2:-tiny-models}/$arch"
-    for ps in 1 16; do
-      for chunk in 3 64; do
-        check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
-      done
-    done
-  done
-}
+run_all() { verify_grid "${2:-tiny-models}" $1; }
 echo "== KILN_CUDA_MATMUL=bf16x2"
 export KILN_CUDA_MATMUL=bf16x2
 tol=${KILN_CUDA_TOL_X2:-1e-3}

@@ -18,7 +18,8 @@
 #    quantized).
 # Fails when no GPU can be opened.
 set -u
-source "$KILN_SRC/tests/cuda/lib/verify.sh"
+VERIFY_DEVICE=cuda
+source "$KILN_SRC/tests/cli/lib/verify.sh"
 need_gpu
 tol=${KILN_CUDA_TOL_FP8:-0.4}
 echo "== FP8 checkpoints"
@@ -42,9 +43,6 @@ for pair in llama:3.46 qwen2:2.25 qwen3:1.55; do
   done
 done
 # a tolerance that cannot hold must fail: the check compares
-if cuda_verify --model "$KILN_FIXTURES/oracle/tiny-models-fp8/llama_fp8" \
-     --reference "$KILN_FIXTURES/oracle/tiny-models/llama/reference.safetensors"; then
-  echo "FAIL: the FP8 model passed against the bf16 model's reference"; fail=$((fail + 1))
-fi
-runs=$((runs + 1))
+check_fails "the FP8 model against the bf16 model's reference" --model "$KILN_FIXTURES/oracle/tiny-models-fp8/llama_fp8" \
+  --reference "$KILN_FIXTURES/oracle/tiny-models/llama/reference.safetensors"
 verify_done

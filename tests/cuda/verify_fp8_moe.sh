@@ -24,19 +24,13 @@
 # the CPU by test_cuda_moe_fp8 (within 1e-2, two bf16 roundings).
 # Needs a GPU: fails with a note where none can be opened.
 set -u
-source "$KILN_SRC/tests/cuda/lib/verify.sh"
+VERIFY_DEVICE=cuda
+source "$KILN_SRC/tests/cli/lib/verify.sh"
 tol=${KILN_CUDA_TOL_X2:-1e-3}
 fp8="$KILN_FIXTURES/oracle/tiny-models-fp8"
 need_gpu
 export KILN_CUDA_MATMUL=bf16x2
-for arch in qwen3_moe_fp8 deepseek_v3_fp8; do
-  dir="$fp8/$arch"
-  for ps in 1 16; do
-    for chunk in 3 64; do
-      check --model "$dir" --reference "$dir/reference.safetensors" --page-size $ps --chunk $chunk
-    done
-  done
-done
+verify_grid tiny-models-fp8 qwen3_moe_fp8 deepseek_v3_fp8
 for form in absorbed mha; do
   dir="$fp8/deepseek_v3_fp8"
   for chunk in 3 64; do

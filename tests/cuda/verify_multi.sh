@@ -12,7 +12,8 @@ set -u
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export KILN_CUDA_MATMUL=bf16x2
 tol=${KILN_CUDA_TOL_X2:-1e-3}
-source "$KILN_SRC/tests/cuda/lib/verify.sh"
+VERIFY_DEVICE=cuda
+source "$KILN_SRC/tests/cli/lib/verify.sh"
 need_gpus 2
 for arch in llama qwen2 qwen3 qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
   dir="$KILN_FIXTURES/oracle/tiny-models/$arch"

@@ -20,12 +20,13 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export KILN_CUDA_MATMUL=bf16x2
 tol=${KILN_CUDA_TOL_X2:-1e-3}
 gpus=${1:-2}
-source "$KILN_SRC/tests/cuda/lib/verify.sh"
+VERIFY_DEVICE=cuda
+source "$KILN_SRC/tests/cli/lib/verify.sh"
 need_gpus "$gpus"
 # verify ARGS...: one run at chunk 3 within $tol, its max_abs_err in $err;
 # status 1 (the failure printed) when it failed
 verify() {
-  cuda_verify --tolerance "$tol" --chunk 3 "$@" && return 0
+  kiln_verify --tolerance "$tol" --chunk 3 "$@" && return 0
   echo "FAIL: kiln verify --device cuda $*"; printf '%s\n' "$out" | tail -20
   return 1
 }
