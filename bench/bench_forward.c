@@ -327,7 +327,14 @@ int main(int argc, char **argv) {
                best_pp * 1e3);
         if (dense) {
             double mm = batch * (2.0 * pl * params + 2.0 * c->vocab_size * (double)c->hidden_size);
-            double at = batch * 2.0 * c->head_dim * (double)c->n_heads * pl * (pl + 1.0) * c->n_layers;
+            /* QKᵀ and PV: 4 · head_dim · heads FLOP per (query, key) pair a
+             * layer computes, causal, a windowed layer's keys within its window */
+            double pairs = 0;
+            for (int l = 0; l < c->n_layers; l++) {
+                double w = model_config_layer_window(c, l);
+                pairs += w > 0 && w < pl ? w * (w + 1.0) / 2.0 + ((double)pl - w) * w : pl * (pl + 1.0) / 2.0;
+            }
+            double at = batch * 4.0 * c->head_dim * (double)c->n_heads * pairs;
             printf(", %.1f TFLOP/s (%.2f TFLOP: matmul %.2f + attention %.2f)",
                    (mm + at) / best_pp / 1e12, (mm + at) / 1e12, mm / 1e12, at / 1e12);
         }

@@ -1,7 +1,8 @@
 /* model_ref_steps.h — the oracle's sequences and logits (reference.safetensors
  * of a tiny model) and a fixed schedule of steps over them, for the tests
  * that run a model split over ranks as threads (test_model_tp,
- * test_model_dp): a prefill, a mixed step and decode steps. Needs cmocka. */
+ * test_model_dp): a prefill, a mixed step and decode steps (oracle_ref.h
+ * reads them). Needs cmocka. */
 #ifndef KILN_TESTS_MODEL_REF_STEPS_H
 #define KILN_TESTS_MODEL_REF_STEPS_H
 
@@ -10,47 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/error.h"
-#include "base/file.h"
-#include "model/safetensors.h"
-#include "tensor/dtype.h"
+#include "oracle_ref.h"
 
-enum { MAX_CTX = 128, MAX_SEQS = 4, MAX_TOKENS = 256, STEPS = 5, MAX_ROWS = 512 };
+enum { MAX_CTX = 128, MAX_SEQS = REF_MAX_SEQS, MAX_TOKENS = 256, STEPS = 5, MAX_ROWS = 512 };
 
-static char *fixture(const char *rel) {
-    const char *fx = getenv("KILN_FIXTURES");
-    return path_join(fx ? fx : "tests/fixtures", rel);
-}
-
-/* Hugging Face's sequences and logits (reference.safetensors). */
-struct ref {
-    struct st_set st;
-    int n, V;
-    int len[MAX_SEQS];
-    const int32_t *ids[MAX_SEQS];
-    const float *logits[MAX_SEQS]; /* [len][V] */
-};
-
-static void ref_open(struct ref *r, const char *dir) {
-    struct kiln_error err = {0};
-    char *path = path_join(dir, "reference.safetensors");
-    memset(r, 0, sizeof *r);
-    if (st_open_file(&r->st, path, &err)) fail_msg("%s", err.msg);
-    free(path);
-    for (r->n = 0; r->n < MAX_SEQS; r->n++) {
-        char name[32];
-        snprintf(name, sizeof name, "p%d.ids", r->n);
-        const struct st_tensor *ids = st_find(&r->st, name);
-        snprintf(name, sizeof name, "p%d.logits", r->n);
-        const struct st_tensor *lg = st_find(&r->st, name);
-        if (!ids || !lg) break;
-        assert_int_equal(ids->dtype, DTYPE_I32);
-        assert_int_equal(lg->dtype, DTYPE_F32);
-        r->len[r->n] = (int)ids->shape[0];
-        r->V = (int)lg->shape[1];
-        r->ids[r->n] = ids->data;
-        r->logits[r->n] = lg->data;
-    }
+/* All MAX_SEQS sequences of dir's reference, which the schedule below
+ * runs. */
+static void ref_open_steps(struct ref *r, const char *dir) {
+    ref_open(r, dir);
     assert_int_equal(r->n, MAX_SEQS);
 }
 

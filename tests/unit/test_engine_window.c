@@ -40,6 +40,7 @@
 #include "tensor/dtype.h"
 
 #include "../engine_sink.h"
+#include "oracle_ref.h"
 
 enum { WINDOW = 8 };
 
@@ -82,32 +83,11 @@ static void submit_ok(struct engine *e, const struct engine_request *r) {
 }
 
 /* The oracle's sequences. */
-struct ref {
-    struct st_set st;
-    int n, V, len[4];
-    const int32_t *ids[4];
-    const float *logits[4];
-};
-
-static void ref_open(struct ref *r) {
-    struct kiln_error err = {0};
-    char *path = path_join(model_dir, "reference.safetensors");
-    memset(r, 0, sizeof *r);
-    if (st_open_file(&r->st, path, &err)) fail_msg("%s", err.msg);
-    free(path);
-    for (r->n = 0; r->n < 4; r->n++) {
-        char name[32];
-        snprintf(name, sizeof name, "p%d.ids", r->n);
-        const struct st_tensor *ids = st_find(&r->st, name);
-        snprintf(name, sizeof name, "p%d.logits", r->n);
-        const struct st_tensor *lg = st_find(&r->st, name);
-        if (!ids || !lg) break;
-        r->len[r->n] = (int)ids->shape[0];
-        r->V = (int)lg->shape[1];
-        r->ids[r->n] = ids->data;
-        r->logits[r->n] = lg->data;
-        assert_true(r->len[r->n] > 2 * WINDOW); /* the window is exercised */
-    }
+/* The oracle's sequences, each longer than twice the window (so the
+ * window is exercised), at least two. */
+static void window_ref_open(struct ref *r) {
+    ref_open(r, model_dir);
+    for (int i = 0; i < r->n; i++) assert_true(r->len[i] > 2 * WINDOW);
     assert_true(r->n >= 2);
 }
 
@@ -116,7 +96,7 @@ static void ref_open(struct ref *r) {
 static void test_prompt_logprobs_oracle(void **state) {
     (void)state;
     struct ref ref;
-    ref_open(&ref);
+    window_ref_open(&ref);
     const int page_sizes[] = {1, 16};
     for (int k = 0; k < 2; k++) {
         struct engine *e = start(model_dir, page_sizes[k], 0, k == 1, 3);
@@ -218,7 +198,7 @@ static void test_long_generation_small_pool(void **state) {
     (void)state;
     enum { NEW = 200, POOL = 48, CHUNK = 4 };
     struct ref ref;
-    ref_open(&ref);
+    window_ref_open(&ref);
     const int32_t *prompt = ref.ids[0];
     int n_prompt = ref.len[0];
     assert_true(n_prompt + NEW > 4 * POOL);

@@ -178,7 +178,7 @@ static void check_model(const char *rel, const struct split *splits, int n_split
     static const char *const pl_names[] = {"spread", "all on group 0", "all but one on the last"};
     char *dir = fixture(rel);
     struct ref r;
-    ref_open(&r, dir);
+    ref_open_steps(&r, dir);
     const float *want[MAX_ROWS];
     int rows = want_rows(&r, want);
     assert_true(rows <= MAX_ROWS);

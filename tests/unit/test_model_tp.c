@@ -156,7 +156,7 @@ static int run_ranks(struct job *j) {
 static void check_model(const char *rel, const int (*splits)[2], int n_splits) {
     char *dir = fixture(rel);
     struct ref r;
-    ref_open(&r, dir);
+    ref_open_steps(&r, dir);
     const float *want[MAX_ROWS];
     int rows = want_rows(&r, want);
     assert_true(rows <= MAX_ROWS);
@@ -279,7 +279,7 @@ static void test_refusals(void **state) {
 static void expect_fp8_refusal(const char *rel, int tp, int ep, const char *want) {
     char *dir = fixture(rel);
     struct ref r;
-    ref_open(&r, dir);
+    ref_open_steps(&r, dir);
     struct job j = {.dir = dir, .ref = &r, .tp = tp, .ep = ep};
     for (int k = 0; k < tp; k++) j.out[k] = xcalloc((size_t)MAX_ROWS * (size_t)r.V, 4);
     int bad = run_ranks(&j);

@@ -266,7 +266,7 @@ static void ar_setup(struct nccl_ctx *c, const struct cuda_ctx *cc) {
         }
         if (ok) c->ar.peers.buf[p] = base;
     }
-    c->ar.peers.state = (uint32_t *)((char *)c->region + data);
+    if (c->region) c->ar.peers.state = (uint32_t *)((char *)c->region + data);
     (void)cudaGetLastError();
     /* every rank must have mapped every peer before anyone uses it */
     ok = ar_agree(c, ok);
