@@ -106,6 +106,20 @@ void kv_pool_release(struct kv_pool *p, const int32_t *pages, int n) {
     }
 }
 
+int kv_pool_window_dead(const struct kv_pool *p, int next, int n_pages) {
+    if (p->window <= 0) return 0;
+    int first = next - p->window + 1; /* the window's first position */
+    int dead = first >= p->page_size ? first / p->page_size : 0;
+    return dead < n_pages ? dead : n_pages;
+}
+
+void kv_pool_drop(struct kv_pool *p, int32_t *pages, int *n_dropped, int dead) {
+    if (dead <= *n_dropped) return;
+    kv_pool_release(p, pages + *n_dropped, dead - *n_dropped);
+    for (int i = *n_dropped; i < dead; i++) pages[i] = p->zero_page;
+    *n_dropped = dead;
+}
+
 void kv_pool_scramble(struct kv_pool *p, uint64_t seed) {
     uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
     for (int i = p->n_free - 1; i > 0; i--) {

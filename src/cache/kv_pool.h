@@ -79,6 +79,13 @@ void kv_pool_free(struct kv_pool *p); /* also accepts a half-built or zeroed poo
  * groups' id lists) agree on it. Right after kv_pool_init / _init_ids,
  * before any page was handed out or written. */
 int kv_pool_set_window(struct kv_pool *p, int window, struct kiln_error *err);
+/* With a window: how many of a sequence's pages, pages[0 .. n_pages),
+ * lie wholly before the window of its position `next` (0 without one). */
+int kv_pool_window_dead(const struct kv_pool *p, int next, int n_pages);
+/* Returns pages[*n_dropped .. dead) to the free list and points the table
+ * there at the zero page; *n_dropped becomes dead (nothing when it is
+ * already that far). */
+void kv_pool_drop(struct kv_pool *p, int32_t *pages, int *n_dropped, int dead);
 /* Pages that can hold KV (the zero page is not one). */
 static inline int kv_pool_usable(const struct kv_pool *p) { return p->n_pages - (p->zero_page >= 0); }
 

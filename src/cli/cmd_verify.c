@@ -82,14 +82,7 @@ static void release_pages(struct verify *v, struct ref_seq *s) {
  * `next` go back to the pool. */
 static void drop_pages(struct verify *v, struct ref_seq *s, int next) {
     struct kv_pool *kv = pool_of(v, s);
-    int first = next - kv->window + 1;
-    if (kv->window <= 0 || first < v->page_size) return;
-    int dead = first / v->page_size;
-    if (dead > s->n_pages) dead = s->n_pages;
-    if (dead <= s->n_dropped) return;
-    kv_pool_release(kv, s->pages + s->n_dropped, dead - s->n_dropped);
-    for (int i = s->n_dropped; i < dead; i++) s->pages[i] = kv->zero_page;
-    s->n_dropped = dead;
+    kv_pool_drop(kv, s->pages, &s->n_dropped, kv_pool_window_dead(kv, next, s->n_pages));
 }
 
 /* One step: for each listed sequence, tokens [from[i], to[i]). Compares the

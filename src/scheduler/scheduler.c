@@ -145,12 +145,11 @@ static void cache_unfinished(struct engine *e, struct req *r) {
  * window of r's next position, n_computed, go back; the cached prefix is
  * unlocked once the window has left all of it. */
 static void window_drop(struct engine *e, struct req *r) {
-    int ps = e->page_size, first = r->n_computed - e->window + 1;
-    if (!e->window || first < ps) return;
-    int dead = first / ps;
-    if (dead > r->n_pages) dead = r->n_pages;
-    if (dead <= r->n_dropped) return;
+    if (!e->window) return;
+    int ps = e->page_size;
     struct kv_pool *kv = e->gkv[r->dp_group];
+    int dead = kv_pool_window_dead(kv, r->n_computed, r->n_pages);
+    if (dead <= r->n_dropped) return;
     if (r->n_tree_tokens > 0) {
         if (dead * ps < r->n_tree_tokens) return; /* the window still reads the cached prefix */
         radix_unlock(e->grx[r->dp_group], r->lock_node);
@@ -159,9 +158,7 @@ static void window_drop(struct engine *e, struct req *r) {
         r->n_tree_tokens = 0;
         for (int i = 0; i < r->n_dropped; i++) r->pages[i] = kv->zero_page;
     }
-    kv_pool_release(kv, r->pages + r->n_dropped, dead - r->n_dropped);
-    for (int i = r->n_dropped; i < dead; i++) r->pages[i] = kv->zero_page;
-    r->n_dropped = dead;
+    kv_pool_drop(kv, r->pages, &r->n_dropped, dead);
 }
 
 /* Group g's free pages, counting its prefix cache's evictable ones. */

@@ -1,0 +1,108 @@
+/* test_kv_pool_window.c — a KV pool whose every layer slides
+ * (cache/kv_pool.h): kv_pool_set_window takes the zero page and refuses a
+ * pool already in use; kv_pool_window_dead counts the pages wholly before
+ * a position's window, against a count of their slots one by one;
+ * kv_pool_drop returns exactly those pages and points the table at the
+ * zero page, never twice. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "cache/kv_pool.h"
+
+/* pages of the table that no position of the window of `next` reads:
+ * every slot of the page is before next - window + 1 */
+static int dead_by_slots(int window, int page, int next, int n_pages) {
+    int dead = 0;
+    for (int p = 0; p < n_pages; p++) {
+        int last_slot = (p + 1) * page - 1;
+        if (last_slot < next - window + 1) dead = p + 1;
+    }
+    return dead;
+}
+
+static void test_window_dead(void **state) {
+    (void)state;
+    const int pages[] = {1, 4, 16}, windows[] = {1, 3, 8, 33};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 4; b++) {
+            struct kv_pool p;
+            struct kiln_error err = {0};
+            assert_int_equal(kv_pool_init_ids(&p, pages[a], 64, &err), 0);
+            assert_int_equal(kv_pool_window_dead(&p, 500, 40), 0); /* no window yet */
+            assert_int_equal(kv_pool_set_window(&p, windows[b], &err), 0);
+            for (int next = 0; next < 300; next++)
+                for (int n = 0; n <= 40; n += 13)
+                    assert_int_equal(kv_pool_window_dead(&p, next, n), dead_by_slots(windows[b], pages[a], next, n));
+            kv_pool_free(&p);
+        }
+}
+
+static void test_drop(void **state) {
+    (void)state;
+    struct kv_pool p;
+    struct kiln_error err = {0};
+    assert_int_equal(kv_pool_init_ids(&p, 4, 16, &err), 0);
+    assert_int_equal(kv_pool_set_window(&p, 8, &err), 0);
+    assert_int_equal(p.zero_page, 0);
+    assert_int_equal(kv_pool_usable(&p), 15);
+    assert_int_equal(p.n_free, 15);
+    int32_t table[6];
+    assert_int_equal(kv_pool_alloc(&p, 6, table), 0);
+    for (int i = 0; i < 6; i++) assert_int_not_equal(table[i], p.zero_page);
+    int32_t kept[6];
+    for (int i = 0; i < 6; i++) kept[i] = table[i];
+    int dropped = 0;
+    /* next 20: the window starts at 13, so pages 0..2 (slots 0..11) go */
+    int dead = kv_pool_window_dead(&p, 20, 6);
+    assert_int_equal(dead, 3);
+    kv_pool_drop(&p, table, &dropped, dead);
+    assert_int_equal(dropped, 3);
+    assert_int_equal(p.n_free, 15 - 6 + 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(table[i], p.zero_page);
+    for (int i = 3; i < 6; i++) assert_int_equal(table[i], kept[i]);
+    /* the same or an earlier count drops nothing more */
+    kv_pool_drop(&p, table, &dropped, 3);
+    kv_pool_drop(&p, table, &dropped, 1);
+    assert_int_equal(p.n_free, 12);
+    kv_pool_drop(&p, table, &dropped, 5);
+    assert_int_equal(dropped, 5);
+    assert_int_equal(p.n_free, 14);
+    /* the pages that came back are handed out again, the zero page never */
+    int32_t again[14];
+    assert_int_equal(kv_pool_alloc(&p, 14, again), 0);
+    for (int i = 0; i < 14; i++) assert_int_not_equal(again[i], p.zero_page);
+    assert_int_equal(kv_pool_alloc(&p, 1, again), -1);
+    kv_pool_free(&p);
+}
+
+static void test_set_window_refusals(void **state) {
+    (void)state;
+    struct kv_pool p;
+    struct kiln_error err = {0};
+    assert_int_equal(kv_pool_init_ids(&p, 4, 8, &err), 0);
+    assert_int_equal(kv_pool_set_window(&p, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "at least 1"));
+    int32_t one;
+    assert_int_equal(kv_pool_alloc(&p, 1, &one), 0);
+    assert_int_equal(kv_pool_set_window(&p, 8, &err), -1); /* a page is out */
+    assert_non_null(strstr(err.msg, "fresh pool"));
+    kv_pool_release(&p, &one, 1);
+    assert_int_equal(kv_pool_set_window(&p, 8, &err), 0);
+    assert_int_equal(kv_pool_set_window(&p, 8, &err), -1); /* twice */
+    kv_pool_free(&p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_window_dead),
+        cmocka_unit_test(test_drop),
+        cmocka_unit_test(test_set_window_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
