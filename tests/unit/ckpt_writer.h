@@ -13,6 +13,7 @@
 
 #include "base/file.h"
 #include "base/mem.h"
+#include "test_tmp.h"
 
 enum { CKPT_MAX_TENSORS = 64 };
 
@@ -55,22 +56,10 @@ static inline struct tensor *find(struct ckpt *c, const char *name) {
     abort();
 }
 
-/* A new empty folder kiln_TAG_XXXXXX under $TMPDIR (else /tmp); the
- * caller frees the path (rm_rf). */
-static inline char *ckpt_tmp_dir(const char *tag) {
-    const char *root = getenv("TMPDIR");
-    char tmpl[4096];
-    int n = snprintf(tmpl, sizeof tmpl, "%s/kiln_%s_XXXXXX", root && *root ? root : "/tmp", tag);
-    assert_true(n > 0 && (size_t)n < sizeof tmpl);
-    char *dir = mkdtemp(tmpl);
-    if (!dir) fail_msg("mkdtemp %s failed", tmpl);
-    return xstrdup(dir);
-}
-
 /* The folder (a new temporary one, named after `tag`) holding config.json
  * and model.safetensors; the caller frees the path (rm_rf). */
 static inline char *ckpt_write(struct ckpt *c, const char *tag) {
-    char *dir = ckpt_tmp_dir(tag);
+    char *dir = test_tmp_dir(tag);
     char *p = path_join(dir, "config.json");
     assert_int_equal(json_dump_file(c->config, p, JSON_INDENT(1)), 0);
     free(p);

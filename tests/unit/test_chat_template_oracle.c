@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/file.h"
 #include "chat/chat_template.h"
+#include "test_tmp.h"
 
 static char *fixture(const char *rel) {
     const char *root = getenv("KILN_FIXTURES");
@@ -112,8 +113,7 @@ static void test_load_layouts(void **state) {
     assert_string_equal(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     free(out);
 
-    char tmp[] = "/tmp/kiln_chat_XXXXXX";
-    assert_non_null(mkdtemp(tmp));
+    char *tmp = test_tmp_dir("chat");
     /* list of named templates, AddedToken-style special tokens */
     write_file(tmp, "tokenizer_config.json",
                "{\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<s>\"}, \"eos_token\": \"</s>\","
@@ -144,6 +144,7 @@ static void test_load_layouts(void **state) {
     unlink(p);
     free(p);
     rmdir(tmp);
+    free(tmp);
 }
 
 static void test_context(void **state) {

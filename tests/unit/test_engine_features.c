@@ -19,6 +19,7 @@
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "test_tmp.h"
 #include "kiln/tokenizer.h"
 #include "model/safetensors.h"
 #include "scheduler/engine.h"
@@ -167,8 +168,10 @@ static void submit_codes(void **state) {
 
 /* A copy of stories260K whose generation_config.json sets `gen`. */
 static void model_copy(char *dir, size_t cap, const char *gen) {
-    snprintf(dir, cap, "/tmp/kiln_test_gencfg_XXXXXX");
-    if (!mkdtemp(dir)) fail_msg("mkdtemp");
+    char *tmp = test_tmp_dir("test_gencfg");
+    assert_true(strlen(tmp) < cap);
+    snprintf(dir, cap, "%s", tmp);
+    free(tmp);
     const char *files[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char src[4096], dst[4096 + 64];

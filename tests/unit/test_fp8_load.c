@@ -510,7 +510,7 @@ static void test_online_checkpoint(void **state) {
 }
 
 static char *write_config(json_t *config) {
-    char *dir = ckpt_tmp_dir("fp8");
+    char *dir = test_tmp_dir("fp8");
     char *p = path_join(dir, "config.json");
     assert_int_equal(json_dump_file(config, p, JSON_INDENT(1)), 0);
     json_decref(config);

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/json_util.h"
 #include "base/mem.h"
+#include "test_tmp.h"
 #include "chat/chat_template.h"
 #include "kiln/tokenizer.h"
 #include "model/config.h"
@@ -91,8 +92,7 @@ static void test_errors_point_into_the_text(void **state) {
 }
 
 static char *tmpdir_with(const char *name, const char *text) {
-    char *dir = xstrdup("/tmp/kiln_json_util_XXXXXX");
-    assert_non_null(mkdtemp(dir));
+    char *dir = test_tmp_dir("json_util");
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "w");

@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "test_tmp.h"
 #include "model/safetensors.h"
 
 static const char *const archs[] = {"llama",     "qwen2",       "qwen3",      "qwen2_moe",
@@ -310,12 +311,7 @@ static void test_parse_errors(void **state) {
 
 /* ---- on disk: files, folders, shards ---------------------------------------- */
 
-static char *tmp_dir(void) {
-    char tmpl[] = "/tmp/kiln_st_XXXXXX";
-    char *d = mkdtemp(tmpl);
-    assert_non_null(d);
-    return xstrdup(d);
-}
+static char *tmp_dir(void) { return test_tmp_dir("st"); }
 
 static void write_file(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
