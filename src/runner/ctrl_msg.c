@@ -253,7 +253,7 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
             *pages = pst + S + 1, *rows = pages + P;
     if (want) memcpy(m->u8, p + STEP_FIXED + 4 * ints, want);
     m->flags = flags, m->scratch_page = scratch;
-    m->want_logits = want ? m->u8 : NULL;
+    m->want_logits = (flags & CTRL_STEP_WANT) ? m->u8 : NULL; /* the flag, even over zero rows */
     m->b = (struct batch){.mode = (enum batch_mode)mode, .n_tokens = (int)T, .input_ids = ids, .positions = pos,
                           .out_slot = slot, .n_seqs = (int)S, .q_start = qs, .kv_len = kvl, .kv_page_start = pst,
                           .kv_pages = pages, .page_size = ps, .n_logit_rows = (int)L, .logit_rows = rows,

@@ -65,6 +65,21 @@ static void test_msg_round_trip(void **state) {
     ctrl_msg_step(&again, m.seq, m.flags, m.scratch_page, &m.b, m.want_logits);
     assert_int_equal(again.len, b.len);
     assert_memory_equal(again.data, b.data, b.len);
+    /* want_logits over zero logit rows: an empty list, still flagged */
+    struct batch none = sb;
+    none.n_logit_rows = 0;
+    buf_clear(&again);
+    ctrl_msg_step(&again, 9, CTRL_STEP_SAMPLE | CTRL_STEP_WANT, -1, &none, want);
+    struct ctrl_msg m0 = {0};
+    assert_int_equal(ctrl_msg_parse((const uint8_t *)again.data, again.len, &lim, &m0, &err), 0);
+    assert_int_equal(m0.b.n_logit_rows, 0);
+    assert_true(m0.want_logits != NULL);
+    struct buf back = {0};
+    ctrl_msg_step(&back, m0.seq, m0.flags, m0.scratch_page, &m0.b, m0.want_logits);
+    assert_int_equal(back.len, again.len);
+    assert_memory_equal(back.data, again.data, again.len);
+    buf_free(&back);
+    ctrl_msg_free(&m0);
     buf_free(&again);
     /* without a runner, a STEP is refused */
     assert_int_not_equal(ctrl_msg_parse((const uint8_t *)b.data, b.len, NULL, &m, &err), 0);
