@@ -15,8 +15,18 @@ size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, in
     return per_slot * (size_t)page_size;
 }
 
-int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
-                 int n_layers, int page_size, int n_pages, struct kiln_error *err) {
+size_t kv_pool_token_bytes_part(const struct kv_layer_layout *layout, const unsigned char *layer_swa,
+                                int n_layers, enum dtype dtype, int swa) {
+    size_t per_slot = 0, es = dtype_size(dtype);
+    for (int l = 0; l < n_layers; l++)
+        if (!!layer_swa[l] == !!swa)
+            per_slot += (size_t)(layout[l].k_width + (layout[l].v_in_k ? 0 : layout[l].v_width)) * es;
+    return per_slot;
+}
+
+static int init_pool(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
+                     const unsigned char *layer_swa, int n_layers, int page_size, int n_pages, int n_swa_pages,
+                     struct kiln_error *err) {
     memset(p, 0, sizeof *p);
     if (page_size < 1) return kiln_errorf(err, "page size must be at least 1, got %d", page_size);
     if (n_pages < 1) return kiln_errorf(err, "KV pool needs at least one page, got %d", n_pages);
@@ -30,8 +40,8 @@ int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_la
     memcpy(p->layout, layout, (size_t)n_layers * sizeof *layout);
     p->k = xcalloc((size_t)n_layers, sizeof *p->k);
     p->v = xcalloc((size_t)n_layers, sizeof *p->v);
-    size_t slots = (size_t)n_pages * (size_t)page_size;
     for (int l = 0; l < n_layers; l++) {
+        size_t slots = (size_t)(layer_swa && layer_swa[l] ? n_swa_pages : n_pages) * (size_t)page_size;
         p->k[l] = be->ops->alloc(be->ctx, slots * (size_t)layout[l].k_width * es);
         if (!p->k[l]) goto oom;
         if (layout[l].v_in_k) {
@@ -52,6 +62,30 @@ oom:
     kv_pool_free(p);
     return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for a KV pool of %d pages of %d slots", n_pages,
                        page_size);
+}
+
+int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
+                 int n_layers, int page_size, int n_pages, struct kiln_error *err) {
+    return init_pool(p, be, layout, NULL, n_layers, page_size, n_pages, 0, err);
+}
+
+int kv_pool_init_hybrid(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
+                        const unsigned char *layer_swa, int n_layers, int page_size, int n_pages,
+                        int swa_window, int n_swa_pages, struct kiln_error *err) {
+    if (swa_window < 1 || n_swa_pages < 3)
+        return kiln_errorf(err, "a hybrid KV pool needs a window of at least 1 and three sliding pages, got %d and %d",
+                           swa_window, n_swa_pages);
+    if (init_pool(p, be, layout, layer_swa, n_layers, page_size, n_pages, n_swa_pages, err)) return -1;
+    p->swa_window = swa_window;
+    p->n_swa_pages = n_swa_pages;
+    p->layer_swa = xmalloc((size_t)n_layers);
+    memcpy(p->layer_swa, layer_swa, (size_t)n_layers);
+    p->swa_of = xcalloc((size_t)n_pages, sizeof *p->swa_of);
+    p->swa_free = xmalloc((size_t)n_swa_pages * sizeof *p->swa_free);
+    /* page 0 is the zero page, page 1 the padding rows'; the stack pops page 2 first */
+    for (int i = 0; i < n_swa_pages - 2; i++) p->swa_free[i] = n_swa_pages - 1 - i;
+    p->n_swa_free = n_swa_pages - 2;
+    return 0;
 }
 
 int kv_pool_init_ids(struct kv_pool *p, int page_size, int n_pages, struct kiln_error *err) {
@@ -90,13 +124,29 @@ void kv_pool_free(struct kv_pool *p) {
     free(p->v);
     free(p->layout);
     free(p->free_list);
+    free(p->layer_swa);
+    free(p->swa_of);
+    free(p->swa_free);
     memset(p, 0, sizeof *p);
 }
 
 int kv_pool_alloc(struct kv_pool *p, int n, int32_t *out) {
-    if (n > p->n_free) return -1;
-    for (int i = 0; i < n; i++) out[i] = p->free_list[--p->n_free];
+    if (n > kv_pool_available(p)) return -1;
+    for (int i = 0; i < n; i++) {
+        out[i] = p->free_list[--p->n_free];
+        if (p->swa_window > 0) p->swa_of[out[i]] = p->swa_free[--p->n_swa_free];
+    }
     return 0;
+}
+
+void kv_pool_drop_swa(struct kv_pool *p, const int32_t *pages, int n) {
+    for (int i = 0; i < n; i++) {
+        int32_t s = p->swa_of[pages[i]];
+        if (!s) continue;
+        KILN_ASSERT(p->n_swa_free < p->n_swa_pages - 2);
+        p->swa_free[p->n_swa_free++] = s;
+        p->swa_of[pages[i]] = 0;
+    }
 }
 
 void kv_pool_release(struct kv_pool *p, const int32_t *pages, int n) {
@@ -104,6 +154,14 @@ void kv_pool_release(struct kv_pool *p, const int32_t *pages, int n) {
         KILN_ASSERT(pages[i] >= 0 && pages[i] < p->n_pages && pages[i] != p->zero_page && p->n_free < p->n_pages);
         p->free_list[p->n_free++] = pages[i];
     }
+    if (p->swa_window > 0) kv_pool_drop_swa(p, pages, n);
+}
+
+int kv_pool_swa_dead(const struct kv_pool *p, int next, int n_pages) {
+    if (p->swa_window <= 0) return 0;
+    int first = next - p->swa_window + 1;
+    int dead = first >= p->page_size ? first / p->page_size : 0;
+    return dead < n_pages ? dead : n_pages;
 }
 
 int kv_pool_window_dead(const struct kv_pool *p, int next, int n_pages) {
@@ -128,5 +186,12 @@ void kv_pool_scramble(struct kv_pool *p, uint64_t seed) {
         int32_t t = p->free_list[i];
         p->free_list[i] = p->free_list[j];
         p->free_list[j] = t;
+    }
+    for (int i = p->n_swa_free - 1; i > 0; i--) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((s >> 33) % (uint64_t)(i + 1));
+        int32_t t = p->swa_free[i];
+        p->swa_free[i] = p->swa_free[j];
+        p->swa_free[j] = t;
     }
 }

@@ -23,6 +23,18 @@
  * never written, all zeros (backend_ops.alloc zeroes), so a kernel that
  * loads a whole tile across the window's start reads finite keys and
  * values there, which the window's mask then drops.
+ *
+ * Hybrid pools (SGLang's hybrid SWA memory): when some layers slide over
+ * a window and others attend to the whole context (Gemma-3, gpt-oss), the
+ * sliding layers' K/V live in pages of their own, fewer than the full
+ * layers' (kv_pool_init_hybrid). Page ids stay the full layers' ones
+ * everywhere (requests, the prefix cache, batches); each page id has a
+ * sliding page beside it (swa_of), taken with it by kv_pool_alloc and
+ * given back with it by kv_pool_release, or earlier, by kv_pool_drop_swa,
+ * once the window of every position still to come has left it. A dropped
+ * page's sliding page is the sliding pool's zero page (page 0, never
+ * written). The runner turns a batch's pages and slots into the sliding
+ * pool's (kv_pool_swa_page) for the sliding layers.
  */
 #ifndef KILN_CACHE_KV_POOL_H
 #define KILN_CACHE_KV_POOL_H
@@ -60,6 +72,14 @@ struct kv_pool {
      * page tables (-1 without a window). */
     int window;
     int32_t zero_page;
+    /* Hybrid (swa_window > 0): the sliding layers (layer_swa[l]) hold
+     * n_swa_pages pages, page 0 the zero page, page 1 the padding rows';
+     * swa_of[n_pages] is each
+     * page's sliding page (0 while it has none) and swa_free the free
+     * ones. Everything else describes the full layers' pages. */
+    int swa_window, n_swa_pages, n_swa_free;
+    unsigned char *layer_swa; /* [n_layers] */
+    int32_t *swa_of, *swa_free;
 };
 
 /* Bytes one page takes across all layers with elements of `dtype`. */
@@ -68,6 +88,18 @@ size_t kv_pool_page_bytes(const struct kv_layer_layout *layout, int n_layers, in
 
 int kv_pool_init(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
                  int n_layers, int page_size, int n_pages, struct kiln_error *err);
+/* A hybrid pool: layer l's K/V take n_swa_pages pages where layer_swa[l]
+ * (page 0 the zero page, page 1 where the padding rows of a decode graph
+ * write, KV_SWA_PAD), n_pages elsewhere; the sliding layers see positions
+ * within swa_window of the query. n_swa_pages >= 3. */
+enum { KV_SWA_PAD = 1 };
+int kv_pool_init_hybrid(struct kv_pool *p, struct backend *be, const struct kv_layer_layout *layout,
+                        const unsigned char *layer_swa, int n_layers, int page_size, int n_pages,
+                        int swa_window, int n_swa_pages, struct kiln_error *err);
+/* The bytes a token takes in the full layers (swa 0) or in the sliding
+ * ones (swa 1) of a hybrid layout. */
+size_t kv_pool_token_bytes_part(const struct kv_layer_layout *layout, const unsigned char *layer_swa,
+                                int n_layers, enum dtype dtype, int swa);
 /* A free list of page ids [0, n_pages) without storage: the pages of a
  * pool that lives on other ranks (DP attention groups), which the caller
  * allocates and releases here like a pool's. */
@@ -89,10 +121,26 @@ void kv_pool_drop(struct kv_pool *p, int32_t *pages, int *n_dropped, int dead);
 /* Pages that can hold KV (the zero page is not one). */
 static inline int kv_pool_usable(const struct kv_pool *p) { return p->n_pages - (p->zero_page >= 0); }
 
-/* Takes n pages into out[]; returns -1 (taking none) when fewer are free. */
+/* Hybrid pools. The sliding page of page `page` (the zero page when it has
+ * none); whether it still has one. */
+static inline int32_t kv_pool_swa_page(const struct kv_pool *p, int32_t page) { return p->swa_of[page]; }
+static inline int kv_pool_swa_alive(const struct kv_pool *p, int32_t page) { return p->swa_of[page] != 0; }
+/* How many of a sequence's pages, pages[0 .. n_pages), lie wholly before
+ * the sliding window of its position `next` (0 unless hybrid). */
+int kv_pool_swa_dead(const struct kv_pool *p, int next, int n_pages);
+/* Gives back the sliding pages of pages[0 .. n) that still have one. */
+void kv_pool_drop_swa(struct kv_pool *p, const int32_t *pages, int n);
+/* The sliding pages free (sliding pages usable: n_swa_pages - 2). */
+static inline int kv_pool_swa_available(const struct kv_pool *p) { return p->n_swa_free; }
+
+/* Takes n pages into out[] (in a hybrid pool, each with a sliding page);
+ * returns -1 (taking none) when fewer are free. */
 int kv_pool_alloc(struct kv_pool *p, int n, int32_t *out);
 void kv_pool_release(struct kv_pool *p, const int32_t *pages, int n);
-static inline int kv_pool_available(const struct kv_pool *p) { return p->n_free; }
+/* Pages kv_pool_alloc can hand out now. */
+static inline int kv_pool_available(const struct kv_pool *p) {
+    return p->swa_window > 0 && p->n_swa_free < p->n_free ? p->n_swa_free : p->n_free;
+}
 
 /* Reorders the free list with a fixed permutation so that consecutive
  * allocations get scattered pages (tests use it to exercise paging). */

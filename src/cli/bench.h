@@ -49,6 +49,8 @@ struct bench_options {
     char *tokenizer_owned;    /* tokenizer when it was found in the Hugging Face cache */
     struct model_args engine; /* offline: the engine's model options */
     double mem_fraction_static; /* offline: GPU memory plan (0 = the engine's default) */
+    double swa_full_tokens_ratio; /* offline: engine_options */
+    int disable_hybrid_swa;
     int moe_counts;           /* offline: count the experts each step touches (--moe-counts) */
     /* dataset */
     const char *dataset_name; /* as given */

@@ -129,6 +129,9 @@ static int parse_table(struct bench_options *o, int offline, int argc, char **ar
     const struct cli_opt mem[] = {
         CLI_OPT_DOUBLE("--mem-fraction-static", &o->mem_fraction_static, 0.01, 1, "F",
                        "GPU: share of memory for weights + KV cache"),
+        CLI_OPT_DOUBLE("--swa-full-tokens-ratio", &o->swa_full_tokens_ratio, 0.01, 1, "R",
+                       "sliding + full layers: the sliding layers' KV pool against the\nfull layers' (default 0.8)"),
+        CLI_OPT_FLAG("--disable-hybrid-swa-memory", &o->disable_hybrid_swa, "one KV pool for every layer"),
         CLI_OPT_FLAG("--moe-counts", &o->moe_counts,
                      "MoE: count the experts each step touches and the bytes they hold\n"
                      "(adds a little work to every route: take speed figures without it)"),
@@ -349,6 +352,8 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.dummy_routing = o.engine.dummy_routing;
         eo.moe_count = o.moe_counts;
         eo.mem_fraction_static = o.mem_fraction_static;
+        eo.swa_full_tokens_ratio = o.swa_full_tokens_ratio;
+        eo.disable_hybrid_swa = o.disable_hybrid_swa;
         eo.device_index = job.device_index;
         eo.par = job.started ? &job.par : NULL;
         eo.ctrl = job.ctrl;

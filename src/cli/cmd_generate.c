@@ -135,8 +135,9 @@ int cmd_generate(int argc, char **argv) {
                                .dummy_routing = (enum model_routing)ma.dummy_routing,
                                .max_batch_tokens = n_prompt,
                                .max_seqs = 1, .par = job.par};
+    /* every page is taken at once and kept: as many sliding pages (a hybrid pool) */
     struct runner_options ro = {.page_size = page_size, .kv_tokens = (long)n_pages * page_size,
-                                .skip_warmup = 1, .ctrl = job.ctrl};
+                                .swa_full_tokens_ratio = 1, .skip_warmup = 1, .ctrl = job.ctrl};
     if (runner_load(&run, &be, ma.model_dir, &mo, &ro, &err)) goto out;
     m = runner_model(run);
     const struct model_config *cfg = model_config(m);

@@ -122,6 +122,11 @@ int cmd_serve(int argc, char **argv) {
                     "KV cache size in tokens (default from memory)"),
         CLI_OPT_DOUBLE("--mem-fraction-static", &eo.mem_fraction_static, 0.01, 1, "F",
                        "GPU: share of memory for weights + KV cache (default 0.88)"),
+        CLI_OPT_DOUBLE("--swa-full-tokens-ratio", &eo.swa_full_tokens_ratio, 0.01, 1, "R",
+                       "sliding + full layers (Gemma-3, gpt-oss): the sliding layers' KV\n"
+                       "pool in tokens against the full layers' (default 0.8)"),
+        CLI_OPT_FLAG("--disable-hybrid-swa-memory", &eo.disable_hybrid_swa,
+                     "one KV pool for sliding and full layers (every position kept)"),
         CLI_OPT_INT("--context-length", &eo.context_length, 1, 1 << 24, "N", "cap the model's context length"),
         CLI_OPT_CHOICE("--schedule-policy", &policy, "fcfs|lpm|priority", "(default fcfs)"),
         CLI_OPT_FLAG("--disable-radix-cache", &eo.disable_radix_cache, "no prefix caching"),

@@ -79,10 +79,11 @@ static void release_pages(struct verify *v, struct ref_seq *s) {
 }
 
 /* Every layer slides: the pages wholly before the window of position
- * `next` go back to the pool. */
+ * `next` go back to the pool. A hybrid pool: their sliding pages do. */
 static void drop_pages(struct verify *v, struct ref_seq *s, int next) {
     struct kv_pool *kv = pool_of(v, s);
     kv_pool_drop(kv, s->pages, &s->n_dropped, kv_pool_window_dead(kv, next, s->n_pages));
+    if (kv->swa_window > 0) kv_pool_drop_swa(kv, s->pages, kv_pool_swa_dead(kv, next, s->n_pages));
 }
 
 /* One step: for each listed sequence, tokens [from[i], to[i]). Compares the
@@ -335,9 +336,11 @@ int cmd_verify(int argc, char **argv) {
                                .max_context = longest > cfg.max_position_embeddings
                                                   ? longest : cfg.max_position_embeddings,
                                .par = job.par};
+    /* a hybrid pool: as many sliding pages, since a step may hold every
+     * sequence's whole prompt (the window's pages still go back) */
     struct runner_options ro = {.page_size = v.page_size,
                                 .kv_tokens = (long)pages * v.page_size,
-                                .skip_warmup = 1, .ctrl = job.ctrl};
+                                .swa_full_tokens_ratio = 1, .skip_warmup = 1, .ctrl = job.ctrl};
     if (runner_load(&v.r, &be, ma.model_dir, &mo, &ro, &err)) goto out;
     v.m = runner_model(v.r);
     v.kv[0] = runner_kv(v.r);

@@ -47,6 +47,12 @@ struct batch {
      * that computes sequence s's attention and holds its KV, [n_seqs]
      * below dp_size; NULL: every sequence is group 0's. Ignored otherwise. */
     const int32_t *seq_group;
+    /* A hybrid KV pool (cache/kv_pool.h): the sliding layers' slot of each
+     * token and page of each kv_pages entry, in their own pool (same
+     * kv_page_start). NULL: the runner fills them from the pool
+     * (kv_pool_swa_page) when it has one. */
+    const int32_t *swa_out_slot; /* [n_tokens] */
+    const int32_t *swa_kv_pages; /* [kv_page_start[n_seqs]] */
     int n_logit_rows;
     const int32_t *logit_rows;    /* [n_logit_rows], ascending */
 };

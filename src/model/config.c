@@ -693,6 +693,13 @@ int model_config_all_window(const struct model_config *c) {
     return c->sliding_window;
 }
 
+int model_config_hybrid_window(const struct model_config *c) {
+    if (c->sliding_window <= 0 || model_config_all_window(c)) return 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (model_config_layer_window(c, l) > 0) return c->sliding_window;
+    return 0;
+}
+
 /* The sliding window is refused for the model types whose family does not
  * run it (window_ok). */
 int family_check_common(const struct model_config *c, const char *file, struct kiln_error *err) {

@@ -247,6 +247,10 @@ int model_config_layer_slides(const struct model_config *c, int layer);
 /* The window every layer slides over, when all do (Mistral with
  * sliding_window); 0 when some layer attends to the whole context. */
 int model_config_all_window(const struct model_config *c);
+/* The window of the sliding layers of a model that has both sliding
+ * layers and layers that attend to the whole context (Gemma-3, gpt-oss);
+ * 0 otherwise. */
+int model_config_hybrid_window(const struct model_config *c);
 
 /* Whether layer `l` has a mixture-of-experts MLP. */
 int model_config_layer_is_moe(const struct model_config *cfg, int layer);

@@ -399,7 +399,16 @@ void model_forward_layers(struct model *m, struct kv_pool *kv, const struct mode
     if (l0 == 0 && c->embed_scale) ops->scale(ctx, a->h, n * c->hidden_size, (float)c->embed_scale);
     if (m->dp) dp_step_begin(m, s);
     a->delta_part = 0;
-    for (int l = l0; l < l1; l++) m->fam->forward_layer(&f, l, &m->layers[l]);
+    /* a hybrid pool's sliding layers read and write their own pages */
+    struct fwd fs = f;
+    int hybrid = f.kv->swa_window > 0;
+    if (hybrid) {
+        KILN_ASSERT(s->swa_bb && s->swa_slot && !m->dp);
+        fs.bb = s->swa_bb;
+        fs.slot = s->swa_slot;
+    }
+    for (int l = l0; l < l1; l++)
+        m->fam->forward_layer(hybrid && model_config_layer_window(c, l) > 0 ? &fs : &f, l, &m->layers[l]);
     if (a->delta_part) { /* the final norm or the next stage reads the sum */
         model_reduce_delta(&f);
         a->delta_part = 0;

@@ -203,6 +203,10 @@ struct model_step {
      * made per sequence from its shape; NULL: none (every choice takes its
      * default). */
     const struct batch *host;
+    /* A hybrid KV pool (kv_pool.h): the sliding layers' pages and slots
+     * (their K/V buffers hold the pool's sliding pages); NULL: none. */
+    const struct backend_batch *swa_bb;
+    const int32_t *swa_slot;
 };
 
 /* Embedding and every layer: the residual stream after the last layer is

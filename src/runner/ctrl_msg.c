@@ -11,7 +11,7 @@
 #include "base/mem.h"
 
 #define STEP_FIXED 28 /* mode, flags, reserved, page size, scratch page, four counts */
-#define LOAD_FIXED 56 /* the LOAD body before its two names */
+#define LOAD_FIXED 64 /* the LOAD body before its two names */
 
 static void put_i32s(struct buf *b, const int32_t *v, size_t n) {
     uint8_t *p = (uint8_t *)buf_grow(b, n * 4);
@@ -60,13 +60,15 @@ void ctrl_msg_load(struct buf *out, uint32_t seq, const struct ctrl_load *l) {
     KILN_ASSERT(l->max_batch_tokens >= 0 && l->max_seqs >= 0 && l->max_context >= 0 && l->page_size >= 0 &&
                 l->page_size <= (1 << 20) && l->kv_tokens >= 0 && l->kv_tokens <= (1L << 40) &&
                 l->max_running_requests >= 0 && l->chunked_prefill_size >= 0 && l->dummy_routing >= 0 &&
-                l->dummy_routing <= 1 && l->mem_fraction_static >= 0 && l->mem_fraction_static <= 1);
+                l->dummy_routing <= 1 && l->mem_fraction_static >= 0 && l->mem_fraction_static <= 1 &&
+                l->swa_full_tokens_ratio >= 0 && l->swa_full_tokens_ratio <= 1);
     size_t at = begin(out, CTRL_MSG_LOAD, seq);
     buf_put_le32(out, (uint32_t)l->max_batch_tokens);
     buf_put_le32(out, (uint32_t)l->max_seqs);
     buf_put_le32(out, (uint32_t)l->max_context);
     buf_put_le64(out, l->seed);
-    buf_put_le32(out, (uint32_t)(l->no_shared_expert_fusion | l->moe_count << 1 | l->no_graphs << 2 | l->skip_warmup << 3));
+    buf_put_le32(out, (uint32_t)(l->no_shared_expert_fusion | l->moe_count << 1 | l->no_graphs << 2 | l->skip_warmup << 3 |
+                                 l->disable_hybrid_swa << 4));
     buf_put_le32(out, (uint32_t)l->dummy_routing);
     buf_put_le32(out, (uint32_t)l->page_size);
     buf_put_le64(out, (uint64_t)l->kv_tokens);
@@ -75,6 +77,8 @@ void ctrl_msg_load(struct buf *out, uint32_t seq, const struct ctrl_load *l) {
     buf_put_le64(out, f);
     buf_put_le32(out, (uint32_t)l->max_running_requests);
     buf_put_le32(out, (uint32_t)l->chunked_prefill_size);
+    memcpy(&f, &l->swa_full_tokens_ratio, 8);
+    buf_put_le64(out, f);
     put_name(out, l->load_format);
     put_name(out, l->quantization);
     end(out, at);
@@ -83,11 +87,12 @@ void ctrl_msg_load(struct buf *out, uint32_t seq, const struct ctrl_load *l) {
 
 void ctrl_msg_step(struct buf *out, uint32_t seq, int flags, int scratch_page, const struct batch *b,
                    const unsigned char *want_logits) {
-    KILN_ASSERT((flags & ~15) == 0 && !!want_logits == !!(flags & CTRL_STEP_WANT));
-    flags = (flags & ~CTRL_STEP_GROUPS) | (b->seq_group ? CTRL_STEP_GROUPS : 0);
+    KILN_ASSERT((flags & ~31) == 0 && !!want_logits == !!(flags & CTRL_STEP_WANT) && !b->swa_out_slot == !b->swa_kv_pages);
+    flags = (flags & ~(CTRL_STEP_GROUPS | CTRL_STEP_SWA)) | (b->seq_group ? CTRL_STEP_GROUPS : 0) |
+            (b->swa_out_slot ? CTRL_STEP_SWA : 0);
     int T = b->n_tokens, S = b->n_seqs, P = b->kv_page_start[b->n_seqs], L = b->n_logit_rows;
     size_t at = begin(out, CTRL_MSG_STEP, seq);
-    buf_reserve(out, STEP_FIXED + 4 * ((size_t)3 * T + 4 * (size_t)S + 2 + (size_t)P + (size_t)L) + (size_t)L);
+    buf_reserve(out, STEP_FIXED + 4 * ((size_t)4 * T + 4 * (size_t)S + 2 + (size_t)2 * P + (size_t)L) + (size_t)L);
     uint8_t head[4] = {(uint8_t)b->mode, (uint8_t)flags, 0, 0};
     buf_append(out, head, 4);
     buf_put_le32(out, (uint32_t)b->page_size);
@@ -105,6 +110,10 @@ void ctrl_msg_step(struct buf *out, uint32_t seq, int flags, int scratch_page, c
     put_i32s(out, b->kv_pages, (size_t)P);
     put_i32s(out, b->logit_rows, (size_t)L);
     if (b->seq_group) put_i32s(out, b->seq_group, (size_t)S);
+    if (b->swa_out_slot) {
+        put_i32s(out, b->swa_out_slot, (size_t)T);
+        put_i32s(out, b->swa_kv_pages, (size_t)P);
+    }
     if (want_logits)
         for (int j = 0; j < L; j++) buf_push(out, (char)(want_logits[j] ? 1 : 0));
     end(out, at);
@@ -149,16 +158,22 @@ static int parse_load(const uint8_t *p, size_t n, struct ctrl_load *l, struct ki
     uint32_t flags = le_get32(p + 20), routing = le_get32(p + 24), ps = le_get32(p + 28);
     uint64_t kv = le_get64(p + 32), fbits = le_get64(p + 40);
     uint32_t mrr = le_get32(p + 48), cps = le_get32(p + 52);
+    uint64_t rbits = le_get64(p + 56);
     const uint32_t big = INT32_MAX;
     if (mbt > big || ms > big || mc > big || mrr > big || cps > big)
         return kiln_errorf(err, "LOAD: a batch or context size above %u", big);
-    if (flags & ~15u) return kiln_errorf(err, "LOAD: unknown flags 0x%x", flags);
+    if (flags & ~31u) return kiln_errorf(err, "LOAD: unknown flags 0x%x", flags);
     if (routing > 1) return kiln_errorf(err, "LOAD: unknown routing %u", routing);
     if (ps > (1u << 20)) return kiln_errorf(err, "LOAD: page size %u", ps);
     if (kv > ((uint64_t)1 << 40)) return kiln_errorf(err, "LOAD: a KV pool of %llu tokens", (unsigned long long)kv);
     double f;
     memcpy(&f, &fbits, 8);
     if (!(f >= 0 && f <= 1)) return kiln_errorf(err, "LOAD: memory fraction not in 0..1");
+    double ratio;
+    memcpy(&ratio, &rbits, 8);
+    if (!(ratio >= 0 && ratio <= 1)) return kiln_errorf(err, "LOAD: SWA to full tokens ratio not in 0..1");
+    l->swa_full_tokens_ratio = ratio;
+    l->disable_hybrid_swa = flags >> 4 & 1;
     l->max_batch_tokens = (int)mbt, l->max_seqs = (int)ms, l->max_context = (int)mc;
     l->no_shared_expert_fusion = flags & 1, l->moe_count = flags >> 1 & 1, l->no_graphs = flags >> 2 & 1,
     l->skip_warmup = flags >> 3 & 1;
@@ -219,6 +234,13 @@ static int check_step(const struct ctrl_msg *m, const struct ctrl_limits *lim, s
         if (b->seq_group[s] < 0 || b->seq_group[s] >= lim->dp_groups)
             return kiln_errorf(err, "STEP: sequence %d: DP attention group %d outside 0..%d", s, b->seq_group[s],
                                lim->dp_groups - 1);
+    long swa_slots = (long)lim->swa_pages * lim->page_size;
+    for (int t = 0; b->swa_out_slot && t < T; t++)
+        if (b->swa_out_slot[t] < 0 || b->swa_out_slot[t] >= swa_slots)
+            return kiln_errorf(err, "STEP: token %d: sliding KV slot %d outside 0..%ld", t, b->swa_out_slot[t], swa_slots - 1);
+    for (int i = 0; b->swa_kv_pages && i < P; i++)
+        if (b->swa_kv_pages[i] < 0 || b->swa_kv_pages[i] >= lim->swa_pages)
+            return kiln_errorf(err, "STEP: sliding KV page %d outside the pool's %d", b->swa_kv_pages[i], lim->swa_pages);
     if ((m->flags & CTRL_STEP_SAMPLE) && L - want > lim->max_seqs)
         return kiln_errorf(err, "STEP: %d rows to sample, more than %d", L - want, lim->max_seqs);
     return 0;
@@ -230,8 +252,11 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
     if (n < STEP_FIXED) return kiln_errorf(err, "STEP: %zu bytes, fewer than %d", n, STEP_FIXED);
     int mode = p[0], flags = p[1];
     if (mode != BATCH_MODE_EXTEND && mode != BATCH_MODE_DECODE) return kiln_errorf(err, "STEP: mode %d", mode);
-    if ((flags & ~15) || p[2] || p[3] || ((flags & (CTRL_STEP_MASKED | CTRL_STEP_WANT)) && !(flags & CTRL_STEP_SAMPLE)))
+    if ((flags & ~31) || p[2] || p[3] || ((flags & (CTRL_STEP_MASKED | CTRL_STEP_WANT)) && !(flags & CTRL_STEP_SAMPLE)))
         return kiln_errorf(err, "STEP: flags 0x%x / reserved bytes", flags);
+    if (!(flags & CTRL_STEP_SWA) != !(lim->swa_pages > 0))
+        return kiln_errorf(err, "STEP: %s sliding pages, but the runner's KV pool is %s", flags & CTRL_STEP_SWA ? "with" : "without",
+                           lim->swa_pages > 0 ? "hybrid" : "not hybrid");
     if ((flags & CTRL_STEP_GROUPS) && lim->dp_groups <= 1)
         return kiln_errorf(err, "STEP: DP attention groups, but the runner has no DP attention");
     int32_t ps = (int32_t)le_get32(p + 4), scratch = (int32_t)le_get32(p + 8);
@@ -242,7 +267,8 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
         L > (uint32_t)lim->max_tokens)
         return kiln_errorf(err, "STEP: %u tokens, %u sequences, %u pages, %u logit rows: beyond %d, %d, %ld, %d", T, S,
                            P, L, lim->max_tokens, lim->max_seqs, lim->max_pages, lim->max_tokens);
-    size_t ints = 3 * (size_t)T + 3 * (size_t)S + 2 + P + L + ((flags & CTRL_STEP_GROUPS) ? S : 0);
+    size_t ints = 3 * (size_t)T + 3 * (size_t)S + 2 + P + L + ((flags & CTRL_STEP_GROUPS) ? S : 0) +
+                  ((flags & CTRL_STEP_SWA) ? (size_t)T + P : 0);
     size_t want = (flags & CTRL_STEP_WANT) ? L : 0;
     if (n != STEP_FIXED + 4 * ints + want)
         return kiln_errorf(err, "STEP: %zu bytes, its counts make %zu", n, STEP_FIXED + 4 * ints + want);
@@ -258,6 +284,11 @@ static int parse_step(const uint8_t *p, size_t n, const struct ctrl_limits *lim,
                           .out_slot = slot, .n_seqs = (int)S, .q_start = qs, .kv_len = kvl, .kv_page_start = pst,
                           .kv_pages = pages, .page_size = ps, .n_logit_rows = (int)L, .logit_rows = rows,
                           .seq_group = (flags & CTRL_STEP_GROUPS) ? rows + L : NULL};
+    if (flags & CTRL_STEP_SWA) {
+        int32_t *sw = rows + L + ((flags & CTRL_STEP_GROUPS) ? S : 0);
+        m->b.swa_out_slot = sw;
+        m->b.swa_kv_pages = sw + T;
+    }
     if ((long)pst[S] != (long)P) return kiln_errorf(err, "STEP: kv_page_start ends at %d, not %u", pst[S], P);
     return check_step(m, lim, err);
 }
@@ -289,7 +320,8 @@ int ctrl_msg_parse(const uint8_t *data, size_t len, const struct ctrl_limits *li
 
 size_t ctrl_msg_step_max(const struct ctrl_limits *lim) {
     size_t T = (size_t)lim->max_tokens, S = (size_t)lim->max_seqs, P = (size_t)lim->max_pages;
-    return CTRL_MSG_HEADER + STEP_FIXED + 4 * (4 * T + 4 * S + 2 + P) + T;
+    size_t swa = lim->swa_pages > 0 ? T + P : 0;
+    return CTRL_MSG_HEADER + STEP_FIXED + 4 * (4 * T + 4 * S + 2 + P + swa) + T;
 }
 
 void ctrl_msg_free(struct ctrl_msg *m) {

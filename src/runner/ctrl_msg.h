@@ -7,7 +7,7 @@
  * limits: it comes from a socket). Integers are little-endian whatever
  * the host; the layout is in docs/distributed.md:
  *
- *   header  u32 magic 0x5054534b ("KSTP") | u16 version (1) | u16 type
+ *   header  u32 magic 0x5054534b ("KSTP") | u16 version (3) | u16 type
  *           | u32 body length | u32 sequence number (one per message)
  *   LOAD    what rank 0's runner_load was given (model and runner sizes)
  *   STEP    one forward: its kind and the batch's host arrays
@@ -29,7 +29,7 @@ struct buf;
 struct kiln_error;
 
 #define CTRL_MSG_MAGIC 0x5054534bu
-#define CTRL_MSG_VERSION 2
+#define CTRL_MSG_VERSION 3
 #define CTRL_MSG_HEADER 16
 /* Every message goes out as one broadcast of CTRL_MSG_FRAME bytes (the
  * header and the body's start, zero-padded) and, when longer, a second of
@@ -46,6 +46,8 @@ enum {
     CTRL_STEP_WANT = 4,   /* want_logits[n_logit_rows] follows (SAMPLE only) */
     CTRL_STEP_GROUPS = 8, /* seq_group[n_seqs] follows logit_rows (DP attention; the
                              encoder sets it when the batch has seq_group) */
+    CTRL_STEP_SWA = 16,   /* swa_out_slot[n_tokens] and swa_kv_pages[pages] follow (a
+                             hybrid KV pool; the encoder sets it when the batch has them) */
 };
 
 /* The sizes of rank 0's runner_load: what model_options and
@@ -53,7 +55,7 @@ enum {
 struct ctrl_load {
     int max_batch_tokens, max_seqs, max_context; /* 0 .. INT32_MAX */
     uint64_t seed;
-    int no_shared_expert_fusion, moe_count, no_graphs, skip_warmup; /* 0 or 1 */
+    int no_shared_expert_fusion, moe_count, no_graphs, skip_warmup, disable_hybrid_swa; /* 0 or 1 */
     int dummy_routing;                           /* enum model_routing */
     char load_format[CTRL_MSG_NAME_MAX];         /* "" for NULL */
     char quantization[CTRL_MSG_NAME_MAX];        /* "" for NULL */
@@ -61,6 +63,7 @@ struct ctrl_load {
     long kv_tokens;                              /* 0 .. 1 << 40 */
     double mem_fraction_static;                  /* 0 .. 1 */
     int max_running_requests, chunked_prefill_size; /* 0 .. INT32_MAX */
+    double swa_full_tokens_ratio;                /* 0 .. 1 */
 };
 
 /* What a STEP may hold: the receiving runner's reserved sizes. */
@@ -71,6 +74,7 @@ struct ctrl_limits {
     int max_context;
     int page_size;
     int pool_pages;  /* the KV pool's pages (slots: pool_pages * page_size) */
+    int swa_pages;   /* a hybrid pool's sliding pages (0: none, CTRL_STEP_SWA refused) */
     int dp_groups;   /* DP attention groups: seq_group entries below it (0, 1: no seq_group) */
 };
 

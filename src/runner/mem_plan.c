@@ -6,7 +6,7 @@
 
 #define GIB(x) ((double)(x) / 1073741824.0)
 
-void mem_plan_runner_layout(long T, long S, long max_context, int page_size, int device_sampling,
+void mem_plan_runner_layout(long T, long S, long max_context, int page_size, int device_sampling, int hybrid,
                             struct mem_plan_runner *l) {
     /* Logits are downloaded 64 rows at a time; a backend that samples on
      * the device keeps a whole decode batch's rows (one lm_head product). */
@@ -18,14 +18,16 @@ void mem_plan_runner_layout(long T, long S, long max_context, int page_size, int
     long srow_ints = (long)(sizeof(struct backend_sample_row) / 4);
     l->stage_srows_off = (4 * T + 2 * (S + 1) + 1) & ~1L;
     l->stage_pages_off = l->stage_srows_off + (device_sampling ? S * srow_ints : 0);
-    l->stage_ints = l->stage_pages_off + l->pages_cap;
+    l->stage_swa_off = l->stage_pages_off + l->pages_cap;
+    /* a hybrid KV pool's sliding slots [T] and pages [pages_cap] */
+    l->stage_ints = l->stage_swa_off + (hybrid ? T + l->pages_cap : 0);
     l->adj_cap = device_sampling ? (int)(S * 512 > 8192 ? S * 512 : 8192) : 0;
 }
 
 size_t mem_plan_runner_bytes(long T, long S, long max_context, int page_size, long vocab,
-                             int device_sampling) {
+                             int device_sampling, int hybrid) {
     struct mem_plan_runner l;
-    mem_plan_runner_layout(T, S, max_context, page_size, device_sampling, &l);
+    mem_plan_runner_layout(T, S, max_context, page_size, device_sampling, hybrid, &l);
     size_t b = (size_t)l.logit_chunk * (size_t)vocab * 4 + (size_t)l.stage_ints * 4;
     if (device_sampling)
         b += (size_t)l.adj_cap * sizeof(struct backend_sample_adj) + (size_t)S * 4 +

@@ -73,12 +73,14 @@ int mem_plan_compute(const struct mem_plan_in *in, struct mem_plan *p, struct ki
  * staging buffer (page lists of S sequences at max_context), the logits
  * of one chunk of rows, and the device sampler's buffers (device_sampling). */
 struct mem_plan_runner {
-    long logit_chunk, pages_cap, stage_ints, stage_srows_off, stage_pages_off;
+    long logit_chunk, pages_cap, stage_ints, stage_srows_off, stage_pages_off, stage_swa_off;
     int adj_cap;
 };
-void mem_plan_runner_layout(long T, long S, long max_context, int page_size, int device_sampling,
+/* hybrid: the KV pool is hybrid (cache/kv_pool.h), so batches carry the
+ * sliding layers' slots and pages too */
+void mem_plan_runner_layout(long T, long S, long max_context, int page_size, int device_sampling, int hybrid,
                             struct mem_plan_runner *l);
 size_t mem_plan_runner_bytes(long T, long S, long max_context, int page_size, long vocab,
-                             int device_sampling);
+                             int device_sampling, int hybrid);
 
 #endif

@@ -1,5 +1,6 @@
 /* runner.c — a runner's set-up: the staging and sampling buffers, the
  * memory plan, the KV pool, and the start-up sequence of runner_load. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,8 @@ static int reserve_buffers(struct runner *r, struct kiln_error *err) {
     void *ctx = r->be->ctx;
     long T = r->max_batch_tokens, S = r->max_seqs;
     struct mem_plan_runner l; /* the sizes the memory plan counts */
-    mem_plan_runner_layout(T, S, r->max_context, r->page_size, ops->sample != NULL, &l);
+    int hybrid = r->swa_window > 0;
+    mem_plan_runner_layout(T, S, r->max_context, r->page_size, ops->sample != NULL, hybrid, &l);
     r->logit_chunk = (int)l.logit_chunk;
     r->pages_cap = l.pages_cap;
 #define ALLOC(field, count, type)                                                           \
@@ -56,6 +58,13 @@ static int reserve_buffers(struct runner *r, struct kiln_error *err) {
     r->page_start = r->q_start + S + 1;
     r->pages = r->stage + r->stage_pages_off;
     r->srows = (struct backend_sample_row *)(r->stage + r->stage_srows_off);
+    if (hybrid) {
+        r->stage_swa_off = l.stage_swa_off;
+        r->swa_slot = r->stage + r->stage_swa_off;
+        r->swa_pages = r->swa_slot + T;
+        r->swa_slot_host = xmalloc((size_t)T * 4);
+        r->swa_pages_host = xmalloc((size_t)r->pages_cap * 4);
+    }
     if (ops->host_alloc && (r->stage_host = ops->host_alloc(ctx, (size_t)stage_ints * 4)))
         r->stage_pinned = 1;
     else
@@ -87,6 +96,8 @@ static void free_buffers(struct runner *r) {
         else free(host[i]);
     }
     free(r->perm);
+    free(r->swa_slot_host);
+    free(r->swa_pages_host);
 }
 
 #define GIB(x) ((double)(x) / 1073741824.0)
@@ -116,7 +127,7 @@ static int plan_kv_tokens(const struct runner *r, const struct runner_options *o
         .weights = model_weight_bytes(m) + model_config_derived_bytes(c),
         .activations = model_activation_bytes(c, r->max_batch_tokens, r->max_context),
         .runner = mem_plan_runner_bytes(r->max_batch_tokens, r->max_seqs, r->max_context,
-                                        r->page_size, r->vocab, ops->sample != NULL),
+                                        r->page_size, r->vocab, ops->sample != NULL, r->swa_window > 0),
         .workspace = ops->workspace_bytes ? ops->workspace_bytes(r->be->ctx, &shape) : 0};
     struct mem_plan p;
     if (mem_plan_compute(&in, &p, err)) return -1;
@@ -174,6 +185,9 @@ static int init(struct runner *r, struct model *m, const struct runner_options *
         if (runner_bucket_size(i) <= r->max_seqs && runner_bucket_size(i) <= r->max_batch_tokens)
             biggest = runner_bucket_size(i);
     if (r->graphs_on && !model_graphable(m, biggest)) r->graphs_on = 0;
+    const struct model_config *c = model_config(m);
+    int hw = model_config_hybrid_window(c);
+    if (hw > 0 && hw < r->max_context && c->shard.dp_size <= 1 && !(o && o->disable_hybrid_swa)) r->swa_window = hw;
     r->ctrl = o ? o->ctrl : NULL;
     if (r->ctrl && r->ctrl->size > 1) {
         r->lead = r->ctrl->rank == 0;
@@ -189,15 +203,40 @@ static int init(struct runner *r, struct model *m, const struct runner_options *
 static int create_pool(struct runner *r, const struct runner_options *o, size_t free_before,
                        struct kiln_error *err) {
     struct model *m = r->m;
+    const struct model_config *c = model_config(m);
     struct kv_layer_layout layout[512];
     int nl = model_kv_layout(m, layout, 512);
     size_t per_token = kv_pool_page_bytes(layout, nl, 1, backend_kv_dtype(r->be));
     static const struct runner_options none = {0};
+    if (!o) o = &none;
+    /* a hybrid pool: a full token costs its full layers' bytes and the
+     * ratio's share of the sliding layers' */
+    unsigned char layer_swa[512] = {0};
+    double ratio = o->swa_full_tokens_ratio > 0 ? o->swa_full_tokens_ratio : 0.8;
+    if (r->swa_window > 0) {
+        struct model_stage st;
+        model_stage_of(m, &st);
+        for (int l = 0; l < nl; l++) layer_swa[l] = model_config_layer_window(c, st.layer0 + l) > 0;
+        enum dtype dt = backend_kv_dtype(r->be);
+        per_token = kv_pool_token_bytes_part(layout, layer_swa, nl, dt, 0) +
+                    (size_t)ceil(ratio * (double)kv_pool_token_bytes_part(layout, layer_swa, nl, dt, 1));
+    }
     long tokens = 0;
-    if (plan_kv_tokens(r, o ? o : &none, per_token, free_before, &tokens, err)) return -1;
+    if (plan_kv_tokens(r, o, per_token, free_before, &tokens, err)) return -1;
     if (r->ctrl && r->ctrl->size > 1 && runner_ctrl_agree(r, &tokens, err)) return -1;
     int n_pages = (int)((tokens + r->page_size - 1) / r->page_size);
-    int window = model_config_all_window(model_config(m));
+    if (r->swa_window > 0) {
+        /* at least one request's window beside a whole batch, and never
+         * more sliding pages than pages */
+        long least = mem_plan_window_tokens(r->swa_window, r->page_size) + r->max_batch_tokens;
+        long swa_tokens = (long)ceil(ratio * (double)tokens);
+        if (swa_tokens < least) swa_tokens = least;
+        long n_swa = (swa_tokens + r->page_size - 1) / r->page_size;
+        if (n_swa > n_pages) n_swa = n_pages;
+        return kv_pool_init_hybrid(&r->kv, r->be, layout, layer_swa, nl, r->page_size, n_pages, r->swa_window,
+                                   (int)n_swa + 2, err); /* + the zero and padding pages */
+    }
+    int window = model_config_all_window(c);
     if (window > 0) n_pages++; /* the zero page (kv_pool_set_window) */
     if (kv_pool_init(&r->kv, r->be, layout, nl, r->page_size, n_pages, err)) return -1;
     return window > 0 ? kv_pool_set_window(&r->kv, window, err) : 0;

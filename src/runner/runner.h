@@ -42,6 +42,13 @@ struct runner_options {
     double mem_fraction_static;
     int max_running_requests;
     int chunked_prefill_size;
+    /* Models with both sliding and full layers (model_config_hybrid_window):
+     * the sliding layers' KV in a pool of its own (cache/kv_pool.h
+     * "Hybrid"), of swa_full_tokens_ratio (0 < r <= 1; 0: 0.8, as SGLang)
+     * times the full layers' tokens, at least what one request needs beside
+     * a full batch; disable_hybrid_swa: one pool for every layer. */
+    double swa_full_tokens_ratio;
+    int disable_hybrid_swa;
     int no_graphs;              /* 1: never replay decode steps from graphs (also KILN_GRAPHS=0) */
     int skip_warmup;            /* runner_load: no warm-up (and no overlapped weight copy) */
     /* Several ranks running one model in lockstep (model_options.par):

@@ -66,7 +66,9 @@ int runner_lead_load(struct dist_comm *ctrl, const struct model_options *mo, con
         .page_size = ro->page_size, .kv_tokens = ro->kv_tokens > 0 ? ro->kv_tokens : 0,
         .mem_fraction_static = ro->mem_fraction_static > 0 ? ro->mem_fraction_static : 0,
         .max_running_requests = ro->max_running_requests > 0 ? ro->max_running_requests : 0,
-        .chunked_prefill_size = ro->chunked_prefill_size > 0 ? ro->chunked_prefill_size : 0};
+        .chunked_prefill_size = ro->chunked_prefill_size > 0 ? ro->chunked_prefill_size : 0,
+        .swa_full_tokens_ratio = ro->swa_full_tokens_ratio > 0 ? ro->swa_full_tokens_ratio : 0,
+        .disable_hybrid_swa = !!ro->disable_hybrid_swa};
     const char *names[2] = {mo->load_format, mo->quantization};
     for (int i = 0; i < 2; i++)
         if (names[i] && !ctrl_msg_name_ok(names[i]))
@@ -169,6 +171,7 @@ int runner_follow_load(struct runner **out, struct backend *be, const char *mode
         ro.page_size = l->page_size, ro.kv_tokens = l->kv_tokens, ro.mem_fraction_static = l->mem_fraction_static;
         ro.max_running_requests = l->max_running_requests, ro.chunked_prefill_size = l->chunked_prefill_size;
         ro.no_graphs = l->no_graphs, ro.skip_warmup = l->skip_warmup;
+        ro.swa_full_tokens_ratio = l->swa_full_tokens_ratio, ro.disable_hybrid_swa = l->disable_hybrid_swa;
         rc = runner_load(out, be, model_dir, &mo, &ro, err);
     }
     free(rx);
@@ -183,7 +186,7 @@ int runner_follow(struct runner *r, struct kiln_error *err) {
     KILN_ASSERT(r->follower);
     struct ctrl_limits lim = {.max_tokens = r->max_batch_tokens, .max_seqs = r->max_seqs, .max_pages = r->pages_cap,
                               .vocab = r->vocab, .max_context = r->max_context, .page_size = r->page_size,
-                              .pool_pages = r->kv.n_pages,
+                              .pool_pages = r->kv.n_pages, .swa_pages = r->kv.n_swa_pages,
                               .dp_groups = model_config(r->m)->shard.dp_size};
     size_t max_len = ctrl_msg_step_max(&lim);
     struct ctrl_msg *m = &r->in;

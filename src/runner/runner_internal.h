@@ -32,6 +32,14 @@ struct runner {
     int32_t *ids, *pos, *slot, *q_start, *page_start, *pages, *rows;
     int32_t *stage, *stage_host;
     long stage_pages_off;     /* ints before the page list */
+    /* A hybrid KV pool (swa_window > 0, the sliding layers' window): the
+     * batch's sliding slots and pages, a stage view at stage_swa_off
+     * ([T] slots, then the pages), and the host arrays a batch without
+     * them gets them in (runner_swa_fill). */
+    int swa_window;
+    int32_t *swa_slot, *swa_pages;
+    long stage_swa_off;
+    int32_t *swa_slot_host, *swa_pages_host;
     int stage_pinned;         /* stage_host came from host_alloc */
     int stage_busy;           /* an upload from stage_host may still be in flight */
     long pages_cap;
@@ -86,8 +94,13 @@ void runner_drop_graphs(struct runner *r);
 int runner_forward_impl(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
                         int32_t *tokens, float *logits, struct kiln_error *err);
 /* Stages b (no padding, no device sampling; logit rows in order) and fills
- * *bb and *s for model_forward_layers over it. */
-void runner_stage_plain(struct runner *r, const struct batch *b, struct backend_batch *bb, struct model_step *s);
+ * bb (the full layers' and, with a hybrid pool, the sliding layers') and
+ * *s for model_forward_layers over it. */
+void runner_stage_plain(struct runner *r, const struct batch *b, struct backend_batch bb[2], struct model_step *s);
+/* A hybrid pool's runner and a batch without sliding slots and pages:
+ * *out becomes b with them (kv_pool_swa_page), in r's host arrays, and
+ * the call returns out; otherwise returns b. */
+const struct batch *runner_swa_fill(struct runner *r, const struct batch *b, struct batch *out);
 
 /* runner_pp.c: pipeline parallel. runner_pp_check refuses what it does not
  * run (before the model loads); runner_pp_init makes r->pp for a model

@@ -130,7 +130,9 @@ static struct batch micro_batch(const struct runner_pp *p, const struct batch *b
     return (struct batch){.mode = b->mode, .n_tokens = b->q_start[s1] - t0, .input_ids = b->input_ids + t0,
                           .positions = b->positions + t0, .out_slot = b->out_slot + t0, .n_seqs = s1 - s0,
                           .q_start = p->q_start, .kv_len = b->kv_len + s0, .kv_page_start = p->page_start,
-                          .kv_pages = b->kv_pages + p0, .page_size = b->page_size, .n_logit_rows = nj,
+                          .kv_pages = b->kv_pages + p0, .page_size = b->page_size,
+                          .swa_out_slot = b->swa_out_slot ? b->swa_out_slot + t0 : NULL,
+                          .swa_kv_pages = b->swa_kv_pages ? b->swa_kv_pages + p0 : NULL, .n_logit_rows = nj,
                           .logit_rows = p->rows};
 }
 
@@ -169,9 +171,9 @@ int runner_pp_step(struct runner *r, const struct batch *b, float *logits, struc
     int M = split(p, b);
     for (int k = 0; k < M; k++) {
         struct batch mb = micro_batch(p, b, k);
-        struct backend_batch bb;
+        struct backend_batch bb[2];
         struct model_step s;
-        runner_stage_plain(r, &mb, &bb, &s);
+        runner_stage_plain(r, &mb, bb, &s);
         if (stage > 0) model_pp_recv_hidden(m, mb.n_tokens);
         model_forward_layers(m, &r->kv, &s);
         if (lead && k >= lag) logits_recv(r, k - lag, logits);

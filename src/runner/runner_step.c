@@ -51,7 +51,31 @@ static int check_batch(const struct runner *r, const struct batch *b, struct kil
         KILN_ASSERT(b->out_slot[i] >= 0 && b->out_slot[i] < slots);
     }
     KILN_ASSERT(b->q_start[0] == 0 && b->q_start[b->n_seqs] == b->n_tokens);
+    KILN_ASSERT(!b->swa_out_slot == !b->swa_kv_pages && (!b->swa_out_slot || r->swa_window > 0));
+    if (r->swa_window > 0) {
+        KILN_ASSERT(b->swa_out_slot);
+        long swa_slots = (long)kv->n_swa_pages * kv->page_size;
+        for (int i = 0; i < b->n_tokens; i++) KILN_ASSERT(b->swa_out_slot[i] >= 0 && b->swa_out_slot[i] < swa_slots);
+    }
     return 0;
+}
+
+const struct batch *runner_swa_fill(struct runner *r, const struct batch *b, struct batch *out) {
+    if (r->swa_window <= 0 || b->swa_out_slot || b->mode == BATCH_MODE_IDLE || b->n_tokens == 0) return b;
+    const struct kv_pool *kv = &r->kv;
+    int ps = b->page_size, np = b->kv_page_start[b->n_seqs];
+    KILN_ASSERT(b->n_tokens <= r->max_batch_tokens && np <= r->pages_cap);
+    for (int i = 0; i < np; i++) r->swa_pages_host[i] = kv_pool_swa_page(kv, b->kv_pages[i]);
+    for (int t = 0; t < b->n_tokens; t++) {
+        int32_t s = kv_pool_swa_page(kv, b->out_slot[t] / ps);
+        /* a token writes where the window still reads: its page has a sliding page */
+        KILN_ASSERT(s > 0);
+        r->swa_slot_host[t] = s * ps + b->out_slot[t] % ps;
+    }
+    *out = *b;
+    out->swa_out_slot = r->swa_slot_host;
+    out->swa_kv_pages = r->swa_pages_host;
+    return out;
 }
 
 /* Padding rows write to the pool's scratch page (taken once, when padding
@@ -96,6 +120,15 @@ static void stage_batch(struct runner *r, const struct batch *b, int pad,
         ps[ns + i + 1] = np + i + 1;
         pages[np + i] = r->kv.scratch_page;
     }
+    if (r->swa_window > 0) { /* the sliding slots, then the sliding pages */
+        int32_t *sslot = h + r->stage_swa_off, *spages = sslot + T, scratch = KV_SWA_PAD;
+        memcpy(sslot, b->swa_out_slot, (size_t)n * 4);
+        memcpy(spages, b->swa_kv_pages, (size_t)np * 4);
+        for (int i = 0; i < pad; i++) {
+            sslot[n + i] = scratch * b->page_size;
+            spages[np + i] = scratch;
+        }
+    }
     if (smp) {
         struct backend_sample_row *sr = (struct backend_sample_row *)(h + r->stage_srows_off);
         int n_sample = b->n_logit_rows - n_want;
@@ -113,16 +146,31 @@ static void stage_batch(struct runner *r, const struct batch *b, int pad,
     }
     /* one copy: everything before the page list, and the pages in use */
     ops->upload(r->be->ctx, r->stage, h, (size_t)(r->stage_pages_off + np + pad) * 4);
+    if (r->swa_window > 0) /* the sliding slots [T], then the pages in use */
+        ops->upload(r->be->ctx, r->swa_slot, h + r->stage_swa_off, (size_t)(T + np + pad) * 4);
     r->stage_busy = r->stage_pinned;
 }
 
-void runner_stage_plain(struct runner *r, const struct batch *b, struct backend_batch *bb, struct model_step *s) {
+/* The step's batch on the device: bb[0] the full layers', bb[1] (a hybrid
+ * pool) the sliding layers'. */
+static void step_of(struct runner *r, const struct batch *b, int np, int nseq, struct backend_batch bb[2],
+                    struct model_step *s) {
+    bb[0] = (struct backend_batch){.n_tokens = np, .n_seqs = nseq, .page_size = b->page_size,
+                                   .positions = r->pos, .q_start = r->q_start, .kv_page_start = r->page_start,
+                                   .kv_pages = r->pages};
+    *s = (struct model_step){.bb = &bb[0], .ids = r->ids, .slot = r->slot, .host = b};
+    if (r->swa_window > 0) {
+        bb[1] = bb[0];
+        bb[1].kv_pages = r->swa_pages;
+        s->swa_bb = &bb[1];
+        s->swa_slot = r->swa_slot;
+    }
+}
+
+void runner_stage_plain(struct runner *r, const struct batch *b, struct backend_batch bb[2], struct model_step *s) {
     for (int j = 0; j < b->n_logit_rows; j++) r->perm[j] = j;
     stage_batch(r, b, 0, NULL, b->n_logit_rows, 0);
-    *bb = (struct backend_batch){.n_tokens = b->n_tokens, .n_seqs = b->n_seqs, .page_size = b->page_size,
-                                 .positions = r->pos, .q_start = r->q_start, .kv_page_start = r->page_start,
-                                 .kv_pages = r->pages};
-    *s = (struct model_step){.bb = bb, .ids = r->ids, .slot = r->slot, .host = b};
+    step_of(r, b, b->n_tokens, b->n_seqs, bb, s);
 }
 
 /* Final norm, lm_head and sampling of all np rows of the residual stream
@@ -153,6 +201,8 @@ static void run_step(struct runner *r, const struct model_step *s, int kind) {
 static int forward_body(struct runner *r, const struct batch *b, const struct runner_sampling *smp,
                         int32_t *tokens, float *logits, struct kiln_error *err) {
     if (b->mode == BATCH_MODE_IDLE || b->n_tokens == 0) return 0;
+    struct batch filled;
+    b = runner_swa_fill(r, b, &filled);
     if (check_batch(r, b, err)) return -1;
     const struct backend_ops *ops = r->be->ops;
     void *ctx = r->be->ctx;
@@ -214,11 +264,9 @@ static int forward_body(struct runner *r, const struct batch *b, const struct ru
     if (r->lead && runner_lead_step(r, b, smp, err)) return -1;
     stage_batch(r, b, pad, smp, n_want, kind ? (int)n + pad : n_sample);
     long np = n + pad;
-    struct backend_batch bb = {.n_tokens = (int)np, .n_seqs = b->n_seqs + pad,
-                               .page_size = b->page_size, .positions = r->pos,
-                               .q_start = r->q_start, .kv_page_start = r->page_start,
-                               .kv_pages = r->pages};
-    struct model_step s = {.bb = &bb, .ids = r->ids, .slot = r->slot, .host = b};
+    struct backend_batch bb[2];
+    struct model_step s;
+    step_of(r, b, (int)np, b->n_seqs + pad, bb, &s);
     if (gi < 0) {
         model_forward_layers(r->m, &r->kv, &s);
     } else if (r->graphs[kind][gi]) {

@@ -152,6 +152,11 @@ struct engine_options {
     int max_total_tokens;         /* KV pool size in tokens; 0 = from memory */
     double mem_fraction_static;   /* GPU: share of device memory for weights + KV cache;
                                      0 = 0.88 (SGLang's default for large GPUs) */
+    /* a model with sliding and full layers: the sliding layers' KV pool
+     * against the full layers' in tokens (0 = 0.8, as SGLang), or one pool
+     * for every layer (runner_options) */
+    double swa_full_tokens_ratio;
+    int disable_hybrid_swa;
     int context_length;           /* 0 = the model's */
     enum schedule_policy policy;
     int disable_radix_cache;

@@ -40,6 +40,8 @@ struct engine {
     /* every layer's sliding window (kv_pool.window; 0: none) and the most
      * KV a running request then keeps beside its chunk (mem_plan_window_tokens) */
     int window, window_tokens;
+    /* a hybrid pool's sliding window (kv_pool.swa_window; 0: none) */
+    int swa_window;
     /* requests' unset sampling fields come from here (engine_sampling_defaults) */
     struct sampling_params sampling_defaults;
     unsigned sampling_defaults_mask;

@@ -8,7 +8,10 @@
  * owns (locked through lock_node); the rest belong to the request. When
  * every layer slides (kv_pool.window), pages[0 .. n_dropped) are the
  * pool's zero page: the request's window has left them and their pages
- * went back (n_dropped > 0 only once n_tree_tokens is 0).
+ * went back (n_dropped > 0 only once n_tree_tokens is 0). With a hybrid
+ * pool (kv_pool.swa_window), the sliding pages of the request's own pages
+ * in [n_tree_tokens / page_size, n_swa_dropped) went back (the tree's
+ * pages keep theirs until evicted).
  */
 #ifndef KILN_SCHEDULER_REQUEST_H
 #define KILN_SCHEDULER_REQUEST_H
@@ -38,6 +41,7 @@ struct req {
     int n_pages, cap_pages;
     int n_tree_tokens;
     int n_dropped;
+    int n_swa_dropped;
     struct radix_node *lock_node;
     /* DP attention (engine_options.par->dp_size > 1): the group that holds
      * the request's KV and computes its attention, chosen at sched_enqueue

@@ -117,17 +117,20 @@ static void release_kv(struct engine *e, struct req *r) {
     kv_pool_release(kv, r->pages + keep, r->n_pages - keep);
     r->n_pages = 0;
     r->n_dropped = 0;
+    r->n_swa_dropped = 0;
     r->n_tree_tokens = 0;
     r->lock_node = NULL;
     r->n_computed = 0;
 }
 
 /* After a prefill chunk: the computed full pages join the radix cache now,
- * so requests arriving meanwhile can share them. */
+ * so requests arriving meanwhile can share them. Not with a hybrid pool:
+ * the tree's pages keep their sliding pages, which the request's window
+ * must be able to give back (its prefix joins when it finishes). */
 static void cache_unfinished(struct engine *e, struct req *r) {
     int ps = e->page_size, aligned = cacheable(e, r);
     struct radix_tree *rx = e->grx[r->dp_group];
-    if (!rx || aligned <= r->n_tree_tokens) return;
+    if (!rx || aligned <= r->n_tree_tokens || e->swa_window) return;
     struct radix_node *node;
     int dup = radix_insert(rx, r->salt, r->tokens, aligned, r->pages, &node);
     int keep = r->n_tree_tokens / ps;
@@ -161,6 +164,37 @@ static void window_drop(struct engine *e, struct req *r) {
     kv_pool_drop(kv, r->pages, &r->n_dropped, dead);
 }
 
+/* After a step (a hybrid pool): the sliding pages of r's own pages wholly
+ * before the sliding window of its next position go back. */
+static void swa_drop(struct engine *e, struct req *r) {
+    if (!e->swa_window) return;
+    struct kv_pool *kv = e->gkv[r->dp_group];
+    int dead = kv_pool_swa_dead(kv, r->n_computed, r->n_pages), from = r->n_tree_tokens / e->page_size;
+    if (from < r->n_swa_dropped) from = r->n_swa_dropped;
+    if (dead <= from) return;
+    kv_pool_drop_swa(kv, r->pages + from, dead - from);
+    r->n_swa_dropped = dead;
+}
+
+/* The cached prefix of r's first n tokens in group g's tree (radix_match
+ * into e->match_pages). With a hybrid pool, only as far as the sliding
+ * layers still have the pages the window of the next position reads: a
+ * match that ends past them is cut back to where they are. */
+static int match_prefix(struct engine *e, int g, const struct req *r, int n, struct radix_node **node) {
+    struct radix_tree *rx = e->grx[g];
+    int got = radix_match(rx, r->salt, r->tokens, n, e->match_pages, node);
+    if (!e->swa_window || got == 0) return got;
+    const struct kv_pool *kv = e->gkv[g];
+    int ps = e->page_size, j = got / ps;
+    for (; j > 0; j--) { /* a match of j pages: the window of position j * ps */
+        int first = j * ps - e->swa_window + 1, i = first > 0 ? first / ps : 0, ok = 1;
+        for (; i < j && ok; i++) ok = kv_pool_swa_alive(kv, e->match_pages[i]);
+        if (ok) break;
+    }
+    if (j * ps == got) return got;
+    return radix_match(rx, r->salt, r->tokens, j * ps, e->match_pages, node);
+}
+
 /* Group g's free pages, counting its prefix cache's evictable ones. */
 static int available_pages(const struct engine *e, int g) {
     return kv_pool_available(e->gkv[g]) + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
@@ -168,8 +202,10 @@ static int available_pages(const struct engine *e, int g) {
 
 /* Makes `n` pages free in group g's pool, evicting cached prefixes if needed. */
 static int make_free(struct engine *e, int g, int n) {
-    int missing = n - kv_pool_available(e->gkv[g]);
-    if (missing > 0 && e->grx[g]) radix_evict(e->grx[g], missing);
+    /* a hybrid pool: an evicted page may have no sliding page left, so
+     * evict until both kinds suffice */
+    for (int missing; e->grx[g] && (missing = n - kv_pool_available(e->gkv[g])) > 0;)
+        if (radix_evict(e->grx[g], missing) == 0) break;
     return kv_pool_available(e->gkv[g]) >= n ? 0 : -1;
 }
 
@@ -354,8 +390,7 @@ static void order_waiting(struct engine *e) {
         items[i].match = 0;
         if (e->opt.policy == SCHEDULE_LPM && e->grx[r->dp_group] && n <= 128) {
             struct radix_node *node;
-            items[i].match = radix_match(e->grx[r->dp_group], r->salt, r->tokens, r->n_tokens - 1,
-                                         e->match_pages, &node);
+            items[i].match = match_prefix(e, r->dp_group, r, r->n_tokens - 1, &node);
         }
     }
     if (e->opt.policy == SCHEDULE_LPM) {
@@ -499,6 +534,7 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
         if (r->n_computed < r->n_tokens) { /* an intermediate prefill chunk */
             cache_unfinished(e, r);
             window_drop(e, r);
+            swa_drop(e, r);
             continue;
         }
         /* with device sampling, only rows that wanted logits have them
@@ -517,6 +553,7 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
         }
         if (prefill) cache_unfinished(e, r);
         window_drop(e, r);
+        swa_drop(e, r);
         struct sample_result res;
         if (on_device) {
             memset(&res, 0, sizeof res);
@@ -654,7 +691,8 @@ void sched_step(struct engine *e) {
                 any = 1;
                 if (r->n_tokens - r->n_computed == 1) need += pages_for(e, r->n_tokens) - r->n_pages;
             }
-            if (need <= available_pages(e, g) || !any) break;
+            /* (with a hybrid pool the count is an upper bound: make_free tells) */
+            if (!any || (need <= available_pages(e, g) && make_free(e, g, need) == 0)) break;
             retract(e, pick_victim(e, g));
         }
     for (struct req *r = e->running; r; r = r->next) {
@@ -689,7 +727,7 @@ void sched_step(struct engine *e) {
         int g = r->dp_group;
         if (full[g]) continue; /* behind an earlier request of its group that did not fit */
         int deferred = 0;
-        for (int s = first_admitted; s < p.n_seqs && !deferred; s++)
+        for (int s = first_admitted; s < p.n_seqs && !deferred && !e->swa_window; s++)
             deferred = shares_prefix(r, e->b_reqs[s], e->b_reqs[s]->n_tree_tokens, ps);
         if (deferred) continue; /* computed once by the first, shared next step */
         struct radix_node *node = NULL;
@@ -697,7 +735,7 @@ void sched_step(struct engine *e) {
         /* owed prompt logprob rows need their positions computed, not cached */
         int lim = r->lp_next < r->n_prompt && r->lp_next - 1 < r->n_tokens - 1 ? r->lp_next - 1 : r->n_tokens - 1;
         struct radix_tree *rx = e->grx[g];
-        if (rx) matched = radix_match(rx, r->salt, r->tokens, lim, e->match_pages, &node);
+        if (rx) matched = match_prefix(e, g, r, lim, &node);
         int take = lp_take(r, matched, r->n_tokens - matched < budget ? r->n_tokens - matched : budget, lp_left);
         if (take <= 0) break;
         int need = pages_for(e, matched + take) - matched / ps + reserve_pages(e, r, matched + take) + reserve[g];
@@ -707,7 +745,8 @@ void sched_step(struct engine *e) {
             radix_lock(rx, node);
             avail = available_pages(e, g);
         }
-        if (need > avail) {
+        /* a hybrid pool: what available_pages counts may lack sliding pages */
+        if (need > avail || (e->swa_window && make_free(e, g, pages_for(e, matched + take) - matched / ps))) {
             if (node) radix_unlock(rx, node);
             /* keep arrival order: the group's later requests wait behind this one */
             full[g] = 1;
@@ -787,6 +826,8 @@ int sched_init(struct engine *e, struct kiln_error *err) {
                                 .mem_fraction_static = o->mem_fraction_static,
                                 .max_running_requests = o->max_running_requests,
                                 .chunked_prefill_size = o->chunked_prefill_size,
+                                .swa_full_tokens_ratio = o->swa_full_tokens_ratio,
+                                .disable_hybrid_swa = o->disable_hybrid_swa,
                                 .skip_warmup = o->skip_warmup, .ctrl = o->ctrl};
     if (runner_load(&e->runner, &e->be, o->model_dir, &mo, &ro, err)) return -1;
     e->model = runner_model(e->runner);
@@ -796,6 +837,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
     e->context_length = model_max_context(e->model);
     e->pool_tokens = (long)kv_pool_usable(e->kv) * e->page_size; /* one group's: what one request can have */
     if ((e->window = e->kv->window) > 0) e->window_tokens = (int)mem_plan_window_tokens(e->window, e->page_size);
+    e->swa_window = e->kv->swa_window;
     e->dp_size = e->opt.par && e->opt.par->dp_size > 1 ? e->opt.par->dp_size : 1;
     e->gkv = xcalloc((size_t)e->dp_size, sizeof *e->gkv);
     e->grx = xcalloc((size_t)e->dp_size, sizeof *e->grx);

@@ -387,6 +387,9 @@ static void route_server_info(struct server *s, struct http_request *r) {
     json_object_set_new(v, "chunked_prefill_size", json_integer(eo->chunked_prefill_size));
     json_object_set_new(v, "mem_fraction_static",
                         eo->mem_fraction_static > 0 ? json_real(eo->mem_fraction_static) : json_null());
+    json_object_set_new(v, "swa_full_tokens_ratio",
+                        json_real(eo->swa_full_tokens_ratio > 0 ? eo->swa_full_tokens_ratio : 0.8));
+    json_object_set_new(v, "disable_hybrid_swa_memory", json_boolean(eo->disable_hybrid_swa));
     json_object_set_new(v, "schedule_policy", json_string(policy_name(eo->policy)));
     json_object_set_new(v, "disable_radix_cache", json_boolean(eo->disable_radix_cache));
     json_object_set_new(v, "deterministic", json_boolean(eo->deterministic));

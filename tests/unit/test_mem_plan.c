@@ -70,7 +70,7 @@ static struct mem_plan h100_plan(const char *name, struct mem_plan_in *in, size_
         .max_running_requests = (int)S, .chunked_prefill_size = 8192,
         .weights = model_config_weight_bytes(&c) + model_config_derived_bytes(&c),
         .activations = model_activation_bytes(&c, T, ctx),
-        .runner = mem_plan_runner_bytes(T, S, ctx, 1, c.vocab_size, 1),
+        .runner = mem_plan_runner_bytes(T, S, ctx, 1, c.vocab_size, 1, 0),
         .workspace = workspace};
     struct mem_plan p;
     int rc = mem_plan_compute(in, &p, &err);
