@@ -390,10 +390,24 @@ int runner_load(struct runner **out, struct backend *be, const char *model_dir,
     const struct model_config *c = model_config(m);
     long pool_tokens = (long)kv_pool_usable(&r->kv) * r->page_size;
     size_t per_token = kv_pool_page_bytes(r->kv.layout, r->kv.n_layers, 1, r->kv.dtype);
+    double kv_bytes = (double)per_token * (double)pool_tokens;
+    if (r->kv.swa_window > 0) {
+        const struct kv_pool *kv = &r->kv;
+        size_t full = kv_pool_token_bytes_part(kv->layout, kv->layer_swa, kv->n_layers, kv->dtype, 0);
+        size_t swa = kv_pool_token_bytes_part(kv->layout, kv->layer_swa, kv->n_layers, kv->dtype, 1);
+        long swa_tokens = (long)(kv->n_swa_pages - 2) * r->page_size;
+        kv_bytes = (double)full * (double)pool_tokens + (double)swa * (double)swa_tokens;
+        int n_swa_layers = 0;
+        for (int l = 0; l < kv->n_layers; l++) n_swa_layers += kv->layer_swa[l];
+        log_info("hybrid KV pool: the %d sliding layers (window %d) keep %ld tokens in pages of their own, the "
+                 "%d full layers %ld; a sequence's sliding pages go back as its window leaves them (one pool "
+                 "for every layer would hold %.0f tokens)",
+                 n_swa_layers, kv->swa_window, swa_tokens, kv->n_layers - n_swa_layers, pool_tokens,
+                 kv_bytes / (double)per_token);
+    }
     log_info("model %s: %s, %d layers, context %d; KV cache %ld tokens (%s, %.1f MiB, page size %d)",
              model_dir, model_arch_name(c->arch), c->n_layers, r->max_context, pool_tokens,
-             dtype_name(r->kv.dtype), (double)per_token * (double)pool_tokens / 1048576.0,
-             r->page_size);
+             dtype_name(r->kv.dtype), kv_bytes / 1048576.0, r->page_size);
     if (r->kv.window > 0) {
         long per_seq = mem_plan_window_tokens(r->kv.window, r->page_size);
         long ctx = r->max_context;

@@ -192,21 +192,29 @@ static void log_step(struct engine *e) {
     long total = 0, avail = 0; /* every DP attention group's pool */
     for (int g = 0; g < e->dp_size; g++) {
         total += kv_pool_usable(e->gkv[g]);
-        avail += kv_pool_available(e->gkv[g]) + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
+        avail += e->gkv[g]->n_free + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
     }
     long used = total - avail;
     double usage = total > 0 ? (double)used / (double)total : 0;
+    /* a hybrid pool: the sliding layers' pages in use, as SGLang's "swa token usage" */
+    char swa[64] = "";
+    if (e->swa_window) {
+        long st = e->kv->n_swa_pages - 2;
+        snprintf(swa, sizeof swa, ", swa token usage: %.2f",
+                 st > 0 ? (double)(st - kv_pool_swa_available(e->kv)) / (double)st : 0.0);
+    }
     if (si->prefill_seqs > 0)
-        log_info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
+        log_info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f%s, "
                  "#running-req: %d, #queue-req: %d",
-                 si->prefill_seqs, si->prefill_tokens, si->cached_tokens, usage,
+                 si->prefill_seqs, si->prefill_tokens, si->cached_tokens, usage, swa,
                  e->n_running - si->prefill_seqs > 0 ? e->n_running - si->prefill_seqs : 0, e->n_waiting);
     if (si->decode_rows == 0 || e->opt.decode_log_interval <= 0) return;
     if (++e->decode_steps % e->opt.decode_log_interval) return;
     double now = time_now(), dt = now - e->log_t;
-    log_info("Decode batch. #running-req: %d, #token: %ld, token usage: %.2f, gen throughput (token/s): %.2f, "
+    log_info("Decode batch. #running-req: %d, #token: %ld, token usage: %.2f%s, gen throughput (token/s): %.2f, "
              "#queue-req: %d",
-             si->decode_rows, used * e->page_size, usage, dt > 0 ? (double)e->log_tokens / dt : 0.0, e->n_waiting);
+             si->decode_rows, used * e->page_size, usage, swa, dt > 0 ? (double)e->log_tokens / dt : 0.0,
+             e->n_waiting);
     if (e->g_fill_rows) /* structured outputs: what the masks cost the host (overlapped on a GPU) */
         log_info("Grammar masks. #rows: %ld, %.1f us a row", e->g_fill_rows, e->g_fill_us / (double)e->g_fill_rows);
     e->g_fill_rows = 0;

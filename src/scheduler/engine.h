@@ -215,6 +215,8 @@ struct engine_stats {
      * kv_groups pages; 1 without DP attention) */
     long kv_pages_total, kv_pages_free, kv_pages_cached; /* cached = held by the radix cache only */
     int page_size, kv_groups;
+    /* a hybrid pool (kv_pool.h): the sliding layers' pages (0 otherwise) */
+    long kv_swa_pages_total, kv_swa_pages_free;
     long prompt_tokens_total, cached_tokens_total, generation_tokens_total;
     long requests_finished[5]; /* by enum engine_finish */
     long retractions_total;

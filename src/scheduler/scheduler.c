@@ -197,7 +197,14 @@ static int match_prefix(struct engine *e, int g, const struct req *r, int n, str
 
 /* Group g's free pages, counting its prefix cache's evictable ones. */
 static int available_pages(const struct engine *e, int g) {
-    return kv_pool_available(e->gkv[g]) + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
+    return e->gkv[g]->n_free + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
+}
+
+/* A hybrid pool: the free sliding pages, counting the prefix cache's
+ * evictable pages as if each had one (an upper bound: make_free tells). */
+static int available_swa(const struct engine *e, int g) {
+    if (!e->swa_window) return available_pages(e, g);
+    return kv_pool_swa_available(e->gkv[g]) + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
 }
 
 /* Makes `n` pages free in group g's pool, evicting cached prefixes if needed. */
@@ -692,7 +699,8 @@ void sched_step(struct engine *e) {
                 if (r->n_tokens - r->n_computed == 1) need += pages_for(e, r->n_tokens) - r->n_pages;
             }
             /* (with a hybrid pool the count is an upper bound: make_free tells) */
-            if (!any || (need <= available_pages(e, g) && make_free(e, g, need) == 0)) break;
+            if (!any || (need <= available_pages(e, g) && need <= available_swa(e, g) && make_free(e, g, need) == 0))
+                break;
             retract(e, pick_victim(e, g));
         }
     for (struct req *r = e->running; r; r = r->next) {
@@ -745,8 +753,16 @@ void sched_step(struct engine *e) {
             radix_lock(rx, node);
             avail = available_pages(e, g);
         }
-        /* a hybrid pool: what available_pages counts may lack sliding pages */
-        if (need > avail || (e->swa_window && make_free(e, g, pages_for(e, matched + take) - matched / ps))) {
+        /* a hybrid pool: the sliding pages for the chunk and a reserve of
+         * up to a window (the window's pages go back as it moves), which
+         * make_free then frees for the chunk */
+        int fresh = pages_for(e, matched + take) - matched / ps;
+        if (e->swa_window) {
+            int wr = reserve_pages(e, r, matched + take), wmax = pages_for(e, e->swa_window) + 1;
+            if (need <= avail && (fresh + (wr < wmax ? wr : wmax) > available_swa(e, g) || make_free(e, g, fresh)))
+                need = avail + 1;
+        }
+        if (need > avail) {
             if (node) radix_unlock(rx, node);
             /* keep arrival order: the group's later requests wait behind this one */
             full[g] = 1;
@@ -802,8 +818,12 @@ void sched_publish_stats(struct engine *e) {
     s.waiting = e->n_waiting;
     for (int g = 0; g < e->dp_size; g++) { /* every group's pages, all of them the job's */
         s.kv_pages_total += kv_pool_usable(e->gkv[g]);
-        s.kv_pages_free += kv_pool_available(e->gkv[g]);
+        s.kv_pages_free += e->gkv[g]->n_free;
         s.kv_pages_cached += e->grx[g] ? radix_total_pages(e->grx[g]) : 0;
+    }
+    if (e->swa_window) {
+        s.kv_swa_pages_total = e->kv->n_swa_pages - 2;
+        s.kv_swa_pages_free = kv_pool_swa_available(e->kv);
     }
     s.page_size = e->page_size;
     s.kv_groups = e->dp_size;

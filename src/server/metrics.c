@@ -103,6 +103,12 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
            (double)used);
     metric(&o, "kv_pages_used_by_requests", "gauge", "Pages held by requests outside the prefix cache.", lb,
            (double)(used - s.kv_pages_cached));
+    if (s.kv_swa_pages_total > 0) {
+        metric(&o, "swa_kv_pages_total", "gauge", "Pages of the sliding-window layers' own KV pool (hybrid models).",
+               lb, (double)s.kv_swa_pages_total);
+        metric(&o, "swa_kv_pages_free", "gauge", "Free pages of the sliding-window layers' KV pool.", lb,
+               (double)s.kv_swa_pages_free);
+    }
     metric(&o, "page_size", "gauge", "Tokens per KV page.", lb, s.page_size);
     metric(&o, "kv_tokens_total", "gauge", "KV pool capacity in tokens.", lb,
            (double)s.kv_pages_total * s.page_size);

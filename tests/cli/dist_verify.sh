@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The model over several ranks, on the CPU: kiln verify --tp 2 and --tp 4 on
 # the dense oracle models and --tp 2 --ep 2 on the MoE ones (page sizes 1
-# and 16, chunked prefill of 3), every row within 1e-3 of the reference as
+# and 16, chunked prefill of 3), Gemma-3 with --tp 2 and Gemma-3 and
+# gpt-oss with --pp 3 (their hybrid KV pools), every row within 1e-3 of the reference as
 # in verify_oracle.sh; two "nodes" on this machine (--nnodes 2, separate
 # processes); generate and bench offline over 2 ranks print what one rank
 # prints; bad layouts are refused with a reason. After every job no process
@@ -43,6 +44,17 @@ for arch in qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
         check "$arch --tp 2 --ep 2 --page-size $ps" --model "$oracle/$arch" \
             --reference "$oracle/$arch/reference.safetensors" --tp 2 --ep 2 --page-size $ps --chunk 3
     done
+done
+
+# Sliding and full layers: a hybrid KV pool, whose sliding pages rank 0's
+# steps carry to the other ranks (gpt_oss does not split over --tp yet)
+more="$KILN_FIXTURES/oracle/tiny-models-more"
+for ps in 1 16; do
+    check "gemma3 --tp 2 --page-size $ps" --model "$more/gemma3" --reference "$more/gemma3/reference.safetensors" \
+        --tp 2 --page-size $ps --chunk 3
+done
+for arch in gemma3 gpt_oss; do
+    check "$arch --pp 3" --model "$more/$arch" --reference "$more/$arch/reference.safetensors" --pp 3 --page-size 4 --chunk 3
 done
 
 # Two nodes on this machine: node 1 started first (it waits for rank 0).

@@ -12,10 +12,13 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* The limits the seeds in tests/fuzz/corpus/fuzz_ctrl_msg/ are made for. */
-static const struct ctrl_limits lim = {.max_tokens = 64, .max_seqs = 8, .max_pages = 64, .vocab = 512,
-                                       .max_context = 256, .page_size = 4, .pool_pages = 32,
-                                       .dp_groups = 2};
+/* The limits the seeds in tests/fuzz/corpus/fuzz_ctrl_msg/ are made for:
+ * a runner with one KV pool, and one with a hybrid pool (sliding pages). */
+static const struct ctrl_limits lims[2] = {
+    {.max_tokens = 64, .max_seqs = 8, .max_pages = 64, .vocab = 512, .max_context = 256, .page_size = 4,
+     .pool_pages = 32, .dp_groups = 2},
+    {.max_tokens = 64, .max_seqs = 8, .max_pages = 64, .vocab = 512, .max_context = 256, .page_size = 4,
+     .pool_pages = 32, .swa_pages = 12, .dp_groups = 2}};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct kiln_error err;
@@ -26,10 +29,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         KILN_ASSERT(body >= -1);
     }
     struct ctrl_msg m = {0};
-    if (ctrl_msg_parse(data, size, &lim, &m, &err)) {
+    const struct ctrl_limits *lp = &lims[0];
+    if (ctrl_msg_parse(data, size, lp, &m, &err) && ctrl_msg_parse(data, size, lp = &lims[1], &m, &err)) {
         ctrl_msg_free(&m);
         return 0;
     }
+    const struct ctrl_limits lim = *lp;
     struct buf b = {0};
     switch (m.type) {
     case CTRL_MSG_LOAD: ctrl_msg_load(&b, m.seq, &m.load); break;
@@ -40,6 +45,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         KILN_ASSERT(s->n_tokens >= 1 && s->n_tokens <= lim.max_tokens && s->n_seqs <= lim.max_seqs);
         for (int i = 0; i < s->n_tokens; i++)
             KILN_ASSERT(s->out_slot[i] >= 0 && s->out_slot[i] < lim.pool_pages * lim.page_size);
+        KILN_ASSERT(!s->swa_out_slot == !lim.swa_pages && !s->swa_kv_pages == !lim.swa_pages);
+        for (int i = 0; s->swa_out_slot && i < s->n_tokens; i++)
+            KILN_ASSERT(s->swa_out_slot[i] >= 0 && s->swa_out_slot[i] < lim.swa_pages * lim.page_size);
+        for (int i = 0; s->swa_kv_pages && i < s->kv_page_start[s->n_seqs]; i++)
+            KILN_ASSERT(s->swa_kv_pages[i] >= 0 && s->swa_kv_pages[i] < lim.swa_pages);
         KILN_ASSERT(s->q_start[s->n_seqs] == s->n_tokens);
         ctrl_msg_step(&b, m.seq, m.flags, m.scratch_page, s, m.want_logits);
         break;

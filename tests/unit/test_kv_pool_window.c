@@ -3,7 +3,12 @@
  * pool already in use; kv_pool_window_dead counts the pages wholly before
  * a position's window, against a count of their slots one by one;
  * kv_pool_drop returns exactly those pages and points the table at the
- * zero page, never twice. */
+ * zero page, never twice. A hybrid pool: each page taken has a sliding
+ * page of its own (not the zero or padding page), kv_pool_swa_dead counts
+ * as the slot count says, kv_pool_drop_swa gives back exactly the sliding
+ * pages of those pages, once, release gives back the rest, and the
+ * sliding layers' buffers hold the sliding pages' slots (their last slot
+ * is writable). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,8 +17,10 @@
 
 #include <cmocka.h>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "cache/kv_pool.h"
+#include "tensor/backend.h"
 
 /* pages of the table that no position of the window of `next` reads:
  * every slot of the page is before next - window + 1 */
@@ -98,11 +105,64 @@ static void test_set_window_refusals(void **state) {
     kv_pool_free(&p);
 }
 
+static void test_hybrid(void **state) {
+    (void)state;
+    struct backend be;
+    struct kiln_error err = {0};
+    struct backend_options bo = {.n_threads = 1};
+    assert_int_equal(backend_create(&be, "cpu", &bo, &err), 0);
+    /* layers 0 and 1 slide, layer 2 does not; 4-slot pages, 20 pages, 7 sliding ones */
+    const struct kv_layer_layout layout[3] = {{6, 6, 0}, {6, 6, 0}, {10, 10, 0}};
+    const unsigned char swa[3] = {1, 1, 0};
+    struct kv_pool p;
+    assert_int_equal(kv_pool_init_hybrid(&p, &be, layout, swa, 3, 4, 20, 8, 2, &err), -1);
+    assert_int_equal(kv_pool_init_hybrid(&p, &be, layout, swa, 3, 4, 20, 8, 7, &err), 0);
+    assert_int_equal(kv_pool_token_bytes_part(layout, swa, 3, p.dtype, 0), 20 * dtype_size(p.dtype));
+    assert_int_equal(kv_pool_token_bytes_part(layout, swa, 3, p.dtype, 1), 24 * dtype_size(p.dtype));
+    /* the last slot of every layer's buffer is there (ASan would tell) */
+    const long last[3] = {7 * 4 - 1, 7 * 4 - 1, 20 * 4 - 1};
+    for (int l = 0; l < 3; l++) ((float *)p.k[l])[last[l] * layout[l].k_width + layout[l].k_width - 1] = 1;
+    assert_int_equal(kv_pool_available(&p), 5); /* the sliding pages bind: 7 less zero and padding */
+    int32_t a[5];
+    assert_int_equal(kv_pool_alloc(&p, 6, a), -1);
+    assert_int_equal(kv_pool_alloc(&p, 5, a), 0);
+    unsigned seen = 0;
+    for (int i = 0; i < 5; i++) {
+        int32_t s = kv_pool_swa_page(&p, a[i]);
+        assert_true(s >= 2 && s < 7 && !(seen & 1u << s));
+        seen |= 1u << s;
+    }
+    assert_int_equal(kv_pool_available(&p), 0);
+    assert_int_equal(p.n_free, 15);
+    /* a sequence of 5 pages at position 19: positions 0..11 are out of the window of 8 */
+    for (int next = 0; next < 60; next++)
+        assert_int_equal(kv_pool_swa_dead(&p, next, 5), dead_by_slots(8, 4, next, 5));
+    int dead = kv_pool_swa_dead(&p, 19, 5);
+    assert_int_equal(dead, 3);
+    kv_pool_drop_swa(&p, a, dead);
+    kv_pool_drop_swa(&p, a, dead); /* nothing twice */
+    assert_int_equal(kv_pool_swa_available(&p), 3);
+    for (int i = 0; i < 5; i++) assert_int_equal(kv_pool_swa_alive(&p, a[i]), i >= 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(kv_pool_swa_page(&p, a[i]), 0);
+    assert_int_equal(kv_pool_available(&p), 3);
+    kv_pool_release(&p, a, 5);
+    assert_int_equal(p.n_free, 20);
+    assert_int_equal(kv_pool_swa_available(&p), 5);
+    kv_pool_free(&p);
+    /* one pool: no sliding pages */
+    assert_int_equal(kv_pool_init(&p, &be, layout, 3, 4, 20, &err), 0);
+    assert_int_equal(kv_pool_available(&p), 20);
+    assert_int_equal(kv_pool_swa_dead(&p, 100, 5), 0);
+    kv_pool_free(&p);
+    backend_destroy(&be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_dead),
         cmocka_unit_test(test_drop),
         cmocka_unit_test(test_set_window_refusals),
+        cmocka_unit_test(test_hybrid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,6 +79,40 @@ static void test_msg_round_trip(void **state) {
     assert_int_equal(back.len, again.len);
     assert_memory_equal(back.data, again.data, again.len);
     buf_free(&back);
+    /* a hybrid pool's sliding slots and pages travel with the batch, and
+     * only to a runner with one */
+    static const int32_t swa_slot[] = {9, 10, 11, 6}, swa_pages[] = {4, 5, 3, 0};
+    struct batch hb = sb;
+    hb.swa_out_slot = swa_slot;
+    hb.swa_kv_pages = swa_pages;
+    struct ctrl_limits hlim = lim;
+    hlim.swa_pages = 6;
+    buf_clear(&again);
+    ctrl_msg_step(&again, 10, 0, -1, &hb, NULL);
+    assert_true(again.len <= ctrl_msg_step_max(&hlim));
+    assert_int_not_equal(ctrl_msg_parse((const uint8_t *)again.data, again.len, &lim, &m0, &err), 0);
+    assert_int_equal(ctrl_msg_parse((const uint8_t *)again.data, again.len, &hlim, &m0, &err), 0);
+    assert_memory_equal(m0.b.swa_out_slot, swa_slot, sizeof swa_slot);
+    assert_memory_equal(m0.b.swa_kv_pages, swa_pages, sizeof swa_pages);
+    assert_memory_equal(m0.b.kv_pages, pages, sizeof pages);
+    struct buf hback = {0};
+    ctrl_msg_step(&hback, m0.seq, m0.flags, m0.scratch_page, &m0.b, m0.want_logits);
+    assert_int_equal(hback.len, again.len);
+    assert_memory_equal(hback.data, again.data, again.len);
+    buf_free(&hback);
+    buf_clear(&again);
+    ctrl_msg_step(&again, 11, 0, -1, &sb, NULL); /* without them, to a hybrid runner */
+    assert_int_not_equal(ctrl_msg_parse((const uint8_t *)again.data, again.len, &hlim, &m0, &err), 0);
+    static const int32_t far_slot[] = {9, 10, 24, 6}, far_page[] = {4, 6, 3, 0};
+    hb.swa_out_slot = far_slot; /* slot 24: beyond 6 pages of 2 */
+    buf_clear(&again);
+    ctrl_msg_step(&again, 12, 0, -1, &hb, NULL);
+    assert_int_not_equal(ctrl_msg_parse((const uint8_t *)again.data, again.len, &hlim, &m0, &err), 0);
+    hb.swa_out_slot = swa_slot;
+    hb.swa_kv_pages = far_page;
+    buf_clear(&again);
+    ctrl_msg_step(&again, 13, 0, -1, &hb, NULL);
+    assert_int_not_equal(ctrl_msg_parse((const uint8_t *)again.data, again.len, &hlim, &m0, &err), 0);
     ctrl_msg_free(&m0);
     buf_free(&again);
     /* without a runner, a STEP is refused */
