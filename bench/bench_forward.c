@@ -237,8 +237,10 @@ int main(int argc, char **argv) {
     const struct model_config *c = model_config(m);
     struct kv_layer_layout layout[512];
     int nl = model_kv_layout(m, layout, 512);
-    /* every sequence's pages, and one spare for the padding rows of graphs */
-    struct runner_options ro = {.page_size = 1, .kv_tokens = (long)batch * ctx + 1, .no_graphs = no_graphs};
+    /* every sequence's pages, and one spare for the padding rows of graphs;
+     * each with a sliding page too (a hybrid pool: they are all kept) */
+    struct runner_options ro = {.page_size = 1, .kv_tokens = (long)batch * ctx + 1, .no_graphs = no_graphs,
+                                .swa_full_tokens_ratio = 1};
     if (runner_create(&run, m, &ro, &err)) goto fail;
     struct kv_pool *kv = runner_kv(run);
     q = (struct seqs){.n = batch, .ctx = ctx, .pages = xmalloc((size_t)batch * ctx * 4),

@@ -90,7 +90,8 @@ int main(int argc, char **argv) {
     struct model_options mo = {.load_format = format, .max_batch_tokens = 2048,
                                .max_seqs = max_batch, .max_context = 4096};
     if (model_load(&m, model_dir, &be, &mo, &err)) goto fail;
-    struct runner_options ro = {.page_size = 64, .kv_tokens = (long)(max_batch + 4096 / 64 + 2) * 64};
+    struct runner_options ro = {.page_size = 64, .kv_tokens = (long)(max_batch + 4096 / 64 + 2) * 64,
+                                .swa_full_tokens_ratio = 1};
     struct runner *run;
     if (runner_create(&run, m, &ro, &err)) goto fail;
     struct kv_pool *kv = runner_kv(run);
