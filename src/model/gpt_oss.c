@@ -7,7 +7,9 @@
  * the last dimension, `down_proj` [E, inter, hidden]: [in][out], the
  * transpose of nn.Linear's) or in MXFP4 (`*_blocks` / `*_scales`, [out][in]
  * by rows, gate and up interleaved by rows); both become one [out][in]
- * matrix per expert and product at load (gpt_oss_experts.c). */
+ * matrix per expert and product at load (gpt_oss_experts.c). Tensor
+ * parallel splits the heads (their sinks with them) and every expert's
+ * columns, expert parallel the experts, as the other families. */
 #include <math.h>
 #include <stdio.h>
 
@@ -38,15 +40,18 @@ static int gpt_oss_layer_is_moe(const struct model_config *c, int layer) {
 
 static int gpt_oss_load_layer(struct weight_source *ws, int l, struct layer *L, struct kiln_error *err) {
     const struct model_config *c = &ws->m->cfg;
-    if (model_tp(c) > 1 || c->shard.ep_size > 1 || c->shard.dp_size > 1)
-        return kiln_errorc(err, KILN_ERR_UNSUPPORTED,
-                           "gpt_oss: tensor, expert and data parallel attention are not supported for "
-                           "this family yet (its attention sinks and fused experts are not split)");
+    if (c->shard.dp_size > 1)
+        return kiln_errorc(err, KILN_ERR_UNSUPPORTED, "gpt_oss: data parallel attention is for MLA models");
     char name[128];
     L->attn_kind = LAYER_ATTN_MHA;
     L->mlp_kind = LAYER_MLP_MOE;
+    /* a sink per query head: tensor parallel, the rank's heads' */
     snprintf(name, sizeof name, "model.layers.%d.self_attn.sinks", l);
-    return mha_load(ws, l, &L->mha, err) || ws_vector(ws, name, c->n_heads, NAN, &L->mha.sinks, err) ||
+    const char *names[1] = {name};
+    const long whole[1] = {(long)c->n_heads * model_tp(c)};
+    struct ws_slice sl;
+    return mha_load(ws, l, &L->mha, err) ||
+           ws_vector_cat(ws, names, whole, ws_split(&sl, c, 0, c->n_heads), 1, NAN, &L->mha.sinks, err) ||
            gpt_oss_moe_load(ws, l, &L->moe, err);
 }
 

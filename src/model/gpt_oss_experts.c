@@ -1,7 +1,11 @@
 /* gpt_oss_experts.c — gpt-oss's MoE MLP at load: the biased router and
  * the fused experts, bf16 or MXFP4, made into one [out][in] matrix per
  * expert and product (struct moe_experts), their biases split into gate,
- * up and down rows.
+ * up and down rows. A rank of a split model takes its share (struct
+ * share): expert parallel, its experts whole; tensor parallel, every
+ * expert's intermediate columns [j0, j0 + F) of the whole Fw (gate and up
+ * rows, down columns), as moe.c splits the other families' experts, with
+ * the down bias on rank 0 alone (the ranks' partial sums are added).
  *
  * bf16 (`mlp.experts.gate_up_proj` [E, hidden, 2 inter], column 2j the
  * gate's row j and 2j + 1 the up's; `down_proj` [E, inter, hidden]) is
@@ -66,16 +70,26 @@ static void expert_views(const void *dev, enum dtype dt, long E, long rows, long
                                        .rows = rows, .cols = cols};
 }
 
+/* A rank's share of the experts: the checkpoint's E experts of Fw
+ * intermediate columns, of which the rank holds experts [e0, e0 + El) and
+ * columns [j0, j0 + F); down_bias: whether it adds the down bias. */
+struct share {
+    long E, e0, El, Fw, j0, F;
+    int down_bias;
+};
+
 /* The bf16 (F16, F32) fused experts: gate[e][j][i] = gate_up[e][i][2j],
- * up[e][j][i] = gate_up[e][i][2j + 1], down[e][o][j] = down_proj[e][j][o]. */
-static int load_fused(struct weight_source *ws, const char *prefix, long E, long d, long F,
+ * up[e][j][i] = gate_up[e][i][2j + 1], down[e][o][j] = down_proj[e][j][o],
+ * for the share's experts e and columns j. */
+static int load_fused(struct weight_source *ws, const char *prefix, const struct share *sh, long d,
                       unsigned char *bufs[3], enum dtype *dt, struct kiln_error *err) {
     char name[256];
     const struct st_tensor *gu, *dn;
+    long E = sh->El, F = sh->F, Fw = sh->Fw;
     snprintf(name, sizeof name, "%s.gate_up_proj", prefix);
-    if (expect_float(ws, name, 3, (const int64_t[]){E, d, 2 * F}, &gu, err)) return -1;
+    if (expect_float(ws, name, 3, (const int64_t[]){sh->E, d, 2 * Fw}, &gu, err)) return -1;
     snprintf(name, sizeof name, "%s.down_proj", prefix);
-    if (expect_float(ws, name, 3, (const int64_t[]){E, F, d}, &dn, err)) return -1;
+    if (expect_float(ws, name, 3, (const int64_t[]){sh->E, Fw, d}, &dn, err)) return -1;
     if (dn->dtype != gu->dtype)
         return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected %s as '%s.gate_up_proj'",
                            ws->st->paths[dn->file], name, dtype_name(dn->dtype), dtype_name(gu->dtype),
@@ -87,7 +101,7 @@ static int load_fused(struct weight_source *ws, const char *prefix, long E, long
     for (long e = 0; e < E; e++)
         for (long i = 0; i < d; i++)
             for (long j = 0; j < F; j++) {
-                size_t s = ((size_t)(e * d + i) * (size_t)(2 * F) + (size_t)(2 * j)) * es;
+                size_t s = ((size_t)((sh->e0 + e) * d + i) * (size_t)(2 * Fw) + (size_t)(2 * (sh->j0 + j))) * es;
                 size_t o = ((size_t)(e * F + j) * (size_t)d + (size_t)i) * es;
                 memcpy(bufs[0] + o, src + s, es);
                 memcpy(bufs[1] + o, src + s + es, es);
@@ -97,16 +111,18 @@ static int load_fused(struct weight_source *ws, const char *prefix, long E, long
         for (long j = 0; j < F; j++)
             for (long o = 0; o < d; o++)
                 memcpy(bufs[2] + ((size_t)(e * d + o) * (size_t)F + (size_t)j) * es,
-                       src + ((size_t)(e * F + j) * (size_t)d + (size_t)o) * es, es);
+                       src + ((size_t)((sh->e0 + e) * Fw + sh->j0 + j) * (size_t)d + (size_t)o) * es, es);
     return 0;
 }
 
-/* MXFP4 `<base>_blocks` / `<base>_scales` of E matrices [rows][cols],
- * decoded row by row: row r of expert e goes to dst[e][r / step] of
- * dst_rows rows (gate_up: step 2, the even rows to one buffer, the odd to
- * another; down: step 1) as bf16. */
-static int load_mxfp4(struct weight_source *ws, const char *base, long E, long rows, long cols,
+/* MXFP4 `<base>_blocks` / `<base>_scales` of the checkpoint's sh->E
+ * matrices [rows][cols], decoded row by row as bf16 for the share's
+ * experts. gate_up (odd non-NULL, rows 2 Fw): row 2j of expert e goes to
+ * even[e][j - j0] and 2j + 1 to odd[e][j - j0], for the share's columns j;
+ * down (rows d, cols Fw): every row, its columns [j0, j0 + F). */
+static int load_mxfp4(struct weight_source *ws, const char *base, const struct share *sh, long rows, long cols,
                       uint16_t *even, uint16_t *odd, struct kiln_error *err) {
+    long E = sh->E;
     char bname[256], sname[256];
     snprintf(bname, sizeof bname, "%s_blocks", base);
     snprintf(sname, sizeof sname, "%s_scales", base);
@@ -128,9 +144,12 @@ static int load_mxfp4(struct weight_source *ws, const char *base, long E, long r
                                                  : "scales: e8m0 exponents");
     float *row = xmalloc((size_t)cols * sizeof *row);
     int step = odd ? 2 : 1;
-    long out_rows = rows / step;
-    for (long e = 0; e < E; e++)
-        for (long r = 0; r < rows; r++) {
+    /* gate_up: the share's rows 2 j0 .. 2 (j0 + F), whole; down: every row, F of its columns */
+    long r0 = odd ? 2 * sh->j0 : 0, r1 = odd ? 2 * (sh->j0 + sh->F) : rows;
+    long c0 = odd ? 0 : sh->j0, nc = odd ? cols : sh->F, out_rows = (r1 - r0) / step;
+    for (long i = 0; i < sh->El; i++)
+        for (long r = r0; r < r1; r++) {
+            long e = sh->e0 + i;
             size_t at = (size_t)(e * rows + r) * (size_t)nb;
             long bad = mxfp4_dequant((const uint8_t *)bt->data + at * 16, (const uint8_t *)st->data + at,
                                      nb, row);
@@ -141,17 +160,18 @@ static int load_mxfp4(struct weight_source *ws, const char *base, long E, long r
                                         "value that bf16 cannot hold",
                                    ws->st->paths[st->file], sname, e, r, bad, s, s - 127);
             }
-            uint16_t *dst = (r % step ? odd : even) + ((size_t)e * (size_t)out_rows + (size_t)(r / step)) * (size_t)cols;
-            for (long i = 0; i < cols; i++) dst[i] = f32_to_bf16(row[i]);
+            uint16_t *dst = (r % step ? odd : even) + ((size_t)i * (size_t)out_rows + (size_t)((r - r0) / step)) * (size_t)nc;
+            for (long k = 0; k < nc; k++) dst[k] = f32_to_bf16(row[c0 + k]);
         }
     free(row);
     return 0;
 }
 
-/* The experts' products from the checkpoint: MXFP4 when its blocks are
+/* The share's products from the checkpoint: MXFP4 when its blocks are
  * there, else the fused bf16 tensors. */
-static int load_experts(struct weight_source *ws, const char *prefix, long E, long d, long F,
+static int load_experts(struct weight_source *ws, const char *prefix, const struct share *sh, long d,
                         struct mlp_moe *moe, struct kiln_error *err) {
+    long E = sh->El, F = sh->F;
     struct model *m = ws->m;
     char name[256], base[256];
     unsigned char *bufs[3] = {0};
@@ -167,15 +187,15 @@ static int load_experts(struct weight_source *ws, const char *prefix, long E, lo
         size_t n = (size_t)E * (size_t)F * (size_t)d * 2;
         for (int i = 0; i < 3; i++) bufs[i] = xaligned_alloc((n + 63) & ~(size_t)63);
         snprintf(base, sizeof base, "%s.gate_up_proj", prefix);
-        rc = load_mxfp4(ws, base, E, 2 * F, d, (uint16_t *)bufs[0], (uint16_t *)bufs[1], err);
+        rc = load_mxfp4(ws, base, sh, 2 * sh->Fw, d, (uint16_t *)bufs[0], (uint16_t *)bufs[1], err);
         snprintf(base, sizeof base, "%s.down_proj", prefix);
-        if (!rc) rc = load_mxfp4(ws, base, E, d, F, (uint16_t *)bufs[2], NULL, err);
+        if (!rc) rc = load_mxfp4(ws, base, sh, d, sh->Fw, (uint16_t *)bufs[2], NULL, err);
     } else {
         snprintf(name, sizeof name, "%s.gate_up_proj", prefix);
         if (!st_find(ws->st, name))
             return kiln_errorf(err, "%s: tensor '%s' is missing (nor is there its MXFP4 '%s_blocks')",
                                ws->st->source, name, name);
-        rc = load_fused(ws, prefix, E, d, F, bufs, &dt, err);
+        rc = load_fused(ws, prefix, sh, d, bufs, &dt, err);
     }
     if (rc) {
         for (int i = 0; i < 3; i++) free(bufs[i]);
@@ -193,36 +213,44 @@ static int load_experts(struct weight_source *ws, const char *prefix, long E, lo
     return 0;
 }
 
-/* gate_up_proj_bias [E, 2F] (interleaved) and down_proj_bias [E, d] as fp32
- * rows: gate [E][F], up [E][F], down [E][d]. */
-static int load_biases(struct weight_source *ws, const char *prefix, long E, long d, long F,
+/* gate_up_proj_bias [E, 2 Fw] (interleaved) and down_proj_bias [E, d] as
+ * fp32 rows of the share: gate [El][F], up [El][F], down [El][d] (NULL
+ * where the share adds no down bias). */
+static int load_biases(struct weight_source *ws, const char *prefix, const struct share *sh, long d,
                        const float *out[3], struct kiln_error *err) {
     struct model *m = ws->m;
     char name[256];
     const struct st_tensor *gu, *dn;
+    long E = sh->El, F = sh->F;
     snprintf(name, sizeof name, "%s.gate_up_proj_bias", prefix);
-    if (expect_float(ws, name, 2, (const int64_t[]){E, 2 * F}, &gu, err)) return -1;
+    if (expect_float(ws, name, 2, (const int64_t[]){sh->E, 2 * sh->Fw}, &gu, err)) return -1;
     snprintf(name, sizeof name, "%s.down_proj_bias", prefix);
-    if (expect_float(ws, name, 2, (const int64_t[]){E, d}, &dn, err)) return -1;
-    float *g = xaligned_alloc((size_t)(E * F) * 4), *u = xaligned_alloc((size_t)(E * F) * 4),
-          *dv = xaligned_alloc((size_t)(E * d) * 4);
-    for (long i = 0; i < E * F; i++) {
-        g[i] = ws_elem_f32(gu->data, gu->dtype, (size_t)(2 * i));
-        u[i] = ws_elem_f32(gu->data, gu->dtype, (size_t)(2 * i + 1));
-    }
-    for (long i = 0; i < E * d; i++) dv[i] = ws_elem_f32(dn->data, dn->dtype, (size_t)i);
+    if (expect_float(ws, name, 2, (const int64_t[]){sh->E, d}, &dn, err)) return -1;
+    float *g = xaligned_alloc((size_t)(E * F) * 4), *u = xaligned_alloc((size_t)(E * F) * 4);
+    for (long e = 0; e < E; e++)
+        for (long j = 0; j < F; j++) {
+            size_t at = (size_t)((sh->e0 + e) * 2 * sh->Fw + 2 * (sh->j0 + j));
+            g[e * F + j] = ws_elem_f32(gu->data, gu->dtype, at);
+            u[e * F + j] = ws_elem_f32(gu->data, gu->dtype, at + 1);
+        }
     out[0] = upload(m, g, (size_t)(E * F) * 4);
     out[1] = upload(m, u, (size_t)(E * F) * 4);
-    out[2] = upload(m, dv, (size_t)(E * d) * 4);
-    if (!out[0] || !out[1] || !out[2])
+    out[2] = NULL;
+    if (sh->down_bias) {
+        float *dv = xaligned_alloc((size_t)(E * d) * 4);
+        for (long i = 0; i < E * d; i++) dv[i] = ws_elem_f32(dn->data, dn->dtype, (size_t)(sh->e0 * d + i));
+        if (!(out[2] = upload(m, dv, (size_t)(E * d) * 4))) return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the biases of '%s'", prefix);
+    }
+    if (!out[0] || !out[1])
         return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the biases of '%s'", prefix);
     return 0;
 }
 
 /* Dummy weights: one random matrix per expert and product, random biases. */
-static int load_dummy(struct weight_source *ws, const char *prefix, long E, long d, long F,
+static int load_dummy(struct weight_source *ws, const char *prefix, const struct share *sh, long d,
                       struct mlp_moe *moe, const float *bias[3], struct kiln_error *err) {
     char name[256];
+    long E = sh->El, F = sh->F;
     for (long e = 0; e < E; e++) {
         snprintf(name, sizeof name, "%s.%ld.gate", prefix, e);
         if (ws_matrix(ws, name, F, d, NULL, &moe->gate[e], err)) return -1;
@@ -235,7 +263,8 @@ static int load_dummy(struct weight_source *ws, const char *prefix, long E, long
     if (ws_vector(ws, name, E * F, NAN, &bias[0], err) || ws_vector(ws, name, E * F, NAN, &bias[1], err))
         return -1;
     snprintf(name, sizeof name, "%s.down_proj_bias", prefix);
-    return ws_vector(ws, name, E * d, NAN, &bias[2], err);
+    bias[2] = NULL;
+    return sh->down_bias ? ws_vector(ws, name, E * d, NAN, &bias[2], err) : 0;
 }
 
 int gpt_oss_moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err) {
@@ -248,17 +277,22 @@ int gpt_oss_moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struc
     if (ws_matrix(ws, name, E, d, NULL, &moe->router, err)) return -1;
     snprintf(name, sizeof name, "%s.router.bias", prefix);
     if (ws_vector(ws, name, E, NAN, &moe->router_bias, err)) return -1;
-    moe->gate = model_own(m, xcalloc((size_t)E, sizeof *moe->gate));
-    moe->up = model_own(m, xcalloc((size_t)E, sizeof *moe->up));
-    moe->down = model_own(m, xcalloc((size_t)E, sizeof *moe->down));
+    /* the rank's share (moe.c's split; the router is whole on every rank) */
+    int ep = c->shard.ep_size > 1;
+    struct share sh = {.E = E, .e0 = ep ? c->shard.expert0 : 0, .El = ep ? c->shard.n_experts : E,
+                       .Fw = ep ? F : F * model_tp(c), .j0 = ep ? 0 : (long)c->shard.tp_rank * F, .F = F,
+                       .down_bias = ep || c->shard.tp_rank == 0};
+    moe->gate = model_own(m, xcalloc((size_t)sh.El, sizeof *moe->gate));
+    moe->up = model_own(m, xcalloc((size_t)sh.El, sizeof *moe->up));
+    moe->down = model_own(m, xcalloc((size_t)sh.El, sizeof *moe->down));
     const float *bias[3];
     snprintf(prefix, sizeof prefix, "model.layers.%d.mlp.experts", l);
-    if (ws->st ? load_experts(ws, prefix, E, d, F, moe, err) || load_biases(ws, prefix, E, d, F, bias, err)
-               : load_dummy(ws, prefix, E, d, F, moe, bias, err))
+    if (ws->st ? load_experts(ws, prefix, &sh, d, moe, err) || load_biases(ws, prefix, &sh, d, bias, err)
+               : load_dummy(ws, prefix, &sh, d, moe, bias, err))
         return -1;
     moe->experts = (struct moe_experts){
-        .n_experts = (int)E, .hidden = (int)d, .inter = (int)F, .gate = moe->gate, .up = moe->up,
-        .down = moe->down, .gate_bias = bias[0], .up_bias = bias[1], .down_bias = bias[2],
+        .n_experts = (int)sh.El, .hidden = (int)d, .inter = (int)F, .gate = moe->gate, .up = moe->up,
+        .down = moe->down, .first = (int)sh.e0, .gate_bias = bias[0], .up_bias = bias[1], .down_bias = bias[2],
         .act = MOE_ACT_SWIGLU_CLAMP, .alpha = 1.702f, .limit = (float)c->swiglu_limit};
     /* the softmax of the top-k logits: a softmax over every expert
      * renormalised over the chosen ones */

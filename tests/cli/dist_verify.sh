@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The model over several ranks, on the CPU: kiln verify --tp 2 and --tp 4 on
 # the dense oracle models and --tp 2 --ep 2 on the MoE ones (page sizes 1
-# and 16, chunked prefill of 3), Gemma-3 with --tp 2 and Gemma-3 and
-# gpt-oss with --pp 3 (their hybrid KV pools), every row within 1e-3 of the reference as
+# and 16, chunked prefill of 3), Gemma-3 with --tp 2, gpt-oss (bf16 and
+# MXFP4 experts) with --tp 2 and 4 and --ep, Gemma-3 and gpt-oss with
+# --pp 3 (their hybrid KV pools), every row within 1e-3 of the reference as
 # in verify_oracle.sh; two "nodes" on this machine (--nnodes 2, separate
 # processes); generate and bench offline over 2 ranks print what one rank
 # prints; bad layouts are refused with a reason. After every job no process
@@ -47,11 +48,21 @@ for arch in qwen2_moe qwen3_moe deepseek_v2 deepseek_v3; do
 done
 
 # Sliding and full layers: a hybrid KV pool, whose sliding pages rank 0's
-# steps carry to the other ranks (gpt_oss does not split over --tp yet)
+# steps carry to the other ranks; gpt-oss's attention sinks split with
+# the heads (--tp 4: two KV heads, each on two ranks), its fused bf16 and
+# MXFP4 experts by columns (the down bias added by rank 0 alone) or whole
+# (--ep)
 more="$KILN_FIXTURES/oracle/tiny-models-more"
 for ps in 1 16; do
     check "gemma3 --tp 2 --page-size $ps" --model "$more/gemma3" --reference "$more/gemma3/reference.safetensors" \
         --tp 2 --page-size $ps --chunk 3
+done
+for arch in gpt_oss gpt_oss_mxfp4; do
+    for args in "--tp 2" "--tp 4" "--tp 2 --ep 2" "--tp 4 --ep 4"; do
+        # shellcheck disable=SC2086
+        check "$arch $args" --model "$more/$arch" --reference "$more/$arch/reference.safetensors" $args \
+            --page-size 16 --chunk 3
+    done
 done
 for arch in gemma3 gpt_oss; do
     check "$arch --pp 3" --model "$more/$arch" --reference "$more/$arch/reference.safetensors" --pp 3 --page-size 4 --chunk 3
