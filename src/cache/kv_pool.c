@@ -81,6 +81,7 @@ int kv_pool_init_hybrid(struct kv_pool *p, struct backend *be, const struct kv_l
     p->layer_swa = xmalloc((size_t)n_layers);
     memcpy(p->layer_swa, layer_swa, (size_t)n_layers);
     p->swa_of = xcalloc((size_t)n_pages, sizeof *p->swa_of);
+    p->swa_pins = xcalloc((size_t)n_pages, sizeof *p->swa_pins);
     p->swa_free = xmalloc((size_t)n_swa_pages * sizeof *p->swa_free);
     /* page 0 is the zero page, page 1 the padding rows'; the stack pops page 2 first */
     for (int i = 0; i < n_swa_pages - 2; i++) p->swa_free[i] = n_swa_pages - 1 - i;
@@ -127,6 +128,7 @@ void kv_pool_free(struct kv_pool *p) {
     free(p->layer_swa);
     free(p->swa_of);
     free(p->swa_free);
+    free(p->swa_pins);
     memset(p, 0, sizeof *p);
 }
 
@@ -142,6 +144,7 @@ int kv_pool_alloc(struct kv_pool *p, int n, int32_t *out) {
 void kv_pool_drop_swa(struct kv_pool *p, const int32_t *pages, int n) {
     for (int i = 0; i < n; i++) {
         int32_t s = p->swa_of[pages[i]];
+        KILN_ASSERT(p->swa_pins[pages[i]] == 0);
         if (!s) continue;
         KILN_ASSERT(p->n_swa_free < p->n_swa_pages - 2);
         p->swa_free[p->n_swa_free++] = s;
@@ -155,6 +158,29 @@ void kv_pool_release(struct kv_pool *p, const int32_t *pages, int n) {
         p->free_list[p->n_free++] = pages[i];
     }
     if (p->swa_window > 0) kv_pool_drop_swa(p, pages, n);
+}
+
+void kv_pool_swa_pin(struct kv_pool *p, const int32_t *pages, int n, int delta) {
+    for (int i = 0; i < n; i++) {
+        p->swa_pins[pages[i]] += delta;
+        KILN_ASSERT(p->swa_pins[pages[i]] >= 0);
+    }
+}
+
+int kv_pool_swa_shed(struct kv_pool *p, const int32_t *pages, int n, int want) {
+    int got = 0;
+    for (int i = 0; i < n && got < want; i++)
+        if (p->swa_of[pages[i]] && !p->swa_pins[pages[i]]) {
+            kv_pool_drop_swa(p, pages + i, 1);
+            got++;
+        }
+    return got;
+}
+
+void kv_pool_swa_adopt(struct kv_pool *p, int32_t dst, int32_t src) {
+    if (dst == src || p->swa_of[dst] || !p->swa_of[src]) return;
+    p->swa_of[dst] = p->swa_of[src];
+    p->swa_of[src] = 0;
 }
 
 int kv_pool_swa_dead(const struct kv_pool *p, int next, int n_pages) {

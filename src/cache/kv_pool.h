@@ -80,6 +80,9 @@ struct kv_pool {
     int swa_window, n_swa_pages, n_swa_free;
     unsigned char *layer_swa; /* [n_layers] */
     int32_t *swa_of, *swa_free;
+    /* [n_pages] the running requests whose window reads the page's
+     * sliding page (the prefix cache's pages: kv_pool_swa_shed spares them) */
+    int32_t *swa_pins;
 };
 
 /* Bytes one page takes across all layers with elements of `dtype`. */
@@ -130,6 +133,14 @@ static inline int kv_pool_swa_alive(const struct kv_pool *p, int32_t page) { ret
 int kv_pool_swa_dead(const struct kv_pool *p, int next, int n_pages);
 /* Gives back the sliding pages of pages[0 .. n) that still have one. */
 void kv_pool_drop_swa(struct kv_pool *p, const int32_t *pages, int n);
+/* The pins of pages[0 .. n) go up (delta 1) or down (-1). */
+void kv_pool_swa_pin(struct kv_pool *p, const int32_t *pages, int n, int delta);
+/* Gives back the sliding pages of the unpinned pages of pages[0 .. n)
+ * that have one, until `want` went back; returns how many did. */
+int kv_pool_swa_shed(struct kv_pool *p, const int32_t *pages, int n, int want);
+/* Page dst, which has no sliding page, takes src's (src then has none);
+ * nothing when dst has one or src has none. */
+void kv_pool_swa_adopt(struct kv_pool *p, int32_t dst, int32_t src);
 /* The sliding pages free (sliding pages usable: n_swa_pages - 2). */
 static inline int kv_pool_swa_available(const struct kv_pool *p) { return p->n_swa_free; }
 

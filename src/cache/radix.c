@@ -433,6 +433,36 @@ int radix_evict(struct radix_tree *t, int n_pages) {
     return released;
 }
 
+static int lru_cmp(const void *a, const void *b) {
+    const struct radix_node *x = *(struct radix_node *const *)a, *y = *(struct radix_node *const *)b;
+    return heap_less(x, y) ? -1 : heap_less(y, x);
+}
+
+void radix_visit_lru(const struct radix_tree *t, radix_visit_fn fn, void *user) {
+    int n = 0, cap = 64, m = 0, mcap = 64;
+    struct radix_node **stack = xmalloc((size_t)cap * sizeof *stack), **all = xmalloc((size_t)mcap * sizeof *all);
+    for (int i = 0; i < t->roots.cap; i++)
+        if (t->roots.slots[i].node) {
+            if (n == cap) stack = xrealloc(stack, (size_t)(cap *= 2) * sizeof *stack);
+            stack[n++] = t->roots.slots[i].node;
+        }
+    while (n) {
+        struct radix_node *x = stack[--n];
+        for (int i = 0; i < x->children.cap; i++)
+            if (x->children.slots[i].node) {
+                if (n == cap) stack = xrealloc(stack, (size_t)(cap *= 2) * sizeof *stack);
+                stack[n++] = x->children.slots[i].node;
+            }
+        if (!node_pages(t, x)) continue;
+        if (m == mcap) all = xrealloc(all, (size_t)(mcap *= 2) * sizeof *all);
+        all[m++] = x;
+    }
+    qsort(all, (size_t)m, sizeof *all, lru_cmp);
+    for (int i = 0; i < m && !fn(user, all[i]->pages, node_pages(t, all[i])); i++) {}
+    free(stack);
+    free(all);
+}
+
 int radix_total_pages(const struct radix_tree *t) { return t->total_pages; }
 int radix_evictable_pages(const struct radix_tree *t) { return t->evictable_pages; }
 

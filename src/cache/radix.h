@@ -63,6 +63,13 @@ int radix_insert(struct radix_tree *t, const char *extra_key, const int32_t *ids
  * pages were released or nothing evictable is left. Returns pages released. */
 int radix_evict(struct radix_tree *t, int n_pages);
 
+/* Calls fn with each node's pages, least recently used node first (every
+ * node, locked or not), until fn returns nonzero. O(nodes log nodes): for
+ * freeing what the pages carry besides themselves (a hybrid KV pool's
+ * sliding pages), not for every step. */
+typedef int (*radix_visit_fn)(void *user, int32_t *pages, int n);
+void radix_visit_lru(const struct radix_tree *t, radix_visit_fn fn, void *user);
+
 int radix_total_pages(const struct radix_tree *t);     /* pages the tree owns */
 int radix_evictable_pages(const struct radix_tree *t); /* of those, not locked */
 

@@ -1,6 +1,8 @@
 /* mem_plan.c — the memory plan's arithmetic (mem_plan.h). */
 #include "runner/mem_plan.h"
 
+#include <math.h>
+
 #include "base/error.h"
 #include "tensor/backend.h"
 
@@ -38,6 +40,18 @@ size_t mem_plan_runner_bytes(long T, long S, long max_context, int page_size, lo
 long mem_plan_window_tokens(int window, int page_size) {
     long ps = page_size > 0 ? page_size : 1;
     return 2 * (long)window + 2 * ps;
+}
+
+double mem_plan_swa_ratio(double ratio) { return ratio > 0 ? ratio : 0.8; }
+
+long mem_plan_swa_tokens(long tokens, double ratio, int window, int page_size, long max_batch_tokens) {
+    long ps = page_size > 0 ? page_size : 1;
+    long least = mem_plan_window_tokens(window, page_size) + max_batch_tokens;
+    long want = (long)ceil(mem_plan_swa_ratio(ratio) * (double)tokens);
+    if (want < least) want = least;
+    long cap = (tokens + ps - 1) / ps * ps;
+    want = (want + ps - 1) / ps * ps;
+    return want < cap ? want : cap;
 }
 
 int mem_plan_compute(const struct mem_plan_in *in, struct mem_plan *p, struct kiln_error *err) {

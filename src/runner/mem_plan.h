@@ -65,6 +65,15 @@ struct mem_plan {
  * it). A prefill chunk adds its own tokens. */
 long mem_plan_window_tokens(int window, int page_size);
 
+/* A hybrid KV pool (cache/kv_pool.h): the sliding layers' tokens beside
+ * `tokens` of the full layers' at `ratio` (<= 0: 0.8, SGLang's
+ * swa_full_tokens_ratio): ratio x tokens, but at least one request's
+ * window (mem_plan_window_tokens) beside a batch of max_batch_tokens, and
+ * at most `tokens`; a multiple of page_size. */
+long mem_plan_swa_tokens(long tokens, double ratio, int window, int page_size, long max_batch_tokens);
+/* The ratio a hybrid pool's plan uses (0.8 where ratio <= 0). */
+double mem_plan_swa_ratio(double ratio);
+
 /* Fills *p; -1 with a message giving the numbers and what to change when
  * the pool cannot hold need_tokens. */
 int mem_plan_compute(const struct mem_plan_in *in, struct mem_plan *p, struct kiln_error *err);

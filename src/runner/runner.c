@@ -212,7 +212,7 @@ static int create_pool(struct runner *r, const struct runner_options *o, size_t 
     /* a hybrid pool: a full token costs its full layers' bytes and the
      * ratio's share of the sliding layers' */
     unsigned char layer_swa[512] = {0};
-    double ratio = o->swa_full_tokens_ratio > 0 ? o->swa_full_tokens_ratio : 0.8;
+    double ratio = mem_plan_swa_ratio(o->swa_full_tokens_ratio);
     if (r->swa_window > 0) {
         struct model_stage st;
         model_stage_of(m, &st);
@@ -226,13 +226,8 @@ static int create_pool(struct runner *r, const struct runner_options *o, size_t 
     if (r->ctrl && r->ctrl->size > 1 && runner_ctrl_agree(r, &tokens, err)) return -1;
     int n_pages = (int)((tokens + r->page_size - 1) / r->page_size);
     if (r->swa_window > 0) {
-        /* at least one request's window beside a whole batch, and never
-         * more sliding pages than pages */
-        long least = mem_plan_window_tokens(r->swa_window, r->page_size) + r->max_batch_tokens;
-        long swa_tokens = (long)ceil(ratio * (double)tokens);
-        if (swa_tokens < least) swa_tokens = least;
-        long n_swa = (swa_tokens + r->page_size - 1) / r->page_size;
-        if (n_swa > n_pages) n_swa = n_pages;
+        long n_swa = mem_plan_swa_tokens(tokens, ratio, r->swa_window, r->page_size, r->max_batch_tokens) /
+                     r->page_size;
         return kv_pool_init_hybrid(&r->kv, r->be, layout, layer_swa, nl, r->page_size, n_pages, r->swa_window,
                                    (int)n_swa + 2, err); /* + the zero and padding pages */
     }

@@ -10,8 +10,9 @@
  * pool's zero page: the request's window has left them and their pages
  * went back (n_dropped > 0 only once n_tree_tokens is 0). With a hybrid
  * pool (kv_pool.swa_window), the sliding pages of the request's own pages
- * in [n_tree_tokens / page_size, n_swa_dropped) went back (the tree's
- * pages keep theirs until evicted).
+ * in [n_tree_tokens / page_size, n_swa_dropped) went back, and the tree's
+ * pages its window reads, pages[swa_pin0 .. swa_pin1), are pinned (the
+ * tree's others keep their sliding pages until shed or evicted).
  */
 #ifndef KILN_SCHEDULER_REQUEST_H
 #define KILN_SCHEDULER_REQUEST_H
@@ -42,6 +43,7 @@ struct req {
     int n_tree_tokens;
     int n_dropped;
     int n_swa_dropped;
+    int swa_pin0, swa_pin1;
     struct radix_node *lock_node;
     /* DP attention (engine_options.par->dp_size > 1): the group that holds
      * the request's KV and computes its attention, chosen at sched_enqueue

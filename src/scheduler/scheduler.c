@@ -95,20 +95,59 @@ static int cacheable(const struct engine *e, const struct req *r) {
     return r->n_dropped ? 0 : aligned < cap ? aligned : cap;
 }
 
+/* A hybrid pool: pins the tree's pages (r->pages[0 .. n_tree_tokens /
+ * ps)) that the window of r's next position reads, unpinning those it
+ * left; the pages at indices both ranges share are the same. */
+static void swa_pin(struct engine *e, struct req *r) {
+    if (!e->swa_window) return;
+    struct kv_pool *kv = e->gkv[r->dp_group];
+    int lo = kv_pool_swa_dead(kv, r->n_computed, r->n_pages), hi = r->n_tree_tokens / e->page_size;
+    if (lo > hi) lo = hi;
+    int o0 = r->swa_pin0, o1 = r->swa_pin1;
+    int a = lo < o1 ? lo : o1, b = hi > o0 ? hi : o0; /* [o0, a) and [b, o1) leave; [lo, c) and [d, hi) come */
+    int c = hi < o0 ? hi : o0, d = lo > o1 ? lo : o1;
+    if (o1 <= o0) c = d = hi; /* nothing was pinned: all of [lo, hi) comes */
+    if (a > o0) kv_pool_swa_pin(kv, r->pages + o0, a - o0, -1);
+    if (o1 > b) kv_pool_swa_pin(kv, r->pages + b, o1 - b, -1);
+    if (c > lo) kv_pool_swa_pin(kv, r->pages + lo, c - lo, 1);
+    if (hi > d) kv_pool_swa_pin(kv, r->pages + d, hi - d, 1);
+    r->swa_pin0 = lo, r->swa_pin1 = hi;
+}
+
+static void swa_unpin(struct engine *e, struct req *r) {
+    if (r->swa_pin1 > r->swa_pin0)
+        kv_pool_swa_pin(e->gkv[r->dp_group], r->pages + r->swa_pin0, r->swa_pin1 - r->swa_pin0, -1);
+    r->swa_pin0 = r->swa_pin1 = 0;
+}
+
+/* The tree now has its own pages for r's tokens [keep * ps, dup): r's
+ * copies go back, a hybrid pool's tree pages that lost their sliding page
+ * first taking r's (so the tree's copy of r's window stays usable). */
+static void release_dups(struct engine *e, struct req *r, int keep, int dup) {
+    struct kv_pool *kv = e->gkv[r->dp_group];
+    int ps = e->page_size;
+    if (dup / ps <= keep) return;
+    if (e->swa_window) {
+        KILN_ASSERT(radix_match(e->grx[r->dp_group], r->salt, r->tokens, dup, e->match_pages, NULL) == dup);
+        for (int i = keep; i < dup / ps; i++) kv_pool_swa_adopt(kv, e->match_pages[i], r->pages[i]);
+    }
+    kv_pool_release(kv, r->pages + keep, dup / ps - keep);
+}
+
 /* Gives the request's KV back: computed full pages go to the radix cache
  * (unlocked, evictable), everything else to the pool. */
 static void release_kv(struct engine *e, struct req *r) {
     int ps = e->page_size, keep = 0;
     struct kv_pool *kv = e->gkv[r->dp_group];
     struct radix_tree *rx = e->grx[r->dp_group];
+    swa_unpin(e, r);
     if (rx) {
         int aligned = cacheable(e, r);
         keep = r->n_tree_tokens / ps;
         if (aligned > r->n_tree_tokens) {
             struct radix_node *node;
             int dup = radix_insert(rx, r->salt, r->tokens, aligned, r->pages, &node);
-            if (dup > r->n_tree_tokens)
-                kv_pool_release(kv, r->pages + keep, dup / ps - keep);
+            if (dup > r->n_tree_tokens) release_dups(e, r, keep, dup);
             keep = aligned / ps;
         }
         if (r->lock_node) radix_unlock(rx, r->lock_node);
@@ -124,17 +163,16 @@ static void release_kv(struct engine *e, struct req *r) {
 }
 
 /* After a prefill chunk: the computed full pages join the radix cache now,
- * so requests arriving meanwhile can share them. Not with a hybrid pool:
- * the tree's pages keep their sliding pages, which the request's window
- * must be able to give back (its prefix joins when it finishes). */
+ * so requests arriving meanwhile can share them. */
 static void cache_unfinished(struct engine *e, struct req *r) {
     int ps = e->page_size, aligned = cacheable(e, r);
     struct radix_tree *rx = e->grx[r->dp_group];
-    if (!rx || aligned <= r->n_tree_tokens || e->swa_window) return;
+    if (!rx || aligned <= r->n_tree_tokens) return;
+    swa_unpin(e, r); /* page ids change below */
     struct radix_node *node;
     int dup = radix_insert(rx, r->salt, r->tokens, aligned, r->pages, &node);
     int keep = r->n_tree_tokens / ps;
-    if (dup > r->n_tree_tokens) kv_pool_release(e->gkv[r->dp_group], r->pages + keep, dup / ps - keep);
+    if (dup > r->n_tree_tokens) release_dups(e, r, keep, dup);
     /* the tree's pages replace the duplicates we just freed */
     int got = radix_match(rx, r->salt, r->tokens, aligned, r->pages, &node);
     KILN_ASSERT(got == aligned);
@@ -142,6 +180,7 @@ static void cache_unfinished(struct engine *e, struct req *r) {
     if (r->lock_node) radix_unlock(rx, r->lock_node);
     r->lock_node = node;
     r->n_tree_tokens = aligned;
+    swa_pin(e, r);
 }
 
 /* After a step (every layer slides over W): the pages wholly before the
@@ -165,15 +204,31 @@ static void window_drop(struct engine *e, struct req *r) {
 }
 
 /* After a step (a hybrid pool): the sliding pages of r's own pages wholly
- * before the sliding window of its next position go back. */
+ * before the sliding window of its next position go back; of the tree's
+ * pages, those the window left are unpinned (the tree keeps their sliding
+ * pages until it sheds them). */
 static void swa_drop(struct engine *e, struct req *r) {
     if (!e->swa_window) return;
     struct kv_pool *kv = e->gkv[r->dp_group];
     int dead = kv_pool_swa_dead(kv, r->n_computed, r->n_pages), from = r->n_tree_tokens / e->page_size;
     if (from < r->n_swa_dropped) from = r->n_swa_dropped;
-    if (dead <= from) return;
-    kv_pool_drop_swa(kv, r->pages + from, dead - from);
-    r->n_swa_dropped = dead;
+    if (dead > from) {
+        kv_pool_drop_swa(kv, r->pages + from, dead - from);
+        r->n_swa_dropped = dead;
+    }
+    swa_pin(e, r);
+}
+
+/* radix_visit_lru's callback: sheds the unpinned sliding pages of a node's
+ * pages until sh->want went back. */
+struct shed {
+    struct kv_pool *kv;
+    int want;
+};
+static int shed_node(void *user, int32_t *pages, int n) {
+    struct shed *sh = user;
+    sh->want -= kv_pool_swa_shed(sh->kv, pages, n, sh->want);
+    return sh->want <= 0;
 }
 
 /* The cached prefix of r's first n tokens in group g's tree (radix_match
@@ -204,16 +259,24 @@ static int available_pages(const struct engine *e, int g) {
  * evictable pages as if each had one (an upper bound: make_free tells). */
 static int available_swa(const struct engine *e, int g) {
     if (!e->swa_window) return available_pages(e, g);
-    return kv_pool_swa_available(e->gkv[g]) + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
+    return kv_pool_swa_available(e->gkv[g]) + (e->grx[g] ? radix_total_pages(e->grx[g]) : 0);
 }
 
 /* Makes `n` pages free in group g's pool, evicting cached prefixes if needed. */
 static int make_free(struct engine *e, int g, int n) {
-    /* a hybrid pool: an evicted page may have no sliding page left, so
-     * evict until both kinds suffice */
-    for (int missing; e->grx[g] && (missing = n - kv_pool_available(e->gkv[g])) > 0;)
-        if (radix_evict(e->grx[g], missing) == 0) break;
-    return kv_pool_available(e->gkv[g]) >= n ? 0 : -1;
+    struct kv_pool *kv = e->gkv[g];
+    struct radix_tree *rx = e->grx[g];
+    /* a hybrid pool: the prefix cache's sliding pages no window reads go
+     * first, least recently used first (the cached prefixes stay, usable
+     * as far as their last window still has them); then whole prefixes,
+     * until both kinds suffice (an evicted page may have no sliding page) */
+    if (e->swa_window && rx && kv_pool_swa_available(kv) < n) {
+        struct shed sh = {kv, n - kv_pool_swa_available(kv)};
+        radix_visit_lru(rx, shed_node, &sh);
+    }
+    for (int missing; rx && (missing = n - kv_pool_available(kv)) > 0;)
+        if (radix_evict(rx, missing) == 0) break;
+    return kv_pool_available(kv) >= n ? 0 : -1;
 }
 
 /* Gives request r pages for positions [0, len). */
@@ -735,7 +798,7 @@ void sched_step(struct engine *e) {
         int g = r->dp_group;
         if (full[g]) continue; /* behind an earlier request of its group that did not fit */
         int deferred = 0;
-        for (int s = first_admitted; s < p.n_seqs && !deferred && !e->swa_window; s++)
+        for (int s = first_admitted; s < p.n_seqs && !deferred; s++)
             deferred = shares_prefix(r, e->b_reqs[s], e->b_reqs[s]->n_tree_tokens, ps);
         if (deferred) continue; /* computed once by the first, shared next step */
         struct radix_node *node = NULL;
@@ -756,11 +819,18 @@ void sched_step(struct engine *e) {
         /* a hybrid pool: the sliding pages for the chunk and a reserve of
          * up to a window (the window's pages go back as it moves), which
          * make_free then frees for the chunk */
-        int fresh = pages_for(e, matched + take) - matched / ps;
+        int fresh = pages_for(e, matched + take) - matched / ps, pin0 = 0, pin1 = 0;
         if (e->swa_window) {
+            /* the matched pages the window reads are pinned first, so the
+             * shedding cannot take their sliding pages */
+            struct kv_pool *kv = e->gkv[g];
+            pin1 = matched / ps;
+            pin0 = kv_pool_swa_dead(kv, matched, pin1);
+            kv_pool_swa_pin(kv, e->match_pages + pin0, pin1 - pin0, 1);
             int wr = reserve_pages(e, r, matched + take), wmax = pages_for(e, e->swa_window) + 1;
             if (need <= avail && (fresh + (wr < wmax ? wr : wmax) > available_swa(e, g) || make_free(e, g, fresh)))
                 need = avail + 1;
+            if (need > avail) kv_pool_swa_pin(kv, e->match_pages + pin0, pin1 - pin0, -1);
         }
         if (need > avail) {
             if (node) radix_unlock(rx, node);
@@ -782,6 +852,7 @@ void sched_step(struct engine *e) {
         r->n_pages = matched / ps;
         r->n_tree_tokens = r->n_computed = matched;
         r->lock_node = node;
+        r->swa_pin0 = pin0, r->swa_pin1 = pin1;
         if (!r->admitted_once) {
             r->cached_tokens = matched < r->n_prompt ? matched : r->n_prompt;
             r->t_admitted = time_now();

@@ -14,11 +14,11 @@
  *    (--disable-hybrid-swa-memory) generates and what a single-chunk
  *    prefill of prompt + output picks greedily at each position;
  *  - the prefix cache: a conversation's next turn (its prompt the last
- *    turn's prompt and answer, and more) finds the last turn cached, since
- *    the sliding pages of its end are still there, and gives the ids of a
- *    run without the cache; a request sharing only a start whose sliding
- *    pages went back finds nothing cached and computes it again, with the
- *    same ids;
+ *    turn's prompt and answer, and more) finds the last turn cached, and a
+ *    new conversation the start all share (the tree keeps the sliding
+ *    pages of what it caches while there are some to spare); with as few
+ *    sliding pages as allowed the tree sheds them, and every run gives the
+ *    ids of a run without the cache;
  *  - many requests at once in a pool that holds a few: the same ids as
  *    each alone, the pools whole at the end. */
 #include <math.h>
@@ -242,9 +242,9 @@ static int turn_prompt(int c, int t, const int32_t *answers, int32_t *out) {
 }
 
 /* ans[CONVS]: a last request, a new conversation's first turn, which
- * shares only the start with the others (its sliding pages long gone). */
+ * shares only the start with the others; *last: what it found cached. */
 static void run_conversations(const char *dir, const struct opts *x, int32_t ans[CONVS + 1][TURNS * TNEW],
-                              int *cached) {
+                              int *cached, int *last) {
     struct engine *e = start(dir, x);
     int32_t p[256];
     *cached = 0;
@@ -269,7 +269,7 @@ static void run_conversations(const char *dir, const struct opts *x, int32_t ans
     sink_wait(s);
     assert_int_equal(s->n_ids, TNEW);
     memcpy(ans[CONVS], s->ids, TNEW * sizeof(int32_t));
-    assert_int_equal(s->cached_tokens, 0);
+    *last = s->cached_tokens;
     sink_free(s);
     assert_pools_whole(e);
     engine_destroy(e);
@@ -281,17 +281,30 @@ static void test_prefix_cache(void **state) {
     for (int m = 0; m < 2; m++)
         for (int k = 0; k < 2; k++) {
             static int32_t plain[CONVS + 1][TURNS * TNEW], cache[CONVS + 1][TURNS * TNEW];
-            int cached_plain, cached;
-            struct opts off = {page_sizes[k], 0, 0, 5, 0, 0}, on = {page_sizes[k], 0, 1, 5, 0.01, 0};
-            run_conversations(dirs[m], &off, plain, &cached_plain);
-            run_conversations(dirs[m], &on, cache, &cached);
-            assert_int_equal(cached_plain, 0);
+            int cached_plain, cached, last;
+            int ps = page_sizes[k];
+            struct opts off = {ps, 0, 0, 5, 0, 0}, on = {ps, 0, 1, 5, 0, 0}, tight = {ps, 0, 1, 5, 0.01, 0};
+            run_conversations(dirs[m], &off, plain, &cached_plain, &last);
+            assert_int_equal(cached_plain + last, 0);
+            /* sliding pages to spare: the tree keeps them all */
+            run_conversations(dirs[m], &on, cache, &cached, &last);
             if (memcmp(plain, cache, sizeof plain))
-                fail_msg("%s, page size %d: other ids with the prefix cache", dirs[m], page_sizes[k]);
-            printf("  %s, page size %d: %d prompt tokens of later turns cached\n", dirs[m], page_sizes[k], cached);
-            /* every later turn finds most of the turn before cached */
+                fail_msg("%s, page size %d: other ids with the prefix cache", dirs[m], ps);
+            printf("  %s, page size %d: %d prompt tokens of later turns cached, %d of the new one's\n", dirs[m], ps,
+                   cached, last);
+            /* every later turn finds most of the turn before cached, the
+             * new conversation the shared start */
             if (cached < (TURNS - 1) * CONVS * 24)
-                fail_msg("%s, page size %d: only %d tokens cached", dirs[m], page_sizes[k], cached);
+                fail_msg("%s, page size %d: only %d tokens cached", dirs[m], ps, cached);
+            assert_int_equal(last, 20 / ps * ps);
+            /* as few sliding pages as allowed: the tree sheds them, its
+             * prefixes usable only as far as their last window still has
+             * them */
+            memset(cache, 0, sizeof cache);
+            run_conversations(dirs[m], &tight, cache, &cached, &last);
+            if (memcmp(plain, cache, sizeof plain))
+                fail_msg("%s, page size %d: other ids with the prefix cache and few sliding pages", dirs[m], ps);
+            printf("  %s, page size %d, few sliding pages: %d and %d cached\n", dirs[m], ps, cached, last);
         }
 }
 

@@ -145,6 +145,22 @@ static void test_hybrid(void **state) {
     for (int i = 0; i < 5; i++) assert_int_equal(kv_pool_swa_alive(&p, a[i]), i >= 3);
     for (int i = 0; i < 3; i++) assert_int_equal(kv_pool_swa_page(&p, a[i]), 0);
     assert_int_equal(kv_pool_available(&p), 3);
+    /* pins: shedding spares pinned pages; adoption moves a sliding page */
+    kv_pool_swa_pin(&p, a + 3, 1, 1);
+    kv_pool_swa_pin(&p, a + 3, 1, 1);
+    assert_int_equal(kv_pool_swa_shed(&p, a, 5, 1), 1); /* a[4]: a[3] is pinned, a[0..2] have none */
+    assert_true(kv_pool_swa_alive(&p, a[3]) && !kv_pool_swa_alive(&p, a[4]));
+    assert_int_equal(kv_pool_swa_shed(&p, a, 5, 5), 0);
+    kv_pool_swa_pin(&p, a + 3, 1, -1);
+    int32_t s3 = kv_pool_swa_page(&p, a[3]);
+    kv_pool_swa_adopt(&p, a[0], a[3]);
+    assert_int_equal(kv_pool_swa_page(&p, a[0]), s3);
+    assert_false(kv_pool_swa_alive(&p, a[3]));
+    kv_pool_swa_adopt(&p, a[0], a[1]); /* a[1] has none: nothing */
+    assert_int_equal(kv_pool_swa_page(&p, a[0]), s3);
+    kv_pool_swa_pin(&p, a + 3, 1, -1);
+    assert_int_equal(kv_pool_swa_shed(&p, a, 5, 5), 1); /* a[0] */
+    assert_int_equal(kv_pool_swa_available(&p), 5);
     kv_pool_release(&p, a, 5);
     assert_int_equal(p.n_free, 20);
     assert_int_equal(kv_pool_swa_available(&p), 5);

@@ -156,6 +156,22 @@ static struct model *load_tiny(const char *arch, struct backend *be, int max_tok
     return m;
 }
 
+/* A hybrid pool's sliding tokens: the ratio's share of the full layers'
+ * (0.8 by default), never below one request's window (2W + 2 pages)
+ * beside a whole batch, never above the full layers' tokens, whole pages. */
+static void test_plan_swa(void **state) {
+    (void)state;
+    assert_true(mem_plan_swa_ratio(0) == 0.8 && mem_plan_swa_ratio(-1) == 0.8 && mem_plan_swa_ratio(0.25) == 0.25);
+    assert_int_equal(mem_plan_swa_tokens(100000, 0, 1024, 1, 8448), 80000);
+    assert_int_equal(mem_plan_swa_tokens(100000, 0.5, 1024, 16, 8448), 50000);
+    assert_int_equal(mem_plan_swa_tokens(100003, 0.5, 1024, 16, 8448), 50016); /* whole pages */
+    /* the least: 2 x 1024 + 2 x 16 + 8448 */
+    assert_int_equal(mem_plan_swa_tokens(100000, 0.01, 1024, 16, 8448), 2 * 1024 + 2 * 16 + 8448);
+    /* never more than the full layers' (a pool smaller than the least) */
+    assert_int_equal(mem_plan_swa_tokens(5000, 0.01, 1024, 16, 8448), 5008);
+    assert_int_equal(mem_plan_swa_tokens(5000, 1, 8, 1, 20), 5000);
+}
+
 static void test_weight_count_matches_load(void **state) {
     (void)state;
     for (size_t i = 0; i < sizeof tiny / sizeof tiny[0]; i++) {
@@ -252,6 +268,7 @@ static void test_moe_chunks_bitwise(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_plan_h100), cmocka_unit_test(test_plan_window),
+                                       cmocka_unit_test(test_plan_swa),
                                        cmocka_unit_test(test_weight_count_matches_load),
                                        cmocka_unit_test(test_moe_chunks_bitwise)};
     return cmocka_run_group_tests(tests, NULL, NULL);

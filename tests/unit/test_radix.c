@@ -1,6 +1,6 @@
 /* test_radix.c — the radix prefix cache, at page sizes 1, 4 and 16:
- * directed cases (sharing, splits, extra keys, locking, LRU order, parents
- * exposed by eviction, exact page accounting) and a randomized model check
+ * directed cases (sharing, splits, extra keys, locking, LRU order, the
+ * visit of every node in LRU order, parents exposed by eviction, exact page accounting) and a randomized model check
  * against a naive reference that keeps one record per cached page, with the
  * pages coming from a real kv_pool so that leaks and double frees show. */
 #include <setjmp.h>
@@ -329,6 +329,48 @@ static void test_lru_order(void **state) {
     expect_counts(t, 0, 0);
     radix_destroy(t);
     assert_int_equal(rec->n, 10);
+    free(rec);
+}
+
+/* radix_visit_lru: every node with pages, locked ones too, least
+ * recently used first; the visitor stops it. */
+struct visits {
+    int32_t first[16];
+    int n, stop_after;
+};
+static int visit(void *user, int32_t *pages, int n) {
+    struct visits *v = user;
+    assert_true(n > 0);
+    v->first[v->n++] = pages[0];
+    return v->n == v->stop_after;
+}
+
+static void test_visit_lru(void **state) {
+    int ps = *(const int *)*state;
+    struct recorder *rec = xcalloc(1, sizeof *rec);
+    struct radix_tree *t = radix_create(ps, record_release, rec);
+    int32_t a[64 * 16], b[64 * 16], c[64 * 16];
+    int n = seq(ps, a, UNITS(1, 1));
+    seq(ps, b, UNITS(1, 2)); /* splits a's edge: [1] then [1] / [2] */
+    seq(ps, c, UNITS(3, 3));
+    radix_insert(t, NULL, a, n, (int32_t[]){10, 11}, NULL);
+    radix_insert(t, NULL, b, n, (int32_t[]){10, 21}, NULL);
+    struct radix_node *cn;
+    radix_insert(t, NULL, c, n, (int32_t[]){30, 31}, &cn);
+    radix_lock(t, cn);
+    assert_int_equal(radix_match(t, NULL, a, n, NULL, NULL), n); /* a's tail, then the shared page */
+    struct visits v = {.stop_after = 99};
+    radix_visit_lru(t, visit, &v);
+    /* b's tail (21) is the oldest, then c (30, locked), then the shared page and a's tail, touched together */
+    assert_int_equal(v.n, 4);
+    assert_int_equal(v.first[0], 21);
+    assert_int_equal(v.first[1], 30);
+    assert_true((v.first[2] == 10 && v.first[3] == 11) || (v.first[2] == 11 && v.first[3] == 10));
+    struct visits w = {.stop_after = 2};
+    radix_visit_lru(t, visit, &w);
+    assert_int_equal(w.n, 2);
+    radix_unlock(t, cn);
+    radix_destroy(t);
     free(rec);
 }
 
@@ -775,6 +817,7 @@ int main(void) {
         PER_PAGE_SIZE(test_extra_keys),
         PER_PAGE_SIZE(test_lock_prevents_eviction),
         PER_PAGE_SIZE(test_lru_order),
+        PER_PAGE_SIZE(test_visit_lru),
         PER_PAGE_SIZE(test_evict_exposes_parent),
         PER_PAGE_SIZE(test_many_children),
         PER_PAGE_SIZE(test_model_check),
