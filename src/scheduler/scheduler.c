@@ -271,7 +271,9 @@ static int make_free(struct engine *e, int g, int n) {
      * as far as their last window still has them); then whole prefixes,
      * until both kinds suffice (an evicted page may have no sliding page) */
     if (e->swa_window && rx && kv_pool_swa_available(kv) < n) {
-        struct shed sh = {kv, n - kv_pool_swa_available(kv)};
+        /* at least 1/32 of the pool at once: each call sorts the tree */
+        int want = n - kv_pool_swa_available(kv), batch = kv->n_swa_pages / 32;
+        struct shed sh = {kv, want > batch ? want : batch};
         radix_visit_lru(rx, shed_node, &sh);
     }
     for (int missing; rx && (missing = n - kv_pool_available(kv)) > 0;)
