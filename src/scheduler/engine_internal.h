@@ -123,6 +123,27 @@ struct engine {
     long g_fill_rows;
 };
 
+/* sched_kv.c: a request's KV pages, the prefix cache and windows */
+void sched_release_pages(void *user, const int32_t *pages, int n); /* radix_release_fn over a kv_pool */
+int sched_pages_for(const struct engine *e, int tokens);
+/* Gives r's KV back: computed pages to the prefix cache, the rest to the pool. */
+void sched_release_kv(struct engine *e, struct req *r);
+/* After a prefill chunk: r's computed pages join the prefix cache. */
+void sched_cache_unfinished(struct engine *e, struct req *r);
+/* After a step: what r's window left goes back (every layer sliding; a
+ * hybrid pool's sliding pages). */
+void sched_window_drop(struct engine *e, struct req *r);
+void sched_swa_drop(struct engine *e, struct req *r);
+/* r's cached prefix of its first n tokens in group g's tree, into e->match_pages. */
+int sched_match_prefix(struct engine *e, int g, const struct req *r, int n, struct radix_node **node);
+/* Group g's pages that could be had (free or evictable); a hybrid pool's sliding ones (an upper bound). */
+int sched_available_pages(const struct engine *e, int g);
+int sched_available_swa(const struct engine *e, int g);
+/* Makes n pages (with their sliding pages) free in group g's pool; -1 when it cannot. */
+int sched_make_free(struct engine *e, int g, int n);
+/* Gives r pages for positions [0, len); -1 when they cannot be had. */
+int sched_grow_pages(struct engine *e, struct req *r, int len);
+
 /* structured.c */
 int sg_init(struct engine *e, struct kiln_error *err);
 void sg_free(struct engine *e);

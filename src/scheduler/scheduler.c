@@ -76,225 +76,6 @@ static void list_push_front(struct req **head, struct req **tail, struct req *r)
     *head = r;
 }
 
-/* ---- KV accounting -------------------------------------------------------- */
-
-static void release_pages(void *user, const int32_t *pages, int n) {
-    kv_pool_release(user, pages, n);
-}
-
-static int pages_for(const struct engine *e, int tokens) {
-    return (tokens + e->page_size - 1) / e->page_size;
-}
-
-/* The part of r's computed tokens the prefix cache may hold: every full
- * page, or with a window the first W tokens' while none was dropped. */
-static int cacheable(const struct engine *e, const struct req *r) {
-    int ps = e->page_size, aligned = r->n_computed / ps * ps;
-    if (!e->window) return aligned;
-    int cap = e->window / ps * ps;
-    return r->n_dropped ? 0 : aligned < cap ? aligned : cap;
-}
-
-/* A hybrid pool: pins the tree's pages (r->pages[0 .. n_tree_tokens /
- * ps)) that the window of r's next position reads, unpinning those it
- * left; the pages at indices both ranges share are the same. */
-static void swa_pin(struct engine *e, struct req *r) {
-    if (!e->swa_window) return;
-    struct kv_pool *kv = e->gkv[r->dp_group];
-    int lo = kv_pool_swa_dead(kv, r->n_computed, r->n_pages), hi = r->n_tree_tokens / e->page_size;
-    if (lo > hi) lo = hi;
-    int o0 = r->swa_pin0, o1 = r->swa_pin1;
-    int a = lo < o1 ? lo : o1, b = hi > o0 ? hi : o0; /* [o0, a) and [b, o1) leave; [lo, c) and [d, hi) come */
-    int c = hi < o0 ? hi : o0, d = lo > o1 ? lo : o1;
-    if (o1 <= o0) c = d = hi; /* nothing was pinned: all of [lo, hi) comes */
-    if (a > o0) kv_pool_swa_pin(kv, r->pages + o0, a - o0, -1);
-    if (o1 > b) kv_pool_swa_pin(kv, r->pages + b, o1 - b, -1);
-    if (c > lo) kv_pool_swa_pin(kv, r->pages + lo, c - lo, 1);
-    if (hi > d) kv_pool_swa_pin(kv, r->pages + d, hi - d, 1);
-    r->swa_pin0 = lo, r->swa_pin1 = hi;
-}
-
-static void swa_unpin(struct engine *e, struct req *r) {
-    if (r->swa_pin1 > r->swa_pin0)
-        kv_pool_swa_pin(e->gkv[r->dp_group], r->pages + r->swa_pin0, r->swa_pin1 - r->swa_pin0, -1);
-    r->swa_pin0 = r->swa_pin1 = 0;
-}
-
-/* The tree now has its own pages for r's tokens [keep * ps, dup): r's
- * copies go back, a hybrid pool's tree pages that lost their sliding page
- * first taking r's (so the tree's copy of r's window stays usable). */
-static void release_dups(struct engine *e, struct req *r, int keep, int dup) {
-    struct kv_pool *kv = e->gkv[r->dp_group];
-    int ps = e->page_size;
-    if (dup / ps <= keep) return;
-    if (e->swa_window) {
-        KILN_ASSERT(radix_match(e->grx[r->dp_group], r->salt, r->tokens, dup, e->match_pages, NULL) == dup);
-        for (int i = keep; i < dup / ps; i++) kv_pool_swa_adopt(kv, e->match_pages[i], r->pages[i]);
-    }
-    kv_pool_release(kv, r->pages + keep, dup / ps - keep);
-}
-
-/* Gives the request's KV back: computed full pages go to the radix cache
- * (unlocked, evictable), everything else to the pool. */
-static void release_kv(struct engine *e, struct req *r) {
-    int ps = e->page_size, keep = 0;
-    struct kv_pool *kv = e->gkv[r->dp_group];
-    struct radix_tree *rx = e->grx[r->dp_group];
-    swa_unpin(e, r);
-    if (rx) {
-        int aligned = cacheable(e, r);
-        keep = r->n_tree_tokens / ps;
-        if (aligned > r->n_tree_tokens) {
-            struct radix_node *node;
-            int dup = radix_insert(rx, r->salt, r->tokens, aligned, r->pages, &node);
-            if (dup > r->n_tree_tokens) release_dups(e, r, keep, dup);
-            keep = aligned / ps;
-        }
-        if (r->lock_node) radix_unlock(rx, r->lock_node);
-    }
-    if (keep < r->n_dropped) keep = r->n_dropped; /* the zero page stands there */
-    kv_pool_release(kv, r->pages + keep, r->n_pages - keep);
-    r->n_pages = 0;
-    r->n_dropped = 0;
-    r->n_swa_dropped = 0;
-    r->n_tree_tokens = 0;
-    r->lock_node = NULL;
-    r->n_computed = 0;
-}
-
-/* After a prefill chunk: the computed full pages join the radix cache now,
- * so requests arriving meanwhile can share them. */
-static void cache_unfinished(struct engine *e, struct req *r) {
-    int ps = e->page_size, aligned = cacheable(e, r);
-    struct radix_tree *rx = e->grx[r->dp_group];
-    if (!rx || aligned <= r->n_tree_tokens) return;
-    swa_unpin(e, r); /* page ids change below */
-    struct radix_node *node;
-    int dup = radix_insert(rx, r->salt, r->tokens, aligned, r->pages, &node);
-    int keep = r->n_tree_tokens / ps;
-    if (dup > r->n_tree_tokens) release_dups(e, r, keep, dup);
-    /* the tree's pages replace the duplicates we just freed */
-    int got = radix_match(rx, r->salt, r->tokens, aligned, r->pages, &node);
-    KILN_ASSERT(got == aligned);
-    radix_lock(rx, node);
-    if (r->lock_node) radix_unlock(rx, r->lock_node);
-    r->lock_node = node;
-    r->n_tree_tokens = aligned;
-    swa_pin(e, r);
-}
-
-/* After a step (every layer slides over W): the pages wholly before the
- * window of r's next position, n_computed, go back; the cached prefix is
- * unlocked once the window has left all of it. */
-static void window_drop(struct engine *e, struct req *r) {
-    if (!e->window) return;
-    int ps = e->page_size;
-    struct kv_pool *kv = e->gkv[r->dp_group];
-    int dead = kv_pool_window_dead(kv, r->n_computed, r->n_pages);
-    if (dead <= r->n_dropped) return;
-    if (r->n_tree_tokens > 0) {
-        if (dead * ps < r->n_tree_tokens) return; /* the window still reads the cached prefix */
-        radix_unlock(e->grx[r->dp_group], r->lock_node);
-        r->lock_node = NULL;
-        r->n_dropped = r->n_tree_tokens / ps;
-        r->n_tree_tokens = 0;
-        for (int i = 0; i < r->n_dropped; i++) r->pages[i] = kv->zero_page;
-    }
-    kv_pool_drop(kv, r->pages, &r->n_dropped, dead);
-}
-
-/* After a step (a hybrid pool): the sliding pages of r's own pages wholly
- * before the sliding window of its next position go back; of the tree's
- * pages, those the window left are unpinned (the tree keeps their sliding
- * pages until it sheds them). */
-static void swa_drop(struct engine *e, struct req *r) {
-    if (!e->swa_window) return;
-    struct kv_pool *kv = e->gkv[r->dp_group];
-    int dead = kv_pool_swa_dead(kv, r->n_computed, r->n_pages), from = r->n_tree_tokens / e->page_size;
-    if (from < r->n_swa_dropped) from = r->n_swa_dropped;
-    if (dead > from) {
-        kv_pool_drop_swa(kv, r->pages + from, dead - from);
-        r->n_swa_dropped = dead;
-    }
-    swa_pin(e, r);
-}
-
-/* radix_visit_lru's callback: sheds the unpinned sliding pages of a node's
- * pages until sh->want went back. */
-struct shed {
-    struct kv_pool *kv;
-    int want;
-};
-static int shed_node(void *user, int32_t *pages, int n) {
-    struct shed *sh = user;
-    sh->want -= kv_pool_swa_shed(sh->kv, pages, n, sh->want);
-    return sh->want <= 0;
-}
-
-/* The cached prefix of r's first n tokens in group g's tree (radix_match
- * into e->match_pages). With a hybrid pool, only as far as the sliding
- * layers still have the pages the window of the next position reads: a
- * match that ends past them is cut back to where they are. */
-static int match_prefix(struct engine *e, int g, const struct req *r, int n, struct radix_node **node) {
-    struct radix_tree *rx = e->grx[g];
-    int got = radix_match(rx, r->salt, r->tokens, n, e->match_pages, node);
-    if (!e->swa_window || got == 0) return got;
-    const struct kv_pool *kv = e->gkv[g];
-    int ps = e->page_size, j = got / ps;
-    for (; j > 0; j--) { /* a match of j pages: the window of position j * ps */
-        int first = j * ps - e->swa_window + 1, i = first > 0 ? first / ps : 0, ok = 1;
-        for (; i < j && ok; i++) ok = kv_pool_swa_alive(kv, e->match_pages[i]);
-        if (ok) break;
-    }
-    if (j * ps == got) return got;
-    return radix_match(rx, r->salt, r->tokens, j * ps, e->match_pages, node);
-}
-
-/* Group g's free pages, counting its prefix cache's evictable ones. */
-static int available_pages(const struct engine *e, int g) {
-    return e->gkv[g]->n_free + (e->grx[g] ? radix_evictable_pages(e->grx[g]) : 0);
-}
-
-/* A hybrid pool: the free sliding pages, counting the prefix cache's
- * evictable pages as if each had one (an upper bound: make_free tells). */
-static int available_swa(const struct engine *e, int g) {
-    if (!e->swa_window) return available_pages(e, g);
-    return kv_pool_swa_available(e->gkv[g]) + (e->grx[g] ? radix_total_pages(e->grx[g]) : 0);
-}
-
-/* Makes `n` pages free in group g's pool, evicting cached prefixes if needed. */
-static int make_free(struct engine *e, int g, int n) {
-    struct kv_pool *kv = e->gkv[g];
-    struct radix_tree *rx = e->grx[g];
-    /* a hybrid pool: the prefix cache's sliding pages no window reads go
-     * first, least recently used first (the cached prefixes stay, usable
-     * as far as their last window still has them); then whole prefixes,
-     * until both kinds suffice (an evicted page may have no sliding page) */
-    if (e->swa_window && rx && kv_pool_swa_available(kv) < n) {
-        /* at least 1/32 of the pool at once: each call sorts the tree */
-        int want = n - kv_pool_swa_available(kv), batch = kv->n_swa_pages / 32;
-        struct shed sh = {kv, want > batch ? want : batch};
-        radix_visit_lru(rx, shed_node, &sh);
-    }
-    for (int missing; rx && (missing = n - kv_pool_available(kv)) > 0;)
-        if (radix_evict(rx, missing) == 0) break;
-    return kv_pool_available(kv) >= n ? 0 : -1;
-}
-
-/* Gives request r pages for positions [0, len). */
-static int grow_pages(struct engine *e, struct req *r, int len) {
-    int need = pages_for(e, len) - r->n_pages;
-    if (need <= 0) return 0;
-    if (make_free(e, r->dp_group, need)) return -1;
-    if (r->n_pages + need > r->cap_pages) {
-        r->cap_pages = (r->n_pages + need) * 2;
-        r->pages = xrealloc(r->pages, (size_t)r->cap_pages * sizeof *r->pages);
-    }
-    KILN_ASSERT(kv_pool_alloc(e->gkv[r->dp_group], need, r->pages + r->n_pages) == 0);
-    r->n_pages += need;
-    return 0;
-}
-
 /* ---- events ---------------------------------------------------------------- */
 
 static void send(struct engine *e, struct req *r, const int32_t *tok, const struct sample_result *s,
@@ -316,7 +97,7 @@ static void finish(struct engine *e, struct req *r, enum engine_finish fin,
                    const struct req_output *o, const int32_t *tok, const struct sample_result *s,
                    const char *error, const float *scores, int n_scores) {
     if (r->state == REQ_RUNNING) {
-        release_kv(e, r);
+        sched_release_kv(e, r);
         list_remove(&e->running, &e->running_tail, r);
         e->n_running--;
     } else if (r->state == REQ_WAITING) {
@@ -385,7 +166,7 @@ int sched_has_work(const struct engine *e) { return e->running || e->waiting; }
 /* ---- retraction ------------------------------------------------------------ */
 
 static void retract(struct engine *e, struct req *r) {
-    release_kv(e, r);
+    sched_release_kv(e, r);
     list_remove(&e->running, &e->running_tail, r);
     e->n_running--;
     r->state = REQ_WAITING;
@@ -462,7 +243,7 @@ static void order_waiting(struct engine *e) {
         items[i].match = 0;
         if (e->opt.policy == SCHEDULE_LPM && e->grx[r->dp_group] && n <= 128) {
             struct radix_node *node;
-            items[i].match = match_prefix(e, r->dp_group, r, r->n_tokens - 1, &node);
+            items[i].match = sched_match_prefix(e, r->dp_group, r, r->n_tokens - 1, &node);
         }
     }
     if (e->opt.policy == SCHEDULE_LPM) {
@@ -604,9 +385,9 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
         prompt_logprobs(e, r, e->b_from[s], e->b_to[s], &row, &want_row);
         r->n_computed = e->b_to[s];
         if (r->n_computed < r->n_tokens) { /* an intermediate prefill chunk */
-            cache_unfinished(e, r);
-            window_drop(e, r);
-            swa_drop(e, r);
+            sched_cache_unfinished(e, r);
+            sched_window_drop(e, r);
+            sched_swa_drop(e, r);
             continue;
         }
         /* with device sampling, only rows that wanted logits have them
@@ -623,9 +404,9 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             finish(e, r, ENGINE_FINISH_LENGTH, &o, NULL, NULL, NULL, NULL, 0);
             continue;
         }
-        if (prefill) cache_unfinished(e, r);
-        window_drop(e, r);
-        swa_drop(e, r);
+        if (prefill) sched_cache_unfinished(e, r);
+        sched_window_drop(e, r);
+        sched_swa_drop(e, r);
         struct sample_result res;
         if (on_device) {
             memset(&res, 0, sizeof res);
@@ -761,16 +542,16 @@ void sched_step(struct engine *e) {
             for (struct req *r = e->running; r; r = r->next) {
                 if (r->dp_group != g) continue;
                 any = 1;
-                if (r->n_tokens - r->n_computed == 1) need += pages_for(e, r->n_tokens) - r->n_pages;
+                if (r->n_tokens - r->n_computed == 1) need += sched_pages_for(e, r->n_tokens) - r->n_pages;
             }
-            /* (with a hybrid pool the count is an upper bound: make_free tells) */
-            if (!any || (need <= available_pages(e, g) && need <= available_swa(e, g) && make_free(e, g, need) == 0))
+            /* (with a hybrid pool the count is an upper bound: sched_make_free tells) */
+            if (!any || (need <= sched_available_pages(e, g) && need <= sched_available_swa(e, g) && sched_make_free(e, g, need) == 0))
                 break;
             retract(e, pick_victim(e, g));
         }
     for (struct req *r = e->running; r; r = r->next) {
         if (r->n_tokens - r->n_computed != 1) continue;
-        KILN_ASSERT(grow_pages(e, r, r->n_tokens) == 0);
+        KILN_ASSERT(sched_grow_pages(e, r, r->n_tokens) == 0);
         plan_add(e, &p, r, r->n_computed, r->n_tokens);
     }
     /* 2. running requests still in prefill continue with their next chunk */
@@ -781,7 +562,7 @@ void sched_step(struct engine *e) {
         int take = lp_take(r, r->n_computed, left < budget ? left : budget, lp_left);
         if (take <= 0) continue;
         lp_left -= lp_rows(r, r->n_computed, r->n_computed + take, &(int){0});
-        if (grow_pages(e, r, r->n_computed + take)) continue;
+        if (sched_grow_pages(e, r, r->n_computed + take)) continue;
         plan_add(e, &p, r, r->n_computed, r->n_computed + take);
         budget -= take;
     }
@@ -808,20 +589,20 @@ void sched_step(struct engine *e) {
         /* owed prompt logprob rows need their positions computed, not cached */
         int lim = r->lp_next < r->n_prompt && r->lp_next - 1 < r->n_tokens - 1 ? r->lp_next - 1 : r->n_tokens - 1;
         struct radix_tree *rx = e->grx[g];
-        if (rx) matched = match_prefix(e, g, r, lim, &node);
+        if (rx) matched = sched_match_prefix(e, g, r, lim, &node);
         int take = lp_take(r, matched, r->n_tokens - matched < budget ? r->n_tokens - matched : budget, lp_left);
         if (take <= 0) break;
-        int need = pages_for(e, matched + take) - matched / ps + reserve_pages(e, r, matched + take) + reserve[g];
+        int need = sched_pages_for(e, matched + take) - matched / ps + reserve_pages(e, r, matched + take) + reserve[g];
         /* the matched pages stop being evictable once locked */
-        int avail = available_pages(e, g);
+        int avail = sched_available_pages(e, g);
         if (rx && node) {
             radix_lock(rx, node);
-            avail = available_pages(e, g);
+            avail = sched_available_pages(e, g);
         }
         /* a hybrid pool: the sliding pages for the chunk and a reserve of
          * up to a window (the window's pages go back as it moves), which
-         * make_free then frees for the chunk */
-        int fresh = pages_for(e, matched + take) - matched / ps, pin0 = 0, pin1 = 0;
+         * sched_make_free then frees for the chunk */
+        int fresh = sched_pages_for(e, matched + take) - matched / ps, pin0 = 0, pin1 = 0;
         if (e->swa_window) {
             /* the matched pages the window reads are pinned first, so the
              * shedding cannot take their sliding pages */
@@ -829,8 +610,8 @@ void sched_step(struct engine *e) {
             pin1 = matched / ps;
             pin0 = kv_pool_swa_dead(kv, matched, pin1);
             kv_pool_swa_pin(kv, e->match_pages + pin0, pin1 - pin0, 1);
-            int wr = reserve_pages(e, r, matched + take), wmax = pages_for(e, e->swa_window) + 1;
-            if (need <= avail && (fresh + (wr < wmax ? wr : wmax) > available_swa(e, g) || make_free(e, g, fresh)))
+            int wr = reserve_pages(e, r, matched + take), wmax = sched_pages_for(e, e->swa_window) + 1;
+            if (need <= avail && (fresh + (wr < wmax ? wr : wmax) > sched_available_swa(e, g) || sched_make_free(e, g, fresh)))
                 need = avail + 1;
             if (need > avail) kv_pool_swa_pin(kv, e->match_pages + pin0, pin1 - pin0, -1);
         }
@@ -846,8 +627,8 @@ void sched_step(struct engine *e) {
         r->state = REQ_RUNNING;
         list_push_back(&e->running, &e->running_tail, r);
         e->n_running++;
-        if (r->cap_pages < pages_for(e, r->n_tokens + 1)) {
-            r->cap_pages = pages_for(e, r->cap_tokens + 1);
+        if (r->cap_pages < sched_pages_for(e, r->n_tokens + 1)) {
+            r->cap_pages = sched_pages_for(e, r->cap_tokens + 1);
             r->pages = xrealloc(r->pages, (size_t)r->cap_pages * sizeof *r->pages);
         }
         memcpy(r->pages, e->match_pages, (size_t)(matched / ps) * sizeof *r->pages);
@@ -860,7 +641,7 @@ void sched_step(struct engine *e) {
             r->t_admitted = time_now();
         }
         r->admitted_once = 1;
-        KILN_ASSERT(grow_pages(e, r, matched + take) == 0);
+        KILN_ASSERT(sched_grow_pages(e, r, matched + take) == 0);
         plan_add(e, &p, r, matched, matched + take);
         e->step_info.cached_tokens += matched;
         lp_left -= lp_rows(r, matched, matched + take, &(int){0});
@@ -941,7 +722,7 @@ int sched_init(struct engine *e, struct kiln_error *err) {
         if (e->window && kv_pool_set_window(e->gkv[g], e->window, err)) return -1;
     }
     for (int g = 0; g < e->dp_size && !o->disable_radix_cache; g++)
-        e->grx[g] = radix_create(e->page_size, release_pages, e->gkv[g]);
+        e->grx[g] = radix_create(e->page_size, sched_release_pages, e->gkv[g]);
     e->radix = e->grx[0];
     e->g_reserve = xcalloc((size_t)e->dp_size, sizeof *e->g_reserve);
     e->g_full = xcalloc((size_t)e->dp_size, 1);
