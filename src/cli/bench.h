@@ -48,6 +48,7 @@ struct bench_options {
     const char *tokenizer;    /* folder with tokenizer.json */
     char *tokenizer_owned;    /* tokenizer when it was found in the Hugging Face cache */
     struct model_args engine; /* offline: the engine's model options */
+    struct spec_args spec;    /* offline: speculative decoding */
     double mem_fraction_static; /* offline: GPU memory plan (0 = the engine's default) */
     double swa_full_tokens_ratio; /* offline: engine_options */
     int disable_hybrid_swa;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "backend/registry.h"
@@ -15,6 +16,7 @@
 #include "dist/net.h"
 #include "dist/wire.h"
 #include "model/model.h"
+#include "scheduler/engine.h"
 
 #ifndef KILN_SOURCE_DIR
 #define KILN_SOURCE_DIR "."
@@ -398,4 +400,45 @@ int cli_parse_ids(const char *s, int32_t **out) {
     }
     *out = ids;
     return n;
+}
+
+size_t spec_args_options(struct spec_args *a, struct cli_opt *out) {
+    const struct cli_opt o[SPEC_ARGS_OPTS] = {
+        CLI_OPT_STR("--speculative-algorithm", &a->algorithm, "NGRAM",
+                    "speculative decoding: NGRAM drafts a greedy request's next tokens\n"
+                    "from its own earlier tokens and checks them in the same step"),
+        CLI_OPT_INT("--speculative-num-draft-tokens", &a->draft_tokens, 1, ENGINE_SPEC_MAX_DRAFT, "N",
+                    "draft tokens a decode row carries (default 4)"),
+        CLI_OPT_INT("--speculative-ngram-min-match-window-size", &a->min_window, 1, 1 << 10, "N",
+                    "the fewest last tokens a draft's match takes (default 1)"),
+        CLI_OPT_INT("--speculative-ngram-max-match-window-size", &a->max_window, 1, 1 << 10, "N",
+                    "the most (default 12; the longest match wins)"),
+    };
+    memcpy(out, o, sizeof o);
+    return SPEC_ARGS_OPTS;
+}
+
+int spec_args_finish(const struct spec_args *a, const char *cmd, struct engine_options *eo) {
+    if (!a->algorithm) {
+        if (a->draft_tokens || a->min_window || a->max_window) {
+            fprintf(stderr, "kiln %s: --speculative-num-draft-tokens and the match windows need "
+                            "--speculative-algorithm NGRAM\n", cmd);
+            return 2;
+        }
+        return 0;
+    }
+    if (strcasecmp(a->algorithm, "NGRAM")) {
+        fprintf(stderr, "kiln %s: --speculative-algorithm %s: not supported; NGRAM is (EAGLE, EAGLE3 and "
+                        "STANDALONE need a draft model, which kiln does not run yet)\n", cmd, a->algorithm);
+        return 2;
+    }
+    int lo = a->min_window ? a->min_window : 1, hi = a->max_window ? a->max_window : 12;
+    if (lo > hi) {
+        fprintf(stderr, "kiln %s: --speculative-ngram-min-match-window-size %d is above the max %d\n", cmd, lo, hi);
+        return 2;
+    }
+    eo->spec_draft_tokens = a->draft_tokens ? a->draft_tokens : 4;
+    eo->spec_min_window = lo;
+    eo->spec_max_window = hi;
+    return 0;
 }

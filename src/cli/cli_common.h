@@ -53,6 +53,23 @@ size_t model_args_options(struct model_args *a, int with_model, struct cli_opt *
 int model_args_finish(struct model_args *a, const char *cmd, const char *positional);
 void model_args_free(struct model_args *a);
 
+/* Speculative decoding's options (serve, bench offline), SGLang's names:
+ * --speculative-algorithm NGRAM, --speculative-num-draft-tokens N,
+ * --speculative-ngram-min-match-window-size / -max-match-window-size. */
+struct spec_args {
+    const char *algorithm;
+    int draft_tokens, min_window, max_window;
+};
+#define SPEC_ARGS_OPTS 4
+/* Writes the options into out[SPEC_ARGS_OPTS]; returns how many. */
+size_t spec_args_options(struct spec_args *a, struct cli_opt *out);
+/* After parsing: the engine's spec_* fields (0 draft tokens without an
+ * algorithm), or exit code 2 after printing why ("kiln CMD: ..."): an
+ * algorithm other than NGRAM (a draft model kiln does not run), draft
+ * options without one, windows the wrong way round. */
+struct engine_options;
+int spec_args_finish(const struct spec_args *a, const char *cmd, struct engine_options *eo);
+
 /* Default model folder: $KILN_MODEL, else models/stories260K of the source
  * tree this binary was built from, else ./models/stories260K. */
 const char *cli_default_model(void);

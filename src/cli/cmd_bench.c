@@ -136,7 +136,7 @@ static int parse_table(struct bench_options *o, int offline, int argc, char **ar
                      "MoE: count the experts each step touches and the bytes they hold\n"
                      "(adds a little work to every route: take speed figures without it)"),
     };
-    struct cli_opt engine[MODEL_ARGS_MAX_OPTS];
+    struct cli_opt engine[MODEL_ARGS_MAX_OPTS], spec[SPEC_ARGS_OPTS];
     const struct cli_group groups[] = {
         {"target", target, sizeof target / sizeof target[0]},
         {"dataset", dataset, sizeof dataset / sizeof dataset[0]},
@@ -144,6 +144,7 @@ static int parse_table(struct bench_options *o, int offline, int argc, char **ar
         {"output", output, sizeof output / sizeof output[0]},
         {"offline: the engine", engine, model_args_options(&o->engine, 0, engine)},
         {NULL, mem, sizeof mem / sizeof mem[0]},
+        {NULL, spec, spec_args_options(&o->spec, spec)},
     };
     const struct cli_command cmd = {
         .name = "bench", .usage = "serving --base-url http://HOST:PORT [options]\n"
@@ -151,7 +152,7 @@ static int parse_table(struct bench_options *o, int offline, int argc, char **ar
         .about = "serving sends the workload to a running server over HTTP (kiln, SGLang, vLLM, ...);\n"
                  "offline creates the engine in this process and submits the same workload directly.\n"
                  "Options have bench_serving's names; --opt=value and unambiguous prefixes work.",
-        .groups = groups, .n_groups = sizeof groups / sizeof groups[0] - (offline ? 0 : 2), .max_positional = 0};
+        .groups = groups, .n_groups = sizeof groups / sizeof groups[0] - (offline ? 0 : 3), .max_positional = 0};
     int n_pos;
     return cli_parse(&cmd, argc, argv, NULL, &n_pos);
 }
@@ -216,6 +217,8 @@ static int parse_args(struct bench_options *o, int offline, int argc, char **arg
     }
     if (offline) {
         o->engine.model = o->model;
+        struct engine_options check = {0};
+        if ((rc = spec_args_finish(&o->spec, "bench", &check))) return rc;
         if ((rc = model_args_finish(&o->engine, "bench", NULL))) return rc;
         if (!strcmp(o->backend, "kiln")) o->backend = "kiln-offline";
     }
@@ -352,6 +355,7 @@ static int bench_main(int offline, int argc, char **argv) {
         eo.dummy_routing = o.engine.dummy_routing;
         eo.moe_count = o.moe_counts;
         eo.mem_fraction_static = o.mem_fraction_static;
+        KILN_ASSERT(spec_args_finish(&o.spec, "bench", &eo) == 0); /* checked when parsed */
         eo.swa_full_tokens_ratio = o.swa_full_tokens_ratio;
         eo.disable_hybrid_swa = o.disable_hybrid_swa;
         eo.device_index = job.device_index;

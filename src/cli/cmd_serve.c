@@ -138,11 +138,13 @@ int cmd_serve(int argc, char **argv) {
                        "unset temperature/top_p/top_k/min_p/repetition_penalty from\n"
                        "generation_config.json (model, default) or OpenAI's"),
     };
-    struct cli_opt model_opts[MODEL_ARGS_MAX_OPTS];
+    struct cli_opt model_opts[MODEL_ARGS_MAX_OPTS], spec_opts[SPEC_ARGS_OPTS];
+    struct spec_args spec = {0};
     const struct cli_group groups[] = {
         {"model", model_opts, model_args_options(&ma, 1, model_opts)},
         {"server", server_opts, sizeof server_opts / sizeof server_opts[0]},
         {"engine", engine_opts, sizeof engine_opts / sizeof engine_opts[0]},
+        {"speculative decoding", spec_opts, spec_args_options(&spec, spec_opts)},
     };
     const struct cli_command cmd = {
         .name = "serve", .usage = "[MODEL] [options]",
@@ -153,6 +155,7 @@ int cmd_serve(int argc, char **argv) {
     const char *positional[2];
     int n_pos, rc = cli_parse(&cmd, argc, argv, positional, &n_pos);
     if (rc) return rc == 1 ? 0 : rc;
+    if ((rc = spec_args_finish(&spec, "serve", &eo))) return rc;
     eo.policy = (enum schedule_policy)policy;
     eo.sampling_defaults = (enum engine_sampling_defaults)sdefaults;
     eo.log_requests = so.log_requests = log_requests;

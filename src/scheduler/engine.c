@@ -211,6 +211,14 @@ static void log_step(struct engine *e) {
     if (si->decode_rows == 0 || e->opt.decode_log_interval <= 0) return;
     if (++e->decode_steps % e->opt.decode_log_interval) return;
     double now = time_now(), dt = now - e->log_t;
+    if (e->opt.spec_draft_tokens > 0) { /* SGLang's "accept len": tokens a speculative row gave */
+        long d = e->counters.spec_draft_tokens_total - e->log_spec_drafts,
+             a = e->counters.spec_accepted_tokens_total - e->log_spec_accepted;
+        log_info("Speculative decoding. #draft-token: %ld, #accepted-token: %ld, accept rate: %.2f", d, a,
+                 d > 0 ? (double)a / (double)d : 0.0);
+        e->log_spec_drafts = e->counters.spec_draft_tokens_total;
+        e->log_spec_accepted = e->counters.spec_accepted_tokens_total;
+    }
     log_info("Decode batch. #running-req: %d, #token: %ld, token usage: %.2f%s, gen throughput (token/s): %.2f, "
              "#queue-req: %d",
              si->decode_rows, used * e->page_size, usage, swa, dt > 0 ? (double)e->log_tokens / dt : 0.0,
@@ -294,6 +302,14 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
     if (e->opt.page_size < 1) e->opt.page_size = 1;
     if (e->opt.max_running_requests < 1) e->opt.max_running_requests = 256;
     e->page_size = e->opt.page_size;
+    int smin = opt->spec_min_window > 0 ? opt->spec_min_window : 1, smax = opt->spec_max_window > 0 ? opt->spec_max_window : 12;
+    if (opt->spec_draft_tokens < 0 || opt->spec_draft_tokens > SPEC_MAX_DRAFT || smin > smax) {
+        kiln_errorc(err, KILN_ERR_BAD_INPUT,
+                    "speculative decoding: %d draft tokens (0 to %d) and match windows %d to %d (the least first)",
+                    opt->spec_draft_tokens, SPEC_MAX_DRAFT, smin, smax);
+        free(e);
+        return -1;
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->done_cv, NULL);

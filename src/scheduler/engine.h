@@ -136,6 +136,9 @@ enum schedule_policy { SCHEDULE_FCFS = 0, SCHEDULE_LPM, SCHEDULE_PRIORITY };
  * defaults (temperature 1, no top_p / top_k / min_p, no penalty). */
 enum engine_sampling_defaults { ENGINE_SAMPLING_DEFAULTS_MODEL = 0, ENGINE_SAMPLING_DEFAULTS_OPENAI };
 
+/* The most draft tokens a decode row carries (engine_options.spec_draft_tokens). */
+enum { ENGINE_SPEC_MAX_DRAFT = 16 };
+
 struct engine_options {
     const char *model_dir;
     const char *device;           /* cpu | cuda | auto */
@@ -157,6 +160,13 @@ struct engine_options {
      * for every layer (runner_options) */
     double swa_full_tokens_ratio;
     int disable_hybrid_swa;
+    /* Speculative decoding, NGRAM (spec.c): a greedy request's decode row
+     * carries up to spec_draft_tokens tokens guessed from its own earlier
+     * tokens (the continuation of the latest earlier occurrence of its last
+     * spec_max_window .. spec_min_window tokens), verified in the same
+     * forward; 0: off. */
+    int spec_draft_tokens;                /* 0 .. ENGINE_SPEC_MAX_DRAFT */
+    int spec_min_window, spec_max_window; /* 0: 1 and 12, as SGLang */
     int context_length;           /* 0 = the model's */
     enum schedule_policy policy;
     int disable_radix_cache;
@@ -220,6 +230,8 @@ struct engine_stats {
     long prompt_tokens_total, cached_tokens_total, generation_tokens_total;
     long requests_finished[5]; /* by enum engine_finish */
     long retractions_total;
+    /* speculative decoding: tokens drafted, and of those the ones accepted */
+    long spec_draft_tokens_total, spec_accepted_tokens_total;
 };
 void engine_stats(struct engine *e, struct engine_stats *out);
 

@@ -79,6 +79,7 @@ struct engine {
     enum kiln_error_code step_error; /* the kind of the last failed forward */
     long decode_steps;
     long log_tokens;        /* tokens generated since the last decode log line */
+    long log_spec_drafts, log_spec_accepted; /* speculative counters at the last one */
     double log_t;           /* when that line was printed */
     /* step buffers, sized once */
     int max_batch_tokens, max_seqs;
@@ -143,6 +144,15 @@ int sched_available_swa(const struct engine *e, int g);
 int sched_make_free(struct engine *e, int g, int n);
 /* Gives r pages for positions [0, len); -1 when they cannot be had. */
 int sched_grow_pages(struct engine *e, struct req *r, int len);
+
+/* spec.c: speculative decoding (NGRAM) */
+/* Whether r's next tokens may be drafted: greedy, none of what needs each
+ * row's logits on the host one at a time (logprobs, scores, penalties,
+ * logit bias, a grammar, min_tokens still ahead). */
+int spec_eligible(const struct engine *e, const struct req *r);
+/* Up to max tokens that followed the latest earlier occurrence of r's
+ * last w tokens (w from the largest window down), into out; their count. */
+int spec_propose(const struct engine *e, const struct req *r, int max, int32_t *out);
 
 /* structured.c */
 int sg_init(struct engine *e, struct kiln_error *err);

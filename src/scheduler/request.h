@@ -29,6 +29,8 @@ struct kiln_tokenizer;
 
 enum req_state { REQ_WAITING = 0, REQ_RUNNING, REQ_FINISHED };
 
+enum { SPEC_MAX_DRAFT = ENGINE_SPEC_MAX_DRAFT };
+
 struct req {
     uint64_t id;
     struct engine_request in;   /* with owned copies of every array */
@@ -44,6 +46,10 @@ struct req {
     int n_dropped;
     int n_swa_dropped;
     int swa_pin0, swa_pin1;
+    /* speculative decoding: this step's draft, tokens n_tokens .. n_tokens +
+     * n_draft of its decode row (spec.c) */
+    int32_t draft[SPEC_MAX_DRAFT];
+    int n_draft;
     struct radix_node *lock_node;
     /* DP attention (engine_options.par->dp_size > 1): the group that holds
      * the request's KV and computes its attention, chosen at sched_enqueue

@@ -376,14 +376,24 @@ static int stop_mask_ids(struct engine *e, const struct req *r) {
     return n;
 }
 
+static void sample_host(struct engine *e, struct req *r, float *lg, struct sample_result *res);
+static int emit(struct engine *e, struct req *r, const struct sample_result *res);
+static void spec_verify(struct engine *e, struct req *r, int nd, int row, int want_row);
+
 static void handle_outputs(struct engine *e, const struct plan *p) {
-    const struct generation_config *g = model_generation_config(e->model);
     int row = 0, want_row = 0;
     for (int s = 0; s < p->n_seqs; s++) {
         struct req *r = e->b_reqs[s];
         int prefill = e->b_to[s] - e->b_from[s] > 1 || r->n_output == 0;
         prompt_logprobs(e, r, e->b_from[s], e->b_to[s], &row, &want_row);
-        r->n_computed = e->b_to[s];
+        int nd = r->n_draft; /* a draft's positions count once its tokens are kept */
+        r->n_draft = 0;
+        r->n_computed = e->b_to[s] - nd;
+        if (nd > 0) {
+            spec_verify(e, r, nd, row, want_row);
+            row += nd + 1, want_row += nd + 1; /* a draft's rows all come to the host */
+            continue;
+        }
         if (r->n_computed < r->n_tokens) { /* an intermediate prefill chunk */
             sched_cache_unfinished(e, r);
             sched_window_drop(e, r);
@@ -412,12 +422,27 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             memset(&res, 0, sizeof res);
             res.token = e->s_tokens[j];
         } else {
-            sg_apply(e, r, lg);
-            mask_stops(e, r, lg);
-            struct sampling_params sp = r->in.sampling;
-            sp.seed = r->in.sampling.seed;
-            sampler_sample(&sp, r->sampler, lg, e->vocab, (uint64_t)r->n_output, e->scratch, &res);
+            sample_host(e, r, lg, &res);
         }
+        emit(e, r, &res);
+    }
+}
+
+/* r's row sampled on the host from its logits lg (masked in place). */
+static void sample_host(struct engine *e, struct req *r, float *lg, struct sample_result *res) {
+    sg_apply(e, r, lg);
+    mask_stops(e, r, lg);
+    struct sampling_params sp = r->in.sampling;
+    sp.seed = r->in.sampling.seed;
+    sampler_sample(&sp, r->sampler, lg, e->vocab, (uint64_t)r->n_output, e->scratch, res);
+}
+
+/* Appends r's sampled token and sends it; 1 when that finished r (r is
+ * gone then). */
+static int emit(struct engine *e, struct req *r, const struct sample_result *pres) {
+    const struct generation_config *g = model_generation_config(e->model);
+    struct sample_result res = *pres;
+    {
         struct req_output o;
         int gs = sg_accept(e, r, res.token);
         if (gs < 0) { /* a mask let through what the grammar refuses: a bug, reported */
@@ -428,7 +453,7 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             struct req_output eo = {.text = "", .matched_stop_id = -1};
             req_flush_text(r, &eo);
             finish(e, r, ENGINE_FINISH_ERROR, &eo, NULL, NULL, why, NULL, 0);
-            continue;
+            return 1;
         }
         e->log_tokens++;
         req_append_token(r, res.token, g->eos_token_ids, g->n_eos, e->context_length, &o);
@@ -438,8 +463,41 @@ static void handle_outputs(struct engine *e, const struct plan *p) {
             req_flush_text(r, &o);
         }
         if (o.finish == ENGINE_FINISH_NONE) sg_follow(r);
-        if (o.finish != ENGINE_FINISH_NONE) finish(e, r, o.finish, &o, &res.token, &res, NULL, NULL, 0);
-        else send(e, r, &res.token, &res, &o, ENGINE_FINISH_NONE, NULL, NULL, 0);
+        if (o.finish != ENGINE_FINISH_NONE) {
+            finish(e, r, o.finish, &o, &res.token, &res, NULL, NULL, 0);
+            return 1;
+        }
+        send(e, r, &res.token, &res, &o, ENGINE_FINISH_NONE, NULL, NULL, 0);
+        return 0;
+    }
+}
+
+/* A decode row that carried nd draft tokens (spec.c): its nd + 1 rows'
+ * logits are on the host from row `row` (want_row with device sampling).
+ * Row k's pick is kept; while it equals draft k, the draft token's
+ * position counts as computed and row k + 1's pick follows. */
+static void spec_verify(struct engine *e, struct req *r, int nd, int row, int want_row) {
+    int32_t draft[SPEC_MAX_DRAFT];
+    memcpy(draft, r->draft, (size_t)nd * sizeof *draft);
+    int kept = 0, alive = 1;
+    for (int k = 0; k <= nd; k++) {
+        float *lg = e->logits + (size_t)(e->gpu_sample ? want_row + k : row + k) * (size_t)e->vocab;
+        struct sample_result res;
+        sample_host(e, r, lg, &res);
+        int hit = k < nd && res.token == draft[k];
+        kept += hit;
+        if (emit(e, r, &res)) { /* finished: r is gone */
+            alive = 0;
+            break;
+        }
+        if (!hit) break;
+        r->n_computed++; /* the draft token at this position was the one picked */
+    }
+    e->counters.spec_draft_tokens_total += nd;
+    e->counters.spec_accepted_tokens_total += kept;
+    if (alive) { /* what the window left, now that the kept positions count */
+        sched_window_drop(e, r);
+        sched_swa_drop(e, r);
     }
 }
 
@@ -455,13 +513,14 @@ static int run_batch(struct engine *e, const struct plan *p) {
         e->b_kvlen[s] = e->b_to[s];
         e->b_group[s] = r->dp_group;
         for (int q = e->b_from[s]; q < e->b_to[s]; q++, t++) {
-            e->b_ids[t] = r->tokens[q];
+            e->b_ids[t] = q < r->n_tokens ? r->tokens[q] : r->draft[q - r->n_tokens];
             e->b_pos[t] = q;
             e->b_slot[t] = r->pages[q / e->page_size] * e->page_size + q % e->page_size;
         }
         int first, n_lp = lp_rows(r, e->b_from[s], e->b_to[s], &first);
         for (int k = 0; k < n_lp; k++) e->b_rows[n_rows++] = e->b_qstart[s] + first + k - e->b_from[s];
-        if (e->b_to[s] == r->n_tokens) e->b_rows[n_rows++] = t - 1;
+        if (e->b_to[s] == r->n_tokens + r->n_draft) /* the last token's row, and a draft's */
+            for (int k = r->n_draft; k >= 0; k--) e->b_rows[n_rows++] = t - 1 - k;
     }
     ensure_rows(e, n_rows);
     sg_step_begin(e);
@@ -488,7 +547,15 @@ static int run_batch(struct engine *e, const struct plan *p) {
                 e->g_slots[j] = -1;
                 memset(&e->s_rows[j], 0, sizeof e->s_rows[j]);
             }
-            if (e->b_to[s] != r->n_tokens) continue;
+            if (e->b_to[s] != r->n_tokens + r->n_draft) continue;
+            if (r->n_draft > 0) { /* a draft's rows are checked on the host */
+                for (int k = 0; k <= r->n_draft; k++, j++) {
+                    e->s_want[j] = 1;
+                    e->g_slots[j] = -1;
+                    memset(&e->s_rows[j], 0, sizeof e->s_rows[j]);
+                }
+                continue;
+            }
             e->g_slots[j] = sg_assign(e, r);
             const struct sampling_params *sp = &r->in.sampling;
             int want = r->in.score || sp->logprobs || sp->top_logprobs > 0;
@@ -514,7 +581,7 @@ static int run_batch(struct engine *e, const struct plan *p) {
         rc = runner_forward_sample(e->runner, &b, &smp, e->s_tokens, e->logits, &err);
     } else {
         for (int s = 0; s < p->n_seqs; s++)
-            if (e->b_to[s] == e->b_reqs[s]->n_tokens) sg_assign(e, e->b_reqs[s]);
+            if (e->b_to[s] == e->b_reqs[s]->n_tokens && !e->b_reqs[s]->n_draft) sg_assign(e, e->b_reqs[s]);
         rc = runner_forward(e->runner, &b, e->logits, &err);
         if (rc == 0) sg_fill_masks(e); /* the CPU's forward is done: nothing to overlap */
     }
@@ -550,9 +617,23 @@ void sched_step(struct engine *e) {
             retract(e, pick_victim(e, g));
         }
     for (struct req *r = e->running; r; r = r->next) {
+        r->n_draft = 0;
         if (r->n_tokens - r->n_computed != 1) continue;
         KILN_ASSERT(sched_grow_pages(e, r, r->n_tokens) == 0);
-        plan_add(e, &p, r, r->n_computed, r->n_tokens);
+        /* speculative decoding: a draft after the last token, from the
+         * prefill budget, where its pages can be had */
+        int d = 0, max = e->opt.spec_draft_tokens;
+        if (max > 0 && budget > 0 && spec_eligible(e, r)) {
+            int left = r->max_new_tokens - r->n_output - 1, room = e->context_length - r->n_tokens - 1;
+            if (max > left) max = left;
+            if (max > room) max = room;
+            if (max > budget) max = budget;
+            if (max > 0) d = spec_propose(e, r, max, r->draft);
+            if (d > 0 && sched_grow_pages(e, r, r->n_tokens + d)) d = 0;
+        }
+        r->n_draft = d;
+        budget -= d;
+        plan_add(e, &p, r, r->n_computed, r->n_tokens + d);
     }
     /* 2. running requests still in prefill continue with their next chunk */
     int lp_left = PROMPT_LOGPROB_ROWS;

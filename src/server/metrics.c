@@ -109,6 +109,10 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
         metric(&o, "swa_kv_pages_free", "gauge", "Free pages of the sliding-window layers' KV pool.", lb,
                (double)s.kv_swa_pages_free);
     }
+    metric(&o, "spec_draft_tokens_total", "counter", "Draft tokens speculative decoding proposed.", lb,
+           (double)s.spec_draft_tokens_total);
+    metric(&o, "spec_accepted_tokens_total", "counter", "Draft tokens the model's own picks confirmed.", lb,
+           (double)s.spec_accepted_tokens_total);
     metric(&o, "page_size", "gauge", "Tokens per KV page.", lb, s.page_size);
     metric(&o, "kv_tokens_total", "gauge", "KV pool capacity in tokens.", lb,
            (double)s.kv_pages_total * s.page_size);

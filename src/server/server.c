@@ -390,6 +390,8 @@ static void route_server_info(struct server *s, struct http_request *r) {
     json_object_set_new(v, "swa_full_tokens_ratio",
                         json_real(eo->swa_full_tokens_ratio > 0 ? eo->swa_full_tokens_ratio : 0.8));
     json_object_set_new(v, "disable_hybrid_swa_memory", json_boolean(eo->disable_hybrid_swa));
+    json_object_set_new(v, "speculative_algorithm", eo->spec_draft_tokens > 0 ? json_string("NGRAM") : json_null());
+    json_object_set_new(v, "speculative_num_draft_tokens", json_integer(eo->spec_draft_tokens));
     json_object_set_new(v, "schedule_policy", json_string(policy_name(eo->policy)));
     json_object_set_new(v, "disable_radix_cache", json_boolean(eo->disable_radix_cache));
     json_object_set_new(v, "deterministic", json_boolean(eo->deterministic));

@@ -54,6 +54,11 @@ expect_usage "unexpected argument 'extra'" -- generate "$M" extra --ids 1
 expect_usage "the model is given twice" -- generate "$M" --model /elsewhere --ids 1
 expect_usage "unknown option '--device'" -- bench serving --device cpu
 expect_usage "--num-prompts: expected an integer" -- bench offline --num-prompts=0
+expect_usage "--speculative-algorithm EAGLE: not supported; NGRAM is" -- serve --speculative-algorithm EAGLE
+expect_usage "need --speculative-algorithm NGRAM" -- serve --speculative-num-draft-tokens 3
+expect_usage "--speculative-num-draft-tokens: expected an integer in [1, 16]" -- serve --speculative-algorithm NGRAM --speculative-num-draft-tokens 17
+expect_usage "is above the max" -- serve --speculative-algorithm NGRAM --speculative-ngram-min-match-window-size 5 --speculative-ngram-max-match-window-size 2
+expect_usage "unknown option '--speculative-algorithm'" -- bench serving --speculative-algorithm NGRAM
 
 # --help: generated from the table (every option, prefixes work for it too), exit 0
 for c in serve generate verify bench chat-template tokenize detokenize profile-report; do

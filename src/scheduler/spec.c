@@ -1,0 +1,46 @@
+/* spec.c — speculative decoding, NGRAM: drafts from a request's own tokens.
+ *
+ * A greedy request's decode row carries, after its last token, a few
+ * tokens guessed from its history: the tokens that followed the latest
+ * earlier occurrence of its last w tokens, w from spec_max_window down to
+ * spec_min_window (SGLang's NGRAM drafts from a trie over many requests,
+ * as a tree; this is one chain from the request's own prompt and output,
+ * prompt lookup). The row is computed as a short prefill with the logits
+ * of every position; the scheduler keeps, in order, each token the model
+ * picks while it equals the draft before it, and the first that does not
+ * (scheduler.c, handle_outputs). Greedy picks depend on the logits alone,
+ * so the output is the same as without drafts wherever the logits of a
+ * position do not depend on the batch (the CPU's always do; on the GPU
+ * with --deterministic). */
+#include "sample/sampling.h"
+#include "scheduler/engine_internal.h"
+#include "scheduler/request.h"
+
+/* the tokens searched for an earlier occurrence: the latest ones */
+enum { SPEC_SCAN = 8192 };
+
+int spec_eligible(const struct engine *e, const struct req *r) {
+    const struct sampling_params *sp = &r->in.sampling;
+    return e->opt.spec_draft_tokens > 0 && !r->in.score && !r->gm && sp->temperature == 0 && !sp->logprobs &&
+           sp->top_logprobs == 0 && sp->repetition_penalty == 1.0f && sp->frequency_penalty == 0 &&
+           sp->presence_penalty == 0 && sp->n_logit_bias == 0 && r->n_output >= r->in.min_new_tokens;
+}
+
+int spec_propose(const struct engine *e, const struct req *r, int max, int32_t *out) {
+    const int32_t *h = r->tokens;
+    int n = r->n_tokens, lo = n - SPEC_SCAN > 0 ? n - SPEC_SCAN : 0;
+    int wmin = e->opt.spec_min_window > 0 ? e->opt.spec_min_window : 1;
+    int wmax = e->opt.spec_max_window > 0 ? e->opt.spec_max_window : 12;
+    if (max > SPEC_MAX_DRAFT) max = SPEC_MAX_DRAFT;
+    for (int w = wmax < n - 1 ? wmax : n - 1; w >= wmin && max > 0; w--)
+        /* an occurrence at i .. i + w - 1 that something follows, latest first */
+        for (int i = n - w - 1; i >= lo; i--) {
+            int k = 0;
+            while (k < w && h[i + k] == h[n - w + k]) k++;
+            if (k < w) continue;
+            int got = n - (i + w) < max ? n - (i + w) : max;
+            for (int j = 0; j < got; j++) out[j] = h[i + w + j];
+            return got;
+        }
+    return 0;
+}
