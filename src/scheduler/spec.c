@@ -16,7 +16,8 @@
 #include "scheduler/engine_internal.h"
 #include "scheduler/request.h"
 
-/* the tokens searched for an earlier occurrence: the latest ones */
+/* the tokens searched for an earlier occurrence: the latest ones (one
+ * pass over them a drafted row) */
 enum { SPEC_SCAN = 8192 };
 
 int spec_eligible(const struct engine *e, const struct req *r) {
@@ -32,15 +33,19 @@ int spec_propose(const struct engine *e, const struct req *r, int max, int32_t *
     int wmin = e->opt.spec_min_window > 0 ? e->opt.spec_min_window : 1;
     int wmax = e->opt.spec_max_window > 0 ? e->opt.spec_max_window : 12;
     if (max > SPEC_MAX_DRAFT) max = SPEC_MAX_DRAFT;
-    for (int w = wmax < n - 1 ? wmax : n - 1; w >= wmin && max > 0; w--)
-        /* an occurrence at i .. i + w - 1 that something follows, latest first */
-        for (int i = n - w - 1; i >= lo; i--) {
-            int k = 0;
-            while (k < w && h[i + k] == h[n - w + k]) k++;
-            if (k < w) continue;
-            int got = n - (i + w) < max ? n - (i + w) : max;
-            for (int j = 0; j < got; j++) out[j] = h[i + w + j];
-            return got;
-        }
-    return 0;
+    if (max <= 0 || n < 2) return 0;
+    /* one pass from the latest: each earlier place j of the last token, and
+     * how many tokens up to it match the last ones (at most wmax); the
+     * longest match wins, the latest among equals */
+    int best = -1, best_len = wmin - 1;
+    for (int j = n - 2; j >= lo && best_len < wmax; j--) {
+        if (h[j] != h[n - 1]) continue;
+        int len = 1;
+        while (len < wmax && j - len >= 0 && h[j - len] == h[n - 1 - len]) len++;
+        if (len > best_len) best = j, best_len = len;
+    }
+    if (best < 0) return 0;
+    int got = n - (best + 1) < max ? n - (best + 1) : max;
+    for (int k = 0; k < got; k++) out[k] = h[best + 1 + k];
+    return got;
 }
