@@ -8,7 +8,9 @@
 # for the same prompts (stories260K, fp32 products and cache with
 # KILN_CUDA_KV=f32: logits within 3e-5 of the CPU's, as in
 # generate_cuda.sh). Were the wait missing, the first requests would run
-# on zeroed weights and their ids would differ.
+# on zeroed weights and their ids would differ. A second server drafts
+# tokens (--speculative-algorithm NGRAM: drafted rows run as prefill rows
+# with the logits of every position) and must give the same ids.
 set -u
 SERVE_NODE=0 source "$KILN_SRC/tests/server/serve.sh"
 source "$KILN_SRC/tests/knob_line.sh"
@@ -26,10 +28,12 @@ if [ -z "$waited" ] || ! awk -v w="$waited" 'BEGIN { exit !(w > 0.05) }'; then
   echo "FAIL: the weights' copies did not outlast the warm-up (waited '${waited}' s): the test cannot see a missing wait"
   exit 1
 fi
+serve_start B --model "$M" --device cuda --speculative-algorithm NGRAM --speculative-num-draft-tokens 4
 fail=0; runs=0
+for url in "$URL_A" "$URL_B"; do
 for ids in 1 1,403,407,261 1,9,27,300,41 1,320,218,99,5,11,70 1,2,3; do
   cpu=$("$KILN" generate --model "$M" --ids "$ids" --max-tokens 48 --ignore-eos --device cpu 2>&1 | grep -v " INFO\] " | head -1)
-  gpu=$(python3 - "$URL_A" "$ids" <<'PY'
+  gpu=$(python3 - "$url" "$ids" <<'PY'
 import json, sys, urllib.request
 url, ids = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
 body = {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}}
@@ -43,8 +47,9 @@ PY
   if [ -z "$gpu" ] || [ "$gpu" != "$cpu" ]; then
     echo "FAIL: --ids $ids"; echo "  cpu:   $cpu"; echo "  serve: $gpu"; fail=$((fail + 1))
   else
-    echo "ok: --ids $ids: $n served ids equal the CPU's"
+    echo "ok: --ids $ids: $n served ids equal the CPU's ($url)"
   fi
+done
 done
 echo "$((runs - fail)) passed, $fail failed"
 [ $fail -eq 0 ]
