@@ -34,7 +34,11 @@ jobs=${KILN_FUZZ_JOBS:-$(nproc)}
 run_target() {
     local t=$1 work="$build/corpus/$1" seeds="$root/tests/fuzz/corpus/$1"
     mkdir -p "$work"
-    local args=(-max_total_time="$seconds" -rss_limit_mb=4096 -timeout=10 -print_final_stats=1
+    # -timeout: a unit that runs this long is a hang. ASan + UBSan run some
+    # 20x slower than the release build: the grammar compiler takes 0.15 s
+    # to refuse the largest nested repetitions it refuses (its work bound),
+    # 2-4 s here, more beside other work; 30 s still catches a real hang
+    local args=(-max_total_time="$seconds" -rss_limit_mb=4096 -timeout=30 -print_final_stats=1
                 -artifact_prefix="$build/artifacts/$t-")
     [ -f "$root/tests/fuzz/$t.dict" ] && args+=(-dict="$root/tests/fuzz/$t.dict")
     local corpora=("$work")
