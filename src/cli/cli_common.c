@@ -405,7 +405,7 @@ int cli_parse_ids(const char *s, int32_t **out) {
 size_t spec_args_options(struct spec_args *a, struct cli_opt *out) {
     const struct cli_opt o[SPEC_ARGS_OPTS] = {
         CLI_OPT_STR("--speculative-algorithm", &a->algorithm, "NGRAM",
-                    "speculative decoding: NGRAM drafts a greedy request's next tokens\n"
+                    "speculative decoding: NGRAM drafts a request's next tokens\n"
                     "from its own earlier tokens and checks them in the same step"),
         CLI_OPT_INT("--speculative-num-draft-tokens", &a->draft_tokens, 1, ENGINE_SPEC_MAX_DRAFT, "N",
                     "draft tokens a decode row carries (default 4)"),

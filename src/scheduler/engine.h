@@ -160,10 +160,10 @@ struct engine_options {
      * for every layer (runner_options) */
     double swa_full_tokens_ratio;
     int disable_hybrid_swa;
-    /* Speculative decoding, NGRAM (spec.c): a greedy request's decode row
-     * carries up to spec_draft_tokens tokens guessed from its own earlier
-     * tokens (the continuation of the latest earlier occurrence of its last
-     * spec_max_window .. spec_min_window tokens), verified in the same
+    /* Speculative decoding, NGRAM (spec.c): a request's decode row carries
+     * up to spec_draft_tokens tokens guessed from its own earlier tokens
+     * (what followed the earlier place matching the most of its last
+     * spec_min_window .. spec_max_window tokens), verified in the same
      * forward; 0: off. */
     int spec_draft_tokens;                /* 0 .. ENGINE_SPEC_MAX_DRAFT */
     int spec_min_window, spec_max_window; /* 0: 1 and 12, as SGLang */

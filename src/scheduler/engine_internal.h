@@ -146,9 +146,8 @@ int sched_make_free(struct engine *e, int g, int n);
 int sched_grow_pages(struct engine *e, struct req *r, int len);
 
 /* spec.c: speculative decoding (NGRAM) */
-/* Whether r's next tokens may be drafted: greedy, none of what needs each
- * row's logits on the host one at a time (logprobs, scores, penalties,
- * logit bias, a grammar, min_tokens still ahead). */
+/* Whether r's next tokens may be drafted: not a score request, no grammar
+ * (its mask is made for one row a step). */
 int spec_eligible(const struct engine *e, const struct req *r);
 /* Up to max tokens that followed the latest earlier occurrence of r's
  * last w tokens (w from the largest window down), into out; their count. */

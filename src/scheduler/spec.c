@@ -1,17 +1,21 @@
 /* spec.c — speculative decoding, NGRAM: drafts from a request's own tokens.
  *
- * A greedy request's decode row carries, after its last token, a few
- * tokens guessed from its history: the tokens that followed the latest
- * earlier occurrence of its last w tokens, w from spec_max_window down to
- * spec_min_window (SGLang's NGRAM drafts from a trie over many requests,
- * as a tree; this is one chain from the request's own prompt and output,
- * prompt lookup). The row is computed as a short prefill with the logits
- * of every position; the scheduler keeps, in order, each token the model
- * picks while it equals the draft before it, and the first that does not
- * (scheduler.c, handle_outputs). Greedy picks depend on the logits alone,
- * so the output is the same as without drafts wherever the logits of a
- * position do not depend on the batch (the CPU's always do; on the GPU
- * with --deterministic). */
+ * A request's decode row carries, after its last token, a few tokens
+ * guessed from its history: the tokens that followed the earlier place
+ * that matches the most of its last tokens (up to spec_max_window, at
+ * least spec_min_window; the latest among equals). SGLang's NGRAM drafts
+ * from a trie over many requests, as a tree; this is one chain from the
+ * request's own prompt and output (prompt lookup). The row is computed as
+ * a short prefill with the logits of every position, and the scheduler
+ * (scheduler.c, spec_verify) samples the rows in order, each exactly as a
+ * decode step at that position would: the same sampler, the penalties'
+ * counts with the tokens kept so far, the draw of that output step (kiln
+ * keys a request's draws by its seed and step). A row's token is kept;
+ * while it equals the draft token that went into the next row, that row
+ * follows. So every kept token is the one the request would have drawn
+ * without drafts, sampled or greedy, wherever a position's logits do not
+ * depend on the batch (the CPU's never do; on the GPU with
+ * --deterministic). */
 #include "sample/sampling.h"
 #include "scheduler/engine_internal.h"
 #include "scheduler/request.h"
@@ -21,10 +25,8 @@
 enum { SPEC_SCAN = 8192 };
 
 int spec_eligible(const struct engine *e, const struct req *r) {
-    const struct sampling_params *sp = &r->in.sampling;
-    return e->opt.spec_draft_tokens > 0 && !r->in.score && !r->gm && sp->temperature == 0 && !sp->logprobs &&
-           sp->top_logprobs == 0 && sp->repetition_penalty == 1.0f && sp->frequency_penalty == 0 &&
-           sp->presence_penalty == 0 && sp->n_logit_bias == 0 && r->n_output >= r->in.min_new_tokens;
+    /* a grammar's mask is made once a step, for one row */
+    return e->opt.spec_draft_tokens > 0 && !r->in.score && !r->gm;
 }
 
 int spec_propose(const struct engine *e, const struct req *r, int max, int32_t *out) {

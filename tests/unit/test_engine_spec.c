@@ -3,12 +3,13 @@
  * truth is the same engine without drafts, since a greedy pick depends on
  * the position's logits alone and the CPU's do not depend on the batch.
  *
- *  - many requests at once, greedy, lengths that end inside drafts, end
- *    tokens honoured, page sizes 1 and 16, the prefix cache on: the same
- *    ids and finish reasons, and drafts proposed and accepted (this
- *    model's stories repeat themselves);
- *  - sampled requests beside them (not drafted) keep their (seed, step)
- *    draws: the same ids;
+ *  - many requests at once, lengths that end inside drafts, end tokens
+ *    honoured, page sizes 1 and 16, the prefix cache on: the same ids,
+ *    finish reasons and output logprobs, and drafts proposed and accepted
+ *    (this model's stories repeat themselves); greedy and sampled (kiln
+ *    keys a request's draws by its seed and output step), with
+ *    repetition, frequency and presence penalties, a logit bias,
+ *    min_tokens, logprobs with top alternatives;
  *  - a stop string met inside a draft: the same text and finish;
  *  - the spec_draft_tokens_total / spec_accepted_tokens_total counters,
  *    and a bad configuration refused. */
@@ -46,6 +47,22 @@ static struct engine *start(int page_size, int draft) {
 
 enum { N = 24 };
 
+/* Each request's output logprobs (chosen and best alternative) beside
+ * what its sink keeps. */
+enum { MAX_OUT = 128 };
+struct rec {
+    struct sink *s;
+    float lp[MAX_OUT][2];
+};
+static void record(void *user, const struct engine_event *ev) {
+    struct rec *c = user;
+    for (int k = 0; k < ev->n_tokens && ev->samples && c->s->n_ids + k < MAX_OUT; k++) {
+        c->lp[c->s->n_ids + k][0] = ev->samples[k].logprob;
+        c->lp[c->s->n_ids + k][1] = ev->samples[k].n_top ? ev->samples[k].top_logprobs[0] : 0;
+    }
+    sink_on_event(c->s, ev);
+}
+
 /* Request i: a story start, greedy (every third sampled), its own length. */
 static void request_of(int i, int32_t *prompt, struct engine_request *r, struct sink *s, const char *const *stop) {
     int n = 0;
@@ -60,6 +77,15 @@ static void request_of(int i, int32_t *prompt, struct engine_request *r, struct 
     r->sampling.seed = 1000 + (uint64_t)i;
     r->max_new_tokens = 7 + (i * 13) % 90;
     r->ignore_eos = i % 4 == 0;
+    if (i % 5 == 1) r->sampling.repetition_penalty = 1.3f;
+    if (i % 5 == 3) r->sampling.frequency_penalty = 0.5f, r->sampling.presence_penalty = 0.4f;
+    if (i % 7 == 4) {
+        static const struct logit_bias_entry bias[2] = {{.id = 300, .bias = 4}, {.id = 2, .bias = -100}};
+        r->sampling.n_logit_bias = 2;
+        r->sampling.logit_bias = bias;
+    }
+    if (i % 6 == 5) r->min_new_tokens = 6;
+    if (i % 4 == 1) r->sampling.logprobs = 1, r->sampling.top_logprobs = 3;
     if (stop[0]) {
         r->n_stop = 1;
         r->stop = stop;
@@ -68,7 +94,8 @@ static void request_of(int i, int32_t *prompt, struct engine_request *r, struct 
     r->user = s;
 }
 
-static void run(int page_size, int draft, struct sink *out[N], const char *stop, long *drafts, long *accepted) {
+static void run(int page_size, int draft, struct sink *out[N], struct rec recs[N], const char *stop, long *drafts,
+                long *accepted) {
     struct engine *e = start(page_size, draft);
     int32_t prompts[N][16];
     const char *stops[1] = {stop};
@@ -76,6 +103,10 @@ static void run(int page_size, int draft, struct sink *out[N], const char *stop,
         out[i] = sink_new();
         struct engine_request r;
         request_of(i, prompts[i], &r, out[i], stops);
+        memset(&recs[i], 0, sizeof recs[i]);
+        recs[i].s = out[i];
+        r.callback = record;
+        r.user = &recs[i];
         struct kiln_error err;
         if (!engine_submit(e, &r, &err)) fail_msg("engine_submit: %s", err.msg);
     }
@@ -88,12 +119,14 @@ static void run(int page_size, int draft, struct sink *out[N], const char *stop,
     engine_destroy(e);
 }
 
-static void expect_same(struct sink *a[N], struct sink *b[N], const char *what) {
+static void expect_same(struct sink *a[N], struct sink *b[N], const struct rec ra[N], const struct rec rb[N],
+                        const char *what) {
     for (int i = 0; i < N; i++) {
         if (a[i]->n_ids != b[i]->n_ids || memcmp(a[i]->ids, b[i]->ids, (size_t)a[i]->n_ids * sizeof(int32_t)))
             fail_msg("%s: request %d: other ids with drafts (%d against %d)", what, i, b[i]->n_ids, a[i]->n_ids);
         assert_int_equal(a[i]->finish, b[i]->finish);
         assert_string_equal(a[i]->text.data ? a[i]->text.data : "", b[i]->text.data ? b[i]->text.data : "");
+        if (memcmp(ra[i].lp, rb[i].lp, sizeof ra[i].lp)) fail_msg("%s: request %d: other logprobs with drafts", what, i);
     }
 }
 
@@ -102,11 +135,15 @@ static void test_same_outputs(void **state) {
     const int page_sizes[] = {1, 16};
     for (int k = 0; k < 2; k++) {
         struct sink *plain[N], *spec[N];
+        static struct rec rp[N], rs[N];
         long d0, a0, d, a;
-        run(page_sizes[k], 0, plain, NULL, &d0, &a0);
-        run(page_sizes[k], 4, spec, NULL, &d, &a);
+        run(page_sizes[k], 0, plain, rp, NULL, &d0, &a0);
+        run(page_sizes[k], 4, spec, rs, NULL, &d, &a);
         assert_int_equal(d0, 0);
-        expect_same(plain, spec, page_sizes[k] == 1 ? "page size 1" : "page size 16");
+        expect_same(plain, spec, rp, rs, page_sizes[k] == 1 ? "page size 1" : "page size 16");
+        int with_lp = 0;
+        for (int i = 0; i < N; i++) with_lp += rp[i].lp[0][0] != 0;
+        assert_true(with_lp > 0);
         printf("  page size %d: %ld draft tokens, %ld accepted\n", page_sizes[k], d, a);
         assert_true(d > 0 && a > 0);
         for (int i = 0; i < N; i++) sink_free(plain[i]), sink_free(spec[i]);
@@ -117,8 +154,9 @@ static void test_same_outputs(void **state) {
 static void test_stop_string(void **state) {
     (void)state;
     struct sink *plain[N], *spec[N];
+    static struct rec rp[N], rs[N];
     long d, a;
-    run(1, 0, plain, NULL, &d, &a);
+    run(1, 0, plain, rp, NULL, &d, &a);
     const char *t = NULL;
     for (int i = 0; i < N && !t; i++)
         if (plain[i]->text.len > 40) t = plain[i]->text.data + 30;
@@ -127,9 +165,9 @@ static void test_stop_string(void **state) {
     memcpy(stop, t, 5);
     stop[5] = 0;
     for (int i = 0; i < N; i++) sink_free(plain[i]);
-    run(1, 0, plain, stop, &d, &a);
-    run(1, 3, spec, stop, &d, &a);
-    expect_same(plain, spec, "stop string");
+    run(1, 0, plain, rp, stop, &d, &a);
+    run(1, 3, spec, rs, stop, &d, &a);
+    expect_same(plain, spec, rp, rs, "stop string");
     int stopped = 0;
     for (int i = 0; i < N; i++) stopped += plain[i]->finish == ENGINE_FINISH_STOP;
     assert_true(stopped > 0);
