@@ -609,7 +609,9 @@ void sched_step(struct engine *e) {
             for (struct req *r = e->running; r; r = r->next) {
                 if (r->dp_group != g) continue;
                 any = 1;
-                if (r->n_tokens - r->n_computed == 1) need += sched_pages_for(e, r->n_tokens) - r->n_pages;
+                /* (a rejected draft may have left a request pages ahead) */
+                int more = sched_pages_for(e, r->n_tokens) - r->n_pages;
+                if (r->n_tokens - r->n_computed == 1 && more > 0) need += more;
             }
             /* (with a hybrid pool the count is an upper bound: sched_make_free tells) */
             if (!any || (need <= sched_available_pages(e, g) && need <= sched_available_swa(e, g) && sched_make_free(e, g, need) == 0))
@@ -618,10 +620,13 @@ void sched_step(struct engine *e) {
         }
     for (struct req *r = e->running; r; r = r->next) {
         r->n_draft = 0;
+        if (r->n_tokens - r->n_computed == 1) KILN_ASSERT(sched_grow_pages(e, r, r->n_tokens) == 0);
+    }
+    for (struct req *r = e->running; r; r = r->next) {
         if (r->n_tokens - r->n_computed != 1) continue;
-        KILN_ASSERT(sched_grow_pages(e, r, r->n_tokens) == 0);
         /* speculative decoding: a draft after the last token, from the
-         * prefill budget, where its pages can be had */
+         * prefill budget, where its pages can be had (after every decode
+         * row has its own) */
         int d = 0, max = e->opt.spec_draft_tokens;
         if (max > 0 && budget > 0 && spec_eligible(e, r)) {
             int left = r->max_new_tokens - r->n_output - 1, room = e->context_length - r->n_tokens - 1;

@@ -20,7 +20,10 @@
  *    sliding pages as allowed the tree sheds them, and every run gives the
  *    ids of a run without the cache;
  *  - many requests at once in a pool that holds a few: the same ids as
- *    each alone, the pools whole at the end. */
+ *    each alone, the pools whole at the end;
+ *  - random traffic over shared starts in a small pool with the fewest
+ *    sliding pages (speculative drafts on in one run): the ids of one
+ *    roomy pool. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -345,6 +348,90 @@ static void test_tight_pool(void **state) {
     }
 }
 
+/* Random traffic: prompts from a few shared starts (shorter and longer
+ * than the window) with tails of their own, random lengths, some requests
+ * sent while others run and some after them, so that prefixes are cached,
+ * matched, cut back, shed and evicted; with as few sliding pages as
+ * allowed in a small pool (page sizes 1 and 4, speculative drafts on in one
+ * of them), and in one small pool for every layer with drafts (requests
+ * retracted with draft pages ahead of them), the ids are those of one
+ * roomy pool, and the pools are whole. */
+static uint64_t rnd(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+enum { RN = 40 };
+
+static void run_random(const char *dir, const struct opts *x, int draft, uint64_t seed, int32_t ids[RN][48],
+                       int n_ids[RN]) {
+    struct opts o = *x;
+    struct engine_options eo;
+    engine_options_default(&eo);
+    eo.model_dir = dir;
+    eo.page_size = o.page_size;
+    eo.max_total_tokens = o.pool_tokens;
+    eo.disable_radix_cache = !o.radix;
+    eo.chunked_prefill_size = o.chunk;
+    eo.swa_full_tokens_ratio = o.ratio;
+    eo.disable_hybrid_swa = o.one_pool;
+    eo.spec_draft_tokens = draft;
+    eo.skip_sampler_warmup = 1;
+    eo.threads = 2;
+    eo.max_running_requests = 8;
+    struct engine *e;
+    struct kiln_error err;
+    if (engine_create(&e, &eo, &err)) fail_msg("engine_create: %s", err.msg);
+    static int32_t prompts[RN][96];
+    struct sink *s[RN];
+    uint64_t st = seed;
+    for (int i = 0; i < RN; i++) {
+        int start = (int)(rnd(&st) % 3), n = 0;
+        static const int start_len[3] = {5, 18, 40};
+        for (int k = 0; k < start_len[start]; k++) prompts[i][n++] = 100 + (start * 97 + k * 13) % 800;
+        int tail = 1 + (int)(rnd(&st) % 30);
+        for (int k = 0; k < tail; k++) prompts[i][n++] = 10 + (int)(rnd(&st) % 1000);
+        s[i] = sink_new();
+        struct engine_request r = request(prompts[i], n, 4 + (int)(rnd(&st) % 40), s[i]);
+        if (!engine_submit(e, &r, &err)) fail_msg("engine_submit: %s", err.msg);
+        if (rnd(&st) % 4 == 0) sink_wait(s[i]); /* now and then the ones before finish first */
+    }
+    for (int i = 0; i < RN; i++) {
+        sink_wait(s[i]);
+        n_ids[i] = s[i]->n_ids;
+        memcpy(ids[i], s[i]->ids, (size_t)s[i]->n_ids * sizeof(int32_t));
+        sink_free(s[i]);
+    }
+    assert_pools_whole(e);
+    struct engine_stats es;
+    engine_stats(e, &es);
+    printf("  %s, page size %d, pool %d, drafts %d: %ld retractions, %ld of %ld draft tokens accepted\n", dir,
+           x->page_size, x->pool_tokens, draft, es.retractions_total, es.spec_accepted_tokens_total,
+           es.spec_draft_tokens_total);
+    engine_destroy(e);
+}
+
+static void test_random_traffic(void **state) {
+    (void)state;
+    static int32_t want[RN][48], got[RN][48];
+    int n_want[RN], n_got[RN];
+    for (int m = 0; m < 2; m++)
+        for (uint64_t seed = 1; seed <= 2; seed++) {
+            struct opts roomy = {1, 0, 1, 8, 0, 1};
+            run_random(dirs[m], &roomy, 0, seed, want, n_want);
+            /* the fewest sliding pages; with drafts; one small pool with drafts */
+            const struct opts tight[3] = {{1, 300, 1, 8, 0.01, 0}, {4, 320, 1, 8, 0.01, 0}, {1, 160, 1, 8, 0, 1}};
+            const int draft[3] = {0, 3, 4};
+            for (int k = 0; k < 3; k++) {
+                run_random(dirs[m], &tight[k], draft[k], seed, got, n_got);
+                for (int i = 0; i < RN; i++)
+                    if (n_got[i] != n_want[i] || memcmp(got[i], want[i], (size_t)n_want[i] * sizeof(int32_t)))
+                        fail_msg("%s, seed %llu, page size %d: request %d: other ids", dirs[m],
+                                 (unsigned long long)seed, tight[k].page_size, i);
+            }
+        }
+}
+
 int main(void) {
     const char *fx = getenv("KILN_FIXTURES");
     snprintf(dirs[0], sizeof dirs[0], "%s/oracle/tiny-models-more/gemma3", fx);
@@ -354,6 +441,7 @@ int main(void) {
         cmocka_unit_test(test_long_generation),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_tight_pool),
+        cmocka_unit_test(test_random_traffic),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
