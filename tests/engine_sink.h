@@ -83,6 +83,27 @@ static void sink_wait(struct sink *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* A greedy request for max_new tokens (end tokens ignored) of prompt
+ * p[0 .. n), its events to s. */
+static inline struct engine_request sink_request(const int32_t *p, int n, int max_new, struct sink *s) {
+    struct engine_request r = {0};
+    r.prompt = p;
+    r.n_prompt = n;
+    sampling_params_default(&r.sampling);
+    r.sampling.temperature = 0;
+    r.max_new_tokens = max_new;
+    r.ignore_eos = 1;
+    r.callback = sink_on_event;
+    r.user = s;
+    return r;
+}
+
+/* engine_submit, failing the test when it refuses. */
+static inline void sink_submit(struct engine *e, const struct engine_request *r) {
+    struct kiln_error err;
+    if (!engine_submit(e, r, &err)) fail_msg("engine_submit: %s", err.msg);
+}
+
 static void sink_free(struct sink *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

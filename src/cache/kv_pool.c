@@ -204,20 +204,19 @@ void kv_pool_drop(struct kv_pool *p, int32_t *pages, int *n_dropped, int dead) {
     *n_dropped = dead;
 }
 
+/* A fixed permutation of v[0 .. n) from the generator state *s. */
+static void shuffle(int32_t *v, int n, uint64_t *s) {
+    for (int i = n - 1; i > 0; i--) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((*s >> 33) % (uint64_t)(i + 1));
+        int32_t t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+    }
+}
+
 void kv_pool_scramble(struct kv_pool *p, uint64_t seed) {
     uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-    for (int i = p->n_free - 1; i > 0; i--) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int j = (int)((s >> 33) % (uint64_t)(i + 1));
-        int32_t t = p->free_list[i];
-        p->free_list[i] = p->free_list[j];
-        p->free_list[j] = t;
-    }
-    for (int i = p->n_swa_free - 1; i > 0; i--) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        int j = (int)((s >> 33) % (uint64_t)(i + 1));
-        int32_t t = p->swa_free[i];
-        p->swa_free[i] = p->swa_free[j];
-        p->swa_free[j] = t;
-    }
+    shuffle(p->free_list, p->n_free, &s);
+    shuffle(p->swa_free, p->n_swa_free, &s);
 }

@@ -336,28 +336,39 @@ struct radix_tree *radix_create(int page_size, radix_release_fn release, void *u
     return t;
 }
 
-void radix_destroy(struct radix_tree *t) {
-    if (!t) return;
-    /* Iterative: with page size 1 a long prompt can make a deep tree. */
-    int n = 0, cap = 64;
-    struct radix_node **stack = xmalloc((size_t)cap * sizeof *stack);
+/* Every node of the tree (subtree roots included), parents before their
+ * children, into a new array of *n. Iterative: with page size 1 a long
+ * prompt can make a deep tree. */
+static struct radix_node **all_nodes(const struct radix_tree *t, int *n) {
+    int m = 0, cap = 64;
+    struct radix_node **v = xmalloc((size_t)cap * sizeof *v);
     for (int i = 0; i < t->roots.cap; i++)
         if (t->roots.slots[i].node) {
-            if (n == cap) stack = xrealloc(stack, (size_t)(cap *= 2) * sizeof *stack);
-            stack[n++] = t->roots.slots[i].node;
+            if (m == cap) v = xrealloc(v, (size_t)(cap *= 2) * sizeof *v);
+            v[m++] = t->roots.slots[i].node;
         }
-    while (n) {
-        struct radix_node *x = stack[--n];
+    for (int k = 0; k < m; k++) { /* v grows behind k: a breadth-first walk */
+        const struct radix_node *x = v[k];
         for (int i = 0; i < x->children.cap; i++)
             if (x->children.slots[i].node) {
-                if (n == cap) stack = xrealloc(stack, (size_t)(cap *= 2) * sizeof *stack);
-                stack[n++] = x->children.slots[i].node;
+                if (m == cap) v = xrealloc(v, (size_t)(cap *= 2) * sizeof *v);
+                v[m++] = x->children.slots[i].node;
             }
-        int np = node_pages(t, x);
-        if (np && t->release) t->release(t->user, x->pages, np);
-        node_free(x);
     }
-    free(stack);
+    *n = m;
+    return v;
+}
+
+void radix_destroy(struct radix_tree *t) {
+    if (!t) return;
+    int n;
+    struct radix_node **all = all_nodes(t, &n);
+    for (int k = 0; k < n; k++) {
+        int np = node_pages(t, all[k]);
+        if (np && t->release) t->release(t->user, all[k]->pages, np);
+    }
+    for (int k = 0; k < n; k++) node_free(all[k]);
+    free(all);
     cmap_free(&t->roots);
     free(t->heap);
     free(t);
@@ -439,27 +450,12 @@ static int lru_cmp(const void *a, const void *b) {
 }
 
 void radix_visit_lru(const struct radix_tree *t, radix_visit_fn fn, void *user) {
-    int n = 0, cap = 64, m = 0, mcap = 64;
-    struct radix_node **stack = xmalloc((size_t)cap * sizeof *stack), **all = xmalloc((size_t)mcap * sizeof *all);
-    for (int i = 0; i < t->roots.cap; i++)
-        if (t->roots.slots[i].node) {
-            if (n == cap) stack = xrealloc(stack, (size_t)(cap *= 2) * sizeof *stack);
-            stack[n++] = t->roots.slots[i].node;
-        }
-    while (n) {
-        struct radix_node *x = stack[--n];
-        for (int i = 0; i < x->children.cap; i++)
-            if (x->children.slots[i].node) {
-                if (n == cap) stack = xrealloc(stack, (size_t)(cap *= 2) * sizeof *stack);
-                stack[n++] = x->children.slots[i].node;
-            }
-        if (!node_pages(t, x)) continue;
-        if (m == mcap) all = xrealloc(all, (size_t)(mcap *= 2) * sizeof *all);
-        all[m++] = x;
-    }
+    int n, m = 0;
+    struct radix_node **all = all_nodes(t, &n);
+    for (int k = 0; k < n; k++) /* the subtree roots hold no pages */
+        if (node_pages(t, all[k])) all[m++] = all[k];
     qsort(all, (size_t)m, sizeof *all, lru_cmp);
     for (int i = 0; i < m && !fn(user, all[i]->pages, node_pages(t, all[i])); i++) {}
-    free(stack);
     free(all);
 }
 

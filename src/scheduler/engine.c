@@ -310,6 +310,12 @@ int engine_create(struct engine **out, const struct engine_options *opt, struct 
         free(e);
         return -1;
     }
+    if (!(opt->swa_full_tokens_ratio >= 0 && opt->swa_full_tokens_ratio <= 1)) {
+        kiln_errorc(err, KILN_ERR_BAD_INPUT, "swa_full_tokens_ratio %g is outside 0..1 (0: the default, 0.8)",
+                    opt->swa_full_tokens_ratio);
+        free(e);
+        return -1;
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->done_cv, NULL);

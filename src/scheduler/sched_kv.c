@@ -31,20 +31,19 @@ static int cacheable(const struct engine *e, const struct req *r) {
 
 /* A hybrid pool: pins the tree's pages (r->pages[0 .. n_tree_tokens /
  * ps)) that the window of r's next position reads, unpinning those it
- * left; the pages at indices both ranges share are the same. */
+ * left. Both ends only move forward (n_computed and the tree's part grow;
+ * where the page ids change, swa_unpin ran first), so the pages leaving
+ * are [pin0, lo) and those coming [max(pin1, lo), hi). */
 static void swa_pin(struct engine *e, struct req *r) {
     if (!e->swa_window) return;
     struct kv_pool *kv = e->gkv[r->dp_group];
     int lo = kv_pool_swa_dead(kv, r->n_computed, r->n_pages), hi = r->n_tree_tokens / e->page_size;
     if (lo > hi) lo = hi;
     int o0 = r->swa_pin0, o1 = r->swa_pin1;
-    int a = lo < o1 ? lo : o1, b = hi > o0 ? hi : o0; /* [o0, a) and [b, o1) leave; [lo, c) and [d, hi) come */
-    int c = hi < o0 ? hi : o0, d = lo > o1 ? lo : o1;
-    if (o1 <= o0) c = d = hi; /* nothing was pinned: all of [lo, hi) comes */
-    if (a > o0) kv_pool_swa_pin(kv, r->pages + o0, a - o0, -1);
-    if (o1 > b) kv_pool_swa_pin(kv, r->pages + b, o1 - b, -1);
-    if (c > lo) kv_pool_swa_pin(kv, r->pages + lo, c - lo, 1);
-    if (hi > d) kv_pool_swa_pin(kv, r->pages + d, hi - d, 1);
+    KILN_ASSERT(lo >= o0 && hi >= o1);
+    int gone = lo < o1 ? lo : o1, from = lo > o1 ? lo : o1;
+    if (gone > o0) kv_pool_swa_pin(kv, r->pages + o0, gone - o0, -1);
+    if (hi > from) kv_pool_swa_pin(kv, r->pages + from, hi - from, 1);
     r->swa_pin0 = lo, r->swa_pin1 = hi;
 }
 

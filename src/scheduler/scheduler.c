@@ -477,14 +477,12 @@ static int emit(struct engine *e, struct req *r, const struct sample_result *pre
  * Row k's pick is kept; while it equals draft k, the draft token's
  * position counts as computed and row k + 1's pick follows. */
 static void spec_verify(struct engine *e, struct req *r, int nd, int row, int want_row) {
-    int32_t draft[SPEC_MAX_DRAFT];
-    memcpy(draft, r->draft, (size_t)nd * sizeof *draft);
     int kept = 0, alive = 1;
     for (int k = 0; k <= nd; k++) {
         float *lg = e->logits + (size_t)(e->gpu_sample ? want_row + k : row + k) * (size_t)e->vocab;
         struct sample_result res;
         sample_host(e, r, lg, &res);
-        int hit = k < nd && res.token == draft[k];
+        int hit = k < nd && res.token == r->draft[k]; /* before emit: it may free r */
         kept += hit;
         if (emit(e, r, &res)) { /* finished: r is gone */
             alive = 0;

@@ -53,7 +53,8 @@ struct opts {
     int one_pool;
 };
 
-static struct engine *start(const char *dir, const struct opts *x) {
+/* With speculative drafts of `draft` tokens (0: off), max_running requests. */
+static struct engine *start_with(const char *dir, const struct opts *x, int draft, int max_running) {
     struct engine_options o;
     engine_options_default(&o);
     o.model_dir = dir;
@@ -63,9 +64,10 @@ static struct engine *start(const char *dir, const struct opts *x) {
     o.chunked_prefill_size = x->chunk;
     o.swa_full_tokens_ratio = x->ratio;
     o.disable_hybrid_swa = x->one_pool;
+    o.spec_draft_tokens = draft;
     o.skip_sampler_warmup = 1;
     o.threads = 2;
-    o.max_running_requests = 16;
+    o.max_running_requests = max_running;
     struct engine *e;
     struct kiln_error err;
     if (engine_create(&e, &o, &err)) fail_msg("engine_create: %s", err.msg);
@@ -76,23 +78,7 @@ static struct engine *start(const char *dir, const struct opts *x) {
     return e;
 }
 
-static struct engine_request request(const int32_t *p, int n, int max_new, struct sink *s) {
-    struct engine_request r = {0};
-    r.prompt = p;
-    r.n_prompt = n;
-    sampling_params_default(&r.sampling);
-    r.sampling.temperature = 0;
-    r.max_new_tokens = max_new;
-    r.ignore_eos = 1;
-    r.callback = sink_on_event;
-    r.user = s;
-    return r;
-}
-
-static void submit_ok(struct engine *e, const struct engine_request *r) {
-    struct kiln_error err;
-    if (!engine_submit(e, r, &err)) fail_msg("engine_submit: %s", err.msg);
-}
+static struct engine *start(const char *dir, const struct opts *x) { return start_with(dir, x, 0, 16); }
 
 /* Once idle: every full page free or cached, and every sliding page free
  * or behind a cached page. */
@@ -121,9 +107,9 @@ static void test_prompt_logprobs_oracle(void **state) {
             struct engine *e = start(dirs[m], &cases[k]);
             for (int i = 0; i < ref.n; i++) {
                 struct sink *s = sink_new();
-                struct engine_request r = request(ref.ids[i], ref.len[i], 1, s);
+                struct engine_request r = sink_request(ref.ids[i], ref.len[i], 1, s);
                 r.prompt_logprobs = 1;
-                submit_ok(e, &r);
+                sink_submit(e, &r);
                 sink_wait(s);
                 double worst = 0;
                 for (int q = 1; q < ref.len[i]; q++) {
@@ -176,10 +162,10 @@ static void test_long_generation(void **state) {
         struct opts hyb = {1, 0, 0, CHUNK, 0.01, 0};
         struct engine *e = start(dirs[m], &hyb);
         struct wsink w = {.s = sink_new(), .e = e};
-        struct engine_request r = request(prompt, n_prompt, NEW, w.s);
+        struct engine_request r = sink_request(prompt, n_prompt, NEW, w.s);
         r.callback = wsink_on_event;
         r.user = &w;
-        submit_ok(e, &r);
+        sink_submit(e, &r);
         sink_wait(w.s);
         assert_int_equal(w.s->n_ids, NEW);
         /* the window, the chunk in flight and the page being written */
@@ -194,8 +180,8 @@ static void test_long_generation(void **state) {
         struct opts one = {1, 0, 0, CHUNK, 0, 1};
         e = start(dirs[m], &one);
         struct sink *s2 = sink_new();
-        struct engine_request r2 = request(prompt, n_prompt, NEW, s2);
-        submit_ok(e, &r2);
+        struct engine_request r2 = sink_request(prompt, n_prompt, NEW, s2);
+        sink_submit(e, &r2);
         sink_wait(s2);
         if (memcmp(s2->ids, w.s->ids, NEW * sizeof(int32_t))) fail_msg("%s: other ids with one pool", dirs[m]);
         engine_destroy(e);
@@ -208,11 +194,11 @@ static void test_long_generation(void **state) {
         struct opts big = {1, 0, 0, 512, 0, 0};
         e = start(dirs[m], &big);
         struct sink *s3 = sink_new();
-        struct engine_request r3 = request(all, n, 1, s3);
+        struct engine_request r3 = sink_request(all, n, 1, s3);
         r3.prompt_logprobs = 1;
         r3.prompt_logprob_start = n_prompt;
         r3.sampling.top_logprobs = 1;
-        submit_ok(e, &r3);
+        sink_submit(e, &r3);
         sink_wait(s3);
         for (int q = n_prompt; q < n; q++) {
             assert_int_equal(s3->lp_seen[q], 1);
@@ -255,8 +241,8 @@ static void run_conversations(const char *dir, const struct opts *x, int32_t ans
         struct sink *s[CONVS];
         for (int c = 0; c < CONVS; c++) { /* the conversations' turns at once */
             s[c] = sink_new();
-            struct engine_request r = request(p, turn_prompt(c, t, ans[c], p), TNEW, s[c]);
-            submit_ok(e, &r);
+            struct engine_request r = sink_request(p, turn_prompt(c, t, ans[c], p), TNEW, s[c]);
+            sink_submit(e, &r);
         }
         for (int c = 0; c < CONVS; c++) {
             sink_wait(s[c]);
@@ -267,8 +253,8 @@ static void run_conversations(const char *dir, const struct opts *x, int32_t ans
         }
     }
     struct sink *s = sink_new();
-    struct engine_request r = request(p, turn_prompt(CONVS, 0, ans[CONVS], p), TNEW, s);
-    submit_ok(e, &r);
+    struct engine_request r = sink_request(p, turn_prompt(CONVS, 0, ans[CONVS], p), TNEW, s);
+    sink_submit(e, &r);
     sink_wait(s);
     assert_int_equal(s->n_ids, TNEW);
     memcpy(ans[CONVS], s->ids, TNEW * sizeof(int32_t));
@@ -324,8 +310,8 @@ static void test_tight_pool(void **state) {
         for (int i = 0; i < N; i++) {
             for (int k = 0; k < 4; k++) p[k] = 100 + (i * 31 + k * 17) % 600;
             alone[i] = sink_new();
-            struct engine_request r = request(p, 4, NEW, alone[i]);
-            submit_ok(e, &r);
+            struct engine_request r = sink_request(p, 4, NEW, alone[i]);
+            sink_submit(e, &r);
             sink_wait(alone[i]);
         }
         engine_destroy(e);
@@ -333,8 +319,8 @@ static void test_tight_pool(void **state) {
         for (int i = 0; i < N; i++) {
             for (int k = 0; k < 4; k++) p[k] = 100 + (i * 31 + k * 17) % 600;
             tight[i] = sink_new();
-            struct engine_request r = request(p, 4, NEW, tight[i]);
-            submit_ok(e, &r);
+            struct engine_request r = sink_request(p, 4, NEW, tight[i]);
+            sink_submit(e, &r);
         }
         for (int i = 0; i < N; i++) {
             sink_wait(tight[i]);
@@ -365,23 +351,7 @@ enum { RN = 40 };
 
 static void run_random(const char *dir, const struct opts *x, int draft, uint64_t seed, int32_t ids[RN][48],
                        int n_ids[RN]) {
-    struct opts o = *x;
-    struct engine_options eo;
-    engine_options_default(&eo);
-    eo.model_dir = dir;
-    eo.page_size = o.page_size;
-    eo.max_total_tokens = o.pool_tokens;
-    eo.disable_radix_cache = !o.radix;
-    eo.chunked_prefill_size = o.chunk;
-    eo.swa_full_tokens_ratio = o.ratio;
-    eo.disable_hybrid_swa = o.one_pool;
-    eo.spec_draft_tokens = draft;
-    eo.skip_sampler_warmup = 1;
-    eo.threads = 2;
-    eo.max_running_requests = 8;
-    struct engine *e;
-    struct kiln_error err;
-    if (engine_create(&e, &eo, &err)) fail_msg("engine_create: %s", err.msg);
+    struct engine *e = start_with(dir, x, draft, 8);
     static int32_t prompts[RN][96];
     struct sink *s[RN];
     uint64_t st = seed;
@@ -392,8 +362,8 @@ static void run_random(const char *dir, const struct opts *x, int draft, uint64_
         int tail = 1 + (int)(rnd(&st) % 30);
         for (int k = 0; k < tail; k++) prompts[i][n++] = 10 + (int)(rnd(&st) % 1000);
         s[i] = sink_new();
-        struct engine_request r = request(prompts[i], n, 4 + (int)(rnd(&st) % 40), s[i]);
-        if (!engine_submit(e, &r, &err)) fail_msg("engine_submit: %s", err.msg);
+        struct engine_request r = sink_request(prompts[i], n, 4 + (int)(rnd(&st) % 40), s[i]);
+        sink_submit(e, &r);
         if (rnd(&st) % 4 == 0) sink_wait(s[i]); /* now and then the ones before finish first */
     }
     for (int i = 0; i < RN; i++) {

@@ -189,6 +189,11 @@ static void test_refused(void **state) {
     o.spec_min_window = 5;
     o.spec_max_window = 3;
     assert_int_equal(engine_create(&e, &o, &err), -1);
+    assert_non_null(strstr(err.msg, "match windows 5 to 3"));
+    o.spec_min_window = o.spec_max_window = 0;
+    o.swa_full_tokens_ratio = 1.5; /* the hybrid pool's ratio, checked beside */
+    assert_int_equal(engine_create(&e, &o, &err), -1);
+    assert_non_null(strstr(err.msg, "swa_full_tokens_ratio 1.5"));
 }
 
 int main(void) {

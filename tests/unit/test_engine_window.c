@@ -64,25 +64,6 @@ static struct engine *start(const char *dir, int page_size, int pool_tokens, int
     return e;
 }
 
-static struct engine_request request(const int32_t *p, int n, int max_new, struct sink *s) {
-    struct engine_request r = {0};
-    r.prompt = p;
-    r.n_prompt = n;
-    sampling_params_default(&r.sampling);
-    r.sampling.temperature = 0;
-    r.max_new_tokens = max_new;
-    r.ignore_eos = 1;
-    r.callback = sink_on_event;
-    r.user = s;
-    return r;
-}
-
-static void submit_ok(struct engine *e, const struct engine_request *r) {
-    struct kiln_error err;
-    if (!engine_submit(e, r, &err)) fail_msg("engine_submit: %s", err.msg);
-}
-
-/* The oracle's sequences. */
 /* The oracle's sequences, each longer than twice the window (so the
  * window is exercised), at least two. */
 static void window_ref_open(struct ref *r) {
@@ -102,9 +83,9 @@ static void test_prompt_logprobs_oracle(void **state) {
         struct engine *e = start(model_dir, page_sizes[k], 0, k == 1, 3);
         for (int i = 0; i < ref.n; i++) {
             struct sink *s = sink_new();
-            struct engine_request r = request(ref.ids[i], ref.len[i], 1, s);
+            struct engine_request r = sink_request(ref.ids[i], ref.len[i], 1, s);
             r.prompt_logprobs = 1;
-            submit_ok(e, &r);
+            sink_submit(e, &r);
             sink_wait(s);
             double worst = 0;
             for (int q = 1; q < ref.len[i]; q++) {
@@ -207,10 +188,10 @@ static void test_long_generation_small_pool(void **state) {
      * (and the pages its first and next positions are in) in use */
     struct engine *e = start(model_dir, 1, POOL, 0, CHUNK);
     struct wsink w = {.s = sink_new(), .e = e};
-    struct engine_request r = request(prompt, n_prompt, NEW, w.s);
+    struct engine_request r = sink_request(prompt, n_prompt, NEW, w.s);
     r.callback = wsink_on_event;
     r.user = &w;
-    submit_ok(e, &r);
+    sink_submit(e, &r);
     sink_wait(w.s);
     assert_int_equal(w.s->finish, ENGINE_FINISH_LENGTH);
     assert_int_equal(w.s->n_ids, NEW);
@@ -224,15 +205,15 @@ static void test_long_generation_small_pool(void **state) {
     make_nowindow_copy();
     e = start(nowin_dir, 1, POOL, 0, CHUNK);
     struct sink *s2 = sink_new();
-    struct engine_request r2 = request(prompt, n_prompt, NEW, s2);
+    struct engine_request r2 = sink_request(prompt, n_prompt, NEW, s2);
     struct kiln_error err;
     assert_int_equal(engine_submit(e, &r2, &err), 0);
     assert_int_equal(err.code, KILN_ERR_TOO_LARGE);
     struct wsink w3 = {.s = sink_new(), .e = e};
-    struct engine_request r3 = request(prompt, 20, 20, w3.s);
+    struct engine_request r3 = sink_request(prompt, 20, 20, w3.s);
     r3.callback = wsink_on_event;
     r3.user = &w3;
-    submit_ok(e, &r3);
+    sink_submit(e, &r3);
     sink_wait(w3.s);
     assert_int_equal(w3.s->n_ids, 20);
     assert_true(w3.max_used >= 20 + 20 - 2);
@@ -249,11 +230,11 @@ static void test_long_generation_small_pool(void **state) {
     memcpy(all + n_prompt, w.s->ids, (size_t)(NEW - 1) * sizeof *all);
     e = start(model_dir, 1, 0, 0, 512);
     struct sink *s4 = sink_new();
-    struct engine_request r4 = request(all, n, 1, s4);
+    struct engine_request r4 = sink_request(all, n, 1, s4);
     r4.prompt_logprobs = 1;
     r4.prompt_logprob_start = n_prompt;
     r4.sampling.top_logprobs = 1;
-    submit_ok(e, &r4);
+    sink_submit(e, &r4);
     sink_wait(s4);
     for (int q = n_prompt; q < n; q++) {
         assert_int_equal(s4->lp_seen[q], 1);
@@ -290,8 +271,8 @@ static void test_radix_with_window(void **state) {
         struct engine *e = start(model_dir, ps, 0, 0, 5);
         for (int i = 0; i < N; i++) {
             alone[i] = sink_new();
-            struct engine_request r = request(p, make_prompt(i, p), NEW, alone[i]);
-            submit_ok(e, &r);
+            struct engine_request r = sink_request(p, make_prompt(i, p), NEW, alone[i]);
+            sink_submit(e, &r);
             sink_wait(alone[i]);
         }
         engine_destroy(e);
@@ -302,8 +283,8 @@ static void test_radix_with_window(void **state) {
         int cached_total = 0;
         for (int i = 0; i < N; i++) {
             cached[i] = sink_new();
-            struct engine_request r = request(p, make_prompt(i, p), NEW, cached[i]);
-            submit_ok(e, &r);
+            struct engine_request r = sink_request(p, make_prompt(i, p), NEW, cached[i]);
+            sink_submit(e, &r);
             if (i == 0) sink_wait(cached[0]); /* its prefix is in the cache for the others */
         }
         for (int i = 0; i < N; i++) {
@@ -335,8 +316,8 @@ static void test_retraction_with_window(void **state) {
     for (int i = 0; i < N; i++) {
         for (int k = 0; k < 4; k++) p[k] = 100 + (i * 31 + k * 17) % 600;
         alone[i] = sink_new();
-        struct engine_request r = request(p, 4, NEW, alone[i]);
-        submit_ok(e, &r);
+        struct engine_request r = sink_request(p, 4, NEW, alone[i]);
+        sink_submit(e, &r);
         sink_wait(alone[i]);
     }
     engine_destroy(e);
@@ -344,8 +325,8 @@ static void test_retraction_with_window(void **state) {
     for (int i = 0; i < N; i++) {
         for (int k = 0; k < 4; k++) p[k] = 100 + (i * 31 + k * 17) % 600;
         tight[i] = sink_new();
-        struct engine_request r = request(p, 4, NEW, tight[i]);
-        submit_ok(e, &r);
+        struct engine_request r = sink_request(p, 4, NEW, tight[i]);
+        sink_submit(e, &r);
     }
     for (int i = 0; i < N; i++) {
         sink_wait(tight[i]);
