@@ -53,17 +53,9 @@ static int make_prompt(int i, int32_t *out) {
 
 static uint64_t submit(struct engine *e, struct sink *s, const int32_t *p, int n, int max_new,
                        const char *salt) {
-    struct engine_request r = {0};
-    r.prompt = p;
-    r.n_prompt = n;
-    sampling_params_default(&r.sampling);
-    r.sampling.temperature = 0;
-    r.max_new_tokens = max_new;
-    r.ignore_eos = 1;
+    struct engine_request r = sink_request(p, n, max_new, s);
     r.skip_special_tokens = 1;
     r.cache_salt = salt;
-    r.callback = sink_on_event;
-    r.user = s;
     struct kiln_error err;
     uint64_t id = engine_submit(e, &r, &err);
     if (!id) fail_msg("engine_submit: %s", err.msg);
