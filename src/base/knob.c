@@ -133,6 +133,11 @@ static const struct knob_def table[KNOB_COUNT] = {
     [KNOB_CUDA_WGMMA_ROPE] = {"KILN_CUDA_WGMMA_ROPE",
                               BOOL(KNOB_DEBUG, "1",
                                    "rope and the K/V store in the wgmma q|k|v product's epilogue")},
+    [KNOB_CUDA_WGMMA_FP8] = {"KILN_CUDA_WGMMA_FP8",
+                             BOOL(KNOB_DEBUG, "1",
+                                  "FP8 products of more than 4 rows on the e4m3 wgmma kernel on compute "
+                                  "capability 9.0, the activations quantized per row and 128 columns "
+                                  "(0: the tile kernel and cuBLASLt)")},
     [KNOB_CUDA_MOE_WGMMA] = {"KILN_CUDA_MOE_WGMMA",
                              BOOL(KNOB_DEBUG, "1",
                                   "MoE expert products of long prompts on wgmma on compute capability "

@@ -6,25 +6,34 @@
  *
  * Paths and shapes:
  *  - matmul for n = 1, 2, 3 (the FP8 GEMV), 17, 64 (the tile kernel), 300,
- *    2048 (bf16 dequantized chunks + cuBLASLt; with 128 x 128 blocks and K
- *    a multiple of 512, cuBLASLt's block-scaled FP8 where it has a plan,
- *    and the chunks again with KILN_CUDA_FP8_LT=0), with and without bias;
+ *    2048 (bf16 dequantized chunks + cuBLASLt), with and without bias; with
+ *    128 x 128 blocks and K a multiple of 128, every n past the GEMV's on
+ *    the e4m3 wgmma product on Hopper (test_wgmma_fp8 checks it closely;
+ *    past CUDA_WGMMA_FP8_MAX_ROWS cuBLASLt's FP8 where it has a plan),
+ *    and with KILN_CUDA_WGMMA_FP8=0 the tile kernel, cuBLASLt's
+ *    block-scaled FP8 where it has a plan (K a multiple of 512), and the
+ *    chunks again with KILN_CUDA_FP8_LT=0;
  *    weights of 576 rows (a partial last block row) and 1040 columns (a
  *    partial last block column), 128 × 128 and 64 × 48 blocks, and a
  *    weight with 200 columns (not a multiple of 16: the scalar kernel);
  *  - --deterministic: the tile kernel for every n, checked against the CPU
  *    and bit for bit row by row against the same rows computed alone;
+ *  - the FP8 GEMV itself (cuda_fp8_gemv, test_gemv_fp8): each K split (1,
+ *    2, 4, with parts ending short of a whole step), each count of units
+ *    per warp (few and many units against the SM count), n = 1..4, bias,
+ *    SwiGLU, 64 × 48 blocks, activations without 16-byte loads, and every
+ *    row of a batch bit for bit against the same row computed alone;
  *  - norm_matmul and norm_swiglu_mlp (gate|up stacked with its scale rows)
  *    at n = 1, 3 (the GEMV with the SwiGLU epilogue), 17 and 300.
  *
  * Tolerance, ‖gpu − cpu‖ / ‖cpu‖: the GEMV keeps fp32 activations and sums
- * a piece of 16 products before scaling it (the CPU scales each weight
+ * a piece of 8 products before scaling it (the CPU scales each weight
  * first): fp32 reassociation only, 1e-5. The tile and cuBLASLt paths round
  * the activations to bf16 and each dequantized weight e4m3·scale to bf16:
  * two roundings of at most 2^-9 relative per product, typically ~2e-3 over
  * a whole output; 1e-2 as for the bf16 products (test_cuda_ops), far under
- * an indexing or scale-block error (order 1). cuBLASLt's FP8 rounds the
- * activations to e4m3 in 128-column groups: up to 2^-4 relative per
+ * an indexing or scale-block error (order 1). cuBLASLt's FP8 and the e4m3
+ * wgmma product round the activations to e4m3 in 128-column groups: up to 2^-4 relative per
  * element (about 2.5e-2 RMS over a binade), so ~2.5e-2 over an output;
  * 6e-2, still far under a layout error of the scales (order 1). */
 #include <math.h>
@@ -52,9 +61,15 @@
 enum { MAX_TOKENS = 2048, MAX_CONTEXT = 1024, MAX_HEADS = 16 };
 
 static struct backend gpu_det;  /* backend_options.deterministic */
-static struct backend gpu_nolt; /* KILN_CUDA_FP8_LT=0: no cuBLASLt block-scaled FP8 */
+static struct backend gpu_lt;   /* KILN_CUDA_WGMMA_FP8=0: cuBLASLt's block-scaled FP8 past 64 rows */
+static struct backend gpu_nolt; /* and KILN_CUDA_FP8_LT=0: the bf16 dequantized chunks */
 
 static long lt_calls(const struct backend *be) { return ((const struct cuda_ctx *)be->ctx)->fp8_lt_calls; }
+/* products with e4m3 activations: cuBLASLt's FP8 and the e4m3 wgmma kernel */
+static long e4m3_calls(const struct backend *be) {
+    const struct cuda_ctx *c = be->ctx;
+    return c->fp8_lt_calls + c->wgmma_fp8_calls;
+}
 
 /* An FP8 weight on both backends: random codes and scales. */
 struct w8 {
@@ -93,16 +108,21 @@ static void w8_free(struct w8 *w) {
     free(w->q), free(w->s);
 }
 
-/* lt: the product ran on cuBLASLt's block-scaled FP8 (e4m3 activations) */
-static double tol_for(const struct backend *be, long n, long cols, int lt) {
-    if (lt) return 6e-2;
+/* e4m3: the product rounded its activations to e4m3 (cuBLASLt's FP8, the
+ * wgmma kernel) */
+static double tol_for(const struct backend *be, long n, long cols, int e4m3) {
+    if (e4m3) return 6e-2;
     return be != &gpu_det && n <= 4 && cols % 16 == 0 ? 1e-5 : 1e-2;
 }
 
 static void check_matmul(struct backend *be, long rows, long cols, int br, int bc, long n, int bias) {
     printf("  matmul %ldx%ld blocks %dx%d n=%ld bias=%d%s\n", rows, cols, br, bc, n, bias,
-           be == &gpu_det ? " deterministic" : be == &gpu_nolt ? " KILN_CUDA_FP8_LT=0" : "");
-    long lt0 = lt_calls(be);
+           be == &gpu_det    ? " deterministic"
+           : be == &gpu_lt   ? " KILN_CUDA_WGMMA_FP8=0"
+           : be == &gpu_nolt ? " KILN_CUDA_WGMMA_FP8=0 KILN_CUDA_FP8_LT=0"
+                             : "");
+    const struct cuda_ctx *ctx = be->ctx;
+    long lt0 = lt_calls(be), wg0 = ctx->wgmma_fp8_calls;
     struct w8 w = w8_rand(rows, cols, br, bc, 1.0f / sqrtf((float)cols));
     /* odd output strides, except where cuBLASLt's FP8 could apply (it
      * needs 16-byte aligned output rows) */
@@ -112,12 +132,22 @@ static void check_matmul(struct backend *be, long rows, long cols, int br, int b
     cpu.ops->matmul(cpu.ctx, y.h, ldy, x.h, ldx, &w.c, bias ? b.h : NULL, n);
     be->ops->matmul(be->ctx, y.d, ldy, x.d, ldx, &w.g, bias ? (const float *)b.d : NULL, n);
     be->ops->synchronize(be->ctx);
-    int lt = lt_calls(be) > lt0;
-    if (lt && (be != &gpu || n <= 64 || br != 128 || bc != 128 || cols % 512))
-        fail_msg("cuBLASLt's block-scaled FP8 ran where it does not apply");
-    if (be == &gpu && n > 64 && br == 128 && bc == 128 && cols % 512 == 0)
-        printf("    cuBLASLt block-scaled FP8: %s\n", lt ? "ran" : "no plan on this GPU / cuBLAS (bf16 chunks ran)");
-    expect_close(&y, n, rows, ldy, tol_for(be, n, cols, lt));
+    int lt = lt_calls(be) > lt0, wg = ctx->wgmma_fp8_calls > wg0;
+    /* cuBLASLt's FP8: past 64 rows with 128 x 128 blocks and K a multiple
+     * of 512, with the wgmma kernel off or past its rows */
+    int lt_applies = (be == &gpu_lt || (be == &gpu && n > CUDA_WGMMA_FP8_MAX_ROWS)) && n > 64 && br == 128 &&
+                     bc == 128 && cols % 512 == 0;
+    if (lt && !lt_applies) fail_msg("cuBLASLt's block-scaled FP8 ran where it does not apply");
+    /* the e4m3 wgmma kernel: every product past the GEMV's rows with 128 x
+     * 128 blocks and whole 128-column groups, on Hopper, unless turned off
+     * (past CUDA_WGMMA_FP8_MAX_ROWS only where cuBLASLt has no plan) */
+    int wg_applies = be == &gpu && n > 4 && br == 128 && bc == 128 && cols % 128 == 0;
+    if (wg && !wg_applies) fail_msg("the e4m3 wgmma product ran where it does not apply");
+    if (wg_applies && !wg && !lt && ((struct cuda_ctx *)gpu.ctx)->wgmma)
+        fail_msg("the e4m3 wgmma product did not run where it applies");
+    if (lt_applies) printf("    cuBLASLt block-scaled FP8: %s\n", lt ? "ran" : wg ? "no plan (the wgmma kernel ran)" : "no plan on this GPU / cuBLAS (bf16 chunks ran)");
+    if (wg) printf("    e4m3 wgmma product\n");
+    expect_close(&y, n, rows, ldy, tol_for(be, n, cols, lt || wg));
     if (be == &gpu_det) { /* every row's bits as when computed alone */
         float *all = xmalloc(y.bytes + 4), *one = xmalloc((size_t)ldy * 4 + 4);
         be->ops->download(be->ctx, all, y.d, y.bytes);
@@ -148,11 +178,17 @@ static void test_matmul_fp8(void **state) {
         if (ns[i] <= 300) check_matmul(&gpu, 130, 200, 128, 128, ns[i], 1);
     }
     check_matmul(&gpu, 4096, 2048, 128, 128, 1, 0);
-    /* cuBLASLt's block-scaled FP8 (K a multiple of 512, 128 x 128 blocks),
-     * and the same products on the bf16 chunks */
+    /* the e4m3 wgmma product (128 x 128 blocks, K a multiple of 128) */
     check_matmul(&gpu, 4096, 2048, 128, 128, 300, 1);
     check_matmul(&gpu, 1536, 1024, 128, 128, 2048, 0);
     check_matmul(&gpu, 576, 1024, 128, 128, 65, 1);
+    check_matmul(&gpu, 576, 1152, 128, 128, 17, 0);
+    /* with it off: the tile kernel, cuBLASLt's block-scaled FP8 (K a
+     * multiple of 512), and the same products on the bf16 chunks */
+    check_matmul(&gpu_lt, 576, 1024, 128, 128, 17, 1);
+    check_matmul(&gpu_lt, 4096, 2048, 128, 128, 300, 1);
+    check_matmul(&gpu_lt, 1536, 1024, 128, 128, 2048, 0);
+    check_matmul(&gpu_lt, 576, 1024, 128, 128, 65, 1);
     check_matmul(&gpu_nolt, 4096, 2048, 128, 128, 300, 1);
     check_matmul(&gpu_nolt, 1536, 1024, 128, 128, 2048, 0);
 }
@@ -165,6 +201,94 @@ static void test_matmul_fp8_det(void **state) {
         check_matmul(&gpu_det, 576, 1040, 128, 128, ns[i], 1);
         check_matmul(&gpu_det, 130, 200, 128, 128, ns[i], 0);
     }
+}
+
+/* The FP8 GEMV's K split as cuda_fp8.cu chooses it (f8_gemv_ks): 4 parts
+ * from 512 pieces of 8 columns, 2 from 256, else 1. Only picks the shapes
+ * below; the results are checked whatever the kernel chose. */
+static int gemv_ks_for(long cols) { return cols / 8 >= 512 ? 4 : cols / 8 >= 256 ? 2 : 1; }
+
+/* cuda_fp8_gemv called directly on w, a stacked gate|up of 2·units rows:
+ * the plain product over its first units rows (with or without bias), or
+ * SwiGLU over all of it, against the CPU's matmul (+ silu_mul); then, for
+ * n > 1, each row's bits against the same row computed alone (batch
+ * invariance). xoff: x starts xoff floats past a 16-byte boundary and ldx
+ * = cols + 1 (no 16-byte activation loads, while rows taken alone may have
+ * them: the same bits either way). */
+static void check_gemv(const struct w8 *w, long units, long n, int swiglu, int bias, int xoff) {
+    struct cuda_ctx *c = gpu.ctx;
+    long cols = w->c.cols, rows = swiglu ? 2 * units : units;
+    printf("  gemv %ld units x %ld blocks %dx%d n=%ld swiglu=%d bias=%d x+%d (KS %d)\n", units, cols,
+           w->c.block_rows, w->c.block_cols, n, swiglu, bias, xoff, gemv_ks_for(cols));
+    struct backend_weight wc = w->c, wg = w->g;
+    wc.rows = wg.rows = rows;
+    assert_true(cuda_fp8_gemv_ok(c, &wg, n));
+    long ldx = xoff ? cols + 1 : cols + 4, ldy = units + 3;
+    struct pair x = pair_rand((size_t)(n * ldx + xoff), 1.0f), b = pair_rand((size_t)units, 0.5f),
+                y = pair_poison((size_t)(n * ldy));
+    float *yc = xmalloc((size_t)(n * rows) * 4 + 4);
+    cpu.ops->matmul(cpu.ctx, yc, rows, x.h + xoff, ldx, &wc, bias ? b.h : NULL, n);
+    if (swiglu)
+        cpu.ops->silu_mul(cpu.ctx, y.h, ldy, yc, rows, yc + units, rows, n, units);
+    else
+        for (long i = 0; i < n; i++) memcpy(y.h + i * ldy, yc + i * rows, (size_t)units * 4);
+    free(yc);
+    const float *xd = (const float *)x.d + xoff, *bd = bias ? (const float *)b.d : NULL;
+    cuda_fp8_gemv(c, y.d, ldy, xd, ldx, &wg, bd, n, swiglu);
+    gpu.ops->synchronize(gpu.ctx);
+    expect_close(&y, n, units, ldy, 1e-5);
+    if (n > 1) {
+        float *all = xmalloc(y.bytes + 4), *one = xmalloc((size_t)ldy * 4 + 4);
+        gpu.ops->download(gpu.ctx, all, y.d, y.bytes);
+        struct pair y1 = pair_poison((size_t)ldy);
+        for (long i = 0; i < n; i++) {
+            cuda_fp8_gemv(c, y1.d, ldy, xd + i * ldx, ldx, &wg, bd, 1, swiglu);
+            gpu.ops->download(gpu.ctx, one, y1.d, (size_t)ldy * 4);
+            if (memcmp(one, all + i * ldy, (size_t)units * 4))
+                fail_msg("gemv: row %ld of %ld differs from the row alone", i, n);
+        }
+        pair_free(&y1);
+        free(all), free(one);
+    }
+    pair_free(&x), pair_free(&b), pair_free(&y);
+}
+
+/* The GEMV's paths: K split 1 (256 columns), 2 (2064: the last part ends
+ * in a partial step) and 4 (4096, and 4144: the same); per split, 64 units
+ * (R = 1), then 6·n_sm and 16·n_sm times the row groups of a block (R = 2,
+ * then the most: R·G = 4 weight rows a warp from n = 3 on, 2 below); n =
+ * 1..4, the plain product with and without bias and SwiGLU; 64 × 48 blocks
+ * (a scale column every 6 pieces) beside 128 × 128; activations without
+ * 16-byte loads. */
+static void test_gemv_fp8(void **state) {
+    (void)state;
+    SKIP_WITHOUT_GPU();
+    const struct cuda_ctx *c = gpu.ctx;
+    const long colss[] = {256, 2064, 4096, 4144};
+    for (size_t i = 0; i < sizeof colss / sizeof colss[0]; i++) {
+        long cols = colss[i], groups = 4 / gemv_ks_for(cols);
+        const long unitss[] = {64, 6 * c->n_sm * groups, 16 * c->n_sm * groups};
+        for (size_t k = 0; k < 3; k++) {
+            int b64 = (int)((i + k) % 2);
+            struct w8 w =
+                w8_rand(2 * unitss[k], cols, b64 ? 64 : 128, b64 ? 48 : 128, 1.0f / sqrtf((float)cols));
+            for (long n = 1; n <= CUDA_FP8_GEMV_ROWS; n++) {
+                check_gemv(&w, unitss[k], n, 0, (int)(n & 1), 0);
+                check_gemv(&w, unitss[k], n, 1, 0, 0);
+            }
+            w8_free(&w);
+        }
+    }
+    /* unaligned activations: the batch without 16-byte loads (R = 1); row
+     * 3 alone starts on a 16-byte boundary (R = 2 at 3000 units) */
+    struct w8 w = w8_rand(6000, 2064, 128, 128, 1.0f / sqrtf(2064.0f));
+    check_gemv(&w, 3000, 4, 0, 1, 1);
+    check_gemv(&w, 3000, 3, 1, 0, 1);
+    w8_free(&w);
+    w = w8_rand(2000, 4144, 64, 48, 1.0f / sqrtf(4144.0f));
+    check_gemv(&w, 1000, 4, 1, 0, 1);
+    check_gemv(&w, 1000, 2, 0, 0, 1);
+    w8_free(&w);
 }
 
 /* norm_matmul and norm_swiglu_mlp with FP8 weights against the CPU's
@@ -182,19 +306,19 @@ static void check_fused(long n, long d, long inter) {
                 xn = pair_poison((size_t)(n * d)), y = pair_poison((size_t)(n * qrows)),
                 gu = pair_poison((size_t)(n * 2 * inter)), o = pair_poison((size_t)(n * d));
     free(h0);
-    /* cuBLASLt's FP8 (e4m3 activations) where it ran: 6e-2 a product, 1e-1
-     * for the MLP's two products in a row (its h carries gate|up's error
-     * into down's) */
+    /* e4m3 activations (the wgmma kernel, cuBLASLt's FP8) where they ran:
+     * 6e-2 a product, 1e-1 for the MLP's two products in a row (its h
+     * carries gate|up's error into down's) */
     double tol = n <= 4 ? 1e-5 : 1e-2;
-    long lt0 = lt_calls(&gpu);
+    long lt0 = e4m3_calls(&gpu);
     cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, xn.h, lw.h, n, d, eps);
     cpu.ops->matmul(cpu.ctx, y.h, qrows, xn.h, d, &wq.c, qb.h, n);
     struct backend_norm nm = {.h = h.d, .delta = dl.d, .x = xn.d, .w = lw.d, .dim = d, .eps = eps};
     gpu.ops->norm_matmul(gpu.ctx, &nm, y.d, qrows, &wq.g, qb.d, n);
     gpu.ops->synchronize(gpu.ctx);
     expect_close(&h, n, d, d, 1e-6);
-    expect_close(&y, n, qrows, qrows, lt_calls(&gpu) > lt0 ? 6e-2 : tol);
-    lt0 = lt_calls(&gpu);
+    expect_close(&y, n, qrows, qrows, e4m3_calls(&gpu) > lt0 ? 6e-2 : tol);
+    lt0 = e4m3_calls(&gpu);
     cpu.ops->add_rmsnorm(cpu.ctx, h.h, dl.h, xn.h, lw.h, n, d, eps);
     cpu.ops->matmul(cpu.ctx, gu.h, 2 * inter, xn.h, d, &wgu.c, NULL, n);
     cpu.ops->silu_mul(cpu.ctx, gu.h, 2 * inter, gu.h, 2 * inter, gu.h + inter, 2 * inter, n, inter);
@@ -208,7 +332,7 @@ static void check_fused(long n, long d, long inter) {
                              gu.d, 2 * inter, n);
     gpu.ops->synchronize(gpu.ctx);
     expect_close(&h, n, d, d, 1e-6);
-    expect_close(&o, n, d, d, lt_calls(&gpu) > lt0 ? 1e-1 : tol);
+    expect_close(&o, n, d, d, e4m3_calls(&gpu) > lt0 ? 1e-1 : tol);
     pair_free(&h), pair_free(&dl), pair_free(&lw), pair_free(&qb), pair_free(&xn), pair_free(&y),
         pair_free(&gu), pair_free(&o);
     w8_free(&wq), w8_free(&wgu), w8_free(&wd);
@@ -219,7 +343,7 @@ static void check_fused(long n, long d, long inter) {
 static void check_mixed_mlp(long n, long d, long inter) {
     const float eps = 1e-5f;
     printf("  mixed MLP (FP8 gate|up, bf16 down) n=%ld\n", n);
-    long lt0 = lt_calls(&gpu);
+    long lt0 = e4m3_calls(&gpu);
     struct w8 wgu = w8_rand(2 * inter, d, 128, 128, 1.0f / sqrtf((float)d));
     struct wpair wd = weight_rand(DTYPE_BF16, d, inter, 1.0f / sqrtf((float)inter));
     struct pair h = pair_rand((size_t)(n * d), 3.0f), lw = pair_rand((size_t)d, 1.0f),
@@ -233,7 +357,7 @@ static void check_mixed_mlp(long n, long d, long inter) {
     gpu.ops->norm_swiglu_mlp(gpu.ctx, &nm, o.d, d, &(struct backend_stack){.cat = wgu.g, .count = 2}, &wd.g,
                              gu.d, 2 * inter, n);
     gpu.ops->synchronize(gpu.ctx);
-    expect_close(&o, n, d, d, lt_calls(&gpu) > lt0 ? 6e-2 : 1e-2);
+    expect_close(&o, n, d, d, e4m3_calls(&gpu) > lt0 ? 6e-2 : 1e-2);
     pair_free(&h), pair_free(&lw), pair_free(&xn), pair_free(&gu), pair_free(&o);
     w8_free(&wgu);
     weight_free(&wd);
@@ -316,13 +440,17 @@ int main(void) {
     if (!have_gpu) {
         printf("test_cuda_fp8: %s; the tests below fail\n", err.msg);
     } else {
+        setenv("KILN_CUDA_WGMMA_FP8", "0", 1);
+        knob_reload(NULL);
+        int rc = backend_create(&gpu_lt, "cuda", &bo, &err);
         setenv("KILN_CUDA_FP8_LT", "0", 1);
         knob_reload(NULL);
-        int rc = backend_create(&gpu_nolt, "cuda", &bo, &err);
+        rc = rc || backend_create(&gpu_nolt, "cuda", &bo, &err);
         unsetenv("KILN_CUDA_FP8_LT");
+        unsetenv("KILN_CUDA_WGMMA_FP8");
         knob_reload(NULL);
         if (rc) {
-            fprintf(stderr, "cuda backend (KILN_CUDA_FP8_LT=0): %s\n", err.msg);
+            fprintf(stderr, "cuda backend (KILN_CUDA_WGMMA_FP8=0): %s\n", err.msg);
             return 1;
         }
         struct backend_options bd = {.deterministic = 1};
@@ -334,6 +462,7 @@ int main(void) {
         if (cpu.ops->reserve(cpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu.ops->reserve(gpu.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu_det.ops->reserve(gpu_det.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
+            gpu_lt.ops->reserve(gpu_lt.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err) ||
             gpu_nolt.ops->reserve(gpu_nolt.ctx, MAX_TOKENS, MAX_CONTEXT, MAX_HEADS, &err)) {
             fprintf(stderr, "reserve: %s\n", err.msg);
             return 1;
@@ -342,11 +471,13 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_fp8),
         cmocka_unit_test(test_matmul_fp8_det),
+        cmocka_unit_test(test_gemv_fp8),
         cmocka_unit_test(test_fused_fp8),
         cmocka_unit_test(test_dummy_fp8),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_det), backend_destroy(&gpu_nolt);
+    if (have_gpu)
+        backend_destroy(&gpu), backend_destroy(&gpu_det), backend_destroy(&gpu_lt), backend_destroy(&gpu_nolt);
     backend_destroy(&cpu);
     return rc;
 }

@@ -139,6 +139,7 @@ struct seq {
 /* What the CUDA backend counted during a run. */
 struct counts {
     long fp8_lt; /* FP8 products on cuBLASLt's block-scaled FP8 */
+    long wg8;    /* FP8 products on the e4m3 wgmma kernel */
     long fused; /* products through the rope epilogue */
     long moe;   /* moe_ffn calls on the device path */
     long mla;   /* MLA decode kernel launches */
@@ -173,8 +174,8 @@ static struct counts run(const char *device, const struct shape *sh, const struc
     struct kv_pool *kv = runner_kv(run);
     kv_pool_scramble(kv, 5);
     struct cuda_ctx *c = strcmp(device, "cuda") ? NULL : (struct cuda_ctx *)be.ctx;
-    struct counts n0 = {c ? c->fp8_lt_calls : 0, c ? c->rope_fused : 0, c ? c->moe_device_calls : 0,
-                        c ? c->mla_decode_calls : 0};
+    struct counts n0 = {c ? c->fp8_lt_calls : 0, c ? c->wgmma_fp8_calls : 0, c ? c->rope_fused : 0,
+                        c ? c->moe_device_calls : 0, c ? c->mla_decode_calls : 0};
 
     struct seq seqs[N_SEQS];
     memcpy(seqs, init, sizeof seqs);
@@ -190,8 +191,9 @@ static struct counts run(const char *device, const struct shape *sh, const struc
         if (runner_forward(run, &b, logits, &err)) fail_msg("%s %s step %d: %s", device, sh->name, step, err.msg);
         memcpy(out + (size_t)step * N_SEQS * VOCAB, logits, (size_t)b.n_seqs * VOCAB * 4);
     }
-    struct counts n = {c ? c->fp8_lt_calls - n0.fp8_lt : 0, c ? c->rope_fused - n0.fused : 0,
-                       c ? c->moe_device_calls - n0.moe : 0, c ? c->mla_decode_calls - n0.mla : 0};
+    struct counts n = {c ? c->fp8_lt_calls - n0.fp8_lt : 0, c ? c->wgmma_fp8_calls - n0.wg8 : 0,
+                       c ? c->rope_fused - n0.fused : 0, c ? c->moe_device_calls - n0.moe : 0,
+                       c ? c->mla_decode_calls - n0.mla : 0};
     for (int i = 0; i < N_SEQS; i++) kv_pool_release(kv, kvs[i].pages, kvs[i].n_pages);
     sb_free(&sb);
     free(logits);
@@ -338,13 +340,14 @@ static void check_moe_graphs(const struct shape *sh) {
  * on the device, the CPU quantizes the same values on the host, the same
  * bytes; every projection FP8 in 128 x 128 blocks, the stacks whole
  * blocks). The GPU against the CPU (which computes the FP8 weights exactly
- * in fp32): with KILN_CUDA_FP8_LT=0 every product of more than 4 rows
- * rounds its activations and dequantized weights to bf16, two 2^-9
- * roundings where the bf16 models have one: the bf16 budget of 3% times
- * sqrt(2), 5%; by default the prefill's products (more than 64 rows) run on
- * cuBLASLt's block-scaled FP8 with e4m3 activations (2^-4 a value, ~2.5e-2
- * RMS a product, four products a layer in two chains, two layers, and the
- * keys and values they wrote carried into every decode step): 15%. A
+ * in fp32): with KILN_CUDA_WGMMA_FP8=0 and KILN_CUDA_FP8_LT=0 every
+ * product of more than 4 rows rounds its activations and dequantized
+ * weights to bf16, two 2^-9 roundings where the bf16 models have one: the
+ * bf16 budget of 3% times sqrt(2), 5%; by default those products run on
+ * the e4m3 wgmma kernel on Hopper (else the prefill's, more than 64 rows,
+ * on cuBLASLt's block-scaled FP8), with e4m3 activations (2^-4 a value,
+ * ~2.5e-2 RMS a product, four products a layer in two chains, two layers,
+ * and the keys and values they wrote carried into every decode step): 15%. A
  * wrong block scale, row or position moves logits by their own size.
  * Decode graphs against KILN_GRAPHS=0 bit for bit on the steps of 64 and 1
  * rows (the FP8 GEMV and tile kernel are fixed functions of the row). */
@@ -357,7 +360,10 @@ static void check_fp8(const struct shape *sh) {
     run("cpu", sh, init, cpu, NULL, NULL);
     struct counts cg = run("cuda", sh, init, g, NULL, NULL);
     run("cuda", sh, init, eager, "KILN_GRAPHS", "0");
+    setenv("KILN_CUDA_WGMMA_FP8", "0", 1);
     struct counts cn = run("cuda", sh, init, nolt, "KILN_CUDA_FP8_LT", "0");
+    unsetenv("KILN_CUDA_WGMMA_FP8");
+    knob_reload(NULL);
     g_quant = NULL;
     int s1 = 0, s2 = 0;
     double e = worst_rel(g, cpu, &s1), e_nolt = worst_rel(nolt, cpu, &s2);
@@ -372,12 +378,13 @@ static void check_fp8(const struct shape *sh) {
         n_cmp += cnt;
     }
     printf("  %s FP8: GPU vs CPU worst %.4f of the logit range (step %d; %ld products on cuBLASLt's "
-           "FP8), with KILN_CUDA_FP8_LT=0 %.4f (step %d); graphs vs KILN_GRAPHS=0: %zu of %zu logits "
-           "differ\n",
-           sh->name, e, s1, cg.fp8_lt, e_nolt, s2, n_diff, n_cmp);
+           "FP8, %ld on the e4m3 wgmma kernel), with KILN_CUDA_WGMMA_FP8=0 KILN_CUDA_FP8_LT=0 %.4f "
+           "(step %d); graphs vs KILN_GRAPHS=0: %zu of %zu logits differ\n",
+           sh->name, e, s1, cg.fp8_lt, cg.wg8, e_nolt, s2, n_diff, n_cmp);
     assert_true(e < 0.15);
     assert_true(e_nolt < 0.05);
     assert_int_equal(cn.fp8_lt, 0);
+    assert_int_equal(cn.wg8, 0);
     assert_int_equal(n_diff, 0);
     free(cpu), free(g), free(eager), free(nolt);
 }

@@ -505,6 +505,7 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
     c->wgmma = knob_bool(KNOB_CUDA_WGMMA) && cuda_wgmma_init(c);
     c->wgmma_glu = knob_bool(KNOB_CUDA_WGMMA_GLU);
     c->wgmma_rope = knob_bool(KNOB_CUDA_WGMMA_ROPE);
+    c->wgmma_fp8 = knob_bool(KNOB_CUDA_WGMMA_FP8);
     /* the MoE expert products of long prompts on wgmma (hopper/moe_wgmma.cu) */
     c->moe_wgmma = knob_bool(KNOB_CUDA_MOE_WGMMA) && cuda_moe_wgmma_init(c);
 #endif

@@ -172,10 +172,13 @@ struct cuda_ctx {
                                     epilogue, no SwiGLU kernel (KILN_CUDA_WGMMA_GLU=0: off) */
     int wgmma_rope;              /* 1: q|k|v on it rotates and stores K/V in its epilogue, no
                                     qk_rope_store kernel (KILN_CUDA_WGMMA_ROPE=0: off) */
+    int wgmma_fp8;               /* 1: FP8 products past the GEMV's rows on its e4m3 form
+                                    (KILN_CUDA_WGMMA_FP8=0: the tile kernel, cuBLASLt) */
     long rope_fused;             /* products that did (host count, for tests) */
     long mla_decode_calls;       /* launches of the MLA decode kernel (host count, for tests) */
     int mla_occ;                 /* MLA decode CTAs an SM holds (cuda_attn_mla.cu; 0: not set up yet) */
-    long wgmma_calls;            /* products it ran (host count, for tests) */
+    long wgmma_calls;            /* 16-bit products it ran (host count, for tests) */
+    long wgmma_fp8_calls;        /* e4m3 products it ran (host count, for tests) */
     long fp8_lt_calls;           /* FP8 products on cuBLASLt's block-scaled FP8 (host count) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     int moe_wgmma;               /* 1: MoE expert products of prefill-sized groups on wgmma
@@ -407,6 +410,16 @@ void cuda_fp8_dequant(struct cuda_ctx *c, void *dst, const struct backend_weight
  * 128-column group, scale max|x| / 448 (cuBLASLt's VEC128_32F layout). */
 void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, const float *x, long ldx, long n,
                         long cols);
+/* q8 = silu(gate)·up of gu [n][2·inter] (stride ldgu) in that e4m3 form:
+ * codes [n][inter], then from byte q8_scales_off(n, inter) (cuda_common.cuh)
+ * the scales [inter / 128][n]; inter % 128 == 0. */
+void cuda_fp8_silu_quant(struct cuda_ctx *c, void *q8, const float *gu, long ldgu, long n, long inter);
+/* add_rmsnorm of nm into that e4m3 form (codes [n][dim], the scales at
+ * q8_scales_off(n, dim)) instead of nm->x: the bytes cuda_fp8_quant_act
+ * makes of the plain op's output (cuda_norm.cu); ok: no all-reduce, dim %
+ * 128 == 0, the float4 kernel's operands. */
+int cuda_add_rmsnorm8_ok(const struct backend_norm *nm);
+void cuda_add_rmsnorm8(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *q8);
 /* add_rmsnorm of nm that also writes x16[n][dim] = x rounded to dt (BF16 or
  * F16) for the product that follows (cuda_norm.cu). */
 void cuda_add_rmsnorm16(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *x16,
@@ -586,6 +599,20 @@ void cuda_moe_wgmma_ffn(struct cuda_ctx *c, const struct moe_experts *e, void *h
 /* The tile width and K split cuda_wgmma_run would use for a [N][K] weight
  * (bn, splits: 0 = by shape, else forced), written back. */
 void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *splits);
+
+/* FP8 weights (128 × 128 blocks, columns a multiple of 128) on the same
+ * kernel in e4m3: y[n][w.rows] = xq · wᵀ (+ bias) with the activations xq
+ * [n][w.cols] in e4m3 and xs [w.cols / 128][n] their scales
+ * (cuda_fp8_quant_act), any n (row tiles of 64). */
+int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n);
+/* Past this many rows, cuBLASLt's block-scaled FP8 takes the product where
+ * it has a plan: its large tiles read each weight tile for more rows than
+ * the 64-row tiles here. One H100, Llama-3.1-8B FP8 prefill, the whole
+ * prompt (tok/s, this kernel against cuBLASLt): 512 tokens 24,611 / 20,039,
+ * 1,024 25,599 / 25,670, 2,048 24,663 / 28,564, 8,192 21,317 / 27,541. */
+enum { CUDA_WGMMA_FP8_MAX_ROWS = 1024 };
+void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
+                    const struct backend_weight *w, const float *bias, long n);
 
 #ifdef __cplusplus
 }

@@ -129,4 +129,23 @@ static __device__ __forceinline__ void store16(__half *p, float v) { *p = __floa
 
 static inline cudaStream_t ctx_stream(void *ctx) { return ((struct cuda_ctx *)ctx)->stream; }
 
+/* Activations in e4m3 per row and 128 columns (the operand of the FP8
+ * products: cuda_fp8_quant_act and the kernels that write it as they
+ * produce the values, one warp a group, so all give the same bytes): the
+ * group's scale from its largest magnitude (448, e4m3's largest, maps to
+ * it) and each value's code. */
+static __device__ __forceinline__ float q8_warp_scale(float amax) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    return __fdiv_rn(fmaxf(amax, 1e-12f), 448.0f);
+}
+static __device__ __forceinline__ uint32_t q8_code(float v, float sc) {
+    return (uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(v, sc), __NV_SATFINITE, __NV_E4M3);
+}
+/* where the scales start in an e4m3 operand of n rows of cols: after the
+ * codes, 256-byte aligned; [cols / 128][n] floats */
+static __host__ __device__ __forceinline__ size_t q8_scales_off(long n, long cols) {
+    return ((size_t)n * (size_t)cols + 255) & ~(size_t)255;
+}
+
 #endif

@@ -4,22 +4,52 @@
  * e4m3(q[r][c]) · scale[r / block_rows][c / block_cols].
  *
  * Kernels (cuda_matmul.cu chooses; docs/cuda-decode.md, "FP8 weights"):
- *  - GEMV (decode, n ≤ CUDA_FP8_GEMV_ROWS): a warp per output feature (a
- *    gate|up pair for SwiGLU), lanes take the 16-byte pieces l, l + 32, ...
- *    of the row (16 e4m3 values, inside one scale block since block_cols
- *    % 16 == 0), 8 loads in flight per lane that bypass L1, fp32
- *    activations; each piece's 16 products are summed in fp32 and added
- *    times the piece's block scale (acc = fma(dot, s, acc)), then a
- *    butterfly across the lanes. The weight bytes are half of bf16's.
+ *  - GEMV (decode, n ≤ CUDA_FP8_GEMV_ROWS), laid out as the bf16 GEMV
+ *    (cuda_gemv.cu) with the same lane to column map:
+ *     · a warp owns R consecutive output units (a unit is a weight row; for
+ *       SwiGLU, G = 2, the pair gate row u, up row units + u, and the
+ *       epilogue writes silu_mul_f32(g, u), the silu_mul kernel's bits);
+ *       lane l takes the 8-byte pieces l, l + 32, l + 64, ... of each of its
+ *       R·G rows: 8 e4m3 values, inside one scale block since block_cols %
+ *       16 == 0. Pieces of 8 columns, not 16: a lane's fp32 activations for
+ *       a piece are then 32 bytes, and a warp's 16-byte activation load
+ *       spans 8 cache lines, as in the bf16 GEMV, where 16-column pieces
+ *       would span 16 lines for the same 512 bytes;
+ *     · the activations are loaded 4 columns at a time for every
+ *       activation row j and serve all R·G weight rows, each row's 4
+ *       weights widened once for every j. R·G = 2 rows a warp for n ≤ 2, 4
+ *       from 3 rows on (the bf16 GEMV's choice; 4 rows at n ≤ 2 would spill
+ *       at 64 registers), halved while the blocks would not cover 2·n_sm
+ *       (f8_gemv_r);
+ *     · U = F8_GEMV_LOADS / (R·G) steps of 32 pieces are loaded before the
+ *       first is used: 8 8-byte loads in flight per lane (the last batch of
+ *       a part partial), bypassing L1 as ptx_ld_stream_v4 does; the first
+ *       batch is issued before pdl_wait, the activations read after it;
+ *     · K split KS = 1, 2 or 4 (f8_gemv_ks, a function of cols alone): the
+ *       KS warps of a row group each take one contiguous part of K in whole
+ *       32-piece steps, and their sums are added through shared memory in
+ *       part order;
+ *     · each e4m3 pair is widened (exactly) by one conversion to f16x2,
+ *       then to fp32; a piece's 8 products are summed in fp32 in column
+ *       order, then added times the piece's block scale (acc = fma(dot, s,
+ *       acc)); then a butterfly across the lanes, then the KS parts.
+ *    Registers are capped at 64 for n ≤ 2 (8 blocks of 4 warps per SM),
+ *    128 for n ≤ 4. Batch invariance: every (unit, activation row) sum
+ *    runs in that one order whatever n and R are and whether x allows
+ *    16-byte loads (activations without them take R = 1 and the same KS),
+ *    so a row's result does not depend on its batch, and the SwiGLU
+ *    kernel's g and u are the plain kernel's sums over the same stacked
+ *    weight. The weight bytes are half of bf16's; the activation bytes per
+ *    weight byte twice.
  *  - tile kernel (5..CUDA_FP8_TILE_ROWS rows, and every n under
  *    --deterministic): mma.sync m16n8k16 on bf16 operands, a CTA of 4
  *    warps per 64 × 64 tile of y, K walked in tiles of 32 in order: the
  *    activations rounded to bf16 (once, by cuda_act16; per head as they are
  *    staged for matmul_heads, the same values), the weights widened (exact)
  *    and multiplied by their block scale, rounded to bf16 in shared memory;
- *    a K split by shape when the tiles fill less than two waves. Each output's sum runs through the same chain of mma steps
- *    whatever n or the tile it sits in, so a row's bits do not depend on
- *    its batch.
+ *    a K split by shape when the tiles fill less than two waves. Each
+ *    output's sum runs through the same chain of mma steps whatever n or
+ *    the tile it sits in, so a row's bits do not depend on its batch.
  *  - activations per row and 128 columns in e4m3 (cuda_fp8_quant_act) for
  *    cuBLASLt's block-scaled FP8 (prefill, cuda_matmul.cu fp8_lt);
  *  - dequantization (prefill where cuBLASLt's FP8 has no plan): rows
@@ -37,6 +67,8 @@
 
 enum {
     F8_GEMV_WARPS = 4,
+    F8_GEMV_THREADS = F8_GEMV_WARPS * 32,
+    F8_GEMV_LOADS = 8, /* 8-byte weight loads in flight per lane */
     F8_BM = 64,
     F8_BN = 64,
     F8_BK = 32,
@@ -44,19 +76,25 @@ enum {
     F8_THREADS = 128,
 };
 
+/* 4 e4m3 values (element 0 in the lowest byte) to fp32, exactly (every
+ * e4m3 value is a half): one conversion per pair. */
+static __device__ __forceinline__ void f8x4_widen(uint32_t wd, float *f) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wd >> (16 * h)), __NV_E4M3);
+        float2 f2 = __half22float2(__half2(r));
+        f[2 * h] = f2.x;
+        f[2 * h + 1] = f2.y;
+    }
+}
+
 /* 16 e4m3 values (one 16-byte piece, element 0 in the lowest byte) to fp32,
- * exactly (every e4m3 value is a half). */
+ * exactly. */
 static __device__ __forceinline__ void f8x16_widen(uint4 v, float *f) {
-    const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wd[q] >> (16 * h)), __NV_E4M3);
-            float2 f2 = __half22float2(__half2(r));
-            f[q * 4 + h * 2] = f2.x;
-            f[q * 4 + h * 2 + 1] = f2.y;
-        }
+    f8x4_widen(v.x, f);
+    f8x4_widen(v.y, f + 4);
+    f8x4_widen(v.z, f + 8);
+    f8x4_widen(v.w, f + 12);
 }
 
 static __device__ __forceinline__ float f8_widen1(uint8_t b) {
@@ -64,108 +102,160 @@ static __device__ __forceinline__ float f8_widen1(uint8_t b) {
     return __half2float(__half(r));
 }
 
-/* 16 activations of row j at column k0 */
+/* ---- GEMV ------------------------------------------------------------- */
+
+/* 8 bytes of weights read once: as ptx_ld_stream_v4 (bypasses L1, L2
+ * fetches the 256-byte sector ahead; only for memory no kernel writes). */
+static __device__ __forceinline__ uint2 f8_ld_stream_v2(const uint2 *p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];"
+                 : "=r"(r.x), "=r"(r.y)
+                 : "l"(p));
+    return r;
+}
+
+/* 4 activations of a row from xr, with ordinary loads (the kernel before
+ * wrote them: cuda_pdl.cuh, rule 2); XVEC: xr 16-byte aligned. */
 template <bool XVEC>
-static __device__ __forceinline__ void f8_load_x16(const float *xr, float *xv) {
+static __device__ __forceinline__ void f8_load_x4(const float *xr, float *xv) {
     if (XVEC) {
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float4 a = ((const float4 *)xr)[q];
-            xv[4 * q] = a.x, xv[4 * q + 1] = a.y, xv[4 * q + 2] = a.z, xv[4 * q + 3] = a.w;
-        }
+        float4 a = *(const float4 *)xr;
+        xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
     } else {
 #pragma unroll
-        for (int e = 0; e < 16; e++) xv[e] = xr[e];
+        for (int e = 0; e < 4; e++) xv[e] = xr[e];
     }
 }
 
-/* ---- GEMV ------------------------------------------------------------- */
-
-/* y[n][units] = x[n][cols] · w[G·units][cols]ᵀ (+ bias), n ≤ NR; G = 2:
- * y = silu(x·w[u]) · (x·w[units + u]). cols % 16 == 0, block_cols % 16 ==
- * 0, w 16-byte aligned; XVEC: x rows 16-byte aligned. */
-template <int NR, int G, bool XVEC>
-static __global__ void __launch_bounds__(F8_GEMV_WARPS * 32)
+/* y[n][units] (stride ldy) = x[n][cols] (stride ldx) · w[G·units][cols]ᵀ
+ * (+ bias), n ≤ NR; G = 2: y = silu(x·w[u]) · (x·w[units + u]), no bias.
+ * cols % 16 == 0, block_cols % 16 == 0, w 16-byte aligned, G·units·cols /
+ * 8 < 2^32; XVEC: x rows 16-byte aligned. sdiv: piece p's scale column
+ * p / (block_cols / 8) is umulhi(p, sdiv). */
+template <int NR, int R, int G, int KS, bool XVEC>
+static __global__ void __launch_bounds__(F8_GEMV_THREADS, NR <= 2 ? 8 : 4)
     f8_gemv_kernel(float *y, long ldy, const float *x, long ldx, const uint8_t *__restrict__ w,
                    const float *__restrict__ scale, const float *__restrict__ bias, long units,
-                   long cols, int br, int bc, int n) {
-    constexpr int U = G == 1 ? 8 : 4; /* pieces per lane per step: 8 loads in flight */
+                   long cols, int br, int bc, unsigned sdiv, int n) {
+    constexpr int RG = R * G, U = F8_GEMV_LOADS / RG, GROUPS = F8_GEMV_WARPS / KS;
+    __shared__ float red[KS > 1 ? F8_GEMV_WARPS * RG * NR : 1];
     pdl_trigger();
-    int lane = threadIdx.x & 31;
-    long u = (long)blockIdx.x * F8_GEMV_WARPS + (threadIdx.x >> 5);
-    bool active = u < units;
-    long uu = active ? u : units - 1;
-    long np = cols / 16, nbc = (cols + bc - 1) / bc;
-    const uint4 *wr[G];
-    const float *sr[G];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % KS;
+    long u0 = ((long)blockIdx.x * GROUPS + warp / KS) * R;
+    bool active = u0 < units;
+    /* piece indices in 32 bits: G·units·cols / 8 < 2^32 (cuda_fp8_gemv_ok) */
+    unsigned np = (unsigned)(cols / 8), nbc = (unsigned)((cols + bc - 1) / bc);
+    /* part p takes pieces [ps, pe): whole 32-piece steps, the last part the rest */
+    unsigned chunk = KS == 1 ? np : ((np + KS - 1) / KS + 31) / 32 * 32;
+    unsigned ps = part * chunk, pe = ps + chunk < np ? ps + chunk : np;
+    /* row q's first piece and first scale (32-bit offsets: fewer registers) */
+    const uint2 *w2 = (const uint2 *)w;
+    unsigned ro[RG], so[RG];
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        long row = uu + g * units;
-        wr[g] = (const uint4 *)(w + row * cols);
-        sr[g] = scale + (row / br) * nbc;
+    for (int r = 0; r < R; r++) {
+        long u = u0 + r < units ? u0 + r : units - 1; /* past the end: re-read the last; not stored */
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            long row = u + g * units;
+            ro[r * G + g] = (unsigned)row * np;
+            so[r * G + g] = (unsigned)(row / br) * nbc;
+        }
     }
-    float acc[G][NR];
+    float acc[RG][NR];
 #pragma unroll
-    for (int g = 0; g < G; g++)
+    for (int q = 0; q < RG; q++)
 #pragma unroll
-        for (int j = 0; j < NR; j++) acc[g][j] = 0.0f;
+        for (int j = 0; j < NR; j++) acc[q][j] = 0.0f;
 
-    /* batches of U pieces per lane (the last one partial), all loads of a
-     * batch issued before its first use; the first batch before waiting
-     * for the activations */
-    long p = lane;
-    uint4 wv[U][G];
-    auto load = [&](long p0) {
+    /* batches of U steps per lane (the last one of the part partial), all
+     * loads of a batch issued before its first use; the first batch before
+     * waiting for the activations */
+    unsigned p = ps + lane;
+    uint2 wv[U][RG];
+    auto load = [&](unsigned p0) {
 #pragma unroll
         for (int k = 0; k < U; k++)
-            if (active && p0 + 32 * k < np)
+            if (active && p0 + 32 * k < pe)
 #pragma unroll
-                for (int g = 0; g < G; g++) wv[k][g] = ptx_ld_stream_v4(wr[g] + p0 + 32 * k);
+                for (int q = 0; q < RG; q++) wv[k][q] = f8_ld_stream_v2(w2 + (ro[q] + p0 + 32 * k));
     };
     load(p);
     pdl_wait();
-    if (!active) return;
-    auto piece = [&](long pk, const uint4 *wp) {
-        float wf[G][16], s[G];
+    while (active && p < pe) {
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            f8x16_widen(wp[g], wf[g]);
-            s[g] = sr[g][pk * 16 / bc];
-        }
+        for (int k = 0; k < U; k++) {
+            unsigned pk = p + 32 * k;
+            if (pk >= pe) break;
+            float d[RG][NR];
 #pragma unroll
-        for (int j = 0; j < NR; j++) {
-            if (j < n) {
-                float xv[16];
-                f8_load_x16<XVEC>(x + j * ldx + pk * 16, xv);
+            for (int q = 0; q < RG; q++)
 #pragma unroll
-                for (int g = 0; g < G; g++) {
-                    float d = 0.0f;
+                for (int j = 0; j < NR; j++) d[q][j] = 0.0f;
+            /* 4 columns at a time: their activations for every row j, then
+             * each weight row's 4 values widened once for all j */
 #pragma unroll
-                    for (int e = 0; e < 16; e++) d = fmaf(wf[g][e], xv[e], d);
-                    acc[g][j] = fmaf(d, s[g], acc[g][j]);
+            for (int c = 0; c < 2; c++) {
+                float xv[NR][4];
+#pragma unroll
+                for (int j = 0; j < NR; j++)
+                    if (j < n) f8_load_x4<XVEC>(x + j * ldx + pk * 8 + 4 * c, xv[j]);
+#pragma unroll
+                for (int q = 0; q < RG; q++) {
+                    float wf[4];
+                    f8x4_widen(c ? wv[k][q].y : wv[k][q].x, wf);
+#pragma unroll
+                    for (int j = 0; j < NR; j++)
+                        if (j < n)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) d[q][j] = fmaf(wf[e], xv[j][e], d[q][j]);
                 }
             }
-        }
-    };
-    while (p < np) {
+            unsigned sc = __umulhi(pk, sdiv);
 #pragma unroll
-        for (int k = 0; k < U; k++)
-            if (p + 32 * k < np) piece(p + 32 * k, wv[k]);
+            for (int q = 0; q < RG; q++) {
+                float s = scale[so[q] + sc];
+#pragma unroll
+                for (int j = 0; j < NR; j++)
+                    if (j < n) acc[q][j] = fmaf(d[q][j], s, acc[q][j]);
+            }
+        }
         p += 32 * U;
-        if (p < np) load(p);
+        load(p);
     }
 #pragma unroll
-    for (int g = 0; g < G; g++)
+    for (int q = 0; q < RG; q++)
 #pragma unroll
-        for (int j = 0; j < NR; j++)
+        for (int j = 0; j < NR; j++) acc[q][j] = warp_sum(acc[q][j]);
+    if (KS > 1) {
+        if (lane == 0) {
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc[g][j] += __shfl_xor_sync(0xffffffffu, acc[g][j], o);
-    if (lane == 0) {
+            for (int q = 0; q < RG; q++)
+#pragma unroll
+                for (int j = 0; j < NR; j++) red[(warp * RG + q) * NR + j] = acc[q][j];
+        }
+        __syncthreads();
+        if (part != 0) return;
+        /* the row group's parts, in order */
+#pragma unroll
+        for (int q = 0; q < RG; q++)
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                float t = red[(warp * RG + q) * NR + j];
+#pragma unroll
+                for (int k = 1; k < KS; k++) t += red[((warp + k) * RG + q) * NR + j];
+                acc[q][j] = t;
+            }
+    }
+    if (lane != 0 || !active) return;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        long u = u0 + r;
+        if (u >= units) break;
         float b = G == 1 && bias ? bias[u] : 0.0f;
 #pragma unroll
         for (int j = 0; j < NR; j++) {
             if (j >= n) break;
-            y[j * ldy + u] = G == 1 ? acc[0][j] + b : silu_mul_f32(acc[0][j], acc[G - 1][j]);
+            y[j * ldy + u] = G == 1 ? acc[r][j] + b : silu_mul_f32(acc[r * G][j], acc[r * G + 1][j]);
         }
     }
 }
@@ -176,39 +266,103 @@ extern "C" int cuda_fp8_vec_ok(const struct backend_weight *w) {
 }
 
 extern "C" int cuda_fp8_gemv_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n) {
-    return !c->deterministic && n >= 1 && n <= CUDA_FP8_GEMV_ROWS && cuda_fp8_vec_ok(w);
+    return !c->deterministic && n >= 1 && n <= CUDA_FP8_GEMV_ROWS && cuda_fp8_vec_ok(w) &&
+           (unsigned long long)w->rows * (unsigned long long)w->cols / 8 < (1ull << 32);
 }
 
+/* The K split for a weight of cols columns (for SwiGLU: the stacked
+ * gate|up, the same columns): 4 parts from 512 pieces (4096 columns) on, 2
+ * from 256, else none: every part keeps at least 128 pieces, 4 steps a
+ * lane. The bf16 GEMV's threshold in pieces (its pieces are 8 columns
+ * too), where 4 parts were measured best; the 2-part tier is by the same
+ * count, not measured. A function of cols only: the sums' order must not
+ * depend on n (KILN_CUDA_GEMV_KS forces 1, 2 or 4, as for bf16). */
+static int f8_gemv_ks(const struct cuda_ctx *c, long cols) {
+    if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
+    long np = cols / 8;
+    return np >= 4 * 128 ? 4 : np >= 2 * 128 ? 2 : 1;
+}
+
+/* The arguments every instance takes. */
+struct f8_gemv_args {
+    float *y;
+    long ldy;
+    const float *x;
+    long ldx;
+    const struct backend_weight *w;
+    const float *bias;
+    long units;
+    int n;
+};
+
+template <int NR, int R, int G, int KS, bool XVEC>
+static void f8_gemv_launch(const struct cuda_ctx *c, const struct f8_gemv_args *a) {
+    const struct backend_weight *w = a->w;
+    unsigned grid = grid_for(a->units, (F8_GEMV_WARPS / KS) * R);
+    /* p / pb = umulhi(p, ceil(2^32 / pb)) exactly while p · pb < 2^32
+     * (pb ≥ 2: block_cols % 16 == 0) */
+    unsigned long long pb = (unsigned long long)(w->block_cols / 8);
+    CUDA_ASSERT_MSG((unsigned long long)(w->cols / 8) * pb < (1ull << 32),
+                    "fp8 gemv: blocks too wide");
+    unsigned sdiv = (unsigned)(((1ull << 32) + pb - 1) / pb);
+    pdl_launch(c, f8_gemv_kernel<NR, R, G, KS, XVEC>, dim3(grid), dim3(F8_GEMV_THREADS), 0, a->y,
+               a->ldy, a->x, a->ldx, (const uint8_t *)w->data, w->scale, a->bias, a->units, w->cols,
+               w->block_rows, w->block_cols, sdiv, a->n);
+}
+
+/* x rows without 16-byte loads take R = 1 (R changes no sum) and the
+ * same K split: their bits are those of aligned rows. */
+template <int NR, int R, int G>
+static void f8_gemv_ks_launch(const struct cuda_ctx *c, int ks, bool xvec,
+                              const struct f8_gemv_args *a) {
+    if (!xvec) {
+        if (ks == 4) f8_gemv_launch<NR, 1, G, 4, false>(c, a);
+        else if (ks == 2) f8_gemv_launch<NR, 1, G, 2, false>(c, a);
+        else f8_gemv_launch<NR, 1, G, 1, false>(c, a);
+    } else if (ks == 4) {
+        f8_gemv_launch<NR, R, G, 4, true>(c, a);
+    } else if (ks == 2) {
+        f8_gemv_launch<NR, R, G, 2, true>(c, a);
+    } else {
+        f8_gemv_launch<NR, R, G, 1, true>(c, a);
+    }
+}
+
+/* Units per warp, as the bf16 GEMV: R·G = 2 weight rows share each
+ * activation load for n ≤ 2, 4 from 3 rows on (at n ≤ 2, 4 rows would not
+ * fit the 64 registers without spilling); halved while the blocks would
+ * not cover 2·n_sm. Does not change any sum's order. */
 template <int NR, int G>
-static void f8_gemv_launch(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
-                           const struct backend_weight *w, const float *bias, long units, int n,
-                           bool xvec) {
-    dim3 grid(grid_for(units, F8_GEMV_WARPS)), block(F8_GEMV_WARPS * 32);
-    const uint8_t *wd = (const uint8_t *)w->data;
-    if (xvec)
-        pdl_launch(c, f8_gemv_kernel<NR, G, true>, grid, block, 0, y, ldy, x, ldx, wd, w->scale, bias,
-                   units, w->cols, w->block_rows, w->block_cols, n);
-    else
-        pdl_launch(c, f8_gemv_kernel<NR, G, false>, grid, block, 0, y, ldy, x, ldx, wd, w->scale,
-                   bias, units, w->cols, w->block_rows, w->block_cols, n);
+static void f8_gemv_r(const struct cuda_ctx *c, int ks, bool xvec, const struct f8_gemv_args *a) {
+    constexpr int RMAX = (NR <= 2 ? 2 : 4) / G;
+    int r = RMAX, groups = F8_GEMV_WARPS / ks;
+    while (r > 1 && (a->units + groups * r - 1) / (groups * r) < 2l * c->n_sm) r /= 2;
+    if constexpr (RMAX == 4) {
+        if (r == 4) return f8_gemv_ks_launch<NR, 4, G>(c, ks, xvec, a);
+    }
+    if constexpr (RMAX >= 2) {
+        if (r == 2) return f8_gemv_ks_launch<NR, 2, G>(c, ks, xvec, a);
+    }
+    f8_gemv_ks_launch<NR, 1, G>(c, ks, xvec, a);
 }
 
 extern "C" void cuda_fp8_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
                               const struct backend_weight *w, const float *bias, long n, int swiglu) {
     CUDA_ASSERT(cuda_fp8_gemv_ok(c, w, n));
     bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
-    int nn = (int)n;
+    int ks = f8_gemv_ks(c, w->cols);
     if (swiglu) {
         CUDA_ASSERT_MSG(!bias && w->rows % 2 == 0, "fp8 gemv: SwiGLU needs gate|up rows, no bias");
-        long units = w->rows / 2;
-        if (n == 1) f8_gemv_launch<1, 2>(c, y, ldy, x, ldx, w, NULL, units, nn, xvec);
-        else if (n == 2) f8_gemv_launch<2, 2>(c, y, ldy, x, ldx, w, NULL, units, nn, xvec);
-        else f8_gemv_launch<4, 2>(c, y, ldy, x, ldx, w, NULL, units, nn, xvec);
+        struct f8_gemv_args a = {y, ldy, x, ldx, w, NULL, w->rows / 2, (int)n};
+        if (n == 1) f8_gemv_r<1, 2>(c, ks, xvec, &a);
+        else if (n == 2) f8_gemv_r<2, 2>(c, ks, xvec, &a);
+        else f8_gemv_r<4, 2>(c, ks, xvec, &a);
         return;
     }
-    if (n == 1) f8_gemv_launch<1, 1>(c, y, ldy, x, ldx, w, bias, w->rows, nn, xvec);
-    else if (n == 2) f8_gemv_launch<2, 1>(c, y, ldy, x, ldx, w, bias, w->rows, nn, xvec);
-    else f8_gemv_launch<4, 1>(c, y, ldy, x, ldx, w, bias, w->rows, nn, xvec);
+    struct f8_gemv_args a = {y, ldy, x, ldx, w, bias, w->rows, (int)n};
+    if (n == 1) f8_gemv_r<1, 1>(c, ks, xvec, &a);
+    else if (n == 2) f8_gemv_r<2, 1>(c, ks, xvec, &a);
+    else f8_gemv_r<4, 1>(c, ks, xvec, &a);
 }
 
 /* ---- tile kernel ------------------------------------------------------ */
@@ -512,6 +666,8 @@ extern "C" void cuda_fp8_dequant(struct cuda_ctx *c, void *dst, const struct bac
  * (groups outer, rows inner). cols % 128 == 0. */
 static __global__ void f8_quant_act_kernel(uint8_t *__restrict__ xq, float *__restrict__ xs,
                                            const float *__restrict__ x, long ldx, long n, long cols) {
+    pdl_trigger();
+    pdl_wait();
     long wid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     long groups = cols / 128;
@@ -524,13 +680,10 @@ static __global__ void f8_quant_act_kernel(uint8_t *__restrict__ xq, float *__re
         v[e] = xr[lane + 32 * e];
         amax = fmaxf(amax, fabsf(v[e]));
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float sc = __fdiv_rn(fmaxf(amax, 1e-12f), 448.0f);
+    const float sc = q8_warp_scale(amax);
     uint8_t *qr = xq + i * cols + g * 128;
 #pragma unroll
-    for (int e = 0; e < 4; e++)
-        qr[lane + 32 * e] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v[e], sc), __NV_SATFINITE, __NV_E4M3);
+    for (int e = 0; e < 4; e++) qr[lane + 32 * e] = (uint8_t)q8_code(v[e], sc);
     if (lane == 0) xs[g * n + i] = sc;
 }
 
@@ -538,6 +691,43 @@ extern "C" void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, cons
                                    long n, long cols) {
     CUDA_ASSERT(cols % 128 == 0 && n > 0);
     long warps = n * (cols / 128);
-    f8_quant_act_kernel<<<grid_for(warps, 8), 256, 0, c->stream>>>((uint8_t *)xq, xs, x, ldx, n, cols);
+    pdl_launch(c, f8_quant_act_kernel, dim3(grid_for(warps, 8)), dim3(256), 0, (uint8_t *)xq, xs, x, ldx,
+               n, cols);
     CUDA_CHECK_LAUNCH();
+}
+
+/* The SwiGLU of gate|up rows (gu [n][2·inter], row stride ldgu: gate
+ * columns, then up) straight into the e4m3 operand of the down product:
+ * q8 [n][inter] codes and the scales at q8_scales_off(n, inter), a warp per
+ * (row, 128-column group); each value silu_mul_f32(g, u), the SwiGLU
+ * kernel's, so the bytes are cuda_fp8_quant_act's of its output. */
+static __global__ void f8_silu_quant_kernel(uint8_t *__restrict__ q8, const float *__restrict__ gu,
+                                            long ldgu, long n, long inter) {
+    pdl_trigger();
+    pdl_wait();
+    long wid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    long groups = inter / 128;
+    if (wid >= n * groups) return;
+    long i = wid / groups, g = wid % groups;
+    const float *gr = gu + i * ldgu + g * 128;
+    float v[4], amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        v[e] = silu_mul_f32(gr[lane + 32 * e], gr[inter + lane + 32 * e]);
+        amax = fmaxf(amax, fabsf(v[e]));
+    }
+    const float sc = q8_warp_scale(amax);
+    uint8_t *qr = q8 + i * inter + g * 128;
+#pragma unroll
+    for (int e = 0; e < 4; e++) qr[lane + 32 * e] = (uint8_t)q8_code(v[e], sc);
+    if (lane == 0) ((float *)(q8 + q8_scales_off(n, inter)))[g * n + i] = sc;
+}
+
+extern "C" void cuda_fp8_silu_quant(struct cuda_ctx *c, void *q8, const float *gu, long ldgu, long n,
+                                    long inter) {
+    CUDA_ASSERT(inter % 128 == 0 && n > 0);
+    long warps = n * (inter / 128);
+    pdl_launch(c, f8_silu_quant_kernel, dim3(grid_for(warps, 8)), dim3(256), 0, (uint8_t *)q8, gu, ldgu, n,
+               inter);
 }

@@ -355,6 +355,12 @@ static int fp8_lt(struct cuda_ctx *c, float *y, long ldy, const float *x, long l
     return 1;
 }
 
+/* The bytes of an e4m3 operand of n rows of cols (codes, then scales:
+ * q8_scales_off), 256-byte aligned. */
+static size_t q8_bytes(long n, long cols) {
+    return q8_scales_off(n, cols) + (((size_t)n * (size_t)(cols / 128) * 4 + 255) & ~(size_t)255);
+}
+
 /* An FP8 weight's product: the GEMV for decode rows, the tile kernel for
  * small batches and --deterministic, else cuBLASLt's block-scaled FP8
  * (fp8_lt) or, where it has no plan, chunks of weight rows dequantized to
@@ -374,6 +380,18 @@ static void fp8_matmul(struct cuda_ctx *c, float *y, long ldy, const float *x, l
         }
         return;
     }
+#ifdef KILN_CUDA_HOPPER
+    if (cuda_wgmma_fp8_ok(c, w, n)) {
+        /* Hopper: the activations per row and 128 columns in e4m3, then
+         * the e4m3 wgmma product with the block scales in its K loop;
+         * long prompts on cuBLASLt's FP8 where it has a plan */
+        if (n > CUDA_WGMMA_FP8_MAX_ROWS && fp8_lt(c, y, ldy, x, ldx, w, bias, n)) return;
+        if (cuda_scratch_reserve(c, &c->act16, q8_bytes(n, w->cols), n)) return;
+        float *xs = (float *)((char *)c->act16.p + q8_scales_off(n, w->cols));
+        cuda_fp8_quant_act(c, c->act16.p, xs, x, ldx, n, w->cols);
+        return cuda_wgmma_fp8(c, y, ldy, c->act16.p, xs, w, bias, n);
+    }
+#endif
     if (c->deterministic || n <= CUDA_FP8_TILE_ROWS || !cuda_fp8_vec_ok(w))
         return cuda_fp8_tiles(c, y, ldy, 0, x, ldx, 0, w, 0, bias, 1, n);
     if (fp8_lt(c, y, ldy, x, ldx, w, bias, n)) return;
@@ -490,6 +508,19 @@ static int handoff16(const struct cuda_ctx *c, const struct backend_norm *nm,
            w->cols <= INT32_MAX;
 }
 
+/* The e4m3 handoff: an FP8 product on the e4m3 wgmma kernel whose input the
+ * norm (cuda_add_rmsnorm8) writes in e4m3 itself, no quantization pass. */
+static int handoff8(const struct cuda_ctx *c, const struct backend_norm *nm,
+                    const struct backend_weight *w, long n) {
+#ifdef KILN_CUDA_HOPPER
+    return c->fuse && !cuda_fp8_gemv_ok(c, w, n) && cuda_wgmma_fp8_ok(c, w, n) &&
+           n <= CUDA_WGMMA_FP8_MAX_ROWS && w->cols == nm->dim && cuda_add_rmsnorm8_ok(nm);
+#else
+    (void)c, (void)nm, (void)w, (void)n;
+    return 0;
+#endif
+}
+
 /* The norm into nm->x; a tensor parallel part (nm->reduce) summed over the
  * ranks in the same kernel (cuda_allreduce.cu). */
 static void plain_norm(struct cuda_ctx *c, const struct backend_norm *nm, long n) {
@@ -511,6 +542,15 @@ extern "C" void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, fl
     struct cuda_ctx *c = (struct cuda_ctx *)ctx;
     if (n <= 0) return;
     CUDA_ASSERT(w->cols == nm->dim && ldy >= w->rows);
+#ifdef KILN_CUDA_HOPPER
+    if (handoff8(c, nm, w, n)) {
+        if (cuda_scratch_reserve(c, &c->act16, q8_bytes(n, nm->dim), n)) return;
+        cuda_add_rmsnorm8(c, nm, n, c->act16.p);
+        cuda_wgmma_fp8(c, y, ldy, c->act16.p, (const float *)((char *)c->act16.p + q8_scales_off(n, nm->dim)),
+                       w, bias, n);
+        return;
+    }
+#endif
     if (!handoff16(c, nm, w, n)) {
         plain_norm(c, nm, n);
         cuda_op_matmul(ctx, y, ldy, nm->x, nm->dim, w, bias, n);
@@ -567,6 +607,20 @@ extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm
         cuda_fp8_gemv(c, y, ldy, gu, ldgu, down, NULL, n, 0);
         return;
     }
+#ifdef KILN_CUDA_HOPPER
+    /* FP8 batches on the e4m3 wgmma kernel: the norm writes gate|up's e4m3
+     * operand, the SwiGLU down's (cuda_fp8_silu_quant) */
+    if (handoff8(c, nm, gate_up, n) && cuda_wgmma_fp8_ok(c, down, n) && inter % 128 == 0) {
+        size_t b1 = q8_bytes(n, d);
+        if (cuda_scratch_reserve(c, &c->act16, b1 + q8_bytes(n, inter), n)) return;
+        char *q1 = (char *)c->act16.p, *q2 = q1 + b1;
+        cuda_add_rmsnorm8(c, nm, n, q1);
+        cuda_wgmma_fp8(c, gu, ldgu, q1, (const float *)(q1 + q8_scales_off(n, d)), gate_up, NULL, n);
+        cuda_fp8_silu_quant(c, q2, gu, ldgu, n, inter);
+        cuda_wgmma_fp8(c, y, ldy, q2, (const float *)(q2 + q8_scales_off(n, inter)), down, NULL, n);
+        return;
+    }
+#endif
     /* decode: norm, gate|up GEMV with silu(g)·u in its epilogue, down GEMV */
     if (c->fuse && !c->deterministic && cuda_gemv_ok(c, gate_up, n) && cuda_gemv_ok(c, down, n) &&
         cuda_gemv_xvec(nm->x, d) && cuda_gemv_xvec(gu, ldgu)) {

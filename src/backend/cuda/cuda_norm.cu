@@ -140,7 +140,7 @@ static __global__ void __launch_bounds__(1024)
                 }
             }
         }
-        norm_row_vec(v, wv, DELTA ? hr : (float4 *)NULL, y, y16, i, dim, eps, red);
+        norm_row_vec(v, wv, DELTA ? hr : (float4 *)NULL, y, y16, i, dim, eps, red, n);
     }
 }
 
@@ -199,6 +199,22 @@ static void launch_norm16(const struct cuda_ctx *c, const struct backend_norm *n
     else
         pdl_launch(c, add_rmsnorm_kernel<O, false>, grid, block, 0, nm->h, nm->delta, (float *)NULL,
                    nm->w, n, nm->dim, nm->eps, x16);
+}
+
+/* The e4m3 handoff (FP8 products on the e4m3 wgmma kernel): the float4
+ * kernel's output quantized per row and 128 columns into q8 (codes, then
+ * the scales at q8_scales_off), as cuda_fp8_quant_act would quantize the
+ * plain op's output (the same bytes); nm->x is not written. */
+extern "C" int cuda_add_rmsnorm8_ok(const struct backend_norm *nm) {
+    return !nm->reduce && nm->dim % 128 == 0 && cuda_norm_vec_ok(nm->h, nm->delta, nm->x, nm->w, nm->dim);
+}
+
+extern "C" void cuda_add_rmsnorm8(struct cuda_ctx *c, const struct backend_norm *nm, long n, void *q8) {
+    if (n <= 0) return;
+    CUDA_ASSERT(cuda_add_rmsnorm8_ok(nm));
+    uint8_t *q = (uint8_t *)q8;
+    if (nm->delta) launch_norm_vec<uint8_t, true>(c, nm->h, nm->delta, NULL, nm->w, n, nm->dim, nm->eps, q);
+    else launch_norm_vec<uint8_t, false>(c, nm->h, nm->delta, NULL, nm->w, n, nm->dim, nm->eps, q);
 }
 
 extern "C" int cuda_add_rmsnorm16_ok(const struct backend_norm *nm) {

@@ -6,7 +6,8 @@
  *
  * Both forms run in one block a row and end with the block synchronized
  * (red, 32 floats of shared memory, may be reused). y NULL: not written;
- * O bf16 / f16: y16 gets the output rounded (O float: no 16-bit copy). */
+ * O bf16 / f16: y16 gets the output rounded (O float: no 16-bit copy); O
+ * uint8_t (the float4 form only): y16 gets it in e4m3 (put4). */
 #ifndef KILN_BACKEND_CUDA_NORM_ROW_CUH
 #define KILN_BACKEND_CUDA_NORM_ROW_CUH
 
@@ -15,6 +16,25 @@
 static __device__ __forceinline__ void put16(float *, long, float) {}
 static __device__ __forceinline__ void put16(__nv_bfloat16 *p, long i, float v) { store16(p + i, v); }
 static __device__ __forceinline__ void put16(__half *p, long i, float v) { store16(p + i, v); }
+
+/* The float4 form's copy of output float4 k of row i (of n rows): 16-bit,
+ * or (O = uint8_t, cuda_add_rmsnorm8) e4m3 codes of the row's 128-column
+ * groups with their scales at q8_scales_off (cuda_fp8_quant_act's bytes):
+ * the 32 lanes of a warp hold one group (dim % 128 == 0, blockDim % 32 ==
+ * 0), all of them here together. */
+template <typename O>
+static __device__ __forceinline__ void put4(O *y16, long i, long n, long dim, long k, float4 o) {
+    put16(y16, i * dim + 4 * k, o.x);
+    put16(y16, i * dim + 4 * k + 1, o.y);
+    put16(y16, i * dim + 4 * k + 2, o.z);
+    put16(y16, i * dim + 4 * k + 3, o.w);
+}
+static __device__ __forceinline__ void put4(uint8_t *q, long i, long n, long dim, long k, float4 o) {
+    const float sc = q8_warp_scale(fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w))));
+    *(uint32_t *)(q + i * dim + 4 * k) =
+        q8_code(o.x, sc) | q8_code(o.y, sc) << 8 | q8_code(o.z, sc) << 16 | q8_code(o.w, sc) << 24;
+    if ((threadIdx.x & 31) == 0) ((float *)(q + q8_scales_off(n, dim)))[(4 * k / 128) * n + i] = sc;
+}
 
 /* The float4 form's norm weights: wv[j] = w's float4 t + j·blockDim (zero
  * past d4). They are never written: load them before pdl_wait. */
@@ -35,7 +55,7 @@ static __device__ __forceinline__ void norm_weights_vec(float4 (&wv)[V], const f
 template <typename O, int V>
 static __device__ __forceinline__ void norm_row_vec(const float4 (&v)[V], const float4 (&wv)[V], float4 *hr,
                                                     float *y, O *y16, long i, long dim, float eps,
-                                                    float *red) {
+                                                    float *red, long n = 0) {
     const int t = threadIdx.x, nt = blockDim.x;
     const long d4 = dim / 4;
     float ss = 0.0f;
@@ -60,10 +80,7 @@ static __device__ __forceinline__ void norm_row_vec(const float4 (&v)[V], const 
             float4 o = make_float4(wv[j].x * (v[j].x * inv), wv[j].y * (v[j].y * inv), wv[j].z * (v[j].z * inv),
                                    wv[j].w * (v[j].w * inv));
             if (y) yr[k] = o;
-            put16(y16, i * dim + 4 * k, o.x);
-            put16(y16, i * dim + 4 * k + 1, o.y);
-            put16(y16, i * dim + 4 * k + 2, o.z);
-            put16(y16, i * dim + 4 * k + 3, o.w);
+            put4(y16, i, n, dim, k, o);
         }
     }
     __syncthreads(); /* red is reused by the next row */

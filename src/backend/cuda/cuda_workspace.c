@@ -8,8 +8,9 @@
  *  - the cuBLAS / cuBLASLt workspace (allocated at creation);
  *  - the attention's split-KV chunk states (reserve);
  *  - act16, the 16-bit copy of a product's input: max_tokens rows of the
- *    widest input (two halves in bf16x2 mode), and the side stream's own
- *    for steps of up to dual_max tokens;
+ *    widest input (two halves in bf16x2 mode; with FP8 weights, room for
+ *    two e4m3 operands and their scales), and the side stream's own for
+ *    steps of up to dual_max tokens;
  *  - the sampler's partials for max_tokens rows (reserve);
  *  - moe_dev, one MoE chunk's rows on the host or device path, and the
  *    experts' pointer tables (cuda_moe_scratch_bytes);
@@ -25,6 +26,9 @@ size_t cuda_op_workspace_bytes(void *ctx, const struct backend_step_shape *s) {
     long T = s->max_tokens > 0 ? s->max_tokens : 1;
     size_t act16 = round256((size_t)T * (size_t)(s->widest > 0 ? s->widest : 1) * 2 *
                             (size_t)(c->split_act ? 2 : 1));
+    /* FP8: two e4m3 operands (the MLP's: its norm's and its SwiGLU's) with
+     * their scales, one float per 128 codes, each part 256-byte aligned */
+    if (s->fp8_weights) act16 += round256((size_t)T * (size_t)(s->widest > 0 ? s->widest : 1) / 16) + 1024;
     /* the side stream's own act16 (backend_ops.side_begin): its steps only */
     long side_rows = c->side_stream ? (T < c->dual_max ? T : c->dual_max) : 0;
     size_t act16_side = round256((size_t)side_rows * (size_t)(s->widest > 0 ? s->widest : 1) * 2 *

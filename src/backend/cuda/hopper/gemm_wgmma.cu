@@ -77,6 +77,18 @@
  *    rows in bf16 (e4m3 over the layer scale on the FP8 cache). No
  *    qk_rope_store kernel between the product and the attention:
  *    Llama-3.1-8B at 64 sequences 6.62-6.67 → 6.51 ms.
+ *  - FP8 weights (cuda_wgmma_fp8; 128 × 128 blocks): the same kernel with
+ *    e4m3 operands. A k-step is one 128-byte row of each tile as before,
+ *    now 128 columns (one scale block), run as four m64n128k32 e4m3
+ *    wgmmas into a fresh accumulator that is then added to the sums times
+ *    the weight block's scale and the row's activation scale (the
+ *    DeepGEMM scheme: the tensor cores never add across scale blocks).
+ *    The activations arrive in e4m3 per row and 128 columns (from the
+ *    norm, the SwiGLU or cuda_fp8_quant_act). Any number of rows: row
+ *    tiles of 64 on grid.z (past CUDA_WGMMA_FP8_MAX_ROWS the caller prefers
+ *    cuBLASLt's FP8). BN = 128 only (the second accumulator).
+ *    Llama-3.1-8B at 64 sequences on one H100: 13,741 tok/s against
+ *    6,383 on the mma.sync tile kernel and 10,036 in bf16 (docs/perf.md).
  *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (40) MiB: on
  *    smaller ones (Qwen3-0.6B's layers) the fixed costs (launch, ramp,
  *    cluster reduction) lost to cuBLAS in the measurements under graphs.
@@ -94,7 +106,8 @@
  * Requirements (cuda_wgmma_ok): K a multiple of 8 (TMA's 16-byte row
  * stride; a K tail inside the last 64 columns is zero-filled on both
  * operands), 16-byte aligned W and X and X's row stride a multiple of 8
- * elements; anything else takes cuBLAS. */
+ * elements; anything else takes cuBLAS. FP8 (cuda_wgmma_fp8_ok): K a
+ * multiple of 128, 128 × 128 blocks, 16-byte aligned codes. */
 #include <cuda.h> /* CUtensorMap and its enums (header only; no -lcuda) */
 #include <cudaTypedefs.h>
 #include <stdint.h>
@@ -111,7 +124,7 @@ using namespace hopper;
 
 namespace {
 
-constexpr int BK = 64;        /* columns per k-step: one 128-byte swizzle atom */
+constexpr int BK = 64;        /* 16-bit columns per k-step: one 128-byte swizzle atom */
 constexpr int BM = 64;        /* activation rows: wgmma's M */
 constexpr int CONSUMERS = 128; /* one warpgroup: warps 0..3 */
 constexpr int THREADS = CONSUMERS + 32; /* + the producer warp (warp 4) */
@@ -123,6 +136,12 @@ constexpr int MAX_SPLIT = 8;  /* portable cluster size */
  * decode attention takes the kernel from WG_OPROJ_BYTES of weight. */
 constexpr int WG_MIN_STEPS = 8, WG_FILL = 85;
 constexpr long WG_OPROJ_BYTES = 16l << 20;
+
+/* operand types: bf16, f16, or e4m3 with block scales (FP8 weights of 128 ×
+ * 128 blocks, activations quantized per row and 128 columns) */
+enum { OP_BF16 = 0, OP_F16 = 1, OP_E4M3 = 2 };
+/* columns per k-step (one 128-byte row of the operand tiles) */
+template <int OP> __host__ __device__ constexpr int bk_of() { return OP == OP_E4M3 ? 128 : BK; }
 
 template <int BN> struct cfg {
     static constexpr int NB = BN / 128;                 /* n128 wgmmas per k16 */
@@ -149,20 +168,35 @@ struct wg_rope {
     float k_scale, v_scale;
 };
 
-template <bool F16>
+template <int OP>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
-    wgmma_ss<F16>(d, da, db, 1);
+    wgmma_ss<OP == OP_F16>(d, da, db, 1);
 }
+
+/* The scales of an e4m3 product (OP_E4M3): the weight's, one per 128 × 128
+ * block ([row block][nbc]), and the activations', one per row and 128
+ * columns ([column group][M], cuda_fp8_quant_act's layout). */
+struct wg_fp8 {
+    const float *wsc, *xsc;
+    int nbc;
+};
 
 /* One CTA: the BN weight rows from n0 = blockIdx.x·BN, k-steps
  * [split·nk/S, (split+1)·nk/S) with split = blockIdx.y (= the CTA's rank in
- * its cluster of S). */
-template <int BN, bool F16>
+ * its cluster of S), activation rows [64·blockIdx.z, 64·blockIdx.z + 64)
+ * (more than one row tile: FP8 products of more than 64 rows).
+ * OP_E4M3: each k-step (one 128-column scale block) runs its four k32
+ * products into a fresh accumulator, which is then added to the running
+ * sums times the weight block's scale and the row's activation scale (the
+ * DeepGEMM scheme: fp32 sums, scales applied once a block). */
+template <int BN, int OP>
 __global__ void __launch_bounds__(THREADS, BN == 128 ? 2 : 1)
 wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
              float *y, long ldy, const float *bias, int M, int N, int nk, int S,
-             void *y16, long ldy16, int glu, const struct wg_rope rp) {
+             void *y16, long ldy16, int glu, const struct wg_rope rp, const struct wg_fp8 f8) {
     using C = cfg<BN>;
+    constexpr int BKE = bk_of<OP>();
+    static_assert(OP != OP_E4M3 || BN == 128, "e4m3 tiles are 128 rows");
     extern __shared__ unsigned char smem_raw[];
     /* the dependents may launch first thing: measured 0.02-0.04 ms a
      * decode step better than after the main loop (docs/cuda-decode.md) */
@@ -171,6 +205,8 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
     /* glu: the tile is BN/2 gate rows from n0 and the same up rows from
      * glu + n0 (glu = inter: W is [gate; up]) */
     const int n0 = blockIdx.x * (glu ? BN / 2 : BN), split = blockIdx.y;
+    /* this CTA's row tile: rows [m0, m0 + Mt) */
+    const int m0 = (int)blockIdx.z * BM, Mt = M - m0 < BM ? M - m0 : BM;
     const int k0 = (int)((long)split * nk / S), cnt = (int)((long)(split + 1) * nk / S) - k0;
     const uint32_t raw = ptx_smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
     float *part = (float *)(smem_raw + (base - raw)); /* [BM][LDP], after the main loop */
@@ -198,11 +234,11 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
             const int pre = cnt < C::STAGES ? cnt : C::STAGES;
             auto load_w = [&](int st, int i) {
                 if (glu) { /* two boxes of BN/2 rows: the same layout as one of BN */
-                    tma_load_2d_hint(w_tile(st), &tw, full(st), (k0 + i) * BK, n0, pol);
-                    tma_load_2d_hint(w_tile(st) + C::W_BYTES / 2, &tw, full(st), (k0 + i) * BK,
+                    tma_load_2d_hint(w_tile(st), &tw, full(st), (k0 + i) * BKE, n0, pol);
+                    tma_load_2d_hint(w_tile(st) + C::W_BYTES / 2, &tw, full(st), (k0 + i) * BKE,
                                      glu + n0, pol);
                 } else {
-                    tma_load_2d_hint(w_tile(st), &tw, full(st), (k0 + i) * BK, n0, pol);
+                    tma_load_2d_hint(w_tile(st), &tw, full(st), (k0 + i) * BKE, n0, pol);
                 }
             };
             for (int i = 0; i < pre; i++) {
@@ -210,13 +246,13 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
                 load_w(i, i);
             }
             pdl_wait(); /* the activations come from the previous kernel */
-            for (int i = 0; i < pre; i++) tma_load_2d(x_tile(i), &tx, full(i), (k0 + i) * BK, 0);
+            for (int i = 0; i < pre; i++) tma_load_2d(x_tile(i), &tx, full(i), (k0 + i) * BKE, m0);
             for (int i = pre; i < cnt; i++) {
                 const int s = i % C::STAGES;
                 mbar_wait(empty(s), (uint32_t)((i / C::STAGES) & 1) ^ 1u);
                 mbar_arrive_tx(full(s), C::STAGE_BYTES);
                 load_w(s, i);
-                tma_load_2d(x_tile(s), &tx, full(s), (k0 + i) * BK, 0);
+                tma_load_2d(x_tile(s), &tx, full(s), (k0 + i) * BKE, m0);
             }
         }
     } else {
@@ -229,21 +265,55 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
         for (int b = 0; b < C::NB; b++)
 #pragma unroll
             for (int j = 0; j < 64; j++) acc[b][j] = 0.0f;
-        for (int i = 0; i < cnt; i++) {
-            const int s = i % C::STAGES;
-            mbar_wait(full(s), (uint32_t)((i / C::STAGES) & 1));
-            const uint64_t da = desc_sw128(x_tile(s)), db = desc_sw128(w_tile(s));
-            wgmma_fence();
+        if constexpr (OP == OP_E4M3) {
+            /* the thread's rows r, r + 8 (the accumulator layout); columns
+             * 0..63 of a gate|up tile are gate rows, 64..127 up rows */
+            const int r = 16 * warp + (lane >> 2);
+            const bool ok0 = r < Mt, ok1 = r + 8 < Mt;
+            const float *sw_lo = f8.wsc + (long)(n0 / 128) * f8.nbc;
+            const float *sw_hi = glu ? f8.wsc + (long)((glu + n0) / 128) * f8.nbc : sw_lo;
+            const float *xs = f8.xsc + m0 + r;
+            float t[64];
+            for (int i = 0; i < cnt; i++) {
+                const int s = i % C::STAGES, kb = k0 + i;
+                /* the scales' loads first: they overlap the wait */
+                const float slo = sw_lo[kb], shi = sw_hi[kb];
+                const float x0 = ok0 ? xs[(long)kb * M] : 0.0f, x1 = ok1 ? xs[(long)kb * M + 8] : 0.0f;
+                mbar_wait(full(s), (uint32_t)((i / C::STAGES) & 1));
+                const uint64_t da = desc_sw128(x_tile(s)), db = desc_sw128(w_tile(s));
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
+                for (int kk = 0; kk < BKE / 32; kk++) wgmma_ss_e4m3(t, da + 2 * kk, db + 2 * kk, kk > 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(t);
+                if (lane == 0) mbar_arrive(empty(s)); /* this warp is done reading stage s */
 #pragma unroll
-                for (int b = 0; b < C::NB; b++)
-                    wgmma_n128<F16>(acc[b], da + 2 * kk, db + (uint64_t)(b * 128 * 128 >> 4) + 2 * kk);
-            wgmma_commit();
-            wgmma_wait<0>();
+                for (int j = 0; j < 16; j++) {
+                    const float sc = j < 8 ? slo : shi, a0 = x0 * sc, a1 = x1 * sc;
+                    acc[0][4 * j] = fmaf(t[4 * j], a0, acc[0][4 * j]);
+                    acc[0][4 * j + 1] = fmaf(t[4 * j + 1], a0, acc[0][4 * j + 1]);
+                    acc[0][4 * j + 2] = fmaf(t[4 * j + 2], a1, acc[0][4 * j + 2]);
+                    acc[0][4 * j + 3] = fmaf(t[4 * j + 3], a1, acc[0][4 * j + 3]);
+                }
+            }
+        } else {
+            for (int i = 0; i < cnt; i++) {
+                const int s = i % C::STAGES;
+                mbar_wait(full(s), (uint32_t)((i / C::STAGES) & 1));
+                const uint64_t da = desc_sw128(x_tile(s)), db = desc_sw128(w_tile(s));
+                wgmma_fence();
 #pragma unroll
-            for (int b = 0; b < C::NB; b++) fence_regs(acc[b]);
-            if (lane == 0) mbar_arrive(empty(s)); /* this warp is done reading stage s */
+                for (int kk = 0; kk < BK / 16; kk++)
+#pragma unroll
+                    for (int b = 0; b < C::NB; b++)
+                        wgmma_n128<OP>(acc[b], da + 2 * kk, db + (uint64_t)(b * 128 * 128 >> 4) + 2 * kk);
+                wgmma_commit();
+                wgmma_wait<0>();
+#pragma unroll
+                for (int b = 0; b < C::NB; b++) fence_regs(acc[b]);
+                if (lane == 0) mbar_arrive(empty(s)); /* this warp is done reading stage s */
+            }
         }
     }
     /* every stage consumed: the ring's memory is free for the partial tile */
@@ -263,6 +333,8 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
     if (S > 1) cluster_sync();
     else __syncthreads();
     pdl_wait(); /* before the first global store */
+    /* the row tile's outputs */
+    if (y) y += (long)m0 * ldy;
 
     /* this CTA's share of the tile: float4 groups i ≡ split (mod S) in
      * blocks of THREADS, summed over the S partials in split order */
@@ -321,15 +393,15 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
         };
         if (tile >= rp.nq + rp.nk) {
             const long vh = (long)(tile - rp.nq - rp.nk) * 128;
-            for (int i = split * THREADS + tid; i < M * 32; i += S * THREADS) {
+            for (int i = split * THREADS + tid; i < Mt * 32; i += S * THREADS) {
                 const int m = i / 32, c = (i % 32) * 4;
-                put4kv(rp.vc, vh + (long)rp.slots[m] * rp.kv_stride + c, biased(m, c), rp.v_scale);
+                put4kv(rp.vc, vh + (long)rp.slots[m0 + m] * rp.kv_stride + c, biased(m, c), rp.v_scale);
             }
         } else {
-            for (int i = split * THREADS + tid; i < M * 16; i += S * THREADS) {
+            for (int i = split * THREADS + tid; i < Mt * 16; i += S * THREADS) {
                 const int m = i / 16, c = (i % 16) * 4;
                 const float4 a = biased(m, c), b = biased(m, c + 64);
-                const float4 *cs = (const float4 *)(rp.cos_sin + ((long)rp.pos[m] * 64 + c) * 2);
+                const float4 *cs = (const float4 *)(rp.cos_sin + ((long)rp.pos[m0 + m] * 64 + c) * 2);
                 const float4 cs0 = cs[0], cs1 = cs[1]; /* cos, sin of c, c+1; of c+2, c+3 */
                 const float x0[4] = {a.x, a.y, a.z, a.w}, x1[4] = {b.x, b.y, b.z, b.w};
                 const float co[4] = {cs0.x, cs0.z, cs1.x, cs1.z}, sn[4] = {cs0.y, cs0.w, cs1.y, cs1.w};
@@ -346,7 +418,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
                     *(float4 *)yr = r0;
                     *(float4 *)(yr + 64) = r1;
                 } else {
-                    const long kh = (long)rp.slots[m] * rp.kv_stride + (long)(tile - rp.nq) * 128 + c;
+                    const long kh = (long)rp.slots[m0 + m] * rp.kv_stride + (long)(tile - rp.nq) * 128 + c;
                     put4kv(rp.kc, kh, r0, rp.k_scale);
                     put4kv(rp.kc, kh + 64, r1, rp.k_scale);
                 }
@@ -358,13 +430,13 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
     if (glu) {
         /* silu(gate) · up of BN/2 columns, rounded to the 16-bit type:
          * the SwiGLU kernel's value (cuda_silu16) of the sums above */
-        using T = typename std::conditional<F16, __half, __nv_bfloat16>::type;
+        using T = typename std::conditional<OP == OP_F16, __half, __nv_bfloat16>::type;
         constexpr int NG = BN / 8;
-        for (int i = split * THREADS + tid; i < M * NG; i += S * THREADS) {
+        for (int i = split * THREADS + tid; i < Mt * NG; i += S * THREADS) {
             const int m = i / NG, c = (i % NG) * 4, n = n0 + c;
             const float4 g = tile_sum(m, c), u = tile_sum(m, c + BN / 2);
             const float gs[4] = {g.x, g.y, g.z, g.w}, us[4] = {u.x, u.y, u.z, u.w};
-            T *yr = (T *)y16 + (long)m * ldy16 + n;
+            T *yr = (T *)y16 + (long)(m0 + m) * ldy16 + n;
 #pragma unroll
             for (int q = 0; q < 4; q++)
                 if (n + q < glu) yr[q] = T(silu_mul_f32(gs[q], us[q]));
@@ -373,7 +445,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUt
         return;
     }
     constexpr int NV = BN / 4;
-    const int total = M * NV;
+    const int total = Mt * NV;
     for (int i = split * THREADS + tid; i < total; i += S * THREADS) {
         const int m = i / NV, c = (i % NV) * 4;
         const float4 v = tile_sum(m, c);
@@ -408,11 +480,13 @@ struct wg_state {
     int x_next;
 };
 
-template <int BN, bool F16> void setup_kernel(struct wg_state *st, int bi, int n_sm) {
-    auto k = wgmma_kernel<BN, F16>;
+template <int BN, int OP> void setup_kernel(struct wg_state *st, int bi, int n_sm) {
+    auto k = wgmma_kernel<BN, OP>;
     CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)cfg<BN>::SMEM));
-    if (F16) return; /* the same resources as bf16 */
+    /* f16 has bf16's resources; e4m3 (BN = 128 only) the same shared
+     * memory, which is what bounds the CTAs an SM */
+    if (OP != OP_BF16) return;
     int b = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, THREADS, cfg<BN>::SMEM));
     st->per_sm[bi] = b > 0 ? b : 1;
@@ -488,13 +562,13 @@ static int choose_splits(const struct wg_state *st, int bi, long tiles, int nk) 
     return best;
 }
 
-template <int BN, bool F16>
+template <int BN, int OP>
 void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, float *y, long ldy,
             const float *bias, int M, int N, int nk, int S, void *y16, long ldy16,
-            int glu, const struct wg_rope &rp) {
+            int glu, const struct wg_rope &rp, const struct wg_fp8 &f8 = wg_fp8{}) {
     long tiles = glu ? glu / (BN / 2) : (N + BN - 1) / BN;
     cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3((unsigned)tiles, (unsigned)S);
+    lc.gridDim = dim3((unsigned)tiles, (unsigned)S, (unsigned)((M + BM - 1) / BM));
     lc.blockDim = dim3(THREADS);
     lc.dynamicSmemBytes = cfg<BN>::SMEM;
     lc.stream = c->stream;
@@ -510,8 +584,8 @@ void launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, fl
         at[na++].val.clusterDim.z = 1;
     }
     lc.attrs = at, lc.numAttrs = (unsigned)na;
-    CUDA_CHECK(cudaLaunchKernelEx(&lc, wgmma_kernel<BN, F16>, *tw, *tx, y, ldy, bias, M, N, nk, S,
-                                  y16, ldy16, glu, rp));
+    CUDA_CHECK(cudaLaunchKernelEx(&lc, wgmma_kernel<BN, OP>, *tw, *tx, y, ldy, bias, M, N, nk, S,
+                                  y16, ldy16, glu, rp, f8));
 }
 
 } // namespace
@@ -522,10 +596,11 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     struct wg_state *st = (struct wg_state *)calloc(1, sizeof *st);
     CUDA_ASSERT(st);
     st->encode = fn;
-    setup_kernel<128, false>(st, 0, c->n_sm);
-    setup_kernel<128, true>(st, 0, c->n_sm);
-    setup_kernel<256, false>(st, 1, c->n_sm);
-    setup_kernel<256, true>(st, 1, c->n_sm);
+    setup_kernel<128, OP_BF16>(st, 0, c->n_sm);
+    setup_kernel<128, OP_F16>(st, 0, c->n_sm);
+    setup_kernel<128, OP_E4M3>(st, 0, c->n_sm);
+    setup_kernel<256, OP_BF16>(st, 1, c->n_sm);
+    setup_kernel<256, OP_F16>(st, 1, c->n_sm);
     c->wgmma_state = st;
     return 1;
 }
@@ -595,11 +670,11 @@ static void wgmma_any(struct cuda_ctx *c, float *y, long ldy, void *y16, long ld
     const int f16 = w->dtype == DTYPE_F16;
     if (bn == 256) {
         CUDA_ASSERT(!rp.cos_sin);
-        if (f16) launch<256, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
-        else launch<256, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
+        if (f16) launch<256, OP_F16>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
+        else launch<256, OP_BF16>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
     } else {
-        if (f16) launch<128, true>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
-        else launch<128, false>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
+        if (f16) launch<128, OP_F16>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
+        else launch<128, OP_BF16>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, y16, ldy16, glu, rp);
     }
     c->wgmma_calls++;
 }
@@ -650,4 +725,35 @@ extern "C" void cuda_wgmma_rope_run(struct cuda_ctx *c, float *y, long ldy, cons
                          (__nv_bfloat16 *)r->v_cache, r->kv_stride, r->n_heads, r->n_kv_heads,
                          c->kv_fp8, r->k_scale, r->v_scale};
     wgmma_any(c, y, ldy, NULL, 0, 0, x16, ldx, w, bias, n, 128, 0, rp);
+}
+
+/* ---- FP8 weights ------------------------------------------------------- */
+
+extern "C" int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n) {
+    const struct wg_state *st = (const struct wg_state *)c->wgmma_state;
+    return c->wgmma && c->wgmma_fp8 && st && !c->deterministic && !c->split_act &&
+           w->dtype == DTYPE_F8_E4M3 && w->scale && w->block_rows == 128 && w->block_cols == 128 &&
+           n >= 1 && n <= 65535l * BM && w->rows >= 1 && w->rows <= INT32_MAX && w->cols >= 128 &&
+           w->cols % 128 == 0 && w->cols <= INT32_MAX && ((uintptr_t)w->data & 15) == 0;
+}
+
+/* y[n][w.rows] (stride ldy) = dequant(xq, xs) · dequant(w)ᵀ (+ bias): xq
+ * [n][w.cols] e4m3 (row stride w.cols bytes, 16-byte aligned), xs [w.cols /
+ * 128][n] its scales (cuda_fp8_quant_act). Row tiles of 64; the K split as
+ * the 16-bit kernel plans it over every tile of the grid. */
+extern "C" void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq,
+                               const float *xs, const struct backend_weight *w, const float *bias,
+                               long n) {
+    struct wg_state *st = (struct wg_state *)c->wgmma_state;
+    CUDA_ASSERT(cuda_wgmma_fp8_ok(c, w, n) && ((uintptr_t)xq & 15) == 0);
+    const long N = w->rows, K = w->cols;
+    const int nk = (int)(K / 128);
+    const long tiles = (N + 127) / 128 * ((n + BM - 1) / BM);
+    const int S = choose_splits(st, 0, tiles, nk);
+    CUtensorMap tmp;
+    const CUtensorMap *tw = weight_map(st, w, 128, &tmp);
+    const CUtensorMap *tx = act_map(st, xq, n, K, K, (int)DTYPE_F8_E4M3);
+    const struct wg_fp8 f8 = {w->scale, xs, nk};
+    launch<128, OP_E4M3>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, NULL, 0, 0, wg_rope{}, f8);
+    c->wgmma_fp8_calls++;
 }

@@ -3,7 +3,7 @@
  * (cp.async.bulk.tensor), cluster (distributed shared memory) accesses,
  * and the warpgroup matrix multiply (wgmma: shared-memory matrix
  * descriptors, the fence / commit / wait protocol and the m64n128k16
- * products with fp32 accumulators). The instructions older GPUs have too
+ * (16-bit) and m64n128k32 (e4m3) products with fp32 accumulators). The instructions older GPUs have too
  * are in cuda_ptx.cuh. Only the files under hopper/ (built for sm_90a)
  * include it; everything is static inline in namespace hopper.
  * PTX ISA references: "Asynchronous Warpgroup Level Matrix Multiply-
@@ -187,6 +187,18 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t d
                      ", %64, %65, p, 1, 1, 0, 0;\n}\n"
                      : KILN_WGMMA_D64_OPS(d)
                      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* D[64][128] (fp32) (+)= A[64][32] · B[128][32]ᵀ with e4m3 inputs, both
+ * K-major in shared memory (FP8 has no transposed forms): a k32 slice is 32
+ * bytes, as a k16 slice of 16-bit values, so the same 128-byte-swizzled
+ * tiles and descriptor steps serve; the accumulator layout is wgmma_ss's. */
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " KILN_WGMMA_D64
+                 ", %64, %65, p, 1, 1;\n}\n"
+                 : KILN_WGMMA_D64_OPS(d)
+                 : "l"(da), "l"(db), "r"(scale_d));
 }
 
 /* D[64][128] += A[64][16] · B[16][128], bf16: A from registers (four
