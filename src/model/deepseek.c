@@ -27,7 +27,8 @@
  * × scale, one rounding), on every backend, so the absorbed and MHA forms
  * compute what the checkpoint means (a bf16 copy would add a 2^-9
  * rounding to every weight; fp32 costs twice its bytes, and on CUDA the
- * per-head products of fp32 weights run head by head through cuBLAS). The
+ * per-head products of fp32 weights run as one strided-batched fp32
+ * cuBLAS product, not on the GEMV). The
  * codes and scales come from the weight itself where the backend holds
  * them in place (the CPU), else from the host copies the loader keeps
  * (ws->last_host, ws->last_scale), else from the device, where the weight

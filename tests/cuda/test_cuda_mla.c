@@ -15,7 +15,10 @@
  *   - against the CPU: 1e-5 where the activations stay fp32 (GEMV, bf16x2),
  *     1e-2 where they are rounded to bf16 (2^-9 per element; the budget
  *     test_cuda_ops gives cuBLAS);
- *   - the columns between heads (q2's rope part) stay untouched.
+ *   - the columns between heads (q2's rope part) stay untouched;
+ *   - fp32 weights (kv_b_proj of an FP8 checkpoint, dequantized at load):
+ *     one strided-batched fp32 cuBLAS product, within 1e-5 of the per-head
+ *     products and of the CPU.
  *
  * MLA decode attention (dk 576, dv 512, V inside K, one KV head, bf16
  * cache; the CPU gets the same rounded cache): q (pre-scaled) and p are
@@ -84,18 +87,18 @@ static double heads_err(const float *a, const float *b, long n, int H, long hs, 
  * [H·head_rows][cols] tensor, starting off_rows rows in (W_UV inside
  * kv_b_proj); x head stride hx, y head stride hy (≥ rows). */
 static void check_heads(struct backend *be, const char *mode, int H, long rows, long cols,
-                        long head_rows, long off_rows, long hx, long hy, long n) {
-    struct wpair w = weight_rand(DTYPE_BF16, H * head_rows, cols, 1.0f / sqrtf((float)cols));
-    size_t off = (size_t)(off_rows * cols) * 2;
-    struct backend_weight wc = {.data = (const char *)w.c.data + off, .dtype = DTYPE_BF16, .rows = rows, .cols = cols},
-                          wg = {.data = (const char *)w.g.data + off, .dtype = DTYPE_BF16, .rows = rows, .cols = cols};
+                        long head_rows, long off_rows, long hx, long hy, long n, enum dtype dt) {
+    struct wpair w = weight_rand(dt, H * head_rows, cols, 1.0f / sqrtf((float)cols));
+    const size_t es = dtype_size(dt), off = (size_t)(off_rows * cols) * es;
+    struct backend_weight wc = {.data = (const char *)w.c.data + off, .dtype = dt, .rows = rows, .cols = cols},
+                          wg = {.data = (const char *)w.g.data + off, .dtype = dt, .rows = rows, .cols = cols};
     long w_stride = head_rows * cols, ldx = H * hx, ldy = H * hy;
     struct pair x = pair_rand((size_t)(n * ldx), 1.0f), y = pair_poison((size_t)(n * ldy)),
                 y1 = pair_poison((size_t)(n * ldy));
     be->ops->matmul_heads(be->ctx, y.d, ldy, hy, x.d, ldx, hx, &wg, w_stride, H, n);
     for (int h = 0; h < H; h++) { /* the per-head reference on the same backend */
         struct backend_weight wh = wg;
-        wh.data = (const char *)wg.data + (size_t)(h * w_stride) * 2;
+        wh.data = (const char *)wg.data + (size_t)(h * w_stride) * es;
         be->ops->matmul(be->ctx, (float *)y1.d + h * hy, ldy, (const float *)x.d + h * hx, ldx, &wh,
                         NULL, n);
     }
@@ -103,14 +106,16 @@ static void check_heads(struct backend *be, const char *mode, int H, long rows, 
     be->ops->synchronize(be->ctx);
     float *g = fetch(be, &y), *g1 = fetch(be, &y1);
     struct cuda_ctx *c = be->ctx;
-    int gemv = n <= c->gemv_max_rows, det = c->deterministic, x2 = c->split_act;
+    int f32 = dt == DTYPE_F32, gemv = !f32 && n <= c->gemv_max_rows, det = c->deterministic,
+        x2 = c->split_act;
     int exact = gemv || det;
     double e_self = heads_err(g, g1, n, H, hy, rows), e_cpu = heads_err(g, y.h, n, H, hy, rows);
-    /* fp32 activations (the GEMV, bf16x2) are fp32-grade; the deterministic
-     * kernel and cuBLAS round the activations to bf16 */
-    double tol_cpu = (gemv && !det) || x2 ? 1e-5 : 1e-2;
-    printf("  matmul_heads %-13s H=%3d %4ldx%-4ld n=%3ld: vs per-head %s %.3g, vs CPU %.3g (tol %.0e)\n",
-           mode, H, rows, cols, n, exact ? "(bitwise)" : "", e_self, e_cpu, tol_cpu);
+    /* fp32 activations (the GEMV, bf16x2, fp32 weights on cuBLAS's fp32
+     * product) are fp32-grade; the deterministic kernel and cuBLAS on
+     * 16-bit weights round the activations to bf16 */
+    double tol_cpu = (gemv && !det) || x2 || (f32 && !det) ? 1e-5 : 1e-2;
+    printf("  matmul_heads %-13s %s H=%3d %4ldx%-4ld n=%3ld: vs per-head %s %.3g, vs CPU %.3g (tol %.0e)\n",
+           mode, f32 ? "f32 " : "bf16", H, rows, cols, n, exact ? "(bitwise)" : "", e_self, e_cpu, tol_cpu);
     if (exact) assert_memory_equal(g, g1, (size_t)(n * ldy) * 4);
     else assert_true(e_self <= 1e-5);
     assert_true(e_cpu <= tol_cpu);
@@ -134,9 +139,14 @@ static void test_matmul_heads(void **state) {
         for (int i = 0; i < 8; i++) {
             int H = i == 3 ? 128 : 16;
             /* q_nope [128] → latent [512] into heads of 576 (q2), x heads of 192 */
-            check_heads(modes[m].be, modes[m].name, H, 512, 128, 512, 0, 192, 576, ns[i]);
+            check_heads(modes[m].be, modes[m].name, H, 512, 128, 512, 0, 192, 576, ns[i], DTYPE_BF16);
             /* latent [512] → v [128]: W_UV rows 128..255 of each head's 256 */
-            check_heads(modes[m].be, modes[m].name, H, 128, 512, 256, 128, 512, 128, ns[i]);
+            check_heads(modes[m].be, modes[m].name, H, 128, 512, 256, 128, 512, 128, ns[i], DTYPE_BF16);
+            /* fp32 weights: kv_b_proj of an FP8 checkpoint (model/deepseek.c) */
+            if (i % 2 == 0) {
+                check_heads(modes[m].be, modes[m].name, H, 512, 128, 512, 0, 192, 576, ns[i], DTYPE_F32);
+                check_heads(modes[m].be, modes[m].name, H, 128, 512, 256, 128, 512, 128, ns[i], DTYPE_F32);
+            }
         }
 }
 

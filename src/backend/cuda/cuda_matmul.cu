@@ -487,6 +487,16 @@ extern "C" void cuda_op_matmul_heads(void *ctx, float *y, long ldy, long hy, con
                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
     }
+    if (w->dtype == DTYPE_F32 && !c->split_act) {
+        /* fp32 weights (MLA's kv_b_proj of an FP8 checkpoint, dequantized
+         * at load): one strided-batched fp32 product over the heads */
+        const float alpha = 1.0f, zero = 0.0f;
+        CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)cols, &alpha, w->data, CUDA_R_32F,
+            (int)cols, (long long)w_stride, x, CUDA_R_32F, (int)ldx, (long long)hx, &zero, y, CUDA_R_32F,
+            (int)ldy, (long long)hy, n_heads, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
     size_t es = dtype_size(w->dtype);
     for (int h = 0; h < n_heads; h++) {
         struct backend_weight wh = *w;
