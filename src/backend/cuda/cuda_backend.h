@@ -613,6 +613,13 @@ int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_weight *w, 
 enum { CUDA_WGMMA_FP8_MAX_ROWS = 1024 };
 void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
                     const struct backend_weight *w, const float *bias, long n);
+/* The same for q|k|v with rope and the K/V stores in the epilogue (what
+ * cuda_wgmma_rope_ok asks of the shape). */
+int cuda_wgmma_fp8_rope_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n,
+                           const struct backend_rope_store *r);
+void cuda_wgmma_fp8_rope(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
+                         const struct backend_weight *w, const float *bias, long n,
+                         const struct backend_rope_store *r);
 
 #ifdef __cplusplus
 }

@@ -584,6 +584,15 @@ extern "C" void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *n
     if (n <= 0) return;
     const struct backend_weight *w = &stack->cat; /* weights are always stacked here */
 #ifdef KILN_CUDA_HOPPER
+    if (handoff8(c, nm, w, n) && cuda_wgmma_fp8_rope_ok(c, w, n, r) && ldy % 4 == 0 &&
+        ((uintptr_t)y & 15) == 0) {
+        if (cuda_scratch_reserve(c, &c->act16, q8_bytes(n, nm->dim), n)) return;
+        cuda_add_rmsnorm8(c, nm, n, c->act16.p);
+        cuda_wgmma_fp8_rope(c, y, ldy, c->act16.p,
+                            (const float *)((char *)c->act16.p + q8_scales_off(n, nm->dim)), w, bias, n, r);
+        c->rope_fused++;
+        return;
+    }
     if (handoff16(c, nm, w, n) && ldy % 4 == 0 && ((uintptr_t)y & 15) == 0 && w->cols == nm->dim) {
         if (cuda_scratch_reserve(c, &c->act16, (size_t)n * (size_t)nm->dim * 2, n)) return;
         if (cuda_wgmma_rope_ok(c, w, c->act16.p, nm->dim, n, r)) {

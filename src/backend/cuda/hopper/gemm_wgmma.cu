@@ -704,17 +704,24 @@ extern "C" void cuda_wgmma(struct cuda_ctx *c, float *y, long ldy, const void *x
     cuda_wgmma_run(c, y, ldy, x16, ldx, w, bias, n, 0, 0);
 }
 
+/* What the rope epilogue needs of the q|k|v product (tiles of 128 rows,
+ * each one head). */
+static int rope_shape_ok(const struct cuda_ctx *c, const struct backend_weight *w,
+                         const struct backend_rope_store *r) {
+    uintptr_t a = (uintptr_t)r->cos_sin | (uintptr_t)r->k_cache | (uintptr_t)r->v_cache;
+    return c->wgmma_rope && (c->kv_bf16 || c->kv_fp8) && r->head_dim == 128 && r->rot_dim == 128 &&
+           !r->interleaved && !r->q_norm && !r->k_norm && r->n_heads >= 1 && r->n_kv_heads >= 1 &&
+           w->rows == (long)(r->n_heads + 2 * r->n_kv_heads) * 128 && r->kv_stride % 4 == 0 &&
+           a % 16 == 0 && r->pos && r->slots;
+}
+
 extern "C" int cuda_wgmma_rope_ok(const struct cuda_ctx *c, const struct backend_weight *w,
                                   const void *x16, long ldx, long n,
                                   const struct backend_rope_store *r) {
     int bn = 0, S = 0;
-    if (!c->wgmma_rope || !(c->kv_bf16 || c->kv_fp8) || !cuda_wgmma_ok(c, w, x16, ldx, n)) return 0;
+    if (!cuda_wgmma_ok(c, w, x16, ldx, n)) return 0;
     cuda_wgmma_plan(c, w->rows, w->cols, &bn, &S);
-    uintptr_t a = (uintptr_t)r->cos_sin | (uintptr_t)r->k_cache | (uintptr_t)r->v_cache;
-    return bn == 128 && r->head_dim == 128 && r->rot_dim == 128 && !r->interleaved &&
-           !r->q_norm && !r->k_norm && r->n_heads >= 1 && r->n_kv_heads >= 1 &&
-           w->rows == (long)(r->n_heads + 2 * r->n_kv_heads) * 128 && r->kv_stride % 4 == 0 &&
-           a % 16 == 0 && r->pos && r->slots;
+    return bn == 128 && rope_shape_ok(c, w, r);
 }
 
 extern "C" void cuda_wgmma_rope_run(struct cuda_ctx *c, float *y, long ldy, const void *x16,
@@ -741,9 +748,8 @@ extern "C" int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_
  * [n][w.cols] e4m3 (row stride w.cols bytes, 16-byte aligned), xs [w.cols /
  * 128][n] its scales (cuda_fp8_quant_act). Row tiles of 64; the K split as
  * the 16-bit kernel plans it over every tile of the grid. */
-extern "C" void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq,
-                               const float *xs, const struct backend_weight *w, const float *bias,
-                               long n) {
+static void wgmma_fp8_any(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
+                          const struct backend_weight *w, const float *bias, long n, const struct wg_rope &rp) {
     struct wg_state *st = (struct wg_state *)c->wgmma_state;
     CUDA_ASSERT(cuda_wgmma_fp8_ok(c, w, n) && ((uintptr_t)xq & 15) == 0);
     const long N = w->rows, K = w->cols;
@@ -754,6 +760,29 @@ extern "C" void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const voi
     const CUtensorMap *tw = weight_map(st, w, 128, &tmp);
     const CUtensorMap *tx = act_map(st, xq, n, K, K, (int)DTYPE_F8_E4M3);
     const struct wg_fp8 f8 = {w->scale, xs, nk};
-    launch<128, OP_E4M3>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, NULL, 0, 0, wg_rope{}, f8);
+    launch<128, OP_E4M3>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, NULL, 0, 0, rp, f8);
     c->wgmma_fp8_calls++;
+}
+
+extern "C" void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq,
+                               const float *xs, const struct backend_weight *w, const float *bias,
+                               long n) {
+    wgmma_fp8_any(c, y, ldy, xq, xs, w, bias, n, wg_rope{});
+}
+
+/* The q|k|v product of FP8 weights with rope and the K/V stores in its
+ * epilogue, as cuda_wgmma_rope_run does for 16-bit weights. */
+extern "C" int cuda_wgmma_fp8_rope_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n,
+                                      const struct backend_rope_store *r) {
+    return cuda_wgmma_fp8_ok(c, w, n) && rope_shape_ok(c, w, r);
+}
+
+extern "C" void cuda_wgmma_fp8_rope(struct cuda_ctx *c, float *y, long ldy, const void *xq,
+                                    const float *xs, const struct backend_weight *w, const float *bias,
+                                    long n, const struct backend_rope_store *r) {
+    CUDA_ASSERT(cuda_wgmma_fp8_rope_ok(c, w, n, r) && ldy % 4 == 0 && ((uintptr_t)y & 15) == 0);
+    const struct wg_rope rp = {r->pos, r->slots, r->cos_sin, (__nv_bfloat16 *)r->k_cache,
+                               (__nv_bfloat16 *)r->v_cache, r->kv_stride, r->n_heads, r->n_kv_heads,
+                               c->kv_fp8, r->k_scale, r->v_scale};
+    wgmma_fp8_any(c, y, ldy, xq, xs, w, bias, n, rp);
 }
