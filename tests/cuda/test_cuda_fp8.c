@@ -8,8 +8,8 @@
  *  - matmul for n = 1, 2, 3 (the FP8 GEMV), 17, 64 (the tile kernel), 300,
  *    2048 (bf16 dequantized chunks + cuBLASLt), with and without bias; with
  *    128 x 128 blocks and K a multiple of 128, every n past the GEMV's on
- *    the e4m3 wgmma product on Hopper (test_wgmma_fp8 checks it closely;
- *    past CUDA_WGMMA_FP8_MAX_ROWS cuBLASLt's FP8 where it has a plan),
+ *    the e4m3 wgmma product on Hopper up to CUDA_WGMMA_FP8_MAX_ROWS
+ *    (test_wgmma_fp8 checks it closely),
  *    and with KILN_CUDA_WGMMA_FP8=0 the tile kernel, cuBLASLt's
  *    block-scaled FP8 where it has a plan (K a multiple of 512), and the
  *    chunks again with KILN_CUDA_FP8_LT=0;
@@ -138,14 +138,15 @@ static void check_matmul(struct backend *be, long rows, long cols, int br, int b
     int lt_applies = (be == &gpu_lt || (be == &gpu && n > CUDA_WGMMA_FP8_MAX_ROWS)) && n > 64 && br == 128 &&
                      bc == 128 && cols % 512 == 0;
     if (lt && !lt_applies) fail_msg("cuBLASLt's block-scaled FP8 ran where it does not apply");
-    /* the e4m3 wgmma kernel: every product past the GEMV's rows with 128 x
-     * 128 blocks and whole 128-column groups, on Hopper, unless turned off
-     * (past CUDA_WGMMA_FP8_MAX_ROWS only where cuBLASLt has no plan) */
-    int wg_applies = be == &gpu && n > 4 && br == 128 && bc == 128 && cols % 128 == 0;
+    /* the e4m3 wgmma kernel: every product of 5..CUDA_WGMMA_FP8_MAX_ROWS
+     * rows with 128 x 128 blocks and whole 128-column groups, on Hopper,
+     * unless turned off */
+    int wg_applies = be == &gpu && n > 4 && n <= CUDA_WGMMA_FP8_MAX_ROWS && br == 128 && bc == 128 &&
+                     cols % 128 == 0;
     if (wg && !wg_applies) fail_msg("the e4m3 wgmma product ran where it does not apply");
-    if (wg_applies && !wg && !lt && ((struct cuda_ctx *)gpu.ctx)->wgmma)
+    if (wg_applies && !wg && ((struct cuda_ctx *)gpu.ctx)->wgmma)
         fail_msg("the e4m3 wgmma product did not run where it applies");
-    if (lt_applies) printf("    cuBLASLt block-scaled FP8: %s\n", lt ? "ran" : wg ? "no plan (the wgmma kernel ran)" : "no plan on this GPU / cuBLAS (bf16 chunks ran)");
+    if (lt_applies) printf("    cuBLASLt block-scaled FP8: %s\n", lt ? "ran" : "no plan on this GPU / cuBLAS (bf16 chunks ran)");
     if (wg) printf("    e4m3 wgmma product\n");
     expect_close(&y, n, rows, ldy, tol_for(be, n, cols, lt || wg));
     if (be == &gpu_det) { /* every row's bits as when computed alone */

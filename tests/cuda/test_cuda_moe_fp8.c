@@ -4,31 +4,41 @@
  * run).
  *
  * moe_ffn: the CPU dequantizes each weight to fp32 (code × scale, one
- * rounding) and keeps fp32 activations; the GPU uses the same weight
- * values (the GEMV multiplies the same way; the mma product applies the
- * scale per K block to exact code × bf16 products, fp32 sums) and rounds
- * the activations to bf16 where a tensor core or the down product reads
- * them: the token rows (mma path) and the SwiGLU rows (both paths), 2^-9
- * relative each. Tolerance 1e-2 in ‖gpu − cpu‖ / ‖cpu‖, the budget
- * test_cuda_moe gives the bf16 device path for the same two roundings; a
- * wrong scale (another block's) or a row summed into the wrong token gives
- * errors of tens of percent to ~1. Covered: 1, 2, 7 tokens (the GEMV with
- * one-row and 8-row tiles), 64 (mma, 16-row tiles), 300 and 2048 (64-row
- * tiles); top-k 2, 6, 8; a fused shared expert (every token's last slot,
- * weight 1: one expert with many tiles) and none; partial edge blocks
- * (hidden 320 and inter 192 against 128x128 blocks: the last row block of
- * gate/up and the last column block of down, the last row block of down
- * and column block of gate/up); 32x32 blocks (several in one k-step);
- * the tiny oracle models' shapes (inter 32: the GEMV at every batch size);
- * DeepSeek-V2-Lite's shapes; a graph recording replayed on new ids and
- * inputs; --deterministic, where the FP8 experts stay on the device path
- * and a token's output does not depend on its batch (bitwise); and the
- * fp32-grade mode (KILN_CUDA_MATMUL=bf16x2: the GEMV with fp32 SwiGLU
- * rows) within 1e-5, fp32 sums in another order. The same cases again
- * with gpt-oss's experts (32 experts, top 4: gate, up and down biases and
- * the clamped SwiGLU, a limit that clamps a good share of the values) on
- * the GEMV (one-row and 8-row tiles) and the mma product (16- and 64-row
- * tiles), with a graph replay.
+ * rounding) and keeps fp32 activations; the GPU uses the same codes and
+ * scales with the scale's rounding elsewhere (the GEMV multiplies the sum
+ * of each 8 exact code × activation products by the scale, the mma
+ * product each K block's sum of exact code × bf16 products: fp32 sums,
+ * relative differences ~1e-7) and rounds the activations to bf16 where a
+ * tensor core or the down product reads them: the token rows (mma path)
+ * and the SwiGLU rows (both paths), 2^-9 relative each. Tolerance 1e-2 in
+ * ‖gpu − cpu‖ / ‖cpu‖, the budget test_cuda_moe gives the bf16 device
+ * path for the same two roundings; a wrong scale (another block's) or a
+ * row summed into the wrong token gives errors of tens of percent to ~1.
+ * Covered: 1, 2, 7 tokens (the GEMV with one-row and 8-row tiles), 64
+ * (mma, 16-row tiles), 300 and 2048 (64-row tiles); top-k 2, 6, 8; a fused
+ * shared expert (every token's last slot, weight 1: one expert with many
+ * tiles) and none; partial edge blocks (hidden 320 and inter 192 against
+ * 128x128 blocks: the last row block of gate/up and the last column block
+ * of down, the last row block of down and column block of gate/up); 32x32
+ * blocks (several in one k-step); the tiny oracle models' shapes (inter
+ * 32: the GEMV at every batch size); DeepSeek-V2-Lite's shapes (the
+ * GEMV's gate|up split in 2 parts of K); a graph recording replayed on new
+ * ids and inputs; --deterministic, where the FP8 experts stay on the
+ * device path and a token's output does not depend on its batch (bitwise,
+ * on the mma product and on the GEMV: one-row tiles against full 8-row
+ * ones, with and without a K split); and the fp32-grade mode
+ * (KILN_CUDA_MATMUL=bf16x2: the GEMV with fp32 SwiGLU rows) within 1e-5,
+ * fp32 sums in another order and the scale's rounding elsewhere. The
+ * GEMV's variants: one-row and 8-row tiles (partial and full), K split 1,
+ * 2 and 4 parts with a short last part (hidden 4112, inter 2064: 514 and
+ * 258 pieces of 8), widths of 16 but not 64 columns (272, 208: the GEMV at
+ * every batch, a last 32-piece step of 2 or 26 pieces), and scale blocks of
+ * 48 columns (6 pieces a block, not a power of two), 16, and wider than a
+ * row (1 x 512). The same cases again with gpt-oss's
+ * experts (32 experts, top 4: gate, up and down biases and the clamped
+ * SwiGLU, a limit that clamps a good share of the values) on the GEMV
+ * (one-row and 8-row tiles) and the mma product (16- and 64-row tiles),
+ * with a graph replay.
 
  *
  * Label gpu; fails without a GPU (run it with ctest -L gpu on the GPU machine). */
@@ -294,12 +304,36 @@ static void test_moe_fp8_gemv_only(void **state) {
     BR = BC = 128;
 }
 
-/* --deterministic: the FP8 experts run on the device path (graphable) and
- * a token's output is the same bits alone as in a batch of 300. */
-static void test_moe_fp8_deterministic(void **state) {
+/* Widths of 16 but not 64 columns: the GEMV at every batch (one-row
+ * tiles, partial and full 8-row tiles), the last step of 32 pieces short;
+ * scale blocks of 48 columns, of 16, and wider than the rows. */
+static void test_moe_fp8_gemv_odd(void **state) {
     SKIP_WITHOUT_GPU();
-    const int E = 64, K = 6, H = 256, F = 192;
-    const long n = 300;
+    check(16, 4, 1, 272, 208, 1, 1);
+    check(16, 4, 0, 272, 208, 7, 0);
+    check(16, 4, 1, 272, 208, 300, 0);
+    BR = BC = 48;
+    check(16, 4, 0, 272, 208, 1, 0);
+    check(16, 4, 1, 272, 208, 5, 0);
+    BR = BC = 16;
+    check(8, 2, 1, 208, 272, 3, 0);
+    BR = 1, BC = 512;
+    check(8, 2, 0, 272, 208, 2, 0);
+    BR = BC = 128;
+}
+
+/* The GEMV's K split: gate|up rows of 4112 columns (514 pieces: 4 parts of
+ * 160, 160, 160 and 34), down rows of 2064 (258: 160 and 98). */
+static void test_moe_fp8_gemv_ksplit(void **state) {
+    SKIP_WITHOUT_GPU();
+    check(3, 2, 0, 4112, 2064, 1, 1);
+    check(3, 2, 0, 4112, 2064, 5, 0);
+}
+
+/* --deterministic: the FP8 experts run on the device path (graphable) and
+ * a token's output is the same bits alone as in a batch of n (every
+ * 97th token checked). */
+static void det_check(int E, int K, int H, int F, long n) {
     struct experts ex;
     experts_init(&ex, E, H, F);
     int32_t *ids = xmalloc((size_t)(n * K) * 4);
@@ -318,12 +352,19 @@ static void test_moe_fp8_deterministic(void **state) {
         det.ops->moe_ffn(det.ctx, yd, (const float *)xd + t * H, (const int32_t *)idd + t * K,
                          (const float *)wd + t * K, K, &ex.d, 1);
         det.ops->download(det.ctx, y1, yd, (size_t)H * 4);
-        printf("  deterministic: token %ld alone == in the batch of %ld\n", t, n);
+        printf("  deterministic H=%d F=%d: token %ld alone == in the batch of %ld\n", H, F, t, n);
         assert_memory_equal(y1, ya + t * H, (size_t)H * 4);
     }
     det.ops->free(det.ctx, idd), det.ops->free(det.ctx, wd), det.ops->free(det.ctx, xd), det.ops->free(det.ctx, yd);
     free(ids), free(wts), free(xh), free(ya), free(y1);
     experts_free(&ex);
+}
+
+static void test_moe_fp8_deterministic(void **state) {
+    SKIP_WITHOUT_GPU();
+    det_check(64, 6, 256, 192, 300);  /* the mma product */
+    det_check(16, 4, 272, 208, 300);  /* the GEMV: one-row tiles against full 8-row ones */
+    det_check(3, 2, 4112, 2064, 200); /* the GEMV with its K split */
 }
 
 /* gpt-oss's experts: biases and the clamped SwiGLU on the GEMV and the
@@ -338,6 +379,8 @@ static void test_moe_fp8_biased(void **state) {
     BR = BC = 32;
     check(16, 4, 0, 64, 32, 300, 0); /* inter 32: the GEMV at every batch */
     BR = BC = 128;
+    check(16, 4, 0, 272, 208, 1, 0); /* GEMV-only widths, one-row and 8-row tiles */
+    check(16, 4, 0, 272, 208, 7, 0);
     BIASED = 0;
 }
 
@@ -358,6 +401,8 @@ int main(void) {
     if (!have_gpu) printf("test_cuda_moe_fp8: %s; the tests below fail\n", err.msg);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_fp8_small_m), cmocka_unit_test(test_moe_fp8_mma),
                                        cmocka_unit_test(test_moe_fp8_gemv_only),
+                                       cmocka_unit_test(test_moe_fp8_gemv_odd),
+                                       cmocka_unit_test(test_moe_fp8_gemv_ksplit),
                                        cmocka_unit_test(test_moe_fp8_deterministic),
                                        cmocka_unit_test(test_moe_fp8_biased)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

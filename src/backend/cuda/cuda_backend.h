@@ -605,11 +605,14 @@ void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *spl
  * [n][w.cols] in e4m3 and xs [w.cols / 128][n] their scales
  * (cuda_fp8_quant_act), any n (row tiles of 64). */
 int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n);
-/* Past this many rows, cuBLASLt's block-scaled FP8 takes the product where
- * it has a plan: its large tiles read each weight tile for more rows than
- * the 64-row tiles here. One H100, Llama-3.1-8B FP8 prefill, the whole
- * prompt (tok/s, this kernel against cuBLASLt): 512 tokens 24,611 / 20,039,
- * 1,024 25,599 / 25,670, 2,048 24,663 / 28,564, 8,192 21,317 / 27,541. */
+/* Past this many rows the product takes the path it takes without this
+ * kernel (cuBLASLt's block-scaled FP8 where it has a plan, else weight rows
+ * dequantized to bf16 for cuBLAS): their large tiles read each weight tile
+ * for more rows than the 64-row tiles here. One H100 (CUDA 13.0, where
+ * cuBLASLt has no block-scaled FP8 plan: the bf16 chunks ran), Llama-3.1-8B
+ * FP8 prefill of one prompt (tok/s, this kernel against the other path):
+ * 512 tokens 24,611 / 20,039, 1,024 25,599 / 25,670, 2,048 24,663 /
+ * 28,564, 8,192 21,317 / 27,541. */
 enum { CUDA_WGMMA_FP8_MAX_ROWS = 1024 };
 void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
                     const struct backend_weight *w, const float *bias, long n);

@@ -4,11 +4,45 @@
  * list (cuda_moe.cu), reading each touched expert's e4m3 bytes once (half
  * of bf16's).
  *
- *  - Decode (a few rows per expert): the grouped GEMV of cuda_moe_gemv.cu,
- *    16 codes a 16-byte load per lane. A code is widened exactly (e4m3 ->
- *    f16 -> f32) and multiplied by its block's scale, one fp32 rounding:
- *    the weight value the CPU backend computes (cpu_matmul_fp8.c). gate|up
- *    read the fp32 token rows, down the bf16 SwiGLU rows.
+ *  - Decode (a few rows per expert): a grouped GEMV over the tile list
+ *    (tiles of 1 row for one token, else of up to 8), laid out as the
+ *    dense FP8 GEMV (cuda_fp8.cu, f8_gemv_kernel), grouped as the bf16
+ *    experts' GEMV (cuda_moe_gemv.cu): a CTA of 4 warps per (group of
+ *    units, tile), every CTA waiting for the kernel before (pdl_wait)
+ *    first: the tile list that names the expert is written by it, so
+ *    unlike the dense GEMV no weight load can be issued ahead of the wait.
+ *     · a warp owns R units of the tile's expert: gate|up (G = 2) one unit,
+ *       gate row u and up row u; down (G = 1) two units: 2 weight rows
+ *       either way, for both tile sizes (the bf16 GEMV's choice). Lane l
+ *       takes the 8-byte pieces l, l + 32, l + 64, ... of each row: 8
+ *       codes, inside one scale block since block_cols % 16 == 0. Pieces
+ *       of 8 codes, not 16: a lane's fp32 activations for a piece are 32
+ *       bytes, and a warp's 16-byte activation load spans 8 cache lines
+ *       where 16-code pieces would span 16;
+ *     · a piece's activations are loaded once for each row of the tile and
+ *       serve both weight rows, whose 8 codes are widened once for all the
+ *       tile's rows;
+ *     · U = 8 / (R·G) = 4 steps of 32 pieces are loaded before the first is
+ *       used: 8 8-byte loads in flight per lane (the last batch of a part
+ *       partial) with their blocks' scales, bypassing L1 as
+ *       ptx_ld_stream_v4 does; the first batch as soon as the tile is read;
+ *     · K split KS = 1, 2 or 4 (fg_ks, the dense GEMV's rule, a function of
+ *       the row's width alone): the KS warps of a unit group each take one
+ *       contiguous part of K in whole 32-piece steps, and their sums are
+ *       added through shared memory in part order;
+ *     · each e4m3 pair is widened exactly (one conversion to f16x2, then
+ *       to fp32); a piece's 8 products with one activation row are summed
+ *       in fp32 in column order, then added times the piece's block scale
+ *       (acc = fma(dot, s, acc)); then a butterfly across the lanes (every
+ *       lane holds the sums: lane r·NR + j runs the epilogue of unit r,
+ *       tile row j), then the K parts.
+ *    gate|up read the fp32 token rows (sorted row p reads token order[p] /
+ *    top_k: no gather), down the bf16 SwiGLU rows (fp32 in the fp32-grade
+ *    mode). Registers are capped at 64 for one-row tiles (8 CTAs an SM),
+ *    96 for 8-row tiles (5). Every (unit, tile row) sum runs in that one
+ *    order whatever the tile's row count and which rows share the tile,
+ *    so a row's result does not depend on its batch (where the GEMV serves
+ *    every batch, --deterministic relies on it).
  *  - Prefill (many rows per expert): the mma.sync grouped product of
  *    cuda_gemm_small.cu with bf16 activations. Each k-step's 64×64 weight
  *    codes come into shared memory by cp.async (4 KB a stage, a 4-deep
@@ -26,8 +60,11 @@
  * Activations are bf16 wherever a tensor core
  * reads them and for the down GEMV, so the products carry the bf16
  * rounding of the activations (2^-9 relative) and otherwise the CPU's
- * weight values; the fp32-grade mode (KILN_CUDA_MATMUL=bf16x2) runs the
- * GEMV with fp32 SwiGLU rows (h32): fp32 activations throughout. */
+ * weight values (cpu_matmul_fp8.c: code × scale, one rounding, then the
+ * sum), up to where the scale's rounding falls (per product there, per
+ * 8-product or per K-block sum here); the fp32-grade mode
+ * (KILN_CUDA_MATMUL=bf16x2) runs the GEMV with fp32 SwiGLU rows (h32):
+ * fp32 activations throughout. */
 #include <cuda_fp8.h>
 #include <stdint.h>
 
@@ -39,16 +76,6 @@ namespace {
 __device__ __forceinline__ float2 fp8x2_f32(uint32_t q2) {
     __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(q2 & 0xffffu), __NV_E4M3);
     return __half22float2(__half2(hr));
-}
-
-/* 16 codes times their block's scale s (one rounding each). */
-__device__ __forceinline__ void fp8_widen16(const uint4 &p, float s, float *f) {
-    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 a = fp8x2_f32(w[i]), b = fp8x2_f32(w[i] >> 16);
-        f[4 * i] = a.x * s, f[4 * i + 1] = a.y * s, f[4 * i + 2] = b.x * s, f[4 * i + 3] = b.y * s;
-    }
 }
 
 /* 16 codes as 16 bf16 (exact), two uint4 in element order. */
@@ -70,68 +97,95 @@ __device__ __forceinline__ void fp8_to_bf16x16(const uint4 &p, uint4 &lo, uint4 
 
 constexpr int FG_WARPS = 4;
 constexpr int FG_THREADS = 32 * FG_WARPS;
-constexpr int FG_U = 4; /* 16-byte steps per weight row loaded ahead */
+constexpr int FG_LOADS = 8; /* 8-byte weight loads in flight per lane */
 
-/* 16 activations at column 16·v of a row: fp32 or bf16. */
-__device__ __forceinline__ void load_act16(const float *row, long v, float *xv) {
-    const float4 *p = (const float4 *)(row + v * 16);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float4 a = p[i];
-        xv[4 * i] = a.x, xv[4 * i + 1] = a.y, xv[4 * i + 2] = a.z, xv[4 * i + 3] = a.w;
-    }
+/* 8 bytes of weights read once: as ptx_ld_stream_v4 (bypasses L1, L2
+ * fetches the 256-byte sector ahead; only for memory no kernel writes). */
+__device__ __forceinline__ uint2 ld_stream_v2(const uint2 *p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];"
+                 : "=r"(r.x), "=r"(r.y)
+                 : "l"(p));
+    return r;
 }
-__device__ __forceinline__ void load_act16(const __nv_bfloat16 *row, long v, float *xv) {
-    const uint4 *p = (const uint4 *)row + 2 * v;
-    widen8(p[0], xv, (const __nv_bfloat16 *)0);
-    widen8(p[1], xv + 8, (const __nv_bfloat16 *)0);
+
+/* 4 codes (low byte first) widened to fp32, exactly. */
+__device__ __forceinline__ void fp8_widen4(uint32_t q4, float *f) {
+    float2 a = fp8x2_f32(q4), b = fp8x2_f32(q4 >> 16);
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+/* The 8 activations of piece p (columns 8p .. 8p + 7) of a row: fp32 rows
+ * (two 16-byte loads) or bf16 rows (one). Ordinary loads: the rows were
+ * written by the kernels before (cuda_pdl.cuh, rule 2). */
+__device__ __forceinline__ void load_act8(const float *row, unsigned p, float *xv) {
+    const float4 *q = (const float4 *)(row + (size_t)p * 8);
+    float4 a = q[0], b = q[1];
+    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+    xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+}
+__device__ __forceinline__ void load_act8(const __nv_bfloat16 *row, unsigned p, float *xv) {
+    widen8(((const uint4 *)row)[p], xv, (const __nv_bfloat16 *)0);
 }
 
 __device__ __forceinline__ void store_h(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store_h(float *p, float v) { *p = v; }
 
-/* As moe_gemv_kernel (cuda_moe_gemv.cu): G = 2, gate|up with the SwiGLU
- * epilogue into y (HT: bf16, or fp32 in the fp32-grade mode); G = 1, y
- * fp32. NR: the most rows a tile has; R: units (output features) per
- * warp. s_a / s_b: the experts' scales. */
-template <typename XT, typename HT, int G, int NR, int R>
-__global__ void __launch_bounds__(FG_THREADS)
-moe_gemv_fp8_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *order, int top_k,
-                    const void *const *w_a, const void *const *w_b, const float *const *s_a,
-                    const float *const *s_b, const int4 *tiles, const int *n_tiles, long units,
-                    long cols, int br, int bc, struct moe_epi ep) {
-    constexpr int RG = R * G;
+/* What every instance of the GEMV takes. G = 2: w_a, s_a the gates' codes
+ * and scales, w_b, s_b the ups'; G = 1: w_a, s_a only. Piece p of a row
+ * (8 columns) has the scale column p / pb: umulhi(p, sdiv) when sdiv != 0
+ * (exact: fg_div), else the division. */
+struct fgemv {
+    void *y;
+    long ldy;
+    const void *x;
+    long ldx;
+    const int32_t *order; /* NULL: sorted row p reads x row p; else x row order[p] / top_k */
+    int top_k;
+    const void *const *w_a, *const *w_b;
+    const float *const *s_a, *const *s_b;
+    const int4 *tiles;
+    const int *n_tiles;
+    long units, cols;
+    int br;
+    unsigned nbc, pb, sdiv;
+    struct moe_epi ep;
+};
+
+/* The grouped GEMV (see the top of the file). XT: the activations' type
+ * (fp32 token rows, or the SwiGLU rows h: bf16, fp32 in the fp32-grade
+ * mode); G = 2: gate|up with the activation epilogue into y (HT), G = 1:
+ * down, y fp32; NR: the most rows a tile has; R: units per warp; KS: the
+ * K split. */
+template <typename XT, typename HT, int G, int NR, int R, int KS>
+__global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_fp8_kernel(const struct fgemv a) {
+    constexpr int RG = R * G, U = FG_LOADS / RG, GROUPS = FG_WARPS / KS;
+    static_assert(U >= 1 && R * NR <= 32 && (NR & (NR - 1)) == 0, "moe fp8 gemv: shape");
+    __shared__ float red[KS > 1 ? FG_WARPS * RG * NR : 1];
     pdl_trigger();
-    pdl_wait();
-    if ((int)blockIdx.y >= *n_tiles) return;
-    const int4 t = tiles[blockIdx.y];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long u0 = ((long)blockIdx.x * FG_WARPS + warp) * R;
-    if (u0 >= units) return;
+    pdl_wait(); /* the tile list (the expert), the token rows, h: written by the kernels before */
+    if ((int)blockIdx.y >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % KS;
+    const long u0 = ((long)blockIdx.x * GROUPS + warp / KS) * R;
+    const bool active = u0 < a.units; /* warp-uniform; inactive warps still meet the barrier */
     const int m = t.z;
-    const long nbc = (cols + bc - 1) / bc;
-    const uint8_t *wa = (const uint8_t *)w_a[t.x];
-    const uint8_t *wb = G == 2 ? (const uint8_t *)w_b[t.x] : wa;
-    const float *sa = s_a[t.x];
-    const float *sb = G == 2 ? s_b[t.x] : sa;
-    const uint4 *wr[RG];
+    /* part `part` takes pieces [ps, pe) of each row: whole 32-piece steps,
+     * the last part the rest */
+    const unsigned np = (unsigned)(a.cols / 8);
+    const unsigned chunk = KS == 1 ? np : ((np + KS - 1) / KS + 31) / 32 * 32;
+    const unsigned ps = part * chunk, pe = ps + chunk < np ? ps + chunk : np;
+    const uint2 *wr[RG];
     const float *sr[RG];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        long u = u0 + r < units ? u0 + r : units - 1; /* past the end: re-read the last; not stored */
-        wr[r * G] = (const uint4 *)(wa + u * cols);
-        sr[r * G] = sa + (u / br) * nbc;
-        if (G == 2) {
-            wr[r * G + 1] = (const uint4 *)(wb + u * cols);
-            sr[r * G + 1] = sb + (u / br) * nbc;
-        }
-    }
-    const XT *xr[NR];
+        long u = u0 + r < a.units ? u0 + r : a.units - 1; /* past the end: re-read the last; not stored */
 #pragma unroll
-    for (int j = 0; j < NR; j++) {
-        int p = t.y + (j < m ? j : m - 1);
-        long row = order ? order[p] / top_k : p;
-        xr[j] = x + row * ldx;
+        for (int g = 0; g < G; g++) {
+            const uint8_t *w = (const uint8_t *)(g ? a.w_b : a.w_a)[t.x];
+            wr[r * G + g] = (const uint2 *)(w + u * a.cols);
+            sr[r * G + g] = (g ? a.s_b : a.s_a)[t.x] + (size_t)((unsigned)u / (unsigned)a.br) * a.nbc;
+        }
     }
     float acc[RG][NR];
 #pragma unroll
@@ -139,72 +193,153 @@ moe_gemv_fp8_kernel(void *y, long ldy, const XT *x, long ldx, const int32_t *ord
 #pragma unroll
         for (int j = 0; j < NR; j++) acc[q][j] = 0.0f;
 
-    const long nvec = cols / 16;
-    for (long v0 = lane; v0 < nvec; v0 += 32 * FG_U) {
-        uint4 wv[FG_U][RG];
-        float sv[FG_U][RG];
+    /* batches of U steps per lane (the last one of the part partial), the
+     * loads of a batch (codes and their scales) all issued before its
+     * first use, the first as soon as the expert is known */
+    unsigned p = ps + lane;
+    uint2 wv[U][RG];
+    float sv[U][RG];
+    auto load = [&](unsigned p0) {
 #pragma unroll
-        for (int s = 0; s < FG_U; s++) {
-            long v = v0 + 32 * s;
+        for (int k = 0; k < U; k++) {
+            unsigned pk = p0 + 32 * k;
+            if (active && pk < pe) {
+                unsigned sc = a.sdiv ? __umulhi(pk, a.sdiv) : pk / a.pb;
 #pragma unroll
-            for (int q = 0; q < RG; q++) {
-                wv[s][q] = v < nvec ? ptx_ld_stream_v4(wr[q] + v) : make_uint4(0, 0, 0, 0);
-                sv[s][q] = v < nvec ? __ldg(sr[q] + v * 16 / bc) : 0.0f;
+                for (int q = 0; q < RG; q++) {
+                    wv[k][q] = ld_stream_v2(wr[q] + pk);
+                    sv[k][q] = __ldg(sr[q] + sc);
+                }
             }
         }
+    };
+    load(p);
+    /* the activation rows (32-bit indices: fewer registers) */
+    unsigned xrow[NR];
 #pragma unroll
-        for (int s = 0; s < FG_U; s++) {
-            long v = v0 + 32 * s;
-            if (v >= nvec) break;
-            float wf[RG][16];
+    for (int j = 0; j < NR; j++) {
+        int r = t.y + (j < m ? j : m - 1);
+        xrow[j] = (unsigned)(a.order ? a.order[r] / a.top_k : r);
+    }
+    while (active && p < pe) {
 #pragma unroll
-            for (int q = 0; q < RG; q++) fp8_widen16(wv[s][q], sv[s][q], wf[q]);
+        for (int k = 0; k < U; k++) {
+            unsigned pk = p + 32 * k;
+            if (pk >= pe) break;
+            /* the piece's codes of every weight row, widened once for all
+             * activation rows; per (row, activation row) the 8 products
+             * summed in column order, then added times the block scale */
+            float wf[RG][8];
+#pragma unroll
+            for (int q = 0; q < RG; q++) fp8_widen4(wv[k][q].x, wf[q]), fp8_widen4(wv[k][q].y, wf[q] + 4);
 #pragma unroll
             for (int j = 0; j < NR; j++) {
                 if (j >= m) break;
-                float xv[16];
-                load_act16(xr[j], v, xv);
+                float xv[8];
+                load_act8((const XT *)a.x + xrow[j] * (size_t)a.ldx, pk, xv);
 #pragma unroll
-                for (int q = 0; q < RG; q++)
+                for (int q = 0; q < RG; q++) {
+                    float d = 0.0f;
 #pragma unroll
-                    for (int e = 0; e < 16; e++) acc[q][j] = fmaf(wf[q][e], xv[e], acc[q][j]);
+                    for (int e = 0; e < 8; e++) d = fmaf(wf[q][e], xv[e], d);
+                    acc[q][j] = fmaf(d, sv[k][q], acc[q][j]);
+                }
             }
         }
+        p += 32 * U;
+        load(p);
     }
+    /* the lanes' sums by a butterfly: every lane holds the same bits */
 #pragma unroll
     for (int q = 0; q < RG; q++)
 #pragma unroll
-        for (int j = 0; j < NR; j++) acc[q][j] = warp_sum(acc[q][j]);
-    if (lane != 0) return;
+        for (int j = 0; j < NR; j++)
+            if (j < m) acc[q][j] = warp_sum(acc[q][j]);
+    if (KS > 1) {
+        if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        long u = u0 + r;
-        if (u >= units) break;
+            for (int q = 0; q < RG; q++)
 #pragma unroll
-        for (int j = 0; j < NR; j++) {
-            if (j >= m) break;
-            long p = t.y + j;
-            if (G == 2)
-                store_h((HT *)y + p * ldy + u, moe_glu_f32(ep, t.x, u, units, acc[r * 2][j], acc[r * 2 + 1][j]));
-            else
-                ((float *)y)[p * ldy + u] = moe_down_f32(ep, t.x, u, units, acc[r][j]);
-        }
+                for (int j = 0; j < NR; j++)
+                    if (j < m) red[(warp * RG + q) * NR + j] = acc[q][j];
+        __syncthreads();
+        if (part != 0) return;
+        /* the row group's parts, in order */
+#pragma unroll
+        for (int q = 0; q < RG; q++)
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                if (j >= m) break;
+                float s = red[(warp * RG + q) * NR + j];
+#pragma unroll
+                for (int k = 1; k < KS; k++) s += red[((warp + k) * RG + q) * NR + j];
+                acc[q][j] = s;
+            }
     }
+    if (!active) return;
+    /* lane r·NR + j writes unit u0 + r of tile row j */
+    const int r = lane / NR, j = lane % NR;
+    float g = 0.0f, v = 0.0f;
+#pragma unroll
+    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int jj = 0; jj < NR; jj++)
+            if (lane == rr * NR + jj) g = acc[rr * G][jj], v = acc[rr * G + G - 1][jj];
+    const long u = u0 + r, row = t.y + j;
+    if (r >= R || j >= m || u >= a.units) return;
+    if (G == 2)
+        store_h((HT *)a.y + row * a.ldy + u, moe_glu_f32(a.ep, t.x, u, a.units, g, v));
+    else
+        ((float *)a.y)[row * a.ldy + u] = moe_down_f32(a.ep, t.x, u, a.units, g);
 }
 
+/* The K split for rows of cols columns, as the dense FP8 GEMV's
+ * (cuda_fp8.cu): 4 parts from 512 pieces (4096 columns) on, 2 from 256,
+ * else none, every part at least 128 pieces; KILN_CUDA_GEMV_KS forces 1,
+ * 2 or 4. A function of cols only: a row's sums do not depend on the
+ * batch. */
+static int fg_ks(const struct cuda_ctx *c, long cols) {
+    if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
+    long np = cols / 8;
+    return np >= 4 * 128 ? 4 : np >= 2 * 128 ? 2 : 1;
+}
+
+/* The scale column of piece p < np is p / pb; a block wider than the row
+ * is taken as pb = np (every piece in column 0). umulhi(p, ceil(2^32 /
+ * pb)) is that quotient exactly while np · pb < 2^32, else 0: divide. */
+static void fg_div(struct fgemv &a, int bc) {
+    unsigned long long np = (unsigned long long)(a.cols / 8), pb = (unsigned long long)(bc / 8);
+    if (pb > np) pb = np;
+    if (pb < 2) pb = 2; /* bc >= 16; np < 2: only piece 0 */
+    a.pb = (unsigned)pb;
+    a.sdiv = np * pb < (1ull << 32) ? (unsigned)(((1ull << 32) + pb - 1) / pb) : 0u;
+    a.nbc = (unsigned)((a.cols + bc - 1) / bc);
+}
+
+template <typename XT, typename HT, int G, int NR, int R>
+void fg_launch(struct cuda_ctx *c, const struct fgemv &a, long max_tiles) {
+    const int ks = fg_ks(c, a.cols);
+    const dim3 grid((unsigned)((a.units + (FG_WARPS / ks) * R - 1) / ((FG_WARPS / ks) * R)), (unsigned)max_tiles);
+    if (ks == 4) pdl_launch(c, moe_gemv_fp8_kernel<XT, HT, G, NR, R, 4>, grid, dim3(FG_THREADS), 0, a);
+    else if (ks == 2) pdl_launch(c, moe_gemv_fp8_kernel<XT, HT, G, NR, R, 2>, grid, dim3(FG_THREADS), 0, a);
+    else pdl_launch(c, moe_gemv_fp8_kernel<XT, HT, G, NR, R, 1>, grid, dim3(FG_THREADS), 0, a);
+}
+
+/* gate|up (fp32 token rows in, the activation into h: HT), then down (h
+ * in, fp32 out): 2 weight rows a warp for both (gate|up one unit, down
+ * two), for every tile size, as the bf16 experts' GEMV. */
 template <typename HT, int NR>
 void gemv_pair(struct cuda_ctx *c, void *h, const float *x, long H, long F, const int32_t *order, int top_k,
                void *const *tab, long E, const int4 *tiles, const int *n_tiles, long max_tiles, float *out,
                int br, int bc, const struct moe_epi &ep) {
     const void *const *w = (const void *const *)tab;
     const float *const *s = (const float *const *)(tab + 3 * E);
-    unsigned gx = (unsigned)((F + FG_WARPS - 1) / FG_WARPS);
-    pdl_launch(c, moe_gemv_fp8_kernel<float, HT, 2, NR, 1>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS), 0, h, F,
-               x, H, order, top_k, w, w + E, s, s + E, tiles, n_tiles, F, H, br, bc, ep);
-    gx = (unsigned)((H + FG_WARPS * 2 - 1) / (FG_WARPS * 2));
-    pdl_launch(c, moe_gemv_fp8_kernel<HT, HT, 1, NR, 2>, dim3(gx, (unsigned)max_tiles), dim3(FG_THREADS),
-               0, (void *)out, H, (const HT *)h, F, (const int32_t *)NULL, 1, w + 2 * E,
-               (const void *const *)NULL, s + 2 * E, (const float *const *)NULL, tiles, n_tiles, H, F, br, bc, ep);
+    struct fgemv gu = {h, F, x, H, order, top_k, w, w + E, s, s + E, tiles, n_tiles, F, H, br, 0, 0, 0, ep};
+    fg_div(gu, bc);
+    fg_launch<float, HT, 2, NR, 1>(c, gu, max_tiles);
+    struct fgemv dn = {out, H, h, F, NULL, 1, w + 2 * E, NULL, s + 2 * E, NULL, tiles, n_tiles, H, F, br, 0, 0, 0, ep};
+    fg_div(dn, bc);
+    fg_launch<HT, HT, 1, NR, 2>(c, dn, max_tiles);
 }
 
 /* ---- prefill: the grouped mma.sync product ------------------------------ */

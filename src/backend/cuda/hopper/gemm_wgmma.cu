@@ -85,8 +85,9 @@
  *    DeepGEMM scheme: the tensor cores never add across scale blocks).
  *    The activations arrive in e4m3 per row and 128 columns (from the
  *    norm, the SwiGLU or cuda_fp8_quant_act). Any number of rows: row
- *    tiles of 64 on grid.z (past CUDA_WGMMA_FP8_MAX_ROWS the caller prefers
- *    cuBLASLt's FP8). BN = 128 only (the second accumulator).
+ *    tiles of 64 on grid.z (the callers stop at CUDA_WGMMA_FP8_MAX_ROWS,
+ *    where larger tiles elsewhere win). BN = 128 only (the second
+ *    accumulator).
  *    Llama-3.1-8B at 64 sequences on one H100: 13,741 tok/s against
  *    6,383 on the mma.sync tile kernel and 10,036 in bf16 (docs/perf.md).
  *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (40) MiB: on
