@@ -60,10 +60,10 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
+#include "cuda_test_dense.h"
 #include "cuda_test_rng.h"
 
 #define TOL 5e-4
-#define SENTINEL 7777.0f
 
 /* all with KILN_CUDA_GEMV_MAX_ROWS=0 (every row count reaches product16) */
 static struct backend gpu;     /* KILN_CUDA_WGMMA=1, KILN_CUDA_WGMMA_MIN_MB=0: any weight size */
@@ -79,29 +79,6 @@ static uint16_t to16(float v, enum dtype dt) {
 }
 static double from16(uint16_t h, enum dtype dt) {
     return dt == DTYPE_BF16 ? (double)bf16_to_f32(h) : (double)f16_to_f32(h);
-}
-
-static void *dev_from(const void *h, size_t bytes) {
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, bytes), cudaSuccess);
-    assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
-
-/* ‖y − ref‖ / ‖ref‖ over [m][N] of y (stride ldy), failing on NaN or a
- * changed sentinel in the padding columns. */
-static double rel_err(const float *y, const double *ref, long m, long N, long ldy) {
-    double num = 0, den = 0;
-    for (long i = 0; i < m; i++) {
-        for (long j = 0; j < N; j++) {
-            double g = y[i * ldy + j], r = ref[i * N + j];
-            if (isnan(g)) fail_msg("NaN at row %ld col %ld (unwritten?)", i, j);
-            num += (g - r) * (g - r), den += r * r;
-        }
-        for (long j = N; j < ldy; j++)
-            if (y[i * ldy + j] != SENTINEL) fail_msg("row %ld col %ld (padding) overwritten", i, j);
-    }
-    return sqrt(num / (den > 0 ? den : 1));
 }
 
 /* ref[m][N] = x16 · w16ᵀ + bias in double */

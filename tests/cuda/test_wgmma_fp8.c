@@ -49,23 +49,16 @@
 #include "base/mem.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
+#include "cuda_test_dense.h"
 #include "cuda_test_rng.h"
 
 #define TOL_SAME 1e-3
 #define TOL_UNQUANT 6e-2
-#define SENTINEL 7777.0f
 
 static struct backend gpu;     /* defaults */
 static struct backend gpu_off; /* KILN_CUDA_WGMMA_FP8=0 */
 static struct backend gpu_det; /* --deterministic */
 static int have_gpu;
-
-static void *dev_from(const void *h, size_t bytes) {
-    void *d = NULL;
-    assert_int_equal(cudaMalloc(&d, bytes), cudaSuccess);
-    assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    return d;
-}
 
 /* An FP8 weight [N][K] of 128 × 128 blocks (bw = 128 × 128 unless given):
  * random finite codes, positive scales that put the weights near ±1/√K. */
@@ -93,33 +86,10 @@ static double w8_at(const struct w8 *w, long j, long k, int br, int bc) {
     return (double)fp8_e4m3_to_f32(w->q[j * w->K + k]) * w->s[(j / br) * w->nbc + k / bc];
 }
 
-/* ‖y − ref‖ / ‖ref‖ over [m][N] of y (stride ldy); fails on NaN or a
- * changed sentinel in the padding columns */
-static double rel_err(const float *y, const double *ref, long m, long N, long ldy) {
-    double num = 0, den = 0;
-    for (long i = 0; i < m; i++) {
-        for (long j = 0; j < N; j++) {
-            double g = y[i * ldy + j], r = ref[i * N + j];
-            if (isnan(g)) fail_msg("NaN at row %ld col %ld (unwritten?)", i, j);
-            num += (g - r) * (g - r), den += r * r;
-        }
-        for (long j = N; j < ldy; j++)
-            if (y[i * ldy + j] != SENTINEL) fail_msg("row %ld col %ld (padding) overwritten", i, j);
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 /* the e4m3 operand's layout (cuda_common.cuh q8_scales_off): codes, then
  * from the next 256-byte boundary the scales [cols / 128][n] */
 static size_t q8_scales_host(long n, long cols) { return ((size_t)(n * cols) + 255) & ~(size_t)255; }
 static size_t q8_bytes_host(long n, long cols) { return q8_scales_host(n, cols) + (size_t)(n * (cols / 128)) * 4; }
-
-static float *poisoned(long m, long N, long ldy) {
-    float *y = xmalloc((size_t)(m * ldy) * 4);
-    for (long i = 0; i < m; i++)
-        for (long j = 0; j < ldy; j++) y[i * ldy + j] = j < N ? NAN : SENTINEL;
-    return y;
-}
 
 /* The kernel on the GPU's own quantization of x, eager and from a graph. */
 static void check_kernel(long m, long N, long K, long ldy, int bias) {

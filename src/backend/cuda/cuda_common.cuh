@@ -129,6 +129,43 @@ static __device__ __forceinline__ void store16(__half *p, float v) { *p = __floa
 
 static inline cudaStream_t ctx_stream(void *ctx) { return ((struct cuda_ctx *)ctx)->stream; }
 
+/* The end of a GEMV warp's sums (cuda_gemv.cu, cuda_fp8.cu,
+ * cuda_moe_fp8.cu): acc[RG][NR] (its first m activation rows) summed across
+ * the lanes by warp_sum's butterfly, so every lane holds the same bits, and
+ * with a K split (KS > 1) the KS consecutive warps of a row group (parts 0
+ * .. KS - 1) added through red (RG·NR floats a warp of shared memory) in
+ * part order into part 0's acc. Every thread of the block calls it; 0: the
+ * warp is done (a later part). */
+template <int RG, int NR, int KS>
+static __device__ __forceinline__ int gemv_reduce(float (&acc)[RG][NR], float *red, int warp, int part,
+                                                  int m = NR) {
+#pragma unroll
+    for (int q = 0; q < RG; q++)
+#pragma unroll
+        for (int j = 0; j < NR; j++)
+            if (j < m) acc[q][j] = warp_sum(acc[q][j]);
+    if (KS == 1) return 1;
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+        for (int q = 0; q < RG; q++)
+#pragma unroll
+            for (int j = 0; j < NR; j++)
+                if (j < m) red[(warp * RG + q) * NR + j] = acc[q][j];
+    __syncthreads();
+    if (part != 0) return 0;
+#pragma unroll
+    for (int q = 0; q < RG; q++)
+#pragma unroll
+        for (int j = 0; j < NR; j++)
+            if (j < m) {
+                float s = red[(warp * RG + q) * NR + j];
+#pragma unroll
+                for (int k = 1; k < KS; k++) s += red[((warp + k) * RG + q) * NR + j];
+                acc[q][j] = s;
+            }
+    return 1;
+}
+
 /* Activations in e4m3 per row and 128 columns (the operand of the FP8
  * products: cuda_fp8_quant_act and the kernels that write it as they
  * produce the values, one warp a group, so all give the same bytes): the

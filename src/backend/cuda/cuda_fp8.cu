@@ -222,30 +222,7 @@ static __global__ void __launch_bounds__(F8_GEMV_THREADS, NR <= 2 ? 8 : 4)
         p += 32 * U;
         load(p);
     }
-#pragma unroll
-    for (int q = 0; q < RG; q++)
-#pragma unroll
-        for (int j = 0; j < NR; j++) acc[q][j] = warp_sum(acc[q][j]);
-    if (KS > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int q = 0; q < RG; q++)
-#pragma unroll
-                for (int j = 0; j < NR; j++) red[(warp * RG + q) * NR + j] = acc[q][j];
-        }
-        __syncthreads();
-        if (part != 0) return;
-        /* the row group's parts, in order */
-#pragma unroll
-        for (int q = 0; q < RG; q++)
-#pragma unroll
-            for (int j = 0; j < NR; j++) {
-                float t = red[(warp * RG + q) * NR + j];
-#pragma unroll
-                for (int k = 1; k < KS; k++) t += red[((warp + k) * RG + q) * NR + j];
-                acc[q][j] = t;
-            }
-    }
+    if (!gemv_reduce<RG, NR, KS>(acc, red, warp, part)) return;
     if (lane != 0 || !active) return;
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -658,12 +635,15 @@ extern "C" void cuda_fp8_dequant(struct cuda_ctx *c, void *dst, const struct bac
     CUDA_CHECK_LAUNCH();
 }
 
-/* ---- activations in e4m3 for cuBLASLt's block-scaled FP8 ---------------- */
+/* ---- activations in e4m3 (the e4m3 wgmma kernel, cuBLASLt's FP8) ------- */
 
-/* A warp per (row i, 128-column group g): s = max(max |x|, 1e-12) / 448,
- * xq[i][k] = e4m3(x / s) (to nearest even, saturating), xs[g][i] = s: the
+/* A warp per (row i, 128-column group g): s = max(max |v|, 1e-12) / 448,
+ * xq[i][k] = e4m3(v / s) (to nearest even, saturating), xs[g][i] = s: the
  * layout of CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F on the B operand
- * (groups outer, rows inner). cols % 128 == 0. */
+ * (groups outer, rows inner). cols % 128 == 0. v = x; SILU: v =
+ * silu_mul_f32(gate, up) of x's row [gate: cols | up: cols], the SwiGLU
+ * kernel's value. */
+template <bool SILU>
 static __global__ void f8_quant_act_kernel(uint8_t *__restrict__ xq, float *__restrict__ xs,
                                            const float *__restrict__ x, long ldx, long n, long cols) {
     pdl_trigger();
@@ -677,7 +657,7 @@ static __global__ void f8_quant_act_kernel(uint8_t *__restrict__ xq, float *__re
     float v[4], amax = 0.0f;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        v[e] = xr[lane + 32 * e];
+        v[e] = SILU ? silu_mul_f32(xr[lane + 32 * e], xr[cols + lane + 32 * e]) : xr[lane + 32 * e];
         amax = fmaxf(amax, fabsf(v[e]));
     }
     const float sc = q8_warp_scale(amax);
@@ -687,47 +667,24 @@ static __global__ void f8_quant_act_kernel(uint8_t *__restrict__ xq, float *__re
     if (lane == 0) xs[g * n + i] = sc;
 }
 
-extern "C" void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, const float *x, long ldx,
-                                   long n, long cols) {
+template <bool SILU>
+static void quant_launch(struct cuda_ctx *c, void *xq, float *xs, const float *x, long ldx, long n, long cols) {
     CUDA_ASSERT(cols % 128 == 0 && n > 0);
     long warps = n * (cols / 128);
-    pdl_launch(c, f8_quant_act_kernel, dim3(grid_for(warps, 8)), dim3(256), 0, (uint8_t *)xq, xs, x, ldx,
-               n, cols);
-    CUDA_CHECK_LAUNCH();
+    pdl_launch(c, f8_quant_act_kernel<SILU>, dim3(grid_for(warps, 8)), dim3(256), 0, (uint8_t *)xq, xs, x,
+               ldx, n, cols);
 }
 
-/* The SwiGLU of gate|up rows (gu [n][2·inter], row stride ldgu: gate
- * columns, then up) straight into the e4m3 operand of the down product:
- * q8 [n][inter] codes and the scales at q8_scales_off(n, inter), a warp per
- * (row, 128-column group); each value silu_mul_f32(g, u), the SwiGLU
- * kernel's, so the bytes are cuda_fp8_quant_act's of its output. */
-static __global__ void f8_silu_quant_kernel(uint8_t *__restrict__ q8, const float *__restrict__ gu,
-                                            long ldgu, long n, long inter) {
-    pdl_trigger();
-    pdl_wait();
-    long wid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    long groups = inter / 128;
-    if (wid >= n * groups) return;
-    long i = wid / groups, g = wid % groups;
-    const float *gr = gu + i * ldgu + g * 128;
-    float v[4], amax = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        v[e] = silu_mul_f32(gr[lane + 32 * e], gr[inter + lane + 32 * e]);
-        amax = fmaxf(amax, fabsf(v[e]));
-    }
-    const float sc = q8_warp_scale(amax);
-    uint8_t *qr = q8 + i * inter + g * 128;
-#pragma unroll
-    for (int e = 0; e < 4; e++) qr[lane + 32 * e] = (uint8_t)q8_code(v[e], sc);
-    if (lane == 0) ((float *)(q8 + q8_scales_off(n, inter)))[g * n + i] = sc;
+extern "C" void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, const float *x, long ldx,
+                                   long n, long cols) {
+    quant_launch<false>(c, xq, xs, x, ldx, n, cols);
 }
 
+/* The SwiGLU of gate|up rows (gu [n][2·inter], row stride ldgu) straight
+ * into the e4m3 operand of the down product (codes, then the scales at
+ * q8_scales_off(n, inter)): the bytes cuda_fp8_quant_act makes of the
+ * SwiGLU kernel's output. */
 extern "C" void cuda_fp8_silu_quant(struct cuda_ctx *c, void *q8, const float *gu, long ldgu, long n,
                                     long inter) {
-    CUDA_ASSERT(inter % 128 == 0 && n > 0);
-    long warps = n * (inter / 128);
-    pdl_launch(c, f8_silu_quant_kernel, dim3(grid_for(warps, 8)), dim3(256), 0, (uint8_t *)q8, gu, ldgu, n,
-               inter);
+    quant_launch<true>(c, q8, (float *)((char *)q8 + q8_scales_off(n, inter)), gu, ldgu, n, inter);
 }

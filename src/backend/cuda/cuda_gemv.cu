@@ -167,30 +167,7 @@ static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
             }
         }
     }
-#pragma unroll
-    for (int q = 0; q < RG; q++)
-#pragma unroll
-        for (int j = 0; j < NR; j++) acc[q][j] = warp_sum(acc[q][j]);
-    if (KS > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int q = 0; q < RG; q++)
-#pragma unroll
-                for (int j = 0; j < NR; j++) red[(warp * RG + q) * NR + j] = acc[q][j];
-        }
-        __syncthreads();
-        if (part != 0) return;
-        /* the row group's parts, in order */
-#pragma unroll
-        for (int q = 0; q < RG; q++)
-#pragma unroll
-            for (int j = 0; j < NR; j++) {
-                float s = red[(warp * RG + q) * NR + j];
-#pragma unroll
-                for (int p = 1; p < KS; p++) s += red[((warp + p) * RG + q) * NR + j];
-                acc[q][j] = s;
-            }
-    }
+    if (!gemv_reduce<RG, NR, KS>(acc, red, warp, part)) return;
     if (lane != 0 || !active) return;
 #pragma unroll
     for (int r = 0; r < R; r++) {

@@ -249,33 +249,9 @@ __global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_fp8_kern
         p += 32 * U;
         load(p);
     }
-    /* the lanes' sums by a butterfly: every lane holds the same bits */
-#pragma unroll
-    for (int q = 0; q < RG; q++)
-#pragma unroll
-        for (int j = 0; j < NR; j++)
-            if (j < m) acc[q][j] = warp_sum(acc[q][j]);
-    if (KS > 1) {
-        if (lane == 0)
-#pragma unroll
-            for (int q = 0; q < RG; q++)
-#pragma unroll
-                for (int j = 0; j < NR; j++)
-                    if (j < m) red[(warp * RG + q) * NR + j] = acc[q][j];
-        __syncthreads();
-        if (part != 0) return;
-        /* the row group's parts, in order */
-#pragma unroll
-        for (int q = 0; q < RG; q++)
-#pragma unroll
-            for (int j = 0; j < NR; j++) {
-                if (j >= m) break;
-                float s = red[(warp * RG + q) * NR + j];
-#pragma unroll
-                for (int k = 1; k < KS; k++) s += red[((warp + k) * RG + q) * NR + j];
-                acc[q][j] = s;
-            }
-    }
+    /* the lanes' sums by a butterfly (every lane holds the same bits), the
+     * K split's parts in order */
+    if (!gemv_reduce<RG, NR, KS>(acc, red, warp, part, m)) return;
     if (!active) return;
     /* lane r·NR + j writes unit u0 + r of tile row j */
     const int r = lane / NR, j = lane % NR;
