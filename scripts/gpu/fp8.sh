@@ -60,7 +60,7 @@ fi
 if want prefill; then
   bench "llama8b bf16 prefill" 150 "" --model $M --prompt-len 512,8192 --decode 1 --batch 1
   bench "llama8b fp8 prefill" 150 "" --model $M --prompt-len 512,8192 --decode 1 --batch 1 --quantization fp8
-  bench "llama8b fp8 prefill (cuBLASLt)" 150 "KILN_CUDA_WGMMA_FP8=0" --model $M --prompt-len 512,8192 \
+  bench "llama8b fp8 prefill (no e4m3 wgmma)" 150 "KILN_CUDA_WGMMA_FP8=0" --model $M --prompt-len 512,8192 \
     --decode 1 --batch 1 --quantization fp8
 fi
 say "done"
