@@ -227,6 +227,7 @@ struct engine_stats {
     int page_size, kv_groups;
     /* a hybrid pool (kv_pool.h): the sliding layers' pages (0 otherwise) */
     long kv_swa_pages_total, kv_swa_pages_free;
+    long kv_swa_pages_shed_total; /* sliding pages the prefix cache gave back when they ran short */
     long prompt_tokens_total, cached_tokens_total, generation_tokens_total;
     long requests_finished[5]; /* by enum engine_finish */
     long retractions_total;

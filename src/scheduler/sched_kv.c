@@ -207,7 +207,9 @@ int sched_make_free(struct engine *e, int g, int n) {
         /* at least 1/32 of the pool at once: each call sorts the tree */
         int want = n - kv_pool_swa_available(kv), batch = kv->n_swa_pages / 32;
         struct shed sh = {kv, want > batch ? want : batch};
+        const int asked = sh.want;
         radix_visit_lru(rx, shed_node, &sh);
+        e->counters.kv_swa_pages_shed_total += asked - (sh.want > 0 ? sh.want : 0);
     }
     for (int missing; rx && (missing = n - kv_pool_available(kv)) > 0;)
         if (radix_evict(rx, missing) == 0) break;

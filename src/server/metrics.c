@@ -108,6 +108,10 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
                lb, (double)s.kv_swa_pages_total);
         metric(&o, "swa_kv_pages_free", "gauge", "Free pages of the sliding-window layers' KV pool.", lb,
                (double)s.kv_swa_pages_free);
+        metric(&o, "swa_kv_pages_shed_total", "counter",
+               "Sliding pages of cached prefixes given back when the sliding pool ran short (the prefixes "
+               "stay usable as far as their last window still has its pages).",
+               lb, (double)s.kv_swa_pages_shed_total);
     }
     metric(&o, "spec_draft_tokens_total", "counter", "Draft tokens speculative decoding proposed.", lb,
            (double)s.spec_draft_tokens_total);

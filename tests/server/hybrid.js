@@ -3,7 +3,8 @@
 // outputs of concurrent requests sharing long prefixes (far longer than
 // the window of 8) are the same with the hybrid pool, with one pool for
 // every layer, and with the fewest sliding pages in a small pool (where
-// the prefix cache sheds sliding pages and requests wait for pages); the
+// the prefix cache sheds sliding pages, counted in /metrics, and requests
+// wait for pages); the
 // prefix cache serves the repeated prompts; every pool is free afterwards.
 // Usage: node hybrid.js URL_HYBRID URL_ONE_POOL URL_TIGHT
 'use strict';
@@ -44,7 +45,9 @@ test('the hybrid pool and its options show in /get_server_info and /metrics', as
   const ma = await metrics(urlA), mb = await metrics(urlB), mc = await metrics(urlC);
   assert.ok(ma['kiln:swa_kv_pages_total'] > 0);
   assert.strictEqual(ma['kiln:swa_kv_pages_free'], ma['kiln:swa_kv_pages_total']);
+  assert.strictEqual(ma['kiln:swa_kv_pages_shed_total'], 0);
   assert.strictEqual(mb['kiln:swa_kv_pages_total'], undefined);
+  assert.strictEqual(mb['kiln:swa_kv_pages_shed_total'], undefined);
   // the fewest: one request's window (2 x 8 + 2 pages of 4) beside a batch of 16 + 8 rows
   assert.strictEqual(mc['kiln:swa_kv_pages_total'], (2 * 8 + 2 * 4 + 24) / 4);
   assert.ok(mc['kiln:swa_kv_pages_total'] < mc['kiln:kv_pages_total']);
@@ -70,6 +73,9 @@ test('greedy outputs agree across the hybrid pool, one pool and the fewest slidi
     assert.strictEqual(m['kiln:kv_pages_used_by_requests'], 0, url);
     assert.strictEqual(m['kiln:kv_pages_free'] + m['kiln:kv_pages_cached'], m['kiln:kv_pages_total'], url);
   }
+  // sliding pages to spare: none shed; the fewest: the prefix cache shed some
+  assert.strictEqual((await metrics(urlA))['kiln:swa_kv_pages_shed_total'], 0);
+  assert.ok((await metrics(urlC))['kiln:swa_kv_pages_shed_total'] > 0);
 });
 
 run();

@@ -233,7 +233,7 @@ static int turn_prompt(int c, int t, const int32_t *answers, int32_t *out) {
 /* ans[CONVS]: a last request, a new conversation's first turn, which
  * shares only the start with the others; *last: what it found cached. */
 static void run_conversations(const char *dir, const struct opts *x, int32_t ans[CONVS + 1][TURNS * TNEW],
-                              int *cached, int *last) {
+                              int *cached, int *last, long *shed) {
     struct engine *e = start(dir, x);
     int32_t p[256];
     *cached = 0;
@@ -261,6 +261,9 @@ static void run_conversations(const char *dir, const struct opts *x, int32_t ans
     *last = s->cached_tokens;
     sink_free(s);
     assert_pools_whole(e);
+    struct engine_stats st;
+    engine_stats(e, &st);
+    *shed = st.kv_swa_pages_shed_total;
     engine_destroy(e);
 }
 
@@ -271,12 +274,14 @@ static void test_prefix_cache(void **state) {
         for (int k = 0; k < 2; k++) {
             static int32_t plain[CONVS + 1][TURNS * TNEW], cache[CONVS + 1][TURNS * TNEW];
             int cached_plain, cached, last;
+            long shed;
             int ps = page_sizes[k];
             struct opts off = {ps, 0, 0, 5, 0, 0}, on = {ps, 0, 1, 5, 0, 0}, tight = {ps, 0, 1, 5, 0.01, 0};
-            run_conversations(dirs[m], &off, plain, &cached_plain, &last);
+            run_conversations(dirs[m], &off, plain, &cached_plain, &last, &shed);
             assert_int_equal(cached_plain + last, 0);
             /* sliding pages to spare: the tree keeps them all */
-            run_conversations(dirs[m], &on, cache, &cached, &last);
+            run_conversations(dirs[m], &on, cache, &cached, &last, &shed);
+            assert_int_equal(shed, 0);
             if (memcmp(plain, cache, sizeof plain))
                 fail_msg("%s, page size %d: other ids with the prefix cache", dirs[m], ps);
             printf("  %s, page size %d: %d prompt tokens of later turns cached, %d of the new one's\n", dirs[m], ps,
@@ -290,10 +295,12 @@ static void test_prefix_cache(void **state) {
              * prefixes usable only as far as their last window still has
              * them */
             memset(cache, 0, sizeof cache);
-            run_conversations(dirs[m], &tight, cache, &cached, &last);
+            run_conversations(dirs[m], &tight, cache, &cached, &last, &shed);
             if (memcmp(plain, cache, sizeof plain))
                 fail_msg("%s, page size %d: other ids with the prefix cache and few sliding pages", dirs[m], ps);
-            printf("  %s, page size %d, few sliding pages: %d and %d cached\n", dirs[m], ps, cached, last);
+            printf("  %s, page size %d, few sliding pages: %d and %d cached, %ld sliding pages shed\n", dirs[m],
+                   ps, cached, last, shed);
+            assert_true(shed > 0);
         }
 }
 
