@@ -86,11 +86,6 @@ static double w8_at(const struct w8 *w, long j, long k, int br, int bc) {
     return (double)fp8_e4m3_to_f32(w->q[j * w->K + k]) * w->s[(j / br) * w->nbc + k / bc];
 }
 
-/* the e4m3 operand's layout (cuda_common.cuh q8_scales_off): codes, then
- * from the next 256-byte boundary the scales [cols / 128][n] */
-static size_t q8_scales_host(long n, long cols) { return ((size_t)(n * cols) + 255) & ~(size_t)255; }
-static size_t q8_bytes_host(long n, long cols) { return q8_scales_host(n, cols) + (size_t)(n * (cols / 128)) * 4; }
-
 /* The kernel on the GPU's own quantization of x, eager and from a graph. */
 static void check_kernel(long m, long N, long K, long ldy, int bias) {
     struct cuda_ctx *c = gpu.ctx;
@@ -220,7 +215,7 @@ static void test_routing(void **state) {
 static void check_handoffs(long n, long d, int delta) {
     struct cuda_ctx *c = gpu.ctx;
     const struct backend_ops *ops = gpu.ops;
-    const size_t hb = (size_t)(n * d) * 4, q = q8_bytes_host(n, d);
+    const size_t hb = (size_t)(n * d) * 4, q = q8_bytes(n, d);
     float *h = xmalloc(hb), *dl = xmalloc(hb), *w = xmalloc((size_t)d * 4);
     for (long i = 0; i < n * d; i++) h[i] = frand(3.0f), dl[i] = frand(1.0f);
     for (long k = 0; k < d; k++) w[k] = frand(1.0f);
@@ -235,7 +230,7 @@ static void check_handoffs(long n, long d, int delta) {
     assert_true(cuda_add_rmsnorm8_ok(&nm));
     cuda_add_rmsnorm8(c, &nm, n, q1);
     ops->add_rmsnorm(gpu.ctx, dh2, delta ? ddl : NULL, dx, dw, n, d, 1e-6f);
-    cuda_fp8_quant_act(c, q2, (float *)(q2 + q8_scales_host(n, d)), dx, d, n, d);
+    cuda_fp8_quant_act(c, q2, q8_scales(q2, n, d), dx, d, n, d);
     assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
     assert_int_equal(cudaMemcpy(h1, q1, q, cudaMemcpyDeviceToHost), cudaSuccess);
     assert_int_equal(cudaMemcpy(h2, q2, q, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -251,12 +246,12 @@ static void check_handoffs(long n, long d, int delta) {
     float *gu = dev_from(guh, (size_t)(rows * ldgu) * 4), *g1 = NULL;
     free(guh);
     assert_int_equal(cudaMalloc((void **)&g1, (size_t)(rows * inter) * 4), cudaSuccess);
-    const size_t qi = q8_bytes_host(rows, inter);
+    const size_t qi = q8_bytes(rows, inter);
     assert_int_equal(cudaMemset(q1, 0, q), cudaSuccess);
     assert_int_equal(cudaMemset(q2, 0, q), cudaSuccess);
     cuda_fp8_silu_quant(c, q1, gu, ldgu, rows, inter);
     ops->silu_mul(gpu.ctx, g1, inter, gu, ldgu, gu + inter, ldgu, rows, inter);
-    cuda_fp8_quant_act(c, q2, (float *)(q2 + q8_scales_host(rows, inter)), g1, inter, rows, inter);
+    cuda_fp8_quant_act(c, q2, q8_scales(q2, rows, inter), g1, inter, rows, inter);
     assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
     assert_int_equal(cudaMemcpy(h1, q1, qi, cudaMemcpyDeviceToHost), cudaSuccess);
     assert_int_equal(cudaMemcpy(h2, q2, qi, cudaMemcpyDeviceToHost), cudaSuccess);

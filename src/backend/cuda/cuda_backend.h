@@ -406,13 +406,30 @@ void cuda_fp8_tiles(struct cuda_ctx *c, float *y, long ldy, long hy, const float
  * bf16(e4m3 · scale). */
 void cuda_fp8_dequant(struct cuda_ctx *c, void *dst, const struct backend_weight *w, long r0,
                       long r1);
+/* The e4m3 operand of n rows of cols (cols % 128 == 0) in one buffer, as
+ * the norm and the SwiGLU write it: the codes [n][cols], then from the next
+ * 256-byte boundary (q8_scales_off) the scales [cols / 128][n]; q8_bytes in
+ * all, the scales' part rounded to 256 bytes too. */
+#ifdef __CUDACC__
+#define KILN_Q8_HD __host__ __device__
+#else
+#define KILN_Q8_HD
+#endif
+static inline KILN_Q8_HD size_t q8_scales_off(long n, long cols) {
+    return ((size_t)n * (size_t)cols + 255) & ~(size_t)255;
+}
+static inline size_t q8_bytes(long n, long cols) {
+    return q8_scales_off(n, cols) + (((size_t)n * (size_t)(cols / 128) * 4 + 255) & ~(size_t)255);
+}
+static inline float *q8_scales(void *q8, long n, long cols) {
+    return (float *)((char *)q8 + q8_scales_off(n, cols));
+}
 /* xq[n][cols] (e4m3) and xs[cols / 128][n] (fp32): x quantized per row and
  * 128-column group, scale max|x| / 448 (cuBLASLt's VEC128_32F layout). */
 void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, const float *x, long ldx, long n,
                         long cols);
-/* q8 = silu(gate)·up of gu [n][2·inter] (stride ldgu) in that e4m3 form:
- * codes [n][inter], then from byte q8_scales_off(n, inter) (cuda_common.cuh)
- * the scales [inter / 128][n]; inter % 128 == 0. */
+/* q8 = silu(gate)·up of gu [n][2·inter] (stride ldgu) as the e4m3 operand
+ * above (n rows of inter). */
 void cuda_fp8_silu_quant(struct cuda_ctx *c, void *q8, const float *gu, long ldgu, long n, long inter);
 /* add_rmsnorm of nm into that e4m3 form (codes [n][dim], the scales at
  * q8_scales_off(n, dim)) instead of nm->x: the bytes cuda_fp8_quant_act

@@ -179,10 +179,5 @@ static __device__ __forceinline__ float q8_warp_scale(float amax) {
 static __device__ __forceinline__ uint32_t q8_code(float v, float sc) {
     return (uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(v, sc), __NV_SATFINITE, __NV_E4M3);
 }
-/* where the scales start in an e4m3 operand of n rows of cols: after the
- * codes, 256-byte aligned; [cols / 128][n] floats */
-static __host__ __device__ __forceinline__ size_t q8_scales_off(long n, long cols) {
-    return ((size_t)n * (size_t)cols + 255) & ~(size_t)255;
-}
 
 #endif

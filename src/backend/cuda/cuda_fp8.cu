@@ -686,5 +686,5 @@ extern "C" void cuda_fp8_quant_act(struct cuda_ctx *c, void *xq, float *xs, cons
  * SwiGLU kernel's output. */
 extern "C" void cuda_fp8_silu_quant(struct cuda_ctx *c, void *q8, const float *gu, long ldgu, long n,
                                     long inter) {
-    quant_launch<true>(c, q8, (float *)((char *)q8 + q8_scales_off(n, inter)), gu, ldgu, n, inter);
+    quant_launch<true>(c, q8, q8_scales(q8, n, inter), gu, ldgu, n, inter);
 }

@@ -355,10 +355,15 @@ static int fp8_lt(struct cuda_ctx *c, float *y, long ldy, const float *x, long l
     return 1;
 }
 
-/* The bytes of an e4m3 operand of n rows of cols (codes, then scales:
- * q8_scales_off), 256-byte aligned. */
-static size_t q8_bytes(long n, long cols) {
-    return q8_scales_off(n, cols) + (((size_t)n * (size_t)(cols / 128) * 4 + 255) & ~(size_t)255);
+/* Whether an FP8 product of n rows takes the e4m3 wgmma kernel: 5 (past
+ * the GEMV) to CUDA_WGMMA_FP8_MAX_ROWS rows of a weight it takes. */
+static int wgmma8(const struct cuda_ctx *c, const struct backend_weight *w, long n) {
+#ifdef KILN_CUDA_HOPPER
+    return !cuda_fp8_gemv_ok(c, w, n) && n <= CUDA_WGMMA_FP8_MAX_ROWS && cuda_wgmma_fp8_ok(c, w, n);
+#else
+    (void)c, (void)w, (void)n;
+    return 0;
+#endif
 }
 
 /* An FP8 weight's product: the GEMV for decode rows, the tile kernel for
@@ -381,11 +386,11 @@ static void fp8_matmul(struct cuda_ctx *c, float *y, long ldy, const float *x, l
         return;
     }
 #ifdef KILN_CUDA_HOPPER
-    if (cuda_wgmma_fp8_ok(c, w, n) && n <= CUDA_WGMMA_FP8_MAX_ROWS) {
+    if (wgmma8(c, w, n)) {
         /* Hopper: the activations per row and 128 columns in e4m3, then
          * the e4m3 wgmma product with the block scales in its K loop */
         if (cuda_scratch_reserve(c, &c->act16, q8_bytes(n, w->cols), n)) return;
-        float *xs = (float *)((char *)c->act16.p + q8_scales_off(n, w->cols));
+        float *xs = q8_scales(c->act16.p, n, w->cols);
         cuda_fp8_quant_act(c, c->act16.p, xs, x, ldx, n, w->cols);
         return cuda_wgmma_fp8(c, y, ldy, c->act16.p, xs, w, bias, n);
     }
@@ -520,13 +525,7 @@ static int handoff16(const struct cuda_ctx *c, const struct backend_norm *nm,
  * norm (cuda_add_rmsnorm8) writes in e4m3 itself, no quantization pass. */
 static int handoff8(const struct cuda_ctx *c, const struct backend_norm *nm,
                     const struct backend_weight *w, long n) {
-#ifdef KILN_CUDA_HOPPER
-    return c->fuse && !cuda_fp8_gemv_ok(c, w, n) && cuda_wgmma_fp8_ok(c, w, n) &&
-           n <= CUDA_WGMMA_FP8_MAX_ROWS && w->cols == nm->dim && cuda_add_rmsnorm8_ok(nm);
-#else
-    (void)c, (void)nm, (void)w, (void)n;
-    return 0;
-#endif
+    return c->fuse && wgmma8(c, w, n) && w->cols == nm->dim && cuda_add_rmsnorm8_ok(nm);
 }
 
 /* The norm into nm->x; a tensor parallel part (nm->reduce) summed over the
@@ -554,8 +553,7 @@ extern "C" void cuda_op_norm_matmul(void *ctx, const struct backend_norm *nm, fl
     if (handoff8(c, nm, w, n)) {
         if (cuda_scratch_reserve(c, &c->act16, q8_bytes(n, nm->dim), n)) return;
         cuda_add_rmsnorm8(c, nm, n, c->act16.p);
-        cuda_wgmma_fp8(c, y, ldy, c->act16.p, (const float *)((char *)c->act16.p + q8_scales_off(n, nm->dim)),
-                       w, bias, n);
+        cuda_wgmma_fp8(c, y, ldy, c->act16.p, q8_scales(c->act16.p, n, nm->dim), w, bias, n);
         return;
     }
 #endif
@@ -586,8 +584,7 @@ extern "C" void cuda_op_norm_matmul_rope(void *ctx, const struct backend_norm *n
         ((uintptr_t)y & 15) == 0) {
         if (cuda_scratch_reserve(c, &c->act16, q8_bytes(n, nm->dim), n)) return;
         cuda_add_rmsnorm8(c, nm, n, c->act16.p);
-        cuda_wgmma_fp8_rope(c, y, ldy, c->act16.p,
-                            (const float *)((char *)c->act16.p + q8_scales_off(n, nm->dim)), w, bias, n, r);
+        cuda_wgmma_fp8_rope(c, y, ldy, c->act16.p, q8_scales(c->act16.p, n, nm->dim), w, bias, n, r);
         c->rope_fused++;
         return;
     }
@@ -627,14 +624,14 @@ extern "C" void cuda_op_norm_swiglu_mlp(void *ctx, const struct backend_norm *nm
 #ifdef KILN_CUDA_HOPPER
     /* FP8 batches on the e4m3 wgmma kernel: the norm writes gate|up's e4m3
      * operand, the SwiGLU down's (cuda_fp8_silu_quant) */
-    if (handoff8(c, nm, gate_up, n) && cuda_wgmma_fp8_ok(c, down, n) && inter % 128 == 0) {
+    if (handoff8(c, nm, gate_up, n) && wgmma8(c, down, n)) {
         size_t b1 = q8_bytes(n, d);
         if (cuda_scratch_reserve(c, &c->act16, b1 + q8_bytes(n, inter), n)) return;
         char *q1 = (char *)c->act16.p, *q2 = q1 + b1;
         cuda_add_rmsnorm8(c, nm, n, q1);
-        cuda_wgmma_fp8(c, gu, ldgu, q1, (const float *)(q1 + q8_scales_off(n, d)), gate_up, NULL, n);
+        cuda_wgmma_fp8(c, gu, ldgu, q1, q8_scales(q1, n, d), gate_up, NULL, n);
         cuda_fp8_silu_quant(c, q2, gu, ldgu, n, inter);
-        cuda_wgmma_fp8(c, y, ldy, q2, (const float *)(q2 + q8_scales_off(n, inter)), down, NULL, n);
+        cuda_wgmma_fp8(c, y, ldy, q2, q8_scales(q2, n, inter), down, NULL, n);
         return;
     }
 #endif

@@ -88,8 +88,10 @@
  *    tiles of 64 on grid.z (the callers stop at CUDA_WGMMA_FP8_MAX_ROWS,
  *    where larger tiles elsewhere win). BN = 128 only (the second
  *    accumulator).
- *    Llama-3.1-8B at 64 sequences on one H100: 13,741 tok/s against
- *    6,383 on the mma.sync tile kernel and 10,036 in bf16 (docs/perf.md).
+ *    Llama-3.1-8B at 64 sequences on one H100, one run: 12,538 tok/s
+ *    against 6,383 on the mma.sync tile kernel (KILN_CUDA_WGMMA_FP8=0);
+ *    with the norm and SwiGLU handoffs and rope in the epilogue 14,016
+ *    against 9,989 in bf16 (docs/perf.md).
  *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (40) MiB: on
  *    smaller ones (Qwen3-0.6B's layers) the fixed costs (launch, ramp,
  *    cluster reduction) lost to cuBLAS in the measurements under graphs.
