@@ -5,10 +5,8 @@
  * positions zero-filled and masked) and attention sinks (joining the sum
  * once, at the output). cuda_attention.cu dispatches here; the fp32 cache,
  * MLA (dk 576 / dv 512), odd head sizes and the KILN_CUDA_ATTN overrides
- * keep the kernels there. On the FP8 cache a warp's K/V copies land in an
- * e4m3 staging buffer (half bf16's bytes) and the warp widens them into
- * its bf16 tiles (exact) before the mma; k_scale is folded into the
- * scores' scale, v_scale into the output.
+ * keep the kernels there. The FP8 cache has its own pipeline (below);
+ * k_scale is folded into the scores' scale, v_scale into the output.
  *
  * Why this shape. A decode row reads every K/V row of its sequence once
  * and does 2·D flops per element read per query head: far too little work
@@ -64,6 +62,20 @@
  * (dev/attention checks this bitwise; test_deterministic end to end).
  * Rows whose chunks do not fit in the scratch run unsplit.
  *
+ * The FP8 cache. Half the bytes per position means half the bytes in
+ * flight per tile, so a warp keeps NS items (2–4: what ~200 KB of shared
+ * memory per CTA holds; 4 at head size 128) on their way in e4m3 stages,
+ * one cp.async group per item, and the next item's copies go out as soon
+ * as a stage is read. The operands are f16 (e4m3 → f16x2 is one exact
+ * cvt, where bf16 would take three): Q·Kᵀ reads its B fragments straight
+ * from the staged K bytes — a lane's 8 bytes of its position serve a pair
+ * of k-steps, q's dimensions permuted to match (K rows staged at D + 32
+ * bytes: conflict-free) — and V is widened into a 16-bit tile for
+ * ldmatrix.trans. q and p are split hi + lo in f16 as above (f16's 11
+ * bits and narrower range: q · scale · log2 e must stay under 65504; lo
+ * parts under 2^-14 lose bits as subnormals, an absolute 2^-25, far under
+ * the e4m3 values' own rounding).
+ *
  * Programmatic dependent launch (cuda_pdl.cuh): the
  * kernel triggers its dependents first thing, then does everything that
  * needs only the batch metadata — the row's q_start / position (len, the
@@ -115,32 +127,43 @@ struct ad_args {
     float vscale;       /* the FP8 cache's v_scale (k_scale is in scale_log2); 1 on bf16 */
 };
 
-/* F8: the FP8 cache. Its K/V rows land by cp.async in a per-warp e4m3
- * staging buffer (half the bytes of bf16) and the warp widens them into
- * the bf16 tiles (exact: e4m3 fits bf16) before the mma reads them. */
+/* F8: the FP8 cache. A warp keeps NS items (a tile's K and V rows) in
+ * flight in its e4m3 staging buffers; Q·Kᵀ reads its B fragments from the
+ * staged K bytes, and V is widened into a 16-bit tile for ldmatrix.trans
+ * (below, "The FP8 cache"). */
 template <int D, int BN, int W, bool F8 = false>
 struct ad_cfg {
     static constexpr int THREADS = W * 32;
     static constexpr int TPW = AD_TPC / W;           /* tiles of a chunk per warp */
-    static constexpr int LDB = D + 8;                /* bf16 tile row stride (16-byte pad) */
+    static constexpr int LDB = D + 8;                /* 16-bit tile row stride (16-byte pad) */
     static constexpr int TILE = BN * LDB;            /* elements of one K or V tile */
     static constexpr int CHUNK = AD_TPC * BN;        /* positions per chunk */
     static constexpr int LDF = D + 8;                /* fold buffer row stride (floats) */
     static constexpr int DS = D + 4;                 /* chunk state stride: acc[D], m, l, pad */
     static constexpr int EPT = AD_HB * D / THREADS;  /* fold elements per thread (contiguous) */
     static constexpr int TPH = D / EPT;              /* fold threads per head */
-    static constexpr size_t TILE_BYTES = (size_t)W * 2 * TILE * 2;
-    static constexpr size_t STAGE_OFF =
-        TILE_BYTES + (size_t)AD_TPC * AD_HB * LDF * 4 + (size_t)AD_TPC * AD_HB * 8;
-    static constexpr size_t STAGE_BYTES = F8 ? (size_t)W * 2 * BN * D : 0; /* [warp][K, V][BN][D] e4m3 */
-    static constexpr size_t SMEM = STAGE_OFF + STAGE_BYTES;
+    static constexpr size_t FOLD_BYTES = (size_t)AD_TPC * AD_HB * LDF * 4 + (size_t)AD_TPC * AD_HB * 8;
+    /* F8: the K staging row (bytes): D + 32, so that the 8-byte fragment
+     * loads of 16 lanes (4 rows) fall in distinct banks; the V staging
+     * row is D; one stage holds a tile's K and V */
+    static constexpr int KLD = D + 32;
+    static constexpr size_t STG = (size_t)BN * (KLD + D);
+    static constexpr size_t VT_BYTES = (size_t)BN * LDB * 2;
+    /* F8: stages per warp, as many as ~200 KB a CTA holds (2 to 4) */
+    static constexpr long NS_FIT = ((200l * 1024 - (long)FOLD_BYTES) / W - (long)VT_BYTES) / (long)STG;
+    static constexpr int NS = !F8 ? 1 : NS_FIT < 2 ? 2 : NS_FIT > 4 ? 4 : (int)NS_FIT;
+    /* a warp's bytes: bf16 its K and V tiles; F8 its stages and V tile */
+    static constexpr size_t WARP_BYTES = F8 ? NS * STG + VT_BYTES : (size_t)2 * TILE * 2;
+    static constexpr size_t TILE_BYTES = (size_t)W * WARP_BYTES;
+    static constexpr size_t SMEM = TILE_BYTES + FOLD_BYTES;
     /* CTAs per SM the shared memory allows (228 KB per SM, 1 KB per CTA reserved) */
     static constexpr int MINB = (int)(228 * 1024 / (SMEM + 1024)) < 1   ? 1
                                 : (int)(228 * 1024 / (SMEM + 1024)) > 4 ? 4
                                                                         : (int)(228 * 1024 / (SMEM + 1024));
     static_assert(EPT % 4 == 0 && TPH * AD_HB == THREADS, "fold mapping");
     static_assert(AD_TPC % W == 0, "whole tiles per warp");
-    static_assert(BN % 32 == 0 && D % 16 == 0, "tile shape");
+    static_assert(BN % 32 == 0 && D % 32 == 0, "tile shape");
+    static_assert(!F8 || SMEM <= 227 * 1024, "FP8 stages fit a CTA");
 };
 
 /* K/V loads are marked L2 evict-first: read once a step, they should not
@@ -150,14 +173,24 @@ static __device__ __forceinline__ uint64_t ad_policy(void) {
     uint64_t p = ptx_policy_evict_first();
     return p;
 }
-/* (x, y) → hi = bf16(x), bf16(y) and lo = bf16 of the remainders, packed
- * as mma operands (first element in the low half). x − hi is exact. */
+/* (x, y) → hi = T(x), T(y) and lo = T of the remainders (T: bf16, or f16
+ * on the FP8 cache), packed as mma operands (first element in the low
+ * half). x − hi is exact. */
+template <typename T>
 static __device__ __forceinline__ void ad_split2(float x, float y, uint32_t *hi, uint32_t *lo) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    float2 hf = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(__fsub_rn(x, hf.x), __fsub_rn(y, hf.y));
-    *hi = *(uint32_t *)&h;
-    *lo = *(uint32_t *)&l;
+    if constexpr (std::is_same<T, __half>::value) {
+        __half2 h = __floats2half2_rn(x, y);
+        float2 hf = __half22float2(h);
+        __half2 l = __floats2half2_rn(__fsub_rn(x, hf.x), __fsub_rn(y, hf.y));
+        *hi = *(uint32_t *)&h;
+        *lo = *(uint32_t *)&l;
+    } else {
+        __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        float2 hf = __bfloat1622float2(h);
+        __nv_bfloat162 l = __floats2bfloat162_rn(__fsub_rn(x, hf.x), __fsub_rn(y, hf.y));
+        *hi = *(uint32_t *)&h;
+        *lo = *(uint32_t *)&l;
+    }
 }
 
 /* Folds state (mc, lc, oc) into (m, l, o), log2 domain. (m, l, o) may be
@@ -173,14 +206,11 @@ static __device__ __forceinline__ void ad_merge(float &m, float &l, float *o, fl
     m = mn;
 }
 
-/* 4 e4m3 values (a 32-bit word, first in the low byte) widened to bf16,
- * packed two a word */
-static __device__ __forceinline__ uint2 ad_widen4(uint32_t w) {
-    __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-    __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
-    float2 fa = __half22float2(*(const __half2 *)&a), fb = __half22float2(*(const __half2 *)&b);
-    __nv_bfloat162 ba = __floats2bfloat162_rn(fa.x, fa.y), bb = __floats2bfloat162_rn(fb.x, fb.y);
-    return make_uint2(*(const uint32_t *)&ba, *(const uint32_t *)&bb);
+/* Two e4m3 values (the low 16 bits, first in the low byte) as f16x2,
+ * exactly (one cvt) */
+static __device__ __forceinline__ uint32_t ad_h2(uint32_t w) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | (uint32_t)h.y << 16;
 }
 
 template <int D, int BN, int W, typename O, bool F8>
@@ -188,13 +218,13 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
     ad_kernel(const struct ad_args a) {
     using C = ad_cfg<D, BN, W, F8>;
     using KT = typename std::conditional<F8, kv_fp8_t, __nv_bfloat16>::type;
+    using MT = typename std::conditional<F8, __half, __nv_bfloat16>::type; /* mma operands */
     constexpr int KS = D / 16;  /* k-steps of Q·Kᵀ */
     constexpr int NT = BN / 8;  /* 8-position column tiles of S */
     constexpr int DT = D / 8;   /* 8-dim column tiles of O */
     constexpr int SR = BN / 32; /* page-table lookups per lane per tile */
     constexpr int EPT = C::EPT;
     extern __shared__ float4 ad_smem4[];
-    __nv_bfloat16 *tiles = (__nv_bfloat16 *)ad_smem4;              /* [warp][K, V][BN][LDB] */
     float *fold = (float *)((char *)ad_smem4 + C::TILE_BYTES);      /* [tile][AD_HB][LDF] */
     float2 *ml = (float2 *)(fold + AD_TPC * AD_HB * C::LDF);        /* [tile][AD_HB] (m, l) */
     __shared__ int last_s;
@@ -230,10 +260,9 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
     const int h0 = g * a.group + hb * AD_HB, nh = min(AD_HB, a.group - hb * AD_HB);
     const int fh = tid / C::TPH, fd = (tid % C::TPH) * EPT; /* fold: head, first dim */
     const KT *kbase = (const KT *)a.k + (long)g * D, *vbase = (const KT *)a.v + (long)g * D;
-    __nv_bfloat16 *kt = tiles + warp * 2 * C::TILE, *vt = kt + C::TILE;
-    /* F8: this warp's e4m3 staging of K and V (unused on bf16) */
-    unsigned char *kst = (unsigned char *)ad_smem4 + C::STAGE_OFF + (size_t)warp * 2 * BN * D,
-                  *vst = kst + BN * D;
+    /* bf16: this warp's K and V tiles. F8: its stages, then its V tile. */
+    unsigned char *wbuf = (unsigned char *)ad_smem4 + (size_t)warp * C::WARP_BYTES;
+    __nv_bfloat16 *kt = (__nv_bfloat16 *)wbuf, *vt = F8 ? (__nv_bfloat16 *)(wbuf + C::NS * C::STG) : kt + C::TILE;
     const uint64_t kv_policy = ad_policy();
 
     /* Slots of positions p0 + lane + 32·i (−1 past the end), looked up once
@@ -248,38 +277,96 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
         }
     };
     /* One K or V tile: a warp-iteration copies RPI whole rows (16 bytes a
-     * lane: EPC elements); rows past the end are zero-filled (p = 0
-     * there). bf16: into the tile dst; F8: into the staging stg. */
-    auto load = [&](__nv_bfloat16 *dst, unsigned char *stg, const KT *base, long stride,
-                    const long long *sl) {
+     * lane: EPC elements) to rows of ld bytes at dst; rows past the end are
+     * zero-filled (p = 0 there). */
+    auto load = [&](void *dst, int ld, const KT *base, long stride, const long long *sl) {
         constexpr int EPC = 16 / (int)sizeof(KT), CK = D / EPC, RPI = 32 / CK, NIT = BN / RPI;
 #pragma unroll
         for (int it = 0; it < NIT; it++) {
             int j = it * RPI + lane / CK, ck = lane % CK;
             long long s = __shfl_sync(0xffffffffu, sl[it * RPI / 32], j & 31);
             bool valid = s >= 0;
-            void *to = F8 ? (void *)(stg + j * D + ck * 16) : (void *)(dst + j * C::LDB + ck * 8);
-            ptx_cp_async16_zfill_hint(to, base + (valid ? s : 0) * stride + ck * EPC, valid, kv_policy);
-        }
-    };
-    /* F8: the staged e4m3 tile widened into the bf16 tile (after the
-     * copies landed and a __syncwarp; the caller syncs again after) */
-    auto widen = [&](__nv_bfloat16 *dst, const unsigned char *stg) {
-        constexpr int CK = D / 16, N = BN * CK / 32;
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            int idx = lane + 32 * i, j = idx / CK, ck = idx % CK;
-            uint4 u = *(const uint4 *)(stg + j * D + ck * 16);
-            uint2 w0 = ad_widen4(u.x), w1 = ad_widen4(u.y), w2 = ad_widen4(u.z), w3 = ad_widen4(u.w);
-            uint4 *o = (uint4 *)(dst + j * C::LDB + ck * 16);
-            o[0] = make_uint4(w0.x, w0.y, w1.x, w1.y);
-            o[1] = make_uint4(w2.x, w2.y, w3.x, w3.y);
+            ptx_cp_async16_zfill_hint((char *)dst + j * ld + ck * 16,
+                                      base + (valid ? s : 0) * stride + ck * EPC, valid, kv_policy);
         }
     };
 
+    /* The tile's softmax from its scores (hi + lo row halves), masked past
+     * the end and before the window: the max mx, the sum of 2^(s − mx) and
+     * P as A fragments (hi in rows 0-7, lo in rows 8-15). A tile wholly
+     * before the window gives m = −inf, sum 0 (reference 0: no NaN); the
+     * chunk fold skips it. */
+    auto softmax = [&](const float (*sacc)[4], int p0, float &mx, float &sum, uint32_t (*pf)[4]) {
+        float sv[NT][2];
+        mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float s = __fadd_rn(sacc[nt][e], sacc[nt][e + 2]);
+                int pp = p0 + nt * 8 + 2 * tq + e;
+                sv[nt][e] = pp < len && pp >= wfirst ? s : -INFINITY;
+                mx = fmaxf(mx, sv[nt][e]);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mref = mx == -INFINITY ? 0.0f : mx;
+        sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float e0 = exp2f(sv[nt][0] - mref), e1 = exp2f(sv[nt][1] - mref);
+            sum = __fadd_rn(__fadd_rn(sum, e0), e1);
+            ad_split2<MT>(e0, e1, &pf[nt >> 1][(nt & 1) * 2], &pf[nt >> 1][(nt & 1) * 2 + 1]);
+        }
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+    };
+    /* P·V from the 16-bit V tile */
+    auto pv = [&](const uint32_t (*pf)[4], float (*oacc)[4]) {
+#pragma unroll
+        for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; kk++)
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                uint32_t b[4];
+                int mi = lane >> 3;
+                ptx_ldmatrix_x4_trans(b, vt + (kk * 16 + (lane & 7) + (mi & 1) * 8) * C::LDB + dp * 16 + (mi >> 1) * 8);
+                ptx_mma_m16n8k16<MT>(oacc[2 * dp], pf[kk], b[0], b[1]);
+                ptx_mma_m16n8k16<MT>(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
+            }
+        __syncwarp(); /* every lane is done with vt */
+    };
+    /* the tile state (head hr's acc = hi + lo rows, m, l) for the chunk fold */
+    auto put_state = [&](const float (*oacc)[4], int tile, float mx, float sum) {
+        float *fw = fold + (tile * AD_HB + hr) * C::LDF + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+            *(float2 *)(fw + 8 * j) =
+                make_float2(__fadd_rn(oacc[j][0], oacc[j][2]), __fadd_rn(oacc[j][1], oacc[j][3]));
+        if (tq == 0) ml[tile * AD_HB + hr] = make_float2(mx, sum);
+    };
+
     /* A warp's items: tiles warp, warp + W, … of chunks c, c + step, …
-     * (item j of a chunk: tile warp + j·W). */
+     * (item i: tile warp + (i mod TPW)·W of chunk c + ⌊i / TPW⌋·step).
+     * Positions only grow along the items, so past the first empty one
+     * all are empty. */
     int c = c0 + blockIdx.y;
+    const int cfirst = c;
+    /* F8: item i's page lookups and K/V copies into stage i mod NS (none
+     * when it is empty); the caller commits the group */
+    auto issue = [&](int i) {
+        if constexpr (F8) {
+            const int ci = cfirst + (i / C::TPW) * step, p0 = ci * C::CHUNK + (warp + (i % C::TPW) * W) * BN;
+            if (ci < cend && p0 < len) {
+                long long si[SR];
+                lookup(p0, si);
+                unsigned char *st = wbuf + (size_t)(i % C::NS) * C::STG;
+                load(st, C::KLD, kbase, a.k_stride, si);
+                load(st + BN * C::KLD, D, vbase, a.v_stride, si);
+            }
+        }
+    };
     long long sl[SR];
     const bool first = c * C::CHUNK + warp * BN < len;
     if (first) lookup(c * C::CHUNK + warp * BN, sl); /* page table: metadata, before the wait */
@@ -288,32 +375,60 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
      * step writes: its copies go out before the wait, under the previous
      * kernels' tails (cuda_pdl.cuh rule 2). */
     const bool early = first && c * C::CHUNK + warp * BN + BN < len;
-    if (early) {
-        load(kt, kst, kbase, a.k_stride, sl);
-        ptx_cp_async_commit();
-        load(vt, vst, vbase, a.v_stride, sl);
-        ptx_cp_async_commit();
-    }
-    pdl_wait(); /* q and the cache row of this step's token come from the kernels before */
-    if (first && !early) {
-        load(kt, kst, kbase, a.k_stride, sl);
-        ptx_cp_async_commit();
-        load(vt, vst, vbase, a.v_stride, sl);
-        ptx_cp_async_commit();
+    if constexpr (F8) { /* one group per item: item 0, then items 1 .. NS − 1 */
+        if (early) {
+            load(wbuf, C::KLD, kbase, a.k_stride, sl);
+            load(wbuf + BN * C::KLD, D, vbase, a.v_stride, sl);
+            ptx_cp_async_commit();
+        }
+        pdl_wait(); /* q and the cache row of this step's token come from the kernels before */
+        if (!early) {
+            if (first) {
+                load(wbuf, C::KLD, kbase, a.k_stride, sl);
+                load(wbuf + BN * C::KLD, D, vbase, a.v_stride, sl);
+            }
+            ptx_cp_async_commit();
+        }
+#pragma unroll
+        for (int i = 1; i < C::NS; i++) {
+            issue(i);
+            ptx_cp_async_commit();
+        }
+    } else { /* K and V groups of item 0 */
+        if (early) {
+            load(kt, C::LDB * 2, kbase, a.k_stride, sl);
+            ptx_cp_async_commit();
+            load(vt, C::LDB * 2, vbase, a.v_stride, sl);
+            ptx_cp_async_commit();
+        }
+        pdl_wait(); /* q and the cache row of this step's token come from the kernels before */
+        if (first && !early) {
+            load(kt, C::LDB * 2, kbase, a.k_stride, sl);
+            ptx_cp_async_commit();
+            load(vt, C::LDB * 2, vbase, a.v_stride, sl);
+            ptx_cp_async_commit();
+        }
     }
 
     /* Q of the block's heads, pre-scaled by scale·log2(e), as A fragments:
-     * rows 0-7 hi, rows 8-15 lo; heads past the block are zeros. */
+     * rows 0-7 hi, rows 8-15 lo; heads past the block are zeros. bf16: k
+     * index 2·tq + e of k-step ks is dimension 16·ks + 2·tq + e (and + 8).
+     * F8: k-steps come in pairs (2s, 2s + 1) whose k index 2·tq + e (+ 8)
+     * is dimension 32·s + 8·tq + 4·(ks − 2s) + e (+ 2), the order of the
+     * staged K bytes a lane reads at once (the sum over dimensions is the
+     * same in any order). */
     uint32_t qf[KS][4];
     {
         const bool hv = hr < nh;
-        const float *qr = a.q + t * a.ldq + (long)(h0 + (hv ? hr : 0)) * D + 2 * tq;
+        const float *qr = a.q + t * a.ldq + (long)(h0 + (hv ? hr : 0)) * D;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
-            float2 x0 = hv ? *(const float2 *)(qr + ks * 16) : make_float2(0.f, 0.f);
-            float2 x1 = hv ? *(const float2 *)(qr + ks * 16 + 8) : make_float2(0.f, 0.f);
-            ad_split2(__fmul_rn(x0.x, a.scale_log2), __fmul_rn(x0.y, a.scale_log2), &qf[ks][0], &qf[ks][1]);
-            ad_split2(__fmul_rn(x1.x, a.scale_log2), __fmul_rn(x1.y, a.scale_log2), &qf[ks][2], &qf[ks][3]);
+            const int d0 = F8 ? 32 * (ks >> 1) + 8 * tq + 4 * (ks & 1) : 16 * ks + 2 * tq;
+            const int d1 = F8 ? d0 + 2 : d0 + 8;
+            float2 x0 = hv ? *(const float2 *)(qr + d0) : make_float2(0.f, 0.f);
+            float2 x1 = hv ? *(const float2 *)(qr + d1) : make_float2(0.f, 0.f);
+            ad_split2<MT>(__fmul_rn(x0.x, a.scale_log2), __fmul_rn(x0.y, a.scale_log2), &qf[ks][0], &qf[ks][1]);
+            ad_split2<MT>(__fmul_rn(x1.x, a.scale_log2), __fmul_rn(x1.y, a.scale_log2), &qf[ks][2], &qf[ks][3]);
         }
     }
 
@@ -321,26 +436,63 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
 #pragma unroll
     for (int e = 0; e < EPT; e++) ro[e] = 0.0f;
 
+    int item = 0; /* F8: the warp's next item (its stage: item mod NS) */
     for (; c < cend; c += step) {
 #pragma unroll 1
         for (int j = 0; j < C::TPW; j++) {
-            /* item j: tile `tile` of chunk c; the next item (its K and V are
-             * loaded while this one computes): tile + W, or tile `warp` of the
-             * warp's next chunk. Positions only grow along the items, so past
-             * the first empty one all are empty. */
             const int tile = warp + j * W, p0 = c * C::CHUNK + tile * BN;
-            const int cn = j + 1 < C::TPW ? c : c + step, tn = j + 1 < C::TPW ? tile + W : warp;
-            const bool next = cn < cend && cn * C::CHUNK + tn * BN < len;
-            if (p0 < len) { /* this tile of chunk c is not empty */
+            if (p0 >= len) continue; /* this tile of chunk c is empty */
+            float sacc[NT][4];
+#pragma unroll
+            for (int i = 0; i < NT; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
+            uint32_t pf[NT / 2][4];
+            float mx, sum;
+            if constexpr (F8) {
+                /* The FP8 cache: item `item` landed when at most NS − 1
+                 * groups (the items after it) are pending. */
+                const unsigned char *ks8 = wbuf + (size_t)(item % C::NS) * C::STG, *vs8 = ks8 + BN * C::KLD;
+                ptx_cp_async_wait<C::NS - 1>();
+                __syncwarp();
+                /* Q·Kᵀ: a lane's 8 staged bytes of its position (column
+                 * hr of the 8-position tile nt) are the B fragments of a
+                 * pair of k-steps, each e4m3 pair one cvt to f16x2 */
+#pragma unroll
+                for (int s2 = 0; s2 < KS / 2; s2++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        uint2 w = *(const uint2 *)(ks8 + (nt * 8 + hr) * C::KLD + 32 * s2 + 8 * tq);
+                        ptx_mma_m16n8k16<MT>(sacc[nt], qf[2 * s2], ad_h2(w.x), ad_h2(w.x >> 16));
+                        ptx_mma_m16n8k16<MT>(sacc[nt], qf[2 * s2 + 1], ad_h2(w.y), ad_h2(w.y >> 16));
+                    }
+                softmax(sacc, p0, mx, sum, pf);
+                /* V widened into the f16 tile (exact; vt's last reader
+                 * synced in pv) */
+                {
+                    constexpr int CK = D / 16, N = BN * CK / 32;
+#pragma unroll
+                    for (int i = 0; i < N; i++) {
+                        int idx = lane + 32 * i, r = idx / CK, ck = idx % CK;
+                        uint4 u = *(const uint4 *)(vs8 + r * D + ck * 16);
+                        uint4 *o = (uint4 *)(vt + r * C::LDB + ck * 16);
+                        o[0] = make_uint4(ad_h2(u.x), ad_h2(u.x >> 16), ad_h2(u.y), ad_h2(u.y >> 16));
+                        o[1] = make_uint4(ad_h2(u.z), ad_h2(u.z >> 16), ad_h2(u.w), ad_h2(u.w >> 16));
+                    }
+                }
+                __syncwarp(); /* vt written; the stage is free */
+                issue(item + C::NS);
+                ptx_cp_async_commit();
+                item++;
+                float oacc[DT][4];
+                pv(pf, oacc);
+                put_state(oacc, tile, mx, sum);
+            } else {
+                /* item j: tile `tile` of chunk c; the next item (its K and V
+                 * are loaded while this one computes): tile + W, or tile
+                 * `warp` of the warp's next chunk */
+                const int cn = j + 1 < C::TPW ? c : c + step, tn = j + 1 < C::TPW ? tile + W : warp;
+                const bool next = cn < cend && cn * C::CHUNK + tn * BN < len;
                 ptx_cp_async_wait<1>(); /* K landed (V may still be on its way) */
                 __syncwarp();
-                if constexpr (F8) { /* kt's last reader synced before the previous item's loads */
-                    widen(kt, kst);
-                    __syncwarp(); /* kt written; kst free for the next K */
-                }
-                float sacc[NT][4];
-#pragma unroll
-                for (int i = 0; i < NT; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
 #pragma unroll
                 for (int ks = 0; ks < KS; ks++)
 #pragma unroll
@@ -348,74 +500,27 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
                         uint32_t b[4];
                         int mi = lane >> 3;
                         ptx_ldmatrix_x4(b, kt + (np * 16 + (lane & 7) + (mi >> 1) * 8) * C::LDB + ks * 16 + (mi & 1) * 8);
-                        ptx_mma_m16n8k16<__nv_bfloat16>(sacc[2 * np], qf[ks], b[0], b[1]);
-                        ptx_mma_m16n8k16<__nv_bfloat16>(sacc[2 * np + 1], qf[ks], b[2], b[3]);
+                        ptx_mma_m16n8k16<MT>(sacc[2 * np], qf[ks], b[0], b[1]);
+                        ptx_mma_m16n8k16<MT>(sacc[2 * np + 1], qf[ks], b[2], b[3]);
                     }
                 __syncwarp(); /* every lane is done with kt */
                 long long sn[SR];
                 if (next) {
                     lookup(cn * C::CHUNK + tn * BN, sn);
-                    load(kt, kst, kbase, a.k_stride, sn);
+                    load(kt, C::LDB * 2, kbase, a.k_stride, sn);
                     ptx_cp_async_commit();
                 }
-                /* the tile's softmax: s = hi + lo row halves, masked past the end */
-                float sv[NT][2], mx = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float s = __fadd_rn(sacc[nt][e], sacc[nt][e + 2]);
-                        int pp = p0 + nt * 8 + 2 * tq + e;
-                        sv[nt][e] = pp < len && pp >= wfirst ? s : -INFINITY;
-                        mx = fmaxf(mx, sv[nt][e]);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                /* a tile wholly before the window: m = −inf, sum 0, acc 0
-                 * (reference 0, so no NaN); the chunk fold skips it */
-                const float mref = mx == -INFINITY ? 0.0f : mx;
-                float sum = 0.0f;
-                uint32_t pf[NT / 2][4]; /* P as A fragments: hi in rows 0-7, lo in rows 8-15 */
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    float e0 = exp2f(sv[nt][0] - mref), e1 = exp2f(sv[nt][1] - mref);
-                    sum = __fadd_rn(__fadd_rn(sum, e0), e1);
-                    ad_split2(e0, e1, &pf[nt >> 1][(nt & 1) * 2], &pf[nt >> 1][(nt & 1) * 2 + 1]);
-                }
-                sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
-                sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+                softmax(sacc, p0, mx, sum, pf);
                 if (next) ptx_cp_async_wait<1>();
                 else ptx_cp_async_wait<0>();
                 __syncwarp(); /* V landed */
-                if constexpr (F8) {
-                    widen(vt, vst);
-                    __syncwarp(); /* vt written; vst free for the next V */
-                }
                 float oacc[DT][4];
-#pragma unroll
-                for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-#pragma unroll
-                for (int kk = 0; kk < NT / 2; kk++)
-#pragma unroll
-                    for (int dp = 0; dp < D / 16; dp++) {
-                        uint32_t b[4];
-                        int mi = lane >> 3;
-                        ptx_ldmatrix_x4_trans(b, vt + (kk * 16 + (lane & 7) + (mi & 1) * 8) * C::LDB + dp * 16 + (mi >> 1) * 8);
-                        ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp], pf[kk], b[0], b[1]);
-                        ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp + 1], pf[kk], b[2], b[3]);
-                    }
-                __syncwarp(); /* every lane is done with vt */
+                pv(pf, oacc);
                 if (next) {
-                    load(vt, vst, vbase, a.v_stride, sn);
+                    load(vt, C::LDB * 2, vbase, a.v_stride, sn);
                     ptx_cp_async_commit();
                 }
-                /* the tile state (head hr's acc = hi + lo rows) for the chunk fold */
-                float *fw = fold + (tile * AD_HB + hr) * C::LDF + 2 * tq;
-#pragma unroll
-                for (int j = 0; j < DT; j++)
-                    *(float2 *)(fw + 8 * j) =
-                        make_float2(__fadd_rn(oacc[j][0], oacc[j][2]), __fadd_rn(oacc[j][1], oacc[j][3]));
-                if (tq == 0) ml[tile * AD_HB + hr] = make_float2(mx, sum);
+                put_state(oacc, tile, mx, sum);
             }
         }
         __syncthreads();
@@ -567,9 +672,9 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
  * context over the GPU, and a CTA's one tile per warp is the shorter
  * chain (batch 1, context 4096: 7-15% slower with 2). The chunks and their
  * folds are the same either way, so the choice never changes a bit.
- * KILN_CUDA_AD_W=2|4 forces it. The FP8 cache's CTAs carry e4m3 staging
- * too (119 KB at 4 warps: one an SM), so the same rule uses its own
- * occupancy. */
+ * KILN_CUDA_AD_W=2|4 forces it. The FP8 cache's CTAs carry four e4m3
+ * stages a warp (195 KB at 4 warps: one an SM; 106 KB at 2: two), so the
+ * same rule uses its own occupancy. */
 template <bool F8>
 static int ad_occ4_of(void) {
     using C = ad_cfg<128, AD_BN_D128, 4, F8>;
@@ -591,13 +696,16 @@ static int ad_warps_for(struct cuda_ctx *c, const struct ad_args &a, long rows, 
 template <bool F8>
 static void ad_dispatch_t(struct cuda_ctx *c, const struct ad_args &a, enum dtype odt, long rows,
                           int d, bool dflt) {
-    if (d == 64) {
-        if (!dflt) ad_launch<64, 32, AD_W_D64, float, F8>(c, a, rows);
-        else if (odt == DTYPE_F32) ad_launch<64, AD_BN_D64, AD_W_D64, float, F8>(c, a, rows);
+    if (!dflt) { /* dev/attention's other tile widths: the bf16 cache */
+        CUDA_ASSERT(!F8 && odt == DTYPE_F32);
+        if constexpr (!F8) {
+            if (d == 64) ad_launch<64, 32, AD_W_D64, float, false>(c, a, rows);
+            else ad_launch<128, 64, 4, float, false>(c, a, rows);
+        }
+    } else if (d == 64) {
+        if (odt == DTYPE_F32) ad_launch<64, AD_BN_D64, AD_W_D64, float, F8>(c, a, rows);
         else if (odt == DTYPE_BF16) ad_launch<64, AD_BN_D64, AD_W_D64, __nv_bfloat16, F8>(c, a, rows);
         else ad_launch<64, AD_BN_D64, AD_W_D64, __half, F8>(c, a, rows);
-    } else if (!dflt) {
-        ad_launch<128, 64, 4, float, F8>(c, a, rows);
     } else if (ad_warps_for(c, a, rows, F8) == 4) {
         if (odt == DTYPE_F32) ad_launch<128, AD_BN_D128, 4, float, F8>(c, a, rows);
         else if (odt == DTYPE_BF16) ad_launch<128, AD_BN_D128, 4, __nv_bfloat16, F8>(c, a, rows);
