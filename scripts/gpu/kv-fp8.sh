@@ -7,11 +7,12 @@
 # bench_forward on Llama-3.1-8B with dummy weights, the bf16 cache beside
 # --kv-cache-dtype fp8_e4m3 in the same run: 64 sequences at context
 # 4096, 1 and 8 sequences at 32,768 (16 at 32,768: the FP8 cache only,
-# the bf16 one does not fit an 80 GB GPU). Logs go to $OUT; summary.log is
-# the short version.
+# the bf16 one does not fit an 80 GB GPU); ncu: Nsight Compute on one
+# decode attention launch of each cache at 8 × 8192 (throughput, stalls).
+# Logs go to $OUT; summary.log is the short version.
 #
 #   bash scripts/gpu/kv-fp8.sh [budget-seconds] [stages]
-#   stages: a word list of test bench (default: both)
+#   stages: a word list of test bench ncu (default: test bench)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kvfp8-out}
@@ -37,5 +38,17 @@ if want bench; then
   bench "bf16 kv 8x32768" 120 "" --model $M --prompt-len 32768 --decode 32 --batch 8
   bench "fp8 kv 8x32768" 120 "" --model $M --prompt-len 32768 --decode 32 --batch 8 --kv-cache-dtype fp8_e4m3
   bench "fp8 kv 16x32768" 150 "" --model $M --prompt-len 32768 --decode 32 --batch 16 --kv-cache-dtype fp8_e4m3
+fi
+if want ncu; then
+  for kv in auto fp8_e4m3; do
+    [ "$(left)" -gt 60 ] || break
+    timeout "$(lim 120)" ncu --clock-control none --kernel-name regex:ad_kernel --launch-skip 200 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      --section LaunchStats "$B/bench_forward" --device cuda --load-format dummy --model $M --prompt-len 8192 \
+      --decode 16 --batch 8 --kv-cache-dtype $kv --repeat 1 >"$OUT/ncu-$kv.txt" 2>&1
+    say "ncu $kv rc=$?"
+    grep -E "ad_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Block Limit|Grid Size|No Eligible|Issued Warp|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth|Stall|stall" \
+      "$OUT/ncu-$kv.txt" | head -40 | tee -a "$S"
+  done
 fi
 say "done"

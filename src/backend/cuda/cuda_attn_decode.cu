@@ -353,19 +353,16 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
      * all are empty. */
     int c = c0 + blockIdx.y;
     const int cfirst = c;
-    /* F8: item i's page lookups and K/V copies into stage i mod NS (none
-     * when it is empty); the caller commits the group */
-    auto issue = [&](int i) {
-        if constexpr (F8) {
-            const int ci = cfirst + (i / C::TPW) * step, p0 = ci * C::CHUNK + (warp + (i % C::TPW) * W) * BN;
-            if (ci < cend && p0 < len) {
-                long long si[SR];
-                lookup(p0, si);
-                unsigned char *st = wbuf + (size_t)(i % C::NS) * C::STG;
-                load(st, C::KLD, kbase, a.k_stride, si);
-                load(st + BN * C::KLD, D, vbase, a.v_stride, si);
-            }
-        }
+    /* F8: the first position of item i (len when it is empty), and its
+     * K/V copies into stage i mod NS from its looked-up slots si */
+    auto item_p0 = [&](int i) -> int {
+        const int ci = cfirst + (i / C::TPW) * step, p0 = ci * C::CHUNK + (warp + (i % C::TPW) * W) * BN;
+        return ci < cend && p0 < len ? p0 : len;
+    };
+    auto copy_item = [&](int i, const long long *si) {
+        unsigned char *st = wbuf + (size_t)(i % C::NS) * C::STG;
+        load(st, C::KLD, kbase, a.k_stride, si);
+        load(st + BN * C::KLD, D, vbase, a.v_stride, si);
     };
     long long sl[SR];
     const bool first = c * C::CHUNK + warp * BN < len;
@@ -391,7 +388,11 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
         }
 #pragma unroll
         for (int i = 1; i < C::NS; i++) {
-            issue(i);
+            const int pi = item_p0(i);
+            if (pi < len) {
+                lookup(pi, sl);
+                copy_item(i, sl);
+            }
             ptx_cp_async_commit();
         }
     } else { /* K and V groups of item 0 */
@@ -436,7 +437,14 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
 #pragma unroll
     for (int e = 0; e < EPT; e++) ro[e] = 0.0f;
 
-    int item = 0; /* F8: the warp's next item (its stage: item mod NS) */
+    /* F8: the warp's next item (its stage: item mod NS), and the slots of
+     * item + NS, looked up one item ahead so that the page-table loads are
+     * off the copies' path */
+    int item = 0, pn = len;
+    if constexpr (F8) {
+        pn = item_p0(C::NS);
+        if (pn < len) lookup(pn, sl);
+    }
     for (; c < cend; c += step) {
 #pragma unroll 1
         for (int j = 0; j < C::TPW; j++) {
@@ -466,22 +474,24 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
                     }
                 softmax(sacc, p0, mx, sum, pf);
                 /* V widened into the f16 tile (exact; vt's last reader
-                 * synced in pv) */
+                 * synced in pv): 8 bytes a lane in, 16 out, both
+                 * conflict-free */
                 {
-                    constexpr int CK = D / 16, N = BN * CK / 32;
+                    constexpr int CK = D / 8, N = BN * CK / 32;
 #pragma unroll
                     for (int i = 0; i < N; i++) {
                         int idx = lane + 32 * i, r = idx / CK, ck = idx % CK;
-                        uint4 u = *(const uint4 *)(vs8 + r * D + ck * 16);
-                        uint4 *o = (uint4 *)(vt + r * C::LDB + ck * 16);
-                        o[0] = make_uint4(ad_h2(u.x), ad_h2(u.x >> 16), ad_h2(u.y), ad_h2(u.y >> 16));
-                        o[1] = make_uint4(ad_h2(u.z), ad_h2(u.z >> 16), ad_h2(u.w), ad_h2(u.w >> 16));
+                        uint2 u = *(const uint2 *)(vs8 + r * D + ck * 8);
+                        *(uint4 *)(vt + r * C::LDB + ck * 8) =
+                            make_uint4(ad_h2(u.x), ad_h2(u.x >> 16), ad_h2(u.y), ad_h2(u.y >> 16));
                     }
                 }
                 __syncwarp(); /* vt written; the stage is free */
-                issue(item + C::NS);
+                if (pn < len) copy_item(item + C::NS, sl);
                 ptx_cp_async_commit();
                 item++;
+                pn = item_p0(item + C::NS);
+                if (pn < len) lookup(pn, sl);
                 float oacc[DT][4];
                 pv(pf, oacc);
                 put_state(oacc, tile, mx, sum);
