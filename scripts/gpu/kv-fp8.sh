@@ -30,15 +30,6 @@ if want test; then
   grep -E "decode.*fp8.*worst" "$OUT/ctest.log" | sort -t' ' -k1 | awk '{print}' | sort -g -k9 | tail -4 | tee -a "$S"
 fi
 M=models/configs/llama-3.1-8b.json
-if want bench; then
-  bench "bf16 kv 64x4096" 120 "" --model $M --prompt-len 4096 --decode 32 --batch 64
-  bench "fp8 kv 64x4096" 120 "" --model $M --prompt-len 4096 --decode 32 --batch 64 --kv-cache-dtype fp8_e4m3
-  bench "bf16 kv 1x32768" 90 "" --model $M --prompt-len 32768 --decode 32 --batch 1
-  bench "fp8 kv 1x32768" 90 "" --model $M --prompt-len 32768 --decode 32 --batch 1 --kv-cache-dtype fp8_e4m3
-  bench "bf16 kv 8x32768" 120 "" --model $M --prompt-len 32768 --decode 32 --batch 8
-  bench "fp8 kv 8x32768" 120 "" --model $M --prompt-len 32768 --decode 32 --batch 8 --kv-cache-dtype fp8_e4m3
-  bench "fp8 kv 16x32768" 150 "" --model $M --prompt-len 32768 --decode 32 --batch 16 --kv-cache-dtype fp8_e4m3
-fi
 if want ncu; then
   for kv in auto fp8_e4m3; do
     [ "$(left)" -gt 60 ] || break
@@ -50,5 +41,14 @@ if want ncu; then
     grep -E "ad_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Block Limit|Grid Size|No Eligible|Issued Warp|Warp Cycles Per Issued|L2 Hit|Mem Busy|Max Bandwidth|Stall|stall" \
       "$OUT/ncu-$kv.txt" | head -40 | tee -a "$S"
   done
+fi
+if want bench; then
+  bench "bf16 kv 64x4096" 120 "" --model $M --prompt-len 4096 --decode 32 --batch 64
+  bench "fp8 kv 64x4096" 120 "" --model $M --prompt-len 4096 --decode 32 --batch 64 --kv-cache-dtype fp8_e4m3
+  bench "bf16 kv 1x32768" 90 "" --model $M --prompt-len 32768 --decode 32 --batch 1
+  bench "fp8 kv 1x32768" 90 "" --model $M --prompt-len 32768 --decode 32 --batch 1 --kv-cache-dtype fp8_e4m3
+  bench "bf16 kv 8x32768" 120 "" --model $M --prompt-len 32768 --decode 32 --batch 8
+  bench "fp8 kv 8x32768" 120 "" --model $M --prompt-len 32768 --decode 32 --batch 8 --kv-cache-dtype fp8_e4m3
+  bench "fp8 kv 16x32768" 150 "" --model $M --prompt-len 32768 --decode 32 --batch 16 --kv-cache-dtype fp8_e4m3
 fi
 say "done"
