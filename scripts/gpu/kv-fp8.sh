@@ -33,7 +33,7 @@ if want test; then
 fi
 M=models/configs/llama-3.1-8b.json
 if want ncu; then
-  for kv in auto fp8_e4m3; do
+  for kv in ${NCU_KV:-auto fp8_e4m3}; do
     [ "$(left)" -gt 60 ] || break
     timeout "$(lim 120)" ncu --clock-control none --kernel-name regex:ad_kernel --launch-skip 200 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \

@@ -62,19 +62,23 @@
  * (dev/attention checks this bitwise; test_deterministic end to end).
  * Rows whose chunks do not fit in the scratch run unsplit.
  *
- * The FP8 cache. Half the bytes per position means half the bytes in
- * flight per tile, so a warp keeps NS items (2–4: what ~200 KB of shared
- * memory per CTA holds; 4 at head size 128) on their way in e4m3 stages,
- * one cp.async group per item, and the next item's copies go out as soon
- * as a stage is read. The operands are f16 (e4m3 → f16x2 is one exact
- * cvt, where bf16 would take three): Q·Kᵀ reads its B fragments straight
- * from the staged K bytes — a lane's 8 bytes of its position serve a pair
- * of k-steps, q's dimensions permuted to match (K rows staged at D + 32
- * bytes: conflict-free) — and V is widened into a 16-bit tile for
- * ldmatrix.trans. q and p are split hi + lo in f16 as above (f16's 11
- * bits and narrower range: q · scale · log2 e must stay under 65504; lo
- * parts under 2^-14 lose bits as subnormals, an absolute 2^-25, far under
- * the e4m3 values' own rounding).
+ * The FP8 cache. Half the bytes per position means twice the arithmetic
+ * per byte, so this path is about instructions per byte and warps per
+ * SM. The operands are f16 (e4m3 → f16x2 is one exact cvt) read straight
+ * from the e4m3 stages, with no 16-bit tiles: Q·Kᵀ's B fragments are a
+ * lane's 8 staged bytes of its position, which serve a pair of k-steps
+ * (q's dimensions permuted to match: the sum over dimensions is the same
+ * in any order); P·V's come from ldmatrix.trans of the V stage read as
+ * 16-bit pairs of dimensions — a lane gets dims (2c, 2c + 1) of positions
+ * (2·tq, 2·tq + 1), and one byte permute splits them into the fragments
+ * of an even-dims and an odd-dims column tile. Staged rows are padded
+ * (K D + 32, V D + 16 bytes) so both reads are conflict-free. A warp
+ * keeps NS = 2 items in flight (K and V one cp.async group each, the next
+ * item's K issued once Q·Kᵀ has read the stage, its V after P·V), which
+ * leaves two CTAs of 4 warps an SM, as on the bf16 cache. q and p are
+ * split hi + lo in f16 as above (f16's narrower range: q · scale · log2 e
+ * must stay under 65504; lo parts under 2^-14 lose bits as subnormals, an
+ * absolute 2^-25, far under the e4m3 values' own rounding).
  *
  * Programmatic dependent launch (cuda_pdl.cuh): the
  * kernel triggers its dependents first thing, then does everything that
@@ -127,33 +131,31 @@ struct ad_args {
     float vscale;       /* the FP8 cache's v_scale (k_scale is in scale_log2); 1 on bf16 */
 };
 
-/* F8: the FP8 cache. A warp keeps NS items (a tile's K and V rows) in
- * flight in its e4m3 staging buffers; Q·Kᵀ reads its B fragments from the
- * staged K bytes, and V is widened into a 16-bit tile for ldmatrix.trans
- * (below, "The FP8 cache"). */
+/* F8: the FP8 cache. A warp keeps NS = 2 items (a tile's K and V rows)
+ * in flight in its e4m3 stages, and the mma reads its operands from them
+ * (below, "The FP8 cache"): no 16-bit tiles. */
 template <int D, int BN, int W, bool F8 = false>
 struct ad_cfg {
     static constexpr int THREADS = W * 32;
     static constexpr int TPW = AD_TPC / W;           /* tiles of a chunk per warp */
-    static constexpr int LDB = D + 8;                /* 16-bit tile row stride (16-byte pad) */
+    static constexpr int LDB = D + 8;                /* bf16 tile row stride (16-byte pad) */
     static constexpr int TILE = BN * LDB;            /* elements of one K or V tile */
     static constexpr int CHUNK = AD_TPC * BN;        /* positions per chunk */
-    static constexpr int LDF = D + 8;                /* fold buffer row stride (floats) */
+    /* fold buffer row stride (floats): F8's float4 stores of rows hr and
+     * hr + 1 in distinct banks */
+    static constexpr int LDF = F8 ? D + 16 : D + 8;
     static constexpr int DS = D + 4;                 /* chunk state stride: acc[D], m, l, pad */
     static constexpr int EPT = AD_HB * D / THREADS;  /* fold elements per thread (contiguous) */
     static constexpr int TPH = D / EPT;              /* fold threads per head */
     static constexpr size_t FOLD_BYTES = (size_t)AD_TPC * AD_HB * LDF * 4 + (size_t)AD_TPC * AD_HB * 8;
-    /* F8: the K staging row (bytes): D + 32, so that the 8-byte fragment
-     * loads of 16 lanes (4 rows) fall in distinct banks; the V staging
-     * row is D; one stage holds a tile's K and V */
-    static constexpr int KLD = D + 32;
-    static constexpr size_t STG = (size_t)BN * (KLD + D);
-    static constexpr size_t VT_BYTES = (size_t)BN * LDB * 2;
-    /* F8: stages per warp, as many as ~200 KB a CTA holds (2 to 4) */
-    static constexpr long NS_FIT = ((200l * 1024 - (long)FOLD_BYTES) / W - (long)VT_BYTES) / (long)STG;
-    static constexpr int NS = !F8 ? 1 : NS_FIT < 2 ? 2 : NS_FIT > 4 ? 4 : (int)NS_FIT;
-    /* a warp's bytes: bf16 its K and V tiles; F8 its stages and V tile */
-    static constexpr size_t WARP_BYTES = F8 ? NS * STG + VT_BYTES : (size_t)2 * TILE * 2;
+    /* F8 staging rows (bytes): K at D + 32, so that the 8-byte fragment
+     * loads of 16 lanes (4 rows) fall in distinct banks; V at D + 16, so
+     * that ldmatrix's 8 rows of 16 bytes do. One stage holds an item. */
+    static constexpr int KLD = D + 32, VLD = D + 16;
+    static constexpr size_t STG = (size_t)BN * (KLD + VLD);
+    static constexpr int NS = F8 ? 2 : 1;
+    /* a warp's bytes: bf16 its K and V tiles; F8 its stages */
+    static constexpr size_t WARP_BYTES = F8 ? NS * STG : (size_t)2 * TILE * 2;
     static constexpr size_t TILE_BYTES = (size_t)W * WARP_BYTES;
     static constexpr size_t SMEM = TILE_BYTES + FOLD_BYTES;
     /* CTAs per SM the shared memory allows (228 KB per SM, 1 KB per CTA reserved) */
@@ -163,7 +165,6 @@ struct ad_cfg {
     static_assert(EPT % 4 == 0 && TPH * AD_HB == THREADS, "fold mapping");
     static_assert(AD_TPC % W == 0, "whole tiles per warp");
     static_assert(BN % 32 == 0 && D % 32 == 0, "tile shape");
-    static_assert(!F8 || SMEM <= 227 * 1024, "FP8 stages fit a CTA");
 };
 
 /* K/V loads are marked L2 evict-first: read once a step, they should not
@@ -260,9 +261,9 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
     const int h0 = g * a.group + hb * AD_HB, nh = min(AD_HB, a.group - hb * AD_HB);
     const int fh = tid / C::TPH, fd = (tid % C::TPH) * EPT; /* fold: head, first dim */
     const KT *kbase = (const KT *)a.k + (long)g * D, *vbase = (const KT *)a.v + (long)g * D;
-    /* bf16: this warp's K and V tiles. F8: its stages, then its V tile. */
+    /* bf16: this warp's K and V tiles. F8: its stages. */
     unsigned char *wbuf = (unsigned char *)ad_smem4 + (size_t)warp * C::WARP_BYTES;
-    __nv_bfloat16 *kt = (__nv_bfloat16 *)wbuf, *vt = F8 ? (__nv_bfloat16 *)(wbuf + C::NS * C::STG) : kt + C::TILE;
+    __nv_bfloat16 *kt = (__nv_bfloat16 *)wbuf, *vt = kt + C::TILE;
     const uint64_t kv_policy = ad_policy();
 
     /* Slots of positions p0 + lane + 32·i (−1 past the end), looked up once
@@ -321,7 +322,7 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
         sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
         sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
     };
-    /* P·V from the 16-bit V tile */
+    /* P·V from the bf16 V tile */
     auto pv = [&](const uint32_t (*pf)[4], float (*oacc)[4]) {
 #pragma unroll
         for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
@@ -353,16 +354,17 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
      * all are empty. */
     int c = c0 + blockIdx.y;
     const int cfirst = c;
-    /* F8: the first position of item i (len when it is empty), and its
-     * K/V copies into stage i mod NS from its looked-up slots si */
+    /* F8: the first position of item i (len when it is empty), and its K
+     * or V copies into stage i mod NS from its looked-up slots si */
     auto item_p0 = [&](int i) -> int {
         const int ci = cfirst + (i / C::TPW) * step, p0 = ci * C::CHUNK + (warp + (i % C::TPW) * W) * BN;
         return ci < cend && p0 < len ? p0 : len;
     };
-    auto copy_item = [&](int i, const long long *si) {
-        unsigned char *st = wbuf + (size_t)(i % C::NS) * C::STG;
-        load(st, C::KLD, kbase, a.k_stride, si);
-        load(st + BN * C::KLD, D, vbase, a.v_stride, si);
+    auto copy_k = [&](int i, const long long *si) {
+        load(wbuf + (size_t)(i % C::NS) * C::STG, C::KLD, kbase, a.k_stride, si);
+    };
+    auto copy_v = [&](int i, const long long *si) {
+        load(wbuf + (size_t)(i % C::NS) * C::STG + BN * C::KLD, C::VLD, vbase, a.v_stride, si);
     };
     long long sl[SR];
     const bool first = c * C::CHUNK + warp * BN < len;
@@ -372,27 +374,27 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
      * step writes: its copies go out before the wait, under the previous
      * kernels' tails (cuda_pdl.cuh rule 2). */
     const bool early = first && c * C::CHUNK + warp * BN + BN < len;
-    if constexpr (F8) { /* one group per item: item 0, then items 1 .. NS − 1 */
+    if constexpr (F8) { /* K and V groups of items 0 .. NS − 1 */
         if (early) {
-            load(wbuf, C::KLD, kbase, a.k_stride, sl);
-            load(wbuf + BN * C::KLD, D, vbase, a.v_stride, sl);
+            copy_k(0, sl);
+            ptx_cp_async_commit();
+            copy_v(0, sl);
             ptx_cp_async_commit();
         }
         pdl_wait(); /* q and the cache row of this step's token come from the kernels before */
         if (!early) {
-            if (first) {
-                load(wbuf, C::KLD, kbase, a.k_stride, sl);
-                load(wbuf + BN * C::KLD, D, vbase, a.v_stride, sl);
-            }
+            if (first) copy_k(0, sl);
+            ptx_cp_async_commit();
+            if (first) copy_v(0, sl);
             ptx_cp_async_commit();
         }
 #pragma unroll
         for (int i = 1; i < C::NS; i++) {
             const int pi = item_p0(i);
-            if (pi < len) {
-                lookup(pi, sl);
-                copy_item(i, sl);
-            }
+            if (pi < len) lookup(pi, sl);
+            if (pi < len) copy_k(i, sl);
+            ptx_cp_async_commit();
+            if (pi < len) copy_v(i, sl);
             ptx_cp_async_commit();
         }
     } else { /* K and V groups of item 0 */
@@ -456,10 +458,11 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
             uint32_t pf[NT / 2][4];
             float mx, sum;
             if constexpr (F8) {
-                /* The FP8 cache: item `item` landed when at most NS − 1
-                 * groups (the items after it) are pending. */
+                /* The FP8 cache: groups K, V of each item in order; item
+                 * `item`'s K (then V) landed when at most 2·NS − 1 groups
+                 * are pending (the copies of item + NS go out in between) */
                 const unsigned char *ks8 = wbuf + (size_t)(item % C::NS) * C::STG, *vs8 = ks8 + BN * C::KLD;
-                ptx_cp_async_wait<C::NS - 1>();
+                ptx_cp_async_wait<2 * C::NS - 1>();
                 __syncwarp();
                 /* Q·Kᵀ: a lane's 8 staged bytes of its position (column
                  * hr of the 8-position tile nt) are the B fragments of a
@@ -472,29 +475,50 @@ static __global__ void __launch_bounds__(W * 32, (ad_cfg<D, BN, W, F8>::MINB))
                         ptx_mma_m16n8k16<MT>(sacc[nt], qf[2 * s2], ad_h2(w.x), ad_h2(w.x >> 16));
                         ptx_mma_m16n8k16<MT>(sacc[nt], qf[2 * s2 + 1], ad_h2(w.y), ad_h2(w.y >> 16));
                     }
+                __syncwarp(); /* every lane is done with the K stage */
+                if (pn < len) copy_k(item + C::NS, sl);
+                ptx_cp_async_commit();
                 softmax(sacc, p0, mx, sum, pf);
-                /* V widened into the f16 tile (exact; vt's last reader
-                 * synced in pv): 8 bytes a lane in, 16 out, both
-                 * conflict-free */
-                {
-                    constexpr int CK = D / 8, N = BN * CK / 32;
+                ptx_cp_async_wait<2 * C::NS - 1>();
+                __syncwarp(); /* V landed */
+                /* P·V straight from the staged V bytes: ldmatrix.trans of
+                 * the stage as 16-bit pairs gives a lane the dims (2c, 2c+1)
+                 * of positions (2·tq, 2·tq + 1), which one byte permute
+                 * and two cvts make the B fragments of two 8-column tiles:
+                 * the even dims (ov[2cb]) and the odd ones (ov[2cb + 1]) of
+                 * the 16-dim block cb. A lane's accumulators of the pair
+                 * are then dims 16·cb + 4·tq + 0..3. */
+                float oacc[DT][4];
 #pragma unroll
-                    for (int i = 0; i < N; i++) {
-                        int idx = lane + 32 * i, r = idx / CK, ck = idx % CK;
-                        uint2 u = *(const uint2 *)(vs8 + r * D + ck * 8);
-                        *(uint4 *)(vt + r * C::LDB + ck * 8) =
-                            make_uint4(ad_h2(u.x), ad_h2(u.x >> 16), ad_h2(u.y), ad_h2(u.y >> 16));
+                for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < NT / 2; kk++)
+#pragma unroll
+                    for (int cb = 0; cb < D / 16; cb += 2) {
+                        uint32_t b[4];
+                        int mi = lane >> 3;
+                        ptx_ldmatrix_x4_trans(b, vs8 + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * C::VLD + (cb + (mi >> 1)) * 16);
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            uint32_t lo = __byte_perm(b[2 * h], 0, 0x3120), hi = __byte_perm(b[2 * h + 1], 0, 0x3120);
+                            ptx_mma_m16n8k16<MT>(oacc[2 * (cb + h)], pf[kk], ad_h2(lo), ad_h2(hi));
+                            ptx_mma_m16n8k16<MT>(oacc[2 * (cb + h) + 1], pf[kk], ad_h2(lo >> 16), ad_h2(hi >> 16));
+                        }
                     }
-                }
-                __syncwarp(); /* vt written; the stage is free */
-                if (pn < len) copy_item(item + C::NS, sl);
+                __syncwarp(); /* every lane is done with the V stage */
+                if (pn < len) copy_v(item + C::NS, sl);
                 ptx_cp_async_commit();
                 item++;
                 pn = item_p0(item + C::NS);
                 if (pn < len) lookup(pn, sl);
-                float oacc[DT][4];
-                pv(pf, oacc);
-                put_state(oacc, tile, mx, sum);
+                float *fw = fold + (tile * AD_HB + hr) * C::LDF + 4 * tq;
+#pragma unroll
+                for (int cb = 0; cb < D / 16; cb++) {
+                    const float *e = oacc[2 * cb], *o = oacc[2 * cb + 1];
+                    *(float4 *)(fw + 16 * cb) = make_float4(__fadd_rn(e[0], e[2]), __fadd_rn(o[0], o[2]),
+                                                            __fadd_rn(e[1], e[3]), __fadd_rn(o[1], o[3]));
+                }
+                if (tq == 0) ml[tile * AD_HB + hr] = make_float2(mx, sum);
             } else {
                 /* item j: tile `tile` of chunk c; the next item (its K and V
                  * are loaded while this one computes): tile + W, or tile
@@ -682,9 +706,9 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
  * context over the GPU, and a CTA's one tile per warp is the shorter
  * chain (batch 1, context 4096: 7-15% slower with 2). The chunks and their
  * folds are the same either way, so the choice never changes a bit.
- * KILN_CUDA_AD_W=2|4 forces it. The FP8 cache's CTAs carry four e4m3
- * stages a warp (195 KB at 4 warps: one an SM; 106 KB at 2: two), so the
- * same rule uses its own occupancy. */
+ * KILN_CUDA_AD_W=2|4 forces it. The FP8 cache's CTAs (two e4m3 stages a
+ * warp: 94 KB at 4 warps, two an SM; 56 KB at 2, three an SM) use the same
+ * rule with their own occupancy. */
 template <bool F8>
 static int ad_occ4_of(void) {
     using C = ad_cfg<128, AD_BN_D128, 4, F8>;
