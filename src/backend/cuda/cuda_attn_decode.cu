@@ -706,25 +706,25 @@ static void ad_launch(struct cuda_ctx *c, struct ad_args a, long rows) {
  * context over the GPU, and a CTA's one tile per warp is the shorter
  * chain (batch 1, context 4096: 7-15% slower with 2). The chunks and their
  * folds are the same either way, so the choice never changes a bit.
- * KILN_CUDA_AD_W=2|4 forces it. The FP8 cache's CTAs (two e4m3 stages a
- * warp: 94 KB at 4 warps, two an SM; 56 KB at 2, three an SM) use the same
- * rule with their own occupancy. */
-template <bool F8>
-static int ad_occ4_of(void) {
-    using C = ad_cfg<128, AD_BN_D128, 4, F8>;
-    int occ = 0;
-    CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<128, AD_BN_D128, 4, float, F8>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &occ, ad_kernel<128, AD_BN_D128, 4, float, F8>, C::THREADS, C::SMEM));
-    return occ < 1 ? 1 : occ;
-}
+ * KILN_CUDA_AD_W=2|4 forces it. The FP8 cache always takes 4 warps: its
+ * CTAs (two e4m3 stages a warp) fit two an SM at 4 warps (94 KB) and three
+ * at 2 (56 KB), so 2 warps would give more CTAs an SM but fewer warps (6
+ * against 8), and the FP8 kernel is bound by its warps' instruction latency
+ * (Llama-3.1-8B on an H100, 64 sequences: 4 warps 5,122 tok/s against
+ * 4,167 at context 4096, 10,147 against 9,984 at 128). */
 static int ad_warps_for(struct cuda_ctx *c, const struct ad_args &a, long rows, bool f8) {
     if (c->ad_warps == 2 || c->ad_warps == 4) return c->ad_warps;
-    int *occ4 = f8 ? &c->ad_occ4_fp8 : &c->ad_occ4; /* shared memory bound, the same for every O */
-    if (!*occ4) *occ4 = f8 ? ad_occ4_of<true>() : ad_occ4_of<false>();
+    if (f8) return 4;
+    if (!c->ad_occ4) { /* shared memory bound, the same for every O */
+        using C = ad_cfg<128, AD_BN_D128, 4, false>;
+        CUDA_CHECK(cudaFuncSetAttribute(ad_kernel<128, AD_BN_D128, 4, float, false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &c->ad_occ4, ad_kernel<128, AD_BN_D128, 4, float, false>, C::THREADS, C::SMEM));
+        if (c->ad_occ4 < 1) c->ad_occ4 = 1;
+    }
     long units = rows * a.n_kv_heads * (long)a.hblocks;
-    return units > (long)*occ4 * c->n_sm ? 2 : 4;
+    return units > (long)c->ad_occ4 * c->n_sm ? 2 : 4;
 }
 
 template <bool F8>

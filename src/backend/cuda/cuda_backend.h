@@ -188,7 +188,6 @@ struct cuda_ctx {
                                     (chunks of 32 positions per warp); 0: by the batch
                                     (KILN_CUDA_AD_W=2|4 forces) */
     int ad_occ4;                 /* CTAs of its 4-warp kernel an SM (0: not asked yet) */
-    int ad_occ4_fp8;             /* the same on the FP8 cache (e4m3 staging: more shared memory) */
     unsigned gemm_small_ready;   /* MoE product variants whose smem limit is set (cuda_gemm_small.cu) */
     /* Device memory a step could not get (cuda_oom_record): the first
      * failure since backend_ops.step_status last looked; bytes 0: none.
