@@ -10,8 +10,6 @@
  * with ctx.attn_impl and ctx.kv_bf16:
  *   scalar    the first kernel (one block per (token, head))
  *   split     the fp32 split-KV kernel for every row
- *   splitdec  tensor-core prefill + the fp32 split-KV kernel for decode rows
- *             (what kiln ran on the bf16 cache before cuda_attn_decode.cu)
  *   auto      what kiln runs: tensor-core prefill; decode rows on the bf16
  *             cache take cuda_attn_decode (AD_BN_D128 / AD_BN_D64 positions per warp)
  *   dec32 / dec64  cuda_attn_decode with 32 / 64 positions per warp
@@ -223,9 +221,9 @@ static struct cuda_ctx make_ctx(long max_context) {
     return c;
 }
 
-enum { I_SCALAR, I_SPLIT, I_SPLITDEC, I_AUTO, I_DEC32, I_DEC64 };
+enum { I_SCALAR, I_SPLIT, I_AUTO, I_DEC32, I_DEC64 };
 static const char *impl_name(int i) {
-    static const char *n[] = {"scalar", "split", "splitdec", "auto", "dec32", "dec64"};
+    static const char *n[] = {"scalar", "split", "auto", "dec32", "dec64"};
     return n[i];
 }
 
@@ -236,10 +234,7 @@ static void run(struct cuda_ctx *c, struct problem *P, int impl) {
                     impl == I_DEC32 ? 32 : 64);
         return;
     }
-    c->attn_impl = impl == I_SCALAR ? CUDA_ATTN_SCALAR
-                   : impl == I_SPLIT ? CUDA_ATTN_SPLIT
-                   : impl == I_SPLITDEC ? CUDA_ATTN_SPLIT_DECODE
-                                        : CUDA_ATTN_AUTO;
+    c->attn_impl = impl == I_SCALAR ? CUDA_ATTN_SCALAR : impl == I_SPLIT ? CUDA_ATTN_SPLIT : CUDA_ATTN_AUTO;
     cuda_op_attention(c, P->dout, P->ldo, P->dq, P->ldq, P->dk, P->dv_, &P->p, &P->b);
 }
 
@@ -505,7 +500,7 @@ int main(int argc, char **argv) {
             struct problem P;
             problem_init(&P, sh, len, nw, 7, ps, 1);
             printf(" %s bf16 cache, page %d, %d tokens (mixed)\n", sh.name, ps, P.bh.n_tokens);
-            for (int impl : {I_SPLITDEC, I_AUTO}) fails += !validate(&c, &P, impl, sh.mla ? 1e-5 : 1e-2);
+            for (int impl : {I_SPLIT, I_AUTO}) fails += !validate(&c, &P, impl, sh.mla ? 1e-5 : 1e-2);
             problem_free(&P);
         }
     /* decode rows only: fp32-grade on the rounded cache (the decode kernel
@@ -520,7 +515,7 @@ int main(int argc, char **argv) {
             struct problem P;
             problem_init(&P, sh, dlen, dnw, 13, ps, 1);
             printf(" %s bf16 cache, page %d, %d decode rows\n", sh.name, ps, P.bh.n_tokens);
-            for (int impl : {I_SPLITDEC, I_DEC32, I_DEC64}) fails += !validate(&c, &P, impl, 1e-5);
+            for (int impl : {I_SPLIT, I_DEC32, I_DEC64}) fails += !validate(&c, &P, impl, 1e-5);
             problem_free(&P);
         }
     for (int l : {1, 16384}) { /* one row: every slot busy; the longest context */
@@ -582,7 +577,7 @@ int main(int argc, char **argv) {
             problem_init(&P, sh, lens.data(), nws.data(), bc.n, bc.ps, 1);
             double flop, bytes;
             work(&P, &flop, &bytes);
-            for (int impl : {I_SPLITDEC, I_DEC32, I_DEC64}) {
+            for (int impl : {I_SPLIT, I_DEC32, I_DEC64}) {
                 double ms = time_ms(&c, &P, impl, 30);
                 printf("%-20s %-20s %-8s %9.1f %9.0f", sh.name, bc.name, impl_name(impl), ms * 1e3,
                        bytes / ms / 1e6);
