@@ -13,10 +13,12 @@ dest="${KILN_NPM:-$repo/.cache/npm}"
 # JSON Schema test suite the grammar translator is checked against, and the
 # Vercel AI SDK (ai, its OpenAI-compatible provider, zod for tool schemas)
 # the agent test runs a tool loop with: its 6.x line, the newest that runs
-# on Debian 12's node 18 (ai 7 needs node 22)
+# on Debian 12's node 18 (ai 7 needs node 22); openai-harmony (OpenAI's
+# harmony library as WebAssembly) and tiktoken (the o200k ranks it reads),
+# the truth of the gpt-oss output parsers
 pkgs=(openai@4.104.0 ajv@8.17.1 @opentelemetry/api@1.10.0 @opentelemetry/core@3.1.1 @opentelemetry/sdk-trace@3.1.1
       @opentelemetry/otlp-transformer@0.301.1 json-schema-test-suite@0.0.10
-      ai@6.0.325 @ai-sdk/openai-compatible@2.0.92 zod@4.6.7)
+      ai@6.0.325 @ai-sdk/openai-compatible@2.0.92 zod@4.6.7 openai-harmony@0.4.0 tiktoken@1.0.22)
 have_all() {
     local p name ver
     for p in "${pkgs[@]}"; do

@@ -118,6 +118,24 @@ static int step(struct harmony_parser *h, int final, const struct harmony_sink *
     const char *s = p->data;
     size_t n = p->len;
     int which;
+    if (!h->begun) {
+        /* The output opens inside the header the prompt's
+         * "<|start|>assistant" began: a recipient may come first
+         * (" to=functions.f<|channel|>..."), as OpenAI's harmony parser
+         * reads a completion. Held while the text may still be one. */
+        static const char *const lead[] = {" to=", "to=", NULL};
+        for (int i = 0; lead[i]; i++) {
+            size_t l = strlen(lead[i]);
+            if (n >= l && !memcmp(s, lead[i], l)) {
+                h->begun = 1;
+                h->state = HS_HEADER;
+                return 1;
+            }
+            if (n < l && !memcmp(s, lead[i], n) && !final) return 0;
+        }
+        h->begun = 1;
+        return 1;
+    }
     switch (h->state) {
     case HS_TEXT: {
         /* whitespace alone since the last message (or the start) is not

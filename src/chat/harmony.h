@@ -6,8 +6,9 @@
  *   <|start|>assistant<|channel|>final<|message|>ANSWER<|return|>
  *   <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
  *
- * (the first header's "<|start|>assistant" is the prompt's; the recipient
- * " to=..." may also stand before <|channel|>). A body ends at <|end|>,
+ * (the first header's "<|start|>assistant" is the prompt's, so the output
+ * opens inside it; the recipient " to=..." may also stand before
+ * <|channel|>, the output's first bytes included). A body ends at <|end|>,
  * <|return|> or <|call|> (the last two are end-of-generation tokens, so
  * usually absent from the text), at the next <|start|>, or at the end of
  * the output. What the parser makes of a message:
@@ -43,6 +44,7 @@ struct harmony_parser {
     int state;            /* HS_* in harmony.c */
     int kind;             /* where the current body goes */
     int in_text;          /* text outside messages emitted since the last one */
+    int begun;            /* the output's first bytes decided (a leading recipient or not) */
     struct buf pend;      /* text not decided yet */
     struct buf recipient; /* the current message's to=... */
     struct buf args;      /* a call's body so far */

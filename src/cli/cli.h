@@ -19,5 +19,6 @@ int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_knobs(int argc, char **argv);
 int cmd_grammar(int argc, char **argv);
+int cmd_parse_output(int argc, char **argv);
 
 #endif

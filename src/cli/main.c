@@ -24,6 +24,7 @@ static const struct subcommand subcommands[] = {
     {"detokenize", cmd_detokenize, "token ids (JSON array per line) to text"},
     {"profile-report", cmd_profile_report, "GPU time of traces by kernel category (HTML and CSV)"},
     {"grammar", cmd_grammar, "JSON Schema / regex to EBNF; check texts against a grammar"},
+    {"parse-output", cmd_parse_output, "a model's text to the chat message (reasoning, tool calls)"},
     {"knobs", cmd_knobs, "the KILN_* environment variables (--markdown: all of them)"},
     {"help", NULL, "this list"},
 };

@@ -287,6 +287,9 @@ static void test_harmony(void **state) {
              "\"unit\": \"c\"}<|call|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>"
              "{\"tz\": \"Europe/Paris\"}<|call|>",
           "", 2, NAMES2, ARGS2);
+    /* the output opens inside the prompt's header: a recipient may lead */
+    check(H, " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\", \"unit\": \"c\"}<|call|>",
+          "", 1, NAMES2, ARGS2);
     check(H, "<|channel|>final<|message|>It is sunny. ☀", "It is sunny. ☀", 0, NULL, NULL);
     check(H, "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>not json",
           "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>not json<|call|>", 0, NULL, NULL);
