@@ -177,6 +177,7 @@ struct cuda_ctx {
     long rope_fused;             /* products that did (host count, for tests) */
     long mla_decode_calls;       /* launches of the MLA decode kernel (host count, for tests) */
     int mla_occ;                 /* MLA decode CTAs an SM holds (cuda_attn_mla.cu; 0: not set up yet) */
+    int mla_occ8;                /* the same on the FP8 latent cache */
     long wgmma_calls;            /* 16-bit products it ran (host count, for tests) */
     long wgmma_fp8_calls;        /* e4m3 products it ran (host count, for tests) */
     long fp8_lt_calls;           /* FP8 products on cuBLASLt's block-scaled FP8 (host count) */
