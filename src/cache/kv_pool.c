@@ -220,3 +220,26 @@ void kv_pool_scramble(struct kv_pool *p, uint64_t seed) {
     shuffle(p->free_list, p->n_free, &s);
     shuffle(p->swa_free, p->n_swa_free, &s);
 }
+
+/* One layer's part of a page: its K rows, then its V rows unless V is in K. */
+static void page_copy(const struct kv_pool *p, int32_t page, unsigned char *host, int save) {
+    KILN_ASSERT(p->k && !p->swa_window && page >= 0 && page < p->n_pages);
+    size_t es = dtype_size(p->dtype), at = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        for (int part = 0; part < 2; part++) {
+            if (part && p->layout[l].v_in_k) break;
+            long w = part ? p->layout[l].v_width : p->layout[l].k_width;
+            size_t n = (size_t)p->page_size * (size_t)w * es;
+            unsigned char *dev = (unsigned char *)(part ? p->v[l] : p->k[l]) + (size_t)page * n;
+            if (save) p->be->ops->download(p->be->ctx, host + at, dev, n);
+            else p->be->ops->upload(p->be->ctx, dev, host + at, n);
+            at += n;
+        }
+    }
+}
+
+void kv_pool_page_save(const struct kv_pool *p, int32_t page, void *host) { page_copy(p, page, host, 1); }
+
+void kv_pool_page_load(struct kv_pool *p, int32_t page, const void *host) {
+    page_copy(p, page, (unsigned char *)host, 0);
+}

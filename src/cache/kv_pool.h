@@ -153,6 +153,12 @@ static inline int kv_pool_available(const struct kv_pool *p) {
     return p->swa_window > 0 && p->n_swa_free < p->n_free ? p->n_swa_free : p->n_free;
 }
 
+/* Copies page `page`'s K/V, every layer, to host[kv_pool_page_bytes] and
+ * back (the host tier of the prefix cache, cache/host_cache.h). Not for
+ * hybrid pools or id lists without storage. */
+void kv_pool_page_save(const struct kv_pool *p, int32_t page, void *host);
+void kv_pool_page_load(struct kv_pool *p, int32_t page, const void *host);
+
 /* Reorders the free list with a fixed permutation so that consecutive
  * allocations get scattered pages (tests use it to exercise paging). */
 void kv_pool_scramble(struct kv_pool *p, uint64_t seed);

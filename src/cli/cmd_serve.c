@@ -130,6 +130,13 @@ int cmd_serve(int argc, char **argv) {
         CLI_OPT_INT("--context-length", &eo.context_length, 1, 1 << 24, "N", "cap the model's context length"),
         CLI_OPT_CHOICE("--schedule-policy", &policy, "fcfs|lpm|priority", "(default fcfs)"),
         CLI_OPT_FLAG("--disable-radix-cache", &eo.disable_radix_cache, "no prefix caching"),
+        CLI_OPT_FLAG("--enable-hierarchical-cache", &eo.enable_hicache,
+                     "keep the KV pages the prefix cache evicts in host memory and load\n"
+                     "them back for later requests (one rank, no sliding windows)"),
+        CLI_OPT_DOUBLE("--hicache-ratio", &eo.hicache_ratio, 0.01, 1e6, "R",
+                       "the host cache's size against the device KV pool (default 2)"),
+        CLI_OPT_DOUBLE("--hicache-size", &eo.hicache_size_gb, 0.001, 1e6, "GB",
+                       "the host cache's size in GB (instead of --hicache-ratio)"),
         CLI_OPT_FLAG("--skip-sampler-warmup", &eo.skip_sampler_warmup, "start faster"),
         CLI_OPT_FLAG("--skip-warmup", &eo.skip_warmup, "no GPU kernel/graph prewarm by bucket"),
         CLI_OPT_INT("--decode-log-interval", &eo.decode_log_interval, 0, 1 << 30, "N",

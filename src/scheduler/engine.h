@@ -170,6 +170,12 @@ struct engine_options {
     int context_length;           /* 0 = the model's */
     enum schedule_policy policy;
     int disable_radix_cache;
+    /* The prefix cache's host tier (cache/host_cache.h; SGLang's
+     * --enable-hierarchical-cache): pages the device evicts are kept in
+     * host memory, hicache_size_gb of it, or else hicache_ratio times the
+     * device pool (0: 2). One rank, no sliding windows. */
+    int enable_hicache;
+    double hicache_ratio, hicache_size_gb;
     int skip_sampler_warmup;
     int skip_warmup;              /* no kernel/graph prewarm by bucket (GPU) */
     int log_requests;
@@ -233,6 +239,9 @@ struct engine_stats {
     long retractions_total;
     /* speculative decoding: tokens drafted, and of those the ones accepted */
     long spec_draft_tokens_total, spec_accepted_tokens_total;
+    /* the prefix cache's host tier (0 pages: off): pages held and their
+     * room, pages copied out at eviction, prompt tokens loaded back */
+    long hicache_pages, hicache_pages_total, hicache_saved_pages_total, hicache_loaded_tokens_total;
 };
 void engine_stats(struct engine *e, struct engine_stats *out);
 

@@ -95,6 +95,17 @@ struct engine {
     float *logits;  /* [max_seqs][vocab] */
     float *scratch; /* [2 * vocab] */
     int32_t *match_pages;
+    /* the prefix cache's host tier (group 0's pool; NULL: off): each device
+     * page the tree holds has its prefix key, parent key and tokens here
+     * (hc_set 0: not known), which eviction stores the page under; hc_*
+     * scratch of a request's pages */
+    struct host_cache *hc;
+    uint64_t *hc_key, *hc_parent;
+    int32_t *hc_tokens;
+    unsigned char *hc_set;
+    uint64_t *hc_keys;
+    int32_t *hc_pages;
+    int hc_closing; /* shutting down: evictions are not stored */
     /* sampling on the device (runner_can_sample): per logit row of a step,
      * whether it needs its logits on the host (scores, logprobs) instead */
     int gpu_sample;
@@ -137,6 +148,14 @@ void sched_window_drop(struct engine *e, struct req *r);
 void sched_swa_drop(struct engine *e, struct req *r);
 /* r's cached prefix of its first n tokens in group g's tree, into e->match_pages. */
 int sched_match_prefix(struct engine *e, int g, const struct req *r, int n, struct radix_node **node);
+/* The same, continued with pages the host tier holds (loaded into fresh
+ * device pages and added to the tree): what admission uses. */
+int sched_match_load(struct engine *e, int g, const struct req *r, int n, struct radix_node **node);
+/* The host tier: set-up (after the pool and the trees), the tree's
+ * release callback that stores evicted pages (user: the engine), tear-down. */
+int sched_hicache_init(struct engine *e, struct kiln_error *err);
+void sched_evict_pages(void *user, const int32_t *pages, int n);
+void sched_hicache_free(struct engine *e);
 /* Group g's pages that could be had (free or evictable); a hybrid pool's sliding ones (an upper bound). */
 int sched_available_pages(const struct engine *e, int g);
 int sched_available_swa(const struct engine *e, int g);

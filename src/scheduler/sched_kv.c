@@ -1,12 +1,15 @@
 /* sched_kv.c — a request's KV on the scheduler's side: its pages, the
  * prefix cache's share of them, the pages a sliding window gives back (one
  * pool whose every layer slides, or a hybrid pool's sliding pages, with the
- * prefix cache's pins and shedding), and freeing pages for a step
- * (cache/kv_pool.h, cache/radix.h, engine_internal.h). Engine thread only. */
+ * prefix cache's pins and shedding), the prefix cache's host tier, and
+ * freeing pages for a step (cache/kv_pool.h, cache/radix.h,
+ * cache/host_cache.h, engine_internal.h). Engine thread only. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
 #include "base/mem.h"
+#include "cache/host_cache.h"
 #include "cache/kv_pool.h"
 #include "cache/radix.h"
 #include "scheduler/engine_internal.h"
@@ -67,6 +70,22 @@ static void release_dups(struct engine *e, struct req *r, int keep, int dup) {
     kv_pool_release(kv, r->pages + keep, dup / ps - keep);
 }
 
+/* The host tier: the tree's pages[0 .. n) of salt's tokens get their
+ * prefix keys (what eviction stores them under). */
+static void hc_register(struct engine *e, const char *salt, const int32_t *tokens, const int32_t *pages, int n) {
+    int ps = e->page_size;
+    uint64_t parent = host_cache_root(salt);
+    for (int i = 0; i < n; i++) {
+        uint64_t key = host_cache_key(parent, tokens + (size_t)i * ps, ps);
+        int32_t pg = pages[i];
+        e->hc_key[pg] = key;
+        e->hc_parent[pg] = parent;
+        memcpy(e->hc_tokens + (size_t)pg * ps, tokens + (size_t)i * ps, (size_t)ps * sizeof *tokens);
+        e->hc_set[pg] = 1;
+        parent = key;
+    }
+}
+
 /* Gives the request's KV back: computed full pages go to the radix cache
  * (unlocked, evictable), everything else to the pool. */
 void sched_release_kv(struct engine *e, struct req *r) {
@@ -82,6 +101,10 @@ void sched_release_kv(struct engine *e, struct req *r) {
             int dup = radix_insert(rx, r->salt, r->tokens, aligned, r->pages, &node);
             if (dup > r->n_tree_tokens) release_dups(e, r, keep, dup);
             keep = aligned / ps;
+            if (e->hc && r->dp_group == 0) {
+                KILN_ASSERT(radix_match(rx, r->salt, r->tokens, aligned, e->hc_pages, NULL) == aligned);
+                hc_register(e, r->salt, r->tokens, e->hc_pages, aligned / ps);
+            }
         }
         if (r->lock_node) radix_unlock(rx, r->lock_node);
     }
@@ -109,6 +132,7 @@ void sched_cache_unfinished(struct engine *e, struct req *r) {
     /* the tree's pages replace the duplicates we just freed */
     int got = radix_match(rx, r->salt, r->tokens, aligned, r->pages, &node);
     KILN_ASSERT(got == aligned);
+    if (e->hc && r->dp_group == 0) hc_register(e, r->salt, r->tokens, r->pages, aligned / ps);
     radix_lock(rx, node);
     if (r->lock_node) radix_unlock(rx, r->lock_node);
     r->lock_node = node;
@@ -181,6 +205,116 @@ int sched_match_prefix(struct engine *e, int g, const struct req *r, int n, stru
     }
     if (j * ps == got) return got;
     return radix_match(rx, r->salt, r->tokens, j * ps, e->match_pages, node);
+}
+
+/* sched_match_prefix, then the pages after the match that the host tier
+ * holds, as far as they go on in a row (whole pages of the first n
+ * tokens): loaded into fresh device pages, which join the tree, so the
+ * match covers them. The matched path is locked while pages are freed for
+ * them; without room for all of them, the device match alone. */
+int sched_match_load(struct engine *e, int g, const struct req *r, int n, struct radix_node **node) {
+    int got = sched_match_prefix(e, g, r, n, node);
+    if (!e->hc || g != 0) return got;
+    int ps = e->page_size, j0 = got / ps, h = 0;
+    uint64_t base = host_cache_root(r->salt);
+    for (int j = 0; j < j0; j++) base = host_cache_key(base, r->tokens + (size_t)j * ps, ps);
+    for (uint64_t parent = base; (j0 + h + 1) * ps <= n; h++) {
+        const int32_t *tok = r->tokens + (size_t)(j0 + h) * ps;
+        uint64_t key = host_cache_key(parent, tok, ps);
+        if (!host_cache_has(e->hc, key, parent, tok)) break;
+        e->hc_keys[h] = key;
+        parent = key;
+    }
+    if (!h) return got;
+    struct radix_tree *rx = e->grx[g];
+    struct kv_pool *kv = e->gkv[g];
+    /* the pages to load become the most recently used, the first of them
+     * last, so that what eviction stores meanwhile pushes out the others
+     * first; what is left of the run after it is loaded */
+    for (int i = h - 1; i >= 0; i--)
+        host_cache_touch(e->hc, e->hc_keys[i], i ? e->hc_keys[i - 1] : base, r->tokens + (size_t)(j0 + i) * ps);
+    if (*node) radix_lock(rx, *node);
+    int room = sched_make_free(e, g, h) == 0;
+    if (*node) radix_unlock(rx, *node);
+    if (!room) return got;
+    for (int i = 0; i < h; i++)
+        if (!host_cache_has(e->hc, e->hc_keys[i], i ? e->hc_keys[i - 1] : base, r->tokens + (size_t)(j0 + i) * ps)) {
+            h = i;
+            break;
+        }
+    if (!h) return got;
+    /* the device match's pages, then the loaded ones */
+    memcpy(e->hc_pages, e->match_pages, (size_t)j0 * sizeof *e->hc_pages);
+    int32_t *fresh = e->hc_pages + j0;
+    KILN_ASSERT(kv_pool_alloc(kv, h, fresh) == 0);
+    for (int i = 0; i < h; i++) {
+        uint64_t parent = i ? e->hc_keys[i - 1] : base;
+        KILN_ASSERT(host_cache_load(e->hc, kv, e->hc_keys[i], parent, r->tokens + (size_t)(j0 + i) * ps, fresh[i]) == 0);
+    }
+    int total = (j0 + h) * ps;
+    struct radix_node *nd;
+    KILN_ASSERT(radix_insert(rx, r->salt, r->tokens, total, e->hc_pages, &nd) == got);
+    hc_register(e, r->salt, r->tokens, e->hc_pages, j0 + h);
+    e->counters.hicache_loaded_tokens_total += (long)h * ps;
+    KILN_ASSERT(radix_match(rx, r->salt, r->tokens, total, e->match_pages, node) == total);
+    return total;
+}
+
+void sched_evict_pages(void *user, const int32_t *pages, int n) {
+    struct engine *e = user;
+    struct kv_pool *kv = e->gkv[0];
+    int ps = e->page_size;
+    for (int i = 0; i < n; i++) {
+        int32_t pg = pages[i];
+        if (!e->hc_set[pg]) continue;
+        if (!e->hc_closing &&
+            host_cache_put(e->hc, kv, pg, e->hc_key[pg], e->hc_parent[pg], e->hc_tokens + (size_t)pg * ps))
+            e->counters.hicache_saved_pages_total++;
+        e->hc_set[pg] = 0;
+    }
+    kv_pool_release(kv, pages, n);
+}
+
+int sched_hicache_init(struct engine *e, struct kiln_error *err) {
+    const struct engine_options *o = &e->opt;
+    if (!o->enable_hicache) return 0;
+    if (o->disable_radix_cache)
+        return kiln_errorf(err, "--enable-hierarchical-cache keeps the radix cache's evicted pages: it needs the "
+                                "radix cache (drop --disable-radix-cache)");
+    if (e->dp_size > 1 || (o->par && (o->par->tp_size > 1 || o->par->pp_size > 1)))
+        return kiln_errorf(err, "--enable-hierarchical-cache is not supported with several ranks (--tp, --pp, --dp) yet");
+    if (e->window || e->swa_window)
+        return kiln_errorf(err, "--enable-hierarchical-cache is not supported for models with sliding-window layers yet");
+    if (o->hicache_ratio < 0 || o->hicache_size_gb < 0)
+        return kiln_errorf(err, "--hicache-ratio and --hicache-size must not be negative");
+    const struct kv_pool *kv = e->kv;
+    size_t page_bytes = kv_pool_page_bytes(kv->layout, kv->n_layers, kv->page_size, kv->dtype);
+    double pages = o->hicache_size_gb > 0 ? o->hicache_size_gb * 1073741824.0 / (double)page_bytes
+                                          : (o->hicache_ratio > 0 ? o->hicache_ratio : 2.0) * kv_pool_usable(kv);
+    if (pages < 1)
+        return kiln_errorf(err, "--hicache-size %.3g GB holds no page of %zu bytes", o->hicache_size_gb, page_bytes);
+    if (pages > 1e12) pages = 1e12;
+    if (!(e->hc = host_cache_create(kv, (long)pages)))
+        return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of host memory for a host KV cache of %.0f pages (%.2f GB)",
+                           pages, pages * (double)page_bytes / 1073741824.0);
+    size_t np = (size_t)kv->n_pages;
+    e->hc_key = xmalloc(np * sizeof *e->hc_key);
+    e->hc_parent = xmalloc(np * sizeof *e->hc_parent);
+    e->hc_tokens = xmalloc(np * (size_t)e->page_size * sizeof *e->hc_tokens);
+    e->hc_set = xcalloc(np, 1);
+    size_t most = (size_t)e->context_length / (size_t)e->page_size + 2;
+    e->hc_keys = xmalloc(most * sizeof *e->hc_keys);
+    e->hc_pages = xmalloc(most * sizeof *e->hc_pages);
+    return 0;
+}
+
+void sched_hicache_free(struct engine *e) {
+    host_cache_destroy(e->hc);
+    e->hc = NULL;
+    free(e->hc_key), free(e->hc_parent), free(e->hc_tokens), free(e->hc_set), free(e->hc_keys), free(e->hc_pages);
+    e->hc_key = e->hc_parent = e->hc_keys = NULL;
+    e->hc_tokens = e->hc_pages = NULL;
+    e->hc_set = NULL;
 }
 
 /* Group g's free pages, counting its prefix cache's evictable ones. */

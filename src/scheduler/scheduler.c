@@ -42,6 +42,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "cache/host_cache.h"
 #include "cache/radix.h"
 #include "runner/mem_plan.h"
 #include "sample/sampling.h"
@@ -673,7 +674,7 @@ void sched_step(struct engine *e) {
         /* owed prompt logprob rows need their positions computed, not cached */
         int lim = r->lp_next < r->n_prompt && r->lp_next - 1 < r->n_tokens - 1 ? r->lp_next - 1 : r->n_tokens - 1;
         struct radix_tree *rx = e->grx[g];
-        if (rx) matched = sched_match_prefix(e, g, r, lim, &node);
+        if (rx) matched = sched_match_load(e, g, r, lim, &node);
         int take = lp_take(r, matched, r->n_tokens - matched < budget ? r->n_tokens - matched : budget, lp_left);
         if (take <= 0) break;
         int need = sched_pages_for(e, matched + take) - matched / ps + reserve_pages(e, r, matched + take) + reserve[g];
@@ -763,6 +764,8 @@ void sched_publish_stats(struct engine *e) {
         s.kv_swa_pages_total = e->kv->n_swa_pages - 2;
         s.kv_swa_pages_free = kv_pool_swa_available(e->kv);
     }
+    s.hicache_pages = host_cache_pages(e->hc);
+    s.hicache_pages_total = host_cache_capacity(e->hc);
     s.page_size = e->page_size;
     s.kv_groups = e->dp_size;
     pthread_mutex_lock(&e->mu);
@@ -805,8 +808,10 @@ int sched_init(struct engine *e, struct kiln_error *err) {
         if (kv_pool_init_ids(e->gkv[g], e->page_size, e->kv->n_pages, err)) return -1;
         if (e->window && kv_pool_set_window(e->gkv[g], e->window, err)) return -1;
     }
+    if (sched_hicache_init(e, err)) return -1;
     for (int g = 0; g < e->dp_size && !o->disable_radix_cache; g++)
-        e->grx[g] = radix_create(e->page_size, sched_release_pages, e->gkv[g]);
+        e->grx[g] = e->hc && g == 0 ? radix_create(e->page_size, sched_evict_pages, e)
+                                    : radix_create(e->page_size, sched_release_pages, e->gkv[g]);
     e->radix = e->grx[0];
     e->g_reserve = xcalloc((size_t)e->dp_size, sizeof *e->g_reserve);
     e->g_full = xcalloc((size_t)e->dp_size, 1);
@@ -844,7 +849,9 @@ int sched_init(struct engine *e, struct kiln_error *err) {
 }
 
 void sched_free(struct engine *e) {
+    e->hc_closing = 1; /* the trees' pages go back without a copy */
     for (int g = 0; e->grx && g < e->dp_size; g++) radix_destroy(e->grx[g]);
+    sched_hicache_free(e);
     for (int g = 1; e->gkv && g < e->dp_size; g++) {
         if (e->gkv[g]) kv_pool_free(e->gkv[g]);
         free(e->gkv[g]);

@@ -113,6 +113,17 @@ char *metrics_render(const struct metrics *m, struct engine *e, const char *mode
                "stay usable as far as their last window still has its pages).",
                lb, (double)s.kv_swa_pages_shed_total);
     }
+    if (s.hicache_pages_total > 0) {
+        metric(&o, "hicache_pages_total", "gauge", "Pages the prefix cache's host tier holds room for.", lb,
+               (double)s.hicache_pages_total);
+        metric(&o, "hicache_pages", "gauge", "Pages the prefix cache's host tier holds.", lb, (double)s.hicache_pages);
+        metric(&o, "hicache_saved_pages_total", "counter",
+               "Pages copied to host memory as the prefix cache evicted them from the device.", lb,
+               (double)s.hicache_saved_pages_total);
+        metric(&o, "hicache_loaded_tokens_total", "counter",
+               "Prompt tokens whose KV came back from host memory instead of being computed.", lb,
+               (double)s.hicache_loaded_tokens_total);
+    }
     metric(&o, "spec_draft_tokens_total", "counter", "Draft tokens speculative decoding proposed.", lb,
            (double)s.spec_draft_tokens_total);
     metric(&o, "spec_accepted_tokens_total", "counter", "Draft tokens the model's own picks confirmed.", lb,

@@ -394,6 +394,7 @@ static void route_server_info(struct server *s, struct http_request *r) {
     json_object_set_new(v, "speculative_num_draft_tokens", json_integer(eo->spec_draft_tokens));
     json_object_set_new(v, "schedule_policy", json_string(policy_name(eo->policy)));
     json_object_set_new(v, "disable_radix_cache", json_boolean(eo->disable_radix_cache));
+    json_object_set_new(v, "enable_hierarchical_cache", json_boolean(eo->enable_hicache));
     json_object_set_new(v, "deterministic", json_boolean(eo->deterministic));
     json_object_set_new(v, "threads", json_integer(eo->threads));
     json_object_set_new(v, "sampling_defaults",
