@@ -55,7 +55,7 @@ static const struct {
     {"deepseekv3", TOOL_FORMAT_DEEPSEEK_V3},  {"deepseek_v31", TOOL_FORMAT_DEEPSEEK_V31},
     {"deepseekv31", TOOL_FORMAT_DEEPSEEK_V31}, {"mistral", TOOL_FORMAT_MISTRAL},
     {"harmony", TOOL_FORMAT_HARMONY},         {"openai", TOOL_FORMAT_HARMONY},
-    {"gpt_oss", TOOL_FORMAT_HARMONY},
+    {"gpt_oss", TOOL_FORMAT_HARMONY},         {"gpt-oss", TOOL_FORMAT_HARMONY},
 };
 
 int tool_format_from_name(const char *name, enum tool_format *out) {
@@ -69,7 +69,7 @@ int tool_format_from_name(const char *name, enum tool_format *out) {
 
 const char *tool_format_choices(void) {
     return "auto, hermes (qwen25, qwen), llama3_json (llama3), deepseek_v3 (deepseekv3), deepseek_v31 "
-           "(deepseekv31), mistral, harmony (openai, gpt_oss)";
+           "(deepseekv31), mistral, harmony (openai, gpt_oss, gpt-oss)";
 }
 
 const char *tool_format_name(enum tool_format f) {

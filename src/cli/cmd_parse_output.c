@@ -1,7 +1,7 @@
 /* cmd_parse_output.c — `kiln parse-output`: a model's text split into the
  * OpenAI chat message the server would answer with (reasoning_content,
- * content, tool_calls), by the same parsers (server/chat_output.h). The
- * offline counterpart of SGLang's /separate_reasoning and
+ * content, tool_calls), by the same parsers (server/chat_output.h): the
+ * offline counterpart of the server's /separate_reasoning and
  * /parse_function_call, for checking a parser on texts a model wrote.
  *
  *   kiln parse-output [--tool-call-parser F] [--reasoning-parser R]

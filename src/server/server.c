@@ -453,6 +453,8 @@ static const struct route routes[] = {
     {"/tokenize", "POST", route_tokenize, 0},
     {"/detokenize", "POST", route_detokenize, 0},
     {"/v1/score", "POST", route_score, 0},
+    {"/separate_reasoning", "POST", route_separate_reasoning, 0},
+    {"/parse_function_call", "POST", route_parse_function_call, 0},
 };
 
 static int authorized(const struct server *s, const struct http_request *r) {

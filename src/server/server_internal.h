@@ -102,5 +102,8 @@ void route_generate(struct server *s, struct http_request *r);
 void route_tokenize(struct server *s, struct http_request *r);
 void route_detokenize(struct server *s, struct http_request *r);
 void route_score(struct server *s, struct http_request *r);
+/* routes_parse.c: SGLang's /separate_reasoning and /parse_function_call */
+void route_separate_reasoning(struct server *s, struct http_request *r);
+void route_parse_function_call(struct server *s, struct http_request *r);
 
 #endif
