@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/mem.h"
 #include "cache/host_cache.h"
 #include "cache/kv_pool.h"
@@ -302,6 +303,8 @@ int sched_hicache_init(struct engine *e, struct kiln_error *err) {
     e->hc_parent = xmalloc(np * sizeof *e->hc_parent);
     e->hc_tokens = xmalloc(np * (size_t)e->page_size * sizeof *e->hc_tokens);
     e->hc_set = xcalloc(np, 1);
+    log_info("hierarchical cache: host memory for %ld evicted KV pages (%.2f GB, %.3g x the device pool)",
+             host_cache_capacity(e->hc), pages * (double)page_bytes / 1073741824.0, pages / kv_pool_usable(kv));
     size_t most = (size_t)e->context_length / (size_t)e->page_size + 2;
     e->hc_keys = xmalloc(most * sizeof *e->hc_keys);
     e->hc_pages = xmalloc(most * sizeof *e->hc_pages);
