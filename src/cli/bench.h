@@ -52,6 +52,9 @@ struct bench_options {
     double mem_fraction_static; /* offline: GPU memory plan (0 = the engine's default) */
     double swa_full_tokens_ratio; /* offline: engine_options */
     int disable_hybrid_swa;
+    int max_total_tokens;     /* offline: the KV pool in tokens (0: from memory) */
+    int enable_hicache;       /* offline: the prefix cache's host tier and its size */
+    double hicache_ratio, hicache_size_gb;
     int moe_counts;           /* offline: count the experts each step touches (--moe-counts) */
     /* dataset */
     const char *dataset_name; /* as given */

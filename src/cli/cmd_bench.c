@@ -132,6 +132,13 @@ static int parse_table(struct bench_options *o, int offline, int argc, char **ar
         CLI_OPT_DOUBLE("--swa-full-tokens-ratio", &o->swa_full_tokens_ratio, 0.01, 1, "R",
                        "sliding + full layers: the sliding layers' KV pool against the\nfull layers' (default 0.8)"),
         CLI_OPT_FLAG("--disable-hybrid-swa-memory", &o->disable_hybrid_swa, "one KV pool for every layer"),
+        CLI_OPT_INT("--max-total-tokens", &o->max_total_tokens, 1, 2147483647LL, "N",
+                    "KV cache size in tokens (default from memory)"),
+        CLI_OPT_FLAG("--enable-hierarchical-cache", &o->enable_hicache,
+                     "keep the KV pages the prefix cache evicts in host memory (kiln serve's)"),
+        CLI_OPT_DOUBLE("--hicache-ratio", &o->hicache_ratio, 0.01, 1e6, "R",
+                       "the host cache against the device KV pool (default 2)"),
+        CLI_OPT_DOUBLE("--hicache-size", &o->hicache_size_gb, 0.001, 1e6, "GB", "the host cache in GB"),
         CLI_OPT_FLAG("--moe-counts", &o->moe_counts,
                      "MoE: count the experts each step touches and the bytes they hold\n"
                      "(adds a little work to every route: take speed figures without it)"),
@@ -358,6 +365,10 @@ static int bench_main(int offline, int argc, char **argv) {
         KILN_ASSERT(spec_args_finish(&o.spec, "bench", &eo) == 0); /* checked when parsed */
         eo.swa_full_tokens_ratio = o.swa_full_tokens_ratio;
         eo.disable_hybrid_swa = o.disable_hybrid_swa;
+        eo.max_total_tokens = o.max_total_tokens;
+        eo.enable_hicache = o.enable_hicache;
+        eo.hicache_ratio = o.hicache_ratio;
+        eo.hicache_size_gb = o.hicache_size_gb;
         eo.device_index = job.device_index;
         eo.par = job.started ? &job.par : NULL;
         eo.ctrl = job.ctrl;
@@ -391,6 +402,15 @@ static int bench_main(int offline, int argc, char **argv) {
     bench_metrics_compute(&m, &run);
     bench_metrics_print(stdout, &m, &run);
     if (eng && o.moe_counts) bench_offline_moe_report(eng, stdout);
+    if (eng) { /* the prefix cache's part, counted by the engine */
+        struct engine_stats st;
+        engine_stats(eng, &st);
+        printf("Prompt tokens from the prefix cache: %ld of %ld", st.cached_tokens_total, st.prompt_tokens_total);
+        if (st.hicache_pages_total > 0)
+            printf(" (%ld loaded back from host memory, %ld pages stored there)", st.hicache_loaded_tokens_total,
+                   st.hicache_saved_pages_total);
+        printf("\n");
+    }
     fflush(stdout);
     if (o.output_file && bench_metrics_write_json(o.output_file, &m, &run, &err)) {
         fprintf(stderr, "kiln bench: %s\n", err.msg);
