@@ -149,8 +149,9 @@ void sched_swa_drop(struct engine *e, struct req *r);
 /* r's cached prefix of its first n tokens in group g's tree, into e->match_pages. */
 int sched_match_prefix(struct engine *e, int g, const struct req *r, int n, struct radix_node **node);
 /* The same, continued with pages the host tier holds (loaded into fresh
- * device pages and added to the tree): what admission uses. */
-int sched_match_load(struct engine *e, int g, const struct req *r, int n, struct radix_node **node);
+ * device pages and added to the tree) when the pool has room for them, a
+ * page more and `reserve`: what admission uses. */
+int sched_match_load(struct engine *e, int g, const struct req *r, int n, int reserve, struct radix_node **node);
 /* The host tier: set-up (after the pool and the trees), the tree's
  * release callback that stores evicted pages (user: the engine), tear-down. */
 int sched_hicache_init(struct engine *e, struct kiln_error *err);

@@ -212,13 +212,18 @@ int sched_match_prefix(struct engine *e, int g, const struct req *r, int n, stru
  * holds, as far as they go on in a row (whole pages of the first n
  * tokens): loaded into fresh device pages, which join the tree, so the
  * match covers them. The matched path is locked while pages are freed for
- * them; without room for all of them, the device match alone. */
-int sched_match_load(struct engine *e, int g, const struct req *r, int n, struct radix_node **node) {
+ * them; without room for all of them, or when the pool could not take
+ * them and one more page beside `reserve` (what admission keeps for the
+ * running requests: the request could not be admitted this step, and a
+ * load now would be copied for nothing), the device match alone. */
+int sched_match_load(struct engine *e, int g, const struct req *r, int n, int reserve, struct radix_node **node) {
     int got = sched_match_prefix(e, g, r, n, node);
     if (!e->hc || g != 0) return got;
     int ps = e->page_size, j0 = got / ps, h = 0;
-    uint64_t base = host_cache_root(r->salt);
-    for (int j = 0; j < j0; j++) base = host_cache_key(base, r->tokens + (size_t)j * ps, ps);
+    /* the matched pages are the tree's, whose keys are known */
+    int32_t last = j0 ? e->match_pages[j0 - 1] : -1;
+    KILN_ASSERT(!j0 || e->hc_set[last]);
+    uint64_t base = j0 ? e->hc_key[last] : host_cache_root(r->salt);
     for (uint64_t parent = base; (j0 + h + 1) * ps <= n; h++) {
         const int32_t *tok = r->tokens + (size_t)(j0 + h) * ps;
         uint64_t key = host_cache_key(parent, tok, ps);
@@ -229,6 +234,10 @@ int sched_match_load(struct engine *e, int g, const struct req *r, int n, struct
     if (!h) return got;
     struct radix_tree *rx = e->grx[g];
     struct kv_pool *kv = e->gkv[g];
+    if (*node) radix_lock(rx, *node);
+    int fits = sched_available_pages(e, g) >= h + 1 + reserve;
+    if (*node) radix_unlock(rx, *node);
+    if (!fits) return got;
     /* the pages to load become the most recently used, the first of them
      * last, so that what eviction stores meanwhile pushes out the others
      * first; what is left of the run after it is loaded */

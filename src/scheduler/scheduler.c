@@ -674,7 +674,7 @@ void sched_step(struct engine *e) {
         /* owed prompt logprob rows need their positions computed, not cached */
         int lim = r->lp_next < r->n_prompt && r->lp_next - 1 < r->n_tokens - 1 ? r->lp_next - 1 : r->n_tokens - 1;
         struct radix_tree *rx = e->grx[g];
-        if (rx) matched = sched_match_load(e, g, r, lim, &node);
+        if (rx) matched = sched_match_load(e, g, r, lim, reserve[g], &node);
         int take = lp_take(r, matched, r->n_tokens - matched < budget ? r->n_tokens - matched : budget, lp_left);
         if (take <= 0) break;
         int need = sched_pages_for(e, matched + take) - matched / ps + reserve_pages(e, r, matched + take) + reserve[g];

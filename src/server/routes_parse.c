@@ -17,20 +17,12 @@
 #include "chat/tool_parser.h"
 #include "server/server_internal.h"
 
-static int body_text(const json_t *body, const char **text, size_t *len, struct req_error *e) {
-    const json_t *t = json_object_get(body, "text");
-    if (!t || json_is_null(t)) return req_errorf(e, 400, "missing_field", "text", "'text' is required");
-    if (!json_is_string(t)) return req_errorf(e, 400, "invalid_type", "text", "'text' must be a string");
-    *text = json_string_value(t);
-    *len = json_string_length(t);
-    return 0;
-}
-
-/* A required string naming a parser. */
-static int body_name(const json_t *body, const char *key, const char **out, struct req_error *e) {
+/* A required string field (its length too, NULs included, when len is set). */
+static int body_str(const json_t *body, const char *key, const char **out, size_t *len, struct req_error *e) {
     *out = NULL;
     if (jr_str(body, key, out, e) < 0) return -1;
     if (!*out) return req_errorf(e, 400, "missing_field", key, "'%s' is required", key);
+    if (len) *len = json_string_length(json_object_get(body, key));
     return 0;
 }
 
@@ -41,7 +33,7 @@ void route_separate_reasoning(struct server *s, struct http_request *r) {
     const char *text = NULL, *name = NULL;
     size_t len = 0;
     enum reasoning_format f;
-    if (!body || body_text(body, &text, &len, &e) || body_name(body, "reasoning_parser", &name, &e)) goto bad;
+    if (!body || body_str(body, "text", &text, &len, &e) || body_str(body, "reasoning_parser", &name, NULL, &e)) goto bad;
     if (reasoning_format_from_name(name, &f)) {
         req_errorf(&e, 400, "invalid_value", "reasoning_parser", "unknown reasoning parser '%s' (expected one of %s)",
                    name, reasoning_format_choices());
@@ -97,7 +89,7 @@ void route_parse_function_call(struct server *s, struct http_request *r) {
     size_t len = 0;
     enum tool_format f;
     const json_t *tools = body ? json_object_get(body, "tools") : NULL;
-    if (!body || body_text(body, &text, &len, &e) || body_name(body, "tool_call_parser", &name, &e) ||
+    if (!body || body_str(body, "text", &text, &len, &e) || body_str(body, "tool_call_parser", &name, NULL, &e) ||
         tool_names(tools, &e))
         goto bad;
     if (tool_format_from_name(name, &f)) {

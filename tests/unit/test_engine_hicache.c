@@ -11,7 +11,8 @@
  *  - a host tier of a few pages (least recently used out): answers unchanged;
  *  - random traffic over shared starts in a small pool: the answers of a
  *    roomy pool, and starts loaded back;
- *  - options it cannot serve are refused at start-up, naming the option. */
+ *  - what it cannot serve is refused at start-up, saying what: without
+ *    the radix cache, a model with sliding windows. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -221,6 +222,13 @@ static void test_refused(void **state) {
     struct kiln_error err;
     assert_int_not_equal(engine_create(&e, &o, &err), 0);
     assert_non_null(strstr(err.msg, "--disable-radix-cache"));
+    /* a model whose layers slide over a window (the oracle's tiny Mistral) */
+    char mistral[4096];
+    snprintf(mistral, sizeof mistral, "%s/oracle/tiny-models-more/mistral", getenv("KILN_FIXTURES"));
+    o.model_dir = mistral;
+    o.disable_radix_cache = 0;
+    assert_int_not_equal(engine_create(&e, &o, &err), 0);
+    assert_non_null(strstr(err.msg, "sliding-window"));
 }
 
 int main(void) {
