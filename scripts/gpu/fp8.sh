@@ -9,19 +9,20 @@
 # --quantization fp8 in the same run (and fp8 with KILN_CUDA_WGMMA_FP8=0,
 # the tile kernel and cuBLASLt's block-scaled FP8 instead of the e4m3
 # wgmma product): batch-1 and
-# 64-sequence decode, prefill 512 and 8192. Logs go to $OUT; summary.log is
-# the short version.
+# 64-sequence decode, prefill 512, 2048 and 8192; gemm: bench_gemm_fp8 (the
+# products alone at 512, 2048 and 8192 rows, TFLOP/s beside bf16). Logs go
+# to $OUT; summary.log is the short version.
 #
 #   bash scripts/gpu/fp8.sh [budget-seconds] [stages]
-#   stages: a word list of test model verify decode prefill
+#   stages: a word list of test model verify decode prefill gemm
 #   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/fp8-out}
 BUDGET=${1:-550}
-STAGES=${2:-"test model verify decode prefill"}
+STAGES=${2:-"test model verify decode prefill gemm"}
 source scripts/gpu/common.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
-build kiln bench_forward test_cuda_fp8 test_wgmma_fp8 test_model_cuda
+build kiln bench_forward bench_gemm_fp8 test_cuda_fp8 test_wgmma_fp8 test_model_cuda
 
 run() { # label limit command... (output appended to $OUT/tests.log)
   local label=$1 l=$2; shift 2
@@ -38,7 +39,7 @@ if want test; then
   run "test_cuda_fp8" 150 "$B/tests/test_cuda_fp8"
   section test_cuda_fp8 | grep -E "rel err|cuBLASLt|PASSED|FAILED|Failure|differ|NaN" | head -60 | tee -a "$S"
   run "test_wgmma_fp8" 120 "$B/tests/test_wgmma_fp8"
-  section test_wgmma_fp8 | grep -E "rel err|PASSED|FAILED|Failure|differ|NaN" | head -30 | tee -a "$S"
+  section test_wgmma_fp8 | grep -E "rel err|rope rows|PASSED|FAILED|Failure|differ|NaN" | head -40 | tee -a "$S"
 fi
 if want model; then
   run "test_model_cuda" 300 "$B/tests/test_model_cuda"
@@ -58,9 +59,14 @@ if want decode; then
     --decode 32 --batch 64 --quantization fp8
 fi
 if want prefill; then
-  bench "llama8b bf16 prefill" 150 "" --model $M --prompt-len 512,8192 --decode 1 --batch 1
-  bench "llama8b fp8 prefill" 150 "" --model $M --prompt-len 512,8192 --decode 1 --batch 1 --quantization fp8
-  bench "llama8b fp8 prefill (no e4m3 wgmma)" 150 "KILN_CUDA_WGMMA_FP8=0" --model $M --prompt-len 512,8192 \
+  bench "llama8b bf16 prefill" 150 "" --model $M --prompt-len 512,2048,8192 --decode 1 --batch 1
+  bench "llama8b fp8 prefill" 150 "" --model $M --prompt-len 512,2048,8192 --decode 1 --batch 1 --quantization fp8
+  bench "llama8b fp8 prefill (no e4m3 wgmma)" 150 "KILN_CUDA_WGMMA_FP8=0" --model $M --prompt-len 512,2048,8192 \
     --decode 1 --batch 1 --quantization fp8
+fi
+if want gemm && [ "$(left)" -gt 30 ]; then
+  timeout "$(lim 200)" "$B/bench_gemm_fp8" --n 512,2048,8192 >"$OUT/gemm.log" 2>&1
+  say "bench_gemm_fp8 rc=$?"
+  grep -E "TFLOP" "$OUT/gemm.log" | tee -a "$S"
 fi
 say "done"

@@ -7,30 +7,28 @@
 # bench_forward on Llama-3.1-8B with dummy weights, the bf16 cache beside
 # --kv-cache-dtype fp8_e4m3 in the same run: 64 sequences at context
 # 4096, 1 and 8 sequences at 32,768 (16 at 32,768: the FP8 cache only,
-# the bf16 one does not fit an 80 GB GPU); mla: the same on
-# DeepSeek-V2-Lite's latent cache (MLA decode kernel), 64 × 4096 and
-# 32 × 32,768 with both caches, 64 × 32,768 with the FP8 one; ncu: Nsight
-# Compute on one decode attention launch of each cache at 8 × 8192.
+# the bf16 one does not fit an 80 GB GPU); ncu: Nsight Compute on one
+# decode attention launch of each cache at 8 × 8192 (throughput, stalls).
 # Logs go to $OUT; summary.log is the short version.
 #
 #   bash scripts/gpu/kv-fp8.sh [budget-seconds] [stages]
-#   stages: a word list of test bench mla ncu (default: test bench mla)
+#   stages: a word list of test bench ncu (default: test bench)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kvfp8-out}
 BUDGET=${1:-550}
-STAGES=${2:-"test bench mla"}
+STAGES=${2:-"test bench"}
 source scripts/gpu/common.sh # summary.log, left/say/want/lim/bench, the GPU, the libraries
-build kiln bench_forward test_attn_features test_cuda_ops test_deterministic test_cuda_mla
+build kiln bench_forward test_attn_features test_cuda_ops test_deterministic
 
 if want test; then
-  say "ctest (4 GPU tests)"
-  (cd "$B" && KILN_TOKENIZERS=/nonexistent timeout "$(lim 200)" ctest -R 'test_attn_features|test_cuda_ops|test_deterministic|test_cuda_mla' \
+  say "ctest (3 GPU tests)"
+  (cd "$B" && KILN_TOKENIZERS=/nonexistent timeout "$(lim 200)" ctest -R 'test_attn_features|test_cuda_ops|test_deterministic' \
     -j3 --output-on-failure -V) >"$OUT/ctest.log" 2>&1
   say "ctest rc=$?"
   grep -E "tests passed|tests failed|\[  FAILED|Failure" "$OUT/ctest.log" | head -12 | tee -a "$S"
   # the worst decode rows on the FP8 cache (the decode kernel: [auto])
-  grep -E "(decode|many|mla).* fp8 .*\[auto\]" "$OUT/ctest.log" | awk '{for(i=1;i<=NF;i++) if($i=="row") print $(i+1), $0}' |
+  grep -E "(decode|many).* fp8 .*\[auto\]" "$OUT/ctest.log" | awk '{for(i=1;i<=NF;i++) if($i=="row") print $(i+1), $0}' |
     sort -g | tail -3 | tee -a "$S"
 fi
 M=models/configs/llama-3.1-8b.json
@@ -54,16 +52,5 @@ if want bench; then
   bench "bf16 kv 8x32768" 120 "" --model $M --prompt-len 32768 --decode 32 --batch 8
   bench "fp8 kv 8x32768" 120 "" --model $M --prompt-len 32768 --decode 32 --batch 8 --kv-cache-dtype fp8_e4m3
   bench "fp8 kv 16x32768" 150 "" --model $M --prompt-len 32768 --decode 32 --batch 16 --kv-cache-dtype fp8_e4m3
-fi
-D=models/configs/deepseek-v2-lite.json
-if want mla; then
-  bench "mla bf16 kv 64x4096" 150 "" --model $D --dummy-routing uniform --prompt-len 4096 --decode 32 --batch 64
-  bench "mla fp8 kv 64x4096" 150 "" --model $D --dummy-routing uniform --prompt-len 4096 --decode 32 --batch 64 \
-    --kv-cache-dtype fp8_e4m3
-  bench "mla bf16 kv 32x32768" 200 "" --model $D --dummy-routing uniform --prompt-len 32768 --decode 16 --batch 32
-  bench "mla fp8 kv 32x32768" 200 "" --model $D --dummy-routing uniform --prompt-len 32768 --decode 16 --batch 32 \
-    --kv-cache-dtype fp8_e4m3
-  bench "mla fp8 kv 64x32768" 300 "" --model $D --dummy-routing uniform --prompt-len 32768 --decode 16 --batch 64 \
-    --kv-cache-dtype fp8_e4m3
 fi
 say "done"

@@ -8,8 +8,8 @@
  *  - matmul for n = 1, 2, 3 (the FP8 GEMV), 17, 64 (the tile kernel), 300,
  *    2048 (bf16 dequantized chunks + cuBLASLt), with and without bias; with
  *    128 x 128 blocks and K a multiple of 128, every n past the GEMV's on
- *    the e4m3 wgmma product on Hopper up to CUDA_WGMMA_FP8_MAX_ROWS
- *    (test_wgmma_fp8 checks it closely),
+ *    the e4m3 wgmma products on Hopper (test_wgmma_fp8 checks them
+ *    closely),
  *    and with KILN_CUDA_WGMMA_FP8=0 the tile kernel, cuBLASLt's
  *    block-scaled FP8 where it has a plan (K a multiple of 512), and the
  *    chunks again with KILN_CUDA_FP8_LT=0;
@@ -134,15 +134,12 @@ static void check_matmul(struct backend *be, long rows, long cols, int br, int b
     be->ops->synchronize(be->ctx);
     int lt = lt_calls(be) > lt0, wg = ctx->wgmma_fp8_calls > wg0;
     /* cuBLASLt's FP8: past 64 rows with 128 x 128 blocks and K a multiple
-     * of 512, with the wgmma kernel off or past its rows */
-    int lt_applies = (be == &gpu_lt || (be == &gpu && n > CUDA_WGMMA_FP8_MAX_ROWS)) && n > 64 && br == 128 &&
-                     bc == 128 && cols % 512 == 0;
+     * of 512, with the wgmma kernels off */
+    int lt_applies = be == &gpu_lt && n > 64 && br == 128 && bc == 128 && cols % 512 == 0;
     if (lt && !lt_applies) fail_msg("cuBLASLt's block-scaled FP8 ran where it does not apply");
-    /* the e4m3 wgmma kernel: every product of 5..CUDA_WGMMA_FP8_MAX_ROWS
-     * rows with 128 x 128 blocks and whole 128-column groups, on Hopper,
-     * unless turned off */
-    int wg_applies = be == &gpu && n > 4 && n <= CUDA_WGMMA_FP8_MAX_ROWS && br == 128 && bc == 128 &&
-                     cols % 128 == 0;
+    /* the e4m3 wgmma kernels: every product past 4 rows with 128 x 128
+     * blocks and whole 128-column groups, on Hopper, unless turned off */
+    int wg_applies = be == &gpu && n > 4 && br == 128 && bc == 128 && cols % 128 == 0;
     if (wg && !wg_applies) fail_msg("the e4m3 wgmma product ran where it does not apply");
     if (wg_applies && !wg && ((struct cuda_ctx *)gpu.ctx)->wgmma)
         fail_msg("the e4m3 wgmma product did not run where it applies");

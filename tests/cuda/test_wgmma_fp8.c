@@ -1,6 +1,6 @@
 /* test_wgmma_fp8.c — FP8 weights on the Hopper wgmma kernel
- * (src/backend/cuda/hopper/gemm_wgmma.cu, cuda_wgmma_fp8: e4m3 × e4m3
- * products with the block scales applied per 128-column step) against a
+ * (src/backend/cuda/hopper/gemm_wgmma.cu and gemm_fp8.cu, cuda_wgmma_fp8:
+ * e4m3 × e4m3 products with the block scales applied per 128-column step) against a
  * double-precision reference, fresh random inputs every run (KILN_TEST_SEED
  * repeats one).
  *
@@ -12,7 +12,13 @@
  *    inside a block row and a 128-row tile (576, 1000), K from one
  *    128-column step to 4096 (K splits over clusters), bias, an output row
  *    stride past N whose sentinel must survive; each case run eagerly and
- *    again recorded into a CUDA graph and replayed: the same bits.
+ *    again recorded into a CUDA graph and replayed: the same bits. The
+ *    128-row tiles of gemm_fp8.cu the same way: forced on small shapes,
+ *    by shape on one that fills the GPU, up to 4,200 rows (two and three
+ *    tiles a CTA of its persistent grid), partial row and weight tiles;
+ *  - the q|k|v product with rope and the K/V stores in the epilogue of the
+ *    128-row tiles (norm_matmul_rope at 300 and 500 rows), bf16 and FP8
+ *    caches, against norm_matmul + qk_rope_store;
  *  - the kernels that write the e4m3 operand themselves (the norm before
  *    a product, the SwiGLU before down): byte for byte the plain op
  *    followed by the quantization pass;
@@ -58,6 +64,7 @@
 static struct backend gpu;     /* defaults */
 static struct backend gpu_off; /* KILN_CUDA_WGMMA_FP8=0 */
 static struct backend gpu_det; /* --deterministic */
+static struct backend gpu_kv8; /* the FP8 KV cache */
 static int have_gpu;
 
 /* An FP8 weight [N][K] of 128 × 128 blocks (bw = 128 × 128 unless given):
@@ -87,7 +94,7 @@ static double w8_at(const struct w8 *w, long j, long k, int br, int bc) {
 }
 
 /* The kernel on the GPU's own quantization of x, eager and from a graph. */
-static void check_kernel(long m, long N, long K, long ldy, int bias) {
+static void check_kernel_on(long m, long N, long K, long ldy, int bias, int tile_rows) {
     struct cuda_ctx *c = gpu.ctx;
     struct w8 w = w8_rand(N, K, 128, 128);
     float *x = xmalloc((size_t)(m * K) * 4), *b = xmalloc((size_t)N * 4);
@@ -103,15 +110,17 @@ static void check_kernel(long m, long N, long K, long ldy, int bias) {
     float *y = poisoned(m, N, ldy), *y2 = xmalloc((size_t)(m * ldy) * 4);
     float *dy = dev_from(y, (size_t)(m * ldy) * 4), *dy2 = dev_from(y, (size_t)(m * ldy) * 4);
     assert_true(cuda_wgmma_fp8_ok(c, &bw, m));
-    long calls = c->wgmma_fp8_calls;
+    long calls = c->wgmma_fp8_calls, rows0 = c->wgmma_fp8_rows_calls;
     cuda_fp8_quant_act(c, dq, ds, dx, K, m, K);
-    cuda_wgmma_fp8(c, dy, ldy, dq, ds, &bw, db, m);
+    cuda_wgmma_fp8_run(c, dy, ldy, dq, ds, &bw, db, m, tile_rows);
     assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
     assert_int_equal(c->wgmma_fp8_calls, calls + 1);
+    const int on_rows = c->wgmma_fp8_rows_calls > rows0;
+    if (tile_rows) assert_int_equal(on_rows, tile_rows == 128);
     cudaGraph_t g;
     cudaGraphExec_t ge;
     assert_int_equal(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    cuda_wgmma_fp8(c, dy2, ldy, dq, ds, &bw, db, m);
+    cuda_wgmma_fp8_run(c, dy2, ldy, dq, ds, &bw, db, m, tile_rows);
     assert_int_equal(cudaStreamEndCapture(c->stream, &g), cudaSuccess);
     assert_int_equal(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
     assert_int_equal(cudaGraphLaunch(ge, c->stream), cudaSuccess);
@@ -133,14 +142,18 @@ static void check_kernel(long m, long N, long K, long ldy, int bias) {
         }
     }
     double e = rel_err(y, ref, m, N, ldy);
-    printf("  kernel m=%-3ld N=%-5ld K=%-5ld ldy=%-5ld%s: rel err %.2e\n", m, N, K, ldy,
-           bias ? " bias" : "", e);
+    printf("  kernel m=%-4ld N=%-5ld K=%-5ld ldy=%-5ld%s, %s: rel err %.2e\n", m, N, K, ldy,
+           bias ? " bias" : "", on_rows ? "128-row tiles" : "64-row tiles", e);
     assert_true(e < TOL_SAME);
     assert_memory_equal(y, y2, (size_t)(m * ldy) * 4);
     cudaFree(dx), cudaFree(dq), cudaFree(ds), cudaFree((void *)bw.data), cudaFree((void *)bw.scale);
     cudaFree(db);
     cudaFree(dy), cudaFree(dy2);
     free(w.q), free(w.s), free(x), free(b), free(y), free(y2), free(q), free(s), free(ref), free(xd);
+}
+
+static void check_kernel(long m, long N, long K, long ldy, int bias) {
+    check_kernel_on(m, N, K, ldy, bias, 0);
 }
 
 static void test_kernel(void **state) {
@@ -154,6 +167,24 @@ static void test_kernel(void **state) {
     check_kernel(130, 384, 1536, 389, 1);
     check_kernel(300, 1024, 4096, 1024, 0); /* five row tiles, the last partial */
     check_kernel(64, 128, 14336, 128, 0);   /* one weight tile, the longest K: every split */
+}
+
+/* gemm_fp8.cu's 128-row tiles: forced on small shapes (fewer tiles than
+ * SMs), by shape where they fill the GPU; partial row and weight tiles,
+ * bias, an output stride past N, tiles = 2-3 per CTA (the persistent walk
+ * and the ring across tiles), and the 64-row tiles forced at a size the
+ * shape rule gives to the 128-row ones. */
+static void test_kernel_rows(void **state) {
+    (void)state;
+    assert_true(have_gpu);
+    check_kernel_on(1, 576, 128, 576, 1, 128);
+    check_kernel_on(300, 1024, 4096, 1024, 0, 128);  /* three row tiles, the last partial */
+    check_kernel_on(130, 1000, 1024, 1002, 1, 128);  /* the last weight tile 104 rows */
+    check_kernel_on(600, 4096, 512, 4100, 1, 0);     /* 160 tiles: by shape */
+    assert_true(((struct cuda_ctx *)gpu.ctx)->wgmma_fp8_rows_calls > 0);
+    check_kernel_on(600, 4096, 512, 4096, 0, 64);
+    check_kernel_on(4200, 1024, 256, 1024, 1, 128);  /* 264 tiles: 2 a CTA */
+    check_kernel_on(2000, 2944, 384, 2950, 0, 128);  /* 368 tiles, N 23 tiles */
 }
 
 /* Through ops->matmul: whether the kernel ran, and the result against the
@@ -206,6 +237,130 @@ static void test_routing(void **state) {
     check_matmul(&gpu, 17, 640, 1040, 128, 128, 0); /* K not a multiple of 128 */
     check_matmul(&gpu_off, 17, 640, 1024, 128, 128, 0);
     check_matmul(&gpu_det, 17, 640, 1024, 128, 128, 0);
+}
+
+/* norm_matmul_rope with FP8 weights at a prefill size (the 128-row tiles
+ * with rope and the K/V stores in their epilogue) against norm_matmul +
+ * qk_rope_store on the same backend, bf16 and FP8 caches: queries within
+ * 1e-6 (the same sums, the rotation's roundings spelled out in both),
+ * keys within one rounding of the cache type, values the same bytes;
+ * slots not in the batch keep their poison. */
+static void check_rope_rows(struct backend *be, long n, int H, int KH) {
+    const struct backend_ops *ops = be->ops;
+    struct cuda_ctx *c = be->ctx;
+    const int fp8 = c->kv_fp8, es = fp8 ? 1 : 2, maxpos = 4096;
+    const long d = 1024, hd = 128, N = (long)(H + 2 * KH) * hd, kw = KH * hd, slots = n + 64;
+    const float ks = fp8 ? 0.25f : 1.0f, vs = fp8 ? 0.05f : 1.0f;
+    struct w8 w = w8_rand(N, d, 128, 128);
+    float *h = xmalloc((size_t)(n * d) * 4), *nw = xmalloc((size_t)d * 4), *b = xmalloc((size_t)N * 4),
+          *cs = xmalloc((size_t)maxpos * 128 * 4);
+    for (long i = 0; i < n * d; i++) h[i] = frand(2.0f);
+    for (long i = 0; i < d; i++) nw[i] = 1.0f + frand(0.3f);
+    for (long i = 0; i < N; i++) b[i] = frand(0.5f);
+    for (int p = 0; p < maxpos; p++)
+        for (int i = 0; i < 64; i++) {
+            double th = p * pow(500000.0, -2.0 * i / 128.0);
+            cs[(p * 64 + i) * 2] = (float)cos(th), cs[(p * 64 + i) * 2 + 1] = (float)sin(th);
+        }
+    int32_t *pos = xmalloc((size_t)n * 4), *slot = xmalloc((size_t)n * 4);
+    for (long i = 0; i < n; i++) { /* distinct slots, out of order */
+        pos[i] = (int32_t)(rng_next() % maxpos);
+        slot[i] = (int32_t)((i * 389 + 17) % slots);
+    }
+    const size_t cb = (size_t)(slots * kw) * (size_t)es;
+    unsigned char *poison = xmalloc(cb);
+    memset(poison, 0x7f, cb);
+    struct backend_weight bw = {.data = ops->weight_upload(be->ctx, w.q, (size_t)(N * d)),
+                                .dtype = DTYPE_F8_E4M3, .rows = N, .cols = d,
+                                .scale = ops->weight_upload(be->ctx, w.s, (size_t)(w.nbr * w.nbc) * 4),
+                                .block_rows = 128, .block_cols = 128};
+    float *dh = ops->alloc(be->ctx, (size_t)(n * d) * 4), *dnw = ops->alloc(be->ctx, (size_t)d * 4),
+          *db = ops->alloc(be->ctx, (size_t)N * 4), *dcs = ops->alloc(be->ctx, (size_t)maxpos * 128 * 4),
+          *dx = ops->alloc(be->ctx, (size_t)(n * d) * 4);
+    int32_t *dpos = ops->alloc(be->ctx, (size_t)n * 4), *dslot = ops->alloc(be->ctx, (size_t)n * 4);
+    ops->upload(be->ctx, dh, h, (size_t)(n * d) * 4);
+    ops->upload(be->ctx, dnw, nw, (size_t)d * 4);
+    ops->upload(be->ctx, db, b, (size_t)N * 4);
+    ops->upload(be->ctx, dcs, cs, (size_t)maxpos * 128 * 4);
+    ops->upload(be->ctx, dpos, pos, (size_t)n * 4);
+    ops->upload(be->ctx, dslot, slot, (size_t)n * 4);
+    float *y[2];
+    void *kc[2], *vc[2];
+    for (int k = 0; k < 2; k++) {
+        y[k] = ops->alloc(be->ctx, (size_t)(n * N) * 4);
+        kc[k] = ops->alloc(be->ctx, cb), vc[k] = ops->alloc(be->ctx, cb);
+        ops->upload(be->ctx, kc[k], poison, cb);
+        ops->upload(be->ctx, vc[k], poison, cb);
+    }
+    struct backend_norm nm = {.h = dh, .delta = NULL, .x = dx, .w = dnw, .dim = d, .eps = 1e-5f};
+    struct backend_rope_store r = {.n_heads = H, .n_kv_heads = KH, .head_dim = (int)hd, .eps = 1e-6f,
+                                   .rot_dim = (int)hd, .pos = dpos, .cos_sin = dcs, .kv_stride = kw,
+                                   .slots = dslot, .k_scale = ks, .v_scale = vs};
+    long f0 = c->rope_fused, r0 = c->wgmma_fp8_rows_calls;
+    r.k_cache = kc[0], r.v_cache = vc[0];
+    ops->norm_matmul_rope(be->ctx, &nm, y[0], N, &(struct backend_stack){.cat = bw}, db, n, &r);
+    const long fused = c->rope_fused - f0, rows = c->wgmma_fp8_rows_calls - r0;
+    /* the norm again from the same h (no residual: h unchanged) */
+    ops->norm_matmul(be->ctx, &nm, y[1], N, &bw, db, n);
+    r.k_cache = kc[1], r.v_cache = vc[1];
+    ops->qk_rope_store(be->ctx, y[1], y[1] + H * hd, y[1] + H * hd + kw, N, n, &r);
+    float *yh[2];
+    unsigned char *kh[2], *vh[2];
+    for (int k = 0; k < 2; k++) {
+        yh[k] = xmalloc((size_t)(n * N) * 4), kh[k] = xmalloc(cb), vh[k] = xmalloc(cb);
+        ops->download(be->ctx, yh[k], y[k], (size_t)(n * N) * 4);
+        ops->download(be->ctx, kh[k], kc[k], cb), ops->download(be->ctx, vh[k], vc[k], cb);
+    }
+    ops->synchronize(be->ctx);
+    double num = 0, den = 0;
+    for (long i = 0; i < n; i++)
+        for (long j = 0; j < H * hd; j++) {
+            double a = yh[0][i * N + j], e = yh[1][i * N + j];
+            if (isnan(a)) fail_msg("q row %ld col %ld: NaN (unwritten?)", i, j);
+            num += (a - e) * (a - e), den += e * e;
+        }
+    long kbad = 0, untouched = 0;
+    for (long s2 = 0; s2 < slots; s2++) {
+        int in = 0;
+        for (long i = 0; i < n && !in; i++) in = slot[i] == s2;
+        const size_t off = (size_t)(s2 * kw) * (size_t)es, len = (size_t)kw * (size_t)es;
+        if (!in) {
+            untouched += !memcmp(kh[0] + off, poison, len) && !memcmp(vh[0] + off, poison, len);
+            continue;
+        }
+        if (memcmp(vh[0] + off, vh[1] + off, len)) fail_msg("v cache slot %ld: the epilogue's bytes differ", s2);
+        for (long j = 0; j < kw; j++) {
+            double a, e;
+            if (fp8) a = fp8_e4m3_to_f32(kh[0][off + j]) * ks, e = fp8_e4m3_to_f32(kh[1][off + j]) * ks;
+            else a = bf16_to_f32(((uint16_t *)(kh[0] + off))[j]), e = bf16_to_f32(((uint16_t *)(kh[1] + off))[j]);
+            /* one rounding of the cache type apart (e4m3: 2^-3 relative, bf16 2^-7) */
+            const double tol = fabs(e) * (fp8 ? 0.125 : 1.0 / 128.0) + (fp8 ? ks * 0x1p-9 : 1e-6);
+            if (isnan(a) || fabs(a - e) > tol) kbad++;
+        }
+    }
+    const double qe = sqrt(num / den);
+    printf("  rope rows n=%ld H=%d KH=%d %s cache: %s%s, q rel diff %.2e, keys off by more than a rounding %ld\n",
+           n, H, KH, fp8 ? "FP8" : "bf16", fused ? "epilogue" : "two ops", rows ? " on 128-row tiles" : "", qe, kbad);
+    assert_int_equal(fused, 1);
+    assert_int_equal(rows, 1);
+    assert_true(qe < 1e-6);
+    assert_int_equal(kbad, 0);
+    assert_int_equal(untouched, slots - n);
+    for (int k = 0; k < 2; k++) {
+        ops->free(be->ctx, y[k]), ops->free(be->ctx, kc[k]), ops->free(be->ctx, vc[k]);
+        free(yh[k]), free(kh[k]), free(vh[k]);
+    }
+    ops->weight_release(be->ctx, bw.data), ops->weight_release(be->ctx, bw.scale);
+    void *ds[] = {dh, dnw, db, dcs, dx, dpos, dslot};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) ops->free(be->ctx, ds[i]);
+    free(w.q), free(w.s), free(h), free(nw), free(b), free(cs), free(pos), free(slot), free(poison);
+}
+
+static void test_rope_rows(void **state) {
+    (void)state;
+    assert_true(have_gpu);
+    check_rope_rows(&gpu, 300, 32, 8);    /* 144 tiles, the last row tile partial */
+    check_rope_rows(&gpu_kv8, 500, 24, 4); /* 4 x 32 tiles */
 }
 
 /* The kernels that write the e4m3 operand as they produce it: the residual
@@ -289,13 +444,13 @@ int main(void) {
         int rc = backend_create(&gpu_off, "cuda", &bo, &err);
         unsetenv("KILN_CUDA_WGMMA_FP8");
         knob_reload(NULL);
-        struct backend_options bd = {.deterministic = 1};
-        if (rc || backend_create(&gpu_det, "cuda", &bd, &err)) {
+        struct backend_options bd = {.deterministic = 1}, b8 = {.kv_fp8 = 1};
+        if (rc || backend_create(&gpu_det, "cuda", &bd, &err) || backend_create(&gpu_kv8, "cuda", &b8, &err)) {
             fprintf(stderr, "cuda backend: %s\n", err.msg);
             return 1;
         }
-        struct backend *all[3] = {&gpu, &gpu_off, &gpu_det};
-        for (int i = 0; i < 3; i++)
+        struct backend *all[4] = {&gpu, &gpu_off, &gpu_det, &gpu_kv8};
+        for (int i = 0; i < 4; i++)
             if (all[i]->ops->reserve(all[i]->ctx, 512, 1024, 16, &err)) {
                 fprintf(stderr, "reserve: %s\n", err.msg);
                 return 1;
@@ -303,10 +458,13 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernel),
+        cmocka_unit_test(test_kernel_rows),
+        cmocka_unit_test(test_rope_rows),
         cmocka_unit_test(test_routing),
         cmocka_unit_test(test_handoffs),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    if (have_gpu) backend_destroy(&gpu), backend_destroy(&gpu_off), backend_destroy(&gpu_det);
+    if (have_gpu)
+        backend_destroy(&gpu), backend_destroy(&gpu_off), backend_destroy(&gpu_det), backend_destroy(&gpu_kv8);
     return rc;
 }

@@ -684,7 +684,7 @@ extern "C" void cuda_op_attention(void *ctx, float *out, long ldo, const float *
         return;
     }
 #endif
-    /* MLA on the bf16 or FP8 latent cache: decode rows on cuda_attn_mla.cu's
+    /* MLA on the bf16 latent cache: decode rows on cuda_attn_mla.cu's
      * tensor-core kernel, the rows of multi-token sequences here */
     if (cuda_attn_mla_ok(c, out, ldo, q, ldq, k_cache, v_cache, p)) {
         if (b->n_tokens > b->n_seqs) attention_split(c, out, ldo, q, ldq, k_cache, v_cache, p, b, 2);

@@ -43,14 +43,6 @@
  * launch shapes per batch size: graph-capturable), and both ways give the
  * same bits, so a row's result does not depend on its batch.
  *
- * The FP8 cache (e4m3 latent rows with the layer's k_scale for both
- * parts): the copies land in e4m3 stages (two, 37 KB each, so the bytes in
- * flight halve with the bytes read) and the CTA widens the current one
- * into a single 16-bit tile before the products, in f16 (e4m3 → f16x2 is
- * one exact cvt); Q and P are rounded to f16 there (2^-11 relative instead
- * of bf16's 2^-8), k_scale joins the softmax scale and v_scale the output.
- * The chunks, states and folds are the bf16 path's.
- *
  * Programmatic dependent launch (cuda_pdl.cuh): the page-table lookups of
  * a CTA's first tile and, when that tile ends before this step's token,
  * its copies, go out before pdl_wait; q, the step's cache row and scratch
@@ -58,9 +50,6 @@
 #include <math.h>
 #include <stdint.h>
 
-#include <type_traits>
-
-#include "backend/cuda/cuda_attn_common.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 
 enum {
@@ -79,36 +68,27 @@ enum {
     MLA_DT = MLA_COLS / 8,     /* 8-column mma tiles per warp */
     MLA_C16 = MLA_DK / 8,      /* 16-byte pieces per cache row */
     MLA_QL = MLA_HB * (MLA_DK / 4) / MLA_THREADS, /* float4 loads of Q per thread */
-    MLA_LD8 = MLA_DK + 16,     /* FP8: e4m3 stage row stride (bytes) */
-    MLA_P16 = MLA_DK / 16,     /* FP8: 16-byte pieces per cache row */
 };
 static_assert(MLA_HB * (MLA_DK / 4) % MLA_THREADS == 0, "Q loads divide over the threads");
 
 static constexpr size_t MLA_TILE = (size_t)MLA_BN * MLA_LDK; /* elements */
-/* TILES: bf16 two stages of 16-bit tiles; FP8 two e4m3 stages and the one
- * 16-bit tile they are widened into. SMEM: with Q, P, the reductions and
- * the slots. */
-template <bool F8>
-struct mla_cfg {
-    static constexpr size_t TILES = F8 ? (size_t)2 * MLA_BN * MLA_LD8 + MLA_TILE * 2 : 2 * MLA_TILE * 2;
-    static constexpr size_t SMEM = TILES + (size_t)MLA_HB * MLA_LDK * 2 + (size_t)MLA_HB * MLA_LDP * 2 +
-                                   (size_t)2 * MLA_W * MLA_HB * 4 + (size_t)2 * MLA_BN * 8;
-};
+static constexpr size_t MLA_SMEM = 2 * MLA_TILE * 2 + (size_t)MLA_HB * MLA_LDK * 2 +
+                                   (size_t)MLA_HB * MLA_LDP * 2 + (size_t)2 * MLA_W * MLA_HB * 4 +
+                                   (size_t)2 * MLA_BN * 8;
 
 struct mla_args {
     float *out;
     long ldo;
     const float *q;
     long ldq;
-    const void *kv; /* bf16, or e4m3 (F8) */
+    const __nv_bfloat16 *kv;
     long stride;
     int n_heads, hblocks;
-    float scale_log2; /* softmax scale (· k_scale on the FP8 cache) · log2 e */
+    float scale_log2;
     int page_size;
     const int32_t *positions, *q_start, *kv_page_start, *kv_pages;
     int max_chunks;     /* chunk states per (row, head) in partial; 0: no split */
     float *partial;     /* [rows][n_heads][max_chunks][MLA_DS] */
-    float vscale;       /* the FP8 cache's v_scale; 1 on bf16 */
 };
 
 /* Folds (mc, lc, oc) into (m, l, o), log2 domain; (m, l, o) may be empty. */
@@ -122,38 +102,16 @@ static __device__ __forceinline__ float mla_fold(float o, float fa, float oc, fl
     return __fmaf_rn(o, fa, __fmul_rn(oc, fc));
 }
 
-/* (lo, hi) rounded to T (bf16, or f16 on the FP8 cache), packed; *r gets
- * the rounded values back */
-template <typename T>
-static __device__ __forceinline__ uint32_t mla_pack(float lo, float hi, float2 *r = nullptr) {
-    uint32_t u;
-    if constexpr (std::is_same<T, __half>::value) {
-        __half2 v = __floats2half2_rn(lo, hi);
-        if (r) *r = __half22float2(v);
-        u = *(uint32_t *)&v;
-    } else {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        if (r) *r = __bfloat1622float2(v);
-        u = *(uint32_t *)&v;
-    }
-    return u;
+static __device__ __forceinline__ uint32_t mla_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
 }
 
-/* Two e4m3 values (the low 16 bits) as f16x2, exactly */
-static __device__ __forceinline__ uint32_t mla_h2(uint32_t w) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-    return (uint32_t)h.x | (uint32_t)h.y << 16;
-}
-
-template <bool F8>
 static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const struct mla_args a) {
-    using T = typename std::conditional<F8, __half, __nv_bfloat16>::type; /* mma operands */
     extern __shared__ float4 mla_smem4[];
-    T *stage = (T *)mla_smem4;                                   /* bf16: [2][BN][LDK] */
-    unsigned char *st8 = (unsigned char *)mla_smem4;             /* F8: [2][BN][LD8] e4m3 */
-    T *tile16 = (T *)(st8 + 2 * MLA_BN * MLA_LD8);               /* F8: [BN][LDK] */
-    T *qs = (T *)((char *)mla_smem4 + mla_cfg<F8>::TILES);    /* [HB][LDK] */
-    T *ps = qs + MLA_HB * MLA_LDK;                               /* [HB][LDP] */
+    __nv_bfloat16 *stage = (__nv_bfloat16 *)mla_smem4;          /* [2][BN][LDK] */
+    __nv_bfloat16 *qs = stage + 2 * MLA_TILE;                    /* [HB][LDK] */
+    __nv_bfloat16 *ps = qs + MLA_HB * MLA_LDK;                   /* [HB][LDP] */
     float *red_m = (float *)(ps + MLA_HB * MLA_LDP);             /* [W][HB] */
     float *red_l = red_m + MLA_W * MLA_HB;                       /* [W][HB] */
     long long *slot_s = (long long *)(red_l + MLA_W * MLA_HB);   /* [2][BN] */
@@ -187,27 +145,14 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
             dst[tid] = p < len ? (long long)pages[p / a.page_size] * a.page_size + p % a.page_size : -1;
         }
     };
-    auto load = [&](int b, const long long *sl) { /* a tile into stage b */
-        if constexpr (F8) {
-            const unsigned char *kv = (const unsigned char *)a.kv;
+    auto load = [&](__nv_bfloat16 *dst, const long long *sl) {
 #pragma unroll 4
-            for (int i = tid; i < MLA_BN * MLA_P16; i += MLA_THREADS) {
-                int r = i / MLA_P16, c16 = i % MLA_P16;
-                long long s = sl[r];
-                bool valid = s >= 0;
-                ptx_cp_async16_zfill_hint(st8 + ((size_t)b * MLA_BN + r) * MLA_LD8 + c16 * 16,
-                                          kv + (valid ? s : 0) * a.stride + c16 * 16, valid, policy);
-            }
-        } else {
-            const __nv_bfloat16 *kv = (const __nv_bfloat16 *)a.kv;
-#pragma unroll 4
-            for (int i = tid; i < MLA_BN * MLA_C16; i += MLA_THREADS) {
-                int r = i / MLA_C16, c8 = i % MLA_C16;
-                long long s = sl[r];
-                bool valid = s >= 0;
-                ptx_cp_async16_zfill_hint(stage + b * MLA_TILE + r * MLA_LDK + c8 * 8,
-                                          kv + (valid ? s : 0) * a.stride + c8 * 8, valid, policy);
-            }
+        for (int i = tid; i < MLA_BN * MLA_C16; i += MLA_THREADS) {
+            int r = i / MLA_C16, c8 = i % MLA_C16;
+            long long s = sl[r];
+            bool valid = s >= 0;
+            ptx_cp_async16_zfill_hint(dst + r * MLA_LDK + c8 * 8, a.kv + (valid ? s : 0) * a.stride + c8 * 8,
+                                      valid, policy);
         }
         ptx_cp_async_commit();
     };
@@ -219,9 +164,9 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
     /* a tile that ends before this step's token holds only rows written by
      * earlier steps: its copies may go out before the wait (rule 2) */
     const bool early = c * MLA_CHUNK + MLA_BN < len;
-    if (early) load(0, slot_s);
+    if (early) load(stage, slot_s);
     pdl_wait();
-    if (!early) load(0, slot_s);
+    if (!early) load(stage, slot_s);
 
     /* Q of the block's heads, pre-scaled, as bf16; heads past H are zeros.
      * Every load of the thread is issued before the first is used: one
@@ -238,8 +183,8 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
 #pragma unroll
         for (int j = 0; j < MLA_QL; j++) {
             int i = tid + j * MLA_THREADS, h = i / (MLA_DK / 4), d = (i % (MLA_DK / 4)) * 4;
-            uint2 pk = make_uint2(mla_pack<T>(__fmul_rn(v[j].x, a.scale_log2), __fmul_rn(v[j].y, a.scale_log2)),
-                                  mla_pack<T>(__fmul_rn(v[j].z, a.scale_log2), __fmul_rn(v[j].w, a.scale_log2)));
+            uint2 pk = make_uint2(mla_pack(__fmul_rn(v[j].x, a.scale_log2), __fmul_rn(v[j].y, a.scale_log2)),
+                                  mla_pack(__fmul_rn(v[j].z, a.scale_log2), __fmul_rn(v[j].w, a.scale_log2)));
             *(uint2 *)(qs + h * MLA_LDK + d) = pk;
         }
     }
@@ -264,23 +209,8 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
         if (next) lookup(cn * MLA_CHUNK + tn * MLA_BN, slot_s + (buf ^ 1) * MLA_BN);
         ptx_cp_async_wait<0>();
         __syncthreads(); /* this tile, Q and the next slots are visible; the other stage is free */
-        if (next) load(buf ^ 1, slot_s + (buf ^ 1) * MLA_BN);
-        const T *kt = stage + buf * MLA_TILE;
-        if constexpr (F8) {
-            /* the landed e4m3 stage widened into the f16 tile (its last
-             * readers passed the barrier above) */
-            const unsigned char *src = st8 + (size_t)buf * MLA_BN * MLA_LD8;
-#pragma unroll 2
-            for (int i = tid; i < MLA_BN * MLA_P16; i += MLA_THREADS) {
-                int r = i / MLA_P16, c16 = i % MLA_P16;
-                uint4 u = *(const uint4 *)(src + r * MLA_LD8 + c16 * 16);
-                uint4 *o = (uint4 *)(tile16 + r * MLA_LDK + c16 * 16);
-                o[0] = make_uint4(mla_h2(u.x), mla_h2(u.x >> 16), mla_h2(u.y), mla_h2(u.y >> 16));
-                o[1] = make_uint4(mla_h2(u.z), mla_h2(u.z >> 16), mla_h2(u.w), mla_h2(u.w >> 16));
-            }
-            __syncthreads();
-            kt = tile16;
-        }
+        if (next) load(stage + (buf ^ 1) * MLA_TILE, slot_s + (buf ^ 1) * MLA_BN);
+        const __nv_bfloat16 *kt = stage + buf * MLA_TILE;
 
         /* S = Q·Kᵀ for positions 16·warp .. +15 of the tile */
         float sacc[2][4];
@@ -291,8 +221,8 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
             uint32_t af[4], bf[4];
             ptx_ldmatrix_x4(af, qs + ((lane & 7) + (mi & 1) * 8) * MLA_LDK + ks * 16 + (mi >> 1) * 8);
             ptx_ldmatrix_x4(bf, kt + (warp * 16 + (lane & 7) + (mi >> 1) * 8) * MLA_LDK + ks * 16 + (mi & 1) * 8);
-            ptx_mma_m16n8k16<T>(sacc[0], af, bf[0], bf[1]);
-            ptx_mma_m16n8k16<T>(sacc[1], af, bf[2], bf[3]);
+            ptx_mma_m16n8k16<__nv_bfloat16>(sacc[0], af, bf[0], bf[1]);
+            ptx_mma_m16n8k16<__nv_bfloat16>(sacc[1], af, bf[2], bf[3]);
         }
         /* the tile's row maxima across the warps */
         float mx[2] = {-INFINITY, -INFINITY};
@@ -321,15 +251,16 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
             corr[r] = exp2f(cm[r] - m); /* 0 on the chunk's first tile */
             cm[r] = m;
         }
-        /* P (16-bit) and the sums of the rounded values */
+        /* P (bf16) and the sums of the rounded values */
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                float2 pf;
-                uint32_t pv = mla_pack<T>(exp2f(sacc[nt][2 * r] - mn[r]), exp2f(sacc[nt][2 * r + 1] - mn[r]), &pf);
+                __nv_bfloat162 pv = __floats2bfloat162_rn(exp2f(sacc[nt][2 * r] - mn[r]),
+                                                          exp2f(sacc[nt][2 * r + 1] - mn[r]));
+                float2 pf = __bfloat1622float2(pv);
                 sum[r] = __fadd_rn(__fadd_rn(sum[r], pf.x), pf.y);
-                *(uint32_t *)(ps + (hr + 8 * r) * MLA_LDP + warp * 16 + nt * 8 + 2 * tq) = pv;
+                *(__nv_bfloat162 *)(ps + (hr + 8 * r) * MLA_LDP + warp * 16 + nt * 8 + 2 * tq) = pv;
             }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -360,8 +291,8 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
                 uint32_t b[4];
                 ptx_ldmatrix_x4_trans(b, kt + (kk * 16 + (lane & 7) + (mi & 1) * 8) * MLA_LDK + col0 +
                                              dp * 16 + (mi >> 1) * 8);
-                ptx_mma_m16n8k16<T>(oacc[2 * dp], pf, b[0], b[1]);
-                ptx_mma_m16n8k16<T>(oacc[2 * dp + 1], pf, b[2], b[3]);
+                ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp], pf, b[0], b[1]);
+                ptx_mma_m16n8k16<__nv_bfloat16>(oacc[2 * dp + 1], pf, b[2], b[3]);
             }
         }
 
@@ -407,7 +338,7 @@ static __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(const
     for (int r = 0; r < 2; r++) {
         int h = hr + 8 * r;
         if (h >= nh) continue;
-        float inv = a.vscale / rl[r];
+        float inv = 1.0f / rl[r];
         float *o = a.out + t * a.ldo + (long)(h0 + h) * MLA_DV + col0 + 2 * tq;
 #pragma unroll
         for (int j = 0; j < MLA_DT; j++)
@@ -444,7 +375,7 @@ static __global__ void __launch_bounds__(MLA_DV / 4) mla_combine_kernel(const st
         ro[2] = mla_fold(ro[2], fa, v.z, fc);
         ro[3] = mla_fold(ro[3], fa, v.w, fc);
     }
-    float inv = a.vscale / rl;
+    float inv = 1.0f / rl;
     float *o = a.out + t * a.ldo + (long)h * MLA_DV + d; /* 8-byte aligned */
     *(float2 *)o = make_float2(__fmul_rn(ro[0], inv), __fmul_rn(ro[1], inv));
     *(float2 *)(o + 2) = make_float2(__fmul_rn(ro[2], inv), __fmul_rn(ro[3], inv));
@@ -453,13 +384,11 @@ static __global__ void __launch_bounds__(MLA_DV / 4) mla_combine_kernel(const st
 extern "C" int cuda_attn_mla_ok(const struct cuda_ctx *c, const float *out, long ldo,
                                 const float *q, long ldq, const void *k_cache,
                                 const void *v_cache, const struct attn_params *p) {
-    /* the bf16 or FP8 latent cache; windows and sinks take the split
-     * kernel (cuda_attention.cu) */
-    const int kt = kv_type(c, p);
-    return c->attn_impl == CUDA_ATTN_AUTO && (kt == KV_BF16 || kt == KV_FP8) && !c->split_act &&
-           p->n_kv_heads == 1 && !p->window && !p->sinks &&
+    /* FP8 caches, windows and sinks take the split kernel (cuda_attention.cu) */
+    return c->attn_impl == CUDA_ATTN_AUTO && c->kv_bf16 && !c->split_act && p->n_kv_heads == 1 &&
+           !p->window && !p->sinks &&
            p->dk == MLA_DK && p->dv == MLA_DV && k_cache == v_cache &&
-           p->k_stride == p->v_stride && p->k_stride % (kt == KV_FP8 ? 16 : 8) == 0 && (uintptr_t)k_cache % 16 == 0 &&
+           p->k_stride == p->v_stride && p->k_stride % 8 == 0 && (uintptr_t)k_cache % 16 == 0 &&
            ldq % 4 == 0 && (uintptr_t)q % 16 == 0 && ldo % 2 == 0 && (uintptr_t)out % 8 == 0;
 }
 
@@ -473,22 +402,20 @@ extern "C" void cuda_attn_mla(struct cuda_ctx *c, float *out, long ldo, const fl
     long rows = b->n_seqs;
     if (rows <= 0) return;
     int hblocks = (p->n_heads + MLA_HB - 1) / MLA_HB;
-    const bool f8 = kv_type(c, p) == KV_FP8;
-    struct mla_args a = {out, ldo, q, ldq, k_cache, p->k_stride, p->n_heads, hblocks,
-                         k_scale_of(c, p) * 1.4426950408889634f, b->page_size, b->positions,
-                         b->q_start, b->kv_page_start, b->kv_pages, 0, cuda_attn_states(c), v_scale_of(c, p)};
+    struct mla_args a = {out, ldo, q, ldq, (const __nv_bfloat16 *)k_cache, p->k_stride, p->n_heads,
+                         hblocks, p->scale * 1.4426950408889634f, b->page_size, b->positions,
+                         b->q_start, b->kv_page_start, b->kv_pages, 0, cuda_attn_states(c)};
     long units = rows * hblocks;
     CUDA_ASSERT(units < (1l << 31));
-    void (*kernel)(const struct mla_args) = f8 ? mla_decode_kernel<true> : mla_decode_kernel<false>;
-    const size_t smem = f8 ? mla_cfg<true>::SMEM : mla_cfg<false>::SMEM;
-    int *occp = f8 ? &c->mla_occ8 : &c->mla_occ;
-    if (!*occp) { /* once per device and cache: the shared-memory limit and the occupancy it allows */
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (!c->mla_occ) { /* once per device: the shared-memory limit and the occupancy it allows */
+        CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)MLA_SMEM));
         int occ = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, MLA_THREADS, smem));
-        *occp = occ < 1 ? 1 : occ;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mla_decode_kernel, MLA_THREADS,
+                                                                 MLA_SMEM));
+        c->mla_occ = occ < 1 ? 1 : occ;
     }
-    long wave = (long)*occp * c->n_sm;
+    long wave = (long)c->mla_occ * c->n_sm;
     long chunks = (c->max_context + MLA_CHUNK - 1) / MLA_CHUNK;
     long slots = 1;
     if (units < wave && chunks > 1) {
@@ -501,7 +428,8 @@ extern "C" void cuda_attn_mla(struct cuda_ctx *c, float *out, long ldo, const fl
         if (slots >= 2) a.max_chunks = (int)cap;
         else slots = 1;
     }
-    pdl_launch(c, kernel, dim3((unsigned)units, (unsigned)slots), dim3(MLA_THREADS), smem, a);
+    pdl_launch(c, mla_decode_kernel, dim3((unsigned)units, (unsigned)slots), dim3(MLA_THREADS),
+               MLA_SMEM, a);
     if (a.max_chunks)
         pdl_launch(c, mla_combine_kernel, dim3((unsigned)units, MLA_HB), dim3(MLA_DV / 4), 0, a);
     c->mla_decode_calls++;

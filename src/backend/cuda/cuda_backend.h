@@ -177,9 +177,9 @@ struct cuda_ctx {
     long rope_fused;             /* products that did (host count, for tests) */
     long mla_decode_calls;       /* launches of the MLA decode kernel (host count, for tests) */
     int mla_occ;                 /* MLA decode CTAs an SM holds (cuda_attn_mla.cu; 0: not set up yet) */
-    int mla_occ8;                /* the same on the FP8 latent cache */
     long wgmma_calls;            /* 16-bit products it ran (host count, for tests) */
     long wgmma_fp8_calls;        /* e4m3 products it ran (host count, for tests) */
+    long wgmma_fp8_rows_calls;   /* of them, on hopper/gemm_fp8.cu's 128-row tiles */
     long fp8_lt_calls;           /* FP8 products on cuBLASLt's block-scaled FP8 (host count) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     int moe_wgmma;               /* 1: MoE expert products of prefill-sized groups on wgmma
@@ -620,19 +620,16 @@ void cuda_wgmma_plan(const struct cuda_ctx *c, long N, long K, int *bn, int *spl
 /* FP8 weights (128 × 128 blocks, columns a multiple of 128) on the same
  * kernel in e4m3: y[n][w.rows] = xq · wᵀ (+ bias) with the activations xq
  * [n][w.cols] in e4m3 and xs [w.cols / 128][n] their scales
- * (cuda_fp8_quant_act), any n (row tiles of 64). */
+ * (cuda_fp8_quant_act), any n: row tiles of 64 for decode batches,
+ * hopper/gemm_fp8.cu's 128-row tiles where those fill the GPU. */
 int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n);
-/* Past this many rows the product takes the path it takes without this
- * kernel (cuBLASLt's block-scaled FP8 where it has a plan, else weight rows
- * dequantized to bf16 for cuBLAS): their large tiles read each weight tile
- * for more rows than the 64-row tiles here. One H100 (CUDA 13.0, where
- * cuBLASLt has no block-scaled FP8 plan: the bf16 chunks ran), Llama-3.1-8B
- * FP8 prefill of one prompt (tok/s, this kernel against the other path):
- * 512 tokens 24,611 / 20,039, 1,024 25,599 / 25,670, 2,048 24,663 /
- * 28,564, 8,192 21,317 / 27,541. */
-enum { CUDA_WGMMA_FP8_MAX_ROWS = 1024 };
 void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
                     const struct backend_weight *w, const float *bias, long n);
+/* The same on the kernel of tile_rows rows (64: the row tiles of the
+ * decode kernel; 128: hopper/gemm_fp8.cu's, which needs ldy even and y
+ * 8-byte aligned; 0: by the shape, as cuda_wgmma_fp8), for measurements. */
+void cuda_wgmma_fp8_run(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
+                        const struct backend_weight *w, const float *bias, long n, int tile_rows);
 /* The same for q|k|v with rope and the K/V stores in the epilogue (what
  * cuda_wgmma_rope_ok asks of the shape). */
 int cuda_wgmma_fp8_rope_ok(const struct cuda_ctx *c, const struct backend_weight *w, long n,

@@ -355,11 +355,11 @@ static int fp8_lt(struct cuda_ctx *c, float *y, long ldy, const float *x, long l
     return 1;
 }
 
-/* Whether an FP8 product of n rows takes the e4m3 wgmma kernel: 5 (past
- * the GEMV) to CUDA_WGMMA_FP8_MAX_ROWS rows of a weight it takes. */
+/* Whether an FP8 product of n rows takes the e4m3 wgmma kernels: every
+ * row count past the GEMV's, for a weight they take. */
 static int wgmma8(const struct cuda_ctx *c, const struct backend_weight *w, long n) {
 #ifdef KILN_CUDA_HOPPER
-    return !cuda_fp8_gemv_ok(c, w, n) && n <= CUDA_WGMMA_FP8_MAX_ROWS && cuda_wgmma_fp8_ok(c, w, n);
+    return !cuda_fp8_gemv_ok(c, w, n) && cuda_wgmma_fp8_ok(c, w, n);
 #else
     (void)c, (void)w, (void)n;
     return 0;

@@ -85,8 +85,10 @@
  *    DeepGEMM scheme: the tensor cores never add across scale blocks).
  *    The activations arrive in e4m3 per row and 128 columns (from the
  *    norm, the SwiGLU or cuda_fp8_quant_act). Any number of rows: row
- *    tiles of 64 on grid.z (the callers stop at CUDA_WGMMA_FP8_MAX_ROWS,
- *    where larger tiles elsewhere win). BN = 128 only (the second
+ *    tiles of 64 on grid.z; from 256 rows, where its tiles fill the GPU,
+ *    the product goes to gemm_fp8.cu's 128-row tiles instead (two
+ *    warpgroups on one weight tile: at 2,048 rows 1.2-1.6x these tiles'
+ *    rate on Llama-3.1-8B's shapes). BN = 128 only (the second
  *    accumulator).
  *    Llama-3.1-8B at 64 sequences on one H100, one run: 12,538 tok/s
  *    against 6,383 on the mma.sync tile kernel (KILN_CUDA_WGMMA_FP8=0);
@@ -120,6 +122,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/hopper/gemm_wgmma.cuh"
 #include "backend/cuda/hopper/ptx.cuh"
 #include "backend/cuda/hopper/tmap.cuh"
 
@@ -160,29 +163,10 @@ template <int BN> struct cfg {
     static constexpr size_t SMEM = 1024 + BAR_OFF + 2 * STAGES * 8; /* +1024: alignment */
 };
 
-/* Rope + KV store in the epilogue (cuda_wgmma_rope_run; cos_sin NULL: off) */
-struct wg_rope {
-    const int32_t *pos, *slots;
-    const float *cos_sin; /* [position][64][2]: cos, sin of pair i of head size 128 */
-    __nv_bfloat16 *kc, *vc; /* elements of the cache type: bf16, or e4m3 where fp8 */
-    long kv_stride;
-    int nq, nk; /* query and key heads: tiles [0, nq), [nq, nq + nk), then value heads */
-    int fp8;    /* the FP8 cache: e4m3 of x / k_scale (v_scale), as kv_store */
-    float k_scale, v_scale;
-};
-
 template <int OP>
 __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
     wgmma_ss<OP == OP_F16>(d, da, db, 1);
 }
-
-/* The scales of an e4m3 product (OP_E4M3): the weight's, one per 128 × 128
- * block ([row block][nbc]), and the activations', one per row and 128
- * columns ([column group][M], cuda_fp8_quant_act's layout). */
-struct wg_fp8 {
-    const float *wsc, *xsc;
-    int nbc;
-};
 
 /* One CTA: the BN weight rows from n0 = blockIdx.x·BN, k-steps
  * [split·nk/S, (split+1)·nk/S) with split = blockIdx.y (= the CTA's rank in
@@ -540,17 +524,18 @@ static const CUtensorMap *weight_map(struct wg_state *st, const struct backend_w
 }
 
 static const CUtensorMap *act_map(struct wg_state *st, const void *x, long n, long cols, long ldx,
-                                  int dtype) {
+                                  int dtype, int box = BM) {
     for (int i = 0; i < XMAP_SLOTS; i++) {
         struct tmap_entry *e = &st->x[i];
-        if (e->p == x && e->rows == n && e->cols == cols && e->ld == ldx && e->dtype == dtype)
+        if (e->p == x && e->rows == n && e->cols == cols && e->ld == ldx && e->dtype == dtype &&
+            e->box == box)
             return &e->map;
     }
     struct tmap_entry *e = &st->x[st->x_next];
     st->x_next = (st->x_next + 1) % XMAP_SLOTS;
-    CUDA_ASSERT_MSG(encode(st, &e->map, x, n, cols, ldx, dtype, BM),
+    CUDA_ASSERT_MSG(encode(st, &e->map, x, n, cols, ldx, dtype, box),
                     "wgmma: cannot encode the activations' tensor map");
-    e->p = x, e->rows = n, e->cols = cols, e->ld = ldx, e->dtype = dtype, e->box = BM;
+    e->p = x, e->rows = n, e->cols = cols, e->ld = ldx, e->dtype = dtype, e->box = box;
     return &e->map;
 }
 
@@ -604,6 +589,7 @@ extern "C" int cuda_wgmma_init(struct cuda_ctx *c) {
     setup_kernel<128, OP_E4M3>(st, 0, c->n_sm);
     setup_kernel<256, OP_BF16>(st, 1, c->n_sm);
     setup_kernel<256, OP_F16>(st, 1, c->n_sm);
+    fp8_rows_setup();
     c->wgmma_state = st;
     return 1;
 }
@@ -747,30 +733,57 @@ extern "C" int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_
            w->cols % 128 == 0 && w->cols <= INT32_MAX && ((uintptr_t)w->data & 15) == 0;
 }
 
+/* Whether a product of n rows takes gemm_fp8.cu's 128-row tiles: from
+ * FP8_ROWS_MIN rows, when its tiles fill at least FP8_ROWS_FILL% of the
+ * SMs (each CTA one SM; fewer tiles leave SMs idle where the 64-row tiles
+ * and their K splits fill the GPU), and y takes its float2 stores. */
+enum { FP8_ROWS_MIN = 256, FP8_ROWS_FILL = 75 };
+static int rows_kernel(const struct cuda_ctx *c, long n, long N, const float *y, long ldy) {
+    return n >= FP8_ROWS_MIN && fp8_rows_tiles(n, N) * 100 >= (long)c->n_sm * FP8_ROWS_FILL &&
+           ldy % 2 == 0 && ((uintptr_t)y & 7) == 0;
+}
+
 /* y[n][w.rows] (stride ldy) = dequant(xq, xs) · dequant(w)ᵀ (+ bias): xq
  * [n][w.cols] e4m3 (row stride w.cols bytes, 16-byte aligned), xs [w.cols /
- * 128][n] its scales (cuda_fp8_quant_act). Row tiles of 64; the K split as
- * the 16-bit kernel plans it over every tile of the grid. */
+ * 128][n] its scales (cuda_fp8_quant_act). tile_rows 128: gemm_fp8.cu's
+ * kernel; 64: row tiles of 64 here, the K split as the 16-bit kernel plans
+ * it over every tile of the grid; 0: by rows_kernel. */
 static void wgmma_fp8_any(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
-                          const struct backend_weight *w, const float *bias, long n, const struct wg_rope &rp) {
+                          const struct backend_weight *w, const float *bias, long n,
+                          const struct wg_rope &rp, int tile_rows) {
     struct wg_state *st = (struct wg_state *)c->wgmma_state;
     CUDA_ASSERT(cuda_wgmma_fp8_ok(c, w, n) && ((uintptr_t)xq & 15) == 0);
     const long N = w->rows, K = w->cols;
     const int nk = (int)(K / 128);
-    const long tiles = (N + 127) / 128 * ((n + BM - 1) / BM);
-    const int S = choose_splits(st, 0, tiles, nk);
+    if (!tile_rows) tile_rows = rows_kernel(c, n, N, y, ldy) ? FP8_ROWS_BM : BM;
     CUtensorMap tmp;
     const CUtensorMap *tw = weight_map(st, w, 128, &tmp);
-    const CUtensorMap *tx = act_map(st, xq, n, K, K, (int)DTYPE_F8_E4M3);
+    const CUtensorMap *tx = act_map(st, xq, n, K, K, (int)DTYPE_F8_E4M3, tile_rows);
     const struct wg_fp8 f8 = {w->scale, xs, nk};
-    launch<128, OP_E4M3>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, NULL, 0, 0, rp, f8);
+    if (tile_rows == FP8_ROWS_BM) {
+        fp8_rows_launch(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, rp, f8);
+        c->wgmma_fp8_rows_calls++;
+    } else {
+        CUDA_ASSERT(tile_rows == BM);
+        const long tiles = (N + 127) / 128 * ((n + BM - 1) / BM);
+        const int S = choose_splits(st, 0, tiles, nk);
+        launch<128, OP_E4M3>(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, S, NULL, 0, 0, rp, f8);
+    }
     c->wgmma_fp8_calls++;
 }
 
 extern "C" void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq,
                                const float *xs, const struct backend_weight *w, const float *bias,
                                long n) {
-    wgmma_fp8_any(c, y, ldy, xq, xs, w, bias, n, wg_rope{});
+    wgmma_fp8_any(c, y, ldy, xq, xs, w, bias, n, wg_rope{}, 0);
+}
+
+extern "C" void cuda_wgmma_fp8_run(struct cuda_ctx *c, float *y, long ldy, const void *xq,
+                                   const float *xs, const struct backend_weight *w,
+                                   const float *bias, long n, int tile_rows) {
+    CUDA_ASSERT(tile_rows == 0 || tile_rows == BM ||
+                (tile_rows == FP8_ROWS_BM && ldy % 2 == 0 && ((uintptr_t)y & 7) == 0));
+    wgmma_fp8_any(c, y, ldy, xq, xs, w, bias, n, wg_rope{}, tile_rows);
 }
 
 /* The q|k|v product of FP8 weights with rope and the K/V stores in its
@@ -787,5 +800,5 @@ extern "C" void cuda_wgmma_fp8_rope(struct cuda_ctx *c, float *y, long ldy, cons
     const struct wg_rope rp = {r->pos, r->slots, r->cos_sin, (__nv_bfloat16 *)r->k_cache,
                                (__nv_bfloat16 *)r->v_cache, r->kv_stride, r->n_heads, r->n_kv_heads,
                                c->kv_fp8, r->k_scale, r->v_scale};
-    wgmma_fp8_any(c, y, ldy, xq, xs, w, bias, n, rp);
+    wgmma_fp8_any(c, y, ldy, xq, xs, w, bias, n, rp, 0);
 }
