@@ -223,6 +223,8 @@ if [ "$decode" = 1 ]; then
   echo "$out" | grep '^device copy' | tee -a "$LOG"
   say "== bench_gemv (Llama-3.1-8B shapes)"
   timeout 90 "$B/bench_gemv" 2>&1 | tee -a "$LOG"
+  say "== bench_gemm_fp8 (Llama-3.1-8B shapes, 2,048 rows)"
+  timeout 90 "$B/bench_gemm_fp8" --n 2048 2>&1 | tee -a "$LOG"
   command -v cuobjdump >/dev/null && cuobjdump -sass "$B/CMakeFiles/kiln_backend_cuda.dir/src/backend/cuda/cuda_matmul.cu.o" >"$O/gemv.sass" 2>&1
   say "== ctest -L gpu"
   KILN_TOKENIZERS=/nonexistent timeout ${KILN_CTEST_TIMEOUT:-200} ctest --test-dir "$B" -L '^gpu$' --output-on-failure -V >"$O/ctest-gpu.log" 2>&1
