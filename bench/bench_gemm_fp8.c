@@ -13,7 +13,7 @@
  *                   rows dequantized to bf16 for cuBLAS)
  *   e4m3 64-row     the e4m3 kernels alone on quantized activations
  *   e4m3 128-row    (cuda_wgmma_fp8_run: hopper/gemm_wgmma.cu's row tiles
- *                   of 64, hopper/gemm_fp8.cu's of 128)
+ *   e4m3 192-row    of 64, hopper/gemm_fp8.cu's of 128 and 192)
  *
  *   bench_gemm_fp8 [--n N[,N...]] [--shape ROWSxCOLS]
  */
@@ -48,7 +48,7 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-enum kind { MATMUL, KERNEL64, KERNEL128 };
+enum kind { MATMUL, KERNEL64, KERNEL128, KERNEL192 };
 
 struct run {
     struct backend *be;
@@ -64,7 +64,7 @@ struct run {
 static void once(const struct run *r) {
     const long N = r->w->rows, K = r->w->cols;
     if (r->kind == MATMUL) r->be->ops->matmul(r->be->ctx, r->y, N, r->x, K, r->w, NULL, r->n);
-    else cuda_wgmma_fp8_run(r->be->ctx, r->y, N, r->xq, r->xs, r->w, NULL, r->n, r->kind == KERNEL64 ? 64 : 128);
+    else cuda_wgmma_fp8_run(r->be->ctx, r->y, N, r->xq, r->xs, r->w, NULL, r->n, r->kind == KERNEL64 ? 64 : r->kind == KERNEL128 ? 128 : 192);
 }
 
 /* seconds per product: the median of 3 loops */
@@ -134,16 +134,18 @@ static void run_shape(struct backend *be, struct backend *off, long N, long K, c
         struct cuda_ctx *c = be->ctx;
         float *xs = q8_scales(xq, n, K);
         cuda_fp8_quant_act(c, xq, xs, x, K, n, K);
-        struct run runs[5] = {
+        struct run runs[6] = {
             {be, MATMUL, y, x, NULL, NULL, &wb, n},
             {be, MATMUL, y, x, NULL, NULL, &w8, n},
             {off, MATMUL, yo, xo, NULL, NULL, &w8o, n},
             {be, KERNEL64, y, NULL, xq, xs, &w8, n},
             {be, KERNEL128, y, NULL, xq, xs, &w8, n},
+            {be, KERNEL192, y, NULL, xq, xs, &w8, n},
         };
-        const char *names[5] = {"bf16 matmul", "fp8 matmul", "fp8 no-wgmma", "e4m3 64-row", "e4m3 128-row"};
-        double tf[5] = {0};
-        for (int k = 0; k < 5; k++) {
+        const char *names[6] = {"bf16 matmul", "fp8 matmul", "fp8 no-wgmma", "e4m3 64-row", "e4m3 128-row",
+                                "e4m3 192-row"};
+        double tf[6] = {0};
+        for (int k = 0; k < 6; k++) {
             if (runs[k].kind != MATMUL && !c->wgmma) continue;
             const double t = time_run(&runs[k]);
             tf[k] = 2.0 * (double)n * (double)N * (double)K / t / 1e12;

@@ -613,6 +613,20 @@ int js_gen_child(struct js_ctx *c, const json_t *s, const char *key, const char 
 
 /* ---- entry points ---- */
 
+/* Whether the translated rules (text, len) match some text: the grammar
+ * engine compiles them and keeps only what the root reaches. Past the
+ * engine's size limits the answer is yes: the caller's own compile says
+ * what is wrong. */
+static int js_has_finite_value(const char *text, size_t len) {
+    struct kiln_error e = {0};
+    struct grammar *g = grammar_compile_ebnf(text, len, "root", &e);
+    if (g) {
+        grammar_unref(g);
+        return 1;
+    }
+    return e.code == KILN_ERR_TOO_LARGE || !strstr(e.msg, "matches no text");
+}
+
 int grammar_ebnf_from_json_schema(const json_t *schema, const struct grammar_json_opts *opts, struct buf *out,
                                   struct kiln_error *err) {
     struct js_ctx c = {.root = schema, .err = err};
@@ -622,11 +636,22 @@ int grammar_ebnf_from_json_schema(const json_t *schema, const struct grammar_jso
     int r = gen(&c, schema, &root);
     if (r == JS_NEVER) r = kiln_errorf(err, "json_schema: no value matches the schema");
     if (r == JS_OK) {
+        size_t at = out->len;
         buf_puts(out, "root ::= ");
         buf_append(out, root.data, root.len);
         buf_push(out, '\n');
         if (c.rules.len) buf_append(out, c.rules.data, c.rules.len);
         js_put_common(&c, out);
+        /* A reference back into a schema can leave no finite value: an
+         * object whose required property is the object again (strict mode
+         * requires them all). Only then can the rules above match nothing,
+         * so only then are they compiled here, to say so in the schema's
+         * terms instead of handing the engine a grammar it refuses. */
+        if (c.n_refs > 0 && !js_has_finite_value(out->data + at, out->len - at)) {
+            out->len = at;
+            r = kiln_errorf(err, "json_schema: no finite value matches the schema (a $ref that every value "
+                                 "must take again, such as a required property holding the object itself)");
+        }
     }
     buf_free(&root);
     buf_free(&c.rules);

@@ -13,12 +13,12 @@
  *    128-column step to 4096 (K splits over clusters), bias, an output row
  *    stride past N whose sentinel must survive; each case run eagerly and
  *    again recorded into a CUDA graph and replayed: the same bits. The
- *    128-row tiles of gemm_fp8.cu the same way: forced on small shapes,
- *    by shape on one that fills the GPU, up to 4,200 rows (two and three
- *    tiles a CTA of its persistent grid), partial row and weight tiles;
+ *    128- and 192-row tiles of gemm_fp8.cu the same way: forced on small
+ *    shapes, by shape on ones that fill the GPU, up to 4,200 rows (more
+ *    tiles than SMs: the persistent grid), partial row and weight tiles;
  *  - the q|k|v product with rope and the K/V stores in the epilogue of the
- *    128-row tiles (norm_matmul_rope at 300 and 500 rows), bf16 and FP8
- *    caches, against norm_matmul + qk_rope_store;
+ *    large tiles (norm_matmul_rope at 400, 600 and 1,100 rows), bf16 and
+ *    FP8 caches, against norm_matmul + qk_rope_store;
  *  - the kernels that write the e4m3 operand themselves (the norm before
  *    a product, the SwiGLU before down): byte for byte the plain op
  *    followed by the quantization pass;
@@ -116,7 +116,7 @@ static void check_kernel_on(long m, long N, long K, long ldy, int bias, int tile
     assert_int_equal(cudaStreamSynchronize(c->stream), cudaSuccess);
     assert_int_equal(c->wgmma_fp8_calls, calls + 1);
     const int on_rows = c->wgmma_fp8_rows_calls > rows0;
-    if (tile_rows) assert_int_equal(on_rows, tile_rows == 128);
+    if (tile_rows) assert_int_equal(on_rows, tile_rows > 64);
     cudaGraph_t g;
     cudaGraphExec_t ge;
     assert_int_equal(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
@@ -143,7 +143,7 @@ static void check_kernel_on(long m, long N, long K, long ldy, int bias, int tile
     }
     double e = rel_err(y, ref, m, N, ldy);
     printf("  kernel m=%-4ld N=%-5ld K=%-5ld ldy=%-5ld%s, %s: rel err %.2e\n", m, N, K, ldy,
-           bias ? " bias" : "", on_rows ? "128-row tiles" : "64-row tiles", e);
+           bias ? " bias" : "", !on_rows ? "64-row tiles" : tile_rows == 192 ? "192-row tiles" : tile_rows == 128 ? "128-row tiles" : "large tiles by shape", e);
     assert_true(e < TOL_SAME);
     assert_memory_equal(y, y2, (size_t)(m * ldy) * 4);
     cudaFree(dx), cudaFree(dq), cudaFree(ds), cudaFree((void *)bw.data), cudaFree((void *)bw.scale);
@@ -169,22 +169,26 @@ static void test_kernel(void **state) {
     check_kernel(64, 128, 14336, 128, 0);   /* one weight tile, the longest K: every split */
 }
 
-/* gemm_fp8.cu's 128-row tiles: forced on small shapes (fewer tiles than
- * SMs), by shape where they fill the GPU; partial row and weight tiles,
- * bias, an output stride past N, tiles = 2-3 per CTA (the persistent walk
- * and the ring across tiles), and the 64-row tiles forced at a size the
- * shape rule gives to the 128-row ones. */
+/* gemm_fp8.cu's 128- and 192-row tiles: forced on small shapes (fewer
+ * tiles than SMs), by shape where they fill the GPU (128 rows below 1,024
+ * rows, 192 from there); partial row and weight tiles, bias, an output
+ * stride past N, more tiles than SMs (the persistent walk and the ring
+ * across tiles), and the 64-row tiles forced at a size the shape rule
+ * gives to the large ones. */
 static void test_kernel_rows(void **state) {
     (void)state;
     assert_true(have_gpu);
-    check_kernel_on(1, 576, 128, 576, 1, 128);
-    check_kernel_on(300, 1024, 4096, 1024, 0, 128);  /* three row tiles, the last partial */
-    check_kernel_on(130, 1000, 1024, 1002, 1, 128);  /* the last weight tile 104 rows */
-    check_kernel_on(600, 4096, 512, 4100, 1, 0);     /* 160 tiles: by shape */
+    for (int R = 128; R <= 192; R += 64) {
+        check_kernel_on(1, 576, 128, 576, 1, R);
+        check_kernel_on(500, 1024, 4096, 1024, 0, R);  /* row tiles of which the last is partial */
+        check_kernel_on(130, 1000, 1024, 1002, 1, R);  /* the last weight tile 104 rows */
+    }
+    check_kernel_on(700, 4096, 512, 4100, 1, 0);    /* 192 tiles of 128 rows: by shape */
+    check_kernel_on(1100, 4096, 256, 4096, 1, 0);   /* 192 tiles of 192 rows: by shape */
+    check_kernel_on(700, 4096, 512, 4096, 0, 64);
+    check_kernel_on(4200, 1024, 256, 1024, 1, 192); /* 176 tiles */
+    check_kernel_on(2000, 2944, 384, 2950, 0, 128); /* 368 tiles, N 23 tiles */
     assert_true(((struct cuda_ctx *)gpu.ctx)->wgmma_fp8_rows_calls > 0);
-    check_kernel_on(600, 4096, 512, 4096, 0, 64);
-    check_kernel_on(4200, 1024, 256, 1024, 1, 128);  /* 264 tiles: 2 a CTA */
-    check_kernel_on(2000, 2944, 384, 2950, 0, 128);  /* 368 tiles, N 23 tiles */
 }
 
 /* Through ops->matmul: whether the kernel ran, and the result against the
@@ -239,7 +243,7 @@ static void test_routing(void **state) {
     check_matmul(&gpu_det, 17, 640, 1024, 128, 128, 0);
 }
 
-/* norm_matmul_rope with FP8 weights at a prefill size (the 128-row tiles
+/* norm_matmul_rope with FP8 weights at a prefill size (the large tiles
  * with rope and the K/V stores in their epilogue) against norm_matmul +
  * qk_rope_store on the same backend, bf16 and FP8 caches: queries within
  * 1e-6 (the same sums, the rotation's roundings spelled out in both),
@@ -340,7 +344,7 @@ static void check_rope_rows(struct backend *be, long n, int H, int KH) {
     }
     const double qe = sqrt(num / den);
     printf("  rope rows n=%ld H=%d KH=%d %s cache: %s%s, q rel diff %.2e, keys off by more than a rounding %ld\n",
-           n, H, KH, fp8 ? "FP8" : "bf16", fused ? "epilogue" : "two ops", rows ? " on 128-row tiles" : "", qe, kbad);
+           n, H, KH, fp8 ? "FP8" : "bf16", fused ? "epilogue" : "two ops", rows ? " on the large tiles" : "", qe, kbad);
     assert_int_equal(fused, 1);
     assert_int_equal(rows, 1);
     assert_true(qe < 1e-6);
@@ -359,8 +363,9 @@ static void check_rope_rows(struct backend *be, long n, int H, int KH) {
 static void test_rope_rows(void **state) {
     (void)state;
     assert_true(have_gpu);
-    check_rope_rows(&gpu, 300, 32, 8);    /* 144 tiles, the last row tile partial */
-    check_rope_rows(&gpu_kv8, 500, 24, 4); /* 4 x 32 tiles */
+    check_rope_rows(&gpu, 400, 32, 8);     /* 4 x 48 tiles of 128 rows, the last partial */
+    check_rope_rows(&gpu_kv8, 600, 24, 4);  /* 5 x 32 tiles of 128 rows */
+    check_rope_rows(&gpu, 1100, 32, 8);    /* 6 x 48 tiles of 192 rows */
 }
 
 /* The kernels that write the e4m3 operand as they produce it: the residual
@@ -451,7 +456,7 @@ int main(void) {
         }
         struct backend *all[4] = {&gpu, &gpu_off, &gpu_det, &gpu_kv8};
         for (int i = 0; i < 4; i++)
-            if (all[i]->ops->reserve(all[i]->ctx, 512, 1024, 16, &err)) {
+            if (all[i]->ops->reserve(all[i]->ctx, 2048, 1024, 16, &err)) {
                 fprintf(stderr, "reserve: %s\n", err.msg);
                 return 1;
             }

@@ -4,7 +4,8 @@
  * the Gregorian calendar, IPv4 octets against their numeric value, string
  * lengths counted in code points as JSON Schema counts them (RFC 8259
  * escapes decoded by hand), and the refusals: every unsupported keyword and
- * bad reference named with its JSON pointer and error code. */
+ * bad reference named with its JSON pointer and error code, and schemas
+ * whose recursion leaves no finite value. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -100,6 +101,28 @@ static void test_refusals(void **state) {
     expect_error("{\"$ref\": \"#foo\"}", KILN_ERR_UNSUPPORTED, "anchors are not supported");
     expect_error("{\"$ref\": \"#\"}", KILN_ERR_UNSUPPORTED, "leads back to itself");
     expect_error("{\"anyOf\": [{\"$ref\": \"#\"}, {\"type\": \"null\"}]}", KILN_ERR_UNSUPPORTED, "leads back to itself");
+    /* recursion every value must take again: no finite JSON value */
+    expect_error("{\"$defs\": {\"n\": {\"type\": \"object\", \"properties\": {\"next\": {\"$ref\": \"#/$defs/n\"}}, "
+                 "\"required\": [\"next\"]}}, \"$ref\": \"#/$defs/n\"}",
+                 KILN_ERR_BAD_INPUT, "json_schema: no finite value matches the schema");
+    expect_error("{\"$defs\": {\"n\": {\"type\": \"array\", \"items\": {\"$ref\": \"#/$defs/n\"}, \"minItems\": 1}}, "
+                 "\"$ref\": \"#/$defs/n\"}",
+                 KILN_ERR_BAD_INPUT, "no finite value");
+    {
+        /* the same object in strict mode (every property required): refused;
+         * in the default mode the property is optional and the recursion ends */
+        const char *sch = "{\"$defs\": {\"n\": {\"anyOf\": [{\"type\": \"object\", \"properties\": "
+                          "{\"next\": {\"$ref\": \"#/$defs/n\"}}}]}}, \"$ref\": \"#/$defs/n\"}";
+        const struct grammar_json_opts strict = {-1, 1};
+        struct kiln_error err = {0};
+        struct grammar *g = grammar_compile_json_schema(sch, strlen(sch), &strict, &err);
+        if (g || !strstr(err.msg, "no finite value")) fail_msg("strict recursive schema: %s", g ? "accepted" : err.msg);
+        struct checker r = make(sch, NULL);
+        assert_true(accepts(&r, "{}"));
+        assert_true(accepts(&r, "{\"next\": {\"next\": {}}}"));
+        assert_false(accepts(&r, "{\"next\": 1}"));
+        done(&r);
+    }
     /* malformed schemas */
     expect_error("{\"type\": \"str\"}", KILN_ERR_BAD_INPUT, "'type' at the root must be a type name");
     expect_error("{\"properties\": {\"a\": 5}}", KILN_ERR_BAD_INPUT, "schema at /properties/a must be an object");

@@ -626,8 +626,9 @@ int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_weight *w, 
 void cuda_wgmma_fp8(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
                     const struct backend_weight *w, const float *bias, long n);
 /* The same on the kernel of tile_rows rows (64: the row tiles of the
- * decode kernel; 128: hopper/gemm_fp8.cu's, which needs ldy even and y
- * 8-byte aligned; 0: by the shape, as cuda_wgmma_fp8), for measurements. */
+ * decode kernel; 128 or 192: hopper/gemm_fp8.cu's, which need ldy even
+ * and y 8-byte aligned; 0: by the shape, as cuda_wgmma_fp8), for
+ * measurements. */
 void cuda_wgmma_fp8_run(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
                         const struct backend_weight *w, const float *bias, long n, int tile_rows);
 /* The same for q|k|v with rope and the K/V stores in the epilogue (what

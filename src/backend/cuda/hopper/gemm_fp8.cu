@@ -7,20 +7,27 @@
  * bytes each tile pulls from L2, and that kernel's 64 × 128 tiles fetch
  * 24 KB for every 2.1 MFLOP of a 128-column step.
  *
- * Design (the DeepGEMM scheme on 128 × 128 tiles):
- *  - A CTA computes 128 activation rows × 128 weight rows: two consumer
- *    warpgroups, each wgmma m64n128k32 (e4m3) on its 64 rows against the
- *    one weight tile, so each weight tile serves twice the rows of the
- *    decode kernel's (32 KB a step for 4.2 MFLOP).
+ * Design (the DeepGEMM scheme on 128- or 192-row tiles):
+ *  - A CTA computes 128 or 192 activation rows × 128 weight rows: two or
+ *    three consumer warpgroups, each wgmma m64n128k32 (e4m3) on its 64
+ *    rows against the one weight tile, so each weight tile serves two or
+ *    three times the rows of the decode kernel's (32 KB a step for 4.2
+ *    MFLOP; 40 KB for 6.3). The 192-row form from 1,024 rows
+ *    (gemm_wgmma.cu's rows_tile: the bytes each step pulls from L2 bound
+ *    these kernels, and a third warpgroup fills the tensor cores while
+ *    the others scale; below that its padding costs more).
  *  - A k-step is one 128-column scale block: four k32 wgmmas into a fresh
  *    accumulator, then added to the running sums times the weight block's
  *    scale and the row's activation scale (the tensor cores never add
  *    across scale blocks). One warpgroup scales while the other's wgmmas
- *    run, so the tensor cores stay fed.
- *  - One producer warp (one lane) streams both tiles with TMA into a
- *    6-deep ring of 32 KB stages ("full" mbarriers count the bytes, "empty"
- *    ones the eight consumer warps). One CTA an SM (193 KB of shared
- *    memory).
+ *    run, so the tensor cores stay fed (ptxas serializes the wgmmas of a
+ *    warpgroup that scales one accumulator while it has another group
+ *    in flight, so the overlap comes from the other warpgroups).
+ *  - One producer lane streams both tiles with TMA into a ring of stages
+ *    ("full" mbarriers count the bytes, "empty" ones the consumer warps):
+ *    6 of 32 KB, or 5 of 40 KB for 192 rows, whose producer is a whole
+ *    warpgroup that gives its registers to the consumers (setmaxnreg).
+ *    One CTA an SM (193 or 201 KB of shared memory).
  *  - Persistent: min(tiles, SMs) CTAs walk the tiles t = blockIdx.x +
  *    i·gridDim.x, row tile fastest (t % row tiles), so the CTAs running
  *    at once share a few weight tiles through L2 and the whole activation
@@ -48,13 +55,24 @@ namespace {
 
 constexpr int FK = 128;                 /* e4m3 columns a k-step: one scale block, one 128-byte row */
 constexpr int FN = 128;                 /* weight rows a tile: one scale block */
-constexpr int FM = FP8_ROWS_BM;         /* activation rows a tile */
-constexpr int F_STAGES = 6;
-constexpr int F_CONSUMERS = 256;        /* warpgroups 0 and 1 */
-constexpr int F_THREADS = F_CONSUMERS + 32; /* + the producer warp (warp 8) */
-constexpr uint32_t F_W = FN * FK, F_X = FM * FK, F_STAGE = F_W + F_X;
-constexpr uint32_t F_BAR = F_STAGES * F_STAGE;
-constexpr size_t F_SMEM = 1024 + F_BAR + 2 * F_STAGES * 8; /* +1024: alignment */
+constexpr uint32_t F_W = FN * FK;       /* a stage's weight tile */
+/* registers a thread with three consumer warpgroups: the producer's
+ * warpgroup gives its own back (128·24 + 384·160 ≤ 65,536) */
+constexpr int F_REG_PRODUCER = 24, F_REG_CONSUMER = 160;
+
+/* The two tile heights: WGS consumer warpgroups of 64 rows. Two: one
+ * producer warp, a 6-deep ring of 32 KB; three: a producer warpgroup
+ * (its registers given to the consumers), a 5-deep ring of 40 KB. */
+template <int WGS> struct fcfg {
+    static constexpr int FM = 64 * WGS;              /* activation rows a tile */
+    static constexpr int STAGES = WGS == 3 ? 5 : 6;
+    static constexpr int CONSUMERS = 128 * WGS;
+    static constexpr int THREADS = CONSUMERS + (WGS == 3 ? 128 : 32);
+    static constexpr uint32_t STAGE = F_W + (uint32_t)FM * FK;
+    static constexpr uint32_t BAR = STAGES * STAGE;
+    static constexpr size_t SMEM = 1024 + BAR + 2 * STAGES * 8; /* +1024: alignment */
+};
+static_assert(fcfg<2>::FM == FP8_ROWS_BM_SMALL && fcfg<3>::FM == FP8_ROWS_BM_LARGE, "tile heights");
 
 __device__ __forceinline__ uint16_t e4m3x2(float a, float b, float scale) {
     return (uint16_t)((uint32_t)__nv_cvt_float_to_fp8(__fdiv_rn(a, scale), __NV_SATFINITE, __NV_E4M3) |
@@ -69,10 +87,14 @@ __device__ __forceinline__ void put2kv(const wg_rope &rp, __nv_bfloat16 *cache, 
     else *(__nv_bfloat162 *)(cache + off) = __floats2bfloat162_rn(a, b);
 }
 
-__global__ void __launch_bounds__(F_THREADS, 1)
+template <int WGS>
+__global__ void __launch_bounds__(fcfg<WGS>::THREADS, 1)
 fp8_rows_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx,
                 float *y, long ldy, const float *bias, int M, int N, int nk, int mt, int tiles,
                 const struct wg_rope rp, const struct wg_fp8 f8) {
+    using C = fcfg<WGS>;
+    constexpr int F_STAGES = C::STAGES, F_CONSUMERS = C::CONSUMERS, FM = C::FM;
+    constexpr uint32_t F_STAGE = C::STAGE, F_BAR = C::BAR;
     extern __shared__ unsigned char smem_raw[];
     pdl_trigger();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -91,9 +113,10 @@ fp8_rows_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
     __syncthreads();
     pdl_wait(); /* the activations, their scales, positions and slots come from kernels before */
 
-    if (warp == F_CONSUMERS / 32) {
+    if (warp >= F_CONSUMERS / 32) {
         /* producer: the ring runs on from tile to tile */
-        if (lane == 0) {
+        if constexpr (WGS == 3) setmaxnreg_dec<F_REG_PRODUCER>();
+        if (warp == F_CONSUMERS / 32 && lane == 0) {
             prefetch_tensormap(&tw);
             prefetch_tensormap(&tx);
             int it = 0;
@@ -113,6 +136,7 @@ fp8_rows_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 
     /* consumers: warpgroup wg has the tile's rows [64·wg, 64·wg + 64);
      * this thread rows r and r + 8 of them, columns 8j + cq + {0, 1} */
+    if constexpr (WGS == 3) setmaxnreg_inc<F_REG_CONSUMER>();
     const int wg = warp >> 2;
     const int r = 64 * wg + 16 * (warp & 3) + (lane >> 2), cq = 2 * (lane & 3);
     float acc[64], t8[64];
@@ -221,22 +245,36 @@ fp8_rows_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ 
 
 } // namespace
 
+namespace {
+
+template <int WGS>
+void launch_rows(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, float *y, long ldy,
+                 const float *bias, int M, int N, int nk, const wg_rope &rp, const wg_fp8 &f8) {
+    using C = fcfg<WGS>;
+    const long tiles = fp8_rows_tiles(M, N, C::FM);
+    CUDA_ASSERT(tiles <= INT32_MAX && ldy % 2 == 0 && ((uintptr_t)y & 7) == 0);
+    const int mt = (M + C::FM - 1) / C::FM;
+    const long grid = tiles < c->n_sm ? tiles : c->n_sm;
+    pdl_launch(c, fp8_rows_kernel<WGS>, dim3((unsigned)grid), dim3(C::THREADS), C::SMEM, *tw, *tx, y, ldy,
+               bias, M, N, nk, mt, (int)tiles, rp, f8);
+}
+
+} // namespace
+
 namespace hopper {
 
 void fp8_rows_setup() {
-    CUDA_CHECK(cudaFuncSetAttribute(fp8_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)F_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(fp8_rows_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fcfg<2>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(fp8_rows_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fcfg<3>::SMEM));
 }
 
-void fp8_rows_launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, float *y,
+void fp8_rows_launch(struct cuda_ctx *c, int bm, const CUtensorMap *tw, const CUtensorMap *tx, float *y,
                      long ldy, const float *bias, int M, int N, int nk, const wg_rope &rp,
                      const wg_fp8 &f8) {
-    const long tiles = fp8_rows_tiles(M, N);
-    CUDA_ASSERT(tiles <= INT32_MAX && ldy % 2 == 0 && ((uintptr_t)y & 7) == 0);
-    const int mt = (M + FM - 1) / FM;
-    const long grid = tiles < c->n_sm ? tiles : c->n_sm;
-    pdl_launch(c, fp8_rows_kernel, dim3((unsigned)grid), dim3(F_THREADS), F_SMEM, *tw, *tx, y, ldy,
-               bias, M, N, nk, mt, (int)tiles, rp, f8);
+    if (bm == FP8_ROWS_BM_LARGE) launch_rows<3>(c, tw, tx, y, ldy, bias, M, N, nk, rp, f8);
+    else launch_rows<2>(c, tw, tx, y, ldy, bias, M, N, nk, rp, f8);
 }
 
 } // namespace hopper

@@ -86,10 +86,10 @@
  *    The activations arrive in e4m3 per row and 128 columns (from the
  *    norm, the SwiGLU or cuda_fp8_quant_act). Any number of rows: row
  *    tiles of 64 on grid.z; from 256 rows, where its tiles fill the GPU,
- *    the product goes to gemm_fp8.cu's 128-row tiles instead (two
- *    warpgroups on one weight tile: at 2,048 rows 1.2-1.6x these tiles'
- *    rate on Llama-3.1-8B's shapes). BN = 128 only (the second
- *    accumulator).
+ *    the product goes to gemm_fp8.cu's 128- or 192-row tiles instead
+ *    (two or three warpgroups on one weight tile: at 2,048 rows 1.2-1.8x
+ *    these tiles' rate on Llama-3.1-8B's shapes). BN = 128 only (the
+ *    second accumulator).
  *    Llama-3.1-8B at 64 sequences on one H100, one run: 12,538 tok/s
  *    against 6,383 on the mma.sync tile kernel (KILN_CUDA_WGMMA_FP8=0);
  *    with the norm and SwiGLU handoffs and rope in the epilogue 14,016
@@ -733,21 +733,27 @@ extern "C" int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_
            w->cols % 128 == 0 && w->cols <= INT32_MAX && ((uintptr_t)w->data & 15) == 0;
 }
 
-/* Whether a product of n rows takes gemm_fp8.cu's 128-row tiles: from
- * FP8_ROWS_MIN rows, when its tiles fill at least FP8_ROWS_FILL% of the
- * SMs (each CTA one SM; fewer tiles leave SMs idle where the 64-row tiles
- * and their K splits fill the GPU), and y takes its float2 stores. */
-enum { FP8_ROWS_MIN = 256, FP8_ROWS_FILL = 75 };
-static int rows_kernel(const struct cuda_ctx *c, long n, long N, const float *y, long ldy) {
-    return n >= FP8_ROWS_MIN && fp8_rows_tiles(n, N) * 100 >= (long)c->n_sm * FP8_ROWS_FILL &&
-           ldy % 2 == 0 && ((uintptr_t)y & 7) == 0;
+/* The rows of gemm_fp8.cu's tiles for a product of n rows, 0 for none:
+ * from FP8_ROWS_MIN rows, when its tiles fill at least FP8_ROWS_FILL% of
+ * the SMs (each CTA one SM; fewer tiles leave SMs idle where the 64-row
+ * tiles and their K splits fill the GPU) and y takes its float2 stores;
+ * 192-row tiles (three consumer warpgroups) from FP8_ROWS_LARGE_MIN rows,
+ * where their padding is small: on an H200 they ran Llama-3.1-8B's
+ * gate|up at 819 and 780 TFLOP/s (2,048 and 8,192 rows) against 725 and
+ * 702 on 128-row tiles, and down at 2,048 rows 803 against 762; at 512
+ * rows their last row tile is a third padding. */
+enum { FP8_ROWS_MIN = 256, FP8_ROWS_FILL = 75, FP8_ROWS_LARGE_MIN = 1024 };
+static int rows_tile(const struct cuda_ctx *c, long n, long N, const float *y, long ldy) {
+    if (n < FP8_ROWS_MIN || ldy % 2 || ((uintptr_t)y & 7)) return 0;
+    const int bm = n >= FP8_ROWS_LARGE_MIN ? FP8_ROWS_BM_LARGE : FP8_ROWS_BM_SMALL;
+    return fp8_rows_tiles(n, N, bm) * 100 >= (long)c->n_sm * FP8_ROWS_FILL ? bm : 0;
 }
 
 /* y[n][w.rows] (stride ldy) = dequant(xq, xs) · dequant(w)ᵀ (+ bias): xq
  * [n][w.cols] e4m3 (row stride w.cols bytes, 16-byte aligned), xs [w.cols /
- * 128][n] its scales (cuda_fp8_quant_act). tile_rows 128: gemm_fp8.cu's
- * kernel; 64: row tiles of 64 here, the K split as the 16-bit kernel plans
- * it over every tile of the grid; 0: by rows_kernel. */
+ * 128][n] its scales (cuda_fp8_quant_act). tile_rows 128 or 192:
+ * gemm_fp8.cu's kernels; 64: row tiles of 64 here, the K split as the
+ * 16-bit kernel plans it over every tile of the grid; 0: by rows_tile. */
 static void wgmma_fp8_any(struct cuda_ctx *c, float *y, long ldy, const void *xq, const float *xs,
                           const struct backend_weight *w, const float *bias, long n,
                           const struct wg_rope &rp, int tile_rows) {
@@ -755,13 +761,16 @@ static void wgmma_fp8_any(struct cuda_ctx *c, float *y, long ldy, const void *xq
     CUDA_ASSERT(cuda_wgmma_fp8_ok(c, w, n) && ((uintptr_t)xq & 15) == 0);
     const long N = w->rows, K = w->cols;
     const int nk = (int)(K / 128);
-    if (!tile_rows) tile_rows = rows_kernel(c, n, N, y, ldy) ? FP8_ROWS_BM : BM;
+    if (!tile_rows) {
+        tile_rows = rows_tile(c, n, N, y, ldy);
+        if (!tile_rows) tile_rows = BM;
+    }
     CUtensorMap tmp;
     const CUtensorMap *tw = weight_map(st, w, 128, &tmp);
     const CUtensorMap *tx = act_map(st, xq, n, K, K, (int)DTYPE_F8_E4M3, tile_rows);
     const struct wg_fp8 f8 = {w->scale, xs, nk};
-    if (tile_rows == FP8_ROWS_BM) {
-        fp8_rows_launch(c, tw, tx, y, ldy, bias, (int)n, (int)N, nk, rp, f8);
+    if (tile_rows == FP8_ROWS_BM_SMALL || tile_rows == FP8_ROWS_BM_LARGE) {
+        fp8_rows_launch(c, tile_rows, tw, tx, y, ldy, bias, (int)n, (int)N, nk, rp, f8);
         c->wgmma_fp8_rows_calls++;
     } else {
         CUDA_ASSERT(tile_rows == BM);
@@ -782,7 +791,8 @@ extern "C" void cuda_wgmma_fp8_run(struct cuda_ctx *c, float *y, long ldy, const
                                    const float *xs, const struct backend_weight *w,
                                    const float *bias, long n, int tile_rows) {
     CUDA_ASSERT(tile_rows == 0 || tile_rows == BM ||
-                (tile_rows == FP8_ROWS_BM && ldy % 2 == 0 && ((uintptr_t)y & 7) == 0));
+                ((tile_rows == FP8_ROWS_BM_SMALL || tile_rows == FP8_ROWS_BM_LARGE) && ldy % 2 == 0 &&
+                 ((uintptr_t)y & 7) == 0));
     wgmma_fp8_any(c, y, ldy, xq, xs, w, bias, n, wg_rope{}, tile_rows);
 }
 

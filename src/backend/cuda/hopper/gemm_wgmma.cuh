@@ -35,20 +35,22 @@ struct wg_fp8 {
 };
 
 /* The FP8 product of many rows (gemm_fp8.cu): activation tiles of
- * FP8_ROWS_BM rows, so the activations' map has boxes of that many rows
- * (the weight's: 128). */
-enum { FP8_ROWS_BM = 128 };
-/* once per context: the kernel's shared-memory size */
+ * FP8_ROWS_BM_SMALL or FP8_ROWS_BM_LARGE rows (two or three consumer
+ * warpgroups), so the activations' map has boxes of that many rows (the
+ * weight's: 128). */
+enum { FP8_ROWS_BM_SMALL = 128, FP8_ROWS_BM_LARGE = 192 };
+/* once per context: the kernels' shared-memory size */
 void fp8_rows_setup();
-/* The tiles of an M × N product (the launch's measure of work). */
-static inline long fp8_rows_tiles(long M, long N) {
-    return (M + FP8_ROWS_BM - 1) / FP8_ROWS_BM * ((N + 127) / 128);
+/* The tiles of an M × N product on bm-row tiles (the launch's measure of work). */
+static inline long fp8_rows_tiles(long M, long N, int bm) {
+    return (M + bm - 1) / bm * ((N + 127) / 128);
 }
 /* y[M][N] (row stride ldy, 8-byte aligned with ldy even) = the product of
- * the e4m3 activations (map tx) and weight (map tw) of nk 128-column
- * blocks, scales f8, + bias; with rp.cos_sin, q|k|v's rope and K/V stores
- * instead of y for key and value heads (gemm_wgmma.cu's epilogue). */
-void fp8_rows_launch(struct cuda_ctx *c, const CUtensorMap *tw, const CUtensorMap *tx, float *y,
+ * the e4m3 activations (map tx, boxes of bm rows) and weight (map tw) of
+ * nk 128-column blocks, scales f8, + bias; with rp.cos_sin, q|k|v's rope
+ * and K/V stores instead of y for key and value heads (gemm_wgmma.cu's
+ * epilogue). */
+void fp8_rows_launch(struct cuda_ctx *c, int bm, const CUtensorMap *tw, const CUtensorMap *tx, float *y,
                      long ldy, const float *bias, int M, int N, int nk, const wg_rope &rp,
                      const wg_fp8 &f8);
 

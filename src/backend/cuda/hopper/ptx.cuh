@@ -108,6 +108,18 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
     return v;
 }
 
+/* ---- registers ---------------------------------------------------------- */
+
+/* Moves this warpgroup's registers a thread to R (every warp of the
+ * warpgroup executes it): a producer warpgroup gives registers back (dec)
+ * for the consumer warpgroups to take (inc). */
+template <int R> __device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+
 /* ---- wgmma ------------------------------------------------------------- */
 
 /* Descriptor of a tile in shared memory in the 128-byte-swizzled layout
