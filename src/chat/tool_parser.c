@@ -545,10 +545,9 @@ static int step_llama_sep(struct tool_parser *p, int final) {
         return final;
     }
     if (s[i] == ';') {
-        begin_call(p, i, i, ";", 1, TP_JSON);
-        /* whitespace before ";" stays with the failed call's content */
-        buf_clear(&p->held);
-        buf_append(&p->held, s, i);
+        /* the whitespace before ";" is held with it: content again if no
+         * call follows */
+        begin_call(p, 0, i, ";", 1, TP_JSON);
         return 1;
     }
     p->state = TP_TEXT;

@@ -247,6 +247,11 @@ static void test_llama3_json(void **state) {
     /* text after a call ends the calls */
     check(TOOL_FORMAT_LLAMA3_JSON, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"c\"}} ok",
           " ok", 1, NAMES2, ARGS2);
+    /* a ";" after a call with no call behind it: the text from the
+     * whitespace before it on is content, byte for byte */
+    check(TOOL_FORMAT_LLAMA3_JSON,
+          "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"c\"}}\r\n ;\r done",
+          "\r\n ;\r done", 1, NAMES2, ARGS2);
 }
 
 static void test_mistral(void **state) {
