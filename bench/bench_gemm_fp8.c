@@ -162,7 +162,7 @@ static void run_shape(struct backend *be, struct backend *off, long N, long K, c
 
 int main(int argc, char **argv) {
     long ns[MAX_NS] = {256, 512, 1024, 2048, 4096, 8192}, rows = 0, cols = 0;
-    int n_ns = 6;
+    int n_ns = 6, shape = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--n")) {
@@ -174,11 +174,16 @@ int main(int argc, char **argv) {
             }
             i++;
         } else if (!strcmp(a, "--shape") && sscanf(v, "%ldx%ld", &rows, &cols) == 2) {
-            i++;
+            shape = 1, i++;
         } else {
             fprintf(stderr, "usage: bench_gemm_fp8 [--n N[,N...]] [--shape ROWSxCOLS]\n");
             return 2;
         }
+    }
+    if (shape && (rows < 1 || cols < 128 || cols % 128 || rows > 65536 || cols > 65536)) {
+        fprintf(stderr, "bench_gemm_fp8: --shape ROWSxCOLS takes 1..65536 rows and columns a multiple of 128 "
+                        "(the FP8 weights' 128-column blocks)\n");
+        return 2;
     }
     for (int i = 0; i < n_ns; i++)
         if (ns[i] < 1 || ns[i] > 16384) {
@@ -203,13 +208,9 @@ int main(int argc, char **argv) {
     }
     /* Llama-3.1-8B: q|k|v, o, gate|up, down */
     const long shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
-    for (int s = 0; s < 4; s++)
-        if (!rows || (rows == shapes[s][0] && cols == shapes[s][1])) run_shape(&be, &off, shapes[s][0], shapes[s][1], ns, n_ns);
-    if (rows && cols % 128 == 0 && rows > 0) {
-        int known = 0;
-        for (int s = 0; s < 4; s++) known |= rows == shapes[s][0] && cols == shapes[s][1];
-        if (!known) run_shape(&be, &off, rows, cols, ns, n_ns);
-    }
+    if (shape) run_shape(&be, &off, rows, cols, ns, n_ns);
+    else
+        for (int s = 0; s < 4; s++) run_shape(&be, &off, shapes[s][0], shapes[s][1], ns, n_ns);
     backend_destroy(&off), backend_destroy(&be);
     return 0;
 }

@@ -183,8 +183,13 @@ static void test_kernel_rows(void **state) {
         check_kernel_on(500, 1024, 4096, 1024, 0, R);  /* row tiles of which the last is partial */
         check_kernel_on(130, 1000, 1024, 1002, 1, R);  /* the last weight tile 104 rows */
     }
+    struct cuda_ctx *c = gpu.ctx;
+    long r0 = c->wgmma_fp8_rows_calls, l0 = c->wgmma_fp8_rows192_calls;
     check_kernel_on(700, 4096, 512, 4100, 1, 0);    /* 192 tiles of 128 rows: by shape */
+    assert_int_equal(c->wgmma_fp8_rows_calls - r0, 2); /* eager and graph */
+    assert_int_equal(c->wgmma_fp8_rows192_calls - l0, 0);
     check_kernel_on(1100, 4096, 256, 4096, 1, 0);   /* 192 tiles of 192 rows: by shape */
+    assert_int_equal(c->wgmma_fp8_rows192_calls - l0, 2);
     check_kernel_on(700, 4096, 512, 4096, 0, 64);
     check_kernel_on(4200, 1024, 256, 1024, 1, 192); /* 176 tiles */
     check_kernel_on(2000, 2944, 384, 2950, 0, 128); /* 368 tiles, N 23 tiles */

@@ -179,7 +179,8 @@ struct cuda_ctx {
     int mla_occ;                 /* MLA decode CTAs an SM holds (cuda_attn_mla.cu; 0: not set up yet) */
     long wgmma_calls;            /* 16-bit products it ran (host count, for tests) */
     long wgmma_fp8_calls;        /* e4m3 products it ran (host count, for tests) */
-    long wgmma_fp8_rows_calls;   /* of them, on hopper/gemm_fp8.cu's 128-row tiles */
+    long wgmma_fp8_rows_calls;   /* of them, on hopper/gemm_fp8.cu's 128- or 192-row tiles */
+    long wgmma_fp8_rows192_calls; /* of those, on its 192-row tiles */
     long fp8_lt_calls;           /* FP8 products on cuBLASLt's block-scaled FP8 (host count) */
     void *wgmma_state;           /* tensor-map caches, occupancy (gemm_wgmma.cu) */
     int moe_wgmma;               /* 1: MoE expert products of prefill-sized groups on wgmma

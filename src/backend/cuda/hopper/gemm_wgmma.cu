@@ -772,6 +772,7 @@ static void wgmma_fp8_any(struct cuda_ctx *c, float *y, long ldy, const void *xq
     if (tile_rows == FP8_ROWS_BM_SMALL || tile_rows == FP8_ROWS_BM_LARGE) {
         fp8_rows_launch(c, tile_rows, tw, tx, y, ldy, bias, (int)n, (int)N, nk, rp, f8);
         c->wgmma_fp8_rows_calls++;
+        c->wgmma_fp8_rows192_calls += tile_rows == FP8_ROWS_BM_LARGE;
     } else {
         CUDA_ASSERT(tile_rows == BM);
         const long tiles = (N + 127) / 128 * ((n + BM - 1) / BM);
