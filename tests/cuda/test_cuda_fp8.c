@@ -201,10 +201,14 @@ static void test_matmul_fp8_det(void **state) {
     }
 }
 
-/* The FP8 GEMV's K split as cuda_fp8.cu chooses it (f8_gemv_ks): 4 parts
- * from 512 pieces of 8 columns, 2 from 256, else 1. Only picks the shapes
- * below; the results are checked whatever the kernel chose. */
-static int gemv_ks_for(long cols) { return cols / 8 >= 512 ? 4 : cols / 8 >= 256 ? 2 : 1; }
+/* The FP8 GEMV's K split as cuda_fp8.cu chooses it (f8_gemv_ks) for a
+ * weight of rows × cols: 4 parts from 1024 pieces of 8 columns, and from
+ * 512 below 4096 rows; 2 from 256, else 1. Only picks the shapes below and
+ * names the split; the results are checked whatever the kernel chose. */
+static int gemv_ks_for(long rows, long cols) {
+    long np = cols / 8;
+    return np >= 1024 || (np >= 512 && rows < 4096) ? 4 : np >= 256 ? 2 : 1;
+}
 
 /* cuda_fp8_gemv called directly on w, a stacked gate|up of 2·units rows:
  * the plain product over its first units rows (with or without bias), or
@@ -217,7 +221,7 @@ static void check_gemv(const struct w8 *w, long units, long n, int swiglu, int b
     struct cuda_ctx *c = gpu.ctx;
     long cols = w->c.cols, rows = swiglu ? 2 * units : units;
     printf("  gemv %ld units x %ld blocks %dx%d n=%ld swiglu=%d bias=%d x+%d (KS %d)\n", units, cols,
-           w->c.block_rows, w->c.block_cols, n, swiglu, bias, xoff, gemv_ks_for(cols));
+           w->c.block_rows, w->c.block_cols, n, swiglu, bias, xoff, gemv_ks_for(rows, cols));
     struct backend_weight wc = w->c, wg = w->g;
     wc.rows = wg.rows = rows;
     assert_true(cuda_fp8_gemv_ok(c, &wg, n));
@@ -252,7 +256,9 @@ static void check_gemv(const struct w8 *w, long units, long n, int swiglu, int b
 }
 
 /* The GEMV's paths: K split 1 (256 columns), 2 (2064: the last part ends
- * in a partial step) and 4 (4096, and 4144: the same); per split, 64 units
+ * in a partial step) and 4 (4096, and 4144: the same; 2 where the weight
+ * has 4096 rows or more: the largest SwiGLU weights here, 32·n_sm rows);
+ * per split, 64 units
  * (R = 1), then 6·n_sm and 16·n_sm times the row groups of a block (R = 2,
  * then the most: R·G = 4 weight rows a warp from n = 3 on, 2 below); n =
  * 1..4, the plain product with and without bias and SwiGLU; 64 × 48 blocks
@@ -264,7 +270,7 @@ static void test_gemv_fp8(void **state) {
     const struct cuda_ctx *c = gpu.ctx;
     const long colss[] = {256, 2064, 4096, 4144};
     for (size_t i = 0; i < sizeof colss / sizeof colss[0]; i++) {
-        long cols = colss[i], groups = 4 / gemv_ks_for(cols);
+        long cols = colss[i], groups = 4 / gemv_ks_for(64, cols);
         const long unitss[] = {64, 6 * c->n_sm * groups, 16 * c->n_sm * groups};
         for (size_t k = 0; k < 3; k++) {
             int b64 = (int)((i + k) % 2);

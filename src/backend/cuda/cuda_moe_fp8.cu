@@ -269,8 +269,9 @@ __global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_fp8_kern
         ((float *)a.y)[row * a.ldy + u] = moe_down_f32(a.ep, t.x, u, a.units, g);
 }
 
-/* The K split for rows of cols columns, as the dense FP8 GEMV's
- * (cuda_fp8.cu): 4 parts from 512 pieces (4096 columns) on, 2 from 256,
+/* The K split for rows of cols columns, as the dense FP8 GEMV's for
+ * weights of fewer than 4,096 rows (cuda_fp8.cu; an expert's are): 4 parts
+ * from 512 pieces (4096 columns) on, 2 from 256,
  * else none, every part at least 128 pieces; KILN_CUDA_GEMV_KS forces 1,
  * 2 or 4. A function of cols only: a row's sums do not depend on the
  * batch. */
