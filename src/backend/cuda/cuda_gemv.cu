@@ -15,7 +15,7 @@
  *    through shared memory in part order. Narrow products (o_proj, down_proj
  *    at batch 1: 4096 outputs) get KS·more warps, so more bytes in flight
  *    and a shorter tail. KS is a function of the weight's shape alone
- *    (gemv_ks: 4 for rows of 4096 and more, else 1), never of n;
+ *    (gemv_ks: 4 or 2 parts for rows of 4096 and more, else 1), never of n;
  *  - G = 2 (SwiGLU): the weight is gate|up stacked [2·units][cols]; a unit
  *    is the pair (gate row u, up row units + u), both summed as above, and
  *    the epilogue writes silu(g)·u — the silu_mul kernel's value, bit for
@@ -184,19 +184,26 @@ static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
 }
 
 /* The K split for a weight of rows × cols (for SwiGLU: the whole stacked
- * gate|up): 4 parts from 4096 columns on (each part ≥ 128 pieces, four
- * 16-byte loads per lane per row), else none. Measured on an H100
- * (bench_gemv, bench_forward; docs/cuda-decode.md "Products"): 4 parts were the
- * fastest for every Llama-3.1-8B shape (q|k|v 86 → 94% of the copy
- * bandwidth at n = 1, 70 → 86% at n = 2; gate|up, down and lm_head gained
- * 2-5%), while Qwen3-0.6B (rows of 1024 to 3072) decoded faster unsplit
- * than with 2 or 4 parts, in two runs (1.339 against 1.374 and 1.385
- * ms/step). A function of cols only: the sums' order must not depend on n
- * (KILN_CUDA_GEMV_KS forces 1, 2 or 4). */
+ * gate|up): 4 parts from 8192 columns on, and from 4096 columns for
+ * weights of fewer than 4096 rows; 2 parts for 4096-7999 columns and 4096
+ * rows or more; else none (each part ≥ 128 pieces, four 16-byte loads per
+ * lane per row). Measured on an H100 (bench_gemv, bench_forward;
+ * docs/cuda-decode.md "Products"): splitting was the fastest for every
+ * Llama-3.1-8B shape (q|k|v 86 → 94% of the copy bandwidth at n = 1 with 4
+ * parts, 92% with 2), while Qwen3-0.6B (rows of 1024 to 3072) decoded
+ * faster unsplit than with 2 or 4 parts, in two runs (1.339 against 1.374
+ * and 1.385 ms/step). On an H200 (more bandwidth per SM) 2 parts for every
+ * Llama-3.1-8B product made batch-1 decode 6% faster than 4 (222.0 → 235.2
+ * tok/s, 85 → 91% of the copy bandwidth; at 2 rows 3% slower, 427.2 →
+ * 414.2, one run; batch-1 wins), and the FP8 GEMV's measurements
+ * (cuda_fp8.cu) kept 4 parts for 2048-row weights: the rule above is the
+ * FP8 GEMV's. A function of the shape only: the sums' order must not
+ * depend on n (KILN_CUDA_GEMV_KS forces 1, 2 or 4). */
 static int gemv_ks(const struct cuda_ctx *c, long rows, long cols) {
-    (void)rows;
     if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
-    return cols / 8 >= 4 * 128 ? 4 : 1;
+    long np = cols / 8;
+    if (np >= 8 * 128 || (np >= 4 * 128 && rows < 4096)) return 4;
+    return np >= 4 * 128 ? 2 : 1;
 }
 
 template <int NR, int R, int G, int KS, typename T>
