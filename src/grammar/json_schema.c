@@ -614,21 +614,22 @@ int js_gen_child(struct js_ctx *c, const json_t *s, const char *key, const char 
 /* ---- entry points ---- */
 
 /* Whether the translated rules (text, len) match some text: the grammar
- * engine compiles them and keeps only what the root reaches. Past the
- * engine's size limits the answer is yes: the caller's own compile says
- * what is wrong. */
-static int js_has_finite_value(const char *text, size_t len) {
+ * engine compiles them and keeps only what the root reaches. 1 with the
+ * grammar in *g when it compiles (the caller that wants it keeps it, so
+ * the schema is compiled once); 0 when it matches no text; 1 with *g NULL
+ * past the engine's size limits or on another refusal: the caller's own
+ * compile says what is wrong. */
+static int js_has_finite_value(const char *text, size_t len, struct grammar **g) {
     struct kiln_error e = {0};
-    struct grammar *g = grammar_compile_ebnf(text, len, "root", &e);
-    if (g) {
-        grammar_unref(g);
-        return 1;
-    }
+    *g = grammar_compile_ebnf(text, len, "root", &e);
+    if (*g) return 1;
     return e.code == KILN_ERR_TOO_LARGE || !strstr(e.msg, "matches no text");
 }
 
-int grammar_ebnf_from_json_schema(const json_t *schema, const struct grammar_json_opts *opts, struct buf *out,
-                                  struct kiln_error *err) {
+/* The translation into out; for a schema with references, *compiled (when
+ * not NULL) gets the grammar the finiteness check compiled, if it did. */
+static int js_translate(const json_t *schema, const struct grammar_json_opts *opts, struct buf *out,
+                        struct kiln_error *err, struct grammar **compiled) {
     struct js_ctx c = {.root = schema, .err = err};
     c.ws = opts ? opts->any_whitespace < 0 : 1;
     c.strict = opts ? opts->strict : 0;
@@ -647,17 +648,25 @@ int grammar_ebnf_from_json_schema(const json_t *schema, const struct grammar_jso
          * requires them all). Only then can the rules above match nothing,
          * so only then are they compiled here, to say so in the schema's
          * terms instead of handing the engine a grammar it refuses. */
-        if (c.n_refs > 0 && !js_has_finite_value(out->data + at, out->len - at)) {
+        struct grammar *g = NULL;
+        if (c.n_refs > 0 && !js_has_finite_value(out->data + at, out->len - at, &g)) {
             out->len = at;
             r = kiln_errorf(err, "json_schema: no finite value matches the schema (a $ref that every value "
                                  "must take again, such as a required property holding the object itself)");
         }
+        if (g && compiled) *compiled = g;
+        else if (g) grammar_unref(g);
     }
     buf_free(&root);
     buf_free(&c.rules);
     buf_free(&c.ptr);
     free(c.refs);
     return r == JS_OK ? 0 : -1;
+}
+
+int grammar_ebnf_from_json_schema(const json_t *schema, const struct grammar_json_opts *opts, struct buf *out,
+                                  struct kiln_error *err) {
+    return js_translate(schema, opts, out, err, NULL);
 }
 
 struct grammar *grammar_compile_json_schema(const char *schema, size_t len, const struct grammar_json_opts *opts,
@@ -670,7 +679,7 @@ struct grammar *grammar_compile_json_schema(const char *schema, size_t len, cons
     }
     struct buf b = {0};
     struct grammar *g = NULL;
-    if (grammar_ebnf_from_json_schema(s, opts, &b, err) == 0) {
+    if (js_translate(s, opts, &b, err, &g) == 0 && !g) {
         g = grammar_compile_ebnf(b.data, b.len, "root", err);
         if (!g) kiln_error_prefix(err, "json_schema: the translated grammar");
     }
