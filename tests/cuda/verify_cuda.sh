@@ -2,7 +2,9 @@
 # kiln verify --device cuda on the oracle models, page sizes 1 and 16,
 # chunks 3 and 64, two ways (docs/cuda.md says why these tolerances):
 #  - KILN_CUDA_MATMUL=bf16x2 (fp32-grade products): every model, within
-#    KILN_CUDA_TOL_X2 (default 1e-3, the CPU backend's tolerance);
+#    KILN_CUDA_TOL_X2 (default 1e-3, the CPU backend's tolerance); the MLA
+#    models with each form forced, the models with shared experts with
+#    shared-expert fusion on (the default) and off;
 #    (bf16x2 mode keeps the KV cache in fp32);
 #  - the default bf16 activations and bf16 KV cache: the dense models,
 #    within KILN_CUDA_TOL (default 0.25 absolute on logits up to ~8). MoE
@@ -41,6 +43,9 @@ for form in absorbed mha; do # MLA's two forms, each forced on every sequence
   run_all "deepseek_v2 deepseek_v3"
 done
 unset KILN_MLA_FORM
+export KILN_SHARED_EXPERTS_FUSION=0 # the shared experts apart from the routed ones
+run_all "qwen2_moe deepseek_v2 deepseek_v3"
+unset KILN_SHARED_EXPERTS_FUSION
 run_all "mistral gemma3 gpt_oss gpt_oss_mxfp4" tiny-models-more
 stories
 check_fp8() { check_floor 6 0.1 --kv-cache-dtype fp8_e4m3 "$@"; }
