@@ -12,7 +12,13 @@
  * fall out of a sequence's window after each step, as the scheduler does,
  * so the later steps read the zero page there (kv_pool.h).
  * Prints max_abs_err=<x> rows=<n>; exits 0 only when every row is within the
- * tolerance (default 1e-3). */
+ * tolerance (default 1e-3).
+ * --routing-check (MoE models on a device): a CPU runner with fp32 products
+ * runs every batch too, and the experts each MoE layer chooses are
+ * compared (verify_routing.c): a choice may differ only at a near tie that
+ * the device's own router logits explain, and the rows that follow such a
+ * flip are not held to the tolerance (counted on the "routing" lines);
+ * every other row is, and so are the router logits. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +30,7 @@
 #include "cli/cli.h"
 #include "cli/cli_common.h"
 #include "cli/cli_job.h"
+#include "cli/verify_routing.h"
 #include "model/model.h"
 #include "runner/runner.h"
 #include "model/safetensors.h"
@@ -57,23 +64,39 @@ struct verify {
     long rows;
     double mode_err;
     long mode_rows;
+    /* --routing-check: the reference runner on the CPU, the comparison,
+     * and this mode's rows not compared (they follow a flip) */
+    struct runner *cr;
+    struct kv_pool *ckv; /* its pool, kept in step with kv[0] */
+    struct verify_routing *vr;
+    long mode_excluded;
 };
 
 static struct kv_pool *pool_of(struct verify *v, const struct ref_seq *s) {
     return v->kv[v->dp > 1 ? (int)(s - v->seqs) % v->dp : 0];
 }
 
-/* Makes sure seq s owns pages for `len` positions. */
+/* Makes sure seq s owns pages for `len` positions. The reference runner's
+ * pool (--routing-check, one group) takes the same steps from the same
+ * state, so it hands out the same page ids (and sliding pages). */
 static int ensure_pages(struct verify *v, struct ref_seq *s, int len) {
     int need = (len + v->page_size - 1) / v->page_size;
     if (need <= s->n_pages) return 0;
     if (kv_pool_alloc(pool_of(v, s), need - s->n_pages, s->pages + s->n_pages)) return -1;
+    if (v->ckv) {
+        int32_t *ids = xmalloc((size_t)(need - s->n_pages) * sizeof *ids);
+        int same = !kv_pool_alloc(v->ckv, need - s->n_pages, ids) &&
+                   !memcmp(ids, s->pages + s->n_pages, (size_t)(need - s->n_pages) * sizeof *ids);
+        free(ids);
+        KILN_ASSERT_MSG(same, "verify: the reference runner's KV pool gave other pages");
+    }
     s->n_pages = need;
     return 0;
 }
 
 static void release_pages(struct verify *v, struct ref_seq *s) {
     kv_pool_release(pool_of(v, s), s->pages + s->n_dropped, s->n_pages - s->n_dropped);
+    if (v->ckv) kv_pool_release(v->ckv, s->pages + s->n_dropped, s->n_pages - s->n_dropped);
     s->n_pages = 0;
     s->n_dropped = 0;
 }
@@ -82,8 +105,12 @@ static void release_pages(struct verify *v, struct ref_seq *s) {
  * `next` go back to the pool. A hybrid pool: their sliding pages do. */
 static void drop_pages(struct verify *v, struct ref_seq *s, int next) {
     struct kv_pool *kv = pool_of(v, s);
+    int dropped = s->n_dropped;
     kv_pool_drop(kv, s->pages, &s->n_dropped, kv_pool_window_dead(kv, next, s->n_pages));
+    if (v->ckv) kv_pool_drop(v->ckv, s->pages, &dropped, kv_pool_window_dead(v->ckv, next, s->n_pages));
     if (kv->swa_window > 0) kv_pool_drop_swa(kv, s->pages, kv_pool_swa_dead(kv, next, s->n_pages));
+    if (v->ckv && v->ckv->swa_window > 0)
+        kv_pool_drop_swa(v->ckv, s->pages, kv_pool_swa_dead(v->ckv, next, s->n_pages));
 }
 
 /* One step: for each listed sequence, tokens [from[i], to[i]). Compares the
@@ -125,12 +152,26 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
                       .kv_page_start = page_start, .kv_pages = pages, .page_size = v->page_size,
                       .seq_group = v->dp > 1 ? group : NULL, .n_logit_rows = n, .logit_rows = rows};
     float *logits = xmalloc((size_t)n * (size_t)v->vocab * 4);
+    if (v->vr) vr_step_begin(v->vr);
     int rc = runner_forward(v->r, &b, logits, err);
+    if (rc == 0 && v->vr) { /* the same batch on the CPU, then the choices compared */
+        float *ref_logits = xmalloc((size_t)n * (size_t)v->vocab * 4);
+        struct vr_row *vrows = xmalloc((size_t)n * sizeof *vrows);
+        rc = runner_forward(v->cr, &b, ref_logits, err);
+        for (int i = 0, u = 0; i < k; i++)
+            for (int p = from[i]; p < to[i]; p++, u++) vrows[u] = (struct vr_row){which[i], p};
+        if (rc == 0) rc = vr_step_compare(v->vr, vrows, n, err);
+        free(ref_logits), free(vrows);
+    }
     if (rc == 0) {
         t = 0;
         for (int i = 0; i < k; i++) {
             const struct ref_seq *s = &v->seqs[which[i]];
             for (int p = from[i]; p < to[i]; p++, t++) {
+                if (v->vr && vr_excluded(v->vr, which[i], p)) {
+                    v->mode_excluded++;
+                    continue;
+                }
                 const float *got = logits + (size_t)t * v->vocab, *want = s->logits + (size_t)p * v->vocab;
                 for (int j = 0; j < v->vocab; j++) {
                     double e = fabs((double)got[j] - (double)want[j]);
@@ -150,9 +191,12 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
 static void mode_begin(struct verify *v) {
     v->mode_err = 0;
     v->mode_rows = 0;
+    v->mode_excluded = 0;
+    if (v->vr) vr_mode_begin(v->vr);
 }
 
 static void mode_end(struct verify *v, const char *name) {
+    if (v->vr) vr_mode_end(v->vr, name, v->mode_excluded);
     printf("mode=%s max_abs_err=%.3g rows=%ld\n", name, v->mode_err, v->mode_rows);
     if (v->mode_err > v->max_err) v->max_err = v->mode_err;
     v->rows += v->mode_rows;
@@ -258,12 +302,15 @@ int cmd_verify(int argc, char **argv) {
     struct model_args ma;
     model_args_defaults(&ma);
     const char *ref_path = NULL;
-    int chunk = 3;
+    int chunk = 3, routing = 0;
     double tol = 1e-3;
     const struct cli_opt opts[] = {
         CLI_OPT_STR("--reference", &ref_path, "FILE", "p<i>.ids and p<i>.logits tensors (safetensors); required"),
         CLI_OPT_INT("--chunk", &chunk, 1, 1 << 20, "N", "prefill tokens per step in the mixed mode (default 3)"),
         CLI_OPT_DOUBLE("--tolerance", &tol, 0, 1e30, "X", "largest absolute logit error accepted (default 1e-3)"),
+        CLI_OPT_FLAG("--routing-check", &routing,
+                     "MoE models: compare the experts chosen with a CPU runner's (fp32) on every batch; rows "
+                     "after a choice flipped at a near tie are not compared"),
     };
     struct cli_opt model_opts[MODEL_ARGS_MAX_OPTS];
     const struct cli_group groups[] = {
@@ -289,13 +336,18 @@ int cmd_verify(int argc, char **argv) {
         model_args_free(&ma);
         return 2;
     }
+    if (routing && (ma.tp > 1 || ma.pp > 1 || ma.dp > 1 || ma.nnodes > 1)) {
+        fprintf(stderr, "kiln verify: --routing-check runs on one rank (no --tp, --pp, --dp or --nnodes)\n");
+        model_args_free(&ma);
+        return 2;
+    }
     struct cli_job job;
     if ((prc = cli_job_start(&job, &ma, "verify", NULL, argc, argv)) >= 0) { /* a rank other than 0 */
         model_args_free(&ma);
         return prc;
     }
     struct kiln_error err = {0};
-    struct backend be = {0};
+    struct backend be = {0}, cbe = {0};
     struct st_set ref = {0};
     struct verify v = {0};
     int rc = 1;
@@ -341,27 +393,51 @@ int cmd_verify(int argc, char **argv) {
     struct runner_options ro = {.page_size = v.page_size,
                                 .kv_tokens = (long)pages * v.page_size,
                                 .swa_full_tokens_ratio = 1, .skip_warmup = 1, .ctrl = job.ctrl};
+    ro.no_graphs = routing; /* the trace copies every layer's choices out */
     if (runner_load(&v.r, &be, ma.model_dir, &mo, &ro, &err)) goto out;
     v.m = runner_model(v.r);
     v.kv[0] = runner_kv(v.r);
+    if (routing) { /* the reference runner: the same model on the CPU, fp32 products */
+        if (model_moe_layers(v.m) == 0) {
+            kiln_errorf(&err, "--routing-check: %s has no MoE layers", ma.model_dir);
+            goto out;
+        }
+        struct backend_options cbo = {.cpu_f32 = 1, .kv_fp8 = bo.kv_fp8};
+        if (backend_create(&cbe, "cpu", &cbo, &err) || runner_load(&v.cr, &cbe, ma.model_dir, &mo, &ro, &err))
+            goto out;
+        v.vr = vr_create(&cbe, v.n_seqs);
+        struct model_route_trace td = vr_trace_device(v.vr), tc = vr_trace_cpu(v.vr);
+        model_set_route_trace(v.m, &td);
+        model_set_route_trace(runner_model(v.cr), &tc);
+    }
     for (int g = 1; g < G; g++) {
         if (kv_pool_init_ids(&v.own[g], v.page_size, v.kv[0]->n_pages, &err)) goto out;
         if (v.kv[0]->window > 0 && kv_pool_set_window(&v.own[g], v.kv[0]->window, &err)) goto out;
         v.kv[g] = &v.own[g];
     }
     for (int g = 0; g < G; g++) kv_pool_scramble(v.kv[g], 12345 + (uint64_t)g);
+    if (v.cr) {
+        v.ckv = runner_kv(v.cr);
+        kv_pool_scramble(v.ckv, 12345);
+    }
 
     if (verify_prefill(&v, &err) || verify_decode(&v, &err) || verify_mixed(&v, chunk, &err))
         goto out;
     printf("max_abs_err=%.3g rows=%ld\n", v.max_err, v.rows);
-    if (v.max_err <= tol) {
-        rc = 0;
-    } else {
+    if (!(v.max_err <= tol)) {
         fprintf(stderr, "kiln verify: max_abs_err %.3g exceeds the tolerance %.3g\n", v.max_err, tol);
+    } else if (v.vr && !(vr_router_err(v.vr) <= tol)) {
+        fprintf(stderr, "kiln verify: the router logits differ from the CPU's by %.3g, above the tolerance %.3g\n",
+                vr_router_err(v.vr), tol);
+    } else {
+        rc = 0;
     }
 out:
     if (rc && err.msg[0]) fprintf(stderr, "kiln verify: %s\n", err.msg);
     runner_free(v.r); /* and its model */
+    runner_free(v.cr);
+    vr_free(v.vr);
+    backend_destroy(&cbe);
     for (int g = 1; g < DP_GROUPS_MAX; g++) kv_pool_free(&v.own[g]);
     for (int i = 0; i < v.n_seqs; i++) free(v.seqs[i].pages);
     free(v.seqs);

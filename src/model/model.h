@@ -155,6 +155,20 @@ int model_moe_count_set(struct model *m, int on, int reset);
 /* The counts so far, one entry per MoE layer (out[model_moe_layers]);
  * returns how many, 0 without counts. Between steps (a download). */
 int model_moe_counts(struct model *m, struct model_moe_layer *out, int max);
+/* Routing trace (kiln verify --routing-check): after each MoE layer's
+ * routing, fn gets the step's rows: the router logits [n][n_experts] and
+ * the chosen ids [n][k] (the routed experts in top-k order, then any fused
+ * shared expert, ids >= n_experts), copied to the host, with the layer's
+ * routing parameters and correction bias (in the backend's memory). Each
+ * copy waits for the device: for checks, not for serving, and a step that
+ * graphs record cannot hold it (runner_options.no_graphs). NULL fn: off. */
+struct moe_route_params;
+struct model_route_trace {
+    void (*fn)(void *user, int layer, long n, int n_experts, int k, const float *logits, const int32_t *ids,
+               const struct moe_route_params *rp, const float *correction_bias);
+    void *user;
+};
+void model_set_route_trace(struct model *m, const struct model_route_trace *t);
 /* Prints one line per layer (decode steps: experts touched, mean / min /
  * max over the steps, and their bytes; other steps likewise) and the
  * totals, which it also returns. */

@@ -162,6 +162,22 @@ static void moe_shared(const struct fwd *f, const struct mlp_moe *moe, const flo
         m->be->ops->matmul(m->be->ctx, m->act.gate1, 1, x, m->cfg.hidden_size, &moe->shared_gate, NULL, f->n);
 }
 
+/* The step's routing to the trace (model_set_route_trace). */
+static void moe_trace(struct model *m, const struct mlp_moe *moe, const struct moe_route_params *rp, long n,
+                      long E, int k) {
+    float *lg = xmalloc((size_t)(n * E) * sizeof *lg);
+    int32_t *ids = xmalloc((size_t)(n * k) * sizeof *ids);
+    m->be->ops->download(m->be->ctx, lg, m->act.router, (size_t)(n * E) * sizeof *lg);
+    m->be->ops->download(m->be->ctx, ids, m->act.moe_ids, (size_t)(n * k) * sizeof *ids);
+    m->route_trace.fn(m->route_trace.user, rp->layer, n, (int)E, k, lg, ids, rp, moe->correction_bias);
+    free(lg);
+    free(ids);
+}
+
+void model_set_route_trace(struct model *m, const struct model_route_trace *t) {
+    m->route_trace = t ? *t : (struct model_route_trace){0};
+}
+
 void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x, float *out) {
     struct model *m = f->m;
     const struct backend_ops *ops = m->be->ops;
@@ -181,6 +197,7 @@ void moe_forward(const struct fwd *f, const struct mlp_moe *moe, const float *x,
     }
     ops->matmul(ctx, m->act.router, E, x, d, &moe->router, moe->router_bias, n);
     ops->moe_route(ctx, m->act.moe_ids, m->act.moe_w, m->act.router, moe->correction_bias, &rp, n);
+    if (m->route_trace.fn) moe_trace(m, moe, &rp, n, E, k);
     ops->moe_ffn(ctx, out, x, m->act.moe_ids, m->act.moe_w, k, &moe->experts, n);
     if (!shared) return;
     if (side) ops->side_join(ctx);

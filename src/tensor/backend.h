@@ -564,6 +564,8 @@ struct backend_options {
                           reduction orders for matmuls; the CPU backend always is) */
     int kv_fp8;    /* 1: an FP8 (e4m3) KV cache, --kv-cache-dtype fp8_e4m3 (0: auto, the
                       backend's own type); a backend without one fails to create */
+    int cpu_f32;   /* CPU: fp32 products whatever KILN_CPU_MATMUL says (the reference runner
+                      of kiln verify --routing-check) */
 };
 
 /* Backends are created by name in backend/registry.h; this frees one made

@@ -74,6 +74,13 @@ done
 # verify: --model-path, prefixes and = spellings reach the check
 out=$("$KILN" verify --model-path="$M" --ref "$M/reference.safetensors" --tol=1e-3 --chunk=4 2>&1); rc=$?
 if [ $rc -eq 0 ] && printf '%s' "$out" | grep -q "^max_abs_err="; then ok "verify --model-path= --ref --tol= --chunk="; else bad "verify (rc=$rc): $out"; fi
+# verify --routing-check: a dense model has no choices to compare; one rank only
+out=$("$KILN" verify --model "$M" --reference "$M/reference.safetensors" --routing-check 2>&1); rc=$?
+if [ $rc -ne 0 ] && printf '%s' "$out" | grep -q -- "--routing-check: .*stories260K has no MoE layers"; then
+  ok "verify --routing-check on a dense model"; else bad "verify --routing-check on a dense model (rc=$rc): $out"; fi
+out=$("$KILN" verify --model "$M" --reference "$M/reference.safetensors" --routing-check --tp 2 2>&1); rc=$?
+if [ $rc -eq 2 ] && printf '%s' "$out" | grep -q -- "--routing-check runs on one rank"; then
+  ok "verify --routing-check --tp 2"; else bad "verify --routing-check --tp 2 (rc=$rc): $out"; fi
 
 # tokenize: --tok prefix and --tokenizer=DIR
 got=$(echo '"Once upon a time"' | "$KILN" tokenize --tok="$M" --add 2>&1)

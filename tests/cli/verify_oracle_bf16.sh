@@ -8,13 +8,16 @@
 #    within 3e-5);
 #  - every model, MoE included: each sequence as one prefill, token by
 #    token, and mixed into chunked batches gives the same error (the rows'
-#    bits do not depend on the batch; MLA models with each form forced).
-#    No tolerance bounds the MoE models:
-#    a rounding can flip an expert choice against the fp32 reference;
+#    bits do not depend on the batch; MLA models with each form forced);
+#  - the MoE models with --routing-check (an fp32 CPU runner beside: every
+#    expert choice the same, or flipped at a near tie that the mode's own
+#    router logits explain) within 0.25 on the rows before any flip, and
+#    the router logits within 0.25; across them at least one flip, so the
+#    near-tie path is exercised;
 #  - stories260K has fp32 weights, which the mode leaves alone: 1e-3.
 set -u
 export KILN_CPU_MATMUL=bf16
-fail=0; runs=0
+fail=0; runs=0; flips=0
 # check TOL MIN_ERR ARGS...: verify passes at TOL, its error is at least
 # MIN_ERR, and the three modes report the same error.
 check() {
@@ -33,6 +36,7 @@ check() {
     echo "FAIL: error below $min, is the bf16 mode on? kiln verify $*"; printf '%s\n' "$out"; fail=$((fail + 1))
   else
     echo "ok: $* -> $last"
+    flips=$((flips + $(printf '%s\n' "$out" | sed -n 's/^routing .* flips=\([0-9]*\) .*/\1/p' | awk '{s += $1} END {print s + 0}')))
   fi
 }
 for arch in llama qwen2 qwen3; do
@@ -45,7 +49,7 @@ for arch in llama qwen2 qwen3; do
 done
 for arch in qwen2_moe qwen3_moe; do
   dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
-  check 1e9 0 --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk 3
+  check 0.25 1e-2 --routing-check --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk 3
 done
 # MLA picks its form per sequence from its new tokens (a prompt takes the
 # MHA form, a decode row the absorbed one), and the two forms round
@@ -53,9 +57,16 @@ done
 for arch in deepseek_v2 deepseek_v3; do
   dir="$KILN_FIXTURES/oracle/tiny-models/$arch"
   for form in absorbed mha; do
-    KILN_MLA_FORM=$form check 1e9 0 --model "$dir" --reference "$dir/reference.safetensors" --page-size 16 --chunk 3
+    KILN_MLA_FORM=$form check 0.25 1e-2 --routing-check --model "$dir" --reference "$dir/reference.safetensors" \
+      --page-size 16 --chunk 3
   done
 done
 check 1e-3 0 --model "$KILN_MODELS/stories260K" --reference "$KILN_MODELS/stories260K/reference.safetensors" --page-size 64 --chunk 7
+if [ "$flips" -eq 0 ]; then
+  echo "FAIL: no MoE run flipped an expert choice: the routing check's near-tie path went unexercised"
+  fail=$((fail + 1))
+else
+  echo "ok: $flips expert choices flipped at near ties across the MoE runs, each explained by the router logits"
+fi
 echo "$((runs - fail)) passed, $fail failed"
 [ $fail -eq 0 ]

@@ -425,7 +425,7 @@ int cpu_backend_create(struct backend *be, const struct backend_options *opt,
     struct cpu_ctx *c = xcalloc(1, sizeof *c);
     c->tp = threadpool_create(opt ? opt->n_threads : 0);
     c->n_threads = threadpool_size(c->tp);
-    c->matmul_bf16 = knob_enum(KNOB_CPU_MATMUL) == 1;
+    c->matmul_bf16 = !(opt && opt->cpu_f32) && knob_enum(KNOB_CPU_MATMUL) == 1;
     c->kv_fp8 = opt && opt->kv_fp8;
     be->ops = &cpu_ops;
     be->ctx = c;
