@@ -15,7 +15,8 @@
  *    through shared memory in part order. Narrow products (o_proj, down_proj
  *    at batch 1: 4096 outputs) get KS·more warps, so more bytes in flight
  *    and a shorter tail. KS is a function of the weight's shape alone
- *    (gemv_ks: 4 or 2 parts for rows of 4096 and more, else 1), never of n;
+ *    (gemv_ks: 2 or 4 parts for rows of 4096 columns and more, by the
+ *    number of rows; else 1), never of n;
  *  - G = 2 (SwiGLU): the weight is gate|up stacked [2·units][cols]; a unit
  *    is the pair (gate row u, up row units + u), both summed as above, and
  *    the epilogue writes silu(g)·u — the silu_mul kernel's value, bit for
