@@ -188,8 +188,8 @@ struct model {
     int route_uniform; /* model_options.dummy_routing is MODEL_ROUTING_UNIFORM */
     int moe_count;     /* model_options.moe_count */
     void *moe_counts;  /* device: the count records of every MoE layer (moe.c) */
-    struct model_route_trace route_trace; /* model_set_route_trace; fn NULL: off */
     size_t moe_count_stride; /* bytes per record */
+    struct model_route_trace route_trace; /* model_set_route_trace; fn NULL: off */
     void **owned; /* host buffers to free: converted vectors, dummy weights */
     int n_owned, cap_owned;
     const void **uploaded; /* device buffers from weight_upload / alloc to release */

@@ -201,7 +201,7 @@ static void test_matmul_fp8_det(void **state) {
     }
 }
 
-/* The FP8 GEMV's K split as cuda_fp8.cu chooses it (f8_gemv_ks) for a
+/* The FP8 GEMV's K split as cuda_common.cuh chooses it (gemv_k_parts) for a
  * weight of rows × cols: 4 parts from 1024 pieces of 8 columns, and from
  * 512 below 4096 rows; 2 from 256, else 1. Only picks the shapes below and
  * names the split; the results are checked whatever the kernel chose. */

@@ -171,7 +171,7 @@ static void test_kernel(void **state) {
 
 /* gemm_fp8.cu's 128- and 192-row tiles: forced on small shapes (fewer
  * tiles than SMs), by shape where they fill the GPU (128 rows below 1,024
- * rows, 192 from there); partial row and weight tiles, bias, an output
+ * rows, 192 from there, 128 where only those fill it); partial row and weight tiles, bias, an output
  * stride past N, more tiles than SMs (the persistent walk and the ring
  * across tiles), and the 64-row tiles forced at a size the shape rule
  * gives to the large ones. */
@@ -190,6 +190,15 @@ static void test_kernel_rows(void **state) {
     assert_int_equal(c->wgmma_fp8_rows192_calls - l0, 0);
     check_kernel_on(1100, 4096, 256, 4096, 1, 0);   /* 192 tiles of 192 rows: by shape */
     assert_int_equal(c->wgmma_fp8_rows192_calls - l0, 2);
+    /* 1,024 rows on nt weight tiles, nt such that 6·nt tiles of 192 rows
+     * leave a quarter of the SMs idle and 8·nt of 128 rows do not: the
+     * 128-row tiles, by shape */
+    const long nt = (75l * c->n_sm + 799) / 800;
+    assert_true(6 * nt * 100 < 75l * c->n_sm);
+    r0 = c->wgmma_fp8_rows_calls, l0 = c->wgmma_fp8_rows192_calls;
+    check_kernel_on(1024, 128 * nt, 256, 128 * nt, 0, 0);
+    assert_int_equal(c->wgmma_fp8_rows_calls - r0, 2);
+    assert_int_equal(c->wgmma_fp8_rows192_calls - l0, 0);
     check_kernel_on(700, 4096, 512, 4096, 0, 64);
     check_kernel_on(4200, 1024, 256, 1024, 1, 192); /* 176 tiles */
     check_kernel_on(2000, 2944, 384, 2950, 0, 128); /* 368 tiles, N 23 tiles */

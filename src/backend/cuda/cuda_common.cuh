@@ -166,6 +166,37 @@ static __device__ __forceinline__ int gemv_reduce(float (&acc)[RG][NR], float *r
     return 1;
 }
 
+/* The K split of the GEMVs (cuda_gemv.cu, cuda_fp8.cu, cuda_moe_fp8.cu)
+ * for a weight of rows × cols, in pieces of 8 columns: 4 parts from 1,024
+ * pieces (8,192 columns) on, and from 512 for weights of fewer than 4,096
+ * rows; 2 parts for 512-1,023 pieces and 4,096 rows or more; below 512
+ * pieces 2 parts from 256 where two256 (the FP8 GEMVs), else none. Every
+ * part keeps at least 128 pieces, 4 steps a lane. Fewer parts give each
+ * warp more bytes in flight; more parts keep a small weight's grid over
+ * the SMs. Measured:
+ *  - H100, bf16 (bench_gemv, bench_forward; docs/cuda-decode.md
+ *    "Products"): splitting was the fastest for every Llama-3.1-8B shape
+ *    (q|k|v 86 → 94% of the copy bandwidth at n = 1 with 4 parts, 92%
+ *    with 2), while Qwen3-0.6B (rows of 1024 to 3072 columns) decoded
+ *    faster unsplit than with 2 or 4 parts;
+ *  - H200, one row: 2 parts for every 4,096-column Llama-3.1-8B product
+ *    against 4 took FP8 from 310 to 330 tok/s and bf16 from 222.0 to 235.2
+ *    (85 → 91% of the copy bandwidth; at 2 rows bf16 427.2 → 414.2);
+ *    Qwen3-30B-A3B's 2,048 × 4,096 FP8 o_proj in 2 parts (512 CTAs) was
+ *    slower. The FP8 2-part tier below 512 pieces is the bf16 count, not
+ *    measured; the H100 has not been measured with the row rule.
+ * A function of the weight's shape only, never of n, so a row's sums run
+ * in one order whatever its batch (for SwiGLU, the stacked gate|up's
+ * shape, so the fused epilogue gets the plain kernel's bits).
+ * KILN_CUDA_GEMV_KS forces 1, 2 or 4. */
+static inline int gemv_k_parts(const struct cuda_ctx *c, long rows, long cols, bool two256) {
+    if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
+    const long np = cols / 8;
+    if (np >= 8 * 128 || (np >= 4 * 128 && rows < 4096)) return 4;
+    if (np >= 4 * 128) return 2;
+    return two256 && np >= 2 * 128 ? 2 : 1;
+}
+
 /* Activations in e4m3 per row and 128 columns (the operand of the FP8
  * products: cuda_fp8_quant_act and the kernels that write it as they
  * produce the values, one warp a group, so all give the same bytes): the

@@ -25,7 +25,7 @@
  *       first is used: 8 8-byte loads in flight per lane (the last batch of
  *       a part partial), bypassing L1 as ptx_ld_stream_v4 does; the first
  *       batch is issued before pdl_wait, the activations read after it;
- *     · K split KS = 1, 2 or 4 (f8_gemv_ks, a function of the weight's shape): the
+ *     · K split KS = 1, 2 or 4 (gemv_k_parts, a function of the weight's shape): the
  *       KS warps of a row group each take one contiguous part of K in whole
  *       32-piece steps, and their sums are added through shared memory in
  *       part order;
@@ -247,24 +247,6 @@ extern "C" int cuda_fp8_gemv_ok(const struct cuda_ctx *c, const struct backend_w
            (unsigned long long)w->rows * (unsigned long long)w->cols / 8 < (1ull << 32);
 }
 
-/* The K split for a weight of rows × cols (for SwiGLU: the stacked
- * gate|up, the same shape): 4 parts from 1,024 pieces (8,192 columns) on,
- * and from 512 pieces for weights of fewer than 4,096 rows; 2 from 256
- * pieces, else none: every part keeps at least 128 pieces, 4 steps a lane.
- * Fewer parts give each warp more bytes in flight; more parts keep a small
- * weight's grid over the SMs. Measured on an H200 at one row (Llama-3.1-8B,
- * all its 4,096-column products in 2 parts: 310 → 330 tok/s; Qwen3-30B-A3B's
- * 2,048 × 4,096 o_proj in 2 parts, 512 CTAs: slower); the 2-part tier below
- * is the bf16 GEMV's count, not measured. A function of the weight's shape
- * only: the sums' order must not depend on n (KILN_CUDA_GEMV_KS forces 1, 2
- * or 4, as for bf16). */
-static int f8_gemv_ks(const struct cuda_ctx *c, long rows, long cols) {
-    if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
-    long np = cols / 8;
-    if (np >= 8 * 128 || (np >= 4 * 128 && rows < 4096)) return 4;
-    return np >= 2 * 128 ? 2 : 1;
-}
-
 /* The arguments every instance takes. */
 struct f8_gemv_args {
     float *y;
@@ -332,7 +314,7 @@ extern "C" void cuda_fp8_gemv(struct cuda_ctx *c, float *y, long ldy, const floa
                               const struct backend_weight *w, const float *bias, long n, int swiglu) {
     CUDA_ASSERT(cuda_fp8_gemv_ok(c, w, n));
     bool xvec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
-    int ks = f8_gemv_ks(c, w->rows, w->cols);
+    int ks = gemv_k_parts(c, w->rows, w->cols, true);
     if (swiglu) {
         CUDA_ASSERT_MSG(!bias && w->rows % 2 == 0, "fp8 gemv: SwiGLU needs gate|up rows, no bias");
         struct f8_gemv_args a = {y, ldy, x, ldx, w, NULL, w->rows / 2, (int)n};

@@ -15,8 +15,7 @@
  *    through shared memory in part order. Narrow products (o_proj, down_proj
  *    at batch 1: 4096 outputs) get KS·more warps, so more bytes in flight
  *    and a shorter tail. KS is a function of the weight's shape alone
- *    (gemv_ks: 2 or 4 parts for rows of 4096 columns and more, by the
- *    number of rows; else 1), never of n;
+ *    (gemv_k_parts, cuda_common.cuh), never of n;
  *  - G = 2 (SwiGLU): the weight is gate|up stacked [2·units][cols]; a unit
  *    is the pair (gate row u, up row units + u), both summed as above, and
  *    the epilogue writes silu(g)·u — the silu_mul kernel's value, bit for
@@ -31,7 +30,7 @@
  * fixed butterfly across the lanes, then the KS parts in order — so a row's
  * result does not depend on the batch it came in: padding a batch to a
  * captured graph size changes no logits, and the SwiGLU kernel's g and u
- * are the plain kernel's bits for the same stacked weight (gemv_ks sees the
+ * are the plain kernel's bits for the same stacked weight (gemv_k_parts sees the
  * same shape). */
 #include <stdint.h>
 
@@ -184,29 +183,6 @@ static __global__ void __launch_bounds__(GEMV_THREADS, NR <= 2 ? 8 : 4)
     }
 }
 
-/* The K split for a weight of rows × cols (for SwiGLU: the whole stacked
- * gate|up): 4 parts from 8192 columns on, and from 4096 columns for
- * weights of fewer than 4096 rows; 2 parts for 4096-7999 columns and 4096
- * rows or more; else none (each part ≥ 128 pieces, four 16-byte loads per
- * lane per row). Measured on an H100 (bench_gemv, bench_forward;
- * docs/cuda-decode.md "Products"): splitting was the fastest for every
- * Llama-3.1-8B shape (q|k|v 86 → 94% of the copy bandwidth at n = 1 with 4
- * parts, 92% with 2), while Qwen3-0.6B (rows of 1024 to 3072) decoded
- * faster unsplit than with 2 or 4 parts, in two runs (1.339 against 1.374
- * and 1.385 ms/step). On an H200 (more bandwidth per SM) 2 parts for every
- * Llama-3.1-8B product made batch-1 decode 6% faster than 4 (222.0 → 235.2
- * tok/s, 85 → 91% of the copy bandwidth; at 2 rows 3% slower, 427.2 →
- * 414.2, one run; batch-1 wins), and the FP8 GEMV's measurements
- * (cuda_fp8.cu) kept 4 parts for 2048-row weights: the rule above is the
- * FP8 GEMV's. A function of the shape only: the sums' order must not
- * depend on n (KILN_CUDA_GEMV_KS forces 1, 2 or 4). */
-static int gemv_ks(const struct cuda_ctx *c, long rows, long cols) {
-    if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
-    long np = cols / 8;
-    if (np >= 8 * 128 || (np >= 4 * 128 && rows < 4096)) return 4;
-    return np >= 4 * 128 ? 2 : 1;
-}
-
 template <int NR, int R, int G, int KS, typename T>
 static void launch_gemv_k(const struct cuda_ctx *c, float *y, long ldy, const float *x, long ldx,
                           const void *w, const float *bias, long units, long cols, int n,
@@ -279,7 +255,7 @@ extern "C" void cuda_gemv(struct cuda_ctx *c, float *y, long ldy, const float *x
                           const struct backend_weight *w, const float *bias, long n, int swiglu) {
     CUDA_ASSERT(cuda_gemv_ok(c, w, n));
     bool xvec = cuda_gemv_xvec(x, ldx);
-    int ks = xvec ? gemv_ks(c, w->rows, w->cols) : 1;
+    int ks = xvec ? gemv_k_parts(c, w->rows, w->cols, false) : 1;
     if (swiglu) {
         CUDA_ASSERT_MSG(xvec && !bias && w->rows % 2 == 0, "gemv: SwiGLU needs aligned rows, no bias");
         if (w->dtype == DTYPE_BF16)
@@ -313,7 +289,7 @@ extern "C" void cuda_gemv_heads(struct cuda_ctx *c, float *y, long ldy, long hy,
     CUDA_ASSERT(cuda_gemv_heads_ok(c, w, w_stride, n_heads, n));
     /* every head's x rows must allow the 16-byte loads for head 0's choice */
     bool xvec = cuda_gemv_xvec(x, ldx) && hx % 4 == 0;
-    int ks = xvec ? gemv_ks(c, w->rows, w->cols) : 1;
+    int ks = xvec ? gemv_k_parts(c, w->rows, w->cols, false) : 1;
     struct gemv_heads hd = {n_heads, hx, hy, w_stride};
     if (w->dtype == DTYPE_BF16)
         launch_gemv<1, __nv_bfloat16>(c, ks, y, ldy, x, ldx, w->data, NULL, w->rows, w->cols, (int)n,

@@ -26,8 +26,8 @@
  *       used: 8 8-byte loads in flight per lane (the last batch of a part
  *       partial) with their blocks' scales, bypassing L1 as
  *       ptx_ld_stream_v4 does; the first batch as soon as the tile is read;
- *     · K split KS = 1, 2 or 4 (fg_ks, the dense GEMV's rule, a function of
- *       the row's width alone): the KS warps of a unit group each take one
+ *     · K split KS = 1, 2 or 4 (gemv_k_parts, the dense GEMVs' rule, by
+ *       one expert matrix's shape): the KS warps of a unit group each take one
  *       contiguous part of K in whole 32-piece steps, and their sums are
  *       added through shared memory in part order;
  *     · each e4m3 pair is widened exactly (one conversion to f16x2, then
@@ -269,18 +269,6 @@ __global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_fp8_kern
         ((float *)a.y)[row * a.ldy + u] = moe_down_f32(a.ep, t.x, u, a.units, g);
 }
 
-/* The K split for rows of cols columns, as the dense FP8 GEMV's for
- * weights of fewer than 4,096 rows (cuda_fp8.cu; an expert's are): 4 parts
- * from 512 pieces (4096 columns) on, 2 from 256,
- * else none, every part at least 128 pieces; KILN_CUDA_GEMV_KS forces 1,
- * 2 or 4. A function of cols only: a row's sums do not depend on the
- * batch. */
-static int fg_ks(const struct cuda_ctx *c, long cols) {
-    if (c->gemv_ks == 1 || c->gemv_ks == 2 || c->gemv_ks == 4) return c->gemv_ks;
-    long np = cols / 8;
-    return np >= 4 * 128 ? 4 : np >= 2 * 128 ? 2 : 1;
-}
-
 /* The scale column of piece p < np is p / pb; a block wider than the row
  * is taken as pb = np (every piece in column 0). umulhi(p, ceil(2^32 /
  * pb)) is that quotient exactly while np · pb < 2^32, else 0: divide. */
@@ -295,7 +283,9 @@ static void fg_div(struct fgemv &a, int bc) {
 
 template <typename XT, typename HT, int G, int NR, int R>
 void fg_launch(struct cuda_ctx *c, const struct fgemv &a, long max_tiles) {
-    const int ks = fg_ks(c, a.cols);
+    /* the dense GEMVs' split, by one expert matrix's shape (gate, up and
+     * down each units × cols) */
+    const int ks = gemv_k_parts(c, a.units, a.cols, true);
     const dim3 grid((unsigned)((a.units + (FG_WARPS / ks) * R - 1) / ((FG_WARPS / ks) * R)), (unsigned)max_tiles);
     if (ks == 4) pdl_launch(c, moe_gemv_fp8_kernel<XT, HT, G, NR, R, 4>, grid, dim3(FG_THREADS), 0, a);
     else if (ks == 2) pdl_launch(c, moe_gemv_fp8_kernel<XT, HT, G, NR, R, 2>, grid, dim3(FG_THREADS), 0, a);

@@ -12,10 +12,9 @@
  *    three consumer warpgroups, each wgmma m64n128k32 (e4m3) on its 64
  *    rows against the one weight tile, so each weight tile serves two or
  *    three times the rows of the decode kernel's (32 KB a step for 4.2
- *    MFLOP; 40 KB for 6.3). The 192-row form from 1,024 rows
- *    (gemm_wgmma.cu's rows_tile: the bytes each step pulls from L2 bound
- *    these kernels, and a third warpgroup fills the tensor cores while
- *    the others scale; below that its padding costs more).
+ *    MFLOP; 40 KB for 6.3). The 192-row form from 1,024 rows, where it
+ *    measured faster and its padding is small (gemm_wgmma.cu's
+ *    rows_tile).
  *  - A k-step is one 128-column scale block: four k32 wgmmas into a fresh
  *    accumulator, then added to the running sums times the weight block's
  *    scale and the row's activation scale (the tensor cores never add

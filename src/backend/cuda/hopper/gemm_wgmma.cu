@@ -737,16 +737,18 @@ extern "C" int cuda_wgmma_fp8_ok(const struct cuda_ctx *c, const struct backend_
  * from FP8_ROWS_MIN rows, when its tiles fill at least FP8_ROWS_FILL% of
  * the SMs (each CTA one SM; fewer tiles leave SMs idle where the 64-row
  * tiles and their K splits fill the GPU) and y takes its float2 stores;
- * 192-row tiles (three consumer warpgroups) from FP8_ROWS_LARGE_MIN rows,
- * where their padding is small: on an H200 they ran Llama-3.1-8B's
+ * 192-row tiles (three consumer warpgroups) from FP8_ROWS_LARGE_MIN rows
+ * where they fill the SMs so (else the 128-row ones), their padding then
+ * small: on an H200 they ran Llama-3.1-8B's
  * gate|up at 819 and 780 TFLOP/s (2,048 and 8,192 rows) against 725 and
  * 702 on 128-row tiles, and down at 2,048 rows 803 against 762; at 512
  * rows their last row tile is a third padding. */
 enum { FP8_ROWS_MIN = 256, FP8_ROWS_FILL = 75, FP8_ROWS_LARGE_MIN = 1024 };
 static int rows_tile(const struct cuda_ctx *c, long n, long N, const float *y, long ldy) {
     if (n < FP8_ROWS_MIN || ldy % 2 || ((uintptr_t)y & 7)) return 0;
-    const int bm = n >= FP8_ROWS_LARGE_MIN ? FP8_ROWS_BM_LARGE : FP8_ROWS_BM_SMALL;
-    return fp8_rows_tiles(n, N, bm) * 100 >= (long)c->n_sm * FP8_ROWS_FILL ? bm : 0;
+    const long fill = (long)c->n_sm * FP8_ROWS_FILL;
+    if (n >= FP8_ROWS_LARGE_MIN && fp8_rows_tiles(n, N, FP8_ROWS_BM_LARGE) * 100 >= fill) return FP8_ROWS_BM_LARGE;
+    return fp8_rows_tiles(n, N, FP8_ROWS_BM_SMALL) * 100 >= fill ? FP8_ROWS_BM_SMALL : 0;
 }
 
 /* y[n][w.rows] (stride ldy) = dequant(xq, xs) · dequant(w)ᵀ (+ bias): xq
