@@ -78,8 +78,9 @@ enum model_quant_method { MODEL_QUANT_NONE = 0, MODEL_QUANT_FP8, MODEL_QUANT_MXF
  * values a block, two a byte, the low nibble first) and `<name>_scales`
  * (uint8 [E, rows, cols / 32]: the block's e8m0 exponent, value 2^(s -
  * 127)), rows x cols in nn.Linear's [out][in] order; everything else is
- * unquantized. The CPU dequantizes them exactly at load (weights.c
- * mxfp4_dequant).
+ * unquantized. A backend with MXFP4 experts (backend_ops.mxfp4_experts:
+ * CUDA) keeps them MXFP4; elsewhere they are decoded exactly to bf16 at
+ * load (model/gpt_oss_experts.c, tensor/mxfp4.h).
  *
  * FP8 block quantization as DeepSeek-V3 and Qwen3-FP8 write it:
  * quant_method "fp8", fmt "e4m3" (or absent), activation_scheme "dynamic"

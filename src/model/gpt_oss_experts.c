@@ -11,9 +11,13 @@
  * gate's row j and 2j + 1 the up's; `down_proj` [E, inter, hidden]) is
  * transposed, every element copied exactly. MXFP4 (quantization_config
  * mxfp4: `<name>_blocks` uint8 [E, out, in / 32, 16] and `<name>_scales`
- * uint8 [E, out, in / 32], gate_up's rows interleaved 2j / 2j + 1) is
- * decoded to bf16: e2m1 × 2^(scale - 127) has at most two significant
- * bits, exact in bf16 wherever it is finite. */
+ * uint8 [E, out, in / 32], gate_up's rows interleaved 2j / 2j + 1) stays
+ * MXFP4 on a backend that runs it (backend_ops.mxfp4_experts), the rows
+ * of gate, up and down copied apart as they are (native_mxfp4 says when
+ * a share can), and is decoded to bf16 elsewhere: e2m1 × 2^(scale - 127)
+ * has at most two significant bits, exact in bf16 wherever it is finite.
+ * Dummy weights of an MXFP4 config are MXFP4 too where the backend runs
+ * it (ws_dummy_mxfp4). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,24 +26,13 @@
 #include "base/error.h"
 #include "base/mem.h"
 #include "model/model_internal.h"
+#include "tensor/mxfp4.h"
 
-/* e2m1 (1 sign, 2 exponent, 1 mantissa bits) by its 4-bit code */
-static const float e2m1_value[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-long mxfp4_dequant(const uint8_t *blocks, const uint8_t *scales, long n_blocks, float *out) {
-    for (long b = 0; b < n_blocks; b++) {
-        int e = (int)scales[b] - 127;
-        for (int k = 0; k < 16; k++) {
-            uint8_t v = blocks[b * 16 + k];
-            float lo = ldexpf(e2m1_value[v & 15], e), hi = ldexpf(e2m1_value[v >> 4], e);
-            if (scales[b] == 255 || !isfinite(lo) || !isfinite(hi)) return b;
-            out[b * 32 + 2 * k] = lo;
-            out[b * 32 + 2 * k + 1] = hi;
-        }
-    }
-    return -1;
-}
+/* The largest MXFP4 exponent kept native: the GPU's products carry 2^14
+ * in the scale (cuda_moe_quant.cu), so 2^(240 - 127 + 14) = 2^127 is
+ * their largest scale; an exponent past it (values of 2^114 and more) is
+ * refused. */
+enum { MXFP4_NATIVE_MAX_EXPONENT = 240 };
 
 /* A checkpoint tensor of dtype BF16, F16 or F32 and this shape. */
 static int expect_float(struct weight_source *ws, const char *name, int ndim, const int64_t *shape,
@@ -77,6 +70,22 @@ struct share {
     long E, e0, El, Fw, j0, F;
     int down_bias;
 };
+
+/* The share's MXFP4 experts stay MXFP4: the backend runs them and the
+ * share's columns of down fall on whole blocks of 32. */
+static int native_mxfp4(const struct model *m, const struct share *sh, long d) {
+    return m->cfg.quant.method == MODEL_QUANT_MXFP4 && m->be->ops->mxfp4_experts && d % 32 == 0 &&
+           sh->F % 32 == 0 && sh->j0 % 32 == 0;
+}
+
+/* E MXFP4 matrices [rows][cols]: codes at dev, exponents at ex. */
+static void expert_views_mx(const void *dev, const void *ex, long E, long rows, long cols, struct backend_weight *w) {
+    size_t per = mxfp4_bytes(rows, cols), per_e = (size_t)rows * (size_t)cols / 32;
+    for (long e = 0; e < E; e++)
+        w[e] = (struct backend_weight){.data = (const char *)dev + (size_t)e * per, .dtype = DTYPE_MXFP4,
+                                       .rows = rows, .cols = cols, .block_rows = 1, .block_cols = 32,
+                                       .e8m0 = (const uint8_t *)ex + (size_t)e * per_e};
+}
 
 /* The bf16 (F16, F32) fused experts: gate[e][j][i] = gate_up[e][i][2j],
  * up[e][j][i] = gate_up[e][i][2j + 1], down[e][o][j] = down_proj[e][j][o],
@@ -120,28 +129,69 @@ static int load_fused(struct weight_source *ws, const char *prefix, const struct
  * experts. gate_up (odd non-NULL, rows 2 Fw): row 2j of expert e goes to
  * even[e][j - j0] and 2j + 1 to odd[e][j - j0], for the share's columns j;
  * down (rows d, cols Fw): every row, its columns [j0, j0 + F). */
-static int load_mxfp4(struct weight_source *ws, const char *base, const struct share *sh, long rows, long cols,
-                      uint16_t *even, uint16_t *odd, struct kiln_error *err) {
-    long E = sh->E;
-    char bname[256], sname[256];
-    snprintf(bname, sizeof bname, "%s_blocks", base);
-    snprintf(sname, sizeof sname, "%s_scales", base);
+/* The checkpoint's `<base>_blocks` [E, rows, cols / 32, 16] and
+ * `<base>_scales` [E, rows, cols / 32], U8; their names in bname, sname. */
+static int mxfp4_tensors(struct weight_source *ws, const char *base, long E, long rows, long cols,
+                         const struct st_tensor **bt, const struct st_tensor **st, char bname[256], char sname[256],
+                         struct kiln_error *err) {
+    snprintf(bname, 256, "%s_blocks", base);
+    snprintf(sname, 256, "%s_scales", base);
     if (cols % 32)
         return kiln_errorf(err, "%s: '%s' is MXFP4 in blocks of 32 values but its rows have %ld "
                                 "values",
                            ws->st->source, bname, cols);
     long nb = cols / 32;
-    const struct st_tensor *bt, *st;
-    if (st_expect(ws->st, bname, 4, (const int64_t[]){E, rows, nb, 16}, &bt, err) ||
-        st_expect(ws->st, sname, 3, (const int64_t[]){E, rows, nb}, &st, err))
+    if (st_expect(ws->st, bname, 4, (const int64_t[]){E, rows, nb, 16}, bt, err) ||
+        st_expect(ws->st, sname, 3, (const int64_t[]){E, rows, nb}, st, err))
         return -1;
-    if (bt->dtype != DTYPE_U8 || st->dtype != DTYPE_U8)
+    if ((*bt)->dtype != DTYPE_U8 || (*st)->dtype != DTYPE_U8) {
+        int b = (*bt)->dtype != DTYPE_U8;
         return kiln_errorf(err, "%s: tensor '%s' has dtype %s, expected U8 (MXFP4 %s)",
-                           ws->st->paths[(bt->dtype != DTYPE_U8 ? bt : st)->file],
-                           bt->dtype != DTYPE_U8 ? bname : sname,
-                           dtype_name((bt->dtype != DTYPE_U8 ? bt : st)->dtype),
-                           bt->dtype != DTYPE_U8 ? "blocks: 16 bytes of two e2m1 values"
-                                                 : "scales: e8m0 exponents");
+                           ws->st->paths[(b ? *bt : *st)->file], b ? bname : sname,
+                           dtype_name((b ? *bt : *st)->dtype),
+                           b ? "blocks: 16 bytes of two e2m1 values" : "scales: e8m0 exponents");
+    }
+    return 0;
+}
+
+/* MXFP4 kept MXFP4 (native_mxfp4): the share's rows as load_mxfp4 picks
+ * them, codes into even_c / odd_c ([El][out rows][nc / 2]) and exponents
+ * into even_e / odd_e ([El][out rows][nc / 32]), nc the share's columns;
+ * exponents past MXFP4_NATIVE_MAX_EXPONENT refused. */
+static int load_mxfp4_native(struct weight_source *ws, const char *base, const struct share *sh, long rows,
+                             long cols, uint8_t *even_c, uint8_t *even_e, uint8_t *odd_c, uint8_t *odd_e,
+                             struct kiln_error *err) {
+    char bname[256], sname[256];
+    const struct st_tensor *bt, *st;
+    if (mxfp4_tensors(ws, base, sh->E, rows, cols, &bt, &st, bname, sname, err)) return -1;
+    long nb = cols / 32;
+    int step = odd_c ? 2 : 1;
+    long r0 = odd_c ? 2 * sh->j0 : 0, r1 = odd_c ? 2 * (sh->j0 + sh->F) : rows;
+    long b0 = odd_c ? 0 : sh->j0 / 32, nbk = odd_c ? nb : sh->F / 32, out_rows = (r1 - r0) / step;
+    const uint8_t *codes = bt->data, *ex = st->data;
+    for (long i = 0; i < sh->El; i++)
+        for (long r = r0; r < r1; r++) {
+            long e = sh->e0 + i;
+            size_t at = (size_t)(e * rows + r) * (size_t)nb + (size_t)b0;
+            for (long k = 0; k < nbk; k++)
+                if (ex[at + (size_t)k] > MXFP4_NATIVE_MAX_EXPONENT)
+                    return kiln_errorf(err, "%s: tensor '%s' [%ld, %ld, %ld]: scale %d (2^%d) is past what kiln's "
+                                            "MXFP4 products take (2^%d)",
+                                       ws->st->paths[st->file], sname, e, r, b0 + k, ex[at + (size_t)k],
+                                       ex[at + (size_t)k] - 127, MXFP4_NATIVE_MAX_EXPONENT - 127);
+            size_t o = (size_t)i * (size_t)out_rows + (size_t)((r - r0) / step);
+            memcpy((r % step ? odd_c : even_c) + o * (size_t)nbk * 16, codes + at * 16, (size_t)nbk * 16);
+            memcpy((r % step ? odd_e : even_e) + o * (size_t)nbk, ex + at, (size_t)nbk);
+        }
+    return 0;
+}
+
+static int load_mxfp4(struct weight_source *ws, const char *base, const struct share *sh, long rows, long cols,
+                      uint16_t *even, uint16_t *odd, struct kiln_error *err) {
+    char bname[256], sname[256];
+    const struct st_tensor *bt, *st;
+    if (mxfp4_tensors(ws, base, sh->E, rows, cols, &bt, &st, bname, sname, err)) return -1;
+    long nb = cols / 32;
     float *row = xmalloc((size_t)cols * sizeof *row);
     int step = odd ? 2 : 1;
     /* gate_up: the share's rows 2 j0 .. 2 (j0 + F), whole; down: every row, F of its columns */
@@ -151,8 +201,7 @@ static int load_mxfp4(struct weight_source *ws, const char *base, const struct s
         for (long r = r0; r < r1; r++) {
             long e = sh->e0 + i;
             size_t at = (size_t)(e * rows + r) * (size_t)nb;
-            long bad = mxfp4_dequant((const uint8_t *)bt->data + at * 16, (const uint8_t *)st->data + at,
-                                     nb, row);
+            long bad = mxfp4_decode((const uint8_t *)bt->data + at * 16, (const uint8_t *)st->data + at, nb, row);
             if (bad >= 0) {
                 int s = ((const uint8_t *)st->data)[at + (size_t)bad];
                 free(row);
@@ -183,6 +232,28 @@ static int load_experts(struct weight_source *ws, const char *prefix, const stru
                                 "quantization_config",
                            ws->st->source, name);
     int rc;
+    if (mx && native_mxfp4(m, sh, d)) {
+        size_t nc = mxfp4_bytes(E * F, d), ne = (size_t)(E * F) * (size_t)d / 32;
+        uint8_t *b[6];
+        for (int i = 0; i < 6; i++) b[i] = xaligned_alloc(((i < 3 ? nc : ne) + 63) & ~(size_t)63);
+        snprintf(base, sizeof base, "%s.gate_up_proj", prefix);
+        rc = load_mxfp4_native(ws, base, sh, 2 * sh->Fw, d, b[0], b[3], b[1], b[4], err);
+        snprintf(base, sizeof base, "%s.down_proj", prefix);
+        if (!rc) rc = load_mxfp4_native(ws, base, sh, d, sh->Fw, b[2], b[5], NULL, NULL, err);
+        if (rc) {
+            for (int i = 0; i < 6; i++) free(b[i]);
+            return -1;
+        }
+        const void *dev[6]; /* upload: the model owns the host buffers from here */
+        for (int i = 0; i < 6; i++)
+            if (!(dev[i] = upload(m, b[i], i < 3 ? nc : ne)))
+                return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the experts of '%s'",
+                                   prefix);
+        expert_views_mx(dev[0], dev[3], E, F, d, moe->gate);
+        expert_views_mx(dev[1], dev[4], E, F, d, moe->up);
+        expert_views_mx(dev[2], dev[5], E, d, F, moe->down);
+        return 0;
+    }
     if (mx) {
         size_t n = (size_t)E * (size_t)F * (size_t)d * 2;
         for (int i = 0; i < 3; i++) bufs[i] = xaligned_alloc((n + 63) & ~(size_t)63);
@@ -246,18 +317,27 @@ static int load_biases(struct weight_source *ws, const char *prefix, const struc
     return 0;
 }
 
-/* Dummy weights: one random matrix per expert and product, random biases. */
+/* A dummy matrix as ws_matrix makes it (the type ws_dummy_mxfp4 has). */
+static int ws_dummy_matrix(struct weight_source *ws, const char *name, long rows, long cols, struct backend_weight *out,
+                           struct kiln_error *err) {
+    return ws_matrix(ws, name, rows, cols, NULL, out, err);
+}
+
+/* Dummy weights: one random matrix per expert and product (MXFP4 where
+ * the checkpoint format is and the backend runs it), random biases. */
 static int load_dummy(struct weight_source *ws, const char *prefix, const struct share *sh, long d,
                       struct mlp_moe *moe, const float *bias[3], struct kiln_error *err) {
     char name[256];
     long E = sh->El, F = sh->F;
+    int (*make)(struct weight_source *, const char *, long, long, struct backend_weight *, struct kiln_error *) =
+        native_mxfp4(ws->m, sh, d) ? ws_dummy_mxfp4 : ws_dummy_matrix;
     for (long e = 0; e < E; e++) {
         snprintf(name, sizeof name, "%s.%ld.gate", prefix, e);
-        if (ws_matrix(ws, name, F, d, NULL, &moe->gate[e], err)) return -1;
+        if (make(ws, name, F, d, &moe->gate[e], err)) return -1;
         snprintf(name, sizeof name, "%s.%ld.up", prefix, e);
-        if (ws_matrix(ws, name, F, d, NULL, &moe->up[e], err)) return -1;
+        if (make(ws, name, F, d, &moe->up[e], err)) return -1;
         snprintf(name, sizeof name, "%s.%ld.down", prefix, e);
-        if (ws_matrix(ws, name, d, F, NULL, &moe->down[e], err)) return -1;
+        if (make(ws, name, d, F, &moe->down[e], err)) return -1;
     }
     snprintf(name, sizeof name, "%s.gate_up_proj_bias", prefix);
     if (ws_vector(ws, name, E * F, NAN, &bias[0], err) || ws_vector(ws, name, E * F, NAN, &bias[1], err))

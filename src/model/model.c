@@ -164,12 +164,18 @@ static int quant_option(const struct model_options *opt, struct kiln_error *err)
  * not converted, in the config's blocks, else 128x128. So an FP8
  * checkpoint stays as it is (its unquantized projections are those it
  * lists), a bf16 one or dummy weights become FP8. Dummy weights without
- * the option are never FP8: cfg.quant then says none. */
+ * the option are never FP8: cfg.quant then says none; those of an MXFP4
+ * config have MXFP4 experts where the backend runs them (gpt-oss's
+ * checkpoints as published), else none either. */
 static int quant_setup(struct model *m, struct weight_source *ws, const struct model_options *opt,
                        struct kiln_error *err) {
     struct model_quant *q = &m->cfg.quant;
     if (quant_option(opt, err)) return -1;
     if (!(opt && opt->quantization && *opt->quantization)) {
+        if (!ws->st && q->method == MODEL_QUANT_MXFP4 && m->be->ops->mxfp4_experts) {
+            log_info("dummy weights: MXFP4 experts, as config.json's quantization_config says");
+            return 0;
+        }
         if (!ws->st && q->method != MODEL_QUANT_NONE) {
             log_info("dummy weights: unquantized (--quantization fp8 makes them FP8 as config.json's "
                      "quantization_config says)");

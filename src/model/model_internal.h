@@ -420,11 +420,12 @@ void dp_attention(const struct fwd *f, int l, const struct attn_mla *a, dp_attn_
 /* gpt_oss_experts.c: gpt-oss's MoE MLP of layer l (router with its bias,
  * fused bf16 or MXFP4 experts with biases, the clamped SwiGLU). */
 int gpt_oss_moe_load(struct weight_source *ws, int l, struct mlp_moe *moe, struct kiln_error *err);
-/* Decodes n_blocks MXFP4 blocks (16 bytes of two e2m1 values each, the low
- * nibble first; one e8m0 scale byte each: 2^(s - 127)) into out[32
- * n_blocks]. -1 when done; else the first block whose scale is NaN (255)
- * or makes a value fp32 cannot hold (out partly written). */
-long mxfp4_dequant(const uint8_t *blocks, const uint8_t *scales, long n_blocks, float *out);
+/* weights.c: dummy MXFP4 weights (a backend with backend_ops.mxfp4_experts):
+ * the values ws_matrix would make for this [rows][cols] matrix, encoded
+ * as MXFP4 (tensor/mxfp4.h), on the device where the backend can, else
+ * filled on the host and uploaded. */
+int ws_dummy_mxfp4(struct weight_source *ws, const char *name, long rows, long cols, struct backend_weight *out,
+                   struct kiln_error *err);
 /* weights.c: element i of a BF16, F16 or F32 array, as fp32. */
 float ws_elem_f32(const void *w, enum dtype dt, size_t i);
 

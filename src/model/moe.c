@@ -222,9 +222,7 @@ int model_moe_layers(const struct model *m) {
     return n;
 }
 
-static size_t weight_bytes(const struct backend_weight *w) {
-    return w->data ? (size_t)w->rows * (size_t)w->cols * dtype_size(w->dtype) : 0;
-}
+static size_t weight_bytes(const struct backend_weight *w) { return w->data ? backend_weight_bytes(w) : 0; }
 
 int moe_finish_load(struct model *m, struct kiln_error *err) {
     int n = model_moe_layers(m);

@@ -13,6 +13,7 @@
 #include "base/mem.h"
 #include "model/model_internal.h"
 #include "tensor/dummy_fill.h"
+#include "tensor/mxfp4.h"
 
 void *model_own(struct model *m, void *host) {
     if (m->n_owned == m->cap_owned) {
@@ -318,6 +319,44 @@ static int quantize_upload(struct weight_source *ws, const char *name, const voi
     m->weight_bytes += n;
     ws->last_host = qd;
     return upload_scales(ws, sc, nb, name, out, err);
+}
+
+/* ---- MXFP4 (dummy) ---------------------------------------------------------- */
+
+int ws_dummy_mxfp4(struct weight_source *ws, const char *name, long rows, long cols, struct backend_weight *out,
+                   struct kiln_error *err) {
+    struct model *m = ws->m;
+    KILN_ASSERT(!ws->st && cols % 32 == 0);
+    size_t n = (size_t)rows * (size_t)cols, nc = mxfp4_bytes(rows, cols), ne = n / 32;
+    struct dummy_part p = dummy_next(ws, n, cols, dummy_dtype(m));
+    ws->last_tensor = p.tensor, ws->last_n = n, ws->last_cols = cols;
+    ws->last_host = NULL; /* ws_last_host: the values before encoding */
+    ws->last_scale = NULL;
+    p.rows = rows, p.cols = cols, p.src = p.dtype, p.dtype = DTYPE_MXFP4;
+    *out = (struct backend_weight){.dtype = DTYPE_MXFP4, .rows = rows, .cols = cols, .block_rows = 1, .block_cols = 32};
+    const unsigned char *dev = dummy_on_device(m, &p, 1);
+    if (dev) {
+        out->data = dev;
+        out->e8m0 = dev + ((nc + 15) & ~(size_t)15);
+    } else { /* the values on the host, then each block encoded */
+        p.dtype = p.src;
+        unsigned char *vals = xaligned_alloc((n * dtype_size(p.src) + 63) & ~(size_t)63);
+        uint8_t *codes = model_own(m, xaligned_alloc((nc + 63) & ~(size_t)63));
+        uint8_t *ex = model_own(m, xaligned_alloc((ne + 63) & ~(size_t)63));
+        fill_dummy(&p, vals);
+        float x[32];
+        for (size_t b = 0; b < ne; b++) {
+            for (int i = 0; i < 32; i++) x[i] = ws_elem_f32(vals, p.src, b * 32 + (size_t)i);
+            mxfp4_encode32(x, codes + b * 16, ex + b);
+        }
+        free(vals);
+        out->data = model_upload(m, codes, nc);
+        out->e8m0 = out->data ? model_upload(m, ex, ne) : NULL;
+        if (!out->e8m0)
+            return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for tensor '%s'", name);
+    }
+    m->weight_bytes += nc + ne;
+    return 0;
 }
 
 /* ---- matrices ------------------------------------------------------------- */

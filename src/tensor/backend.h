@@ -40,7 +40,15 @@ struct backend_weight {
     long rows, cols;
     const float *scale;
     int block_rows, block_cols;
+    const uint8_t *e8m0; /* DTYPE_MXFP4: [rows][cols / 32] exponents */
 };
+
+/* Bytes a product reads of w's elements (MXFP4: its codes and exponents;
+ * FP8: its codes, the block scales not counted). */
+static inline size_t backend_weight_bytes(const struct backend_weight *w) {
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    return w->dtype == DTYPE_MXFP4 ? mxfp4_bytes(w->rows, w->cols) + n / 32 : n * dtype_size(w->dtype);
+}
 
 /* Batch metadata on the device (see model/batch.h for the meaning). */
 struct backend_batch {
@@ -233,6 +241,10 @@ struct backend_ops {
      * model refuses a checkpoint with either (gpt-oss) on a backend
      * without. */
     int moe_bias_act;
+    /* The backend's moe_ffn takes DTYPE_MXFP4 experts (gpt-oss's MXFP4
+     * checkpoints stay MXFP4 on it; elsewhere they are decoded to bf16 at
+     * load). */
+    int mxfp4_experts;
     void (*destroy)(void *ctx);
     /* Reserves scratch for batches of up to max_tokens rows and contexts of up
      * to max_context positions; called once before the first forward. */
@@ -420,7 +432,9 @@ struct backend_ops {
      * none of them): their codes one after another, then from the next
      * 16-byte boundary their fp32 block scales one after another
      * (ceil(rows / block_rows) × ceil(cols / block_cols) each, row-major:
-     * struct backend_weight's layout). NULL where the backend
+     * struct backend_weight's layout). MXFP4 parts (all or
+     * none): their codes (n / 2 bytes each) one after another, then from
+     * the next 16-byte boundary their exponents (n / 32 bytes each). NULL where the backend
      * cannot (a dtype it does not fill, out of memory): the model fills
      * on the host and uploads. Saves a host fill and a copy of every
      * byte of a model of tens of GB. */

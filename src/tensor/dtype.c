@@ -5,11 +5,12 @@ const struct dtype_info dtype_info[DTYPE_COUNT] = {
     [DTYPE_F64] = {"F64", 8},     [DTYPE_I64] = {"I64", 8},         [DTYPE_I32] = {"I32", 4},
     [DTYPE_I16] = {"I16", 2},     [DTYPE_I8] = {"I8", 1},           [DTYPE_U8] = {"U8", 1},
     [DTYPE_BOOL] = {"BOOL", 1},   [DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [DTYPE_F8_E5M2] = {"F8_E5M2", 1},
+    [DTYPE_MXFP4] = {"MXFP4", 0},
 };
 
 int dtype_from_name(const char *name) {
     for (int i = 0; i < DTYPE_COUNT; i++)
-        if (!strcmp(dtype_info[i].name, name)) return i;
+        if (i != DTYPE_MXFP4 && !strcmp(dtype_info[i].name, name)) return i;
     return -1;
 }
 

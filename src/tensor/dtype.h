@@ -24,6 +24,13 @@ enum dtype {
     DTYPE_BOOL,
     DTYPE_F8_E4M3,
     DTYPE_F8_E5M2,
+    /* MXFP4 (OCP microscaling, gpt-oss's expert weights): a [rows][cols]
+     * matrix is rows × cols/2 bytes of e2m1 codes, two a byte, the low
+     * nibble the even column, plus a uint8 e8m0 exponent per row and 32
+     * columns (struct backend_weight.e8m0): value = e2m1 × 2^(e - 127).
+     * A weight type only, never a checkpoint dtype (dtype_from_name does
+     * not return it); its size is 0 (packed: mxfp4_bytes). */
+    DTYPE_MXFP4,
     DTYPE_COUNT
 };
 
@@ -63,5 +70,8 @@ uint16_t f32_to_f16(float f);
  * scales keep every value in range). */
 float fp8_e4m3_to_f32(uint8_t v);
 uint8_t f32_to_fp8_e4m3(float f);
+
+/* Bytes of an MXFP4 [rows][cols] matrix's codes (cols even). */
+static inline size_t mxfp4_bytes(long rows, long cols) { return (size_t)rows * (size_t)cols / 2; }
 
 #endif

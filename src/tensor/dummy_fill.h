@@ -33,13 +33,17 @@ struct dummy_part {
     uint64_t seed, tensor; /* the model's seed, the tensor's index in load order */
     size_t n;              /* elements */
     float scale;           /* values in [-scale, scale) */
-    enum dtype dtype;      /* BF16, F16, F32, or F8_E4M3 (below) */
+    enum dtype dtype;      /* BF16, F16, F32, F8_E4M3 or MXFP4 (below) */
     /* F8_E4M3 (dummy weights under --quantization fp8): the tensor's values
      * in dtype src (BF16 or F32), then block-quantized as --quantization
      * fp8 quantizes a checkpoint (model/weights.c fp8_quantize_blocks):
      * [rows][cols] (rows·cols = n) in blocks of block_rows × block_cols,
      * each block's scale max(max|x|, 1e-12) / 448 in fp32 and each code
      * the e4m3 rounding (to nearest even, saturating) of x / scale. */
+    /* MXFP4 (dummy experts of an MXFP4 checkpoint's config on a backend
+     * with backend_ops.mxfp4_experts): the values in dtype src, then each
+     * run of 32 (rows·cols = n, cols % 32 == 0) encoded by
+     * mxfp4_encode32 (tensor/mxfp4.h). */
     enum dtype src;
     long rows, cols;
     int block_rows, block_cols;

@@ -10,7 +10,7 @@
 # (experts touched per layer, decode and prefill) must be the same on both:
 # the FP8 load, prefill (the grouped mma product) and graph-replayed decode
 # (the grouped GEMV) all ran through. The products themselves are checked
-# against the CPU by test_cuda_moe_fp8.
+# against the CPU by test_cuda_moe_quant.
 set -u
 bf="$(dirname "$KILN")/bench_forward"
 tmp=$(mktemp -d)

@@ -8,10 +8,11 @@
 #    device path) with --dummy-routing uniform on the CPU and on CUDA: the
 #    draw depends only on each token's KV slot, position and layer, so
 #    every MoE count line must be the same on both;
-#  - models/configs/gpt-oss-20b.json (its MXFP4 quantization_config; dummy
-#    experts are bf16, as its MXFP4 experts are after their dequantization
-#    at load) at batch 1 and 8: it must load and run prefill and decode.
-# The products themselves are checked against the CPU by test_cuda_moe.
+#  - models/configs/gpt-oss-20b.json (its MXFP4 quantization_config: the
+#    dummy experts are MXFP4 on the GPU, the products of cuda_moe_quant.cu)
+#    at batch 1 and 8: it must load and run prefill and decode.
+# The products themselves are checked against the CPU by test_cuda_moe and
+# test_cuda_moe_quant.
 set -u
 bf="$(dirname "$KILN")/bench_forward"
 cfg="$(cd "$(dirname "$0")/../.." && pwd)/models/configs/gpt-oss-20b.json"

@@ -25,7 +25,7 @@
 # logits move from the reference as the CPU's do, plus its own mode's
 # noise (1e-3 in bf16x2 mode, 0.25 in the default one).
 # gpt_oss (attention sinks, windows, expert biases and the clamped SwiGLU)
-# and its MXFP4 checkpoint (experts dequantized to bf16 at load) run in
+# and its MXFP4 checkpoint (MXFP4 experts, cuda_moe_quant.cu's products) run in
 # bf16x2 mode like the other MoE models, and gpt_oss with the FP8 KV cache
 # (the CPU measures 4.34 there, tests/cli/verify_oracle.sh).
 # Fails, saying so, when no GPU can be opened.

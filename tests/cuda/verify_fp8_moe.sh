@@ -9,11 +9,11 @@
 # Mode: KILN_CUDA_MATMUL=bf16x2, the fp32-grade mode, within
 # KILN_CUDA_TOL_X2 (default 1e-3, the CPU backend's tolerance on these
 # models). Why that bound holds: the FP8 experts run the grouped GEMV with
-# fp32 token rows and fp32 SwiGLU rows (cuda_moe_fp8.cu), each weight the
+# fp32 token rows and fp32 SwiGLU rows (cuda_moe_quant.cu), each weight the
 # CPU's value (code x block scale, one fp32 rounding); kv_b_proj is
 # dequantized to fp32 at load (model/deepseek.c); the products around them
 # are fp32-grade in this mode and the KV cache is fp32. What is left is
-# the order of fp32 sums, ~1e-6 relative (test_cuda_moe_fp8 measures the
+# the order of fp32 sums, ~1e-6 relative (test_cuda_moe_quant measures the
 # expert products within 1e-5 of the CPU's), far under 1e-3 on logits up
 # to ~8.
 #
@@ -21,7 +21,7 @@
 # the 16-bit MoE ones (verify_cuda.sh): a bf16 rounding of the router's
 # input can flip an expert choice, a jump no tolerance bounds. Its FP8
 # expert kernels (the bf16 GEMV and the mma product) are checked against
-# the CPU by test_cuda_moe_fp8 (within 1e-2, two bf16 roundings).
+# the CPU by test_cuda_moe_quant (within 1e-2, two bf16 roundings).
 # Needs a GPU: fails with a note where none can be opened.
 set -u
 VERIFY_DEVICE=cuda

@@ -345,6 +345,7 @@ static const struct backend_ops cuda_ops = {
     .sliding_window = 1,
     .attention_sinks = 1,
     .moe_bias_act = 1, /* cuda_moe.cu: every path, the epilogues of cuda_moe_act.cuh */
+    .mxfp4_experts = 1, /* cuda_moe_quant.cu */
     .fp8_weights = 1,
     .destroy = cuda_destroy,
     .reserve = cuda_reserve,

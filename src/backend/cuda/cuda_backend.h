@@ -28,7 +28,7 @@
  *   cuda_moe.cu         expert routing and the expert MLPs
  *   cuda_gemm_small.cu  the experts' grouped products on the device (mma.sync)
  *   cuda_moe_gemv.cu    the experts' products for a few rows per expert (grouped GEMV)
- *   cuda_moe_fp8.cu     the experts' products with FP8 experts (GEMV and grouped mma)
+ *   cuda_moe_quant.cu   the experts' products with FP8 or MXFP4 experts (GEMV and grouped mma)
  *   cuda_sample.cu      sampling: adjustments, greedy, top_k / top_p / min_p, the draw
  *   cuda_nccl.c         the communicator between ranks (NCCL on the stream)
  *   cuda_allreduce.cu   the one-shot all-reduce over CUDA IPC, alone or fused
@@ -497,20 +497,21 @@ void cuda_moe_gemv(struct cuda_ctx *c, enum dtype dt, int tile_rows, void *h, fl
                    const float *x, long H, long F, const int32_t *order, int top_k,
                    void *const *tab, long E, const void *tiles, const int *n_tiles, long max_tiles,
                    const struct moe_experts *e);
-/* The experts' products with FP8 experts (cuda_moe_fp8.cu), over the same
- * tile list: tab is the device table [gate E][up E][down E][their scales
- * 3 E] (cuda_moe.cu); h [rows][F] bf16 (gemv with h32: fp32), out
+/* The experts' products with quantized experts, FP8 or MXFP4
+ * (cuda_moe_quant.cu), over the same tile list: tab is the device table
+ * [gate E][up E][down E][their scales 3 E] (cuda_moe.cu: FP8 block scales
+ * or MXFP4 exponents); h [rows][F] bf16 (gemv with h32: fp32), out
  * [rows][H] fp32 as cuda_moe_gemv. gemv: fp32 x, tile_rows 1 or 8;
- * grouped: x16 [n][H] bf16, tile_rows <= 16 or 64. ok: the shapes and
- * blocks the GEMV takes; mma_ok: those the grouped product takes too. */
-int cuda_moe_fp8_ok(long hidden, long inter, int block_rows, int block_cols);
-int cuda_moe_fp8_mma_ok(long hidden, long inter);
-void cuda_moe_fp8_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H, long F,
-                       const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
-                       const int *n_tiles, long max_tiles, int br, int bc, int h32, const struct moe_experts *e);
-void cuda_moe_fp8_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16, long H, long F,
-                          const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
-                          const int *n_tiles, long max_tiles, int br, int bc, const struct moe_experts *e);
+ * grouped: x16 [n][H] bf16, tile_rows <= 16 or 64. ok: the dtype, shapes
+ * and blocks the GEMV takes; mma_ok: those the grouped product takes too. */
+int cuda_moe_quant_ok(enum dtype dt, long hidden, long inter, int block_rows, int block_cols);
+int cuda_moe_quant_mma_ok(long hidden, long inter);
+void cuda_moe_quant_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H, long F,
+                         const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
+                         const int *n_tiles, long max_tiles, int br, int bc, int h32, const struct moe_experts *e);
+void cuda_moe_quant_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16, long H, long F,
+                            const int32_t *order, int top_k, void *const *tab, long E, const void *tiles,
+                            const int *n_tiles, long max_tiles, int br, int bc, const struct moe_experts *e);
 /* The NCCL communicator (cuda_nccl.c): backend_ops.comm_id / comm_init.
  * cuda_comm_ar: the one-shot all-reduce of a communicator cuda_comm_init
  * made, or NULL (another communicator, or its ranks could not map each

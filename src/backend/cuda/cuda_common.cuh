@@ -130,7 +130,7 @@ static __device__ __forceinline__ void store16(__half *p, float v) { *p = __floa
 static inline cudaStream_t ctx_stream(void *ctx) { return ((struct cuda_ctx *)ctx)->stream; }
 
 /* The end of a GEMV warp's sums (cuda_gemv.cu, cuda_fp8.cu,
- * cuda_moe_fp8.cu): acc[RG][NR] (its first m activation rows) summed across
+ * cuda_moe_quant.cu): acc[RG][NR] (its first m activation rows) summed across
  * the lanes by warp_sum's butterfly, so every lane holds the same bits, and
  * with a K split (KS > 1) the KS consecutive warps of a row group (parts 0
  * .. KS - 1) added through red (RG·NR floats a warp of shared memory) in
@@ -166,7 +166,7 @@ static __device__ __forceinline__ int gemv_reduce(float (&acc)[RG][NR], float *r
     return 1;
 }
 
-/* The K split of the GEMVs (cuda_gemv.cu, cuda_fp8.cu, cuda_moe_fp8.cu)
+/* The K split of the GEMVs (cuda_gemv.cu, cuda_fp8.cu, cuda_moe_quant.cu)
  * for a weight of rows × cols, in pieces of 8 columns: 4 parts from 1,024
  * pieces (8,192 columns) on, and from 512 for weights of fewer than 4,096
  * rows; 2 parts for 512-1,023 pieces and 4,096 rows or more; below 512

@@ -2,12 +2,14 @@
  * the device, element by element from tensor/dummy_fill.h's counter-based
  * generator, so they are the same bytes as the host fill (weights.c) and
  * a model of tens of GB appears in well under a second instead of a host
- * fill and an upload. BF16 and F32 (an F16 model fills on the host), and
- * FP8 (block-quantized BF16 or F32 values, codes and scales). */
+ * fill and an upload. BF16 and F32 (an F16 model fills on the host), FP8
+ * (block-quantized BF16 or F32 values, codes and scales) and MXFP4 (BF16
+ * or F32 values encoded by tensor/mxfp4.h, codes and exponents). */
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "tensor/dummy_fill.h"
+#include "tensor/mxfp4.h"
 
 /* The block of one part: DUMMY_BLOCK values, then the tensor tiled. */
 template <typename T>
@@ -60,6 +62,47 @@ static __global__ void dummy_fp8_kernel(uint8_t *__restrict__ codes, float *__re
     }
 }
 
+/* An MXFP4 part: a thread per run of 32 values, encoded as the host does. */
+static __global__ void dummy_mxfp4_kernel(uint8_t *__restrict__ codes, uint8_t *__restrict__ ex, struct dummy_part p,
+                                          uint64_t off) {
+    __shared__ float block[DUMMY_BLOCK];
+    for (int j = threadIdx.x; j < DUMMY_BLOCK; j += blockDim.x) {
+        float v = dummy_unit(p.seed, p.tensor, (uint64_t)j) * p.scale;
+        block[j] = p.src == DTYPE_BF16 ? __uint_as_float((uint32_t)dummy_bf16(v) << 16) : v;
+    }
+    __syncthreads();
+    const size_t nb = p.n / 32;
+    for (size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x; b < nb; b += (size_t)gridDim.x * blockDim.x) {
+        float x[32];
+        for (int i = 0; i < 32; i++) x[i] = block[(off + b * 32 + (size_t)i) % DUMMY_BLOCK];
+        mxfp4_encode32(x, codes + b * 16, ex + b);
+    }
+}
+
+static const void *dummy_mxfp4(struct cuda_ctx *c, const struct dummy_part *parts, int count) {
+    size_t codes = 0, nex = 0;
+    for (int i = 0; i < count; i++) {
+        const struct dummy_part *p = &parts[i];
+        if (p->dtype != DTYPE_MXFP4 || (p->src != DTYPE_BF16 && p->src != DTYPE_F32) || p->n % 32) return NULL;
+        codes += p->n / 2;
+        nex += p->n / 32;
+    }
+    size_t eat = (codes + 15) & ~(size_t)15, bytes = eat + nex;
+    unsigned char *d = (unsigned char *)cuda_weight_alloc(c, &bytes, 1);
+    if (!d) return NULL;
+    size_t at = 0, e = 0;
+    for (int i = 0; i < count; i++) {
+        const struct dummy_part *p = &parts[i];
+        long nb = (long)(p->n / 32), g = (nb + 255) / 256;
+        int grid = (int)(g < 4L * c->n_sm * 8 ? (g > 0 ? g : 1) : 4L * c->n_sm * 8);
+        dummy_mxfp4_kernel<<<grid, 256, 0, c->stream>>>(d + at, d + eat + e, *p, dummy_offset(p->seed, p->tensor));
+        CUDA_CHECK_LAUNCH();
+        at += p->n / 2;
+        e += p->n / 32;
+    }
+    return d;
+}
+
 static const void *dummy_fp8(struct cuda_ctx *c, const struct dummy_part *parts, int count) {
     size_t codes = 0, nscale = 0;
     for (int i = 0; i < count; i++) {
@@ -94,6 +137,7 @@ extern "C" const void *cuda_op_weight_dummy(void *ctx, const struct dummy_part *
     size_t bytes[8];
     CUDA_ASSERT(count >= 1 && count <= 8);
     if (parts[0].dtype == DTYPE_F8_E4M3) return dummy_fp8(c, parts, count);
+    if (parts[0].dtype == DTYPE_MXFP4) return dummy_mxfp4(c, parts, count);
     for (int i = 0; i < count; i++) {
         if (parts[i].dtype != DTYPE_BF16 && parts[i].dtype != DTYPE_F32) return NULL;
         bytes[i] = parts[i].n * dtype_size(parts[i].dtype);

@@ -408,7 +408,7 @@ static void fp8_matmul(struct cuda_ctx *c, float *y, long ldy, const float *x, l
     for (long r0 = 0; r0 < rows; r0 += chunk) {
         long r1 = r0 + chunk < rows ? r0 + chunk : rows;
         cuda_fp8_dequant(c, c->fp8w.p, w, r0, r1);
-        struct backend_weight part = {c->fp8w.p, DTYPE_BF16, r1 - r0, cols, NULL, 0, 0};
+        struct backend_weight part = {c->fp8w.p, DTYPE_BF16, r1 - r0, cols, NULL, 0, 0, NULL};
         product16(c, y + r0, ldy, xb, cols, &part, bias ? bias + r0 : NULL, n, 0.0f);
     }
 }

@@ -14,7 +14,7 @@
  * Expert MLPs, two paths; both end in a kernel that sums each token's k
  * expert outputs in the token's own top-k order, as the CPU does.
  *  - Device (batches of up to moe_device_max tokens, by default every
- *    step; 16-bit or FP8 experts): one CTA counts the n·k (token, j) rows per expert,
+ *    step; 16-bit, FP8 or MXFP4 experts): one CTA counts the n·k (token, j) rows per expert,
  *    scans, scatters them into expert order and writes a list of tiles
  *    (expert, first row, up to 16 or 64 rows); gate|up then runs as one
  *    grouped product over the list with SwiGLU in its epilogue (16-bit
@@ -24,12 +24,12 @@
  *    experts' weight pointers live in a device table per layer, built on
  *    the layer's first call (never inside a recording: the first step of
  *    every batch size runs eagerly). FP8 experts (e4m3 with block
- *    scales) take the same sort and tile list with the products of
- *    cuda_moe_fp8.cu, at every batch size, under --deterministic (one
+ *    scales) and MXFP4 experts take the same sort and tile list with the
+ *    products of cuda_moe_quant.cu, at every batch size, under --deterministic (one
  *    product kind per layer whatever the batch: each sums a row in one
  *    order) and in bf16x2 mode (the GEMV with fp32 activations).
  *  - Host (--deterministic, bf16x2, fp32 experts, or batches past
- *    KILN_CUDA_MOE_MAX; never FP8 experts: KILN_CUDA_MOE=host with them
+ *    KILN_CUDA_MOE_MAX; never quantized experts: KILN_CUDA_MOE=host with them
  *    stops with a message): the routing ids come back to the host
  *    (one stream sync per MoE layer and chunk), rows are grouped by
  *    expert, and each expert with rows runs gate/up/down through
@@ -343,7 +343,8 @@ moe_align_kernel(const int32_t *__restrict__ ids, int rows, int E, int first, in
 }
 
 /* Device tables of the experts' weight pointers: [gate E][up E][down E]
- * then their scales likewise (FP8 experts; NULL for 16-bit ones), one per
+ * then their scales likewise (FP8 block scales, MXFP4 exponents; NULL for
+ * 16-bit experts), one per
  * layer, found by comparing the pointers themselves (a host copy is kept),
  * so that experts freed and others allocated at the same addresses never
  * meet a stale table. */
@@ -357,11 +358,17 @@ struct moe_tables {
     int n, cap;
 };
 
+/* A weight's scales for the table: FP8 block scales, MXFP4 exponents. */
+static const void *moe_scales(const struct backend_weight *w) {
+    return w->dtype == DTYPE_MXFP4 ? (const void *)w->e8m0 : (const void *)w->scale;
+}
+
 static void moe_fill(const struct moe_experts *e, const void **h) {
     long E = e->n_experts;
     for (long i = 0; i < E; i++) {
         h[i] = e->gate[i].data, h[E + i] = e->up[i].data, h[2 * E + i] = e->down[i].data;
-        h[3 * E + i] = e->gate[i].scale, h[4 * E + i] = e->up[i].scale, h[5 * E + i] = e->down[i].scale;
+        h[3 * E + i] = moe_scales(&e->gate[i]), h[4 * E + i] = moe_scales(&e->up[i]);
+        h[5 * E + i] = moe_scales(&e->down[i]);
     }
 }
 
@@ -378,8 +385,8 @@ static void *const *moe_table_find(struct cuda_ctx *c, const struct moe_experts 
         if (t->n != n) continue;
         long k = 0;
         for (; k < E && t->host[k] == e->gate[k].data && t->host[E + k] == e->up[k].data &&
-               t->host[2 * E + k] == e->down[k].data && t->host[3 * E + k] == e->gate[k].scale &&
-               t->host[4 * E + k] == e->up[k].scale && t->host[5 * E + k] == e->down[k].scale;
+               t->host[2 * E + k] == e->down[k].data && t->host[3 * E + k] == moe_scales(&e->gate[k]) &&
+               t->host[4 * E + k] == moe_scales(&e->up[k]) && t->host[5 * E + k] == moe_scales(&e->down[k]);
              k++) {
         }
         if (k == E) return t->dev;
@@ -422,18 +429,24 @@ extern "C" void cuda_moe_release(struct cuda_ctx *c) {
 #endif
 }
 
-/* FP8 experts: every weight e4m3 with scales, one block shape the FP8
- * products take (cuda_moe_fp8.cu). NULL when they are, else why not. */
-static const char *moe_fp8_why(const struct moe_experts *e) {
+/* Quantized experts (FP8 or MXFP4, moe_quantized): every weight of the
+ * one format with its scales, shapes (and FP8 blocks) the quantized
+ * products take (cuda_moe_quant.cu). NULL when they are, else why not. */
+static int moe_quantized(const struct moe_experts *e) {
+    return e->gate[0].dtype == DTYPE_F8_E4M3 || e->gate[0].dtype == DTYPE_MXFP4;
+}
+static const char *moe_quant_why(const struct moe_experts *e) {
     const struct backend_weight *w0 = &e->gate[0];
-    if (!cuda_moe_fp8_ok(e->hidden, e->inter, w0->block_rows, w0->block_cols))
-        return "hidden and inter must be multiples of 16 and the weight blocks of 16 columns";
+    const int mx = w0->dtype == DTYPE_MXFP4;
+    if (!cuda_moe_quant_ok(w0->dtype, e->hidden, e->inter, w0->block_rows, w0->block_cols))
+        return mx ? "hidden and inter must be multiples of 32"
+                  : "hidden and inter must be multiples of 16 and the weight blocks of 16 columns";
     for (int i = 0; i < e->n_experts; i++) {
         const struct backend_weight *w[3] = {&e->gate[i], &e->up[i], &e->down[i]};
         for (int k = 0; k < 3; k++) {
-            if (w[k]->dtype != DTYPE_F8_E4M3) return "FP8 and other experts mixed in one layer";
-            if (!w[k]->scale) return "an expert weight has no block scales";
-            if (w[k]->block_rows != w0->block_rows || w[k]->block_cols != w0->block_cols)
+            if (w[k]->dtype != w0->dtype) return "quantized and other experts mixed in one layer";
+            if (!moe_scales(w[k])) return mx ? "an expert weight has no exponents" : "an expert weight has no block scales";
+            if (!mx && (w[k]->block_rows != w0->block_rows || w[k]->block_cols != w0->block_cols))
                 return "the experts' block sizes differ";
             if ((uintptr_t)w[k]->data & 15) return "an expert weight is not 16-byte aligned";
         }
@@ -442,20 +455,21 @@ static const char *moe_fp8_why(const struct moe_experts *e) {
 }
 
 /* The device path serves these experts for n tokens: 16-bit weights of
- * one type, shapes the grouped product takes, aligned rows; or FP8
- * experts, which run nowhere else (moe_ffn_host refuses them): at any n
+ * one type, shapes the grouped product takes, aligned rows; or quantized
+ * experts (FP8, MXFP4), which run nowhere else (moe_ffn_host refuses
+ * them): at any n
  * (in chunks), under --deterministic (one product kind per layer whatever
  * the batch, each with sums of one order per row) and in the fp32-grade
  * mode (the GEMV with fp32 activations), unless KILN_CUDA_MOE=host asks
  * for the host path. */
 static int moe_device_ok(const struct cuda_ctx *c, const struct moe_experts *e, int top_k, long n) {
-    int fp8 = e->gate[0].dtype == DTYPE_F8_E4M3;
+    int q = moe_quantized(e);
     if (n < 1 || c->moe_device_max <= 0) return 0;
-    if (!fp8 && (n > c->moe_device_max || c->deterministic || c->split_act)) return 0;
+    if (!q && (n > c->moe_device_max || c->deterministic || c->split_act)) return 0;
     /* the tile list of a chunk is the products' grid y (at most 65535 CTAs) */
     long tok = backend_moe_chunk_tokens(top_k);
     if (e->n_experts > ALIGN_THREADS || (n < tok ? n : tok) * top_k / 16 + e->n_experts > 65535) return 0;
-    if (fp8) return !moe_fp8_why(e);
+    if (q) return !moe_quant_why(e);
     if (!cuda_gemm_small_grouped_ok(e->inter, e->hidden, 1) || !cuda_gemm_small_grouped_ok(e->hidden, e->inter, 0) ||
         e->hidden % 8 || e->inter % 8)
         return 0;
@@ -511,9 +525,9 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
                            void *const *tab) {
     long rows = n * top_k, H = e->hidden, F = e->inter, E = e->n_experts;
     enum dtype dt = e->gate[0].dtype;
-    /* FP8 experts: bf16 activations (cuda_moe_fp8.cu) */
-    int fp8 = dt == DTYPE_F8_E4M3;
-    enum dtype at = fp8 ? DTYPE_BF16 : dt;
+    /* quantized experts (FP8, MXFP4): bf16 activations (cuda_moe_quant.cu) */
+    int quant = moe_quantized(e);
+    enum dtype at = quant ? DTYPE_BF16 : dt;
     /* A few rows per expert: the grouped GEMV (cuda_moe_gemv.cu), tiles of
      * one row for one token (its experts are distinct), else of 8; more:
      * the mma.sync grouped product, 16-row tiles while the average expert
@@ -534,12 +548,12 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
      * cuda_moe_scratch_bytes, counts 16-row tiles of the largest chunk,
      * which covers these smaller chunks.) */
     int gemv = cuda_moe_gemv_ok(H, F, x) && rows <= 2 * E;
-    /* FP8: the GEMV in the fp32-grade mode (fp32 SwiGLU rows, h32) and
-     * where the mma product cannot take the shapes; --deterministic keeps
-     * one kind whatever the batch */
-    int h32 = fp8 && c->split_act, mma = !fp8 || cuda_moe_fp8_mma_ok(H, F);
-    if (fp8) gemv = h32 || !mma || (gemv && !c->deterministic);
-    int wg = !fp8 && !gemv && rows >= MOE_WG_MIN_ROWS * E && moe_wg_ok(c, e);
+    /* quantized: the GEMV in the fp32-grade mode (fp32 SwiGLU rows, h32)
+     * and where the mma product cannot take the shapes; --deterministic
+     * keeps one kind whatever the batch */
+    int h32 = quant && c->split_act, mma = !quant || cuda_moe_quant_mma_ok(H, F);
+    if (quant) gemv = h32 || !mma || (gemv && !c->deterministic);
+    int wg = !quant && !gemv && rows >= MOE_WG_MIN_ROWS * E && moe_wg_ok(c, e);
     int bm = gemv ? (n == 1 ? 1 : 8) : wg ? 128 : rows <= 16 * E ? 16 : 64;
     long max_tiles;
     size_t bytes = device_scratch_bytes(rows, H, F, E, bm, h32 ? 4 : 2, &max_tiles);
@@ -567,10 +581,10 @@ static void moe_ffn_device(struct cuda_ctx *c, float *y, const float *x, const i
     }
 #endif
     int br = e->gate[0].block_rows, bc = e->gate[0].block_cols;
-    if (fp8 && gemv) {
-        cuda_moe_fp8_gemv(c, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, h32, e);
-    } else if (fp8) {
-        cuda_moe_fp8_grouped(c, bm, h, out, x16, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, e);
+    if (quant && gemv) {
+        cuda_moe_quant_gemv(c, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, h32, e);
+    } else if (quant) {
+        cuda_moe_quant_grouped(c, bm, h, out, x16, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, br, bc, e);
     } else if (gemv) {
         cuda_moe_gemv(c, dt, bm, h, out, x, H, F, order, top_k, tab, E, tiles, n_tiles, max_tiles, e);
     } else {
@@ -665,13 +679,13 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
      * garbage, and both paths index with them (the host path asserts) */
     if (n <= 0 || c->oom.bytes) return;
     int device = moe_device_ok(c, e, top_k, n);
-    if (!device && e->gate[0].dtype == DTYPE_F8_E4M3) {
-        const char *why = c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set (unset it)" : moe_fp8_why(e);
+    if (!device && moe_quantized(e)) {
+        const char *why = c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set (unset it)" : moe_quant_why(e);
         fprintf(stderr,
-                "kiln: moe_ffn: FP8 experts run on the MoE device path only (cuda_moe_fp8.cu), which "
+                "kiln: moe_ffn: %s experts run on the MoE device path only (cuda_moe_quant.cu), which "
                 "cannot take these: %s (%d experts of at most %d, hidden %d, inter %d, blocks %dx%d)\n",
-                why ? why : "too many experts", e->n_experts, ALIGN_THREADS, e->hidden, e->inter,
-                e->gate[0].block_rows, e->gate[0].block_cols);
+                dtype_name(e->gate[0].dtype), why ? why : "too many experts", e->n_experts, ALIGN_THREADS,
+                e->hidden, e->inter, e->gate[0].block_rows, e->gate[0].block_cols);
         abort();
     }
     void *const *tab = NULL;

@@ -144,9 +144,7 @@ static void print_all(void) {
     for (int i = 0; i < n_all; i++) print(all[i]);
 }
 
-static double wbytes(const struct backend_weight *w) {
-    return (double)w->rows * (double)w->cols * (double)dtype_size(w->dtype);
-}
+static double wbytes(const struct backend_weight *w) { return (double)backend_weight_bytes(w); }
 
 /* ---- wrappers ------------------------------------------------------------ */
 

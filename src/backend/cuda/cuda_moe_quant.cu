@@ -1,8 +1,15 @@
-/* cuda_moe_fp8.cu — the experts' products of a MoE layer with FP8 experts
- * (DTYPE_F8_E4M3 with fp32 block scales, struct backend_weight): the same
- * two shapes of kernel as the 16-bit experts, over the same device tile
- * list (cuda_moe.cu), reading each touched expert's e4m3 bytes once (half
- * of bf16's).
+/* cuda_moe_quant.cu — the experts' products of a MoE layer with quantized
+ * experts, over the same device tile list as the 16-bit experts
+ * (cuda_moe.cu), reading each touched expert's codes once:
+ *  - FP8: DTYPE_F8_E4M3 with fp32 block scales (struct backend_weight),
+ *    half of bf16's bytes;
+ *  - MXFP4: DTYPE_MXFP4, e2m1 codes two a byte with an e8m0 exponent per
+ *    row and 32 columns (gpt-oss's published experts), a quarter of bf16's
+ *    bytes plus 1/32 for the exponents.
+ * Both formats take the same two kernels; where they differ is the piece
+ * a lane loads (8 bytes: 8 FP8 codes, 16 MXFP4 codes), its scale (the
+ * block's fp32 scale; 2^(e - 127) from the row's exponent byte) and how
+ * codes widen (below).
  *
  *  - Decode (a few rows per expert): a grouped GEMV over the tile list
  *    (tiles of 1 row for one token, else of up to 8), laid out as the
@@ -15,27 +22,33 @@
  *       gate row u and up row u; down (G = 1) two units: 2 weight rows
  *       either way, for both tile sizes (the bf16 GEMV's choice). Lane l
  *       takes the 8-byte pieces l, l + 32, l + 64, ... of each row: 8
- *       codes, inside one scale block since block_cols % 16 == 0. Pieces
- *       of 8 codes, not 16: a lane's fp32 activations for a piece are 32
+ *       FP8 codes, inside one scale block since block_cols % 16 == 0, or
+ *       16 MXFP4 codes, half of one exponent's 32 columns. Pieces of 8
+ *       FP8 codes, not 16: a lane's fp32 activations for a piece are 32
  *       bytes, and a warp's 16-byte activation load spans 8 cache lines
  *       where 16-code pieces would span 16;
  *     · a piece's activations are loaded once for each row of the tile and
- *       serve both weight rows, whose 8 codes are widened once for all the
+ *       serve both weight rows, whose codes are widened once for all the
  *       tile's rows;
  *     · U = 8 / (R·G) = 4 steps of 32 pieces are loaded before the first is
  *       used: 8 8-byte loads in flight per lane (the last batch of a part
- *       partial) with their blocks' scales, bypassing L1 as
- *       ptx_ld_stream_v4 does; the first batch as soon as the tile is read;
+ *       partial) with their scales, bypassing L1 as ptx_ld_stream_v4
+ *       does; the first batch as soon as the tile is read;
  *     · K split KS = 1, 2 or 4 (gemv_k_parts, the dense GEMVs' rule, by
- *       one expert matrix's shape): the KS warps of a unit group each take one
- *       contiguous part of K in whole 32-piece steps, and their sums are
- *       added through shared memory in part order;
+ *       one expert matrix's shape in 8-byte pieces): the KS warps of a unit
+ *       group each take one contiguous part of K in whole 32-piece steps,
+ *       and their sums are added through shared memory in part order;
  *     · each e4m3 pair is widened exactly (one conversion to f16x2, then
- *       to fp32); a piece's 8 products with one activation row are summed
- *       in fp32 in column order, then added times the piece's block scale
- *       (acc = fma(dot, s, acc)); then a butterfly across the lanes (every
- *       lane holds the sums: lane r·NR + j runs the epilogue of unit r,
- *       tile row j), then the K parts.
+ *       to fp32); an e2m1 code is placed in the high byte of an f16 (its
+ *       two exponent bits and its mantissa bit as the f16's lowest
+ *       exponent bits and top mantissa bit: exactly the code's value times
+ *       2^-14, subnormal 0.5 included), then widened to fp32, the 2^14
+ *       going into the scale; each 8 columns' products with one
+ *       activation row are summed in fp32 in column order, then added
+ *       times the piece's scale (acc = fma(dot, s, acc)); then a
+ *       butterfly across the lanes
+ *       (every lane holds the sums: lane r·NR + j runs the epilogue of
+ *       unit r, tile row j), then the K parts.
  *    gate|up read the fp32 token rows (sorted row p reads token order[p] /
  *    top_k: no gather), down the bf16 SwiGLU rows (fp32 in the fp32-grade
  *    mode). Registers are capped at 64 for one-row tiles (8 CTAs an SM),
@@ -45,23 +58,28 @@
  *    every batch, --deterministic relies on it).
  *  - Prefill (many rows per expert): the mma.sync grouped product of
  *    cuda_gemm_small.cu with bf16 activations. Each k-step's 64×64 weight
- *    codes come into shared memory by cp.async (4 KB a stage, a 4-deep
- *    ring), are widened to bf16 (exact: every e4m3 value is a bf16 value)
- *    into one swizzled tile that ldmatrix reads; the block scale is applied
- *    outside the tensor core, DeepGEMM's way: each K block's products
- *    accumulate on their own in fp32 and are added to the total times the
- *    scale of the lane's weight row and that K block.
- * Requirements (cuda_moe_fp8_ok): hidden and inter multiples of 16, column
- * blocks a multiple of 16 (the scale is applied per 16-column mma step),
- * row blocks >= 1 (partial edge blocks allowed), 16-byte aligned weights;
- * the mma product also multiples of 64 (cuda_moe_fp8_mma_ok), else the
+ *    codes come into shared memory by cp.async (4 KB a stage for FP8, 2 KB
+ *    for MXFP4, a 4-deep ring), are widened to bf16 (exact: every e4m3
+ *    value is a bf16 value, and so is every e2m1 value times its power of
+ *    two) into one swizzled tile that ldmatrix reads. MXFP4's exponents
+ *    go into the widened values; FP8's block scale is applied outside the
+ *    tensor core, DeepGEMM's way: each K block's products accumulate on
+ *    their own in fp32 and are added to the total times the scale of the
+ *    lane's weight row and that K block.
+ * Requirements (cuda_moe_quant_ok): hidden and inter multiples of 16 (FP8)
+ * or 32 (MXFP4), FP8 column blocks a multiple of 16 (the scale is applied
+ * per 16-column mma step), row blocks >= 1 (partial edge blocks allowed),
+ * 16-byte aligned weights, MXFP4 exponents up to 240 (2^113: the GEMV's
+ * scale carries the 2^14 of the widening; the loader refuses more); the
+ * mma product also multiples of 64 (cuda_moe_quant_mma_ok), else the
  * GEMV serves every batch. The epilogues add the experts' biases and
  * apply their activation as the 16-bit products do (cuda_moe_act.cuh).
  * Activations are bf16 wherever a tensor core
  * reads them and for the down GEMV, so the products carry the bf16
  * rounding of the activations (2^-9 relative) and otherwise the CPU's
  * weight values (cpu_matmul_fp8.c: code × scale, one rounding, then the
- * sum), up to where the scale's rounding falls (per product there, per
+ * sum; MXFP4: the bf16 values the CPU decodes at load, exact), up to
+ * where the scale's rounding falls (FP8: per product there, per
  * 8-product or per K-block sum here); the fp32-grade mode
  * (KILN_CUDA_MATMUL=bf16x2) runs the GEMV with fp32 SwiGLU rows (h32):
  * fp32 activations throughout. */
@@ -115,6 +133,29 @@ __device__ __forceinline__ void fp8_widen4(uint32_t q4, float *f) {
     f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
 }
 
+/* 8 e2m1 codes (4 bytes, the low nibble first) as fp32, each exactly its
+ * value times 2^-14: the code in the high byte of an f16 (the sign to bit
+ * 15, the two exponent bits and the mantissa bit to bits 11, 10 and 9),
+ * then the f16 pairs widened. */
+__device__ __forceinline__ void mx_widen8(uint32_t w, float *f) {
+    const uint32_t e = w & 0x0f0f0f0fu, o = (w >> 4) & 0x0f0f0f0fu; /* even, odd columns */
+    const uint32_t fe = ((e & 0x07070707u) << 1) | ((e & 0x08080808u) << 4);
+    const uint32_t fo = ((o & 0x07070707u) << 1) | ((o & 0x08080808u) << 4);
+#pragma unroll
+    for (int i = 0; i < 4; i++) { /* columns 2i, 2i + 1: bytes i of fe and fo as the f16s' high bytes */
+        const uint32_t h2 = __byte_perm(fe, fo, (uint32_t)(((4 + i) << 12) | (i << 4))) & 0xff00ff00u;
+        __half2_raw hr;
+        hr.x = (unsigned short)(h2 & 0xffffu);
+        hr.y = (unsigned short)(h2 >> 16);
+        const float2 v = __half22float2(__half2(hr));
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+/* An MXFP4 exponent byte as the scale of mx_widen8's values: 2^(e - 127)
+ * times the 2^14 the widening left out (e <= 240: cuda_moe_quant_ok). */
+__device__ __forceinline__ float mx_scale(uint32_t e) { return __int_as_float((int)((e + 14u) << 23)); }
+
 /* The 8 activations of piece p (columns 8p .. 8p + 7) of a row: fp32 rows
  * (two 16-byte loads) or bf16 rows (one). Ordinary loads: the rows were
  * written by the kernels before (cuda_pdl.cuh, rule 2). */
@@ -132,9 +173,10 @@ __device__ __forceinline__ void store_h(__nv_bfloat16 *p, float v) { *p = __floa
 __device__ __forceinline__ void store_h(float *p, float v) { *p = v; }
 
 /* What every instance of the GEMV takes. G = 2: w_a, s_a the gates' codes
- * and scales, w_b, s_b the ups'; G = 1: w_a, s_a only. Piece p of a row
- * (8 columns) has the scale column p / pb: umulhi(p, sdiv) when sdiv != 0
- * (exact: fg_div), else the division. */
+ * and scales, w_b, s_b the ups'; G = 1: w_a, s_a only. FP8: piece p of a
+ * row (8 columns) has the scale column p / pb: umulhi(p, sdiv) when sdiv
+ * != 0 (exact: fg_div), else the division. MXFP4: piece p (16 columns)
+ * has exponent p / 2 of its row. */
 struct fgemv {
     void *y;
     long ldy;
@@ -143,7 +185,7 @@ struct fgemv {
     const int32_t *order; /* NULL: sorted row p reads x row p; else x row order[p] / top_k */
     int top_k;
     const void *const *w_a, *const *w_b;
-    const float *const *s_a, *const *s_b;
+    const void *const *s_a, *const *s_b; /* FP8: fp32 block scales; MXFP4: exponent bytes */
     const int4 *tiles;
     const int *n_tiles;
     long units, cols;
@@ -152,14 +194,15 @@ struct fgemv {
     struct moe_epi ep;
 };
 
-/* The grouped GEMV (see the top of the file). XT: the activations' type
- * (fp32 token rows, or the SwiGLU rows h: bf16, fp32 in the fp32-grade
- * mode); G = 2: gate|up with the activation epilogue into y (HT), G = 1:
- * down, y fp32; NR: the most rows a tile has; R: units per warp; KS: the
- * K split. */
-template <typename XT, typename HT, int G, int NR, int R, int KS>
-__global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_fp8_kernel(const struct fgemv a) {
+/* The grouped GEMV (see the top of the file). MX: MXFP4 weights, else FP8;
+ * XT: the activations' type (fp32 token rows, or the SwiGLU rows h: bf16,
+ * fp32 in the fp32-grade mode); G = 2: gate|up with the activation
+ * epilogue into y (HT), G = 1: down, y fp32; NR: the most rows a tile has;
+ * R: units per warp; KS: the K split. */
+template <bool MX, typename XT, typename HT, int G, int NR, int R, int KS>
+__global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_q_kernel(const struct fgemv a) {
     constexpr int RG = R * G, U = FG_LOADS / RG, GROUPS = FG_WARPS / KS;
+    constexpr int PC = MX ? 16 : 8; /* columns a piece */
     static_assert(U >= 1 && R * NR <= 32 && (NR & (NR - 1)) == 0, "moe fp8 gemv: shape");
     __shared__ float red[KS > 1 ? FG_WARPS * RG * NR : 1];
     pdl_trigger();
@@ -172,19 +215,25 @@ __global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_fp8_kern
     const int m = t.z;
     /* part `part` takes pieces [ps, pe) of each row: whole 32-piece steps,
      * the last part the rest */
-    const unsigned np = (unsigned)(a.cols / 8);
+    const unsigned np = (unsigned)(a.cols / PC);
     const unsigned chunk = KS == 1 ? np : ((np + KS - 1) / KS + 31) / 32 * 32;
     const unsigned ps = part * chunk, pe = ps + chunk < np ? ps + chunk : np;
     const uint2 *wr[RG];
-    const float *sr[RG];
+    const void *sr[RG]; /* the row's scales: FP8 its row of blocks (fp32), MXFP4 its exponents */
 #pragma unroll
     for (int r = 0; r < R; r++) {
         long u = u0 + r < a.units ? u0 + r : a.units - 1; /* past the end: re-read the last; not stored */
 #pragma unroll
         for (int g = 0; g < G; g++) {
             const uint8_t *w = (const uint8_t *)(g ? a.w_b : a.w_a)[t.x];
-            wr[r * G + g] = (const uint2 *)(w + u * a.cols);
-            sr[r * G + g] = (g ? a.s_b : a.s_a)[t.x] + (size_t)((unsigned)u / (unsigned)a.br) * a.nbc;
+            const void *s0 = (g ? a.s_b : a.s_a)[t.x];
+            if constexpr (MX) {
+                wr[r * G + g] = (const uint2 *)(w + u * (a.cols / 2));
+                sr[r * G + g] = (const uint8_t *)s0 + u * (a.cols / 32);
+            } else {
+                wr[r * G + g] = (const uint2 *)(w + u * a.cols);
+                sr[r * G + g] = (const float *)s0 + (size_t)((unsigned)u / (unsigned)a.br) * a.nbc;
+            }
         }
     }
     float acc[RG][NR];
@@ -204,11 +253,12 @@ __global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_fp8_kern
         for (int k = 0; k < U; k++) {
             unsigned pk = p0 + 32 * k;
             if (active && pk < pe) {
-                unsigned sc = a.sdiv ? __umulhi(pk, a.sdiv) : pk / a.pb;
+                unsigned sc = MX ? pk >> 1 : a.sdiv ? __umulhi(pk, a.sdiv) : pk / a.pb;
 #pragma unroll
                 for (int q = 0; q < RG; q++) {
                     wv[k][q] = ld_stream_v2(wr[q] + pk);
-                    sv[k][q] = __ldg(sr[q] + sc);
+                    if constexpr (MX) sv[k][q] = mx_scale(__ldg((const uint8_t *)sr[q] + sc));
+                    else sv[k][q] = __ldg((const float *)sr[q] + sc);
                 }
             }
         }
@@ -227,22 +277,29 @@ __global__ void __launch_bounds__(FG_THREADS, NR == 1 ? 8 : 5) moe_gemv_fp8_kern
             unsigned pk = p + 32 * k;
             if (pk >= pe) break;
             /* the piece's codes of every weight row, widened once for all
-             * activation rows; per (row, activation row) the 8 products
-             * summed in column order, then added times the block scale */
-            float wf[RG][8];
+             * activation rows (MXFP4: 8 columns at a time); per (row,
+             * activation row) each 8 columns' products summed in column
+             * order, then added times the scale */
 #pragma unroll
-            for (int q = 0; q < RG; q++) fp8_widen4(wv[k][q].x, wf[q]), fp8_widen4(wv[k][q].y, wf[q] + 4);
-#pragma unroll
-            for (int j = 0; j < NR; j++) {
-                if (j >= m) break;
-                float xv[8];
-                load_act8((const XT *)a.x + xrow[j] * (size_t)a.ldx, pk, xv);
+            for (int h = 0; h < PC / 8; h++) {
+                float wf[RG][8];
 #pragma unroll
                 for (int q = 0; q < RG; q++) {
-                    float d = 0.0f;
+                    if constexpr (MX) mx_widen8(h ? wv[k][q].y : wv[k][q].x, wf[q]);
+                    else fp8_widen4(wv[k][q].x, wf[q]), fp8_widen4(wv[k][q].y, wf[q] + 4);
+                }
 #pragma unroll
-                    for (int e = 0; e < 8; e++) d = fmaf(wf[q][e], xv[e], d);
-                    acc[q][j] = fmaf(d, sv[k][q], acc[q][j]);
+                for (int j = 0; j < NR; j++) {
+                    if (j >= m) break;
+                    float xv[8];
+                    load_act8((const XT *)a.x + xrow[j] * (size_t)a.ldx, (PC / 8) * pk + h, xv);
+#pragma unroll
+                    for (int q = 0; q < RG; q++) {
+                        float dd = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 8; e++) dd = fmaf(wf[q][e], xv[e], dd);
+                        acc[q][j] = fmaf(dd, sv[k][q], acc[q][j]);
+                    }
                 }
             }
         }
@@ -281,32 +338,33 @@ static void fg_div(struct fgemv &a, int bc) {
     a.nbc = (unsigned)((a.cols + bc - 1) / bc);
 }
 
-template <typename XT, typename HT, int G, int NR, int R>
+template <bool MX, typename XT, typename HT, int G, int NR, int R>
 void fg_launch(struct cuda_ctx *c, const struct fgemv &a, long max_tiles) {
     /* the dense GEMVs' split, by one expert matrix's shape (gate, up and
-     * down each units × cols) */
-    const int ks = gemv_k_parts(c, a.units, a.cols, true);
+     * down each units × cols) in 8-byte pieces (an FP8 column is a byte,
+     * an MXFP4 column half of one) */
+    const int ks = gemv_k_parts(c, a.units, MX ? a.cols / 2 : a.cols, true);
     const dim3 grid((unsigned)((a.units + (FG_WARPS / ks) * R - 1) / ((FG_WARPS / ks) * R)), (unsigned)max_tiles);
-    if (ks == 4) pdl_launch(c, moe_gemv_fp8_kernel<XT, HT, G, NR, R, 4>, grid, dim3(FG_THREADS), 0, a);
-    else if (ks == 2) pdl_launch(c, moe_gemv_fp8_kernel<XT, HT, G, NR, R, 2>, grid, dim3(FG_THREADS), 0, a);
-    else pdl_launch(c, moe_gemv_fp8_kernel<XT, HT, G, NR, R, 1>, grid, dim3(FG_THREADS), 0, a);
+    if (ks == 4) pdl_launch(c, moe_gemv_q_kernel<MX, XT, HT, G, NR, R, 4>, grid, dim3(FG_THREADS), 0, a);
+    else if (ks == 2) pdl_launch(c, moe_gemv_q_kernel<MX, XT, HT, G, NR, R, 2>, grid, dim3(FG_THREADS), 0, a);
+    else pdl_launch(c, moe_gemv_q_kernel<MX, XT, HT, G, NR, R, 1>, grid, dim3(FG_THREADS), 0, a);
 }
 
 /* gate|up (fp32 token rows in, the activation into h: HT), then down (h
  * in, fp32 out): 2 weight rows a warp for both (gate|up one unit, down
  * two), for every tile size, as the bf16 experts' GEMV. */
-template <typename HT, int NR>
+template <bool MX, typename HT, int NR>
 void gemv_pair(struct cuda_ctx *c, void *h, const float *x, long H, long F, const int32_t *order, int top_k,
                void *const *tab, long E, const int4 *tiles, const int *n_tiles, long max_tiles, float *out,
                int br, int bc, const struct moe_epi &ep) {
     const void *const *w = (const void *const *)tab;
-    const float *const *s = (const float *const *)(tab + 3 * E);
+    const void *const *s = (const void *const *)(tab + 3 * E);
     struct fgemv gu = {h, F, x, H, order, top_k, w, w + E, s, s + E, tiles, n_tiles, F, H, br, 0, 0, 0, ep};
-    fg_div(gu, bc);
-    fg_launch<float, HT, 2, NR, 1>(c, gu, max_tiles);
+    if (!MX) fg_div(gu, bc);
+    fg_launch<MX, float, HT, 2, NR, 1>(c, gu, max_tiles);
     struct fgemv dn = {out, H, h, F, NULL, 1, w + 2 * E, NULL, s + 2 * E, NULL, tiles, n_tiles, H, F, br, 0, 0, 0, ep};
-    fg_div(dn, bc);
-    fg_launch<HT, HT, 1, NR, 2>(c, dn, max_tiles);
+    if (!MX) fg_div(dn, bc);
+    fg_launch<MX, HT, HT, 1, NR, 2>(c, dn, max_tiles);
 }
 
 /* ---- prefill: the grouped mma.sync product ------------------------------ */
@@ -316,7 +374,8 @@ constexpr int BN = 16 * WARPS; /* weight rows per CTA */
 constexpr int BK = 64;         /* columns per k-step */
 constexpr int STAGES = 4;
 constexpr int THREADS = 32 * WARPS;
-constexpr uint32_t RAW_BYTES = BN * BK; /* a stage's e4m3 codes, [BN][BK] plain */
+/* a stage's codes, [BN][BK] plain: a byte a column (FP8) or half of one (MXFP4) */
+template <bool MX> __host__ __device__ constexpr uint32_t raw_bytes() { return MX ? BN * BK / 2 : BN * BK; }
 constexpr uint32_t W16_BYTES = BN * BK * 2;
 
 /* byte offset of 16-byte chunk c of row r in a [rows][BK] bf16 tile */
@@ -325,10 +384,10 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
 }
 
 struct grouped8 {
-    const void *const *w_a;  /* [experts] codes (glu: the gates) */
-    const void *const *w_b;  /* [experts] glu: the ups; else NULL */
-    const float *const *s_a; /* their scales */
-    const float *const *s_b;
+    const void *const *w_a; /* [experts] codes (glu: the gates) */
+    const void *const *w_b; /* [experts] glu: the ups; else NULL */
+    const void *const *s_a; /* their scales (FP8: fp32 blocks; MXFP4: exponent bytes) */
+    const void *const *s_b;
     const int4 *tiles;
     const int *n_tiles;
     const int32_t *order; /* NULL: x holds the sorted rows; else sorted row p reads x row order[p] / top_k */
@@ -340,19 +399,22 @@ struct grouped8 {
 enum { MODE_GROUPED, MODE_GLU };
 
 template <int MT> __host__ __device__ constexpr uint32_t a_bytes() { return ((MT + 1) & ~1) * 8 * BK * 2; }
-template <int MT> constexpr size_t smem_bytes() {
-    return (size_t)STAGES * (RAW_BYTES + a_bytes<MT>()) + W16_BYTES;
+template <bool MX, int MT> constexpr size_t smem_bytes() {
+    return (size_t)STAGES * (raw_bytes<MX>() + a_bytes<MT>()) + W16_BYTES;
 }
 
 /* As gemm_small_kernel (cuda_gemm_small.cu) with bf16 activations and
- * FP8 weights (see the top of the file). MODE_GLU: y is bf16 [rows][N]. */
-template <int MT, int MODE>
+ * FP8 or (MX) MXFP4 weights (see the top of the file). MODE_GLU: y is
+ * bf16 [rows][N]. */
+template <bool MX, int MT, int MODE>
 __global__ void __launch_bounds__(THREADS)
-gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ldx, int N, int K,
-                struct grouped8 g) {
+gemm_q_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ldx, int N, int K,
+              struct grouped8 g) {
     constexpr int MTE = (MT + 1) & ~1;
     constexpr int A_ROWS = MTE * 8;
     constexpr uint32_t A_BYTES = a_bytes<MT>();
+    constexpr uint32_t RAW_BYTES = raw_bytes<MX>();
+    constexpr uint32_t RB = RAW_BYTES / BN; /* a weight row's bytes in a stage */
     constexpr uint32_t STAGE_BYTES = RAW_BYTES + A_BYTES;
     extern __shared__ __align__(128) unsigned char smem[];
     pdl_trigger();
@@ -372,20 +434,20 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
     const int k1 = K / BK;
     const uint32_t sbase = ptx_smem_u32(smem), w16 = sbase + STAGES * STAGE_BYTES;
 
-    /* the codes of a stage: BN rows of BK bytes, 4 chunks a row */
+    /* stage row r's weight row: the glu's rows 0-31 are gate rows n0..,
+     * 32-63 up rows n0.. (rows past N: the last) */
+    auto w_row = [&](int r) -> int {
+        return MODE == MODE_GLU ? min(n0 + (r & (BN / 2 - 1)), N - 1) : min(n0 + r, N - 1);
+    };
+    /* the codes of a stage: BN rows of RB bytes, RB / 16 chunks a row */
     auto load_w = [&](int stage, int ks) {
         uint32_t dst = sbase + stage * STAGE_BYTES;
+        constexpr int CPR = RB / 16;
 #pragma unroll
-        for (int i = 0; i < BN * 4 / THREADS; i++) {
-            int idx = tid + i * THREADS, r = idx >> 2, c = idx & 3;
-            const uint8_t *src;
-            if (MODE == MODE_GLU) { /* rows 0-31: gate rows n0.., 32-63: up rows n0.. */
-                int gr = min(n0 + (r & (BN / 2 - 1)), N - 1);
-                src = (r < BN / 2 ? w : w_b) + (long)gr * K;
-            } else {
-                src = w + (long)min(n0 + r, N - 1) * K;
-            }
-            ptx_cp_async16(dst + r * BK + c * 16, src + (long)ks * BK + c * 16);
+        for (int i = 0; i < BN * CPR / THREADS; i++) {
+            int idx = tid + i * THREADS, r = idx / CPR, c = idx % CPR;
+            const uint8_t *src = (MODE == MODE_GLU && r >= BN / 2 ? w_b : w) + (long)w_row(r) * (K / (MX ? 2 : 1));
+            ptx_cp_async16(dst + r * RB + c * 16, src + (long)ks * RB + c * 16);
         }
     };
     constexpr int AI = (A_ROWS * 8 + THREADS - 1) / THREADS;
@@ -407,35 +469,62 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
             }
         }
     };
-    /* the stage's codes widened into the bf16 tile */
-    auto widen = [&](int stage) {
+    /* the stage's codes (of k-step ks) widened into the bf16 tile; MXFP4
+     * times their exponents' powers of two (exact in bf16) */
+    auto widen = [&](int stage, int ks) {
         const unsigned char *raw = smem + stage * STAGE_BYTES;
         unsigned char *dst = smem + STAGES * STAGE_BYTES;
+        if constexpr (MX) {
+            /* a thread a 16-byte chunk: 32 columns, one exponent */
+            static_assert(BN * 2 == THREADS, "moe mxfp4 mma: a chunk a thread");
+            const int r = tid >> 1, c = tid & 1;
+            const uint8_t *ex = (const uint8_t *)(MODE == MODE_GLU && r >= BN / 2 ? g.s_b : g.s_a)[t.x];
+            const float sc = mx_scale(__ldg(ex + (long)w_row(r) * (K / 32) + ks * (BK / 32) + c));
+            const uint4 q = *(const uint4 *)(raw + r * RB + c * 16);
+            const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-        for (int i = 0; i < BN * 4 / THREADS; i++) {
-            int idx = tid + i * THREADS, r = idx >> 2, c = idx & 3;
-            uint4 q = *(const uint4 *)(raw + r * BK + c * 16), lo, hi;
-            fp8_to_bf16x16(q, lo, hi);
-            *(uint4 *)(dst + swz(r, 2 * c)) = lo;
-            *(uint4 *)(dst + swz(r, 2 * c + 1)) = hi;
+            for (int i = 0; i < 4; i++) {
+                float f[8];
+                mx_widen8(qw[i], f);
+                uint32_t o[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    __nv_bfloat162 b = __floats2bfloat162_rn(f[2 * k] * sc, f[2 * k + 1] * sc);
+                    o[k] = *(const uint32_t *)&b;
+                }
+                *(uint4 *)(dst + swz(r, 4 * c + i)) = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < BN * 4 / THREADS; i++) {
+                int idx = tid + i * THREADS, r = idx >> 2, c = idx & 3;
+                uint4 q = *(const uint4 *)(raw + r * BK + c * 16), lo, hi;
+                fp8_to_bf16x16(q, lo, hi);
+                *(uint4 *)(dst + swz(r, 2 * c)) = lo;
+                *(uint4 *)(dst + swz(r, 2 * c + 1)) = hi;
+            }
         }
     };
 
-    /* the scales of this lane's two weight rows (rows past N: the last) */
-    int rowA, rowB;
-    const float *sp;
-    if (MODE == MODE_GLU) {
-        rowA = n0 + (warp & 1) * 16 + (lane >> 2);
-        sp = warp < 2 ? g.s_a[t.x] : g.s_b[t.x];
-    } else {
-        rowA = n0 + warp * 16 + (lane >> 2);
-        sp = g.s_a[t.x];
+    /* FP8: the scales of this lane's two weight rows (rows past N: the last) */
+    const float *sA = NULL, *sB = NULL;
+    int k16_per_block = 1;
+    const int k16_total = k1 * (BK / 16);
+    if constexpr (!MX) {
+        int rowA;
+        const float *sp;
+        if (MODE == MODE_GLU) {
+            rowA = n0 + (warp & 1) * 16 + (lane >> 2);
+            sp = (const float *)(warp < 2 ? g.s_a[t.x] : g.s_b[t.x]);
+        } else {
+            rowA = n0 + warp * 16 + (lane >> 2);
+            sp = (const float *)g.s_a[t.x];
+        }
+        const int rowB = rowA + 8, nbc = (K + g.bc - 1) / g.bc;
+        sA = sp + (long)(min(rowA, N - 1) / g.br) * nbc;
+        sB = sp + (long)(min(rowB, N - 1) / g.br) * nbc;
+        k16_per_block = g.bc / 16;
     }
-    rowB = rowA + 8;
-    const int nbc = (K + g.bc - 1) / g.bc;
-    const float *sA = sp + (long)(min(rowA, N - 1) / g.br) * nbc;
-    const float *sB = sp + (long)(min(rowB, N - 1) / g.br) * nbc;
-    const int k16_per_block = g.bc / 16, k16_total = k1 * (BK / 16);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++)
@@ -459,7 +548,7 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
     for (int kk = 0; kk < k1; kk++) {
         ptx_cp_async_wait<STAGES - 2>();
         __syncthreads(); /* stage kk landed (every thread's copies); the tile's last readers are done */
-        widen(kk % STAGES);
+        widen(kk % STAGES, kk);
         __syncthreads(); /* the bf16 tile is whole */
         {
             /* into the slot of step kk - 1, whose codes were widened and
@@ -477,12 +566,13 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
             for (int j = 0; j < MTE; j += 2) {
                 uint32_t b0, b1, b2, b3;
                 ptx_ldmatrix_x4(b0, b1, b2, b3, sa + swz((j + (aq >> 1)) * 8 + ar, 2 * ks + (aq & 1)));
-                ptx_mma_m16n8k16<__nv_bfloat16>(part[j], a, b0, b1);
-                if (j + 1 < MT) ptx_mma_m16n8k16<__nv_bfloat16>(part[j + 1], a, b2, b3);
+                /* MXFP4: the values carry their scales; FP8: per K block */
+                ptx_mma_m16n8k16<__nv_bfloat16>(MX ? acc[j] : part[j], a, b0, b1);
+                if (j + 1 < MT) ptx_mma_m16n8k16<__nv_bfloat16>(MX ? acc[j + 1] : part[j + 1], a, b2, b3);
             }
-            /* the end of a K block (or of K): its products times its scales */
+            /* FP8, the end of a K block (or of K): its products times its scales */
             const int kq = kk * (BK / 16) + ks;
-            if ((kq + 1) % k16_per_block == 0 || kq + 1 == k16_total) {
+            if (!MX && ((kq + 1) % k16_per_block == 0 || kq + 1 == k16_total)) {
                 const int kb = kq / k16_per_block;
                 const float a_s = __ldg(sA + kb), b_s = __ldg(sB + kb);
 #pragma unroll
@@ -548,68 +638,90 @@ gemm_fp8_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ld
 
 /* The variant's shared-memory limit, once per variant and device (bits
  * 16.. of cuda_ctx.gemm_small_ready; cuda_gemm_small.cu takes the low ones). */
-template <int MT, int MODE> void setup(struct cuda_ctx *c) {
-    const unsigned bit = 1u << (16 + (MT == 2 ? 0 : 2) + MODE);
+template <bool MX, int MT, int MODE> void setup(struct cuda_ctx *c) {
+    const unsigned bit = 1u << (16 + (MX ? 4 : 0) + (MT == 2 ? 0 : 2) + MODE);
     if (c->gemm_small_ready & bit) return;
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_fp8_kernel<MT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem_bytes<MT>()));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_q_kernel<MX, MT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem_bytes<MX, MT>()));
     c->gemm_small_ready |= bit;
 }
 
-template <int MT>
+template <bool MX, int MT>
 void launch_grouped(struct cuda_ctx *c, void *y, long ldy, const void *x16, long ldx, const struct grouped8 &g,
                     long max_tiles, long N, long K) {
     if (g.w_b) {
-        setup<MT, MODE_GLU>(c);
-        pdl_launch(c, gemm_fp8_kernel<MT, MODE_GLU>, dim3((unsigned)((N + BN / 2 - 1) / (BN / 2)), (unsigned)max_tiles),
-                   dim3(THREADS), smem_bytes<MT>(), (float *)y, ldy, (const __nv_bfloat16 *)x16, ldx, (int)N, (int)K, g);
+        setup<MX, MT, MODE_GLU>(c);
+        pdl_launch(c, gemm_q_kernel<MX, MT, MODE_GLU>, dim3((unsigned)((N + BN / 2 - 1) / (BN / 2)), (unsigned)max_tiles),
+                   dim3(THREADS), smem_bytes<MX, MT>(), (float *)y, ldy, (const __nv_bfloat16 *)x16, ldx, (int)N,
+                   (int)K, g);
     } else {
-        setup<MT, MODE_GROUPED>(c);
-        pdl_launch(c, gemm_fp8_kernel<MT, MODE_GROUPED>, dim3((unsigned)((N + BN - 1) / BN), (unsigned)max_tiles),
-                   dim3(THREADS), smem_bytes<MT>(), (float *)y, ldy, (const __nv_bfloat16 *)x16, ldx, (int)N, (int)K, g);
+        setup<MX, MT, MODE_GROUPED>(c);
+        pdl_launch(c, gemm_q_kernel<MX, MT, MODE_GROUPED>, dim3((unsigned)((N + BN - 1) / BN), (unsigned)max_tiles),
+                   dim3(THREADS), smem_bytes<MX, MT>(), (float *)y, ldy, (const __nv_bfloat16 *)x16, ldx, (int)N,
+                   (int)K, g);
     }
 }
 
 } // namespace
 
-extern "C" int cuda_moe_fp8_ok(long hidden, long inter, int block_rows, int block_cols) {
-    return hidden % 16 == 0 && inter % 16 == 0 && block_rows >= 1 && block_cols >= 16 && block_cols % 16 == 0 &&
-           hidden <= INT32_MAX && inter <= INT32_MAX;
+extern "C" int cuda_moe_quant_ok(enum dtype dt, long hidden, long inter, int block_rows, int block_cols) {
+    if (hidden > INT32_MAX || inter > INT32_MAX) return 0;
+    if (dt == DTYPE_MXFP4) return hidden % 32 == 0 && inter % 32 == 0;
+    return dt == DTYPE_F8_E4M3 && hidden % 16 == 0 && inter % 16 == 0 && block_rows >= 1 && block_cols >= 16 &&
+           block_cols % 16 == 0;
 }
 
-extern "C" int cuda_moe_fp8_mma_ok(long hidden, long inter) { return hidden % BK == 0 && inter % BK == 0; }
+extern "C" int cuda_moe_quant_mma_ok(long hidden, long inter) { return hidden % BK == 0 && inter % BK == 0; }
 
-extern "C" void cuda_moe_fp8_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H,
-                                  long F, const int32_t *order, int top_k, void *const *tab, long E,
-                                  const void *tiles, const int *n_tiles, long max_tiles, int br, int bc, int h32,
-                                  const struct moe_experts *e) {
+namespace {
+template <bool MX>
+void gemv_q(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H, long F,
+            const int32_t *order, int top_k, void *const *tab, long E, const int4 *tl, const int *n_tiles,
+            long max_tiles, int br, int bc, int h32, const struct moe_epi &ep) {
+    if (h32 && tile_rows == 1) gemv_pair<MX, float, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
+    else if (h32) gemv_pair<MX, float, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
+    else if (tile_rows == 1)
+        gemv_pair<MX, __nv_bfloat16, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
+    else gemv_pair<MX, __nv_bfloat16, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
+}
+
+template <bool MX>
+void grouped_q(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16, long H, long F,
+               const struct grouped8 &gu, const struct grouped8 &dn, long max_tiles) {
+    if (tile_rows <= 16) {
+        launch_grouped<MX, 2>(c, h, F, x16, H, gu, max_tiles, F, H);
+        launch_grouped<MX, 2>(c, out, H, h, F, dn, max_tiles, H, F);
+    } else {
+        launch_grouped<MX, 8>(c, h, F, x16, H, gu, max_tiles, F, H);
+        launch_grouped<MX, 8>(c, out, H, h, F, dn, max_tiles, H, F);
+    }
+}
+} // namespace
+
+extern "C" void cuda_moe_quant_gemv(struct cuda_ctx *c, int tile_rows, void *h, float *out, const float *x, long H,
+                                    long F, const int32_t *order, int top_k, void *const *tab, long E,
+                                    const void *tiles, const int *n_tiles, long max_tiles, int br, int bc, int h32,
+                                    const struct moe_experts *e) {
     const int4 *tl = (const int4 *)tiles;
     const struct moe_epi ep = moe_epi_of(e);
     if (max_tiles <= 0) return;
     CUDA_ASSERT(tile_rows == 1 || tile_rows == 8);
-    CUDA_ASSERT_MSG((uintptr_t)x % 16 == 0, "moe_ffn: FP8 experts need 16-byte aligned token rows");
-    if (h32 && tile_rows == 1) gemv_pair<float, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
-    else if (h32) gemv_pair<float, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
-    else if (tile_rows == 1)
-        gemv_pair<__nv_bfloat16, 1>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
-    else gemv_pair<__nv_bfloat16, 8>(c, h, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, out, br, bc, ep);
+    CUDA_ASSERT_MSG((uintptr_t)x % 16 == 0, "moe_ffn: quantized experts need 16-byte aligned token rows");
+    if (e->gate[0].dtype == DTYPE_MXFP4)
+        gemv_q<true>(c, tile_rows, h, out, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, br, bc, h32, ep);
+    else gemv_q<false>(c, tile_rows, h, out, x, H, F, order, top_k, tab, E, tl, n_tiles, max_tiles, br, bc, h32, ep);
 }
 
-extern "C" void cuda_moe_fp8_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16,
-                                     long H, long F, const int32_t *order, int top_k, void *const *tab, long E,
-                                     const void *tiles, const int *n_tiles, long max_tiles, int br, int bc,
-                                     const struct moe_experts *e) {
+extern "C" void cuda_moe_quant_grouped(struct cuda_ctx *c, int tile_rows, void *h, float *out, const void *x16,
+                                       long H, long F, const int32_t *order, int top_k, void *const *tab, long E,
+                                       const void *tiles, const int *n_tiles, long max_tiles, int br, int bc,
+                                       const struct moe_experts *e) {
     if (max_tiles <= 0) return;
     const void *const *w = (const void *const *)tab;
-    const float *const *s = (const float *const *)(tab + 3 * E);
+    const void *const *s = (const void *const *)(tab + 3 * E);
     const int4 *tl = (const int4 *)tiles;
     struct grouped8 gu = {w, w + E, s, s + E, tl, n_tiles, order, top_k, br, bc, moe_epi_of(e)};
     struct grouped8 dn = {w + 2 * E, NULL, s + 2 * E, NULL, tl, n_tiles, NULL, 1, br, bc, moe_epi_of(e)};
-    if (tile_rows <= 16) {
-        launch_grouped<2>(c, h, F, x16, H, gu, max_tiles, F, H);
-        launch_grouped<2>(c, out, H, h, F, dn, max_tiles, H, F);
-    } else {
-        launch_grouped<8>(c, h, F, x16, H, gu, max_tiles, F, H);
-        launch_grouped<8>(c, out, H, h, F, dn, max_tiles, H, F);
-    }
+    if (e->gate[0].dtype == DTYPE_MXFP4) grouped_q<true>(c, tile_rows, h, out, x16, H, F, gu, dn, max_tiles);
+    else grouped_q<false>(c, tile_rows, h, out, x16, H, F, gu, dn, max_tiles);
 }

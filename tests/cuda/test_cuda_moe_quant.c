@@ -1,7 +1,11 @@
-/* test_cuda_moe_fp8.c — the CUDA backend's moe_ffn with FP8 experts (e4m3
- * codes with fp32 block scales, cuda_moe_fp8.cu) against the CPU backend
- * on the same codes and scales (seed printed; KILN_TEST_SEED repeats a
- * run).
+/* test_cuda_moe_quant.c — the CUDA backend's moe_ffn with quantized
+ * experts (cuda_moe_quant.cu) against the CPU backend (seed printed;
+ * KILN_TEST_SEED repeats a run): FP8 (e4m3 codes with fp32 block scales,
+ * the CPU on the same codes and scales), then MXFP4 (e2m1 codes with an
+ * exponent per 32 columns, encoded by tensor/mxfp4.h from random values
+ * times a random power of two per block, so that exponents differ; the
+ * CPU on the bf16 values the codes decode to, exactly, as the CPU loads
+ * an MXFP4 checkpoint).
  *
  * moe_ffn: the CPU dequantizes each weight to fp32 (code × scale, one
  * rounding) and keeps fp32 activations; the GPU uses the same codes and
@@ -39,7 +43,15 @@
  * SwiGLU, a limit that clamps a good share of the values) on the GEMV
  * (one-row and 8-row tiles) and the mma product (16- and 64-row tiles),
  * with a graph replay.
-
+ *
+ * MXFP4 (the same tolerances: the GPU's weight values are the CPU's
+ * exactly, every e2m1 value times its power of two, each 8 columns' sum
+ * times the scale): the one-row and 8-row GEMV, the mma product (16- and
+ * 64-row tiles), a fused shared expert, graph replays, the GEMV's K split
+ * (hidden 8224, inter 4128: 514 and 258 pieces of 16 codes), widths of 32
+ * but not 64 (the GEMV at every batch), gpt-oss-20b's rows (2880 columns),
+ * gpt-oss's biases and clamped SwiGLU, --deterministic, and the
+ * fp32-grade mode.
  *
  * Label gpu; fails without a GPU (run it with ctest -L gpu on the GPU machine). */
 #include <math.h>
@@ -60,6 +72,7 @@
 #include "model/model_internal.h"
 #include "tensor/backend.h"
 #include "tensor/dtype.h"
+#include "tensor/mxfp4.h"
 #include "cuda_test_pairs.h"
 
 /* CUDA backends besides `gpu`: --deterministic, and the fp32-grade mode
@@ -73,18 +86,60 @@ static int BR = 128, BC = 128;
 /* gpt-oss's experts (biases, the clamped SwiGLU) where a case sets it */
 static int BIASED = 0;
 
-/* An FP8 weight on both backends: random values in ±amp quantized per
- * block with a scale of amax / 448 times a random factor in [1, 2) (so
- * codes do not all reach 448 and scales differ between blocks). */
+/* MXFP4 experts where a case sets it, else FP8 */
+static int MX = 0;
+
+/* A quantized weight on both backends. FP8: random values in ±amp
+ * quantized per block with a scale of amax / 448 times a random factor in
+ * [1, 2) (so codes do not all reach 448 and scales differ between
+ * blocks). MXFP4: codes and exponents on the GPUs (q, ex), the decoded
+ * values as bf16 on the CPU (bf). */
 struct fp8w {
     struct backend_weight c, g, d, x; /* CPU, GPU, deterministic GPU, fp32-grade GPU */
     uint8_t *q;
     float *s;
+    uint8_t *ex;
+    uint16_t *bf;
 };
 
+/* An MXFP4 weight: random values in ±amp times 2^j per block of 32, j in
+ * 0..3, encoded. */
+static struct fp8w mxw_rand(long rows, long cols, float amp) {
+    struct fp8w w = {0};
+    size_t n = (size_t)(rows * cols), nb = n / 32;
+    w.q = xaligned_alloc(n / 2 + 64);
+    w.ex = xaligned_alloc(nb + 64);
+    w.bf = xaligned_alloc(n * 2 + 64);
+    float x[32], v[32];
+    for (size_t b = 0; b < nb; b++) {
+        float f = (float)(1 << irand(4));
+        for (int i = 0; i < 32; i++) x[i] = frand(amp) * f / 4.0f;
+        mxfp4_encode32(x, w.q + b * 16, w.ex + b);
+        assert_int_equal(mxfp4_decode(w.q + b * 16, w.ex + b, 1, v), -1);
+        for (int i = 0; i < 32; i++) {
+            w.bf[b * 32 + (size_t)i] = f32_to_bf16(v[i]);
+            assert_true(bf16_to_f32(w.bf[b * 32 + (size_t)i]) == v[i]); /* exact in bf16 */
+        }
+    }
+    w.c = (struct backend_weight){.dtype = DTYPE_BF16, .rows = rows, .cols = cols};
+    w.c.data = cpu.ops->weight_upload(cpu.ctx, w.bf, n * 2);
+    struct backend_weight base = {.dtype = DTYPE_MXFP4, .rows = rows, .cols = cols, .block_rows = 1, .block_cols = 32};
+    struct backend *bs[3] = {&gpu, &det, &x2};
+    struct backend_weight *ws[3] = {&w.g, &w.d, &w.x};
+    for (int i = 0; i < 3; i++) {
+        *ws[i] = base;
+        ws[i]->data = bs[i]->ops->weight_upload(bs[i]->ctx, w.q, n / 2);
+        ws[i]->e8m0 = bs[i]->ops->weight_upload(bs[i]->ctx, w.ex, nb);
+        assert_non_null(ws[i]->data);
+        assert_non_null(ws[i]->e8m0);
+    }
+    return w;
+}
+
 static struct fp8w fp8w_rand(long rows, long cols, float amp) {
+    if (MX) return mxw_rand(rows, cols, amp);
     long nbr = (rows + BR - 1) / BR, nbc = (cols + BC - 1) / BC;
-    struct fp8w w;
+    struct fp8w w = {0};
     w.q = xaligned_alloc((size_t)(rows * cols) + 64);
     w.s = xaligned_alloc((size_t)(nbr * nbc) * 4 + 64);
     for (long b = 0; b < nbr * nbc; b++) w.s[b] = amp / 448.0f * (1.5f + frand(0.5f));
@@ -114,12 +169,18 @@ static struct fp8w fp8w_rand(long rows, long cols, float amp) {
 
 static void fp8w_free(struct fp8w *w) {
     gpu.ops->weight_release(gpu.ctx, w->g.data);
-    gpu.ops->weight_release(gpu.ctx, w->g.scale);
     det.ops->weight_release(det.ctx, w->d.data);
-    det.ops->weight_release(det.ctx, w->d.scale);
     x2.ops->weight_release(x2.ctx, w->x.data);
-    x2.ops->weight_release(x2.ctx, w->x.scale);
-    free(w->q), free(w->s);
+    if (w->ex) {
+        gpu.ops->weight_release(gpu.ctx, w->g.e8m0);
+        det.ops->weight_release(det.ctx, w->d.e8m0);
+        x2.ops->weight_release(x2.ctx, w->x.e8m0);
+    } else {
+        gpu.ops->weight_release(gpu.ctx, w->g.scale);
+        det.ops->weight_release(det.ctx, w->d.scale);
+        x2.ops->weight_release(x2.ctx, w->x.scale);
+    }
+    free(w->q), free(w->s), free(w->ex), free(w->bf);
 }
 
 struct experts {
@@ -213,9 +274,13 @@ static void check(int E_routed, int K, int fused, int H, int F, long n, int grap
     struct pair pid = pair_from(ids, (size_t)(n * W) * 4), w = pair_from(wts, (size_t)(n * W) * 4),
                 x = pair_rand((size_t)(n * H), 1.0f), y = pair_poison((size_t)(n * H));
     int graphable = gpu.ops->moe_ffn_graphable(gpu.ctx, &ex.g, W, n);
-    printf("  moe_ffn fp8 E=%d%s K=%d H=%d F=%d n=%ld blocks %dx%d%s\n", E_routed, fused ? "+1 fused" : "", K, H, F, n,
-           BR, BC, BIASED ? " (biases, clamped SwiGLU)" : "");
-    assert_int_equal(graphable, 1); /* FP8 experts run on the device path only */
+    if (MX)
+        printf("  moe_ffn mxfp4 E=%d%s K=%d H=%d F=%d n=%ld%s\n", E_routed, fused ? "+1 fused" : "", K, H, F, n,
+               BIASED ? " (biases, clamped SwiGLU)" : "");
+    else
+        printf("  moe_ffn fp8 E=%d%s K=%d H=%d F=%d n=%ld blocks %dx%d%s\n", E_routed, fused ? "+1 fused" : "", K, H,
+               F, n, BR, BC, BIASED ? " (biases, clamped SwiGLU)" : "");
+    assert_int_equal(graphable, 1); /* quantized experts run on the device path only */
     cpu.ops->moe_ffn(cpu.ctx, y.h, x.h, (int32_t *)pid.h, w.h, W, &ex.c, n);
     gpu.ops->moe_ffn(gpu.ctx, y.d, x.d, pid.d, w.d, W, &ex.g, n);
     expect_close(&y, n, H, H, 1e-2);
@@ -384,8 +449,37 @@ static void test_moe_fp8_biased(void **state) {
     BIASED = 0;
 }
 
+/* MXFP4 experts: the GEMV (one-row and 8-row tiles), the mma product
+ * (16- and 64-row tiles), a fused shared expert, graph replays; the GEMV's
+ * K split; widths of 32 but not 64 (the GEMV at every batch);
+ * gpt-oss-20b's rows; gpt-oss's biases and clamped SwiGLU; and
+ * --deterministic. */
+static void test_moe_mxfp4(void **state) {
+    SKIP_WITHOUT_GPU();
+    MX = 1;
+    check(128, 8, 0, 320, 192, 1, 1);
+    check(128, 8, 1, 320, 192, 7, 0);
+    check(128, 8, 0, 320, 192, 64, 1); /* mma, 16-row tiles */
+    check(8, 2, 1, 128, 192, 300, 0);  /* mma, 64-row tiles */
+    check(3, 2, 0, 8224, 4128, 1, 1);  /* K split: 4 parts of gate|up, 2 of down */
+    check(3, 2, 0, 8224, 4128, 5, 0);
+    check(16, 4, 1, 288, 224, 1, 0); /* widths of 32, not 64: the GEMV at every batch */
+    check(16, 4, 0, 288, 224, 300, 0);
+    check(4, 2, 0, 2880, 2880, 1, 0); /* gpt-oss-20b's rows */
+    check(4, 2, 0, 2880, 2880, 64, 0);
+    BIASED = 1;
+    check(32, 4, 0, 320, 192, 1, 1);
+    check(32, 4, 0, 320, 192, 5, 0);
+    check(32, 4, 0, 320, 192, 300, 1);
+    check(16, 4, 0, 64, 32, 300, 0); /* the tiny oracle model's shapes: the GEMV at every batch */
+    BIASED = 0;
+    det_check(64, 6, 256, 192, 300); /* the mma product */
+    det_check(16, 4, 288, 224, 300); /* the GEMV */
+    MX = 0;
+}
+
 int main(void) {
-    rng_seed("test_cuda_moe_fp8");
+    rng_seed("test_cuda_moe_quant");
     (void)weight_rand, (void)weight_free; /* cuda_test_pairs.h's 16-bit weights: not used here */
     struct kiln_error err = {0};
     struct backend_options bo = {0}, bd = {.deterministic = 1};
@@ -398,13 +492,13 @@ int main(void) {
     have_gpu = have_gpu && backend_create(&x2, "cuda", &bo, &err) == 0;
     unsetenv("KILN_CUDA_MATMUL");
     knob_reload(NULL);
-    if (!have_gpu) printf("test_cuda_moe_fp8: %s; the tests below fail\n", err.msg);
+    if (!have_gpu) printf("test_cuda_moe_quant: %s; the tests below fail\n", err.msg);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_fp8_small_m), cmocka_unit_test(test_moe_fp8_mma),
                                        cmocka_unit_test(test_moe_fp8_gemv_only),
                                        cmocka_unit_test(test_moe_fp8_gemv_odd),
                                        cmocka_unit_test(test_moe_fp8_gemv_ksplit),
                                        cmocka_unit_test(test_moe_fp8_deterministic),
-                                       cmocka_unit_test(test_moe_fp8_biased)};
+                                       cmocka_unit_test(test_moe_fp8_biased), cmocka_unit_test(test_moe_mxfp4)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (have_gpu) backend_destroy(&x2), backend_destroy(&det), backend_destroy(&gpu);
     backend_destroy(&cpu);
