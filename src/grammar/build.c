@@ -476,7 +476,7 @@ static void eps_state(struct builder *b, struct raw *rw, uint32_t q, uint32_t r,
 
 static void compute_follow(struct grammar *g);
 
-struct grammar *gr_build(const struct gr_parsed *p, const char *root, struct kiln_error *err) {
+struct grammar *gr_build(const struct gr_parsed *p, const char *root, int *empty, struct kiln_error *err) {
     int root_rule = -1;
     for (uint32_t k = 0; k < p->n_rules; k++)
         if (strcmp(p->rules[k].name, root) == 0) root_rule = (int)k;
@@ -561,6 +561,7 @@ struct grammar *gr_build(const struct gr_parsed *p, const char *root, struct kil
     uint32_t root_start = start[0];
     if (!live[root_start]) {
         kiln_errorf(err, "grammar: the root rule '%s' matches no text at all", root);
+        if (empty) *empty = 1;
         free(live);
         free(start);
         goto done;
@@ -722,16 +723,22 @@ static void compute_follow(struct grammar *g) {
     free(first);
 }
 
-struct grammar *grammar_compile_ebnf(const char *text, size_t len, const char *root, struct kiln_error *err) {
+struct grammar *grammar_compile_ebnf_empty(const char *text, size_t len, const char *root, int *empty,
+                                           struct kiln_error *err) {
     struct gr_parsed p;
+    if (empty) *empty = 0;
     if (!text) text = "";
     if (gr_parse(text, len, &p, err)) {
         gr_parsed_free(&p);
         return NULL;
     }
-    struct grammar *g = gr_build(&p, root ? root : "root", err);
+    struct grammar *g = gr_build(&p, root ? root : "root", empty, err);
     gr_parsed_free(&p);
     return g;
+}
+
+struct grammar *grammar_compile_ebnf(const char *text, size_t len, const char *root, struct kiln_error *err) {
+    return grammar_compile_ebnf_empty(text, len, root, NULL, err);
 }
 
 void grammar_ref(struct grammar *g) {

@@ -63,6 +63,10 @@ struct grammar_matcher;
  * are refused with the rule's name. */
 struct grammar *grammar_compile_ebnf(const char *text, size_t len, const char *root,
                                      struct kiln_error *err);
+/* The same; *empty (not NULL) says whether it failed because the root rule
+ * matches no text at all (1), or compiled or failed otherwise (0). */
+struct grammar *grammar_compile_ebnf_empty(const char *text, size_t len, const char *root, int *empty,
+                                           struct kiln_error *err);
 /* A regular expression (ECMAScript / Python `re` syntax subset: literals,
  * escapes, classes, `.`, groups, alternation, greedy and lazy quantifiers,
  * {m,n}; anchors ^ and $ only at the ends). The whole output must match.

@@ -130,7 +130,7 @@ int gr_errorf_at(struct kiln_error *err, const char *text, size_t len, uint32_t 
 
 /* build.c: the automaton of a parsed grammar, root rule `root`. */
 void gr_class_dfa_free(void *p);
-struct grammar *gr_build(const struct gr_parsed *p, const char *root, struct kiln_error *err);
+struct grammar *gr_build(const struct gr_parsed *p, const char *root, int *empty, struct kiln_error *err);
 
 /* ---- the stack arena (matcher.c) ---- */
 

@@ -621,9 +621,9 @@ int js_gen_child(struct js_ctx *c, const json_t *s, const char *key, const char 
  * compile says what is wrong. */
 static int js_has_finite_value(const char *text, size_t len, struct grammar **g) {
     struct kiln_error e = {0};
-    *g = grammar_compile_ebnf(text, len, "root", &e);
-    if (*g) return 1;
-    return e.code == KILN_ERR_TOO_LARGE || !strstr(e.msg, "matches no text");
+    int empty;
+    *g = grammar_compile_ebnf_empty(text, len, "root", &empty, &e);
+    return *g || !empty;
 }
 
 /* The translation into out; for a schema with references, *compiled (when

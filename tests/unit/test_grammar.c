@@ -234,6 +234,33 @@ static void test_errors(void **state) {
     assert_string_equal(err.msg, "grammar:1:14: undefined rule 'bad'");
 }
 
+/* grammar_compile_ebnf_empty says when the root matches no text (a rule
+ * that never ends, an empty class), and only then: a syntax error, an
+ * undefined rule, a grammar past the limits and one that compiles do not. */
+static void test_empty_root(void **state) {
+    static const struct {
+        const char *grammar;
+        int empty;
+    } roots[] = {
+        {"root ::= \"x\" root", 1},
+        {"root ::= [^\\x00-\\U0010FFFF]", 1},
+        {"root ::= a | b\na ::= \"x\" a\nb ::= \"y\" b", 1},
+        {"root ::= \"x\" root | \"y\"", 0},
+        {"root ::= \"abc", 0},
+        {"root ::= bad", 0},
+        {"root ::= ((\"abcdefgh\"{100}){100}){100}", 0},
+    };
+    for (size_t c = 0; c < sizeof roots / sizeof *roots; c++) {
+        struct kiln_error err = {0};
+        int empty = -1;
+        struct grammar *g = grammar_compile_ebnf_empty(roots[c].grammar, strlen(roots[c].grammar), NULL, &empty, &err);
+        if (empty != roots[c].empty) fail_msg("case %zu (%s): empty %d, want %d", c, roots[c].grammar, empty, roots[c].empty);
+        if (!roots[c].empty && c == 3) assert_non_null(g);
+        else assert_null(g);
+        grammar_unref(g);
+    }
+}
+
 /* Expansion past the state limit is refused, not attempted forever. */
 static void test_too_large(void **state) {
     struct kiln_error err = {0};
@@ -279,7 +306,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_states), cmocka_unit_test(test_split_code_point),
         cmocka_unit_test(test_deep_nesting), cmocka_unit_test(test_root_name),
         cmocka_unit_test(test_errors),     cmocka_unit_test(test_too_large),
-        cmocka_unit_test(test_ambiguity_bounded),
+        cmocka_unit_test(test_ambiguity_bounded), cmocka_unit_test(test_empty_root),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
