@@ -59,7 +59,7 @@ static const struct knob_def table[KNOB_COUNT] = {
                        ENUM(KNOB_PUBLIC, "device", WORDS("host", "device"),
                             "MoE rows sorted by expert on the host, or on the device (batches up "
                             "to KILN_CUDA_MOE_MAX tokens; MoE models then decode from graphs; FP8 "
-                            "experts: the device only)")},
+                            "and MXFP4 experts: the device only)")},
     [KNOB_DIST_RANK] = {"KILN_DIST_RANK",
                         INT(KNOB_PUBLIC, "0", 0, 4095,
                             "set by kiln, not by users: the global rank of a process a node's first "
@@ -145,7 +145,7 @@ static const struct knob_def table[KNOB_COUNT] = {
     [KNOB_CUDA_MOE_MAX] = {"KILN_CUDA_MOE_MAX",
                            INT(KNOB_DEBUG, "1048576", 0, 1 << 20,
                                "largest batch (tokens) of the MoE device path; larger ones sort "
-                               "on the host (FP8 experts: every batch on the device)")},
+                               "on the host (FP8 and MXFP4 experts: every batch on the device)")},
     [KNOB_CUDA_DUAL_STREAM] = {"KILN_CUDA_DUAL_STREAM",
                                INT(KNOB_PUBLIC, "1024", 0, 1 << 20,
                                    "MoE steps of up to this many tokens run the shared experts on a "

@@ -488,7 +488,7 @@ extern "C" int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e,
 }
 
 /* Scratch of the device path for a chunk of `rows` (token, slot) rows:
- * h [rows][F] 16-bit (hs = 2; FP8 experts in the fp32-grade mode: fp32,
+ * h [rows][F] 16-bit (hs = 2; quantized experts in the fp32-grade mode: fp32,
  * hs = 4), out [rows][H] fp32, order, where [rows], the tiles (at most
  * max_tiles of 16 bytes) and their count. */
 static size_t h_scratch_bytes(long rows, long F, int hs) { return ((size_t)rows * F * hs + 15) & ~(size_t)15; }
