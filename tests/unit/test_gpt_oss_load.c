@@ -10,6 +10,10 @@
  *     into gate, up and down rows alike; the weight bytes are what the
  *     memory plan counts.
  *   - Dummy weights of the config's shapes.
+ *   - A backend that runs MXFP4 experts (backend_ops.mxfp4_experts set on
+ *     the CPU backend's table, loads only): the blocks kept as they are,
+ *     the refusal of exponents past the products' range, MXFP4 dummy
+ *     experts (test_mxfp4_native).
  *   - Refusals name the tensor: blocks or scales missing, mis-shaped, of
  *     another dtype, a NaN scale (255); blocks without an mxfp4
  *     quantization_config; fused tensors missing; a backend without
@@ -33,6 +37,7 @@
 #include "base/mem.h"
 #include "model/model.h"
 #include "model/model_internal.h"
+#include "tensor/mxfp4.h"
 #include "ckpt_writer.h"
 
 #define assert_contains(hay, needle)                                                        \
@@ -260,8 +265,8 @@ static void test_mxfp4_matches_bf16(void **state) {
 }
 
 /* --load-format dummy: random experts and biases of the config's shapes,
- * counted as the plan counts them (its MXFP4 quantization_config says
- * nothing about dummy weights) */
+ * counted as the plan counts them (on a backend without MXFP4 experts its
+ * MXFP4 quantization_config says nothing about dummy weights) */
 static void test_dummy(void **state) {
     (void)state;
     struct ckpt c;
@@ -282,6 +287,77 @@ static void test_dummy(void **state) {
     free(cfg);
     free_ckpt(&c);
     rm_rf(dir);
+}
+
+/* A backend that runs MXFP4 experts (backend_ops.mxfp4_experts; the CPU
+ * backend's table with the flag set, loads only): the checkpoint's blocks
+ * stay MXFP4, gate and up the even and odd rows of gate_up, every byte and
+ * exponent the checkpoint's; the weight bytes count codes and exponents;
+ * an exponent past 240 is refused naming the tensor and block; dummy
+ * experts are the MXFP4 encoding (tensor/mxfp4.h) of the values the same
+ * config's bf16 dummy experts have. */
+static void test_mxfp4_native(void **state) {
+    (void)state;
+    struct ckpt mx;
+    make(&mx, 1);
+    char *dmx = write_ckpt(&mx);
+    struct model *b = load_ok(dmx); /* decoded to bf16 */
+    ops.mxfp4_experts = 1;
+    struct model *a = load_ok(dmx);
+    const struct mlp_moe *ma = &a->layers[0].moe;
+    const uint8_t *gb = find(&mx, GU "_blocks")->data, *gs = find(&mx, GU "_scales")->data;
+    const uint8_t *db = find(&mx, DN "_blocks")->data, *ds = find(&mx, DN "_scales")->data;
+    const long nd = D / 32, nf = F / 32;
+    for (long e = 0; e < E; e++) {
+        const struct backend_weight *w[3] = {&ma->gate[e], &ma->up[e], &ma->down[e]};
+        for (int k = 0; k < 3; k++) {
+            assert_int_equal(w[k]->dtype, DTYPE_MXFP4);
+            assert_non_null(w[k]->e8m0);
+        }
+        for (long j = 0; j < F; j++)
+            for (int k = 0; k < 2; k++) { /* gate row j is gate_up row 2j, up row j is 2j + 1 */
+                size_t at = (size_t)(e * 2 * F + 2 * j + k) * (size_t)nd;
+                assert_memory_equal((const uint8_t *)w[k]->data + (size_t)j * nd * 16, gb + at * 16, (size_t)nd * 16);
+                assert_memory_equal(w[k]->e8m0 + (size_t)j * nd, gs + at, (size_t)nd);
+            }
+        assert_memory_equal(w[2]->data, db + (size_t)(e * D) * nf * 16, (size_t)(D * nf * 16));
+        assert_memory_equal(w[2]->e8m0, ds + (size_t)(e * D) * nf, (size_t)(D * nf));
+    }
+    size_t bf16_experts = (size_t)3 * E * F * D * 2, mx_experts = (size_t)3 * E * (F * D / 2 + F * D / 32);
+    assert_int_equal(model_weight_bytes(a), model_weight_bytes(b) - bf16_experts + mx_experts);
+    model_free(a);
+    model_free(b);
+    /* dummy weights: the encoding of the bf16 dummy experts' values */
+    char *cfg = path_join(dmx, "config.json");
+    a = load_ok(cfg);
+    ops = cpu_ops;
+    b = load_ok(cfg);
+    for (long e = 0; e < E; e++) {
+        const struct backend_weight *wa[3] = {&a->layers[0].moe.gate[e], &a->layers[0].moe.up[e], &a->layers[0].moe.down[e]};
+        const struct backend_weight *wb[3] = {&b->layers[0].moe.gate[e], &b->layers[0].moe.up[e], &b->layers[0].moe.down[e]};
+        for (int k = 0; k < 3; k++) {
+            assert_int_equal(wa[k]->dtype, DTYPE_MXFP4);
+            long blocks = wb[k]->rows * wb[k]->cols / 32;
+            for (long q = 0; q < blocks; q++) {
+                float x[32];
+                uint8_t codes[16], ex;
+                for (int i = 0; i < 32; i++) x[i] = w_at(wb[k], 0, q * 32 + i);
+                mxfp4_encode32(x, codes, &ex);
+                assert_memory_equal((const uint8_t *)wa[k]->data + q * 16, codes, 16);
+                assert_int_equal(wa[k]->e8m0[q], ex);
+            }
+        }
+    }
+    model_free(a);
+    model_free(b);
+    free(cfg);
+    free_ckpt(&mx);
+    rm_rf(dmx);
+    /* an exponent past what the products take */
+    make(&mx, 1);
+    find(&mx, GU "_scales")->data[(size_t)(1 * 2 * F + 5) * nd + 1] = 241;
+    ops.mxfp4_experts = 1;
+    expect_refused(&mx, GU "_scales' [1, 5, 1]: scale 241 (2^114) is past what kiln's MXFP4 products take (2^113)");
 }
 
 static void test_refusals(void **state) {
@@ -324,6 +400,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mxfp4_matches_bf16),
         cmocka_unit_test(test_dummy),
+        cmocka_unit_test(test_mxfp4_native),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
