@@ -5,7 +5,7 @@
 # test also uses serve_start (this file's exit handler then ends with
 # serve.sh's).
 #
-#   free_port                      a free loopback TCP port
+#   free_port                      a free loopback TCP port outside the ephemeral range
 #   job_start NAME CMD ARGS...     `kiln CMD ARGS` in the background: stdout,
 #                                  stderr, pid and (once it exited) exit status
 #                                  in $DIST_TMP/NAME.{out,err,pid,status}; sets PID
@@ -43,8 +43,15 @@ dist_cleanup() {
 trap dist_cleanup EXIT
 trap 'exit 130' INT TERM
 
+# A port below the kernel's ephemeral range (32768 and up on Linux), free
+# when tried: a job's other nodes may try to connect to it before its
+# first node listens, and a port the kernel hands out for `--port 0` or a
+# single-node job's own rendezvous (another test running at the same time)
+# could be taken in between and answer them.
 free_port() {
-    node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
+    node -e 'const net=require("net");
+const go=()=>{const p=20000+Math.floor(Math.random()*12000),s=net.createServer();
+s.once("error",go);s.listen(p,"127.0.0.1",()=>{console.log(p);s.close()})};go()'
 }
 
 job_start() {
