@@ -28,11 +28,6 @@
 #include "model/model_internal.h"
 #include "tensor/mxfp4.h"
 
-/* The largest MXFP4 exponent kept native: the GPU's products carry 2^14
- * in the scale (cuda_moe_quant.cu), so 2^(240 - 127 + 14) = 2^127 is
- * their largest scale; an exponent past it (values of 2^114 and more) is
- * refused. */
-enum { MXFP4_NATIVE_MAX_EXPONENT = 240 };
 
 /* A checkpoint tensor of dtype BF16, F16 or F32 and this shape. */
 static int expect_float(struct weight_source *ws, const char *name, int ndim, const int64_t *shape,
@@ -124,11 +119,6 @@ static int load_fused(struct weight_source *ws, const char *prefix, const struct
     return 0;
 }
 
-/* MXFP4 `<base>_blocks` / `<base>_scales` of the checkpoint's sh->E
- * matrices [rows][cols], decoded row by row as bf16 for the share's
- * experts. gate_up (odd non-NULL, rows 2 Fw): row 2j of expert e goes to
- * even[e][j - j0] and 2j + 1 to odd[e][j - j0], for the share's columns j;
- * down (rows d, cols Fw): every row, its columns [j0, j0 + F). */
 /* The checkpoint's `<base>_blocks` [E, rows, cols / 32, 16] and
  * `<base>_scales` [E, rows, cols / 32], U8; their names in bname, sname. */
 static int mxfp4_tensors(struct weight_source *ws, const char *base, long E, long rows, long cols,
@@ -154,51 +144,63 @@ static int mxfp4_tensors(struct weight_source *ws, const char *base, long E, lon
     return 0;
 }
 
-/* MXFP4 kept MXFP4 (native_mxfp4): the share's rows as load_mxfp4 picks
- * them, codes into even_c / odd_c ([El][out rows][nc / 2]) and exponents
- * into even_e / odd_e ([El][out rows][nc / 32]), nc the share's columns;
- * exponents past MXFP4_NATIVE_MAX_EXPONENT refused. */
+/* The share's part of MXFP4 matrices [rows][cols]: gate_up (rows 2 Fw):
+ * the share's rows 2 j0 .. 2 (j0 + F), whole, row 2j going to the even
+ * (gate) output row j - j0 and 2j + 1 to the odd (up) one; down (rows d,
+ * cols Fw): every row, its columns [c0, c0 + nc) = [j0, j0 + F). */
+struct mx_part {
+    long r0, r1, out_rows, c0, nc;
+    int step;
+};
+static struct mx_part mx_part_of(const struct share *sh, long rows, long cols, int gate_up) {
+    struct mx_part p = {.r0 = gate_up ? 2 * sh->j0 : 0, .r1 = gate_up ? 2 * (sh->j0 + sh->F) : rows,
+                        .c0 = gate_up ? 0 : sh->j0, .nc = gate_up ? cols : sh->F, .step = gate_up ? 2 : 1};
+    p.out_rows = (p.r1 - p.r0) / p.step;
+    return p;
+}
+
+/* MXFP4 kept MXFP4 (native_mxfp4: the share's columns on whole blocks):
+ * the share's part (mx_part_of), codes into even_c / odd_c ([El][out
+ * rows][nc / 2]) and exponents into even_e / odd_e ([El][out rows][nc /
+ * 32]); exponents past BACKEND_MXFP4_MAX_EXPONENT refused. */
 static int load_mxfp4_native(struct weight_source *ws, const char *base, const struct share *sh, long rows,
                              long cols, uint8_t *even_c, uint8_t *even_e, uint8_t *odd_c, uint8_t *odd_e,
                              struct kiln_error *err) {
     char bname[256], sname[256];
     const struct st_tensor *bt, *st;
     if (mxfp4_tensors(ws, base, sh->E, rows, cols, &bt, &st, bname, sname, err)) return -1;
-    long nb = cols / 32;
-    int step = odd_c ? 2 : 1;
-    long r0 = odd_c ? 2 * sh->j0 : 0, r1 = odd_c ? 2 * (sh->j0 + sh->F) : rows;
-    long b0 = odd_c ? 0 : sh->j0 / 32, nbk = odd_c ? nb : sh->F / 32, out_rows = (r1 - r0) / step;
+    const struct mx_part p = mx_part_of(sh, rows, cols, odd_c != NULL);
+    long nb = cols / 32, b0 = p.c0 / 32, nbk = p.nc / 32;
     const uint8_t *codes = bt->data, *ex = st->data;
     for (long i = 0; i < sh->El; i++)
-        for (long r = r0; r < r1; r++) {
+        for (long r = p.r0; r < p.r1; r++) {
             long e = sh->e0 + i;
             size_t at = (size_t)(e * rows + r) * (size_t)nb + (size_t)b0;
             for (long k = 0; k < nbk; k++)
-                if (ex[at + (size_t)k] > MXFP4_NATIVE_MAX_EXPONENT)
+                if (ex[at + (size_t)k] > BACKEND_MXFP4_MAX_EXPONENT)
                     return kiln_errorf(err, "%s: tensor '%s' [%ld, %ld, %ld]: scale %d (2^%d) is past what kiln's "
                                             "MXFP4 products take (2^%d)",
                                        ws->st->paths[st->file], sname, e, r, b0 + k, ex[at + (size_t)k],
-                                       ex[at + (size_t)k] - 127, MXFP4_NATIVE_MAX_EXPONENT - 127);
-            size_t o = (size_t)i * (size_t)out_rows + (size_t)((r - r0) / step);
-            memcpy((r % step ? odd_c : even_c) + o * (size_t)nbk * 16, codes + at * 16, (size_t)nbk * 16);
-            memcpy((r % step ? odd_e : even_e) + o * (size_t)nbk, ex + at, (size_t)nbk);
+                                       ex[at + (size_t)k] - 127, BACKEND_MXFP4_MAX_EXPONENT - 127);
+            size_t o = (size_t)i * (size_t)p.out_rows + (size_t)((r - p.r0) / p.step);
+            memcpy((r % p.step ? odd_c : even_c) + o * (size_t)nbk * 16, codes + at * 16, (size_t)nbk * 16);
+            memcpy((r % p.step ? odd_e : even_e) + o * (size_t)nbk, ex + at, (size_t)nbk);
         }
     return 0;
 }
 
+/* MXFP4 decoded row by row as bf16 for the share's part (mx_part_of):
+ * into even / odd ([El][out rows][nc]). */
 static int load_mxfp4(struct weight_source *ws, const char *base, const struct share *sh, long rows, long cols,
                       uint16_t *even, uint16_t *odd, struct kiln_error *err) {
     char bname[256], sname[256];
     const struct st_tensor *bt, *st;
     if (mxfp4_tensors(ws, base, sh->E, rows, cols, &bt, &st, bname, sname, err)) return -1;
+    const struct mx_part p = mx_part_of(sh, rows, cols, odd != NULL);
     long nb = cols / 32;
     float *row = xmalloc((size_t)cols * sizeof *row);
-    int step = odd ? 2 : 1;
-    /* gate_up: the share's rows 2 j0 .. 2 (j0 + F), whole; down: every row, F of its columns */
-    long r0 = odd ? 2 * sh->j0 : 0, r1 = odd ? 2 * (sh->j0 + sh->F) : rows;
-    long c0 = odd ? 0 : sh->j0, nc = odd ? cols : sh->F, out_rows = (r1 - r0) / step;
     for (long i = 0; i < sh->El; i++)
-        for (long r = r0; r < r1; r++) {
+        for (long r = p.r0; r < p.r1; r++) {
             long e = sh->e0 + i;
             size_t at = (size_t)(e * rows + r) * (size_t)nb;
             long bad = mxfp4_decode((const uint8_t *)bt->data + at * 16, (const uint8_t *)st->data + at, nb, row);
@@ -209,8 +211,9 @@ static int load_mxfp4(struct weight_source *ws, const char *base, const struct s
                                         "value that bf16 cannot hold",
                                    ws->st->paths[st->file], sname, e, r, bad, s, s - 127);
             }
-            uint16_t *dst = (r % step ? odd : even) + ((size_t)i * (size_t)out_rows + (size_t)((r - r0) / step)) * (size_t)nc;
-            for (long k = 0; k < nc; k++) dst[k] = f32_to_bf16(row[c0 + k]);
+            uint16_t *dst = (r % p.step ? odd : even) +
+                            ((size_t)i * (size_t)p.out_rows + (size_t)((r - p.r0) / p.step)) * (size_t)p.nc;
+            for (long k = 0; k < p.nc; k++) dst[k] = f32_to_bf16(row[p.c0 + k]);
         }
     free(row);
     return 0;

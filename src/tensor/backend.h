@@ -43,6 +43,11 @@ struct backend_weight {
     const uint8_t *e8m0; /* DTYPE_MXFP4: [rows][cols / 32] exponents */
 };
 
+/* The largest e8m0 exponent a backend with backend_ops.mxfp4_experts
+ * takes: 2^(240 - 127), values up to 6 · 2^113 (the CUDA products carry a
+ * further 2^14 in their fp32 scale: cuda_moe_quant.cu). */
+enum { BACKEND_MXFP4_MAX_EXPONENT = 240 };
+
 /* Bytes a product reads of w's elements (MXFP4: its codes and exponents;
  * FP8: its codes, the block scales not counted). */
 static inline size_t backend_weight_bytes(const struct backend_weight *w) {
@@ -241,9 +246,10 @@ struct backend_ops {
      * model refuses a checkpoint with either (gpt-oss) on a backend
      * without. */
     int moe_bias_act;
-    /* The backend's moe_ffn takes DTYPE_MXFP4 experts (gpt-oss's MXFP4
-     * checkpoints stay MXFP4 on it; elsewhere they are decoded to bf16 at
-     * load). */
+    /* The backend's moe_ffn takes DTYPE_MXFP4 experts whose exponents are
+     * at most BACKEND_MXFP4_MAX_EXPONENT (gpt-oss's MXFP4 checkpoints stay
+     * MXFP4 on it, larger exponents refused at load; elsewhere they are
+     * decoded to bf16 at load). */
     int mxfp4_experts;
     void (*destroy)(void *ctx);
     /* Reserves scratch for batches of up to max_tokens rows and contexts of up

@@ -94,7 +94,7 @@ static int MX = 0;
  * [1, 2) (so codes do not all reach 448 and scales differ between
  * blocks). MXFP4: codes and exponents on the GPUs (q, ex), the decoded
  * values as bf16 on the CPU (bf). */
-struct fp8w {
+struct qw {
     struct backend_weight c, g, d, x; /* CPU, GPU, deterministic GPU, fp32-grade GPU */
     uint8_t *q;
     float *s;
@@ -104,8 +104,8 @@ struct fp8w {
 
 /* An MXFP4 weight: random values in ±amp times 2^j per block of 32, j in
  * 0..3, encoded. */
-static struct fp8w mxw_rand(long rows, long cols, float amp) {
-    struct fp8w w = {0};
+static struct qw qw_rand_mx(long rows, long cols, float amp) {
+    struct qw w = {0};
     size_t n = (size_t)(rows * cols), nb = n / 32;
     w.q = xaligned_alloc(n / 2 + 64);
     w.ex = xaligned_alloc(nb + 64);
@@ -136,10 +136,10 @@ static struct fp8w mxw_rand(long rows, long cols, float amp) {
     return w;
 }
 
-static struct fp8w fp8w_rand(long rows, long cols, float amp) {
-    if (MX) return mxw_rand(rows, cols, amp);
+static struct qw qw_rand(long rows, long cols, float amp) {
+    if (MX) return qw_rand_mx(rows, cols, amp);
     long nbr = (rows + BR - 1) / BR, nbc = (cols + BC - 1) / BC;
-    struct fp8w w = {0};
+    struct qw w = {0};
     w.q = xaligned_alloc((size_t)(rows * cols) + 64);
     w.s = xaligned_alloc((size_t)(nbr * nbc) * 4 + 64);
     for (long b = 0; b < nbr * nbc; b++) w.s[b] = amp / 448.0f * (1.5f + frand(0.5f));
@@ -167,7 +167,7 @@ static struct fp8w fp8w_rand(long rows, long cols, float amp) {
     return w;
 }
 
-static void fp8w_free(struct fp8w *w) {
+static void qw_free(struct qw *w) {
     gpu.ops->weight_release(gpu.ctx, w->g.data);
     det.ops->weight_release(det.ctx, w->d.data);
     x2.ops->weight_release(x2.ctx, w->x.data);
@@ -184,7 +184,7 @@ static void fp8w_free(struct fp8w *w) {
 }
 
 struct experts {
-    struct fp8w *w;            /* [3 E] gate, up, down */
+    struct qw *w;            /* [3 E] gate, up, down */
     struct backend_weight *bw; /* [12 E]: cpu, gpu, det, x2 × gate, up, down */
     struct moe_experts c, g, d, x;
     float *bh;   /* BIASED: the biases [E][F] gate, [E][F] up, [E][H] down; NULL: none */
@@ -195,9 +195,9 @@ static void experts_init(struct experts *x, int E, int H, int F) {
     x->w = xmalloc((size_t)(3 * E) * sizeof *x->w);
     x->bw = xmalloc((size_t)(12 * E) * sizeof *x->bw);
     for (int e = 0; e < E; e++) {
-        x->w[e] = fp8w_rand(F, H, 0.125f);
-        x->w[E + e] = fp8w_rand(F, H, 0.125f);
-        x->w[2 * E + e] = fp8w_rand(H, F, 0.15f);
+        x->w[e] = qw_rand(F, H, 0.125f);
+        x->w[E + e] = qw_rand(F, H, 0.125f);
+        x->w[2 * E + e] = qw_rand(H, F, 0.15f);
         for (int k = 0; k < 3; k++) {
             x->bw[k * E + e] = x->w[k * E + e].c;
             x->bw[(3 + k) * E + e] = x->w[k * E + e].g;
@@ -234,7 +234,7 @@ static void experts_init(struct experts *x, int E, int H, int F) {
 }
 
 static void experts_free(struct experts *x) {
-    for (int i = 0; i < 3 * x->c.n_experts; i++) fp8w_free(&x->w[i]);
+    for (int i = 0; i < 3 * x->c.n_experts; i++) qw_free(&x->w[i]);
     free(x->w), free(x->bw);
     if (!x->bh) return;
     gpu.ops->free(gpu.ctx, x->bd[0]), det.ops->free(det.ctx, x->bd[1]), x2.ops->free(x2.ctx, x->bd[2]);

@@ -69,7 +69,7 @@
  * Requirements (cuda_moe_quant_ok): hidden and inter multiples of 16 (FP8)
  * or 32 (MXFP4), FP8 column blocks a multiple of 16 (the scale is applied
  * per 16-column mma step), row blocks >= 1 (partial edge blocks allowed),
- * 16-byte aligned weights, MXFP4 exponents up to 240 (2^113: the GEMV's
+ * 16-byte aligned weights, MXFP4 exponents up to BACKEND_MXFP4_MAX_EXPONENT (240, 2^113: the GEMV's
  * scale carries the 2^14 of the widening; the loader refuses more); the
  * mma product also multiples of 64 (cuda_moe_quant_mma_ok), else the
  * GEMV serves every batch. The epilogues add the experts' biases and
@@ -153,7 +153,8 @@ __device__ __forceinline__ void mx_widen8(uint32_t w, float *f) {
 }
 
 /* An MXFP4 exponent byte as the scale of mx_widen8's values: 2^(e - 127)
- * times the 2^14 the widening left out (e <= 240: cuda_moe_quant_ok). */
+ * times the 2^14 the widening left out (e <= BACKEND_MXFP4_MAX_EXPONENT,
+ * which the loader holds to). */
 __device__ __forceinline__ float mx_scale(uint32_t e) { return __int_as_float((int)((e + 14u) << 23)); }
 
 /* The 8 activations of piece p (columns 8p .. 8p + 7) of a row: fp32 rows
