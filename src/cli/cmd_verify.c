@@ -154,14 +154,15 @@ static int run_step(struct verify *v, int k, const int *which, const int *from, 
     float *logits = xmalloc((size_t)n * (size_t)v->vocab * 4);
     if (v->vr) vr_step_begin(v->vr);
     int rc = runner_forward(v->r, &b, logits, err);
-    if (rc == 0 && v->vr) { /* the same batch on the CPU, then the choices compared */
-        float *ref_logits = xmalloc((size_t)n * (size_t)v->vocab * 4);
+    if (rc == 0 && v->vr) { /* the same batch on the CPU (its routing only: no logits), the choices compared */
+        struct batch rb = b;
+        rb.n_logit_rows = 0, rb.logit_rows = NULL;
         struct vr_row *vrows = xmalloc((size_t)n * sizeof *vrows);
-        rc = runner_forward(v->cr, &b, ref_logits, err);
+        rc = runner_forward(v->cr, &rb, NULL, err);
         for (int i = 0, u = 0; i < k; i++)
             for (int p = from[i]; p < to[i]; p++, u++) vrows[u] = (struct vr_row){which[i], p};
         if (rc == 0) rc = vr_step_compare(v->vr, vrows, n, err);
-        free(ref_logits), free(vrows);
+        free(vrows);
     }
     if (rc == 0) {
         t = 0;

@@ -231,6 +231,15 @@ int moe_finish_load(struct model *m, struct kiln_error *err) {
                  "a benchmark tool: outputs are meaningless", n);
     else if (m->route_uniform)
         log_warn("--dummy-routing uniform: the model has no MoE layers, nothing changes");
+    const struct backend_ops *ops = m->be->ops;
+    for (int l = 0; ops->moe_experts_refuse && l < m->cfg.n_layers; l++) {
+        if (m->layers[l].mlp_kind != LAYER_MLP_MOE) continue;
+        const struct moe_experts *e = &m->layers[l].moe.experts;
+        const char *why = ops->moe_experts_refuse(m->be->ctx, e);
+        if (why)
+            return kiln_errorf(err, "layer %d: the %s experts (%d, hidden %d, inter %d) cannot run on the %s backend: %s",
+                               l, dtype_name(e->gate[0].dtype), e->n_experts, e->hidden, e->inter, ops->name, why);
+    }
     if (!m->moe_count || !n) return 0;
     /* a record and its flags per layer and kind of step, 16-byte aligned */
     m->moe_count_stride = (sizeof(struct moe_route_count) + (size_t)m->cfg.n_experts * 4 + 15) & ~(size_t)15;

@@ -51,7 +51,7 @@
  * token; the kept set and the probabilities are the same, and a seeded
  * request still depends only on (seed, step) on either device. Rows that
  * ask for logprobs (or scores) are sampled on the CPU from downloaded
- * logits. Cost on an H100 (vocab 151936, docs/cuda.md "Sampling on the
+ * logits. Cost on an H100 (vocab 151936, docs/cuda-decode.md "Sampling on the
  * GPU"): greedy 6.5 us for one row, 20 us for 64; top_k 50 56 / 73 us;
  * top_p 0.9 92 / 109 us. (Where the CPU skips a group of 16 logits wholly below the 2^-40
  * cut it may zero a token of weight ~2^-40 that the GPU keeps.)

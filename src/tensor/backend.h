@@ -418,6 +418,9 @@ struct backend_ops {
     /* Whether moe_ffn of up to n tokens with these experts runs without
      * the host (a step with it can be recorded as a graph). */
     int (*moe_ffn_graphable)(void *ctx, const struct moe_experts *e, int top_k, long n);
+    /* Why moe_ffn cannot run these experts at all (a static string), NULL
+     * when it can; the model refuses such a layer at load. NULL op: any. */
+    const char *(*moe_experts_refuse)(void *ctx, const struct moe_experts *e);
     /* Optional (NULL: one stream). Dual-stream overlap for a step of n
      * tokens: side_begin returns 1 when the operations that follow run on
      * a second stream, after everything enqueued before (0: declined, one

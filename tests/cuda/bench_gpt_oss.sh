@@ -10,7 +10,8 @@
 #    every MoE count line must be the same on both;
 #  - models/configs/gpt-oss-20b.json (its MXFP4 quantization_config: the
 #    dummy experts are MXFP4 on the GPU, the products of cuda_moe_quant.cu)
-#    at batch 1 and 8: it must load and run prefill and decode.
+#    at batch 1 and 8: it must load and run prefill and decode; with
+#    KILN_CUDA_MOE=host it must be refused at load.
 # The products themselves are checked against the CPU by test_cuda_moe and
 # test_cuda_moe_quant.
 set -u
@@ -45,5 +46,17 @@ for batch in 1 8; do
     echo "ok: gpt-oss-20b dummy batch $batch: $(grep -E '^decode tg[0-9]+ batch' "$tmp/20b.txt" | head -1)"
   fi
 done
+# MXFP4 experts run on the MoE device path only: with the host path forced
+# the load stops, naming the layer and the knob (not the first forward)
+KILN_CUDA_MOE=host "$bf" --model "$cfg" --load-format dummy --device cuda --prompt-len 16 --decode 1 \
+  > "$tmp/host.txt" 2>&1
+rc=$?
+runs=$((runs + 1))
+if [ $rc -ne 0 ] && grep -q "layer 0: the MXFP4 experts .*KILN_CUDA_MOE=host is set" "$tmp/host.txt" &&
+  ! grep -qE '^prefill' "$tmp/host.txt"; then
+  echo "ok: KILN_CUDA_MOE=host refuses MXFP4 experts at load"
+else
+  echo "FAIL: KILN_CUDA_MOE=host with MXFP4 experts (rc $rc)"; sed 's/^/  | /' "$tmp/host.txt"; fail=$((fail + 1))
+fi
 echo "$((runs - fail)) passed, $fail failed"
 [ $fail -eq 0 ]

@@ -4,7 +4,7 @@
 # the decode graph, only the token id copied back) and must print the ids
 # the CPU backend prints for the bundled stories260K (fp32 weights). The
 # strict comparison runs with KILN_CUDA_KV=f32 (fp32 products and cache:
-# logits within 3e-5 of the CPU's, docs/cuda.md, so a greedy choice cannot
+# logits within 3e-5 of the CPU's, docs/cuda-testing.md, so a greedy choice cannot
 # flip on a margin that small unless two logits tie to 3e-5); the same
 # GPU run with KILN_GPU_SAMPLE=0 (logits downloaded, argmax on the host)
 # must agree too. The default bf16 cache is compared and reported but not

@@ -17,7 +17,7 @@
  * The token fed at each decode step is fixed in advance (not sampled), so
  * both backends see the same inputs whatever their logits. Checked:
  *   - every logit of every sequence at every step within 3% of the step's
- *     largest |logit| (the CPU's), the bf16 budget of docs/cuda.md
+ *     largest |logit| (the CPU's), the bf16 budget of docs/cuda-testing.md
  *     ("Accuracy and tolerances"): bf16 activations and cache keep 8
  *     significant bits, 2^-9 relative per element, and the oracle models
  *     land at ~2% of their logit range through three layers; a wrong row,

@@ -377,6 +377,7 @@ static const struct backend_ops cuda_ops = {
     .moe_route = cuda_op_moe_route,
     .moe_ffn = cuda_op_moe_ffn,
     .moe_ffn_graphable = cuda_op_moe_ffn_graphable,
+    .moe_experts_refuse = cuda_op_moe_experts_refuse,
     .side_begin = cuda_side_begin,
     .side_end = cuda_side_end,
     .side_join = cuda_side_join,

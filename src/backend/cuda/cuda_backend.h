@@ -1,7 +1,7 @@
 /* cuda_backend.h — the CUDA backend: fp32 activations on one stream, weights
  * kept in their checkpoint dtype (bf16 mostly), matrix products through
  * cuBLAS with the activations rounded to the weights' 16-bit type (see
- * docs/cuda.md for what that costs in accuracy), everything else in
+ * docs/cuda-testing.md for what that costs in accuracy), everything else in
  * hand-written kernels that accumulate in fp32.
  *
  * Files, one per kernel family; each exports only the extern "C" entry
@@ -262,6 +262,7 @@ void cuda_op_moe_route(void *ctx, int32_t *ids, float *weights, const float *log
 void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32_t *ids, const float *weights,
                      int top_k, const struct moe_experts *e, long n);
 int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e, int top_k, long n);
+const char *cuda_op_moe_experts_refuse(void *ctx, const struct moe_experts *e);
 /* Device scratch of moe_ffn for steps up to s (one chunk's rows on either
  * path, and the expert tables of s->moe_layers layers). */
 size_t cuda_moe_scratch_bytes(const struct cuda_ctx *c, const struct backend_step_shape *s);

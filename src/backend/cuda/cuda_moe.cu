@@ -29,8 +29,9 @@
  *    product kind per layer whatever the batch: each sums a row in one
  *    order) and in bf16x2 mode (the GEMV with fp32 activations).
  *  - Host (--deterministic, bf16x2, fp32 experts, or batches past
- *    KILN_CUDA_MOE_MAX; never quantized experts: KILN_CUDA_MOE=host with them
- *    stops with a message): the routing ids come back to the host
+ *    KILN_CUDA_MOE_MAX; never quantized experts: the model refuses them
+ *    at load with KILN_CUDA_MOE=host, cuda_op_moe_experts_refuse): the
+ *    routing ids come back to the host
  *    (one stream sync per MoE layer and chunk), rows are grouped by
  *    expert, and each expert with rows runs gate/up/down through
  *    cuda_op_matmul (cuBLAS) on its contiguous block of gathered rows.
@@ -487,6 +488,17 @@ extern "C" int cuda_op_moe_ffn_graphable(void *ctx, const struct moe_experts *e,
     return moe_device_ok((const struct cuda_ctx *)ctx, e, top_k, n);
 }
 
+/* Quantized experts run on the device path only: refused at load where it
+ * cannot take them (cuda_op_moe_ffn stops on any that get through). */
+extern "C" const char *cuda_op_moe_experts_refuse(void *ctx, const struct moe_experts *e) {
+    const struct cuda_ctx *c = (const struct cuda_ctx *)ctx;
+    if (!moe_quantized(e)) return NULL;
+    if (c->moe_device_max <= 0)
+        return "quantized experts run on the MoE device path only, and KILN_CUDA_MOE=host is set (unset it)";
+    if (e->n_experts > ALIGN_THREADS) return "more experts than the MoE device path's sort takes (1024)";
+    return moe_quant_why(e);
+}
+
 /* Scratch of the device path for a chunk of `rows` (token, slot) rows:
  * h [rows][F] 16-bit (hs = 2; quantized experts in the fp32-grade mode: fp32,
  * hs = 4), out [rows][H] fp32, order, where [rows], the tiles (at most
@@ -680,7 +692,7 @@ extern "C" void cuda_op_moe_ffn(void *ctx, float *y, const float *x, const int32
     if (n <= 0 || c->oom.bytes) return;
     int device = moe_device_ok(c, e, top_k, n);
     if (!device && moe_quantized(e)) {
-        const char *why = c->moe_device_max <= 0 ? "KILN_CUDA_MOE=host is set (unset it)" : moe_quant_why(e);
+        const char *why = cuda_op_moe_experts_refuse(c, e); /* refused at load: unreachable from a model */
         fprintf(stderr,
                 "kiln: moe_ffn: %s experts run on the MoE device path only (cuda_moe_quant.cu), which "
                 "cannot take these: %s (%d experts of at most %d, hidden %d, inter %d, blocks %dx%d)\n",
