@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One run on a GPU machine for the device sampler (docs/cuda.md,
+# One run on a GPU machine for the device sampler (docs/cuda-decode.md,
 # "Sampling on the GPU"): build, the gpu tests that touch sampling, then
 # bench_sample and bench_forward (device sampling against --logits in the
 # same process). Logs under $OUT. Stage: 1 = tests + quick benches,
