@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # moe.sh — MoE on the GPU in one run: build, the MoE and model tests, then
 # decode and prefill benchmarks of the MoE configs with uniform routing,
-# each optimization of docs/perf.md's "on and off" table beside the default
+# each optimization of docs/perf-models.md's "on and off" table beside the default
 # in the same run (the device path against the host sort and cuBLAS per
 # expert, shared-expert fusion, the shared experts on a second stream, the
 # MHA form of MLA prefill), and `ctest -L gpu` if the budget allows. Logs

@@ -516,12 +516,12 @@ int cuda_backend_create(struct backend *be, const struct backend_options *opt,
      * models decode from graphs (docs/cuda.md, "Mixture of experts").
      * Measured faster than the host sort at every size tried on an H100
      * (Qwen3-30B-A3B and DeepSeek-V2-Lite, decode at 1 and 64 sequences,
-     * prefill of 512 and 8192 tokens: docs/perf.md). */
+     * prefill of 512 and 8192 tokens: docs/perf-models.md). */
     c->moe_device_max = knob_enum(KNOB_CUDA_MOE) == 1 ? (int)knob_int(KNOB_CUDA_MOE_MAX) : 0;
     /* Shared experts beside the routed ones (SGLang's dual stream, the
      * same threshold): at small steps the routed chain (router, top-k,
      * sort, grouped products, combine) is latency-bound and the shared
-     * MLP's products fill the gaps; docs/perf.md measures it. */
+     * MLP's products fill the gaps; docs/perf-models.md measures it. */
     c->main_stream = c->stream;
     c->dual_max = knob_int(KNOB_CUDA_DUAL_STREAM);
     if (c->dual_max > 0 &&

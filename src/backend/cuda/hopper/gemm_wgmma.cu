@@ -93,7 +93,7 @@
  *    Llama-3.1-8B at 64 sequences on one H100, one run: 12,538 tok/s
  *    against 6,383 on the mma.sync tile kernel (KILN_CUDA_WGMMA_FP8=0);
  *    with the norm and SwiGLU handoffs and rope in the epilogue 14,016
- *    against 9,989 in bf16 (docs/perf.md).
+ *    against 9,989 in bf16 (docs/perf-models.md).
  *  - Only for weights of at least KILN_CUDA_WGMMA_MIN_MB (40) MiB: on
  *    smaller ones (Qwen3-0.6B's layers) the fixed costs (launch, ramp,
  *    cluster reduction) lost to cuBLAS in the measurements under graphs.
