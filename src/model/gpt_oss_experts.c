@@ -176,12 +176,17 @@ static int load_mxfp4_native(struct weight_source *ws, const char *base, const s
         for (long r = p.r0; r < p.r1; r++) {
             long e = sh->e0 + i;
             size_t at = (size_t)(e * rows + r) * (size_t)nb + (size_t)b0;
-            for (long k = 0; k < nbk; k++)
-                if (ex[at + (size_t)k] > BACKEND_MXFP4_MAX_EXPONENT)
+            for (long k = 0; k < nbk; k++) {
+                int x = ex[at + (size_t)k];
+                if (x == MXFP4_E8M0_NAN)
+                    return kiln_errorf(err, "%s: tensor '%s' [%ld, %ld, %ld]: scale 255 is e8m0's NaN (no scale)",
+                                       ws->st->paths[st->file], sname, e, r, b0 + k);
+                if (x > BACKEND_MXFP4_MAX_EXPONENT)
                     return kiln_errorf(err, "%s: tensor '%s' [%ld, %ld, %ld]: scale %d (2^%d) is past what kiln's "
                                             "MXFP4 products take (2^%d)",
-                                       ws->st->paths[st->file], sname, e, r, b0 + k, ex[at + (size_t)k],
-                                       ex[at + (size_t)k] - 127, BACKEND_MXFP4_MAX_EXPONENT - 127);
+                                       ws->st->paths[st->file], sname, e, r, b0 + k, x, x - 127,
+                                       BACKEND_MXFP4_MAX_EXPONENT - 127);
+            }
             size_t o = (size_t)i * (size_t)p.out_rows + (size_t)((r - p.r0) / p.step);
             memcpy((r % p.step ? odd_c : even_c) + o * (size_t)nbk * 16, codes + at * 16, (size_t)nbk * 16);
             memcpy((r % p.step ? odd_e : even_e) + o * (size_t)nbk, ex + at, (size_t)nbk);
@@ -207,6 +212,9 @@ static int load_mxfp4(struct weight_source *ws, const char *base, const struct s
             if (bad >= 0) {
                 int s = ((const uint8_t *)st->data)[at + (size_t)bad];
                 free(row);
+                if (s == MXFP4_E8M0_NAN)
+                    return kiln_errorf(err, "%s: tensor '%s' [%ld, %ld, %ld]: scale 255 is e8m0's NaN (no scale)",
+                                       ws->st->paths[st->file], sname, e, r, bad);
                 return kiln_errorf(err, "%s: tensor '%s' [%ld, %ld, %ld]: scale %d (2^%d) makes a "
                                         "value that bf16 cannot hold",
                                    ws->st->paths[st->file], sname, e, r, bad, s, s - 127);

@@ -11,7 +11,7 @@ long mxfp4_decode(const uint8_t *codes, const uint8_t *exponents, long n_blocks,
         for (int k = 0; k < 16; k++) {
             uint8_t v = codes[b * 16 + k];
             float lo = ldexpf(e2m1_value[v & 15], e), hi = ldexpf(e2m1_value[v >> 4], e);
-            if (exponents[b] == 255 || !isfinite(lo) || !isfinite(hi)) return b;
+            if (exponents[b] == MXFP4_E8M0_NAN || !isfinite(lo) || !isfinite(hi)) return b;
             out[b * 32 + 2 * k] = lo;
             out[b * 32 + 2 * k + 1] = hi;
         }

@@ -17,6 +17,9 @@
 #include <math.h>
 #include <stdint.h>
 
+/* The e8m0 exponent byte that encodes NaN (no scale). */
+enum { MXFP4_E8M0_NAN = 255 };
+
 #ifdef __CUDACC__
 #define MXFP4_FN static inline __host__ __device__
 #else

@@ -358,6 +358,10 @@ static void test_mxfp4_native(void **state) {
     find(&mx, GU "_scales")->data[(size_t)(1 * 2 * F + 5) * nd + 1] = 241;
     ops.mxfp4_experts = 1;
     expect_refused(&mx, GU "_scales' [1, 5, 1]: scale 241 (2^114) is past what kiln's MXFP4 products take (2^113)");
+    make(&mx, 1);
+    find(&mx, DN "_scales")->data[3] = 255;
+    ops.mxfp4_experts = 1;
+    expect_refused(&mx, DN "_scales' [0, 3, 0]: scale 255 is e8m0's NaN (no scale)");
 }
 
 static void test_refusals(void **state) {
@@ -375,7 +379,7 @@ static void test_refusals(void **state) {
     expect_refused(&c, "tensor '" GU "_scales' has dtype I8, expected U8");
     make(&c, 1);
     find(&c, DN "_scales")->data[7] = 255;
-    expect_refused(&c, DN "_scales' [0, 7, 0]: scale 255");
+    expect_refused(&c, DN "_scales' [0, 7, 0]: scale 255 is e8m0's NaN (no scale)");
     make(&c, 1);
     json_object_del(c.config, "quantization_config");
     expect_refused(&c, "tensor '" GU "_blocks' is MXFP4 but config.json has no mxfp4 quantization_config");
