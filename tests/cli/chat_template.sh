@@ -46,6 +46,54 @@ done
 echo "oracle cases through the CLI: $n"
 [ "$n" -ge 32 ] || { echo "FAIL: expected at least 32 oracle cases"; fail=$((fail + 1)); }
 
+# gpt-oss's harmony template (chat_templates_more.json, transformers'
+# renderings by scripts/oracle/make_chat_template_cases.py): tools as a
+# request object, template variables (reasoning_effort, builtin_tools)
+# through --kwargs, and the template's own errors (exit 1, the message).
+# Its strftime_now was pinned to the file's "date"; kiln renders today,
+# which the expected text takes (checked the day before and after the
+# run, so a run across midnight still compares).
+python3 - "$KILN_FIXTURES/oracle/chat_templates_more.json" "$tmp/more" <<'PY'
+import json, os, sys
+d = json.load(open(sys.argv[1], encoding="utf-8")); out = sys.argv[2]
+for name, v in d.items():
+    os.makedirs(f"{out}/{name}", exist_ok=True)
+    cfg = {"chat_template": v["template"], "bos_token": v["bos_token"], "eos_token": v["eos_token"]}
+    json.dump(cfg, open(f"{out}/{name}/tokenizer_config.json", "w"), ensure_ascii=False)
+    open(f"{out}/{name}/date", "w").write(v["date"])
+    for c in v["cases"]:
+        base = f"{out}/{name}/{c['name']}"
+        req = {"messages": c["messages"]}
+        if "tools" in c: req["tools"] = c["tools"]
+        json.dump(req, open(base + ".req", "w"), ensure_ascii=False)
+        open(base + ".gen", "w").write("1" if c["add_generation_prompt"] else "0")
+        open(base + ".kwargs", "w").write(json.dumps(c.get("kwargs", {})))
+        if "rendered" in c: open(base + ".want", "w", encoding="utf-8", newline="").write(c["rendered"])
+        else: open(base + ".error", "w", encoding="utf-8").write(c["error"])
+PY
+m=0
+for req in "$tmp"/more/*/*.req; do
+  base=${req%.req}; dir=$(dirname "$base"); what="$(basename "$dir")/$(basename "$base")"
+  args=(--tokenizer "$dir" --kwargs "$(cat "$base.kwargs")"); [ "$(cat "$base.gen")" = 0 ] && args+=(--no-generation-prompt)
+  m=$((m + 1))
+  if [ -f "$base.error" ]; then
+    err=$("$KILN" chat-template "${args[@]}" < "$req" 2>&1 >/dev/null); rc=$?
+    if [ $rc -eq 1 ] && printf '%s' "$err" | grep -Fq -- "$(cat "$base.error")"; then echo "ok: $what refused: $err"
+    else echo "FAIL: $what: expected exit 1 with '$(cat "$base.error")', got $rc: $err"; fail=$((fail + 1)); fi
+    continue
+  fi
+  d0=$(date +%F)
+  "$KILN" chat-template "${args[@]}" < "$req" > "$base.got" || { echo "FAIL: $what exited $?"; fail=$((fail + 1)); continue; }
+  d1=$(date +%F) pinned=$(cat "$dir/date") same=0
+  for d in "$d0" "$d1"; do
+    sed "s/Current date: $pinned/Current date: $d/" "$base.want" > "$base.today"
+    cmp -s "$base.today" "$base.got" && same=1
+  done
+  [ $same = 1 ] && echo "ok: $what" || { check "$what" "$base.today" "$base.got"; fail=$((fail + 1)); }
+done
+echo "harmony template cases: $m"
+[ "$m" -ge 12 ] || { echo "FAIL: expected at least 12 harmony template cases"; fail=$((fail + 1)); }
+
 # --kwargs reaches the template (Qwen3's enable_thinking).
 echo '[{"role": "user", "content": "hi"}]' > "$tmp/in"
 "$KILN" chat-template --tokenizer "$tmp/qwen3" --kwargs '{"enable_thinking": false}' < "$tmp/in" > "$tmp/got"
