@@ -2,8 +2,7 @@
 # `kiln bench serving` against `kiln serve` (bundled stories260K model, on
 # loopback): every dataset and backend completes with no failures, the
 # server's usage counts are used, and the report and JSON line pass
-# tests/bench/check_result.mjs. Skipped (exit 77) while this build has no
-# `kiln serve`.
+# tests/bench/check_result.mjs.
 set -u
 src="${KILN_SRC:-$(cd "$(dirname "$0")/../.." && pwd)}"
 kiln="${KILN:-$src/build/kiln}"

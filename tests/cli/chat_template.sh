@@ -131,7 +131,7 @@ printf '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|
 check "tokenizer_config.json with model_max_length 1e30" "$tmp/want" "$tmp/got"
 for m in llama2 llama3 gptoss; do
   d="${KILN_TOKENIZERS:-}/$m"
-  [ -f "$d/tokenizer_config.json" ] || { echo "skip: no cached $m tokenizer"; continue; }
+  [ -f "$d/tokenizer_config.json" ] || { echo "FAIL: no cached $m tokenizer in '$d' (scripts/fetch-tokenizers.sh)"; fail=$((fail + 1)); continue; }
   if "$KILN" chat-template --tokenizer "$d" < "$tmp/in" > "$tmp/got" 2> "$tmp/err" && [ -s "$tmp/got" ]; then
     echo "ok: cached $m tokenizer_config.json renders"
   elif grep -q "no chat template (expected" "$tmp/err"; then # read, but its template lives in a file not cached

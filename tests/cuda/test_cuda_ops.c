@@ -27,7 +27,7 @@
  *   - cuBLAS on f16 weights: f16 has 2^-11 = 5e-4 unit roundoff: 3e-3.
  * Routing ids must match exactly (random inputs make exact ties unlikely).
  *
- * Without a GPU every test is skipped. */
+ * Label gpu; fails without a GPU (run it with ctest -L gpu on the GPU machine). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
