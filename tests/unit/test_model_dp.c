@@ -69,44 +69,9 @@ static int run_model(const char *dir, const struct ref *r, const struct model_pa
     struct runner_options ro = {.page_size = page, .kv_tokens = MAX_SEQS * MAX_CTX};
     if (runner_create(&run, m, &ro, err)) goto out;
     struct kv_pool *kv = runner_kv(run);
-    int32_t ids[MAX_TOKENS], pos[MAX_TOKENS], slot[MAX_TOKENS], rows[MAX_TOKENS], group[MAX_SEQS];
-    int32_t q_start[MAX_SEQS + 1], kv_len[MAX_SEQS], page_start[MAX_SEQS + 1], plist[MAX_SEQS * MAX_CTX];
-    size_t done = 0;
-    for (int k = 0; k < STEPS; k++) {
-        int nt = 0, np = 0;
-        for (int s = 0; s < r->n; s++) {
-            int from, to;
-            schedule(r, k, s, &from, &to);
-            int need = (to + page - 1) / page;
-            if (need > n_pages[s]) {
-                if (kv_pool_alloc(kv, need - n_pages[s], pages[s] + n_pages[s])) {
-                    kiln_errorf(err, "KV pool exhausted");
-                    goto out;
-                }
-                n_pages[s] = need;
-            }
-            group[s] = group_of(pl, s, dp);
-            q_start[s] = nt;
-            page_start[s] = np;
-            memcpy(plist + np, pages[s], (size_t)n_pages[s] * 4);
-            np += n_pages[s];
-            kv_len[s] = to;
-            for (int p = from; p < to; p++, nt++) {
-                ids[nt] = r->ids[s][p];
-                pos[nt] = p;
-                slot[nt] = pages[s][p / page] * page + p % page;
-                rows[nt] = nt;
-            }
-        }
-        q_start[r->n] = nt;
-        page_start[r->n] = np;
-        struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = nt, .input_ids = ids, .positions = pos,
-                          .out_slot = slot, .n_seqs = r->n, .q_start = q_start, .kv_len = kv_len,
-                          .kv_page_start = page_start, .kv_pages = plist, .page_size = page,
-                          .seq_group = dp > 1 ? group : NULL, .n_logit_rows = nt, .logit_rows = rows};
-        if (runner_forward(run, &b, out + done * (size_t)r->V, err)) goto out;
-        done += (size_t)nt;
-    }
+    int32_t group[MAX_SEQS];
+    for (int s = 0; s < r->n; s++) group[s] = group_of(pl, s, dp);
+    if (ref_run_steps(run, r, page, dp > 1 ? group : NULL, pages, n_pages, out, err)) goto out;
     if (others_zero && dp > 1) {
         /* the CPU's cache is fp32 host memory: the latent rows of layer 0 */
         const float *k0 = kv->k[0];

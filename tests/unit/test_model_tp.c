@@ -48,7 +48,7 @@ static int run_model(const char *dir, const struct ref *r, const struct model_pa
     struct model *m = NULL;
     struct runner *run = NULL;
     int rc = -1;
-    int32_t pages[MAX_SEQS][MAX_CTX / PAGE];
+    int32_t pages[MAX_SEQS][MAX_CTX];
     int n_pages[MAX_SEQS] = {0};
     if (backend_create(&be, "cpu", &bo, err)) return -1;
     if (((struct cpu_ctx *)be.ctx)->n_threads != 1) {
@@ -69,44 +69,7 @@ static int run_model(const char *dir, const struct ref *r, const struct model_pa
     }
     struct runner_options ro = {.page_size = PAGE, .kv_tokens = MAX_SEQS * MAX_CTX};
     if (runner_create(&run, m, &ro, err)) goto out;
-    struct kv_pool *kv = runner_kv(run);
-    int32_t ids[MAX_TOKENS], pos[MAX_TOKENS], slot[MAX_TOKENS], rows[MAX_TOKENS];
-    int32_t q_start[MAX_SEQS + 1], kv_len[MAX_SEQS], page_start[MAX_SEQS + 1], plist[MAX_SEQS * MAX_CTX / PAGE];
-    size_t done = 0;
-    for (int k = 0; k < STEPS; k++) {
-        int nt = 0, np = 0;
-        for (int s = 0; s < r->n; s++) {
-            int from, to;
-            schedule(r, k, s, &from, &to);
-            int need = (to + PAGE - 1) / PAGE;
-            if (need > n_pages[s]) {
-                if (kv_pool_alloc(kv, need - n_pages[s], pages[s] + n_pages[s])) {
-                    kiln_errorf(err, "KV pool exhausted");
-                    goto out;
-                }
-                n_pages[s] = need;
-            }
-            q_start[s] = nt;
-            page_start[s] = np;
-            memcpy(plist + np, pages[s], (size_t)n_pages[s] * 4);
-            np += n_pages[s];
-            kv_len[s] = to;
-            for (int p = from; p < to; p++, nt++) {
-                ids[nt] = r->ids[s][p];
-                pos[nt] = p;
-                slot[nt] = pages[s][p / PAGE] * PAGE + p % PAGE;
-                rows[nt] = nt;
-            }
-        }
-        q_start[r->n] = nt;
-        page_start[r->n] = np;
-        struct batch b = {.mode = BATCH_MODE_EXTEND, .n_tokens = nt, .input_ids = ids, .positions = pos,
-                          .out_slot = slot, .n_seqs = r->n, .q_start = q_start, .kv_len = kv_len,
-                          .kv_page_start = page_start, .kv_pages = plist, .page_size = PAGE,
-                          .n_logit_rows = nt, .logit_rows = rows};
-        if (runner_forward(run, &b, out + done * (size_t)r->V, err)) goto out;
-        done += (size_t)nt;
-    }
+    if (ref_run_steps(run, r, PAGE, NULL, pages, n_pages, out, err)) goto out;
     rc = 0;
 out:
     for (int s = 0; s < MAX_SEQS; s++)
