@@ -257,9 +257,11 @@ static int load_experts(struct weight_source *ws, const char *prefix, const stru
         }
         const void *dev[6]; /* upload: the model owns the host buffers from here */
         for (int i = 0; i < 6; i++)
-            if (!(dev[i] = upload(m, b[i], i < 3 ? nc : ne)))
+            if (!(dev[i] = upload(m, b[i], i < 3 ? nc : ne))) {
+                for (int j = i + 1; j < 6; j++) free(b[j]); /* not the model's yet */
                 return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the experts of '%s'",
                                    prefix);
+            }
         expert_views_mx(dev[0], dev[3], E, F, d, moe->gate);
         expert_views_mx(dev[1], dev[4], E, F, d, moe->up);
         expert_views_mx(dev[2], dev[5], E, d, F, moe->down);
@@ -286,9 +288,11 @@ static int load_experts(struct weight_source *ws, const char *prefix, const stru
     size_t bytes = (size_t)E * (size_t)F * (size_t)d * dtype_size(dt);
     const void *dev[3];
     for (int i = 0; i < 3; i++)
-        if (!(dev[i] = upload(m, bufs[i], bytes)))
+        if (!(dev[i] = upload(m, bufs[i], bytes))) {
+            for (int j = i + 1; j < 3; j++) free(bufs[j]); /* not the model's yet */
             return kiln_errorc(err, KILN_ERR_OUT_OF_MEMORY, "out of device memory for the experts of '%s'",
                                prefix);
+        }
     expert_views(dev[0], dt, E, F, d, moe->gate);
     expert_views(dev[1], dt, E, F, d, moe->up);
     expert_views(dev[2], dt, E, d, F, moe->down);

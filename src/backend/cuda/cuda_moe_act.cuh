@@ -56,4 +56,62 @@ static __device__ __forceinline__ float moe_down_f32(const struct moe_epi &p, in
     return p.down_bias ? __fadd_rn(v, __ldg(p.down_bias + (long)e * H + n)) : v;
 }
 
+/* The epilogue of the grouped mma.sync products (cuda_gemm_small.cu's
+ * 16-bit experts, cuda_moe_quant.cu's FP8 and MXFP4 ones): a CTA of 4
+ * warps over the weight rows from n0, the lane holding acc[j] for weight
+ * rows n0 + 16·warp + lane/4 (and + 8) and the tile's activation rows
+ * 8j + 2·(lane%4) (and + 1), of M. GLU: warps 0-1 hold gate rows, 2-3 the
+ * same units' up rows, which pass to warps 0-1 through xs (free shared
+ * memory, 2 · MT · 4 · 32 floats); those write y as H rows [M][N] of the
+ * activation; else y is fp32 [M][N] of the down sums plus their bias
+ * (+ 0.0f turns a -0 sum into +0, as the products have always stored).
+ * Every thread of the CTA calls it (GLU meets two barriers). */
+template <int MT, bool GLU, typename H>
+static __device__ __forceinline__ void moe_mma_epilogue(float (*acc)[4], float *xs, void *y, long ldy, int n0,
+                                                        int N, int M, int e, const struct moe_epi &ep) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (GLU) {
+        __syncthreads();
+        if (warp >= 2)
+#pragma unroll
+            for (int j = 0; j < MT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) xs[(((warp - 2) * MT + j) * 4 + q) * 32 + lane] = acc[j][q];
+        __syncthreads();
+        if (warp >= 2) return;
+        H *h = (H *)y;
+        const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            float u[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) u[q] = xs[((warp * MT + j) * 4 + q) * 32 + lane];
+            int m = j * 8 + 2 * (lane & 3);
+            if (m < M) {
+                if (nA < N) store16(h + (long)m * ldy + nA, moe_glu_f32(ep, e, nA, N, acc[j][0], u[0]));
+                if (nB < N) store16(h + (long)m * ldy + nB, moe_glu_f32(ep, e, nB, N, acc[j][2], u[2]));
+            }
+            if (m + 1 < M) {
+                if (nA < N) store16(h + (long)(m + 1) * ldy + nA, moe_glu_f32(ep, e, nA, N, acc[j][1], u[1]));
+                if (nB < N) store16(h + (long)(m + 1) * ldy + nB, moe_glu_f32(ep, e, nB, N, acc[j][3], u[3]));
+            }
+        }
+        return;
+    }
+    float *o = (float *)y;
+    const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+        int m = j * 8 + 2 * (lane & 3);
+        if (m < M) {
+            if (nA < N) o[(long)m * ldy + nA] = moe_down_f32(ep, e, nA, N, acc[j][0]) + 0.0f;
+            if (nB < N) o[(long)m * ldy + nB] = moe_down_f32(ep, e, nB, N, acc[j][2]) + 0.0f;
+        }
+        if (m + 1 < M) {
+            if (nA < N) o[(long)(m + 1) * ldy + nA] = moe_down_f32(ep, e, nA, N, acc[j][1]) + 0.0f;
+            if (nB < N) o[(long)(m + 1) * ldy + nB] = moe_down_f32(ep, e, nB, N, acc[j][3]) + 0.0f;
+        }
+    }
+}
+
 #endif

@@ -589,52 +589,7 @@ gemm_q_kernel(float *y, long ldy, const __nv_bfloat16 *__restrict__ x, long ldx,
     }
     ptx_cp_async_wait<0>();
 
-    /* lane holds weight rows nA = n0 + 16·warp + lane/4 (+8), activation
-     * rows m = 8j + 2·(lane%4) (+1) */
-    if (MODE == MODE_GLU) {
-        /* warps 2-3 hold the ups of warps 0-1's gates: pass them over in
-         * shared memory (the ring is free now), then 0-1 write silu(g)·u */
-        float *xs = (float *)smem;
-        __syncthreads();
-        if (warp >= 2)
-#pragma unroll
-            for (int j = 0; j < MT; j++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) xs[(((warp - 2) * MT + j) * 4 + q) * 32 + lane] = acc[j][q];
-        __syncthreads();
-        if (warp >= 2) return;
-        __nv_bfloat16 *h = (__nv_bfloat16 *)y;
-        const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
-#pragma unroll
-        for (int j = 0; j < MT; j++) {
-            float u[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) u[q] = xs[((warp * MT + j) * 4 + q) * 32 + lane];
-            int m = j * 8 + 2 * (lane & 3);
-            if (m < M) {
-                if (nA < N) store16(h + (long)m * ldy + nA, moe_glu_f32(g.ep, t.x, nA, N, acc[j][0], u[0]));
-                if (nB < N) store16(h + (long)m * ldy + nB, moe_glu_f32(g.ep, t.x, nB, N, acc[j][2], u[2]));
-            }
-            if (m + 1 < M) {
-                if (nA < N) store16(h + (long)(m + 1) * ldy + nA, moe_glu_f32(g.ep, t.x, nA, N, acc[j][1], u[1]));
-                if (nB < N) store16(h + (long)(m + 1) * ldy + nB, moe_glu_f32(g.ep, t.x, nB, N, acc[j][3], u[3]));
-            }
-        }
-        return;
-    }
-    const int nA = n0 + warp * 16 + (lane >> 2), nB = nA + 8;
-#pragma unroll
-    for (int j = 0; j < MT; j++) {
-        int m = j * 8 + 2 * (lane & 3);
-        if (m < M) {
-            if (nA < N) y[(long)m * ldy + nA] = moe_down_f32(g.ep, t.x, nA, N, acc[j][0]) + 0.0f;
-            if (nB < N) y[(long)m * ldy + nB] = moe_down_f32(g.ep, t.x, nB, N, acc[j][2]) + 0.0f;
-        }
-        if (m + 1 < M) {
-            if (nA < N) y[(long)(m + 1) * ldy + nA] = moe_down_f32(g.ep, t.x, nA, N, acc[j][1]) + 0.0f;
-            if (nB < N) y[(long)(m + 1) * ldy + nB] = moe_down_f32(g.ep, t.x, nB, N, acc[j][3]) + 0.0f;
-        }
-    }
+    moe_mma_epilogue<MT, MODE == MODE_GLU, __nv_bfloat16>(acc, (float *)smem, y, ldy, n0, N, M, t.x, g.ep);
 }
 
 /* The variant's shared-memory limit, once per variant and device (bits
